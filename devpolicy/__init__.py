@@ -1,0 +1,73 @@
+"""devpolicy: declared, overridable and logged device placement for JAX.
+
+Write a YAML policy once (names to devices, with fallbacks and size conditions), then
+apply it with `@place`, `scope` and `put`. Every decision is a structlog `placement`
+event, and `DEVPOLICY_*` environment variables override the policy without code changes.
+
+Example:
+    >>> import devpolicy, jax.numpy as jnp
+    >>> rules = [{"match": "dataset/*", "device": "cpu:1"}]
+    >>> policy = devpolicy.load_policy({"version": 1, "rules": rules})
+    >>> with devpolicy.activate(policy), devpolicy.scope("dataset/train") as decision:
+    ...     tokens = jnp.zeros(8)
+    >>> decision.device_text, str(next(iter(tokens.devices())))
+    ('cpu:1', 'cpu:1')
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._active import activate as activate
+from ._active import active_policy as active_policy
+from ._active import explain as explain
+from ._active import place as place
+from ._active import put as put
+from ._active import resolve as resolve
+from ._active import scope as scope
+from ._errors import DevicePolicyError as DevicePolicyError
+from ._errors import DeviceUnavailableError as DeviceUnavailableError
+from ._errors import EnvOverrideError as EnvOverrideError
+from ._errors import PolicyError as PolicyError
+from ._errors import Problem as Problem
+from ._inventory import Inventory as Inventory
+from ._inventory import available_backends as available_backends
+from ._inventory import get_device as get_device
+from ._inventory import inventory as inventory
+from ._loading import load_policy as load_policy
+from ._placement import Scope as Scope
+from ._policy import Decision as Decision
+from ._policy import Explanation as Explanation
+from ._policy import Policy as Policy
+from ._sizes import format_size as format_size
+from ._sizes import parse_size as parse_size
+
+try:
+    __version__ = version("devpolicy")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "Decision",
+    "DevicePolicyError",
+    "DeviceUnavailableError",
+    "EnvOverrideError",
+    "Explanation",
+    "Inventory",
+    "Policy",
+    "PolicyError",
+    "Problem",
+    "Scope",
+    "__version__",
+    "activate",
+    "active_policy",
+    "available_backends",
+    "explain",
+    "format_size",
+    "get_device",
+    "inventory",
+    "load_policy",
+    "parse_size",
+    "place",
+    "put",
+    "resolve",
+    "scope",
+]

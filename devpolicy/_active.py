@@ -1,0 +1,206 @@
+"""The active policy, and the module-level functions that decide by it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+from ._loading import load_policy
+from ._placement import Scope, make_place
+from ._policy import Decision, Explanation, Policy
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+_ACTIVE: ContextVar[Policy | None] = ContextVar("devpolicy_active_policy", default=None)
+_lock = threading.Lock()
+# Outermost activations still open, in the order made; the newest serves threads that
+# activated none. A list, not one slot: tasks and threads exit in any order.
+_outermost: list[activate] = []
+_discovered: Policy | None = None
+
+
+def active_policy() -> Policy:
+    """The policy module-level calls use now.
+
+    In order: the policy activated in this context; else the outermost activation
+    made in any thread; else the discovered policy, loaded once on first use.
+
+    Raises:
+        PolicyError, EnvOverrideError: if the discovered policy is malformed.
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1})
+        >>> with devpolicy.activate(p):
+        ...     devpolicy.active_policy() is p
+        True
+    """
+    policy = _ACTIVE.get()
+    if policy is not None:
+        return policy
+    if _outermost:
+        return _outermost[-1].policy
+    return _discover()
+
+
+def _discover() -> Policy:
+    global _discovered
+    if _discovered is None:
+        with _lock:
+            if _discovered is None:
+                _discovered = load_policy()
+    return _discovered
+
+
+def forget_discovered() -> None:
+    """Drop the discovered policy so the next module-level call discovers again."""
+    global _discovered
+    with _lock:
+        _discovered = None
+
+
+class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
+    """Make `policy` the active policy for module-level calls.
+
+    Takes effect at once. Used as `with devpolicy.activate(p):`, the previous policy
+    comes back on exit. The activation holds in this context (thread or asyncio task and
+    what it starts with a copied context); an outermost activation also serves threads
+    that have activated none.
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1, "default": "cpu:3"})
+        >>> with devpolicy.activate(p):
+        ...     devpolicy.resolve("anything").device_text
+        'cpu:3'
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        if not isinstance(policy, Policy):
+            raise TypeError(
+                "activate() takes a Policy (from devpolicy.load_policy), "
+                f"got {type(policy).__name__}"
+            )
+        self.policy = policy
+        self._outermost = _ACTIVE.get() is None
+        self._token: Token[Policy | None] = _ACTIVE.set(policy)
+        if self._outermost:
+            with _lock:
+                _outermost.append(self)
+
+    def __enter__(self) -> Policy:
+        return self.policy
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _ACTIVE.reset(self._token)
+        if self._outermost:
+            with _lock:
+                if self in _outermost:
+                    _outermost.remove(self)
+
+
+def resolve(name: str, *, nbytes: int | None = None) -> Decision:
+    """Decide where `name` goes by the active policy, and log the decision.
+
+    Args:
+        name: What is being placed (`dataset/train`).
+        nbytes: Its size, if known; size conditions apply only when given.
+
+    Returns:
+        The Decision: device, rule, origin, source, fallback reason.
+
+    Raises:
+        DeviceUnavailableError: no device for the target or its fallbacks (or strict).
+
+    Example:
+        >>> import devpolicy
+        >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:1"})):
+        ...     devpolicy.resolve("dataset/train").device_text
+        'cpu:1'
+    """
+    return active_policy().resolve(name, nbytes=nbytes)
+
+
+def explain(name: str, *, nbytes: int | None = None) -> Explanation:
+    """Every rule tried for `name` by the active policy, and every fallback step; no event.
+
+    Example:
+        >>> import devpolicy
+        >>> with devpolicy.activate(devpolicy.load_policy({"version": 1})):
+        ...     devpolicy.explain("x").decision.source
+        'default'
+    """
+    return active_policy().explain(name, nbytes=nbytes)
+
+
+def scope(name: str, *, nbytes: int | None = None) -> Scope:
+    """Context manager: `jax.default_device` set to where `name` goes; yields the Decision.
+
+    The decision is made by the policy active when the scope is entered, before anything
+    changes; the previous default device comes back on exit and on exceptions. Scopes
+    nest, and one scope object may be entered again. `jax.default_device` is
+    thread-local, so the scope holds in the entering thread only.
+
+    Example:
+        >>> import devpolicy, jax.numpy as jnp
+        >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:2"})):
+        ...     with devpolicy.scope("dataset/train") as decision:
+        ...         x = jnp.zeros(3)
+        >>> decision.device_text, x.devices() == {decision.device}
+        ('cpu:2', True)
+    """
+    return Scope(active_policy, name, nbytes)
+
+
+@overload
+def place(name: F, /, *, commit: bool | None = None) -> F: ...
+@overload
+def place(name: str | None = None, /, *, commit: bool | None = None) -> Callable[[F], F]: ...
+def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
+    """Decorator: run the function inside the scope for `name` (default `module.qualname`).
+
+    `@place` and `@place("name")` both work. The policy is looked up at each call, so
+    decorating at import time and activating later is fine. With `commit` (the rule's
+    `commit`, default true; this argument overrides it), single-device `jax.Array` leaves
+    of the result on the decided device are committed to it, without a copy, so they
+    cannot migrate later; leaves on another device give a `placement_mismatch` warning.
+    Generators and coroutines get the scope around each step, never across a pause.
+
+    Example:
+        >>> import devpolicy, jax.numpy as jnp
+        >>> @devpolicy.place("dataset/train")
+        ... def load():
+        ...     return jnp.arange(4)
+        >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:1"})):
+        ...     x = load()
+        >>> str(next(iter(x.devices()))), x.committed
+        ('cpu:1', True)
+    """
+    return make_place(active_policy, name, commit)
+
+
+def put(name: str, x: T) -> T:
+    """Place an array or pytree by the active policy, its size known; the result is committed.
+
+    Pytree leaves are named `name/<path>` (`params/layer0/w`); each is decided on its
+    own, and all decisions are made before any array moves.
+
+    Example:
+        >>> import devpolicy, numpy as np
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "params/*", "min_bytes": 1024, "device": "cpu:3"}]})
+        >>> with devpolicy.activate(p):
+        ...     tree = devpolicy.put("params", {"big": np.zeros(1024), "small": np.zeros(2)})
+        >>> str(next(iter(tree["big"].devices()))), str(next(iter(tree["small"].devices())))
+        ('cpu:3', 'cpu:0')
+    """
+    return active_policy().put(name, x)

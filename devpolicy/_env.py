@@ -1,0 +1,129 @@
+"""`DEVPOLICY_*` environment variables, parsed strictly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ._errors import EnvOverrideError, did_you_mean
+from ._schema import LOG_FORMATS, LOG_LEVELS, RuleSpec
+from ._targets import TARGET_FORMS, parse_target
+
+PREFIX = "DEVPOLICY_"
+FILE = "DEVPOLICY_FILE"
+RULES = "DEVPOLICY_RULES"
+DEFAULT = "DEVPOLICY_DEFAULT"
+STRICT = "DEVPOLICY_STRICT"
+LOG_LEVEL = "DEVPOLICY_LOG_LEVEL"
+LOG_FORMAT = "DEVPOLICY_LOG_FORMAT"
+DISABLE = "DEVPOLICY_DISABLE"
+VARIABLES = (FILE, RULES, DEFAULT, STRICT, LOG_LEVEL, LOG_FORMAT, DISABLE)
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+BOOL_FORMS = "1, true, yes, on / 0, false, no, off (any case)"
+RULES_FORMS = f"pattern=target[,pattern=target...], where target is {TARGET_FORMS}"
+
+
+@dataclass(frozen=True, slots=True)
+class EnvSettings:
+    """What the environment asks for; None where a variable is unset or empty."""
+
+    file: Path | None = None
+    rules: tuple[RuleSpec, ...] = ()
+    default: str | None = None
+    strict: bool | None = None
+    disable: bool | None = None
+    log_level: str | None = None
+    log_format: str | None = None
+
+
+def read_env(environ: Mapping[str, str]) -> EnvSettings:
+    """Parse every `DEVPOLICY_*` variable.
+
+    An empty value counts as unset. Unknown `DEVPOLICY_*` names are errors, since a typo
+    would otherwise be silently ignored.
+
+    Raises:
+        EnvOverrideError: naming the variable, its value and the accepted forms.
+    """
+    for name, value in environ.items():
+        if name.startswith(PREFIX) and name not in VARIABLES:
+            hint = did_you_mean(name, VARIABLES)
+            raise EnvOverrideError(
+                name, value, f"unknown devpolicy variable{hint}", ", ".join(VARIABLES)
+            )
+    values = {name: environ[name] for name in VARIABLES if environ.get(name, "") != ""}
+    return EnvSettings(
+        file=_file(values.get(FILE)),
+        rules=_rules(values.get(RULES)),
+        default=_target(DEFAULT, values.get(DEFAULT)),
+        strict=_bool(STRICT, values.get(STRICT)),
+        disable=_bool(DISABLE, values.get(DISABLE)),
+        log_level=_choice(LOG_LEVEL, values.get(LOG_LEVEL), LOG_LEVELS),
+        log_format=_choice(LOG_FORMAT, values.get(LOG_FORMAT), LOG_FORMATS),
+    )
+
+
+def _file(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.is_file():
+        problem = "is a directory" if path.is_dir() else "no such file"
+        raise EnvOverrideError(FILE, value, problem, "the path of a YAML policy file")
+    return path
+
+
+def _rules(value: str | None) -> tuple[RuleSpec, ...]:
+    if value is None:
+        return ()
+    rules = []
+    for i, item in enumerate(value.split(",")):
+        pattern, eq, target = item.strip().rpartition("=")
+        pattern, target = pattern.strip(), target.strip()
+        if not eq or not pattern or not target:
+            raise EnvOverrideError(
+                RULES, value, f"item {i} ({item.strip()!r}) is not pattern=target", RULES_FORMS
+            )
+        try:
+            parse_target(target)
+            rules.append(RuleSpec(match=pattern, device=target))
+        except (ValueError, ValidationError) as e:
+            reason = str(e) if not isinstance(e, ValidationError) else e.errors()[0]["msg"]
+            raise EnvOverrideError(RULES, value, f"item {i}: {reason}", RULES_FORMS) from None
+    return tuple(rules)
+
+
+def _target(variable: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        parse_target(value)
+    except ValueError as e:
+        raise EnvOverrideError(variable, value, str(e), TARGET_FORMS) from None
+    return value
+
+
+def _bool(variable: str, value: str | None) -> bool | None:
+    if value is None:
+        return None
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise EnvOverrideError(variable, value, "not a boolean", BOOL_FORMS)
+
+
+def _choice(variable: str, value: str | None, choices: tuple[str, ...]) -> str | None:
+    if value is None:
+        return None
+    lowered = value.strip().lower()
+    if lowered in choices:
+        return lowered
+    hint = did_you_mean(lowered, choices)
+    raise EnvOverrideError(variable, value, f"unknown value{hint}", ", ".join(choices))

@@ -1,0 +1,130 @@
+"""The error hierarchy: every error devpolicy raises derives from DevicePolicyError."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+def did_you_mean(value: object, choices: Iterable[str]) -> str:
+    """Return ` (did you mean 'x'?)` for a close choice, else an empty string."""
+    if not isinstance(value, str):
+        return ""
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    if value.lower() in lowered and value not in choices:
+        return f" (did you mean {lowered[value.lower()]!r}?)"
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class DevicePolicyError(Exception):
+    """Base class of every error devpolicy raises.
+
+    Example:
+        >>> import devpolicy
+        >>> try:
+        ...     devpolicy.load_policy({"version": 1, "default": "gpuu"})
+        ... except devpolicy.DevicePolicyError as e:
+        ...     print(type(e).__name__)
+        PolicyError
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a policy: where it is, and what is wrong.
+
+    Attributes:
+        file: The policy file, or `<mapping>` for a policy given as a mapping.
+        line: 1-based line in `file`, when known.
+        field: Field path such as `rules[2].device`; empty for the whole document.
+        message: What is wrong and what is accepted.
+    """
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
+
+
+class PolicyError(DevicePolicyError, ValueError):
+    """A policy document is malformed or invalid.
+
+    Every problem found is listed (not just the first); `file`, `line` and `field`
+    describe the first one.
+
+    Attributes:
+        problems: Each problem with its file, line and field path.
+    """
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        if not problems:
+            raise ValueError("PolicyError needs at least one problem")
+        self.problems = tuple(problems)
+        first = self.problems[0]
+        self.file = first.file
+        self.line = first.line
+        self.field = first.field
+        if len(self.problems) == 1:
+            text = str(first)
+        else:
+            listed = "\n".join(f"  {p}" for p in self.problems)
+            text = f"{len(self.problems)} problems in {first.file}:\n{listed}"
+        super().__init__(text)
+
+    @classmethod
+    def single(cls, file: str, line: int | None, field: str, message: str) -> PolicyError:
+        """Build an error for one problem."""
+        return cls([Problem(file, line, field, message)])
+
+
+class DeviceUnavailableError(DevicePolicyError, RuntimeError):
+    """No device could be had for a target or for a whole fallback chain.
+
+    Attributes:
+        requested: The target text that was asked for (for example `gpu:1`).
+        tried: Each target tried, with why it could not be had.
+        available: Target text of every device this process can use.
+    """
+
+    def __init__(
+        self,
+        requested: str,
+        tried: Sequence[tuple[str, str]],
+        available: Sequence[str],
+        missing: dict[str, str] | None = None,
+        context: str = "",
+    ) -> None:
+        self.requested = requested
+        self.tried = tuple(tried)
+        self.available = tuple(available)
+        lines = [f"no device for {requested!r}{context}"]
+        lines += [f"  {target}: {why}" for target, why in self.tried]
+        lines.append(f"  available: {', '.join(self.available) or 'none'}")
+        for platform, why in (missing or {}).items():
+            lines.append(f"  {platform}: {why}")
+        super().__init__("\n".join(lines))
+
+
+class EnvOverrideError(DevicePolicyError, ValueError):
+    """A `DEVPOLICY_*` environment variable holds a value devpolicy cannot use.
+
+    Attributes:
+        variable: The variable's name.
+        value: Its value.
+        accepted: The forms that would be accepted.
+    """
+
+    def __init__(self, variable: str, value: str, problem: str, accepted: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"{variable}={value!r}: {problem}; accepted: {accepted}")

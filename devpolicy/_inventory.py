@@ -1,0 +1,159 @@
+"""Device discovery: the only module that asks JAX which devices exist."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import jax
+import jax.extend
+
+from ._errors import DeviceUnavailableError
+from ._targets import KNOWN_PLATFORMS, Target, parse_target
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The backends this process can use, and why the others are absent.
+
+    Device indices are process-local (`jax.local_devices(backend=...)`): in a
+    multi-process run `gpu:0` is each process's own first GPU, never another's.
+
+    Attributes:
+        devices: Each available platform's local devices, in JAX's order.
+        missing: Each known platform that is absent, with JAX's reason.
+        process_index: This process's index in a multi-process run (0 otherwise).
+        default_platform: The platform JAX uses by default.
+    """
+
+    devices: dict[str, tuple[jax.Device, ...]]
+    missing: dict[str, str]
+    process_index: int
+    default_platform: str
+    _texts: dict[jax.Device, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for platform, devices in self.devices.items():
+            for i, device in enumerate(devices):
+                self._texts[device] = f"{platform}:{i}"
+
+    def text(self, device: jax.Device) -> str:
+        """Target text of a device (`gpu:1`), using its process-local index."""
+        text = self._texts.get(device)
+        return text if text is not None else f"{device.platform}:id{device.id}"
+
+    def available(self) -> list[str]:
+        """Target text of every device this process can use."""
+        return [self.text(d) for devices in self.devices.values() for d in devices]
+
+    def find(self, target: Target) -> jax.Device | str:
+        """The device a (non-auto) target names, or why it cannot be had."""
+        devices = self.devices.get(target.platform)
+        if devices is None:
+            return f"no {target.platform} backend in this process"
+        index = target.index or 0
+        if index >= len(devices):
+            have = f"{target.platform}:0..{target.platform}:{len(devices) - 1}"
+            count = f"{len(devices)} local {target.platform} devices"
+            return f"index {index} out of range ({count}: {have})"
+        return devices[index]
+
+
+def _probe(platform: str) -> tuple[jax.Device, ...] | str:
+    try:
+        devices = tuple(jax.local_devices(backend=platform))
+    # JAX reports a missing backend as RuntimeError, but a broken plugin can raise anything;
+    # the inventory's contract is to never raise.
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no message'}"
+    return devices if devices else "backend has no local devices"
+
+
+@functools.cache
+def inventory() -> Inventory:
+    """Probe every known backend once per process (JAX backends do not change after start).
+
+    Example:
+        >>> inv = inventory()
+        >>> "cpu" in inv.devices
+        True
+    """
+    devices: dict[str, tuple[jax.Device, ...]] = {}
+    missing: dict[str, str] = {}
+    try:
+        present = list(jax.extend.backend.backends())
+    except Exception:
+        present = []
+    for platform in [*KNOWN_PLATFORMS, *sorted(set(present) - set(KNOWN_PLATFORMS))]:
+        found = _probe(platform)
+        if isinstance(found, str):
+            missing[platform] = found
+        else:
+            devices[platform] = found
+    try:
+        default_platform = jax.default_backend()
+        process_index = jax.process_index()
+    except Exception:
+        default_platform, process_index = next(iter(devices), "none"), 0
+    return Inventory(devices, missing, process_index, default_platform)
+
+
+def available_backends() -> dict[str, list[jax.Device]]:
+    """Every available backend with its process-local devices. Never raises.
+
+    JAX has no call for this (jax-ml/jax#6459): it makes you probe `jax.devices(name)`
+    and catch `RuntimeError`. Why each absent backend is absent is in
+    `devpolicy.inventory().missing`.
+
+    Returns:
+        Platform name (`cpu`, `gpu`, `tpu`, ...) mapped to its local devices.
+
+    Example:
+        >>> import devpolicy
+        >>> "cpu" in devpolicy.available_backends()
+        True
+    """
+    return {platform: list(devices) for platform, devices in inventory().devices.items()}
+
+
+def get_device(target: str) -> jax.Device:
+    """Resolve one target text (`cpu`, `gpu:1`, `cuda`, `auto`) to a device, without fallback.
+
+    `auto` is the device JAX would use for a new array in this thread right now.
+
+    Raises:
+        ValueError: if `target` is not target text.
+        DeviceUnavailableError: if the backend is absent or the index out of range,
+            listing what is available.
+
+    Example:
+        >>> import devpolicy
+        >>> devpolicy.get_device("cpu:0").platform
+        'cpu'
+    """
+    parsed = parse_target(target)
+    if parsed.is_auto:
+        return current_default_device()
+    found = inventory().find(parsed)
+    if isinstance(found, str):
+        inv = inventory()
+        raise DeviceUnavailableError(target, [(target, found)], inv.available(), inv.missing)
+    return found
+
+
+def current_default_device() -> jax.Device:
+    """The device JAX places new arrays on in this thread now (scopes included)."""
+    value = jax.config.jax_default_device  # type: ignore[attr-defined]  # set by jax at import
+    if isinstance(value, jax.Device):
+        return value
+    if isinstance(value, str):
+        return jax.local_devices(backend=value)[0]
+    return jax.local_devices()[0]
+
+
+def memory_kinds(device: jax.Device) -> tuple[str, ...]:
+    """The memory kinds a device offers (`device`, `pinned_host`, ...)."""
+    try:
+        return tuple(m.kind for m in device.addressable_memories())
+    except Exception:
+        return ()

@@ -1,0 +1,136 @@
+"""Layer precedence, in one place: defaults < policy file < environment < code.
+
+Scalar settings take the value of the highest layer that sets them. Rules from every
+layer are kept, highest layer first, so that an environment rule is tried before every
+rule of the policy file and a rule given in code before both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._documents import Document
+from ._env import DEFAULT, DISABLE, LOG_FORMAT, LOG_LEVEL, RULES, STRICT, EnvSettings
+from ._schema import OverridesSpec, PolicySpec, RuleSpec, Source
+
+#: Lowest precedence first.
+LAYERS: tuple[str, ...] = ("defaults", "policy", "env", "code")
+
+_DEFAULTS = PolicySpec(version=1)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleEntry:
+    """A rule and where it came from.
+
+    Attributes:
+        spec: The validated rule.
+        index: Its position in its own layer (`rules[index]` of the file, item of the variable).
+        origin: `file:line`, `env:DEVPOLICY_RULES` or `code:rules[i]`.
+        source: The layer: `policy`, `env` or `code`.
+    """
+
+    spec: RuleSpec
+    index: int
+    origin: str
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One scalar setting's value and the layer and place that gave it."""
+
+    value: Any
+    layer: str
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """A policy with every layer applied."""
+
+    default: Setting
+    fallback: Setting
+    strict: Setting
+    disable: Setting
+    log_level: Setting
+    log_format: Setting
+    rules: tuple[RuleEntry, ...]
+    file: str | None
+
+
+def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | None) -> Settings:
+    """Apply the layers in `LAYERS` order."""
+    code = code or OverridesSpec()
+    spec = document.spec if document is not None else None
+
+    def pick(
+        field: str, env_value: Any, env_var: str, code_value: Any, doc_loc: tuple[str, ...]
+    ) -> Setting:
+        chosen = Setting(_default_of(field), "defaults", "default")
+        if spec is not None and _is_set(spec, doc_loc):
+            assert document is not None
+            chosen = Setting(_get(spec, doc_loc), "policy", document.origin(*doc_loc))
+        if env_value is not None:
+            chosen = Setting(env_value, "env", f"env:{env_var}")
+        if code_value is not None:
+            chosen = Setting(code_value, "code", f"code:{field}")
+        return chosen
+
+    rules: list[RuleEntry] = [
+        RuleEntry(rule, i, f"code:rules[{i}]", "code") for i, rule in enumerate(code.rules)
+    ]
+    rules += [RuleEntry(rule, i, f"env:{RULES}", "env") for i, rule in enumerate(env.rules)]
+    if document is not None:
+        rules += [
+            RuleEntry(rule, i, document.origin("rules", i), "policy")
+            for i, rule in enumerate(document.spec.rules)
+        ]
+    fallback = None if code.fallback is None else tuple(code.fallback)
+    return Settings(
+        default=pick("default", env.default, DEFAULT, code.default, ("default",)),
+        fallback=pick("fallback", None, "", fallback, ("fallback",)),
+        strict=pick("strict", env.strict, STRICT, code.strict, ("strict",)),
+        disable=pick("disable", env.disable, DISABLE, code.disable, ()),
+        log_level=pick(
+            "log_level", env.log_level, LOG_LEVEL, code.logging_level, ("logging", "level")
+        ),
+        log_format=pick(
+            "log_format", env.log_format, LOG_FORMAT, code.logging_format, ("logging", "format")
+        ),
+        rules=tuple(rules),
+        file=document.file if document is not None else None,
+    )
+
+
+_DEFAULT_VALUES: dict[str, Any] = {
+    "default": _DEFAULTS.default,
+    "fallback": tuple(_DEFAULTS.fallback),
+    "strict": _DEFAULTS.strict,
+    "disable": False,
+    "log_level": _DEFAULTS.logging.level,
+    "log_format": _DEFAULTS.logging.format,
+}
+
+
+def _default_of(field: str) -> Any:
+    return _DEFAULT_VALUES[field]
+
+
+def _is_set(spec: PolicySpec, loc: tuple[str, ...]) -> bool:
+    if not loc:
+        return False
+    model: Any = spec
+    for part in loc[:-1]:
+        if part not in model.model_fields_set:
+            return False
+        model = getattr(model, part)
+    return loc[-1] in model.model_fields_set
+
+
+def _get(spec: PolicySpec, loc: tuple[str, ...]) -> Any:
+    value: Any = spec
+    for part in loc:
+        value = getattr(value, part)
+    return tuple(value) if isinstance(value, list) else value

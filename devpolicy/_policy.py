@@ -1,0 +1,368 @@
+"""A loaded policy and the decisions it makes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+import jax
+import structlog
+from jax.sharding import SingleDeviceSharding
+
+from ._errors import DeviceUnavailableError
+from ._inventory import current_default_device, inventory, memory_kinds
+from ._layers import RuleEntry, Settings
+from ._logging import EventLog
+from ._matching import Matcher, Step, compile_condition
+from ._placement import Scope, make_place, put_with
+from ._schema import Source
+from ._targets import Target, parse_target
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+_CACHE_LIMIT = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where one name goes, and why.
+
+    Attributes:
+        name: The name resolved (`dataset/train`, `model/w`).
+        device: The device chosen.
+        device_text: The device as target text (`cpu:2`, `gpu:0`; process-local index).
+        memory_kind: JAX memory kind asked for, or None for the device's default.
+        requested: The target text the rule (or default) asked for.
+        rule: Index of the matching rule in its layer (YAML `rules[i]`, env item i), or None.
+        origin: Where the deciding rule or setting was written (`policies/x.yaml:9`,
+            `env:DEVPOLICY_RULES`, `default`).
+        source: `code`, `env`, `policy`, `default`, or `disabled` under DEVPOLICY_DISABLE.
+        fallback_reason: None, or why `requested` could not be had and what was used instead.
+        nbytes: The size the decision was made for, when known.
+        commit: Whether `@place` commits results to `device`.
+        is_auto: Whether the decision defers to JAX's own default device.
+        applies: Whether a scope for this decision changes JAX's default device
+            (false for `auto` and under DEVPOLICY_DISABLE).
+
+    Example:
+        >>> import devpolicy
+        >>> rules = [{"match": "data/*", "device": "cpu"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> d = p.resolve("data/train")
+        >>> d.device_text, d.rule, d.source
+        ('cpu:0', 0, 'policy')
+    """
+
+    name: str
+    device: jax.Device
+    device_text: str
+    memory_kind: str | None
+    requested: str
+    rule: int | None
+    origin: str
+    source: Source
+    fallback_reason: str | None
+    nbytes: int | None
+    commit: bool
+    is_auto: bool
+    applies: bool
+
+    @property
+    def sharding(self) -> SingleDeviceSharding:
+        """A sharding that puts an array on `device` in `memory_kind`."""
+        return SingleDeviceSharding(self.device, memory_kind=self.memory_kind)
+
+    def event_fields(self) -> dict[str, Any]:
+        """The flat fields of this decision's `placement` event."""
+        return {
+            "name": self.name,
+            "device": self.device_text,
+            "device_id": self.device.id,
+            "requested": self.requested,
+            "rule": self.rule,
+            "origin": self.origin,
+            "source": self.source,
+            "fallback_reason": self.fallback_reason,
+            "nbytes": self.nbytes,
+            "memory_kind": self.memory_kind,
+            "process_index": self.device.process_index,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """How a name was decided, step by step (what `devpolicy explain` prints).
+
+    Attributes:
+        name: The name explained.
+        nbytes: The size given, if any.
+        steps: Each rule tried, in order, with its origin and why it did or did not match.
+        fallback: Each target tried on the way to the device, with why it was passed over.
+        decision: The decision, or None when no device could be had.
+        error: The error resolving would raise, or None.
+    """
+
+    name: str
+    nbytes: int | None
+    steps: tuple[tuple[RuleEntry, Step], ...]
+    fallback: tuple[tuple[str, str], ...]
+    decision: Decision | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    device: jax.Device | None  # None: auto, decided per call
+    target: Target
+    tried: tuple[tuple[str, str], ...]
+
+
+class _Route:
+    """A target with its fallback chain, resolved against the inventory once."""
+
+    def __init__(
+        self,
+        requested: str,
+        fallback: tuple[str, ...],
+        memory_kind: str | None,
+        strict: bool,
+        context: str,
+    ) -> None:
+        self.requested = requested
+        self.chain = (parse_target(requested), *(parse_target(t) for t in fallback))
+        self.memory_kind = memory_kind
+        self.strict = strict
+        self.context = context
+        self._fixed: _Choice | None = None
+
+    def choose(self, name: str) -> _Choice:
+        if self._fixed is not None:
+            return self._fixed
+        choice = self.walk(name)
+        if isinstance(choice, DeviceUnavailableError):
+            raise choice
+        if choice.device is not None:
+            self._fixed = choice
+        return choice
+
+    def walk(self, name: str) -> _Choice | DeviceUnavailableError:
+        """Try each target of the chain in order (only the first under strict)."""
+        inv = inventory()
+        tried: list[tuple[str, str]] = []
+        chain = self.chain[:1] if self.strict else self.chain
+        for target in chain:
+            found: jax.Device | str
+            found = current_default_device() if target.is_auto else inv.find(target)
+            if not isinstance(found, str) and self.memory_kind is not None:
+                kinds = memory_kinds(found)
+                if self.memory_kind not in kinds:
+                    found = (
+                        f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
+                    )
+            if isinstance(found, str):
+                tried.append((target.text, found))
+                continue
+            return _Choice(None if target.is_auto else found, target, tuple(tried))
+        context = f" for name {name!r}{self.context}"
+        if self.strict:
+            context += " (strict: no fallback)"
+        elif len(self.chain) == 1:
+            context += " (no fallback given)"
+        return DeviceUnavailableError(self.requested, tried, inv.available(), inv.missing, context)
+
+
+class Policy:
+    """A loaded policy: ordered rules, a default, fallbacks, and settings from every layer.
+
+    Make one with `devpolicy.load_policy`. Every module-level function of devpolicy is
+    also a method here, deciding by this policy instead of the active one.
+
+    Example:
+        >>> import devpolicy
+        >>> rules = [{"match": "dataset/*", "device": "cpu:1"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> p.resolve("dataset/train").device_text
+        'cpu:1'
+    """
+
+    def __init__(self, settings: Settings, found: str = "") -> None:
+        self.settings = settings
+        self.found = found
+        self.file = settings.file
+        self.strict: bool = settings.strict.value
+        self.disabled: bool = settings.disable.value
+        self.events = EventLog(settings.log_level.value, settings.log_format.value)
+        # Repeats are debug events; below debug our own logger drops them unseen.
+        self._repeats_dropped = settings.log_level.value != "debug"
+        self._matcher = Matcher(
+            [
+                compile_condition(
+                    r.spec.match if r.spec.match is not None else str(r.spec.regex),
+                    r.spec.regex is not None,
+                    r.spec.min_bytes,
+                    r.spec.max_bytes,
+                )
+                for r in settings.rules
+            ]
+        )
+        fallback = tuple(settings.fallback.value)
+        self._routes = [
+            _Route(
+                r.spec.device,
+                tuple(r.spec.fallback) if r.spec.fallback is not None else fallback,
+                r.spec.memory,
+                self.strict,
+                f" (rule {r.origin})",
+            )
+            for r in settings.rules
+        ]
+        self._default_route = _Route(
+            settings.default.value,
+            fallback,
+            None,
+            self.strict,
+            f" (default, {settings.default.origin})",
+        )
+        self._decisions: dict[tuple[str, int | None], Decision] = {}
+        self._unsized: dict[str, Decision] = {}
+
+    @property
+    def rules(self) -> tuple[RuleEntry, ...]:
+        """Every rule, in the order tried: code, then environment, then the policy file."""
+        return self.settings.rules
+
+    def __repr__(self) -> str:
+        default = self.settings.default.value
+        return f"<Policy file={self.file!r} rules={len(self.rules)} default={default!r}>"
+
+    def resolve(self, name: str, *, nbytes: int | None = None) -> Decision:
+        """Decide where `name` goes, and log the decision.
+
+        The first decision for a (name, device, rule) is logged at info, repeats at debug.
+        A repeated name is a cached lookup.
+
+        Args:
+            name: What is being placed (`dataset/train`, `model/layer0/w`).
+            nbytes: Its size, if known; rules with `min_bytes`/`max_bytes` match only when given.
+
+        Raises:
+            DeviceUnavailableError: when neither the target nor its fallbacks can be had,
+                or at once under `strict: true`.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "rules": [
+            ...     {"match": "*", "min_bytes": "1KiB", "device": "cpu:2"}]})
+            >>> p.resolve("x", nbytes=4096).device_text, p.resolve("x").rule
+            ('cpu:2', None)
+        """
+        # Unsized, fixed-device decisions (scope and @place) get a cache of their own
+        # keyed by the bare name: the cheapest lookup for the hottest path.
+        decision = (
+            self._unsized.get(name) if nbytes is None else self._decisions.get((name, nbytes))
+        )
+        if decision is not None and not decision.is_auto:
+            # A cached decision has been logged once already: this is a repeat.
+            if not self._repeats_dropped or structlog.is_configured():
+                self.events.emit("debug", "placement", decision.event_fields())
+            return decision
+        return self._resolve_uncached(name, nbytes)
+
+    def _resolve_uncached(self, name: str, nbytes: int | None) -> Decision:
+        decision = self._decisions.get((name, nbytes))
+        if decision is None or decision.device != current_default_device():
+            decision = self._decide(name, nbytes)
+            if len(self._decisions) >= _CACHE_LIMIT:
+                self._decisions.clear()
+                self._unsized.clear()
+            self._decisions[(name, nbytes)] = decision
+            if nbytes is None and not decision.is_auto:
+                self._unsized[name] = decision
+        events = self.events
+        if events.first_time((name, decision.device_text, decision.rule, decision.origin)):
+            events.emit("info", "placement", decision.event_fields())
+        elif events.wants_debug():
+            events.emit("debug", "placement", decision.event_fields())
+        return decision
+
+    def _decide(self, name: str, nbytes: int | None) -> Decision:
+        if not isinstance(name, str):
+            raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
+        if nbytes is not None and (
+            isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0
+        ):
+            raise ValueError(f"nbytes must be None or a non-negative int, got {nbytes!r}")
+        index = self._matcher.first(name, nbytes)
+        if index is None:
+            route = self._default_route
+            entry = None
+            origin = self.settings.default.origin
+            source: Source = "default"
+        else:
+            route = self._routes[index]
+            entry = self.rules[index]
+            origin = entry.origin
+            source = entry.source
+        choice = route.choose(name)
+        device = choice.device if choice.device is not None else current_default_device()
+        reason = None
+        if choice.tried:
+            passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
+            reason = f"{passed}; used {choice.target.text}"
+        if self.disabled:
+            source = "disabled"
+            device = current_default_device()
+        return Decision(
+            name=name,
+            device=device,
+            device_text=inventory().text(device),
+            memory_kind=route.memory_kind,
+            requested=route.requested,
+            rule=None if entry is None else entry.index,
+            origin=origin,
+            source=source,
+            fallback_reason=reason,
+            nbytes=nbytes,
+            commit=True if entry is None else entry.spec.commit,
+            is_auto=choice.device is None or self.disabled,
+            applies=choice.device is not None and not self.disabled,
+        )
+
+    def explain(self, name: str, *, nbytes: int | None = None) -> Explanation:
+        """Every rule tried for `name` and every fallback step, without logging.
+
+        Example:
+            >>> import devpolicy
+            >>> rules = [{"match": "a/*", "device": "cpu"}]
+            >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+            >>> [step.matched for _, step in p.explain("b/x").steps]
+            [False]
+        """
+        steps = tuple((self.rules[s.rule], s) for s in self._matcher.trace(name, nbytes))
+        index = next((s.rule for _, s in steps if s.matched), None)
+        route = self._default_route if index is None else self._routes[index]
+        choice = route.walk(name)
+        if isinstance(choice, DeviceUnavailableError):
+            return Explanation(name, nbytes, steps, choice.tried, None, str(choice))
+        decision = self._decide(name, nbytes)
+        return Explanation(name, nbytes, steps, choice.tried, decision, None)
+
+    def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
+        """Context manager: `jax.default_device` set to where `name` goes. See `devpolicy.scope`."""
+        return Scope(self, name, nbytes)
+
+    @overload
+    def place(self, name: F, /, *, commit: bool | None = None) -> F: ...
+    @overload
+    def place(
+        self, name: str | None = None, /, *, commit: bool | None = None
+    ) -> Callable[[F], F]: ...
+    def place(self, name: Any = None, /, *, commit: bool | None = None) -> Any:
+        """Decorator: run the function in this policy's scope for `name`. See `devpolicy.place`."""
+        return make_place(self, name, commit)
+
+    def put(self, name: str, x: T) -> T:
+        """Place an array or pytree by this policy. See `devpolicy.put`."""
+        return put_with(self, name, x)

@@ -1,0 +1,208 @@
+"""The policy document's schema: pydantic models and nothing else.
+
+The models validate and normalise; they never touch JAX. `_compile.py` turns a
+validated document into the matcher and resolver the hot path uses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from ._errors import did_you_mean
+from ._sizes import SIZE_FORMS, SIZE_PATTERN, parse_size
+from ._targets import TARGET_FORMS, TARGET_PATTERN, parse_target
+
+MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("console", "json", "stdlib")
+
+#: Error type carried by every validation error devpolicy raises itself.
+ERROR_TYPE = "devpolicy"
+
+
+def _fail(message: str) -> PydanticCustomError:
+    # The message goes in the context so braces in user input are not format fields.
+    return PydanticCustomError(ERROR_TYPE, "{message}", {"message": message})
+
+
+def _checked(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def validate(value: Any) -> Any:
+        try:
+            parse(value)
+        except ValueError as e:
+            raise _fail(str(e)) from None
+        return value
+
+    return validate
+
+
+def _to_size(value: Any) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+
+
+def _choice(choices: tuple[str, ...], what: str) -> Callable[[Any], str]:
+    def validate(value: Any) -> str:
+        if isinstance(value, str) and value in choices:
+            return value
+        hint = did_you_mean(value, choices)
+        raise _fail(f"unknown {what} {value!r}{hint}; accepted: {', '.join(choices)}")
+
+    return validate
+
+
+TargetText = Annotated[
+    str,
+    BeforeValidator(_checked(parse_target)),
+    WithJsonSchema({"type": "string", "pattern": TARGET_PATTERN, "description": TARGET_FORMS}),
+]
+ByteCount = Annotated[
+    int,
+    BeforeValidator(_to_size),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": SIZE_PATTERN},
+            ],
+            "description": SIZE_FORMS,
+        }
+    ),
+]
+MemoryKind = Annotated[
+    str,
+    BeforeValidator(_choice(MEMORY_KINDS, "memory kind")),
+    WithJsonSchema({"enum": list(MEMORY_KINDS)}),
+]
+LogLevel = Annotated[
+    str,
+    BeforeValidator(_choice(LOG_LEVELS, "log level")),
+    WithJsonSchema({"enum": list(LOG_LEVELS)}),
+]
+LogFormat = Annotated[
+    str,
+    BeforeValidator(_choice(LOG_FORMATS, "log format")),
+    WithJsonSchema({"enum": list(LOG_FORMATS)}),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RuleSpec(_Strict):
+    """One rule: names it matches, where they go, and under which conditions."""
+
+    match: str | None = Field(
+        None, description="fnmatch glob, case-sensitive; `*` also matches `/`."
+    )
+    regex: str | None = Field(
+        None, description="Python regular expression; must match the whole name."
+    )
+    device: TargetText = Field(description="Where matching names go.")
+    fallback: list[TargetText] | None = Field(
+        None, description="Targets tried in order when `device` cannot be had; else the policy's."
+    )
+    min_bytes: ByteCount | None = Field(
+        None, description="Match only arrays of at least this size (inclusive); needs a known size."
+    )
+    max_bytes: ByteCount | None = Field(
+        None, description="Match only arrays of at most this size (inclusive); needs a known size."
+    )
+    memory: MemoryKind | None = Field(None, description="JAX memory kind for put and loaders.")
+    commit: StrictBool = Field(
+        True, description="Commit results of @place to the decided device so they cannot migrate."
+    )
+
+    @field_validator("match")
+    @classmethod
+    def _pattern_not_empty(cls, value: str | None) -> str | None:
+        if value == "":
+            raise _fail("empty pattern matches only the empty name; use '*' to match everything")
+        return value
+
+    @field_validator("regex")
+    @classmethod
+    def _regex_compiles(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise _fail(f"invalid regular expression {value!r}: {e}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_pattern_and_ordered_sizes(self) -> RuleSpec:
+        if (self.match is None) == (self.regex is None):
+            raise _fail("give exactly one of `match` (a glob) or `regex`")
+        if (
+            self.min_bytes is not None
+            and self.max_bytes is not None
+            and self.min_bytes > self.max_bytes
+        ):
+            raise _fail(f"min_bytes ({self.min_bytes}) is larger than max_bytes ({self.max_bytes})")
+        return self
+
+
+class LoggingSpec(_Strict):
+    """Where devpolicy's own events go when the application has not configured structlog."""
+
+    level: LogLevel = Field("info", description="Lowest level emitted.")
+    format: LogFormat = Field(
+        "console", description="console (stderr), json (stderr) or stdlib (the `devpolicy` logger)."
+    )
+
+
+def _version(value: Any) -> int:
+    if value == 1 and not isinstance(value, bool):
+        return 1
+    raise _fail(f"unsupported policy version {value!r}; accepted: 1")
+
+
+class PolicySpec(_Strict):
+    """A policy document (`version: 1`)."""
+
+    version: Annotated[int, BeforeValidator(_version), WithJsonSchema({"const": 1})] = Field(
+        description="Format version; always 1."
+    )
+    default: TargetText = Field("auto", description="Where names no rule matches go.")
+    fallback: list[TargetText] = Field(
+        default_factory=list, description="Targets tried in order when a target cannot be had."
+    )
+    strict: StrictBool = Field(False, description="Raise instead of falling back.")
+    rules: list[RuleSpec] = Field(
+        default_factory=list, description="Tried in order; first match wins."
+    )
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
+
+
+class OverridesSpec(_Strict):
+    """Settings given in code to `load_policy(overrides=...)`: every field optional."""
+
+    default: TargetText | None = None
+    fallback: list[TargetText] | None = None
+    strict: StrictBool | None = None
+    disable: StrictBool | None = None
+    rules: list[RuleSpec] = Field(default_factory=list)
+    logging_level: LogLevel | None = None
+    logging_format: LogFormat | None = None
+
+
+Source = Literal["code", "env", "policy", "default", "disabled"]

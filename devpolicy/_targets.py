@@ -1,0 +1,78 @@
+"""Target text (`cpu`, `gpu:1`, `auto`) parsed into platform and index. No JAX here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ._errors import did_you_mean
+
+#: Platforms devpolicy knows, in the order `devpolicy devices` lists them.
+KNOWN_PLATFORMS = ("cpu", "gpu", "tpu")
+#: Spellings accepted for a platform, mapped to JAX's platform name.
+PLATFORM_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+AUTO = "auto"
+MAX_INDEX = 65535
+TARGET_FORMS = "auto, or cpu, gpu, tpu, cuda, rocm optionally followed by :N (e.g. gpu:1)"
+TARGET_PATTERN = r"^(auto|(cpu|gpu|tpu|cuda|rocm)(:(0|[1-9][0-9]{0,4}))?)$"
+_TARGET = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]*))?")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A parsed target.
+
+    Attributes:
+        text: The text as written (`cuda:1`).
+        platform: JAX's platform name (`gpu`), or `auto`.
+        index: Index into the platform's process-local devices; None means the first.
+    """
+
+    text: str
+    platform: str
+    index: int | None
+
+    @property
+    def is_auto(self) -> bool:
+        """Whether this target defers to JAX's own default device."""
+        return self.platform == AUTO
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_target(text: object) -> Target:
+    """Parse target text.
+
+    Raises:
+        ValueError: naming the bad text and the accepted forms.
+
+    Example:
+        >>> parse_target("cuda:1")
+        Target(text='cuda:1', platform='gpu', index=1)
+    """
+    if not isinstance(text, str):
+        raise ValueError(
+            f"expected a target string, got {type(text).__name__} {text!r}; "
+            f"accepted: {TARGET_FORMS}"
+        )
+    if text == AUTO:
+        return Target(text, AUTO, None)
+    m = _TARGET.fullmatch(text)
+    if m is None:
+        head = text.split(":", 1)[0].strip()
+        hint = did_you_mean(head, [AUTO, *PLATFORM_ALIASES])
+        raise ValueError(f"not a target: {text!r}{hint}; accepted: {TARGET_FORMS}")
+    name, index = m.groups()
+    if name == AUTO:
+        raise ValueError(f"{text!r}: `auto` takes no device index; accepted: {TARGET_FORMS}")
+    platform = PLATFORM_ALIASES.get(name)
+    if platform is None:
+        hint = did_you_mean(name, [AUTO, *PLATFORM_ALIASES])
+        raise ValueError(
+            f"unknown platform {name!r} in target {text!r}{hint}; accepted: {TARGET_FORMS}"
+        )
+    idx = None if index is None else int(index)
+    if idx is not None and idx > MAX_INDEX:
+        raise ValueError(f"device index {idx} in {text!r} is out of range (0..{MAX_INDEX})")
+    return Target(text, platform, idx)

@@ -1,0 +1,43 @@
+"""Test set-up: four fake CPU devices, and no leaks of environment, cwd or logging between tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+
+# Must run before any JAX backend starts: every test then sees cpu:0..cpu:3.
+jax.config.update("jax_num_cpu_devices", 4)
+
+import pytest  # noqa: E402
+import structlog  # noqa: E402
+
+from devpolicy import _active  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Each test starts in an empty directory, with no DEVPOLICY_* variables and no active policy."""
+    for name in list(os.environ):
+        if name.startswith("DEVPOLICY_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    _active.forget_discovered()
+    before = jax.config.jax_default_device
+    yield
+    _active.forget_discovered()
+    structlog.reset_defaults()
+    assert jax.config.jax_default_device == before, "a test left JAX's default device changed"
+    assert not _active._outermost, "a test left a policy activated"
+
+
+@pytest.fixture
+def cpus() -> list[jax.Device]:
+    """The four fake CPU devices."""
+    devices = jax.local_devices(backend="cpu")
+    assert len(devices) == 4
+    return devices

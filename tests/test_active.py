@@ -1,0 +1,106 @@
+"""The active policy: activation, discovery on first use, and module-level functions."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import devpolicy
+from tests.helpers import policy_of, write
+
+
+class TestActivation:
+    def test_activate_as_context_manager_restores_the_previous(self) -> None:
+        """`with activate(p)` makes p active and restores the previous policy after."""
+        outer, inner = policy_of(default="cpu:1"), policy_of(default="cpu:2")
+        with devpolicy.activate(outer):
+            with devpolicy.activate(inner):
+                assert devpolicy.resolve("x").device_text == "cpu:2"
+            assert devpolicy.resolve("x").device_text == "cpu:1"
+
+    def test_activate_as_a_call_takes_effect_at_once(self) -> None:
+        """activate(p) without `with` keeps p active for this context."""
+        activation = devpolicy.activate(policy_of(default="cpu:3"))
+        try:
+            assert devpolicy.active_policy() is activation.policy
+        finally:
+            activation.__exit__(None, None, None)
+
+    def test_without_activation_the_discovered_policy_is_used(self, tmp_path: Path) -> None:
+        """Module-level calls load devpolicy.yaml once, lazily."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        assert devpolicy.resolve("x").device_text == "cpu:2"
+        (tmp_path / "devpolicy.yaml").write_text("version: 1\ndefault: cpu:3\n")
+        assert devpolicy.resolve("x").device_text == "cpu:2"
+
+    def test_outermost_activation_serves_other_threads(self) -> None:
+        """Worker threads started after activate() use it too."""
+        seen = []
+        with devpolicy.activate(policy_of(default="cpu:3")):
+            t = threading.Thread(target=lambda: seen.append(devpolicy.resolve("x").device_text))
+            t.start()
+            t.join()
+        assert seen == ["cpu:3"]
+
+    def test_tasks_activate_independently(self) -> None:
+        """asyncio tasks copy the context, so each task's activation is its own."""
+
+        async def one(default: str) -> str:
+            with devpolicy.activate(policy_of(default=default)):
+                await asyncio.sleep(0)
+                return devpolicy.resolve("x").device_text
+
+        async def main() -> list[str]:
+            return list(await asyncio.gather(one("cpu:1"), one("cpu:2")))
+
+        assert asyncio.run(main()) == ["cpu:1", "cpu:2"]
+
+    def test_activate_rejects_non_policies(self) -> None:
+        """Passing a path or mapping is a clear TypeError pointing to load_policy."""
+        with pytest.raises(
+            TypeError,
+            match=r"^activate\(\) takes a Policy \(from devpolicy\.load_policy\), got dict",
+        ):
+            devpolicy.activate({"version": 1})  # type: ignore[arg-type]
+
+
+class TestModuleLevelFunctions:
+    def test_place_looks_up_the_policy_at_call_time(self, cpus: list[jax.Device]) -> None:
+        """Decorate at import, activate later: the later policy applies."""
+
+        @devpolicy.place("dataset/train")
+        def load() -> jax.Array:
+            return jnp.zeros(2)
+
+        with devpolicy.activate(policy_of(default="cpu:1")):
+            first = load()
+        with devpolicy.activate(policy_of(default="cpu:2")):
+            second = load()
+        assert (first.devices(), second.devices()) == ({cpus[1]}, {cpus[2]})
+
+    def test_scope_put_and_explain_use_the_active_policy(self, cpus: list[jax.Device]) -> None:
+        """Every module-level function decides by the active policy."""
+        with devpolicy.activate(policy_of(rules=[{"match": "d*", "device": "cpu:3"}])):
+            with devpolicy.scope("data") as d:
+                assert jnp.zeros(1).devices() == {cpus[3]}
+            assert devpolicy.put("data", np.zeros(1)).devices() == {cpus[3]}
+            assert devpolicy.explain("data").decision == d
+
+    def test_a_broken_discovered_policy_raises_at_first_use(self, tmp_path: Path) -> None:
+        """A bad devpolicy.yaml fails loudly, naming the file and line."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: gpuu\n")
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"^devpolicy\.yaml:2: default: unknown platform 'gpuu'"
+        ):
+            devpolicy.resolve("x")
+
+    def test_every_module_function_is_a_policy_method(self) -> None:
+        """The module-level API and the Policy methods match."""
+        for name in ("resolve", "scope", "place", "put", "explain"):
+            assert callable(getattr(devpolicy.Policy, name))

@@ -1,0 +1,90 @@
+"""Discovery: DEVPOLICY_FILE, then devpolicy.yaml upwards, then [tool.devpolicy], then empty."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import devpolicy
+from tests.helpers import write
+
+
+class TestDiscovery:
+    def test_no_policy_anywhere_gives_an_empty_policy(self, tmp_path: Path) -> None:
+        """Without any policy every name goes to JAX's default device."""
+        policy = devpolicy.load_policy(environ={})
+        assert policy.rules == ()
+        assert policy.resolve("anything").is_auto
+        assert policy.found.startswith("no policy found")
+
+    def test_devpolicy_yaml_in_a_parent_directory_is_found(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """devpolicy.yaml is looked for in the working directory and its parents."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        (tmp_path / "a" / "b").mkdir(parents=True)
+        monkeypatch.chdir(tmp_path / "a" / "b")
+        policy = devpolicy.load_policy(environ={})
+        assert policy.resolve("x").device_text == "cpu:2"
+        assert policy.resolve("x").origin.endswith("devpolicy.yaml:2")
+
+    def test_pyproject_table_names_the_policy(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """[tool.devpolicy] policy is relative to the pyproject.toml that names it."""
+        write(
+            tmp_path / "pyproject.toml",
+            '[project]\nname = "x"\n[tool.devpolicy]\npolicy = "conf/place.yaml"\n',
+        )
+        write(tmp_path / "conf" / "place.yaml", "version: 1\ndefault: cpu:3\n")
+        (tmp_path / "src").mkdir()
+        monkeypatch.chdir(tmp_path / "src")
+        assert devpolicy.load_policy(environ={}).resolve("x").device_text == "cpu:3"
+
+    def test_devpolicy_yaml_beats_pyproject(self, tmp_path: Path) -> None:
+        """The file is found before the pyproject table."""
+        write(tmp_path / "pyproject.toml", '[tool.devpolicy]\npolicy = "p.yaml"\n')
+        write(tmp_path / "p.yaml", "version: 1\ndefault: cpu:3\n")
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:1\n")
+        assert devpolicy.load_policy(environ={}).resolve("x").device_text == "cpu:1"
+
+    def test_devpolicy_file_beats_everything(self, tmp_path: Path) -> None:
+        """DEVPOLICY_FILE is looked at first."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:1\n")
+        write(tmp_path / "env.yaml", "version: 1\ndefault: cpu:2\n")
+        assert (
+            devpolicy.load_policy(environ={"DEVPOLICY_FILE": "env.yaml"}).resolve("x").device_text
+            == "cpu:2"
+        )
+
+    def test_pyproject_without_table_gives_an_empty_policy(self, tmp_path: Path) -> None:
+        """The nearest pyproject.toml without [tool.devpolicy] means no policy."""
+        write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n')
+        assert devpolicy.load_policy(environ={}).rules == ()
+
+    @pytest.mark.parametrize(
+        ("pyproject", "message"),
+        [
+            (
+                '[tool.devpolicy]\npolicy = "missing.yaml"\n',
+                r"^pyproject\.toml: tool\.devpolicy\.policy: policy file not found: missing\.yaml",
+            ),
+            (
+                "[tool.devpolicy]\npolicy = 3\n",
+                r"^pyproject\.toml: tool\.devpolicy\.policy: must be a path to a policy file, got 3",
+            ),
+            (
+                '[tool.devpolicy]\npolcy = "p.yaml"\n',
+                r"^pyproject\.toml: tool\.devpolicy\.polcy: unknown key; valid keys: policy",
+            ),
+            ("[tool.devpolicy\n", r"^pyproject\.toml: cannot read pyproject\.toml"),
+        ],
+    )
+    def test_bad_pyproject_tables_are_policy_errors(
+        self, tmp_path: Path, pyproject: str, message: str
+    ) -> None:
+        """Mistakes in [tool.devpolicy] name pyproject.toml and the key."""
+        write(tmp_path / "pyproject.toml", pyproject)
+        with pytest.raises(devpolicy.PolicyError, match=message):
+            devpolicy.load_policy(environ={})

@@ -1,0 +1,61 @@
+"""Every example runs and every ready policy loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import devpolicy
+from tests.conftest import REPO
+
+POLICIES = sorted((REPO / "policies").glob("*.yaml"))
+
+
+class TestExamples:
+    def test_dataset_on_host_demo_runs_and_reports_placements(self) -> None:
+        """The Quick start demo runs on this machine and logs every decision."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "examples" / "dataset_on_host.py"),
+                "--size",
+                "1MiB",
+                "--steps",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "dataset/train/tokens" in result.stdout
+        assert "per device:" in result.stdout
+        assert "placement" in result.stderr
+        assert "name=dataset/train" in result.stderr
+
+    def test_demo_rejects_a_bad_size(self) -> None:
+        """A bad --size is a usage error naming the accepted forms."""
+        result = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "dataset_on_host.py"), "--size", "lots"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 2
+        assert "--size: not a size: 'lots'" in result.stderr
+
+
+class TestPolicies:
+    @pytest.mark.parametrize("path", POLICIES, ids=[p.name for p in POLICIES])
+    def test_ready_policies_load_and_resolve(self, path: object) -> None:
+        """Each file in policies/ is valid and decides a name."""
+        policy = devpolicy.load_policy(path, environ={})  # type: ignore[arg-type]
+        assert policy.rules
+        policy.explain("dataset/train/tokens")

@@ -1,0 +1,166 @@
+"""Events: one `placement` event per decision, info the first time, debug after; formats."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+import devpolicy
+from tests.helpers import policy_of
+
+
+class TestPlacementEvents:
+    def test_event_has_every_flat_field(self) -> None:
+        """The placement event carries name, device, rule, origin, source, reason and size."""
+        policy = policy_of(rules=[{"match": "dataset/*", "device": "cpu:2"}])
+        with capture_logs() as logs:
+            policy.resolve("dataset/train", nbytes=64)
+        assert logs == [
+            {
+                "event": "placement",
+                "log_level": "info",
+                "name": "dataset/train",
+                "device": "cpu:2",
+                "device_id": 2,
+                "requested": "cpu:2",
+                "rule": 0,
+                "origin": "<mapping>:rules[0]",
+                "source": "policy",
+                "fallback_reason": None,
+                "nbytes": 64,
+                "memory_kind": None,
+                "process_index": 0,
+            }
+        ]
+
+    def test_first_decision_is_info_and_repeats_are_debug(self) -> None:
+        """A training loop logs each (name, device, rule) once at info."""
+        policy = policy_of(default="cpu:1")
+        with capture_logs() as logs:
+            for _ in range(3):
+                policy.resolve("batch")
+            policy.resolve("other")
+        assert [(e["name"], e["log_level"]) for e in logs] == [
+            ("batch", "info"),
+            ("batch", "debug"),
+            ("batch", "debug"),
+            ("other", "info"),
+        ]
+
+    def test_fallback_reason_is_logged(self) -> None:
+        """The reason a target was passed over appears in the event."""
+        policy = policy_of(fallback=["cpu:1"], rules=[{"match": "*", "device": "cpu:9"}])
+        with capture_logs() as logs:
+            policy.resolve("x")
+        assert logs[0]["requested"] == "cpu:9"
+        assert logs[0]["device"] == "cpu:1"
+        assert logs[0]["fallback_reason"].startswith("cpu:9: index 9 out of range")
+
+    def test_disabled_decisions_are_logged_with_source_disabled(self) -> None:
+        """DEVPOLICY_DISABLE still leaves a record of what would have happened."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:3"}, environ={"DEVPOLICY_DISABLE": "1"}
+        )
+        with capture_logs() as logs, policy.scope("x"):
+            pass
+        assert (logs[0]["source"], logs[0]["requested"], logs[0]["device"]) == (
+            "disabled",
+            "cpu:3",
+            "cpu:0",
+        )
+
+
+class TestOwnOutput:
+    """When the application has not configured structlog, devpolicy renders by its settings."""
+
+    def test_console_goes_to_stderr_and_hides_empty_fields(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The default: a readable line on stderr, nothing on stdout."""
+        assert not structlog.is_configured()
+        policy_of(default="cpu:1").resolve("dataset/train")
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert "placement" in err
+        assert "name=dataset/train" in err
+        assert "device=cpu:1" in err
+        assert "fallback_reason" not in err
+
+    def test_json_lines_on_stderr(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """format json: one JSON object per event with every field."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:1", "logging": {"format": "json"}}, environ={}
+        )
+        policy.resolve("x")
+        event = json.loads(capsys.readouterr().err)
+        assert (event["event"], event["device"], event["level"], event["fallback_reason"]) == (
+            "placement",
+            "cpu:1",
+            "info",
+            None,
+        )
+        assert "timestamp" in event
+
+    def test_stdlib_goes_to_the_devpolicy_logger(self, caplog: pytest.LogCaptureFixture) -> None:
+        """format stdlib: records on logging.getLogger('devpolicy')."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:1"}, environ={"DEVPOLICY_LOG_FORMAT": "stdlib"}
+        )
+        with caplog.at_level(logging.INFO, logger="devpolicy"):
+            policy.resolve("x")
+        assert [r.name for r in caplog.records] == ["devpolicy"]
+        assert caplog.records[0].getMessage().startswith("event=placement ")
+
+    def test_level_filters_events(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """level warning hides placement events; debug shows repeats."""
+        quiet = devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_LOG_LEVEL": "warning"})
+        quiet.resolve("x")
+        assert capsys.readouterr().err == ""
+        loud = devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_LOG_LEVEL": "debug"})
+        loud.resolve("x")
+        loud.resolve("x")
+        assert capsys.readouterr().err.count("placement") == 2
+
+    def test_devpolicy_does_not_configure_structlog(self) -> None:
+        """Emitting events leaves structlog's global configuration untouched."""
+        before = structlog.get_config()
+        policy_of(default="cpu:1").resolve("x")
+        assert not structlog.is_configured()
+        assert structlog.get_config() == before
+
+
+class TestApplicationConfiguration:
+    def test_events_go_through_the_applications_structlog(self) -> None:
+        """If the application configured structlog, its processors receive devpolicy's events."""
+        seen: list[dict[str, object]] = []
+
+        def grab(_: object, __: str, event: dict[str, object]) -> dict[str, object]:
+            seen.append(dict(event))
+            raise structlog.DropEvent
+
+        structlog.configure(processors=[grab])
+        policy_of(default="cpu:1").resolve("x")
+        assert [(e["event"], e["device"]) for e in seen] == [("placement", "cpu:1")]
+
+    def test_reconfiguration_is_picked_up(self) -> None:
+        """A logger cached by devpolicy follows a later structlog.configure."""
+        first: list[object] = []
+        second: list[object] = []
+        policy = policy_of(default="cpu:1")
+        structlog.configure(
+            processors=[
+                lambda _l, _m, e: first.append(e) or (_ for _ in ()).throw(structlog.DropEvent())
+            ]
+        )
+        policy.resolve("a")
+        structlog.configure(
+            processors=[
+                lambda _l, _m, e: second.append(e) or (_ for _ in ()).throw(structlog.DropEvent())
+            ]
+        )
+        policy.resolve("b")
+        assert (len(first), len(second)) == (1, 1)

@@ -1,0 +1,95 @@
+"""Matching: ordered rules, first match wins, globs as fnmatchcase, regexes as full matches."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from devpolicy._matching import Matcher, compile_condition
+
+
+def matcher(*patterns: str | tuple[str, int | None, int | None]) -> Matcher:
+    conditions = []
+    for p in patterns:
+        if isinstance(p, tuple):
+            conditions.append(compile_condition(p[0], False, p[1], p[2]))
+        elif p.startswith("re:"):
+            conditions.append(compile_condition(p[3:], True))
+        else:
+            conditions.append(compile_condition(p, False))
+    return Matcher(conditions)
+
+
+class TestFirstMatch:
+    @pytest.mark.parametrize(
+        ("name", "expected"),
+        [
+            ("dataset/train", 0),
+            ("dataset/train/tokens", 0),  # `*` crosses `/`, as in fnmatch
+            ("Dataset/train", 2),  # case-sensitive
+            ("model/w", 1),
+            ("model/layer0/w", 2),
+            ("other", 2),
+        ],
+    )
+    def test_first_matching_rule_wins(self, name: str, expected: int) -> None:
+        """Rules are tried in order; the first whose pattern matches decides."""
+        assert matcher("dataset/*", "re:model/[a-z]+", "*").first(name, None) == expected
+
+    def test_regex_must_match_the_whole_name(self) -> None:
+        """`regex` is a full match, not a search."""
+        m = matcher("re:w")
+        assert m.first("w", None) == 0
+        assert m.first("layer/w", None) is None
+
+    def test_size_conditions_need_a_known_size(self) -> None:
+        """Without a size a sized rule never matches; with one its bounds are inclusive."""
+        m = matcher(("*", 100, 200), "*")
+        assert m.first("x", None) == 1
+        assert [m.first("x", n) for n in (99, 100, 200, 201)] == [1, 0, 0, 1]
+
+    def test_no_match_is_none(self) -> None:
+        """A name no rule matches gives None (the policy's default applies)."""
+        assert matcher("a/*").first("b", None) is None
+
+    def test_trace_explains_each_rule_until_the_match(self) -> None:
+        """The trace says why each earlier rule did not match and stops at the winner."""
+        steps = matcher("a/*", ("*", 1000, None), "*", "never").trace("b", 10)
+        assert [(s.rule, s.matched, s.reason) for s in steps] == [
+            (0, False, "glob 'a/*' does not match"),
+            (1, False, "glob '*' matches but 10 B < min_bytes 1000 B"),
+            (2, True, "glob '*' matches"),
+        ]
+
+    def test_repeated_names_are_cached(self) -> None:
+        """The second lookup of a name does not test patterns again."""
+        calls = []
+        m = matcher("a*")
+        real = m.conditions[0].test
+        object.__setattr__(m.conditions[0], "test", lambda n: calls.append(n) or real(n))
+        m.first("abc", None)
+        m.first("abc", None)
+        assert calls == ["abc"]
+
+
+names = st.text(alphabet="ab/_.-0", max_size=10)
+globs = st.text(alphabet="ab/*?[]!0", max_size=6)
+
+
+class TestAgainstFnmatch:
+    @given(globs, names)
+    def test_globs_agree_with_fnmatchcase(self, pattern: str, name: str) -> None:
+        """A glob rule matches exactly the names `fnmatch.fnmatchcase` matches."""
+        m = matcher(pattern) if pattern else None
+        if m is None:
+            return
+        assert (m.first(name, None) == 0) == fnmatch.fnmatchcase(name, pattern)
+
+    @given(st.lists(globs.filter(bool), min_size=1, max_size=5), names)
+    def test_first_is_the_lowest_index_that_matches(self, patterns: list[str], name: str) -> None:
+        """first() equals the index of the first pattern fnmatchcase accepts."""
+        expected = next((i for i, p in enumerate(patterns) if fnmatch.fnmatchcase(name, p)), None)
+        assert matcher(*patterns).first(name, None) == expected

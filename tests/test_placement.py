@@ -1,0 +1,383 @@
+"""Applying decisions: scope, @place and put put arrays where the policy says."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+import devpolicy
+from tests.helpers import policy_of
+
+
+def where(x: jax.Array) -> jax.Device:
+    (device,) = x.devices()
+    return device
+
+
+@pytest.fixture
+def policy() -> devpolicy.Policy:
+    return policy_of(
+        rules=[
+            {"match": "dataset/*", "device": "cpu:1"},
+            {"match": "model/*", "device": "cpu:2"},
+            {"match": "big/*", "min_bytes": 1024, "device": "cpu:3"},
+            {"match": "loose/*", "device": "cpu:3", "commit": False},
+        ]
+    )
+
+
+class TestScope:
+    def test_arrays_made_inside_land_on_the_decided_device(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """jnp constructors inside the scope use the policy's device; the Decision is yielded."""
+        with policy.scope("dataset/train") as decision:
+            x = jnp.ones(4)
+        assert decision.device == cpus[1]
+        assert where(x) == cpus[1]
+        assert jax.config.jax_default_device is None
+
+    def test_default_device_is_restored_after_an_exception(self, policy: devpolicy.Policy) -> None:
+        """An exception inside the scope leaves no device behind."""
+        with pytest.raises(KeyError), policy.scope("dataset/train"):
+            raise KeyError("boom")
+        assert jax.config.jax_default_device is None
+
+    def test_failed_decision_changes_nothing(self, cpus: list[jax.Device]) -> None:
+        """When no device can be had the scope raises before touching JAX's state."""
+        strict = policy_of(strict=True, default="cpu:9")
+        with jax.default_device(cpus[2]):
+            with pytest.raises(devpolicy.DeviceUnavailableError), strict.scope("x"):
+                pytest.fail("the body must not run")
+            assert jax.config.jax_default_device == cpus[2]
+
+    def test_scopes_nest_and_unwind_in_order(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """An inner scope wins inside it; the outer one is back after it."""
+        with policy.scope("dataset/a"):
+            with policy.scope("model/b"):
+                assert where(jnp.zeros(1)) == cpus[2]
+            assert where(jnp.zeros(1)) == cpus[1]
+
+    def test_one_scope_object_can_be_entered_twice(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """Re-entering the same object (which leaks with raw jax.default_device) is safe."""
+        s = policy.scope("dataset/a")
+        with s, s:
+            assert where(jnp.zeros(1)) == cpus[1]
+        assert jax.config.jax_default_device is None
+
+    def test_auto_scope_leaves_jax_alone(self, cpus: list[jax.Device]) -> None:
+        """A name decided `auto` does not override an enclosing device."""
+        with jax.default_device(cpus[3]), policy_of().scope("anything") as d:
+            assert where(jnp.zeros(1)) == cpus[3]
+        assert d.is_auto
+
+    def test_threads_in_different_scopes_do_not_leak(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """Two threads in their own scopes each see their own device, interleaved."""
+        barrier = threading.Barrier(2)
+        seen: dict[str, list[jax.Device]] = {}
+
+        def work(name: str) -> None:
+            with policy.scope(name):
+                got = []
+                for _ in range(20):
+                    barrier.wait()
+                    got.append(where(jnp.zeros(1)))
+                seen[name] = got
+            assert jax.config.jax_default_device is None
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in ("dataset/a", "model/b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert set(seen["dataset/a"]) == {cpus[1]}
+        assert set(seen["model/b"]) == {cpus[2]}
+
+    def test_disabled_scope_is_a_no_op(self, cpus: list[jax.Device]) -> None:
+        """DEVPOLICY_DISABLE: the decision is made and logged, the default device unchanged."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:3"}, environ={"DEVPOLICY_DISABLE": "1"}
+        )
+        with policy.scope("x") as d:
+            assert where(jnp.zeros(1)) == cpus[0]
+        assert d.source == "disabled"
+
+
+class TestPlace:
+    def test_decorated_function_runs_on_the_decided_device(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """@place("name") runs the body in the scope and commits its array results."""
+
+        @policy.place("dataset/train")
+        def load() -> dict[str, jax.Array]:
+            return {"tokens": jnp.arange(8), "note": "kept"}  # type: ignore[dict-item]
+
+        out = load()
+        assert where(out["tokens"]) == cpus[1]
+        assert out["tokens"].committed
+        assert out["note"] == "kept"
+
+    def test_committed_results_do_not_migrate(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """Without commit, an array made in a scope moves to the default device when used outside."""
+
+        @policy.place("dataset/a")
+        def committed() -> jax.Array:
+            return jnp.arange(4)
+
+        @policy.place("loose/a")
+        def loose() -> jax.Array:
+            return jnp.arange(4)
+
+        assert where(committed() + 1) == cpus[1]
+        x = loose()
+        assert not x.committed
+        assert where(x + 1) == cpus[0]
+
+    def test_commit_argument_beats_the_rule(self, policy: devpolicy.Policy) -> None:
+        """place(commit=False) in code overrides the rule's commit: true."""
+
+        @policy.place("dataset/a", commit=False)
+        def f() -> jax.Array:
+            return jnp.arange(4)
+
+        assert not f().committed
+
+    def test_commit_does_not_copy(self, policy: devpolicy.Policy) -> None:
+        """Committing reuses the buffer: same device, no transfer."""
+        made: list[jax.Array] = []
+
+        @policy.place("dataset/a")
+        def f() -> jax.Array:
+            made.append(jnp.arange(1000.0))
+            return made[0]
+
+        out = f()
+        assert out.unsafe_buffer_pointer() == made[0].unsafe_buffer_pointer()
+
+    def test_leaves_on_another_device_are_reported(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """A committed leaf elsewhere stays there and produces a placement_mismatch warning."""
+
+        @policy.place("dataset/a")
+        def f() -> jax.Array:
+            return jax.device_put(jnp.arange(3), cpus[3])
+
+        with capture_logs() as logs:
+            out = f()
+        assert where(out) == cpus[3]
+        mismatch = [e for e in logs if e["event"] == "placement_mismatch"]
+        assert mismatch == [
+            {
+                "event": "placement_mismatch",
+                "log_level": "warning",
+                "name": "dataset/a",
+                "device": "cpu:1",
+                "actual_device": "cpu:3",
+                "shape": (3,),
+                "dtype": "int32",
+                "origin": "<mapping>:rules[0]",
+                "process_index": 0,
+            }
+        ]
+
+    def test_bare_decorator_uses_module_and_qualname(self) -> None:
+        """@place without arguments names the function `module.qualname`."""
+        policy = policy_of(rules=[{"match": "tests.test_placement.*", "device": "cpu:2"}])
+
+        @policy.place
+        def helper() -> None:
+            return None
+
+        with capture_logs() as logs:
+            helper()
+        assert (
+            logs[0]["name"]
+            == "tests.test_placement.TestPlace.test_bare_decorator_uses_module_and_qualname.<locals>.helper"
+        )
+        assert logs[0]["device"] == "cpu:2"
+
+    def test_wraps_keep_name_docstring_and_signature(self, policy: devpolicy.Policy) -> None:
+        """functools.wraps keeps what introspection and docs rely on."""
+
+        @policy.place("dataset/a")
+        def load(path: str, *, limit: int = 3) -> None:
+            """Load it."""
+
+        def twin(path: str, *, limit: int = 3) -> None: ...
+
+        assert (load.__name__, load.__doc__) == ("load", "Load it.")
+        assert inspect.signature(load) == inspect.signature(twin)
+
+    def test_bad_decorator_arguments_are_type_errors(self, policy: devpolicy.Policy) -> None:
+        """place(3) and place(commit='yes') are mistakes caught at decoration."""
+        with pytest.raises(
+            TypeError, match=r"^place\(\) takes a name \(str\) or a function, got int 3"
+        ):
+            policy.place(3)  # type: ignore[call-overload]
+        with pytest.raises(TypeError, match=r"^place\(commit=\.\.\.\) must be a bool or None"):
+            policy.place("x", commit="yes")  # type: ignore[call-overload]
+
+    def test_default_restored_when_the_function_raises(self, policy: devpolicy.Policy) -> None:
+        """An exception from the body propagates and the device is restored."""
+
+        @policy.place("dataset/a")
+        def f() -> None:
+            raise ValueError("bad file")
+
+        with pytest.raises(ValueError, match=r"^bad file$"):
+            f()
+        assert jax.config.jax_default_device is None
+
+    def test_generators_hold_the_scope_only_while_running(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """A suspended decorated generator does not leak its device into the caller."""
+
+        @policy.place("dataset/a")
+        def batches() -> Iterator[jax.Array]:
+            for i in range(3):
+                yield jnp.full(2, i)
+
+        seen = []
+        for batch in batches():
+            seen.append(where(batch))
+            assert jax.config.jax_default_device is None
+            assert where(jnp.zeros(1)) == cpus[0]
+        assert seen == [cpus[1]] * 3
+
+    def test_generator_return_value_and_sent_values_pass_through(
+        self, policy: devpolicy.Policy
+    ) -> None:
+        """send(), throw() and the return value work as on the undecorated generator."""
+
+        @policy.place("dataset/a")
+        def echo() -> Iterator[object]:
+            got = yield "first"
+            try:
+                yield got
+            except KeyError:
+                yield "caught"
+            return "done"
+
+        g = echo()
+        assert next(g) == "first"
+        assert g.send("hello") == "hello"
+        assert g.throw(KeyError("k")) == "caught"
+        with pytest.raises(StopIteration) as stop:
+            next(g)
+        assert stop.value.value == "done"
+
+    def test_coroutines_never_see_each_others_device(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """Interleaved decorated tasks each see their own device at every step."""
+
+        def make(name: str) -> object:
+            @policy.place(name)
+            async def task() -> list[jax.Device]:
+                got = []
+                for _ in range(5):
+                    got.append(where(jnp.zeros(1)))
+                    await asyncio.sleep(0)
+                return got
+
+            return task
+
+        async def main() -> list[list[jax.Device]]:
+            return list(await asyncio.gather(make("dataset/a")(), make("model/b")()))  # type: ignore[operator]
+
+        a, b = asyncio.run(main())
+        assert (set(a), set(b)) == ({cpus[1]}, {cpus[2]})
+        assert jax.config.jax_default_device is None
+
+    def test_async_generators_are_stepped_too(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """A decorated async generator yields committed arrays made on its device."""
+
+        @policy.place("model/w")
+        async def stream() -> AsyncIterator[jax.Array]:
+            for i in range(2):
+                await asyncio.sleep(0)
+                yield jnp.full(2, i)
+
+        async def main() -> list[jax.Array]:
+            out = []
+            async for x in stream():
+                assert jax.config.jax_default_device is None
+                out.append(x)
+            return out
+
+        assert [where(x) for x in asyncio.run(main())] == [cpus[2], cpus[2]]
+
+
+class TestPut:
+    def test_single_array_goes_by_its_name_and_size(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """put() knows the size, so size rules apply; the result is committed."""
+        big = policy.put("big/x", np.zeros(1024, np.uint8))
+        small = policy.put("big/y", np.zeros(10, np.uint8))
+        assert (where(big), big.committed) == (cpus[3], True)
+        assert (where(small), small.committed) == (cpus[0], True)
+
+    def test_pytree_leaves_are_named_by_path(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """Leaves are decided as name/<path>."""
+        with capture_logs() as logs:
+            tree = policy.put("model", {"layers": [np.zeros(2), np.ones(2)], "b": np.zeros(1)})
+        assert {e["name"] for e in logs} == {"model/layers/0", "model/layers/1", "model/b"}
+        assert {where(x) for x in jax.tree.leaves(tree)} == {cpus[2]}
+
+    def test_memory_kind_is_applied(self) -> None:
+        """A rule's memory kind reaches the array's sharding."""
+        policy = policy_of(rules=[{"match": "*", "device": "cpu:1", "memory": "pinned_host"}])
+        assert policy.put("x", np.zeros(3)).sharding.memory_kind == "pinned_host"
+
+    def test_every_decision_is_made_before_anything_moves(self) -> None:
+        """If one leaf cannot be placed, nothing is placed and the error says which."""
+        policy = policy_of(
+            strict=True,
+            rules=[{"match": "t/bad", "device": "cpu:9"}, {"match": "*", "device": "cpu:1"}],
+        )
+        moved = []
+        original = jax.device_put
+        try:
+            jax.device_put = lambda *a, **k: moved.append(a) or original(*a, **k)  # type: ignore[assignment]
+            with pytest.raises(devpolicy.DeviceUnavailableError, match="for name 't/bad'"):
+                policy.put("t", {"good": np.zeros(1), "bad": np.zeros(1)})
+        finally:
+            jax.device_put = original
+        assert moved == []
+
+    def test_name_must_be_a_string(self, policy: devpolicy.Policy) -> None:
+        """Swapped arguments are caught with a clear message."""
+        with pytest.raises(TypeError, match=r"^put\(\) takes a name \(str\) first, got ndarray"):
+            policy.put(np.zeros(1), "x")  # type: ignore[arg-type]
+
+    def test_disabled_put_uses_jax_default(self, cpus: list[jax.Device]) -> None:
+        """Under DEVPOLICY_DISABLE put behaves like a plain device_put."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:3"}, environ={"DEVPOLICY_DISABLE": "1"}
+        )
+        x = policy.put("x", np.zeros(2))
+        assert (where(x), x.committed) == (cpus[0], False)
