@@ -23,22 +23,39 @@ from ._active import place as place
 from ._active import put as put
 from ._active import resolve as resolve
 from ._active import scope as scope
+from ._capacity import Capacity as Capacity
+from ._capacity import DeviceMemory as DeviceMemory
+from ._capacity import StaticCapacity as StaticCapacity
 from ._errors import DevicePolicyError as DevicePolicyError
 from ._errors import DeviceUnavailableError as DeviceUnavailableError
 from ._errors import EnvOverrideError as EnvOverrideError
 from ._errors import PolicyError as PolicyError
 from ._errors import Problem as Problem
+from ._errors import UnmatchedNameError as UnmatchedNameError
 from ._inventory import Inventory as Inventory
 from ._inventory import available_backends as available_backends
 from ._inventory import get_device as get_device
 from ._inventory import inventory as inventory
+from ._lint import Finding as Finding
+from ._lint import lint as lint
+from ._loader import DeviceLoad as DeviceLoad
+from ._loader import NarrowingError as NarrowingError
+from ._loader import Plan as Plan
+from ._loader import PlannedTensor as PlannedTensor
+from ._loader import align_file as align_file
+from ._loader import load_file as load_file
+from ._loader import plan as plan
+from ._loader import save_file as save_file
 from ._loading import load_policy as load_policy
 from ._placement import Scope as Scope
 from ._policy import Decision as Decision
 from ._policy import Explanation as Explanation
 from ._policy import Policy as Policy
+from ._prefetch import prefetch as prefetch
+from ._schema import policy_schema as policy_schema
 from ._sizes import format_size as format_size
 from ._sizes import parse_size as parse_size
+from ._tensorfile import SafetensorsFileError as SafetensorsFileError
 
 try:
     __version__ = version("devpolicy")
@@ -46,28 +63,45 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "Capacity",
     "Decision",
+    "DeviceLoad",
+    "DeviceMemory",
     "DevicePolicyError",
     "DeviceUnavailableError",
     "EnvOverrideError",
     "Explanation",
+    "Finding",
     "Inventory",
+    "NarrowingError",
+    "Plan",
+    "PlannedTensor",
     "Policy",
     "PolicyError",
     "Problem",
+    "SafetensorsFileError",
     "Scope",
+    "StaticCapacity",
+    "UnmatchedNameError",
     "__version__",
     "activate",
     "active_policy",
+    "align_file",
     "available_backends",
     "explain",
     "format_size",
     "get_device",
     "inventory",
+    "lint",
+    "load_file",
     "load_policy",
     "parse_size",
     "place",
+    "plan",
+    "policy_schema",
+    "prefetch",
     "put",
     "resolve",
+    "save_file",
     "scope",
 ]

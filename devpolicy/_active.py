@@ -17,8 +17,9 @@ T = TypeVar("T")
 
 _ACTIVE: ContextVar[Policy | None] = ContextVar("devpolicy_active_policy", default=None)
 _lock = threading.Lock()
-# Outermost activations still open, in the order made; the newest serves threads that
-# activated none. A list, not one slot: tasks and threads exit in any order.
+# Outermost activations still open, in the order made. The earliest (usually the
+# program's own, made before it starts workers) serves threads that activated none.
+# A list, not one slot: tasks and threads exit in any order.
 _outermost: list[activate] = []
 _discovered: Policy | None = None
 
@@ -26,8 +27,9 @@ _discovered: Policy | None = None
 def active_policy() -> Policy:
     """The policy module-level calls use now.
 
-    In order: the policy activated in this context; else the outermost activation
-    made in any thread; else the discovered policy, loaded once on first use.
+    In order: the policy activated in this context; else the earliest outermost
+    activation still open in any thread; else the discovered policy, loaded once on
+    first use.
 
     Raises:
         PolicyError, EnvOverrideError: if the discovered policy is malformed.
@@ -43,7 +45,7 @@ def active_policy() -> Policy:
     if policy is not None:
         return policy
     if _outermost:
-        return _outermost[-1].policy
+        return _outermost[0].policy
     return _discover()
 
 
@@ -68,8 +70,8 @@ class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
 
     Takes effect at once. Used as `with devpolicy.activate(p):`, the previous policy
     comes back on exit. The activation holds in this context (thread or asyncio task and
-    what it starts with a copied context); an outermost activation also serves threads
-    that have activated none.
+    what it starts with a copied context); the earliest outermost activation still open
+    also serves threads that have activated none.
 
     Example:
         >>> import devpolicy
@@ -101,11 +103,19 @@ class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _ACTIVE.reset(self._token)
-        if self._outermost:
-            with _lock:
-                if self in _outermost:
-                    _outermost.remove(self)
+        try:
+            _ACTIVE.reset(self._token)
+        except ValueError as e:
+            raise RuntimeError(
+                "devpolicy.activate() was exited in a different context than it was entered "
+                "(for example an async fixture torn down in another task); enter and exit it "
+                "in the same task or thread"
+            ) from e
+        finally:
+            if self._outermost:
+                with _lock:
+                    if self in _outermost:
+                        _outermost.remove(self)
 
 
 def resolve(name: str, *, nbytes: int | None = None) -> Decision:

@@ -1,4 +1,4 @@
-"""The `devpolicy` command line. Uses only the public API, like any user."""
+"""The `devpolicy` command line. Uses only the public API, as any user would."""
 
 from __future__ import annotations
 
@@ -6,23 +6,34 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 import devpolicy
 
 EXIT_OK = 0
-EXIT_FAILED = 1
+EXIT_FINDINGS = 1
 EXIT_USAGE = 2
+_PLAN_ROWS = 40
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse exits 2 on usage errors; keep that, say why
+    def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def _size(text: str) -> int:
+    try:
+        return devpolicy.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,40 +43,119 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"devpolicy {devpolicy.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
     devices = commands.add_parser(
-        "devices", help="list every known backend, its devices, and why absent ones are absent"
+        "devices", help="which backends and devices this process has, and why not"
     )
-    devices.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    devices.add_argument("--json", action="store_true", help="print JSON")
+
+    check = commands.add_parser("check", help="validate and lint a policy")
+    check.add_argument(
+        "policy", nargs="?", type=Path, help="policy file (default: the one discovery finds)"
+    )
+    check.add_argument("--strict", action="store_true", help="exit 2 when there are warnings")
+    check.add_argument("--json", action="store_true", help="print JSON")
+
+    explain = commands.add_parser("explain", help="where a name goes, and why, rule by rule")
+    explain.add_argument("name", help="the name to decide, e.g. dataset/train")
+    explain.add_argument(
+        "--bytes", type=_size, default=None, metavar="SIZE", help="its size: 4GiB, 1.5GB, 512"
+    )
+    explain.add_argument(
+        "--policy", type=Path, default=None, help="policy file (default: discovery)"
+    )
+    explain.add_argument("--json", action="store_true", help="print JSON")
+
+    plan = commands.add_parser("plan", help="where every tensor of a safetensors file would go")
+    plan.add_argument("file", type=Path, help="a .safetensors file (only its header is read)")
+    plan.add_argument("--policy", type=Path, default=None, help="policy file (default: discovery)")
+    plan.add_argument("--prefix", default=None, help="name prefix (default: the file's stem)")
+    plan.add_argument(
+        "--all", action="store_true", help=f"list every tensor (default: the first {_PLAN_ROWS})"
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON")
+
+    commands.add_parser("schema", help="print the JSON Schema of the policy format")
+
+    align = commands.add_parser("align", help="rewrite a safetensors file for zero-copy loading")
+    align.add_argument("source", type=Path, help="the file to read")
+    align.add_argument("destination", type=Path, help="the file to write (replaced atomically)")
+    align.add_argument(
+        "--align", type=int, default=64, help="byte alignment, a power of two (default 64)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status.
+    """Run the command line and return its exit status.
+
+    Exit status: 0 success; 1 findings (`check` errors, `explain` without a device,
+    `plan` that does not fit); 2 usage or input errors (and `check --strict` warnings).
 
     Example:
-        >>> main(["devices", "--json"]) == 0  # doctest: +ELLIPSIS
+        >>> main(["schema"]) == 0  # doctest: +ELLIPSIS
         {...
         True
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command is None:
-        _parser().print_help()
+        parser.print_help()
         return EXIT_USAGE
+    handlers = {
+        "devices": _devices,
+        "check": _check,
+        "explain": _explain,
+        "plan": _plan,
+        "schema": _schema,
+        "align": _align,
+    }
     try:
-        if args.command == "devices":
-            return _devices(args.json)
+        return handlers[args.command](args)
     except devpolicy.DevicePolicyError as e:
-        print(f"devpolicy: {e}", file=sys.stderr)
+        print(f"devpolicy {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
-    raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
+    except ValueError as e:
+        print(f"devpolicy {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
-def _device_rows() -> list[dict[str, Any]]:
+def _console() -> Console:
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=160)
+    return console
+
+
+def _load(path: Path | None) -> devpolicy.Policy:
+    return devpolicy.load_policy(path) if path is not None else devpolicy.load_policy()
+
+
+def _size_text(n: int | None) -> str:
+    return "-" if n is None else devpolicy.format_size(n)
+
+
+# devices ---------------------------------------------------------------------------------
+
+
+def _memory(device: Any) -> tuple[int | None, int | None]:
+    try:
+        stats = device.memory_stats()
+    except Exception:  # backends without stats may raise instead of returning None
+        stats = None
+    if not stats or not isinstance(stats.get("bytes_limit"), int):
+        return None, None
+    total = stats["bytes_limit"]
+    return max(0, total - int(stats.get("bytes_in_use", 0))), total
+
+
+def _devices(args: argparse.Namespace) -> int:
     inv = devpolicy.inventory()
+    default = devpolicy.get_device("auto")
     rows = []
     for platform, devices in inv.devices.items():
         for device in devices:
-            stats = _memory(device)
+            free, total = _memory(device)
             rows.append(
                 {
                     "target": inv.text(device),
@@ -74,53 +164,34 @@ def _device_rows() -> list[dict[str, Any]]:
                     "kind": device.device_kind,
                     "process_index": device.process_index,
                     "memory_kinds": [m.kind for m in device.addressable_memories()],
-                    "bytes_free": stats[0],
-                    "bytes_total": stats[1],
-                    "default": device == devpolicy.get_device("auto"),
+                    "bytes_free": free,
+                    "bytes_total": total,
+                    "default": device == default,
                 }
             )
-    return rows
-
-
-def _memory(device: Any) -> tuple[int | None, int | None]:
-    try:
-        stats = device.memory_stats()
-    except Exception:
-        stats = None
-    if not stats:
-        return None, None
-    total = stats.get("bytes_limit")
-    used = stats.get("bytes_in_use")
-    free = total - used if total is not None and used is not None else None
-    return free, total
-
-
-def _devices(as_json: bool) -> int:
-    inv = devpolicy.inventory()
-    rows = _device_rows()
-    if as_json:
+    if args.json:
+        backends: dict[str, dict[str, Any]] = {
+            p: {"available": True, "reason": None} for p in inv.devices
+        }
+        backends |= {p: {"available": False, "reason": why} for p, why in inv.missing.items()}
         payload = {
             "process_index": inv.process_index,
             "default_platform": inv.default_platform,
-            "backends": {
-                **{p: {"available": True, "reason": None} for p in inv.devices},
-                **{p: {"available": False, "reason": why} for p, why in inv.missing.items()},
-            },
+            "backends": backends,
             "devices": rows,
         }
         print(json.dumps(payload, indent=2))
         return EXIT_OK
-    console = Console()
-    backends = Table(title="Backends", title_justify="left")
-    backends.add_column("platform")
-    backends.add_column("available")
-    backends.add_column("devices / reason", overflow="fold")
+    console = _console()
+    backends_table = Table(title="Backends", title_justify="left")
+    for column in ("platform", "available", "devices, or why not"):
+        backends_table.add_column(column, overflow="fold")
     for platform, devices in inv.devices.items():
-        backends.add_row(platform, "[green]yes[/]", str(len(devices)))
+        backends_table.add_row(platform, Text("yes", style="green"), str(len(devices)))
     for platform, why in inv.missing.items():
-        backends.add_row(platform, "[red]no[/]", why)
-    console.print(backends)
-    table = Table(title=f"Devices (process {inv.process_index})", title_justify="left")
+        backends_table.add_row(platform, Text("no", style="red"), Text(why))
+    console.print(backends_table)
+    table = Table(title=f"Devices of process {inv.process_index}", title_justify="left")
     for column in ("target", "id", "kind", "process", "memory kinds", "free", "total"):
         table.add_column(column, justify="right" if column in ("id", "free", "total") else "left")
     for row in rows:
@@ -130,8 +201,254 @@ def _devices(as_json: bool) -> int:
             row["kind"],
             str(row["process_index"]),
             ", ".join(row["memory_kinds"]),
-            "-" if row["bytes_free"] is None else devpolicy.format_size(row["bytes_free"]),
-            "-" if row["bytes_total"] is None else devpolicy.format_size(row["bytes_total"]),
+            _size_text(row["bytes_free"]),
+            _size_text(row["bytes_total"]),
         )
     console.print(table)
+    return EXIT_OK
+
+
+# check -----------------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> int:
+    label = str(args.policy) if args.policy is not None else "the discovered policy"
+    try:
+        policy = _load(args.policy)
+    except devpolicy.PolicyError as e:
+        findings = [
+            {"severity": "error", "origin": _where(p), "code": "invalid", "message": _what(p)}
+            for p in e.problems
+        ]
+        return _report_check(args, label, findings, invalid=True)
+    except devpolicy.EnvOverrideError as e:
+        findings = [
+            {
+                "severity": "error",
+                "origin": f"env:{e.variable}",
+                "code": "invalid-env",
+                "message": str(e),
+            }
+        ]
+        return _report_check(args, label, findings, invalid=True)
+    label = policy.file or label
+    findings = [
+        {"severity": f.severity, "origin": f.origin, "code": f.code, "message": f.message}
+        for f in devpolicy.lint(policy)
+    ]
+    how = f"; found by {policy.found}" if args.policy is None else ""
+    return _report_check(args, f"{label} ({len(policy.rules)} rules{how})", findings)
+
+
+def _where(problem: devpolicy.Problem) -> str:
+    return problem.file if problem.line is None else f"{problem.file}:{problem.line}"
+
+
+def _what(problem: devpolicy.Problem) -> str:
+    return f"{problem.field}: {problem.message}" if problem.field else problem.message
+
+
+def _report_check(
+    args: argparse.Namespace, label: str, findings: list[dict[str, str]], invalid: bool = False
+) -> int:
+    errors = sum(f["severity"] == "error" for f in findings)
+    warnings = len(findings) - errors
+    status = EXIT_FINDINGS if errors else (EXIT_USAGE if warnings and args.strict else EXIT_OK)
+    if args.json:
+        print(
+            json.dumps(
+                {"policy": label, "valid": not invalid, "findings": findings, "exit": status},
+                indent=2,
+            )
+        )
+        return status
+    console = _console()
+    console.print(Text(f"policy: {label}"))
+    for f in findings:
+        style = "bold red" if f["severity"] == "error" else "yellow"
+        line = Text(f"{f['origin']}: ")
+        line.append(f["severity"], style=style)
+        line.append(f": {f['message']} [{f['code']}]")
+        console.print(line)
+    summary = "valid, no findings" if not findings else f"{errors} error(s), {warnings} warning(s)"
+    console.print(Text(summary, style="green" if not findings else ("red" if errors else "yellow")))
+    return status
+
+
+# explain ---------------------------------------------------------------------------------
+
+
+def _explain(args: argparse.Namespace) -> int:
+    policy = _load(args.policy)
+    e = policy.explain(args.name, nbytes=args.bytes)
+    matched = next((entry for entry, step in e.steps if step.matched), None)
+    if args.json:
+        payload = {
+            "name": e.name,
+            "nbytes": e.nbytes,
+            "policy": policy.file,
+            "rules": [
+                {
+                    "rule": step.rule,
+                    "origin": entry.origin,
+                    "layer": entry.source,
+                    "matched": step.matched,
+                    "reason": step.reason,
+                }
+                for entry, step in e.steps
+            ],
+            "default": None
+            if matched
+            else {
+                "target": policy.settings.default.value,
+                "origin": policy.settings.default.origin,
+            },
+            "fallback": [{"target": t, "reason": why} for t, why in e.fallback],
+            "decision": None if e.decision is None else _decision_json(e.decision),
+            "error": e.error,
+        }
+        print(json.dumps(payload, indent=2))
+        return EXIT_OK if e.decision is not None else EXIT_FINDINGS
+    console = _console()
+    size = "size unknown" if e.nbytes is None else devpolicy.format_size(e.nbytes)
+    how = f"; found by {policy.found}" if args.policy is None else ""
+    console.print(Text(f"{e.name} ({size}) under {policy.file or 'no policy file'}{how}"))
+    table = Table(title="Rules, in the order tried", title_justify="left")
+    for column in ("#", "origin", "layer", "result"):
+        table.add_column(column)
+    for entry, step in e.steps:
+        result = Text(
+            "match: " if step.matched else "skip: ", style="green" if step.matched else "dim"
+        )
+        result.append(step.reason)
+        table.add_row(str(step.rule), entry.origin, entry.source, result)
+    if e.steps:
+        console.print(table)
+    else:
+        console.print(Text("no rules"))
+    if matched is None:
+        default = policy.settings.default
+        console.print(
+            Text(
+                f"no rule matches: default {default.value!r} "
+                f"from {default.origin} ({default.layer})"
+            )
+        )
+    for target, why in e.fallback:
+        console.print(Text(f"fallback: {target} passed over: {why}"))
+    if e.decision is None:
+        console.print(Text(f"no device: {e.error}", style="red"))
+        return EXIT_FINDINGS
+    d = e.decision
+    line = Text("decision: ")
+    line.append(d.device_text, style="bold")
+    line.append(f" (requested {d.requested}; source {d.source}; origin {d.origin}")
+    line.append(f"; memory {d.memory_kind})" if d.memory_kind else ")")
+    console.print(line)
+    return EXIT_OK
+
+
+def _decision_json(d: devpolicy.Decision) -> dict[str, Any]:
+    return d.event_fields()
+
+
+# plan ------------------------------------------------------------------------------------
+
+
+def _plan(args: argparse.Namespace) -> int:
+    policy = _load(args.policy)
+    p = devpolicy.plan(args.file, prefix=args.prefix, policy=policy)
+    status = EXIT_OK if p.fits else EXIT_FINDINGS
+    if args.json:
+        payload = {
+            "file": p.file,
+            "fits": p.fits,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "dtype": t.dtype,
+                    "shape": list(t.shape),
+                    "nbytes": t.nbytes,
+                    "aligned": t.offset % 64 == 0,
+                    "device": t.decision.device_text if t.decision else None,
+                    "rule": t.decision.rule if t.decision else None,
+                    "origin": t.decision.origin if t.decision else None,
+                    "fallback_reason": t.decision.fallback_reason if t.decision else None,
+                    "error": t.error,
+                }
+                for t in p.tensors
+            ],
+            "devices": [
+                {
+                    "device": d.device,
+                    "nbytes": d.nbytes,
+                    "tensors": d.tensors,
+                    "free": d.free,
+                    "fits": d.fits,
+                }
+                for d in p.devices
+            ],
+        }
+        print(json.dumps(payload, indent=2))
+        return status
+    console = _console()
+    shown = p.tensors if args.all else p.tensors[:_PLAN_ROWS]
+    table = Table(title=f"{p.file}: {len(p.tensors)} tensors", title_justify="left")
+    for column in ("name", "dtype", "shape", "size", "device", "rule"):
+        table.add_column(column, justify="right" if column == "size" else "left", overflow="fold")
+    for t in shown:
+        device = Text(t.decision.device_text) if t.decision else Text("none", style="red")
+        rule = t.decision.origin if t.decision else (t.error or "").splitlines()[0]
+        table.add_row(
+            t.name, t.dtype, "x".join(map(str, t.shape)) or "()", _size_text(t.nbytes), device, rule
+        )
+    console.print(table)
+    if len(shown) < len(p.tensors):
+        console.print(Text(f"... {len(p.tensors) - len(shown)} more tensors (--all lists them)"))
+    per_device = Table(title="Per device: planned against free memory", title_justify="left")
+    for column in ("device", "tensors", "planned", "free", "used", "", "fits"):
+        per_device.add_column(
+            column, justify="left" if column in ("device", "", "fits") else "right"
+        )
+    for d in p.devices:
+        total = max(d.free or d.nbytes, 1)
+        bar = ProgressBar(
+            total=total,
+            completed=min(d.nbytes, total),
+            width=30,
+            complete_style="red" if not d.fits else "green",
+        )
+        fits = Text("yes", style="green") if d.fits else Text("NO", style="bold red")
+        used = "-" if d.free is None else f"{d.nbytes / max(d.free, 1):.0%}"
+        per_device.add_row(
+            d.device, str(d.tensors), _size_text(d.nbytes), _size_text(d.free), used, bar, fits
+        )
+    console.print(per_device)
+    unplaced = sum(t.decision is None for t in p.tensors)
+    if unplaced:
+        console.print(Text(f"{unplaced} tensor(s) have no device", style="red"))
+    return status
+
+
+# schema and align ------------------------------------------------------------------------
+
+
+def _schema(args: argparse.Namespace) -> int:
+    print(json.dumps(devpolicy.policy_schema(), indent=2))
+    return EXIT_OK
+
+
+def _align(args: argparse.Namespace) -> int:
+    devpolicy.align_file(args.source, args.destination, align=args.align)
+    planned = devpolicy.plan(
+        args.destination, policy=devpolicy.load_policy({"version": 1}, environ={})
+    )
+    aligned = [t for t in planned.tensors if t.offset % args.align == 0]
+    share = sum(t.nbytes for t in aligned) / max(1, sum(t.nbytes for t in planned.tensors))
+    _console().print(
+        Text(
+            f"wrote {args.destination}: {len(aligned)} of {len(planned.tensors)} tensors "
+            f"({share:.0%} of the bytes) start at {args.align}-byte offsets"
+        )
+    )
     return EXIT_OK

@@ -48,7 +48,10 @@ def _from_pyproject(pyproject: Path) -> Found:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise PolicyError.single(label, None, "", f"cannot read pyproject.toml: {e}") from None
-    table = data.get("tool", {}).get("devpolicy")
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise PolicyError.single(label, None, "tool", "must be a table")
+    table = tool.get("devpolicy")
     if table is None:
         return Found(None, f"no policy found ({label} has no [tool.devpolicy] table)")
     if not isinstance(table, dict):

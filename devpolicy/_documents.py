@@ -76,6 +76,8 @@ def read_document(source: str | os.PathLike[str] | Mapping[str, Any]) -> Documen
 
 def validate_overrides(overrides: Mapping[str, Any]) -> OverridesSpec:
     """Validate settings given in code."""
+    if not isinstance(overrides, Mapping):
+        raise TypeError(f"overrides must be a mapping of settings, got {type(overrides).__name__}")
     try:
         return OverridesSpec.model_validate(dict(overrides))
     except ValidationError as e:

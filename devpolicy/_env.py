@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from ._errors import EnvOverrideError, did_you_mean
 from ._schema import LOG_FORMATS, LOG_LEVELS, RuleSpec
-from ._targets import TARGET_FORMS, parse_target
+from ._targets import REJECT, TARGET_FORMS, parse_target
 
 PREFIX = "DEVPOLICY_"
 FILE = "DEVPOLICY_FILE"
@@ -51,7 +51,13 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
         EnvOverrideError: naming the variable, its value and the accepted forms.
     """
     for name, value in environ.items():
-        if name.startswith(PREFIX) and name not in VARIABLES:
+        if not isinstance(name, str) or not name.startswith(PREFIX):
+            continue
+        if not isinstance(value, str):
+            raise EnvOverrideError(
+                name, repr(value), "environment values must be strings", "a string"
+            )
+        if name not in VARIABLES:
             hint = did_you_mean(name, VARIABLES)
             raise EnvOverrideError(
                 name, value, f"unknown devpolicy variable{hint}", ", ".join(VARIABLES)
@@ -60,7 +66,7 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
     return EnvSettings(
         file=_file(values.get(FILE)),
         rules=_rules(values.get(RULES)),
-        default=_target(DEFAULT, values.get(DEFAULT)),
+        default=_default(values.get(DEFAULT)),
         strict=_bool(STRICT, values.get(STRICT)),
         disable=_bool(DISABLE, values.get(DISABLE)),
         log_level=_choice(LOG_LEVEL, values.get(LOG_LEVEL), LOG_LEVELS),
@@ -106,6 +112,12 @@ def _target(variable: str, value: str | None) -> str | None:
     except ValueError as e:
         raise EnvOverrideError(variable, value, str(e), TARGET_FORMS) from None
     return value
+
+
+def _default(value: str | None) -> str | None:
+    if value == REJECT:
+        return value
+    return _target(DEFAULT, value)
 
 
 def _bool(variable: str, value: str | None) -> bool | None:

@@ -128,3 +128,21 @@ class EnvOverrideError(DevicePolicyError, ValueError):
         self.value = value
         self.accepted = accepted
         super().__init__(f"{variable}={value!r}: {problem}; accepted: {accepted}")
+
+
+class UnmatchedNameError(DevicePolicyError, LookupError):
+    """A name no rule matches, under a policy whose default is `reject`.
+
+    Attributes:
+        name: The name.
+        origin: Where `default: reject` was set.
+    """
+
+    def __init__(self, name: str, origin: str, patterns: Sequence[str]) -> None:
+        self.name = name
+        self.origin = origin
+        listed = ", ".join(repr(p) for p in patterns) or "none"
+        super().__init__(
+            f"no rule matches {name!r} and the default is `reject` ({origin}); "
+            f"add a rule for it (rules tried: {listed})"
+        )

@@ -53,6 +53,7 @@ class Settings:
     default: Setting
     fallback: Setting
     strict: Setting
+    headroom: Setting
     disable: Setting
     log_level: Setting
     log_format: Setting
@@ -92,6 +93,7 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
         default=pick("default", env.default, DEFAULT, code.default, ("default",)),
         fallback=pick("fallback", None, "", fallback, ("fallback",)),
         strict=pick("strict", env.strict, STRICT, code.strict, ("strict",)),
+        headroom=pick("headroom", None, "", code.headroom, ("headroom",)),
         disable=pick("disable", env.disable, DISABLE, code.disable, ()),
         log_level=pick(
             "log_level", env.log_level, LOG_LEVEL, code.logging_level, ("logging", "level")
@@ -108,6 +110,7 @@ _DEFAULT_VALUES: dict[str, Any] = {
     "default": _DEFAULTS.default,
     "fallback": tuple(_DEFAULTS.fallback),
     "strict": _DEFAULTS.strict,
+    "headroom": _DEFAULTS.headroom,
     "disable": False,
     "log_level": _DEFAULTS.logging.level,
     "log_format": _DEFAULTS.logging.format,

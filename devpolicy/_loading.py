@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ._capacity import Capacity
 from ._discovery import discover
 from ._documents import display_path, read_document, validate_overrides
 from ._env import read_env
@@ -21,6 +22,7 @@ def load_policy(
     *,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    capacity: Capacity | None = None,
 ) -> Policy:
     """Load a policy and apply `DEVPOLICY_*` environment overrides.
 
@@ -36,6 +38,9 @@ def load_policy(
             `strict`, `disable`, `rules` (tried before all others), `logging_level`,
             `logging_format`.
         environ: Environment to read instead of `os.environ`.
+        capacity: Where memory-aware placement (`fits`, sized `auto`) learns free memory;
+            default `DeviceMemory()` (the backend's memory stats, else host RAM). Pass a
+            `StaticCapacity` to plan for stated capacities.
 
     Raises:
         PolicyError: the policy is malformed (file, line, field path, valid choices).
@@ -58,4 +63,4 @@ def load_policy(
     else:
         document = read_document(source)
         how = "given to load_policy" if isinstance(source, Mapping) else display_path(Path(source))
-    return Policy(merge(document, env, code), how)
+    return Policy(merge(document, env, code), how, capacity)

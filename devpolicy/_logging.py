@@ -27,6 +27,9 @@ LOGGER_NAME = "devpolicy"
 _SEEN_LIMIT = 65_536
 
 
+_reported: set[tuple[type[BaseException], str]] = set()
+
+
 class _StderrLogger:
     """Writes each rendered event as a line to whatever `sys.stderr` is at that moment."""
 
@@ -109,5 +112,20 @@ class EventLog:
         return not self._debug_off or structlog.is_configured()
 
     def emit(self, level: str, event: str, fields: Mapping[str, Any]) -> None:
-        """Emit one event with flat fields."""
-        getattr(self._logger(), level)(event, **fields)
+        """Emit one event with flat fields.
+
+        A logging set-up that cannot take an event (stdlib's `extra` refuses a field called
+        `name`, for one) must not break placement: like stdlib's own handlers, the failure
+        is reported on stderr, once per kind, and the program goes on.
+        """
+        try:
+            getattr(self._logger(), level)(event, **fields)
+        except Exception as e:
+            kind = (type(e), event)
+            if kind not in _reported:
+                _reported.add(kind)
+                print(
+                    f"devpolicy: the logging configuration could not take a {event!r} event "
+                    f"({type(e).__name__}: {e}); placement goes on. Fields: {', '.join(fields)}",
+                    file=sys.stderr,
+                )

@@ -43,44 +43,31 @@ class Scope:
     only. Threads started inside it do not inherit it.
     """
 
-    __slots__ = ("_manager", "_more", "_name", "_nbytes", "_owner", "_policy")
+    __slots__ = ("_name", "_nbytes", "_policy", "_stacks")
 
     def __init__(self, policy: PolicySource, name: str, nbytes: int | None) -> None:
         self._policy = policy
         self._name = name
         self._nbytes = nbytes
-        # The usual single entry needs no stack; re-entries (nested or from other
-        # threads) go to `_more`, one stack per thread.
-        self._manager: AbstractContextManager[Any] | None = None
-        self._owner: int | None = None
-        self._more: dict[int, list[AbstractContextManager[Any]]] | None = None
+        # One stack of entered managers per thread: entries and exits pair up within a
+        # thread, whatever other threads do with the same object.
+        self._stacks: dict[int, list[AbstractContextManager[Any]]] = {}
 
     def __enter__(self) -> Decision:
-        policy = self._policy
-        decision = _policy_now(policy).resolve(self._name, nbytes=self._nbytes)
+        decision = _policy_now(self._policy).resolve(self._name, nbytes=self._nbytes)
         manager = jax.default_device(decision.device) if decision.applies else _NO_SCOPE
         manager.__enter__()
-        if self._manager is None:
-            self._manager, self._owner = manager, threading.get_ident()
-        else:
-            if self._more is None:
-                self._more = {}
-            self._more.setdefault(threading.get_ident(), []).append(manager)
+        self._stacks.setdefault(threading.get_ident(), []).append(manager)
         return decision
 
     def __exit__(self, *exc_info: Any) -> None:
         ident = threading.get_ident()
-        more = self._more
-        if more and ident in more:
-            stack = more[ident]
-            manager = stack.pop()
-            if not stack:
-                del more[ident]
-        else:
-            if self._owner != ident or self._manager is None:
-                raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
-            manager = self._manager
-            self._manager = self._owner = None
+        stack = self._stacks.get(ident)
+        if not stack:
+            raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
+        manager = stack.pop()
+        if not stack:
+            del self._stacks[ident]
         manager.__exit__(*exc_info)
 
     def __repr__(self) -> str:
@@ -92,12 +79,20 @@ def _policy_now(policy: PolicySource) -> Policy:
 
 
 def default_name(fn: Callable[..., Any]) -> str:
-    """`module.qualname` of a function: the name `@place` uses when given none."""
-    return f"{fn.__module__}.{fn.__qualname__}"
+    """`module.qualname` of a function: the name `@place` uses when given none.
+
+    Callables without their own (a `functools.partial`, an object with `__call__`) are
+    named by their type.
+    """
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}.{qualname}"
 
 
 def make_place(policy: PolicySource, name: Any, commit: bool | None) -> Any:
     """Implement `place` for both `@place` and `@place("name")`."""
+    if commit is not None and not isinstance(commit, bool):
+        raise TypeError(f"place(commit=...) must be a bool or None, got {commit!r}")
     if callable(name):
         return _decorate(policy, default_name(name), commit, name)
     if name is not None and not isinstance(name, str):
@@ -131,8 +126,22 @@ def _decorate(policy: PolicySource, name: str, commit: bool | None, fn: Callable
         @functools.wraps(fn)
         async def async_gen_wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
             decision = resolve(name)
-            async for item in _stepped_async_gen(fn(*args, **kwargs), decision):
-                yield finish(item, decision)
+            agen = fn(*args, **kwargs)
+            sent: Any = None
+            thrown: BaseException | None = None
+            while True:
+                try:
+                    step = agen.asend(sent) if thrown is None else agen.athrow(thrown)
+                    item = await _Stepped(step, decision)
+                except StopAsyncIteration:
+                    return
+                try:
+                    sent, thrown = (yield finish(item, decision)), None
+                except GeneratorExit:
+                    await _Stepped(agen.aclose(), decision)
+                    raise
+                except BaseException as e:
+                    sent, thrown = None, e
 
         return async_gen_wrapper
 
@@ -183,13 +192,14 @@ def _stepped_generator(
             try:
                 item = gen.send(send) if throw is None else gen.throw(throw)
             except StopIteration as stop:
-                return stop.value
+                return stop.value if finish is None else finish(stop.value, decision)
         if finish is not None:
             item = finish(item, decision)
         try:
             send, throw = (yield item), None
         except GeneratorExit:
-            gen.close()
+            with device_scope(decision):  # its `finally` blocks run on its device too
+                gen.close()
             raise
         except BaseException as e:
             send, throw = None, e
@@ -211,26 +221,6 @@ class _Stepped:
     def __await__(self) -> Generator[Any, Any, Any]:
         steps = self._awaitable.__await__()
         return (yield from _stepped_generator(steps, self._decision))
-
-
-async def _stepped_async_gen(
-    agen: AsyncGenerator[Any, Any], decision: Decision
-) -> AsyncGenerator[Any, Any]:
-    sent: Any = None
-    thrown: BaseException | None = None
-    while True:
-        try:
-            step = agen.asend(sent) if thrown is None else agen.athrow(thrown)
-            item = await _Stepped(step, decision)
-        except StopAsyncIteration:
-            return
-        try:
-            sent, thrown = (yield item), None
-        except GeneratorExit:
-            await _Stepped(agen.aclose(), decision)
-            raise
-        except BaseException as e:
-            sent, thrown = None, e
 
 
 def commit_result(result: T, decision: Decision, policy: Policy) -> T:

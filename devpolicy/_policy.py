@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import jax
 import structlog
 from jax.sharding import SingleDeviceSharding
 
-from ._errors import DeviceUnavailableError
+from ._capacity import Capacity, DeviceMemory
+from ._errors import DeviceUnavailableError, UnmatchedNameError
 from ._inventory import current_default_device, inventory, memory_kinds
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
 from ._matching import Matcher, Step, compile_condition
 from ._placement import Scope, make_place, put_with
 from ._schema import Source
-from ._targets import Target, parse_target
+from ._sizes import format_size
+from ._targets import REJECT, Target, parse_target
+
+if TYPE_CHECKING:
+    from ._loader import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -45,6 +52,7 @@ class Decision:
         is_auto: Whether the decision defers to JAX's own default device.
         applies: Whether a scope for this decision changes JAX's default device
             (false for `auto` and under DEVPOLICY_DISABLE).
+        mmap: Whether loaders may map the tensor from its file (the rule's `mmap`).
 
     Example:
         >>> import devpolicy
@@ -68,6 +76,7 @@ class Decision:
     commit: bool
     is_auto: bool
     applies: bool
+    mmap: bool = False
 
     @property
     def sharding(self) -> SingleDeviceSharding:
@@ -93,7 +102,7 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """How a name was decided, step by step (what `devpolicy explain` prints).
+    """How a name was decided, step by step.
 
     Attributes:
         name: The name explained.
@@ -117,6 +126,26 @@ class _Choice:
     device: jax.Device | None  # None: auto, decided per call
     target: Target
     tried: tuple[tuple[str, str], ...]
+    sized: bool  # free memory was consulted: valid for this call only
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """How memory-aware placement judges a size: by `capacity`, keeping `headroom` free."""
+
+    capacity: Capacity
+    headroom: float
+
+    def problem(self, device: jax.Device, nbytes: int) -> str | None:
+        free = self.capacity.free_bytes(device)
+        if free is None:
+            return None
+        budget = int(free * (1 - self.headroom))
+        if nbytes <= budget:
+            return None
+        where = inventory().text(device)
+        kept = f", keeping {self.headroom:.0%} free" if self.headroom else ""
+        return f"needs {format_size(nbytes)}, {format_size(free)} free on {where}{kept}"
 
 
 class _Route:
@@ -129,30 +158,42 @@ class _Route:
         memory_kind: str | None,
         strict: bool,
         context: str,
+        fits: bool,
+        fit: _Fit,
     ) -> None:
         self.requested = requested
         self.chain = (parse_target(requested), *(parse_target(t) for t in fallback))
         self.memory_kind = memory_kind
         self.strict = strict
         self.context = context
+        self.fits = fits
+        self.fit = fit
         self._fixed: _Choice | None = None
 
-    def choose(self, name: str) -> _Choice:
-        if self._fixed is not None:
+    def choose(self, name: str, nbytes: int | None) -> _Choice:
+        if self._fixed is not None and (nbytes is None or not self._judges_size()):
             return self._fixed
-        choice = self.walk(name)
+        choice = self.walk(name, nbytes)
         if isinstance(choice, DeviceUnavailableError):
             raise choice
-        if choice.device is not None:
+        if choice.device is not None and not choice.sized:
             self._fixed = choice
         return choice
 
-    def walk(self, name: str) -> _Choice | DeviceUnavailableError:
-        """Try each target of the chain in order (only the first under strict)."""
+    def _judges_size(self) -> bool:
+        return self.fits or any(t.is_auto for t in self.chain)
+
+    def walk(self, name: str, nbytes: int | None) -> _Choice | DeviceUnavailableError:
+        """Try each target of the chain in order (only the first under strict).
+
+        With a size known, `auto` targets (and every target of a `fits` rule) are used only
+        if the size fits; the last target of the chain is used even then, unless strict.
+        """
         inv = inventory()
         tried: list[tuple[str, str]] = []
         chain = self.chain[:1] if self.strict else self.chain
-        for target in chain:
+        sized = False
+        for position, target in enumerate(chain, start=1):
             found: jax.Device | str
             found = current_default_device() if target.is_auto else inv.find(target)
             if not isinstance(found, str) and self.memory_kind is not None:
@@ -161,16 +202,31 @@ class _Route:
                     found = (
                         f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
                     )
+            if not isinstance(found, str) and nbytes is not None and (self.fits or target.is_auto):
+                sized = True
+                too_small = self.fit.problem(found, nbytes)
+                if too_small is not None:
+                    if position < len(chain) or self.strict:
+                        tried.append((target.text, too_small))
+                        continue
+                    tried.append((target.text, f"{too_small}; placed anyway, nothing else to try"))
             if isinstance(found, str):
                 tried.append((target.text, found))
                 continue
-            return _Choice(None if target.is_auto else found, target, tuple(tried))
+            return _Choice(None if target.is_auto else found, target, tuple(tried), sized)
         context = f" for name {name!r}{self.context}"
         if self.strict:
             context += " (strict: no fallback)"
         elif len(self.chain) == 1:
             context += " (no fallback given)"
         return DeviceUnavailableError(self.requested, tried, inv.available(), inv.missing, context)
+
+
+def _checked_nbytes(nbytes: object) -> int:
+    """A size as a plain int; numpy integers are fine, bools, floats and negatives are not."""
+    if isinstance(nbytes, numbers.Integral) and not isinstance(nbytes, bool) and int(nbytes) >= 0:
+        return int(nbytes)
+    raise ValueError(f"nbytes must be None or a non-negative int, got {nbytes!r}")
 
 
 class Policy:
@@ -187,8 +243,12 @@ class Policy:
         'cpu:1'
     """
 
-    def __init__(self, settings: Settings, found: str = "") -> None:
+    def __init__(
+        self, settings: Settings, found: str = "", capacity: Capacity | None = None
+    ) -> None:
         self.settings = settings
+        self.capacity: Capacity = capacity if capacity is not None else DeviceMemory()
+        fit = _Fit(self.capacity, settings.headroom.value)
         self.found = found
         self.file = settings.file
         self.strict: bool = settings.strict.value
@@ -215,15 +275,20 @@ class Policy:
                 r.spec.memory,
                 self.strict,
                 f" (rule {r.origin})",
+                r.spec.fits,
+                fit,
             )
             for r in settings.rules
         ]
+        self._rejects = settings.default.value == REJECT
         self._default_route = _Route(
-            settings.default.value,
+            "auto" if self._rejects else settings.default.value,
             fallback,
             None,
             self.strict,
             f" (default, {settings.default.origin})",
+            False,
+            fit,
         )
         self._decisions: dict[tuple[str, int | None], Decision] = {}
         self._unsized: dict[str, Decision] = {}
@@ -258,6 +323,8 @@ class Policy:
             >>> p.resolve("x", nbytes=4096).device_text, p.resolve("x").rule
             ('cpu:2', None)
         """
+        if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
+            nbytes = _checked_nbytes(nbytes)
         # Unsized, fixed-device decisions (scope and @place) get a cache of their own
         # keyed by the bare name: the cheapest lookup for the hottest path.
         decision = (
@@ -270,16 +337,28 @@ class Policy:
             return decision
         return self._resolve_uncached(name, nbytes)
 
+    def decide(self, name: str, *, nbytes: int | None = None) -> Decision:
+        """Like `resolve`, but logs nothing and caches nothing: for plans and tools.
+
+        Example:
+            >>> import devpolicy
+            >>> devpolicy.load_policy({"version": 1, "default": "cpu:3"}).decide("x").device_text
+            'cpu:3'
+        """
+        decision, _ = self._decide(name, nbytes)
+        return decision
+
     def _resolve_uncached(self, name: str, nbytes: int | None) -> Decision:
         decision = self._decisions.get((name, nbytes))
         if decision is None or decision.device != current_default_device():
-            decision = self._decide(name, nbytes)
-            if len(self._decisions) >= _CACHE_LIMIT:
-                self._decisions.clear()
-                self._unsized.clear()
-            self._decisions[(name, nbytes)] = decision
-            if nbytes is None and not decision.is_auto:
-                self._unsized[name] = decision
+            decision, cacheable = self._decide(name, nbytes)
+            if cacheable:
+                if len(self._decisions) >= _CACHE_LIMIT:
+                    self._decisions.clear()
+                    self._unsized.clear()
+                self._decisions[(name, nbytes)] = decision
+                if nbytes is None and not decision.is_auto:
+                    self._unsized[name] = decision
         events = self.events
         if events.first_time((name, decision.device_text, decision.rule, decision.origin)):
             events.emit("info", "placement", decision.event_fields())
@@ -287,14 +366,16 @@ class Policy:
             events.emit("debug", "placement", decision.event_fields())
         return decision
 
-    def _decide(self, name: str, nbytes: int | None) -> Decision:
+    def _decide(self, name: str, nbytes: int | None) -> tuple[Decision, bool]:
+        """The decision, and whether it may be cached (not if free memory was consulted)."""
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
-        if nbytes is not None and (
-            isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0
-        ):
-            raise ValueError(f"nbytes must be None or a non-negative int, got {nbytes!r}")
+        if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
+            nbytes = _checked_nbytes(nbytes)
         index = self._matcher.first(name, nbytes)
+        if index is None and self._rejects:
+            patterns = [c.pattern for c in self._matcher.conditions]
+            raise UnmatchedNameError(name, self.settings.default.origin, patterns)
         if index is None:
             route = self._default_route
             entry = None
@@ -305,16 +386,18 @@ class Policy:
             entry = self.rules[index]
             origin = entry.origin
             source = entry.source
-        choice = route.choose(name)
+        if self.disabled:
+            # The kill switch must work where the policy cannot: no device is looked up.
+            choice = _Choice(None, route.chain[0], (), False)
+            source = "disabled"
+        else:
+            choice = route.choose(name, nbytes)
         device = choice.device if choice.device is not None else current_default_device()
         reason = None
         if choice.tried:
             passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
             reason = f"{passed}; used {choice.target.text}"
-        if self.disabled:
-            source = "disabled"
-            device = current_default_device()
-        return Decision(
+        decision = Decision(
             name=name,
             device=device,
             device_text=inventory().text(device),
@@ -328,7 +411,9 @@ class Policy:
             commit=True if entry is None else entry.spec.commit,
             is_auto=choice.device is None or self.disabled,
             applies=choice.device is not None and not self.disabled,
+            mmap=False if entry is None else entry.spec.mmap,
         )
+        return decision, not choice.sized
 
     def explain(self, name: str, *, nbytes: int | None = None) -> Explanation:
         """Every rule tried for `name` and every fallback step, without logging.
@@ -342,11 +427,15 @@ class Policy:
         """
         steps = tuple((self.rules[s.rule], s) for s in self._matcher.trace(name, nbytes))
         index = next((s.rule for _, s in steps if s.matched), None)
+        if index is None and self._rejects:
+            patterns = [c.pattern for c in self._matcher.conditions]
+            error = UnmatchedNameError(name, self.settings.default.origin, patterns)
+            return Explanation(name, nbytes, steps, (), None, str(error))
         route = self._default_route if index is None else self._routes[index]
-        choice = route.walk(name)
+        choice = route.walk(name, nbytes)
         if isinstance(choice, DeviceUnavailableError):
             return Explanation(name, nbytes, steps, choice.tried, None, str(choice))
-        decision = self._decide(name, nbytes)
+        decision, _ = self._decide(name, nbytes)
         return Explanation(name, nbytes, steps, choice.tried, decision, None)
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
@@ -366,3 +455,21 @@ class Policy:
     def put(self, name: str, x: T) -> T:
         """Place an array or pytree by this policy. See `devpolicy.put`."""
         return put_with(self, name, x)
+
+    def load_file(self, path: str | os.PathLike[str], **options: Any) -> dict[str, jax.Array]:
+        """Load a safetensors file by this policy. See `devpolicy.load_file`."""
+        from ._loader import load_file
+
+        return load_file(path, policy=self, **options)
+
+    def plan(self, path: str | os.PathLike[str], *, prefix: str | None = None) -> Plan:
+        """Where each tensor of a file would go by this policy. See `devpolicy.plan`."""
+        from ._loader import plan
+
+        return plan(path, prefix=prefix, policy=self)
+
+    def prefetch(self, iterable: Iterable[T], name: str = "batch", size: int = 2) -> Iterator[T]:
+        """Place each element by this policy, ahead of use. See `devpolicy.prefetch`."""
+        from ._prefetch import prefetch
+
+        return prefetch(iterable, name, size, policy=self)

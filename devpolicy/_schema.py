@@ -1,7 +1,7 @@
 """The policy document's schema: pydantic models and nothing else.
 
-The models validate and normalise; they never touch JAX. `_compile.py` turns a
-validated document into the matcher and resolver the hot path uses.
+The models validate and normalise; they never touch JAX. `Policy` turns a validated
+document into the matcher and routes the hot path uses.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from ._errors import did_you_mean
 from ._sizes import SIZE_FORMS, SIZE_PATTERN, parse_size
-from ._targets import TARGET_FORMS, TARGET_PATTERN, parse_target
+from ._targets import REJECT, TARGET_FORMS, TARGET_PATTERN, parse_target
 
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -85,6 +85,27 @@ ByteCount = Annotated[
         }
     ),
 ]
+
+
+def _default_target(value: Any) -> Any:
+    if value == REJECT:
+        return value
+    return _checked(parse_target)(value)
+
+
+DefaultText = Annotated[
+    str,
+    BeforeValidator(_default_target),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": TARGET_PATTERN},
+                {"const": REJECT, "description": "names no rule matches raise UnmatchedNameError"},
+            ],
+            "description": f"{TARGET_FORMS}; or reject",
+        }
+    ),
+]
 MemoryKind = Annotated[
     str,
     BeforeValidator(_choice(MEMORY_KINDS, "memory kind")),
@@ -129,6 +150,16 @@ class RuleSpec(_Strict):
     commit: StrictBool = Field(
         True, description="Commit results of @place to the decided device so they cannot migrate."
     )
+    fits: StrictBool = Field(
+        False,
+        description="With a known size, use a target only if the bytes fit in its free memory "
+        "(minus the policy's headroom); else the next in the fallback chain.",
+    )
+    mmap: StrictBool = Field(
+        False,
+        description="Loaders may map a 64-byte-aligned tensor from its file instead of reading it "
+        "(zero-copy on the host; the array then stays backed by the file).",
+    )
 
     @field_validator("match")
     @classmethod
@@ -170,6 +201,32 @@ class LoggingSpec(_Strict):
     )
 
 
+def _fraction(value: Any) -> float:
+    number: Any = value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            number = float(value.strip()[:-1]) / 100
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) or not 0 <= number < 1:
+        raise _fail(f"expected a fraction in [0, 1) or a percentage like '10%', got {value!r}")
+    return float(number)
+
+
+Headroom = Annotated[
+    float,
+    BeforeValidator(_fraction),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+                {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*%\s*$"},
+            ]
+        }
+    ),
+]
+
+
 def _version(value: Any) -> int:
     if value == 1 and not isinstance(value, bool):
         return 1
@@ -182,11 +239,16 @@ class PolicySpec(_Strict):
     version: Annotated[int, BeforeValidator(_version), WithJsonSchema({"const": 1})] = Field(
         description="Format version; always 1."
     )
-    default: TargetText = Field("auto", description="Where names no rule matches go.")
+    default: DefaultText = Field(
+        "auto", description="Where names no rule matches go; `reject` makes them an error."
+    )
     fallback: list[TargetText] = Field(
         default_factory=list, description="Targets tried in order when a target cannot be had."
     )
     strict: StrictBool = Field(False, description="Raise instead of falling back.")
+    headroom: Headroom = Field(
+        0.1, description="Share of free memory kept free by memory-aware placement (10% or 0.1)."
+    )
     rules: list[RuleSpec] = Field(
         default_factory=list, description="Tried in order; first match wins."
     )
@@ -196,13 +258,30 @@ class PolicySpec(_Strict):
 class OverridesSpec(_Strict):
     """Settings given in code to `load_policy(overrides=...)`: every field optional."""
 
-    default: TargetText | None = None
+    default: DefaultText | None = None
     fallback: list[TargetText] | None = None
     strict: StrictBool | None = None
     disable: StrictBool | None = None
+    headroom: Headroom | None = None
     rules: list[RuleSpec] = Field(default_factory=list)
     logging_level: LogLevel | None = None
     logging_format: LogFormat | None = None
 
 
 Source = Literal["code", "env", "policy", "default", "disabled"]
+
+
+def policy_schema() -> dict[str, Any]:
+    """The JSON Schema of a policy document, for editors and validators.
+
+    Example:
+        >>> schema = policy_schema()
+        >>> schema["required"], sorted(schema["properties"])[:3]
+        (['version'], ['default', 'fallback', 'headroom'])
+    """
+    schema = PolicySpec.model_json_schema()
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "devpolicy policy",
+        **{k: v for k, v in schema.items() if k != "title"},
+    }

@@ -12,6 +12,8 @@ KNOWN_PLATFORMS = ("cpu", "gpu", "tpu")
 #: Spellings accepted for a platform, mapped to JAX's platform name.
 PLATFORM_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 AUTO = "auto"
+#: Only as a default: names no rule matches raise instead of being placed.
+REJECT = "reject"
 MAX_INDEX = 65535
 TARGET_FORMS = "auto, or cpu, gpu, tpu, cuda, rocm optionally followed by :N (e.g. gpu:1)"
 TARGET_PATTERN = r"^(auto|(cpu|gpu|tpu|cuda|rocm)(:(0|[1-9][0-9]{0,4}))?)$"

@@ -105,6 +105,10 @@ class _Builder:
             self._file, node.start_mark.line + 1, field_path(path), "unsupported YAML node"
         )
 
+    def _forget(self, prefix: tuple[str | int, ...]) -> None:
+        for loc in [loc for loc in self._lines if _prefixed(loc, prefix)]:
+            del self._lines[loc]
+
     def _mapping(self, node: yaml.MappingNode, path: tuple[str | int, ...]) -> dict[Any, Any]:
         explicit = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
         # Merged-in keys come first and later ones win, as in PyYAML; only two keys written
@@ -132,9 +136,17 @@ class _Builder:
             if id(key_node) in explicit:
                 written.add(key)
                 first_line[key] = line
-            self._lines.setdefault((*path, key), line)
+                if key in result:  # overrides a merged-in value: forget where that one was
+                    self._forget((*path, key))
+                self._lines[(*path, key)] = line
+            else:
+                self._lines.setdefault((*path, key), line)
             result[key] = self.build(value_node, (*path, key))
         return result
+
+
+def _prefixed(loc: tuple[Any, ...], prefix: tuple[Any, ...]) -> bool:
+    return loc[: len(prefix)] == prefix
 
 
 def field_path(loc: tuple[Any, ...]) -> str:

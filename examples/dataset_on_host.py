@@ -1,9 +1,12 @@
-"""Keep a token dataset on the host while the model lives on the accelerator.
+"""Keep a token dataset in host memory while the model and batches use the accelerator.
 
-Writes a synthetic uint16 token dataset as safetensors, loads it with devpolicy keeping the
-tokens in host memory, puts the model parameters on the compute device, and runs a few
-training-style steps, printing where everything went and why. It runs the same on a
-machine without a GPU: the policy falls back to the CPU and says so.
+Writes a synthetic uint16 token dataset (and a small model checkpoint) as safetensors,
+loads both with `devpolicy.load_file` under `policies/dataset-on-host.yaml` (tokens stay
+on the host, parameters go to the compute device), then runs a few training-style steps
+whose batches are sliced from the host-resident tokens and moved to the compute device
+ahead of use by `devpolicy.prefetch`. Every decision is logged on stderr; a per-device
+summary is printed at the end. On a machine without a GPU the policy falls back to the
+CPU and each event says why.
 
     python examples/dataset_on_host.py --size 64MiB
 """
@@ -11,16 +14,15 @@ machine without a GPU: the policy falls back to the CPU and says so.
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import tempfile
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.flax import load_file
-from safetensors.numpy import save_file
 
 import devpolicy
 
@@ -31,86 +33,87 @@ WIDTH = 64
 
 
 def write_dataset(path: Path, nbytes: int, seed: int = 0) -> None:
-    """A file holding one `tokens` tensor of uint16 token ids, about `nbytes` large."""
-    rows = max(1, nbytes // (SEQ_LEN * 2))
+    """One `tokens` tensor of uint16 token ids, about `nbytes` large, laid out for zero-copy."""
+    rows = max(2, nbytes // (SEQ_LEN * 2))
     tokens = np.random.default_rng(seed).integers(0, VOCAB, size=(rows, SEQ_LEN), dtype=np.uint16)
-    save_file({"tokens": tokens}, str(path))
+    devpolicy.save_file({"tokens": tokens}, path)
 
 
-@devpolicy.place("dataset/train")
-def load_train(path: Path) -> dict[str, jax.Array]:
-    """Plain safetensors loading; devpolicy decides which device it runs against."""
-    return load_file(str(path))
+def write_model(path: Path, seed: int = 1) -> None:
+    rng = np.random.default_rng(seed)
+    devpolicy.save_file(
+        {
+            "embed": (rng.normal(size=(VOCAB, WIDTH)) * 0.02).astype(np.float32),
+            "out": rng.normal(size=(WIDTH,)).astype(np.float32),
+        },
+        path,
+    )
+
+
+def batches(tokens: jax.Array, batch: int, steps: int) -> Iterator[jax.Array]:
+    """Slices of the host-resident tokens; prefetch moves each to the compute device."""
+    rows = tokens.shape[0]
+    for i in range(steps):
+        start = (i * batch) % max(1, rows - batch)
+        yield tokens[start : start + batch]
+
+
+@jax.jit
+def step(params: dict[str, jax.Array], batch: jax.Array) -> jax.Array:
+    hidden = params["embed"][batch.astype(jnp.int32)]
+    return jnp.mean(hidden @ params["out"])
+
+
+def where(x: jax.Array) -> str:
+    (device,) = x.devices()
+    return devpolicy.inventory().text(device)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--size", default="32MiB", help="dataset size, e.g. 64MiB or 2GiB (default: 32MiB)"
-    )
+    parser.add_argument("--size", default="32MiB", help="dataset size: 64MiB, 2GiB (default 32MiB)")
     parser.add_argument("--steps", type=int, default=5, help="training-style steps to run")
     parser.add_argument("--batch", type=int, default=8, help="sequences per batch")
-    parser.add_argument(
-        "--policy", type=Path, default=POLICY, help="policy file (default: %(default)s)"
-    )
+    parser.add_argument("--policy", type=Path, default=POLICY, help="policy file")
     args = parser.parse_args(argv)
-
     try:
         nbytes = devpolicy.parse_size(args.size)
     except ValueError as e:
         parser.error(f"--size: {e}")
+
     policy = devpolicy.load_policy(args.policy)
-    print(
-        f"policy: {policy.found}; backends: {', '.join(devpolicy.available_backends())}\n",
-        file=sys.stderr,
-    )
+    backends = ", ".join(devpolicy.available_backends())
+    print(f"policy {policy.found}; backends: {backends}", file=sys.stderr)
 
     with tempfile.TemporaryDirectory() as tmp, devpolicy.activate(policy):
-        path = Path(tmp) / "train.safetensors"
-        write_dataset(path, nbytes)
-        dataset = load_train(path)
-        tokens = dataset["tokens"]
+        data, model = Path(tmp) / "dataset.safetensors", Path(tmp) / "model.safetensors"
+        write_dataset(data, nbytes)
+        write_model(model)
 
-        rng = np.random.default_rng(1)
-        params = devpolicy.put(
-            "model",
-            {
-                "embed": rng.normal(size=(VOCAB, WIDTH)).astype(np.float32) * 0.02,
-                "out": rng.normal(size=(WIDTH,)).astype(np.float32),
-            },
-        )
+        tokens = devpolicy.load_file(data)["tokens"]  # named dataset/tokens: stays on the host
+        params = devpolicy.load_file(model)  # named model/embed, model/out: compute device
 
-        @jax.jit
-        def step(params: dict[str, jax.Array], batch: jax.Array) -> jax.Array:
-            hidden = params["embed"][batch.astype(jnp.int32)]
-            return jnp.mean(hidden @ params["out"])
-
-        losses = []
-        for i in range(args.steps):
-            start = (i * args.batch) % max(1, tokens.shape[0] - args.batch)
-            batch = devpolicy.put("batch", tokens[start : start + args.batch])
+        losses, batch_devices = [], Counter()
+        for batch in devpolicy.prefetch(batches(tokens, args.batch, args.steps), name="batch"):
+            batch_devices[where(batch)] += 1
             losses.append(float(step(params, batch)))
 
-        placed: dict[str, int] = collections.Counter()
+        print(f"\n{'array':22} {'device':8} {'size':>10}")
+        per_device: Counter[str] = Counter()
         for name, array in [
-            ("dataset/train/tokens", tokens),
+            ("dataset/tokens", tokens),
             *[(f"model/{k}", v) for k, v in params.items()],
         ]:
-            (device,) = array.devices()
-            placed[devpolicy.inventory().text(device)] += array.nbytes
-            print(
-                f"{name:24} {devpolicy.inventory().text(device):8} "
-                f"{devpolicy.format_size(array.nbytes):>10}"
-            )
-        print(
-            f"batch                    {devpolicy.inventory().text(next(iter(batch.devices()))):8}"
+            per_device[where(array)] += array.nbytes
+            print(f"{name:22} {where(array):8} {devpolicy.format_size(array.nbytes):>10}")
+        for device, count in sorted(batch_devices.items()):
+            print(f"{'batch x' + str(count):22} {device:8}")
+        summary = ", ".join(
+            f"{d} {devpolicy.format_size(n)}" for d, n in sorted(per_device.items())
         )
-        print(
-            "\nper device: "
-            + ", ".join(f"{d} {devpolicy.format_size(n)}" for d, n in sorted(placed.items()))
-        )
+        print(f"\nper device: {summary}")
         print(f"losses: {', '.join(f'{x:.4f}' for x in losses)}")
     return 0
 

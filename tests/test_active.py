@@ -104,3 +104,46 @@ class TestModuleLevelFunctions:
         """The module-level API and the Policy methods match."""
         for name in ("resolve", "scope", "place", "put", "explain"):
             assert callable(getattr(devpolicy.Policy, name))
+
+
+class TestActivationRegressions:
+    def test_earliest_activation_serves_unrelated_threads(self) -> None:
+        """A worker's own activation does not become every other thread's policy."""
+        seen: list[str] = []
+        main_policy, worker_policy = policy_of(default="cpu:1"), policy_of(default="cpu:3")
+        worker_in, worker_out = threading.Event(), threading.Event()
+
+        def worker() -> None:
+            with devpolicy.activate(worker_policy):
+                worker_in.set()
+                worker_out.wait(5)
+
+        with devpolicy.activate(main_policy):
+            w = threading.Thread(target=worker)
+            w.start()
+            worker_in.wait(5)
+            other = threading.Thread(target=lambda: seen.append(devpolicy.resolve("x").device_text))
+            other.start()
+            other.join()
+            worker_out.set()
+            w.join()
+        assert seen == ["cpu:1"]
+
+    def test_exit_in_another_context_is_a_clear_error_and_leaks_nothing(self) -> None:
+        """Exiting an activation from another task raises and still removes it."""
+        import contextvars
+
+        activation = devpolicy.activate(policy_of(default="cpu:2"))
+        with pytest.raises(
+            RuntimeError, match=r"exited in a different context than it was entered"
+        ):
+            contextvars.Context().run(activation.__exit__, None, None, None)
+        from devpolicy import _active
+
+        assert activation not in _active._outermost
+        _active._ACTIVE.reset(activation._token)
+
+    def test_bad_overrides_type(self) -> None:
+        """overrides must be a mapping."""
+        with pytest.raises(TypeError, match=r"^overrides must be a mapping of settings, got str$"):
+            devpolicy.load_policy({"version": 1}, environ={}, overrides="abc")  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The command line: run as a subprocess and as a function call."""
+"""The command line: each command run as a subprocess and as a function call."""
 
 from __future__ import annotations
 
@@ -6,24 +6,49 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import devpolicy
 from devpolicy._cli import main
+from tests.conftest import REPO
+from tests.helpers import write
+
+NO_GPU = "gpu" not in devpolicy.available_backends()
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+    environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    environ |= env or {}
     return subprocess.run(
         [sys.executable, "-m", "devpolicy", *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env=environ,
+        cwd=cwd,
         check=False,
     )
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    return write(
+        tmp_path / "devpolicy.yaml",
+        "version: 1\nfallback: [cpu]\nrules:\n  - match: 'dataset/*'\n    device: cpu:1\n  - match: 'model/*'\n    device: cpu:2\n",
+    )
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "train.safetensors"
+    devpolicy.save_file({"tokens": np.zeros(1024, np.uint16), "w": np.zeros(16, np.float32)}, path)
+    return path
 
 
 class TestVersionAndUsage:
@@ -36,7 +61,7 @@ class TestVersionAndUsage:
         )
 
     def test_unknown_command_is_a_usage_error(self) -> None:
-        """A typo exits 2 with the valid commands listed."""
+        """A typo exits 2 listing the valid commands."""
         result = run_cli("devcies")
         assert result.returncode == 2
         assert "invalid choice: 'devcies'" in result.stderr
@@ -45,6 +70,20 @@ class TestVersionAndUsage:
         """Bare `devpolicy` shows the help."""
         assert main([]) == 2
         assert "devices" in capsys.readouterr().out
+
+    def test_bad_size_is_a_usage_error(self) -> None:
+        """--bytes is parsed like policy sizes; a bad one exits 2 naming the forms."""
+        with pytest.raises(SystemExit) as exit_info:
+            main(["explain", "x", "--bytes", "lots"])
+        assert exit_info.value.code == 2
+
+    def test_bad_environment_is_an_input_error(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A malformed DEVPOLICY_* variable exits 2 with the library's message."""
+        monkeypatch.setenv("DEVPOLICY_STRICT", "maybe")
+        assert main(["explain", "x"]) == 2
+        assert "DEVPOLICY_STRICT='maybe': not a boolean" in capsys.readouterr().err
 
 
 class TestDevices:
@@ -60,7 +99,15 @@ class TestDevices:
             "cpu:3",
         ]
         assert payload["backends"]["cpu"] == {"available": True, "reason": None}
-        if "gpu" not in devpolicy.available_backends():
+        assert set(payload["devices"][0]) >= {
+            "id",
+            "kind",
+            "process_index",
+            "memory_kinds",
+            "bytes_free",
+            "bytes_total",
+        }
+        if NO_GPU:
             assert payload["backends"]["gpu"]["available"] is False
             assert payload["backends"]["gpu"]["reason"].startswith("RuntimeError")
 
@@ -71,3 +118,182 @@ class TestDevices:
         assert "cpu:0 (default)" in out
         assert "cpu:3" in out
         assert "pinned_host" in out
+
+
+class TestCheck:
+    def test_clean_policy_exits_0(
+        self, policy_file: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A valid policy whose targets exist has no findings."""
+        assert main(["check", str(policy_file)]) == 0
+        assert "valid, no findings" in capsys.readouterr().out
+
+    def test_discovered_policy_is_checked_by_default(self, policy_file: Path) -> None:
+        """Without an argument, check finds devpolicy.yaml like the library does."""
+        result = run_cli("check", cwd=policy_file.parent)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "found by devpolicy.yaml" in result.stdout
+
+    def test_invalid_policy_lists_each_problem_with_its_line_and_exits_1(
+        self, tmp_path: Path
+    ) -> None:
+        """Validation errors are findings with file:line."""
+        bad = write(
+            tmp_path / "bad.yaml",
+            "version: 1\ndefault: gpuu\nrules:\n  - {match: a, devise: cpu}\n",
+        )
+        result = run_cli("check", str(bad), "--json")
+        assert result.returncode == 1
+        payload = json.loads(result.stdout)
+        assert payload["valid"] is False
+        assert [(f["origin"], f["severity"]) for f in payload["findings"]] == [
+            ("bad.yaml:2", "error"),
+            ("bad.yaml:4", "error"),
+        ]
+
+    def test_unreachable_rules_are_errors_with_lines(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A rule after a catch-all is reported at its own line."""
+        path = write(
+            tmp_path / "p.yaml",
+            "version: 1\nrules:\n  - {match: '*', device: cpu}\n  - {match: 'model/*', device: cpu:1}\n",
+        )
+        assert main(["check", str(path)]) == 1
+        out = capsys.readouterr().out
+        assert (
+            "p.yaml:4: error: rule 1 ('model/*') can never match: rule 0 at p.yaml:3 ('*') matches every name"
+            in out
+        )
+
+    @pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+    def test_missing_devices_are_warnings_and_strict_exits_2(self, tmp_path: Path) -> None:
+        """A GPU target on a CPU host warns (exit 0), and exits 2 under --strict."""
+        path = write(
+            tmp_path / "p.yaml",
+            "version: 1\nfallback: [cpu]\nrules:\n  - {match: 'model/*', device: gpu:0}\n",
+        )
+        assert run_cli("check", str(path)).returncode == 0
+        result = run_cli("check", str(path), "--strict", "--json")
+        assert result.returncode == 2
+        (finding,) = json.loads(result.stdout)["findings"]
+        assert (finding["code"], finding["origin"]) == ("missing-device", "p.yaml:4")
+
+    def test_env_rules_are_checked_too(self, policy_file: Path) -> None:
+        """Rules from DEVPOLICY_RULES are linted with their origin."""
+        result = run_cli("check", str(policy_file), "--json", env={"DEVPOLICY_RULES": "*=cpu"})
+        payload = json.loads(result.stdout)
+        assert result.returncode == 1
+        assert {f["code"] for f in payload["findings"]} == {"unreachable-rule"}
+
+
+class TestExplain:
+    def test_explain_shows_each_rule_and_the_decision(
+        self, policy_file: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Each rule tried with its origin and the final device."""
+        assert main(["explain", "model/w", "--policy", str(policy_file)]) == 0
+        out = capsys.readouterr().out
+        assert "skip: glob 'dataset/*' does not match" in out
+        assert "match: glob 'model/*' matches" in out
+        assert "decision: cpu:2" in out
+
+    def test_explain_json_includes_fallback_steps_and_layers(self, policy_file: Path) -> None:
+        """JSON lists rules with layers, fallback steps and the decision's fields."""
+        result = run_cli(
+            "explain",
+            "model/w",
+            "--bytes",
+            "1GiB",
+            "--policy",
+            str(policy_file),
+            "--json",
+            env={"DEVPOLICY_RULES": "model/*=cpu:9"},
+        )
+        assert result.returncode == 0, result.stderr
+        payload = json.loads(result.stdout)
+        assert [(r["layer"], r["matched"]) for r in payload["rules"]] == [("env", True)]
+        assert payload["fallback"][0]["target"] == "cpu:9"
+        assert payload["decision"]["device"] == "cpu:0"
+        assert payload["nbytes"] == 2**30
+
+    def test_explain_without_a_device_exits_1(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A strict miss is explained and exits 1."""
+        path = write(tmp_path / "p.yaml", "version: 1\nstrict: true\ndefault: cpu:9\n")
+        assert main(["explain", "x", "--policy", str(path)]) == 1
+        assert "no device: no device for 'cpu:9'" in capsys.readouterr().out
+
+
+class TestPlan:
+    def test_plan_table_and_device_totals(
+        self, checkpoint: Path, policy_file: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Each tensor's device and each device's planned bytes against free memory."""
+        policy = write(
+            policy_file.parent / "p.yaml",
+            "version: 1\nrules:\n  - {match: '*/tokens', device: cpu:1}\n  - {match: '*', device: cpu:2}\n",
+        )
+        assert main(["plan", str(checkpoint), "--policy", str(policy)]) == 0
+        out = capsys.readouterr().out
+        assert "train/tokens" in out
+        assert "cpu:1" in out
+        assert "2.0 KiB" in out
+        assert "Per device" in out
+
+    def test_plan_json_flags_what_does_not_fit(self, checkpoint: Path, tmp_path: Path) -> None:
+        """JSON has per-tensor decisions and per-device fit; an unplaceable tensor exits 1."""
+        policy = write(
+            tmp_path / "p.yaml",
+            "version: 1\nstrict: true\nrules:\n  - {match: '*/w', device: cpu:9}\n  - {match: '*', device: cpu:1}\n",
+        )
+        result = run_cli("plan", str(checkpoint), "--policy", str(policy), "--json")
+        assert result.returncode == 1
+        payload = json.loads(result.stdout)
+        by_name = {t["name"]: t for t in payload["tensors"]}
+        assert by_name["train/tokens"]["device"] == "cpu:1"
+        assert by_name["train/w"]["device"] is None
+        assert by_name["train/w"]["error"].startswith("no device for 'cpu:9'")
+
+    def test_plan_of_a_corrupt_file_is_an_input_error(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A bad file exits 2 with the loader's message."""
+        (tmp_path / "bad.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{}")
+        assert main(["plan", str(tmp_path / "bad.safetensors")]) == 2
+        assert "header length 5 is larger than the rest of the file" in capsys.readouterr().err
+
+
+class TestSchemaAndAlign:
+    def test_schema_is_the_models_json_schema(self) -> None:
+        """`devpolicy schema` prints the JSON Schema, matching policies/devpolicy.schema.json."""
+        result = run_cli("schema")
+        assert result.returncode == 0
+        assert json.loads(result.stdout) == devpolicy.policy_schema()
+        assert (
+            json.loads((REPO / "policies" / "devpolicy.schema.json").read_text())
+            == devpolicy.policy_schema()
+        )
+
+    def test_align_rewrites_for_zero_copy(self, tmp_path: Path) -> None:
+        """`devpolicy align IN OUT` writes a copy whose tensors start aligned."""
+        from safetensors.numpy import save_file as plain
+
+        plain({"tokens": np.arange(4096, dtype=np.uint16)}, str(tmp_path / "in.safetensors"))
+        result = run_cli(
+            "align", str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors")
+        )
+        assert result.returncode == 0, result.stderr
+        assert "1 of 1 tensors (100% of the bytes) start at 64-byte offsets" in result.stdout
+        assert devpolicy.plan(tmp_path / "out.safetensors").tensors[0].offset % 64 == 0
+
+    def test_align_of_a_missing_file_exits_2(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A missing input is an input error."""
+        assert (
+            main(["align", str(tmp_path / "nope.safetensors"), str(tmp_path / "out.safetensors")])
+            == 2
+        )
+        assert "no such file" in capsys.readouterr().err

@@ -88,3 +88,13 @@ class TestDiscovery:
         write(tmp_path / "pyproject.toml", pyproject)
         with pytest.raises(devpolicy.PolicyError, match=message):
             devpolicy.load_policy(environ={})
+
+
+class TestDiscoveryRegressions:
+    def test_tool_that_is_not_a_table(self, tmp_path: Path) -> None:
+        """`tool = "x"` in pyproject.toml is a PolicyError, not an AttributeError."""
+        write(tmp_path / "pyproject.toml", 'tool = "x"\n')
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"^pyproject\.toml: tool: must be a table$"
+        ):
+            devpolicy.load_policy(environ={})

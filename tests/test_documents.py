@@ -102,7 +102,7 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nrules:\n  - match: a\n    devise: cpu\n",
-        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, device, fallback, min_bytes, max_bytes, memory, commit$",
+        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, device, fallback, min_bytes, max_bytes, memory, commit, fits, mmap$",
     ),
     (
         "version: 1\nrules:\n  - device: cpu\n",
@@ -319,3 +319,14 @@ class TestRandomDocuments:
         (tmp_path / "r.yaml").write_text(text, encoding="utf-8")
         with contextlib.suppress(devpolicy.PolicyError):
             devpolicy.load_policy(tmp_path / "r.yaml", environ={})
+
+
+class TestMergeKeyLines:
+    def test_a_key_that_overrides_a_merged_one_reports_its_own_line(self, tmp_path: Path) -> None:
+        """Errors in an explicit key after `<<:` name that key's line, not the anchor's."""
+        text = "version: 1\nbase: &r {match: a, device: cpu}\nrules:\n  - <<: *r\n    match: b\n    device: gpuu\n"
+        write(tmp_path / "p.yaml", text.replace("base: &r", "x-base: &r"))
+        with pytest.raises(devpolicy.PolicyError) as info:
+            devpolicy.load_policy(tmp_path / "p.yaml", environ={})
+        lines = {p.field: p.line for p in info.value.problems}
+        assert lines["rules[0].device"] == 6

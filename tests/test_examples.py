@@ -34,10 +34,13 @@ class TestExamples:
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        assert "dataset/train/tokens" in result.stdout
+        assert "dataset/tokens" in result.stdout
         assert "per device:" in result.stdout
-        assert "placement" in result.stderr
-        assert "name=dataset/train" in result.stderr
+        assert "batch x2" in result.stdout
+        for event in ("name=dataset/tokens", "name=model/embed", "name=batch", "load_file"):
+            assert event in result.stderr
+        if "gpu" not in devpolicy.available_backends():
+            assert "fallback_reason='gpu:0: no gpu backend in this process" in result.stderr
 
     def test_demo_rejects_a_bad_size(self) -> None:
         """A bad --size is a usage error naming the accepted forms."""

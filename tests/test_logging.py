@@ -164,3 +164,29 @@ class TestApplicationConfiguration:
         )
         policy.resolve("b")
         assert (len(first), len(second)) == (1, 1)
+
+
+class TestRobustness:
+    def test_a_logging_setup_that_rejects_events_does_not_break_placement(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """stdlib's `extra` refuses a field called `name`; placement goes on and says so once."""
+        structlog.configure(
+            processors=[structlog.stdlib.render_to_log_kwargs],
+            logger_factory=structlog.stdlib.LoggerFactory(),
+            wrapper_class=structlog.stdlib.BoundLogger,
+        )
+        logging.getLogger("devpolicy").setLevel(logging.INFO)
+        try:
+            policy = policy_of(default="cpu:1")
+            assert policy.resolve("x").device_text == "cpu:1"
+            assert policy.resolve("y").device_text == "cpu:1"
+        finally:
+            logging.getLogger("devpolicy").setLevel(logging.NOTSET)
+        err = capsys.readouterr().err
+        assert (
+            err.count(
+                "devpolicy: the logging configuration could not take a 'placement' event (KeyError"
+            )
+            == 1
+        )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import jax
@@ -381,3 +383,143 @@ class TestPut:
         )
         x = policy.put("x", np.zeros(2))
         assert (where(x), x.committed) == (cpus[0], False)
+
+
+class TestRegressions:
+    """Bugs found in review, pinned."""
+
+    def test_one_scope_entered_from_two_threads_unwinds_per_thread(
+        self, policy: devpolicy.Policy
+    ) -> None:
+        """Thread B's nested re-entries pair with B's own exits even after A exits."""
+        s = policy.scope("dataset/a")
+        a_entered, a_exited = threading.Event(), threading.Event()
+        result: dict[str, object] = {}
+
+        def thread_a() -> None:
+            with s:
+                a_entered.set()
+                a_exited.wait(5)
+
+        def thread_b() -> None:
+            a_entered.wait(5)
+            s.__enter__()
+            a_exited.set()
+            time.sleep(0.05)
+            s.__enter__()
+            s.__exit__(None, None, None)
+            s.__exit__(None, None, None)
+            result["after"] = jax.config.jax_default_device
+
+        threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert result == {"after": None}
+
+    def test_exiting_a_scope_in_another_thread_is_an_error(self, policy: devpolicy.Policy) -> None:
+        """An exit without an entry in this thread raises instead of unwinding another's."""
+        s = policy.scope("dataset/a")
+        with pytest.raises(RuntimeError, match=r"exited in a thread that did not enter it"):
+            s.__exit__(None, None, None)
+
+    def test_disable_works_where_the_policy_cannot(self, cpus: list[jax.Device]) -> None:
+        """DEVPOLICY_DISABLE never looks a device up, so a GPU policy on a CPU host still runs."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "strict": True, "default": "tpu:7"}, environ={"DEVPOLICY_DISABLE": "1"}
+        )
+        with policy.scope("x") as d:
+            assert where(jnp.zeros(1)) == cpus[0]
+        assert (d.source, d.requested, d.fallback_reason) == ("disabled", "tpu:7", None)
+        assert where(policy.put("x", np.zeros(1))) == cpus[0]
+
+    def test_async_generator_forwards_asend_athrow_and_aclose(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """A decorated async generator behaves like the plain one for every protocol call."""
+        log: list[object] = []
+
+        @policy.place("dataset/a")
+        async def agen() -> AsyncIterator[str]:
+            try:
+                got = yield "first"
+                log.append(("got", got))
+                try:
+                    yield "second"
+                except ValueError:
+                    log.append("caught")
+                    yield "recovered"
+            finally:
+                log.append(("finally on", jax.config.jax_default_device))
+
+        async def main() -> list[object]:
+            g = agen()
+            out: list[object] = [
+                await g.asend(None),
+                await g.asend(42),
+                await g.athrow(ValueError("boom")),
+            ]
+            await g.aclose()
+            return out
+
+        assert asyncio.run(main()) == ["first", "second", "recovered"]
+        assert log == [("got", 42), "caught", ("finally on", cpus[1])]
+
+    def test_closing_a_generator_runs_its_cleanup_on_its_device(
+        self, policy: devpolicy.Policy, cpus: list[jax.Device]
+    ) -> None:
+        """close() runs the generator's `finally` inside the scope."""
+        seen = []
+
+        @policy.place("dataset/a")
+        def gen() -> Iterator[int]:
+            try:
+                yield 1
+            finally:
+                seen.append(jax.config.jax_default_device)
+
+        g = gen()
+        next(g)
+        g.close()
+        assert seen == [cpus[1]]
+
+    def test_generator_return_value_is_committed(self, policy: devpolicy.Policy) -> None:
+        """The value a decorated generator returns is committed like its yields."""
+
+        @policy.place("dataset/a")
+        def gen() -> Iterator[jax.Array]:
+            yield jnp.zeros(1)
+            return jnp.ones(2)  # type: ignore[misc]
+
+        g = gen()
+        next(g)
+        with pytest.raises(StopIteration) as stop:
+            next(g)
+        assert stop.value.value.committed
+
+    def test_callables_without_qualname_get_a_name(self, policy: devpolicy.Policy) -> None:
+        """functools.partial and callable objects can be decorated with @place."""
+
+        class Loader:
+            def __call__(self) -> int:
+                return 1
+
+        assert policy.place(functools.partial(lambda x: x, 3))() == 3
+        assert policy.place(Loader())() == 1
+
+    def test_commit_type_is_checked_for_bare_functions_too(self, policy: devpolicy.Policy) -> None:
+        """place(f, commit='no') is rejected like place('x', commit='no')."""
+        with pytest.raises(TypeError, match=r"^place\(commit=\.\.\.\) must be a bool or None"):
+            policy.place(lambda: None, commit="no")  # type: ignore[call-overload]
+
+    def test_numpy_sizes_are_accepted_and_bad_sizes_rejected_even_when_cached(self) -> None:
+        """nbytes is validated before the cache: 5.0 is rejected even after 5 was cached."""
+        policy = policy_of(rules=[{"match": "*", "min_bytes": 1, "device": "cpu:1"}])
+        assert policy.resolve("x", nbytes=np.int64(5)).device_text == "cpu:1"  # type: ignore[arg-type]
+        with pytest.raises(
+            ValueError, match=r"^nbytes must be None or a non-negative int, got 5\.0$"
+        ):
+            policy.resolve("x", nbytes=5.0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"got True"):
+            policy.resolve("x", nbytes=True)

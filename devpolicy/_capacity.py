@@ -1,0 +1,88 @@
+"""How much memory a device has free: what memory-aware placement (`fits`, sized `auto`) asks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import jax
+
+from ._inventory import inventory
+from ._sizes import parse_size
+from ._targets import parse_target
+
+
+@runtime_checkable
+class Capacity(Protocol):
+    """Anything that can say how many bytes a device has free (None: unknown)."""
+
+    def free_bytes(self, device: jax.Device) -> int | None:
+        """Bytes free on `device` now, or None when not known."""
+        ...
+
+
+def host_available_bytes() -> int | None:
+    """RAM the host can still give without swapping (Linux MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+class DeviceMemory:
+    """Free memory as the backend reports it; host RAM for devices that report none.
+
+    Accelerators report `bytes_limit` and `bytes_in_use` in `device.memory_stats()`;
+    CPU devices report nothing and live in host RAM, so available RAM stands in. No
+    platform name is consulted: what a device reports decides.
+
+    Example:
+        >>> import devpolicy
+        >>> DeviceMemory().free_bytes(devpolicy.get_device("cpu")) > 0
+        True
+    """
+
+    def free_bytes(self, device: jax.Device) -> int | None:
+        """Bytes free on `device`, from its memory stats or else from host RAM."""
+        try:
+            stats = device.memory_stats()
+        except Exception:  # a backend without stats may raise instead of returning None
+            stats = None
+        if stats:
+            limit = stats.get("bytes_limit")
+            used = stats.get("bytes_in_use", 0)
+            if isinstance(limit, int):
+                return max(0, limit - int(used))
+        return host_available_bytes()
+
+
+class StaticCapacity:
+    """Stated capacities by target text, for tests and for planning another machine.
+
+    Devices not listed are unknown (never judged too small).
+
+    Example:
+        >>> import devpolicy
+        >>> caps = StaticCapacity({"cpu:1": "2GiB"})
+        >>> [caps.free_bytes(devpolicy.get_device(t)) for t in ("cpu:1", "cpu:0")]
+        [2147483648, None]
+    """
+
+    def __init__(self, free: Mapping[str, int | str]) -> None:
+        self._free: dict[str, int] = {}
+        for target, size in free.items():
+            parsed = parse_target(target)
+            text = f"{parsed.platform}:{parsed.index or 0}"
+            self._free[text] = parse_size(size)
+
+    def free_bytes(self, device: jax.Device) -> int | None:
+        """The stated free bytes of `device`, or None if not stated."""
+        return self._free.get(inventory().text(device))

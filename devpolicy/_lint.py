@@ -1,0 +1,198 @@
+"""Lints: rules that can never match, targets this machine lacks, chains that end nowhere."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Literal
+
+from ._inventory import inventory, memory_kinds
+from ._layers import RuleEntry
+from ._policy import Policy
+from ._targets import REJECT, Target, parse_target
+
+Severity = Literal["error", "warning"]
+_WILDCARDS = "*?["
+_CATCH_ALL_REGEXES = (".*", "(?s).*", "(?s:.*)")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One lint finding.
+
+    Attributes:
+        severity: `error` (resolving would fail here, or a rule is dead) or `warning`.
+        origin: Where: `file:line`, `env:DEVPOLICY_RULES`, ...
+        code: A stable short name: `unreachable-rule`, `missing-device`,
+            `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`.
+        message: What is wrong and what to do.
+    """
+
+    severity: Severity
+    origin: str
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.origin}: {self.severity}: {self.message} [{self.code}]"
+
+
+def lint(policy: Policy) -> list[Finding]:
+    """Check a loaded policy for mistakes that validation cannot see.
+
+    Errors: a rule that can never match because an earlier rule matches every name it
+    would (after a catch-all, an identical pattern, or a glob that covers it), and a
+    fallback chain none of whose targets exists on this machine. Warnings: a target whose
+    backend, index or memory kind this machine lacks (policies travel between machines),
+    and a non-strict chain that would raise on a machine lacking its targets because it
+    does not end in `cpu` or `auto`.
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "*", "device": "cpu"}, {"match": "model/*", "device": "cpu"}]})
+        >>> [f.code for f in devpolicy.lint(p)]
+        ['unreachable-rule']
+    """
+    findings = _unreachable(policy.rules)
+    settings = policy.settings
+    policy_fallback = tuple(settings.fallback.value)
+    for position, entry in enumerate(policy.rules):
+        chain = (
+            entry.spec.device,
+            *(entry.spec.fallback if entry.spec.fallback is not None else policy_fallback),
+        )
+        label = f"rule {position} ({_pattern(entry)!r})"
+        findings += _chain(label, entry.origin, chain, policy.strict, entry.spec.memory)
+    if settings.default.value != REJECT:
+        findings += _chain(
+            "the default",
+            settings.default.origin,
+            (settings.default.value, *policy_fallback),
+            policy.strict,
+            None,
+        )
+    return findings
+
+
+def _pattern(entry: RuleEntry) -> str:
+    return entry.spec.match if entry.spec.match is not None else str(entry.spec.regex)
+
+
+def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
+    findings = []
+    for j, later in enumerate(rules):
+        for i in range(j):
+            earlier = rules[i]
+            why = _covers(earlier, later)
+            if why is not None:
+                findings.append(
+                    Finding(
+                        "error",
+                        later.origin,
+                        "unreachable-rule",
+                        f"rule {j} ({_pattern(later)!r}) can never match: rule {i} at "
+                        f"{earlier.origin} ({_pattern(earlier)!r}) {why}; "
+                        "move it earlier or remove it",
+                    )
+                )
+                break
+    return findings
+
+
+def _covers(earlier: RuleEntry, later: RuleEntry) -> str | None:
+    """Why `earlier` matches every name and size `later` would, or None if not (or unknown)."""
+    a, b = earlier.spec, later.spec
+    if a.min_bytes is not None or a.max_bytes is not None:
+        if b.min_bytes is None and b.max_bytes is None:
+            return None  # `later` also matches unsized names, which `earlier` never does
+        low_ok = (a.min_bytes or 0) <= (b.min_bytes or 0)
+        high_ok = a.max_bytes is None or (b.max_bytes is not None and b.max_bytes <= a.max_bytes)
+        if not (low_ok and high_ok):
+            return None
+    if (a.match is not None and a.match.strip("*") == "") or a.regex in _CATCH_ALL_REGEXES:
+        return "matches every name"
+    if (a.match, a.regex) == (b.match, b.regex):
+        return "has the same pattern"
+    if a.match is None or b.match is None:
+        return None
+    return _glob_covers(a.match, b.match)
+
+
+def _glob_covers(earlier: str, later: str) -> str | None:
+    if not any(c in later for c in _WILDCARDS):
+        return "matches it" if fnmatch.fnmatchcase(later, earlier) else None
+    prefix, stars = earlier.rstrip("*"), len(earlier) - len(earlier.rstrip("*"))
+    if stars and not any(c in prefix for c in _WILDCARDS):
+        literal_head = later[
+            : min((later.index(c) for c in _WILDCARDS if c in later), default=len(later))
+        ]
+        if literal_head.startswith(prefix):
+            return f"matches every name starting with {prefix!r}"
+    suffix, stars = earlier.lstrip("*"), len(earlier) - len(earlier.lstrip("*"))
+    if stars and not any(c in suffix for c in _WILDCARDS):
+        cut = max((later.rindex(c) for c in "*?]" if c in later), default=-1)
+        if later[cut + 1 :].endswith(suffix):
+            return f"matches every name ending with {suffix!r}"
+    return None
+
+
+def _chain(
+    label: str, origin: str, chain: tuple[str, ...], strict: bool, memory: str | None
+) -> list[Finding]:
+    inv = inventory()
+    findings = []
+    targets = list(dict.fromkeys(parse_target(t) for t in (chain[:1] if strict else chain)))
+    missing: list[str] = []
+    here: str | None = None
+    for target in targets:
+        if target.is_auto:
+            here = "auto"
+            break
+        found = inv.find(target)
+        if isinstance(found, str):
+            missing.append(f"{target.text} ({found})")
+            continue
+        if memory is not None and memory not in memory_kinds(found):
+            missing.append(f"{target.text} (no memory kind {memory!r})")
+            continue
+        here = target.text
+        break
+    if missing and here is not None:
+        findings.append(
+            Finding(
+                "warning",
+                origin,
+                "missing-device",
+                f"{label}: not on this machine: {'; '.join(missing)}; here it falls back to {here}",
+            )
+        )
+    if here is None:
+        names = ", ".join(t.text for t in targets)
+        consequence = "strict, so no fallback is tried" if strict else "none of them exists"
+        findings.append(
+            Finding(
+                "error",
+                origin,
+                "chain-ends-nowhere",
+                f"{label}: no device for ({names}) on this machine ({consequence}; "
+                f"{'; '.join(missing)}): names it decides raise DeviceUnavailableError here; "
+                "add `fallback: [cpu]`",
+            )
+        )
+    elif not strict and not any(_everywhere(t) for t in targets):
+        findings.append(
+            Finding(
+                "warning",
+                origin,
+                "no-safe-end",
+                f"{label}: the chain ({', '.join(t.text for t in targets)}) does not end in "
+                "`cpu` or `auto`, so it raises on a machine without those devices",
+            )
+        )
+    return findings
+
+
+def _everywhere(target: Target) -> bool:
+    """Whether every machine has this target: JAX always has a first CPU device."""
+    return target.is_auto or (target.platform == "cpu" and not target.index)

@@ -1,0 +1,473 @@
+"""Policy-aware safetensors loading: each tensor straight to its own device, lean and exact."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from ._errors import DevicePolicyError, DeviceUnavailableError
+from ._policy import Decision, Policy
+from ._sizes import format_size
+from ._tensorfile import (
+    DEFAULT_ALIGN,
+    Header,
+    SafetensorsFileError,
+    TensorEntry,
+    read_header,
+    rewrite_aligned,
+    write_file,
+)
+
+PathLike = str | os.PathLike[str]
+Narrow = Literal["exact", "lossy"]
+
+_ALIGN = 64  # XLA's CPU client aliases host buffers at this alignment
+_CHUNK = 64 * 2**20  # read granularity: progress updates and bounded syscalls
+_MAP_THRESHOLD = 2**20  # below this a map per tensor costs more than it saves
+PROGRESS_THRESHOLD = 256 * 2**20
+_NARROW = {"I64": np.dtype(np.int32), "U64": np.dtype(np.uint32), "F64": np.dtype(np.float32)}
+
+
+class NarrowingError(DevicePolicyError, ValueError):
+    """A 64-bit tensor would change if narrowed to 32 bits (JAX with x64 disabled).
+
+    Attributes:
+        file: The file.
+        tensor: The tensor's key.
+        problem: Which values do not survive.
+    """
+
+    def __init__(self, file: str, tensor: str, problem: str) -> None:
+        self.file = file
+        self.tensor = tensor
+        self.problem = problem
+        super().__init__(
+            f"{file}: tensor {tensor!r}: {problem}. JAX has x64 disabled, so it would hold this "
+            "tensor in 32 bits and change these values. Enable x64 before loading "
+            "(jax.config.update('jax_enable_x64', True)), or pass narrow='lossy' to accept "
+            "the change."
+        )
+
+
+def _active(policy: Policy | None) -> Policy:
+    if policy is not None:
+        return policy
+    from ._active import active_policy
+
+    return active_policy()
+
+
+def _names(header: Header, prefix: str | None) -> list[str]:
+    stem = header.path.name.removesuffix(".safetensors") if prefix is None else prefix
+    return [f"{stem}/{t.key}" if stem else t.key for t in header.tensors]
+
+
+def _aligned_empty(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """A 64-byte-aligned buffer that `device_put` to a CPU device adopts without a copy.
+
+    numpy's large allocations come out 16 mod 64, which XLA must copy. Large buffers are
+    anonymous maps instead: page-aligned, given back to the OS as soon as the last array
+    using them goes, and allowed huge pages (fewer page faults while the file is read in).
+    """
+    if nbytes >= _MAP_THRESHOLD:
+        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            region.madvise(mmap.MADV_HUGEPAGE)
+        return np.frombuffer(region, np.uint8)
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % _ALIGN
+    return raw[start : start + nbytes]
+
+
+def _x64() -> bool:
+    return bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
+
+
+def load_file(
+    path: PathLike,
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    narrow: Narrow = "exact",
+    progress: bool | None = None,
+) -> dict[str, jax.Array]:
+    """Load a safetensors file, each tensor sent straight to the device its rule names.
+
+    Every tensor is named `<prefix>/<key>` (prefix defaults to the file's stem) and resolved
+    with its size known, so size rules apply; one file may load to several devices. Nothing
+    is first made on the default device. Host-bound tensors are read into 64-byte-aligned
+    buffers that `device_put` adopts without a copy; accelerator-bound ones are staged one
+    tensor at a time, so host memory does not grow with the file. Results are committed.
+
+    Args:
+        path: The file.
+        prefix: Name prefix (default: the file name without `.safetensors`; "" for none).
+        policy: Policy to decide by (default: the active one).
+        mmap: True maps every tensor whose file offset is 64-byte aligned (zero-copy; the
+            array stays backed by the file), False never maps, None maps where the rule
+            says `mmap: true`.
+        narrow: With x64 disabled, JAX holds I64/U64/F64 in 32 bits. "exact" narrows only
+            when every value survives (and logs it), else raises NarrowingError; "lossy"
+            always narrows.
+        progress: A progress bar on a terminal; None shows one for files over 256 MiB.
+
+    Returns:
+        Tensor keys (not prefixed) to committed arrays, in header order.
+
+    Raises:
+        SafetensorsFileError: the file is missing, truncated or malformed.
+        NarrowingError: a 64-bit tensor would change.
+        DeviceUnavailableError: a tensor's target and fallbacks cannot be had.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "train.safetensors")
+        >>> devpolicy.save_file({"tokens": np.arange(8, dtype=np.uint16)}, path)
+        >>> rules = [{"match": "*/tokens", "device": "cpu:1"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> out = devpolicy.load_file(path, policy=p)
+        >>> str(next(iter(out["tokens"].devices()))), out["tokens"].committed
+        ('cpu:1', True)
+    """
+    if narrow not in ("exact", "lossy"):
+        raise ValueError(f"narrow must be 'exact' or 'lossy', got {narrow!r}")
+    chosen = _active(policy)
+    started = time.perf_counter()
+    header = read_header(path)
+    names = _names(header, prefix)
+    decisions = [
+        chosen.resolve(n, nbytes=t.nbytes) for n, t in zip(names, header.tensors, strict=True)
+    ]
+    x64 = _x64()
+    out: dict[str, jax.Array] = {}
+    mapped = narrowed = 0
+    order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
+    total = sum(t.nbytes for t in header.tensors)
+    try:
+        fd = os.open(header.path, os.O_RDONLY)
+    except OSError as e:
+        raise SafetensorsFileError(header.path, f"cannot open: {e.strerror}") from None
+    try:
+        with _progress(header, total, progress) as advance:
+            for i in order:
+                entry, decision = header.tensors[i], decisions[i]
+                target = _NARROW.get(entry.dtype_name) if not x64 else None
+                if target is None and _may_map(entry, decision, mmap):
+                    array: np.ndarray[Any, Any] = np.memmap(
+                        header.path,
+                        dtype=entry.dtype,
+                        mode="r",
+                        offset=entry.offset,
+                        shape=entry.shape,
+                    )
+                    mapped += 1
+                else:
+                    array = _read(fd, header, entry)
+                    if target is not None:
+                        array = _narrowed(header, entry, array, target, narrow, chosen, names[i])
+                        narrowed += 1
+                placed = jax.device_put(array, decision.sharding)
+                # Waiting here bounds staging to one tensor: for an accelerator the host
+                # buffer is freed before the next is read; on the host it is adopted.
+                placed.block_until_ready()
+                out[entry.key] = placed
+                del array
+                advance(entry.nbytes)
+    finally:
+        os.close(fd)
+    result = {t.key: out[t.key] for t in header.tensors}
+    _summary(chosen, header, decisions, time.perf_counter() - started, mapped, narrowed)
+    return result
+
+
+def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
+    wanted = decision.mmap if mmap is None else mmap
+    return wanted and entry.nbytes > 0 and entry.offset % _ALIGN == 0
+
+
+def _read(fd: int, header: Header, entry: TensorEntry) -> np.ndarray[Any, Any]:
+    buffer = _aligned_empty(entry.nbytes)
+    view = memoryview(buffer)  # type: ignore[arg-type]
+    done = 0
+    while done < entry.nbytes:
+        count = os.preadv(fd, [view[done : done + _CHUNK]], entry.offset + done)
+        if count <= 0:
+            raise SafetensorsFileError(
+                header.path,
+                f"file ended after {done} of {entry.nbytes} bytes: truncated?",
+                tensor=entry.key,
+            )
+        done += count
+    return buffer.view(entry.dtype).reshape(entry.shape)
+
+
+def _narrowed(
+    header: Header,
+    entry: TensorEntry,
+    array: np.ndarray[Any, Any],
+    target: np.dtype[Any],
+    mode: Narrow,
+    policy: Policy,
+    name: str,
+) -> np.ndarray[Any, Any]:
+    result = _aligned_empty(entry.nbytes // 2).view(target).reshape(entry.shape)
+    np.copyto(result, array, casting="unsafe")
+    problem = None if mode == "lossy" else _loss(array, result)
+    if problem is not None:
+        raise NarrowingError(str(header.path), entry.key, problem)
+    fields: dict[str, Any] = {
+        "name": name,
+        "file": str(header.path),
+        "from_dtype": entry.dtype_name,
+        "to_dtype": str(target),
+        "exact": mode == "exact",
+    }
+    if array.size:
+        fields |= {"min": array.min().item(), "max": array.max().item()}
+    policy.events.emit("info" if mode == "exact" else "warning", "narrowed", fields)
+    return result
+
+
+def _loss(original: np.ndarray[Any, Any], narrowed: np.ndarray[Any, Any]) -> str | None:
+    if original.size == 0:
+        return None
+    if original.dtype.kind in "iu":
+        info = np.iinfo(narrowed.dtype)
+        low, high = original.min().item(), original.max().item()
+        if low < info.min or high > info.max:
+            return f"values {low}..{high} do not fit {narrowed.dtype} ({info.min}..{info.max})"
+        return None
+    widened = narrowed.astype(original.dtype)
+    same = (widened == original) | (np.isnan(widened) & np.isnan(original))
+    if bool(same.all()):
+        return None
+    index = int(np.argmin(same.reshape(-1)))
+    before, after = original.reshape(-1)[index].item(), widened.reshape(-1)[index].item()
+    changed = int((~same).sum())
+    first = f"first at flat index {index}: {before!r} -> {after!r}"
+    return f"{changed} values lose precision in {narrowed.dtype} ({first})"
+
+
+@contextmanager
+def _progress(header: Header, total: int, wanted: bool | None) -> Iterator[Any]:
+    show = (
+        wanted is not False
+        and (wanted is True or total > PROGRESS_THRESHOLD)
+        and sys.stderr.isatty()
+    )
+    if not show:
+        yield lambda _n: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(header.path.name, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _summary(
+    policy: Policy,
+    header: Header,
+    decisions: list[Decision],
+    seconds: float,
+    mapped: int,
+    narrowed: int,
+) -> None:
+    per_device: dict[str, int] = {}
+    for decision in decisions:
+        per_device[decision.device_text] = per_device.get(decision.device_text, 0) + (
+            decision.nbytes or 0
+        )
+    policy.events.emit(
+        "info",
+        "load_file",
+        {
+            "file": str(header.path),
+            "tensors": len(decisions),
+            "nbytes": sum(per_device.values()),
+            "devices": ", ".join(f"{d} {format_size(n)}" for d, n in sorted(per_device.items())),
+            "mapped": mapped,
+            "narrowed": narrowed,
+            "seconds": round(seconds, 4),
+        },
+    )
+
+
+def save_file(
+    tensors: Mapping[str, Any],
+    path: PathLike,
+    *,
+    align: int = DEFAULT_ALIGN,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write arrays (numpy or JAX) as a safetensors file laid out for zero-copy loading.
+
+    The header is padded and tensors ordered so the largest start at `align`-byte file
+    offsets (the format allows no holes between tensors). Any safetensors reader reads it.
+    Written to a temporary file and renamed: an error leaves nothing behind.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+        >>> devpolicy.save_file({"w": np.ones((4, 4), np.float32)}, path)
+        >>> from safetensors.numpy import load_file
+        >>> load_file(path)["w"].sum()
+        np.float32(16.0)
+    """
+    arrays = {key: np.asarray(value) for key, value in tensors.items()}
+    write_file(arrays, path, align=align, metadata=metadata)
+
+
+def align_file(source: PathLike, destination: PathLike, *, align: int = DEFAULT_ALIGN) -> None:
+    """Copy a safetensors file so its largest tensors start at `align`-byte offsets.
+
+    Streams the data, so memory stays flat however large the file. The copy loads
+    zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> from safetensors.numpy import save_file as plain_save
+        >>> d = tempfile.mkdtemp()
+        >>> plain_save({"t": np.arange(100, dtype=np.uint16)}, os.path.join(d, "in.safetensors"))
+        >>> source, copy = os.path.join(d, "in.safetensors"), os.path.join(d, "out.safetensors")
+        >>> devpolicy.align_file(source, copy)
+        >>> devpolicy.plan(copy).tensors[0].offset % 64
+        0
+    """
+    rewrite_aligned(source, destination, align=align)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTensor:
+    """Where one tensor of a file would go.
+
+    Attributes:
+        name: The name it is resolved under (`train/tokens`).
+        key: Its key in the file.
+        dtype: safetensors dtype name.
+        shape: Its shape.
+        nbytes: Its size.
+        offset: Its absolute file offset (64-aligned ones can be mapped zero-copy).
+        decision: The decision, or None when no device could be had.
+        error: Why no device could be had, or None.
+    """
+
+    name: str
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int
+    decision: Decision | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLoad:
+    """Planned bytes for one device against its free memory.
+
+    Attributes:
+        device: Target text (`gpu:0`).
+        nbytes: Bytes planned for it.
+        tensors: How many tensors.
+        free: Free bytes now, or None when unknown.
+        fits: False when `nbytes` exceeds `free`.
+    """
+
+    device: str
+    nbytes: int
+    tensors: int
+    free: int | None
+    fits: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Every tensor of a file with its decision, and totals per device.
+
+    Attributes:
+        file: The file.
+        tensors: One entry per tensor, in header order.
+        devices: One entry per device, by target text.
+    """
+
+    file: str
+    tensors: tuple[PlannedTensor, ...]
+    devices: tuple[DeviceLoad, ...]
+
+    @property
+    def fits(self) -> bool:
+        """Whether every tensor has a device and every device has room."""
+        return all(t.decision is not None for t in self.tensors) and all(
+            d.fits for d in self.devices
+        )
+
+
+def plan(path: PathLike, *, prefix: str | None = None, policy: Policy | None = None) -> Plan:
+    """Where every tensor of a file would go, reading only its header; nothing is logged.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+        >>> devpolicy.save_file({"w": np.zeros(256, np.float32)}, path)
+        >>> policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"})
+        >>> p = devpolicy.plan(path, policy=policy)
+        >>> [(t.name, t.nbytes, t.decision.device_text) for t in p.tensors]
+        [('m/w', 1024, 'cpu:2')]
+    """
+    chosen = _active(policy)
+    header = read_header(path)
+    tensors = []
+    loads: dict[str, tuple[jax.Device, int, int]] = {}
+    for name, entry in zip(_names(header, prefix), header.tensors, strict=True):
+        try:
+            decision: Decision | None = chosen.decide(name, nbytes=entry.nbytes)
+            error = None
+        except DeviceUnavailableError as e:
+            decision, error = None, str(e)
+        if decision is not None:
+            device, planned, count = loads.get(decision.device_text, (decision.device, 0, 0))
+            loads[decision.device_text] = (device, planned + entry.nbytes, count + 1)
+        tensors.append(
+            PlannedTensor(
+                name,
+                entry.key,
+                entry.dtype_name,
+                entry.shape,
+                entry.nbytes,
+                entry.offset,
+                decision,
+                error,
+            )
+        )
+    devices = []
+    for text, (device, planned, count) in sorted(loads.items()):
+        free = chosen.capacity.free_bytes(device)
+        devices.append(DeviceLoad(text, planned, count, free, free is None or planned <= free))
+    return Plan(str(header.path), tuple(tensors), tuple(devices))

@@ -1,0 +1,400 @@
+"""The safetensors file format: validated headers, aligned layouts, atomic writes. No JAX here.
+
+A safetensors file is an 8-byte little-endian header length N, N bytes of JSON naming
+each tensor's dtype, shape and [begin, end) byte range in the data section that
+follows, then the data. Ranges must tile the data section exactly: no holes, no overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ._errors import DevicePolicyError
+
+#: safetensors dtype names and the numpy dtypes that hold them.
+DTYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype(np.uint16),
+    "I16": np.dtype(np.int16),
+    "U32": np.dtype(np.uint32),
+    "I32": np.dtype(np.int32),
+    "U64": np.dtype(np.uint64),
+    "I64": np.dtype(np.int64),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+}
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+MAX_HEADER = 100_000_000  # safetensors' own limit
+DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
+
+
+class SafetensorsFileError(DevicePolicyError, ValueError):
+    """A safetensors file is missing, truncated or malformed; nothing was loaded.
+
+    Attributes:
+        file: The file.
+        tensor: The tensor concerned, if one is.
+        problem: What is wrong.
+    """
+
+    def __init__(
+        self, file: str | os.PathLike[str], problem: str, tensor: str | None = None
+    ) -> None:
+        self.file = str(file)
+        self.tensor = tensor
+        self.problem = problem
+        where = f"{self.file}: tensor {tensor!r}" if tensor is not None else self.file
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor of a file's header.
+
+    Attributes:
+        key: Its key in the file.
+        dtype_name: The safetensors dtype (`U16`, `BF16`).
+        dtype: The numpy dtype.
+        shape: The shape.
+        begin: Start of its bytes within the data section.
+        end: End (exclusive) within the data section.
+        offset: Absolute file offset of its first byte.
+    """
+
+    key: str
+    dtype_name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        """Its size in bytes."""
+        return self.end - self.begin
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A validated header: tensors in header order, and where the data starts."""
+
+    path: Path
+    file_size: int
+    data_start: int
+    tensors: tuple[TensorEntry, ...]
+    metadata: dict[str, str]
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Read and validate a file's header, touching none of its data.
+
+    Raises:
+        SafetensorsFileError: naming the file (and tensor) and what is wrong.
+
+    Example:
+        >>> import numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "t.safetensors")
+        >>> write_file({"w": np.zeros((2, 3), np.float32)}, path)
+        >>> [(t.key, t.dtype_name, t.shape, t.offset % 64) for t in read_header(path).tensors]
+        [('w', 'F32', (2, 3), 0)]
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise SafetensorsFileError(
+                    path, f"file is {size} bytes, too short to hold the 8-byte header length"
+                )
+            length = int.from_bytes(prefix, "little")
+            if length > size - 8:
+                raise SafetensorsFileError(
+                    path,
+                    f"header length {length} is larger than the rest of the file "
+                    f"({size - 8} bytes)",
+                )
+            if length > MAX_HEADER:
+                raise SafetensorsFileError(
+                    path, f"header length {length} exceeds the {MAX_HEADER}-byte limit"
+                )
+            raw = f.read(length)
+    except FileNotFoundError:
+        raise SafetensorsFileError(path, "no such file") from None
+    except IsADirectoryError:
+        raise SafetensorsFileError(path, "is a directory, not a safetensors file") from None
+    except OSError as e:
+        raise SafetensorsFileError(path, f"cannot read: {e.strerror}") from None
+    return _parse(path, raw, size)
+
+
+def _parse(path: Path, raw: bytes, size: int) -> Header:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SafetensorsFileError(path, f"header is not UTF-8 (byte {8 + e.start})") from None
+    try:
+        document = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKeyError as e:
+        raise SafetensorsFileError(
+            path, "tensor listed twice in the header", tensor=str(e)
+        ) from None
+    except json.JSONDecodeError as e:
+        raise SafetensorsFileError(
+            path, f"header is not valid JSON: {e.msg} at byte {8 + e.pos}"
+        ) from None
+    if not isinstance(document, dict):
+        raise SafetensorsFileError(
+            path, f"header must be a JSON object, got {type(document).__name__}"
+        )
+    metadata = document.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise SafetensorsFileError(path, "__metadata__ must map strings to strings")
+    data_start = 8 + len(raw)
+    entries = tuple(_entry(path, key, value, data_start) for key, value in document.items())
+    _check_tiling(path, entries, size - data_start)
+    return Header(path, size, data_start, entries, metadata)
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKeyError(key)
+        result[key] = value
+    return result
+
+
+def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
+    if not isinstance(value, dict) or set(value) != {"dtype", "shape", "data_offsets"}:
+        raise SafetensorsFileError(
+            path, "entry must be an object with exactly dtype, shape and data_offsets", tensor=key
+        )
+    dtype_name = value["dtype"]
+    if dtype_name not in DTYPES:
+        raise SafetensorsFileError(
+            path, f"unknown dtype {dtype_name!r}; supported: {', '.join(DTYPES)}", tensor=key
+        )
+    shape = value["shape"]
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise SafetensorsFileError(
+            path, f"shape must be a list of non-negative integers, got {shape!r}", tensor=key
+        )
+    offsets = value["data_offsets"]
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_count(n) for n in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise SafetensorsFileError(
+            path,
+            f"data_offsets must be [begin, end] with begin <= end, got {offsets!r}",
+            tensor=key,
+        )
+    dtype = DTYPES[dtype_name]
+    expected = math.prod(shape) * dtype.itemsize
+    begin, end = offsets
+    if end - begin != expected:
+        raise SafetensorsFileError(
+            path,
+            f"shape {shape} of {dtype_name} needs {expected} bytes "
+            f"but data_offsets {offsets} give {end - begin}",
+            tensor=key,
+        )
+    return TensorEntry(key, dtype_name, dtype, tuple(shape), begin, end, data_start + begin)
+
+
+def _is_count(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def _check_tiling(path: Path, entries: tuple[TensorEntry, ...], data_len: int) -> None:
+    position = 0
+    previous: str | None = None
+    for entry in sorted(entries, key=lambda e: (e.begin, e.end)):
+        if entry.begin > position:
+            after = f"after {previous!r} " if previous else ""
+            raise SafetensorsFileError(
+                path,
+                f"starts at data byte {entry.begin}, leaving a hole {after}at {position}",
+                tensor=entry.key,
+            )
+        if entry.begin < position:
+            raise SafetensorsFileError(
+                path,
+                f"overlaps {previous!r} (starts at {entry.begin}, before {position})",
+                tensor=entry.key,
+            )
+        position = entry.end
+        previous = entry.key
+    if position > data_len:
+        raise SafetensorsFileError(
+            path,
+            f"tensors need {position} data bytes but the file has {data_len}: truncated?",
+            tensor=previous,
+        )
+    if position < data_len:
+        raise SafetensorsFileError(
+            path,
+            f"{data_len - position} bytes after the last tensor are not described by the header",
+        )
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """The safetensors name of a numpy dtype.
+
+    Raises:
+        ValueError: for dtypes safetensors cannot hold.
+    """
+    name = _NAMES.get(np.dtype(dtype))
+    if name is None:
+        raise ValueError(
+            f"dtype {np.dtype(dtype)} cannot be stored; "
+            f"supported: {', '.join(str(d) for d in _NAMES)}"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    key: str
+    dtype_name: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def plan_layout(
+    slots: Iterable[_Slot], metadata: Mapping[str, str] | None, align: int
+) -> tuple[bytes, list[_Slot]]:
+    """Header bytes and tensor order that start the largest tensors at `align`-byte offsets.
+
+    The data section follows the header with no holes, so alignment comes from padding the
+    header and from order: tensors whose size is a multiple of `align` first (each then
+    starts aligned), largest first; the rest after, largest first.
+    """
+    if align < 1 or align & (align - 1):
+        raise ValueError(f"align must be a power of two, got {align}")
+    slots = list(slots)
+    order = sorted(slots, key=lambda s: (s.nbytes % align != 0, -s.nbytes, s.key))
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    position = 0
+    for slot in order:
+        header[slot.key] = {
+            "dtype": slot.dtype_name,
+            "shape": list(slot.shape),
+            "data_offsets": [position, position + slot.nbytes],
+        }
+        position += slot.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * ((-(8 + len(text))) % align)
+    return text, order
+
+
+def _slots(tensors: Mapping[str, np.ndarray[Any, Any]]) -> list[_Slot]:
+    slots = []
+    for key, array in tensors.items():
+        if not isinstance(key, str) or key == "__metadata__":
+            raise ValueError(f"tensor names must be strings other than '__metadata__', got {key!r}")
+        slots.append(_Slot(key, dtype_name(array.dtype), tuple(array.shape), array.nbytes))
+    return slots
+
+
+def write_file(
+    tensors: Mapping[str, np.ndarray[Any, Any]],
+    path: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write numpy arrays as a safetensors file whose largest tensors start `align`-aligned.
+
+    Written to a temporary file beside `path` and renamed into place: an error leaves no
+    partial file.
+    """
+    # ascontiguousarray would turn 0-d arrays into 1-d ones.
+    arrays = {key: np.require(value, requirements="C") for key, value in tensors.items()}
+    header, order = plan_layout(_slots(arrays), metadata, align)
+
+    def write_data(out: Any) -> None:
+        for slot in order:
+            array = arrays[slot.key]
+            if array.nbytes:
+                out.write(array.reshape(-1).view(np.uint8).data)
+
+    _atomic_write(Path(path), header, write_data)
+
+
+def rewrite_aligned(
+    source: str | os.PathLike[str],
+    destination: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+) -> Header:
+    """Rewrite a safetensors file so its largest tensors start at `align`-byte offsets.
+
+    Streams each tensor's bytes (64 MiB at a time), so memory does not grow with the file.
+    Returns the new file's header.
+    """
+    header = read_header(source)
+    slots = [_Slot(t.key, t.dtype_name, t.shape, t.nbytes) for t in header.tensors]
+    by_key = {t.key: t for t in header.tensors}
+    new_header, order = plan_layout(slots, header.metadata, align)
+
+    def copy_data(out: Any) -> None:
+        with open(source, "rb") as f:
+            for slot in order:
+                entry = by_key[slot.key]
+                f.seek(entry.offset)
+                remaining = entry.nbytes
+                while remaining:
+                    chunk = f.read(min(remaining, 64 * 2**20))
+                    if not chunk:
+                        raise SafetensorsFileError(
+                            source, "file shrank while being read", tensor=slot.key
+                        )
+                    out.write(chunk)
+                    remaining -= len(chunk)
+
+    _atomic_write(Path(destination), new_header, copy_data)
+    return read_header(destination)
+
+
+def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) -> None:
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(len(header).to_bytes(8, "little"))
+            out.write(header)
+            write_data(out)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

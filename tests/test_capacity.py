@@ -1,0 +1,141 @@
+"""Memory-aware placement: sized `auto` and `fits` rules use a device only if the bytes fit."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+from structlog.testing import capture_logs
+
+import devpolicy
+
+
+def with_capacity(document: dict[str, object], free: dict[str, int | str]) -> devpolicy.Policy:
+    return devpolicy.load_policy(
+        {"version": 1, **document}, environ={}, capacity=devpolicy.StaticCapacity(free)
+    )
+
+
+class TestAuto:
+    def test_sized_auto_stays_on_the_default_device_when_it_fits(self) -> None:
+        """auto with a known size that fits uses JAX's default device."""
+        policy = with_capacity({"fallback": ["cpu:3"]}, {"cpu:0": "10GiB"})
+        assert policy.resolve("x", nbytes=2**30).device_text == "cpu:0"
+
+    def test_sized_auto_falls_back_when_it_does_not_fit(self) -> None:
+        """19.1 GiB against 17.8 GiB free goes to the next target, and says why."""
+        policy = with_capacity({"fallback": ["cpu:3"]}, {"cpu:0": 19_112_000_000})
+        with capture_logs() as logs:
+            d = policy.resolve("dataset/train", nbytes=20_508_468_838)
+        assert d.device_text == "cpu:3"
+        assert (
+            d.fallback_reason
+            == "auto: needs 19.1 GiB, 17.8 GiB free on cpu:0, keeping 10% free; used cpu:3"
+        )
+        assert logs[0]["fallback_reason"] == d.fallback_reason
+
+    def test_headroom_is_kept_free(self) -> None:
+        """With 10% headroom, 95 bytes do not fit in 100 free; with 0% they do."""
+        tight = with_capacity({"fallback": ["cpu:1"]}, {"cpu:0": 100})
+        assert tight.resolve("x", nbytes=95).device_text == "cpu:1"
+        loose = with_capacity({"fallback": ["cpu:1"], "headroom": "0%"}, {"cpu:0": 100})
+        assert loose.resolve("x", nbytes=95).device_text == "cpu:0"
+
+    def test_unsized_auto_is_not_judged(self) -> None:
+        """Without a size there is nothing to compare: JAX's default is used."""
+        policy = with_capacity({"fallback": ["cpu:3"]}, {"cpu:0": 0})
+        assert policy.resolve("x").device_text == "cpu:0"
+
+    def test_capacity_is_asked_again_for_every_sized_decision(self) -> None:
+        """Free memory changes as things load, so sized decisions are not cached."""
+        free = {"cpu:0": 1000}
+
+        class Shrinking:
+            def free_bytes(self, device: jax.Device) -> int | None:
+                return free.get(devpolicy.inventory().text(device))
+
+        policy = devpolicy.load_policy(
+            {"version": 1, "fallback": ["cpu:2"]}, environ={}, capacity=Shrinking()
+        )
+        assert policy.resolve("x", nbytes=500).device_text == "cpu:0"
+        free["cpu:0"] = 100
+        assert policy.resolve("x", nbytes=500).device_text == "cpu:2"
+
+    def test_last_target_is_used_even_when_too_small(self) -> None:
+        """With nowhere else to go, the last target is used and the reason says so."""
+        policy = with_capacity({}, {"cpu:0": 10})
+        d = policy.resolve("x", nbytes=1000)
+        assert d.device_text == "cpu:0"
+        assert (
+            d.fallback_reason
+            == "auto: needs 1000 B, 10 B free on cpu:0, keeping 10% free; placed anyway, nothing else to try; used auto"
+        )
+
+    def test_strict_raises_when_it_does_not_fit(self) -> None:
+        """strict: a size that does not fit is an error, not a fallback."""
+        policy = with_capacity({"strict": True, "fallback": ["cpu:1"]}, {"cpu:0": 10})
+        with pytest.raises(
+            devpolicy.DeviceUnavailableError, match=r"auto: needs 1000 B, 10 B free on cpu:0"
+        ):
+            policy.resolve("x", nbytes=1000)
+
+
+class TestFitsRules:
+    def test_fits_rule_walks_its_chain_by_free_memory(self) -> None:
+        """A `fits: true` rule skips each target the size does not fit."""
+        policy = with_capacity(
+            {
+                "rules": [
+                    {
+                        "match": "model/*",
+                        "device": "cpu:1",
+                        "fallback": ["cpu:2", "cpu:3"],
+                        "fits": True,
+                    }
+                ]
+            },
+            {"cpu:1": "1KiB", "cpu:2": "1MiB"},
+        )
+        assert policy.resolve("model/w", nbytes=100).device_text == "cpu:1"
+        assert policy.resolve("model/w", nbytes=100_000).device_text == "cpu:2"
+        assert (
+            policy.resolve("model/w", nbytes=10**7).device_text == "cpu:3"
+        )  # cpu:3 unknown: not judged
+
+    def test_rules_without_fits_ignore_capacity(self) -> None:
+        """Only `fits` rules (and auto) consult free memory."""
+        policy = with_capacity(
+            {"rules": [{"match": "*", "device": "cpu:1", "fallback": ["cpu:2"]}]}, {"cpu:1": 1}
+        )
+        assert policy.resolve("x", nbytes=10**6).device_text == "cpu:1"
+
+
+class TestCapacitySources:
+    def test_device_memory_uses_host_ram_for_devices_without_stats(self) -> None:
+        """CPU devices report no memory stats; available RAM stands in."""
+        free = devpolicy.DeviceMemory().free_bytes(devpolicy.get_device("cpu:1"))
+        assert free is not None
+        assert free > 0
+
+    def test_device_memory_prefers_reported_stats(self) -> None:
+        """A device that reports bytes_limit and bytes_in_use is judged by them."""
+
+        class Reporting:
+            def memory_stats(self) -> dict[str, int]:
+                return {"bytes_limit": 1000, "bytes_in_use": 300}
+
+        assert devpolicy.DeviceMemory().free_bytes(Reporting()) == 700  # type: ignore[arg-type]
+
+    def test_static_capacity_validates_its_input(self) -> None:
+        """Stated capacities use target text and sizes, checked at once."""
+        with pytest.raises(ValueError, match=r"not a size: 'lots'"):
+            devpolicy.StaticCapacity({"cpu:0": "lots"})
+        with pytest.raises(ValueError, match=r"did you mean 'gpu'\?"):
+            devpolicy.StaticCapacity({"gpuu:0": 1})
+
+    def test_bad_headroom_is_a_policy_error(self) -> None:
+        """headroom must be a fraction below 1 or a percentage."""
+        with pytest.raises(
+            devpolicy.PolicyError,
+            match=r"headroom: expected a fraction in \[0, 1\) or a percentage like '10%', got 1\.5",
+        ):
+            devpolicy.load_policy({"version": 1, "headroom": 1.5}, environ={})

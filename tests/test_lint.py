@@ -1,0 +1,130 @@
+"""Lints: dead rules, missing devices, chains that end nowhere."""
+
+from __future__ import annotations
+
+import pytest
+
+import devpolicy
+from tests.helpers import policy_of
+
+NO_GPU = "gpu" not in devpolicy.available_backends()
+
+
+def codes(**fields: object) -> list[tuple[str, str]]:
+    return [(f.code, f.origin) for f in devpolicy.lint(policy_of(**fields))]
+
+
+def rule(match: str | None = None, device: str = "cpu", **extra: object) -> dict[str, object]:
+    spec: dict[str, object] = {"device": device, **extra}
+    if match is not None:
+        spec["match"] = match
+    return spec
+
+
+class TestUnreachable:
+    @pytest.mark.parametrize(
+        ("earlier", "later"),
+        [
+            (rule("*"), rule("model/*")),
+            (rule("**"), rule("x")),
+            (rule(None, regex=".*"), rule("x")),
+            (rule("model/*"), rule("model/*")),
+            (rule(None, regex="a+"), rule(None, regex="a+")),
+            (rule("model/*"), rule("model/layers/*")),
+            (rule("model/*"), rule("model/[ab]")),
+            (rule("*/w"), rule("model/*/w")),
+            (rule("a?c"), rule("abc")),
+            (rule("*", min_bytes=1), rule("x", min_bytes=10, max_bytes=20)),
+        ],
+    )
+    def test_rules_an_earlier_rule_covers_are_errors(
+        self, earlier: dict[str, object], later: dict[str, object]
+    ) -> None:
+        """A later rule whose every match an earlier rule takes is reported at the later rule."""
+        assert codes(rules=[earlier, later]) == [("unreachable-rule", "<mapping>:rules[1]")]
+
+    @pytest.mark.parametrize(
+        ("earlier", "later"),
+        [
+            (rule("model/*"), rule("data/*")),
+            (rule("model/w"), rule("model/*")),
+            (rule("*", min_bytes=100), rule("x")),  # the later also matches unsized names
+            (rule("*", max_bytes=10), rule("x", max_bytes=20)),
+            (rule("*/w"), rule("model/w/*")),
+            (rule(None, regex="a.*"), rule("abc")),  # regex coverage is not decided
+            (rule("a*b*"), rule("a*")),
+        ],
+    )
+    def test_rules_that_can_still_match_are_not_reported(
+        self, earlier: dict[str, object], later: dict[str, object]
+    ) -> None:
+        """No false alarms where the later rule still gets names (or it cannot be decided)."""
+        assert codes(rules=[earlier, later]) == []
+
+
+class TestDevices:
+    def test_index_this_machine_lacks_warns_and_names_the_fallback(self) -> None:
+        """cpu:9 with a fallback is a warning saying where names go here."""
+        (finding,) = devpolicy.lint(policy_of(fallback=["cpu"], rules=[rule("x", "cpu:9")]))
+        assert (finding.severity, finding.code) == ("warning", "missing-device")
+        assert finding.message.endswith("here it falls back to cpu")
+
+    def test_chain_with_nothing_available_is_an_error(self) -> None:
+        """A rule none of whose targets exists here would raise: error."""
+        findings = devpolicy.lint(policy_of(rules=[rule("x", "cpu:9", fallback=["cpu:8"])]))
+        assert [(f.severity, f.code) for f in findings] == [("error", "chain-ends-nowhere")]
+
+    def test_strict_ignores_the_fallback(self) -> None:
+        """Under strict only the first target counts."""
+        findings = devpolicy.lint(
+            policy_of(strict=True, rules=[rule("x", "cpu:9", fallback=["cpu"])])
+        )
+        assert [f.code for f in findings] == ["chain-ends-nowhere"]
+        assert "strict, so no fallback is tried" in findings[0].message
+
+    @pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+    def test_chain_that_would_raise_elsewhere_warns(self) -> None:
+        """gpu:0 then cpu:1 exists here, but would raise on a one-CPU machine without a GPU."""
+        findings = devpolicy.lint(policy_of(rules=[rule("x", "gpu:0", fallback=["cpu:1"])]))
+        assert [f.code for f in findings] == ["missing-device", "no-safe-end"]
+
+    def test_missing_memory_kind_warns(self) -> None:
+        """A memory kind the device lacks here is reported like a missing device."""
+        original = devpolicy._lint.memory_kinds  # type: ignore[attr-defined]
+        try:
+            devpolicy._lint.memory_kinds = lambda d: ("device",)  # type: ignore[attr-defined]
+            findings = devpolicy.lint(
+                policy_of(rules=[rule("x", "cpu:1", memory="pinned_host", fallback=["cpu"])])
+            )
+        finally:
+            devpolicy._lint.memory_kinds = original  # type: ignore[attr-defined]
+        assert "cpu:1 (no memory kind 'pinned_host')" in findings[0].message
+
+    def test_reject_default_is_not_a_target(self) -> None:
+        """`default: reject` has no chain to lint."""
+        assert devpolicy.lint(policy_of(default="reject", rules=[rule("x")])) == []
+
+    def test_findings_read_as_file_line_severity_message(self) -> None:
+        """str(Finding) is the line `devpolicy check` prints."""
+        (finding,) = devpolicy.lint(policy_of(rules=[rule("*"), rule("x")]))
+        assert str(finding).startswith("<mapping>:rules[1]: error: rule 1 ('x') can never match")
+        assert str(finding).endswith("[unreachable-rule]")
+
+
+class TestReject:
+    def test_unmatched_names_raise_under_default_reject(self) -> None:
+        """`default: reject` makes every unplanned name an error naming the rules tried."""
+        policy = policy_of(default="reject", rules=[rule("dataset/*")])
+        assert policy.resolve("dataset/x").device_text == "cpu:0"
+        with pytest.raises(
+            devpolicy.UnmatchedNameError,
+            match=r"^no rule matches 'model/w' and the default is `reject` \(<mapping>:default\); add a rule for it \(rules tried: 'dataset/\*'\)$",
+        ):
+            policy.resolve("model/w")
+
+    def test_reject_from_the_environment(self) -> None:
+        """DEVPOLICY_DEFAULT=reject works without editing the policy."""
+        policy = devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_DEFAULT": "reject"})
+        with pytest.raises(devpolicy.UnmatchedNameError):
+            policy.resolve("x")
+        assert policy.explain("x").error is not None

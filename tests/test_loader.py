@@ -1,0 +1,286 @@
+"""devpolicy.load_file and plan: each tensor to its own device, exact, lean, logged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import save_file as reference_save
+from structlog.testing import capture_logs
+
+import devpolicy
+from tests.helpers import policy_of
+
+
+def where(x: jax.Array) -> str:
+    (device,) = x.devices()
+    return devpolicy.inventory().text(device)
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "ckpt.safetensors"
+    reference_save(
+        {
+            "tokens": np.arange(4096, dtype=np.uint16),
+            "w": np.ones((16, 16), np.float32),
+            "b": np.zeros(16, np.float32),
+        },
+        str(path),
+    )
+    return path
+
+
+ROUTING = policy_of(
+    rules=[
+        {"match": "*/tokens", "device": "cpu:1"},
+        {"match": "ckpt/w", "device": "cpu:2"},
+        {"match": "*", "device": "cpu:3"},
+    ]
+)
+
+
+class TestRouting:
+    def test_one_file_loads_to_several_devices(self, checkpoint: Path) -> None:
+        """Each tensor goes to its own rule's device in one call, committed."""
+        out = devpolicy.load_file(checkpoint, policy=ROUTING)
+        assert {k: where(v) for k, v in out.items()} == {
+            "tokens": "cpu:1",
+            "w": "cpu:2",
+            "b": "cpu:3",
+        }
+        assert all(v.committed for v in out.values())
+        assert np.array_equal(np.asarray(out["tokens"]), np.arange(4096, dtype=np.uint16))
+
+    def test_prefix_names_tensors(self, checkpoint: Path) -> None:
+        """Names are <prefix>/<key>; the prefix defaults to the file's stem; '' means none."""
+        policy = policy_of(
+            rules=[
+                {"match": "data/tokens", "device": "cpu:2"},
+                {"match": "tokens", "device": "cpu:3"},
+            ]
+        )
+        assert (
+            where(devpolicy.load_file(checkpoint, policy=policy, prefix="data")["tokens"])
+            == "cpu:2"
+        )
+        assert where(devpolicy.load_file(checkpoint, policy=policy, prefix="")["tokens"]) == "cpu:3"
+
+    def test_size_rules_see_each_tensors_bytes(self, checkpoint: Path) -> None:
+        """min_bytes applies per tensor: only the 8 KiB tokens tensor is large."""
+        policy = policy_of(
+            default="cpu:1", rules=[{"match": "*", "min_bytes": "4KiB", "device": "cpu:2"}]
+        )
+        out = devpolicy.load_file(checkpoint, policy=policy)
+        assert (where(out["tokens"]), where(out["w"]), where(out["b"])) == (
+            "cpu:2",
+            "cpu:1",
+            "cpu:1",
+        )
+
+    def test_active_policy_is_used_by_default(self, checkpoint: Path) -> None:
+        """Without policy=, the active policy decides."""
+        with devpolicy.activate(policy_of(default="cpu:3")):
+            assert where(devpolicy.load_file(checkpoint)["w"]) == "cpu:3"
+
+    def test_policy_method_matches_function(self, checkpoint: Path) -> None:
+        """Policy.load_file is the same loader."""
+        assert where(ROUTING.load_file(checkpoint)["w"]) == "cpu:2"
+
+    def test_nothing_lands_on_the_default_device_first(self, checkpoint: Path) -> None:
+        """Loading under a scope on cpu:0 never creates arrays there (transfer guard on)."""
+        with jax.transfer_guard("disallow"):
+            out = devpolicy.load_file(checkpoint, policy=ROUTING)
+        assert where(out["b"]) == "cpu:3"
+
+
+class TestZeroCopy:
+    def test_host_tensors_adopt_the_read_buffer(self, tmp_path: Path) -> None:
+        """The buffer the file was read into becomes the array: 64-byte aligned, no second copy."""
+        devpolicy.save_file({"t": np.arange(2**20, dtype=np.uint16)}, tmp_path / "t.safetensors")
+        out = devpolicy.load_file(tmp_path / "t.safetensors", policy=policy_of(default="cpu:1"))
+        assert out["t"].unsafe_buffer_pointer() % 64 == 0
+
+    def test_mmap_maps_aligned_tensors_from_the_file(self, tmp_path: Path) -> None:
+        """With mmap the array is the file's mapping: changing the file shows through."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"t": np.zeros(4096, np.uint8)}, path)
+        with capture_logs() as logs:
+            out = devpolicy.load_file(path, policy=policy_of(default="cpu:1"), mmap=True)
+        summary = next(e for e in logs if e["event"] == "load_file")
+        assert summary["mapped"] == 1
+        assert where(out["t"]) == "cpu:1"
+
+    def test_rule_mmap_flag_is_honoured(self, tmp_path: Path) -> None:
+        """`mmap: true` on the rule maps without a loader option; unaligned tensors are read."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file(
+            {
+                "a": np.zeros(4096, np.uint8),
+                "b": np.zeros(5, np.uint8),
+                "odd": np.zeros(3, np.uint8),
+            },
+            path,
+        )
+        policy = policy_of(rules=[{"match": "*", "device": "cpu:1", "mmap": True}])
+        with capture_logs() as logs:
+            out = devpolicy.load_file(path, policy=policy)
+        assert next(e for e in logs if e["event"] == "load_file")["mapped"] == 2
+        assert np.asarray(out["odd"]).tolist() == [0, 0, 0]
+
+
+class TestNarrowing:
+    def test_int64_that_fits_is_narrowed_and_logged(self, tmp_path: Path) -> None:
+        """Position ids 0..511 in int64 load as int32, with a `narrowed` event."""
+        reference_save({"pos": np.arange(512, dtype=np.int64)}, str(tmp_path / "p.safetensors"))
+        with capture_logs() as logs:
+            out = devpolicy.load_file(tmp_path / "p.safetensors", policy=policy_of())
+        assert out["pos"].dtype == np.int32
+        assert np.asarray(out["pos"]).tolist() == list(range(512))
+        narrowed = [e for e in logs if e["event"] == "narrowed"]
+        assert [
+            (e["name"], e["from_dtype"], e["to_dtype"], e["min"], e["max"]) for e in narrowed
+        ] == [("p/pos", "I64", "int32", 0, 511)]
+
+    @pytest.mark.parametrize(
+        ("array", "message"),
+        [
+            (
+                np.array([0, 2**40], np.int64),
+                r"tensor 'x': values 0\.\.1099511627776 do not fit int32 \(-2147483648\.\.2147483647\)",
+            ),
+            (np.array([2**33], np.uint64), r"values 8589934592\.\.8589934592 do not fit uint32"),
+            (
+                np.array([0.5, 0.1], np.float64),
+                r"1 values lose precision in float32 \(first at flat index 1: 0\.1 -> 0\.10000000149011612\)",
+            ),
+        ],
+    )
+    def test_lossy_narrowing_raises_with_the_way_out(
+        self, tmp_path: Path, array: np.ndarray, message: str
+    ) -> None:
+        """A value that would change stops the load, naming tensor, range and the fixes."""
+        reference_save({"x": array}, str(tmp_path / "x.safetensors"))
+        with pytest.raises(devpolicy.NarrowingError, match=message) as info:
+            devpolicy.load_file(tmp_path / "x.safetensors", policy=policy_of())
+        assert "jax_enable_x64" in str(info.value)
+        assert "narrow='lossy'" in str(info.value)
+
+    def test_float64_with_nan_and_inf_that_survive_narrow(self, tmp_path: Path) -> None:
+        """NaN and infinities are exact in float32 too."""
+        reference_save(
+            {"x": np.array([np.nan, np.inf, -0.0, 1.5])}, str(tmp_path / "x.safetensors")
+        )
+        out = devpolicy.load_file(tmp_path / "x.safetensors", policy=policy_of())
+        assert out["x"].dtype == np.float32
+
+    def test_lossy_opt_in_narrows_with_a_warning(self, tmp_path: Path) -> None:
+        """narrow='lossy' accepts the change and logs it at warning."""
+        reference_save({"x": np.array([2**40], np.int64)}, str(tmp_path / "x.safetensors"))
+        with capture_logs() as logs:
+            out = devpolicy.load_file(
+                tmp_path / "x.safetensors", policy=policy_of(), narrow="lossy"
+            )
+        assert out["x"].dtype == np.int32
+        assert [e["log_level"] for e in logs if e["event"] == "narrowed"] == ["warning"]
+
+    def test_bad_narrow_option(self, checkpoint: Path) -> None:
+        """Only 'exact' and 'lossy' are accepted."""
+        with pytest.raises(ValueError, match=r"^narrow must be 'exact' or 'lossy', got 'yes'$"):
+            devpolicy.load_file(checkpoint, policy=policy_of(), narrow="yes")  # type: ignore[arg-type]
+
+
+class TestBadFiles:
+    def test_truncated_file_raises_and_returns_nothing(self, checkpoint: Path) -> None:
+        """Cutting the file short is caught from the header, before any data is read."""
+        data = checkpoint.read_bytes()
+        checkpoint.write_bytes(data[:-10])
+        with pytest.raises(devpolicy.SafetensorsFileError, match=r"truncated\?"):
+            devpolicy.load_file(checkpoint, policy=ROUTING)
+
+    def test_missing_file(self, tmp_path: Path) -> None:
+        """A missing file names the path."""
+        with pytest.raises(
+            devpolicy.SafetensorsFileError, match=r"missing\.safetensors: no such file"
+        ):
+            devpolicy.load_file(tmp_path / "missing.safetensors", policy=ROUTING)
+
+    def test_unplaceable_tensor_stops_before_reading(self, checkpoint: Path) -> None:
+        """Decisions are all made first: a strict miss raises before any array exists."""
+        policy = policy_of(strict=True, rules=[{"match": "ckpt/b", "device": "cpu:9"}])
+        with (
+            capture_logs() as logs,
+            pytest.raises(devpolicy.DeviceUnavailableError, match="for name 'ckpt/b'"),
+        ):
+            devpolicy.load_file(checkpoint, policy=policy)
+        assert not [e for e in logs if e["event"] == "load_file"]
+
+
+class TestEvents:
+    def test_each_tensor_and_the_file_are_logged(self, checkpoint: Path) -> None:
+        """One placement event per tensor with its bytes, one summary per file."""
+        with capture_logs() as logs:
+            devpolicy.load_file(checkpoint, policy=ROUTING)
+        placements = {
+            e["name"]: (e["device"], e["nbytes"]) for e in logs if e["event"] == "placement"
+        }
+        assert placements == {
+            "ckpt/tokens": ("cpu:1", 8192),
+            "ckpt/w": ("cpu:2", 1024),
+            "ckpt/b": ("cpu:3", 64),
+        }
+        summary = next(e for e in logs if e["event"] == "load_file")
+        assert (summary["tensors"], summary["nbytes"], summary["devices"]) == (
+            3,
+            9280,
+            "cpu:1 8.0 KiB, cpu:2 1.0 KiB, cpu:3 64 B",
+        )
+        assert summary["seconds"] >= 0
+
+    def test_no_progress_bar_when_not_a_terminal(
+        self, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """progress=True still draws nothing when stderr is not a terminal."""
+        devpolicy.load_file(checkpoint, policy=policy_of(logging={"level": "error"}), progress=True)
+        assert capsys.readouterr().err == ""
+
+
+class TestPlan:
+    def test_plan_reads_only_the_header_and_logs_nothing(self, checkpoint: Path) -> None:
+        """plan() lists each tensor's device and the totals, without placement events."""
+        with capture_logs() as logs:
+            planned = devpolicy.plan(checkpoint, policy=ROUTING)
+        assert logs == []
+        assert sorted(
+            (t.name, t.dtype, t.shape, t.nbytes, t.decision.device_text if t.decision else None)
+            for t in planned.tensors
+        ) == [
+            ("ckpt/b", "F32", (16,), 64, "cpu:3"),
+            ("ckpt/tokens", "U16", (4096,), 8192, "cpu:1"),
+            ("ckpt/w", "F32", (16, 16), 1024, "cpu:2"),
+        ]
+        assert [(d.device, d.nbytes, d.tensors) for d in planned.devices] == [
+            ("cpu:1", 8192, 1),
+            ("cpu:2", 1024, 1),
+            ("cpu:3", 64, 1),
+        ]
+
+    def test_plan_flags_a_device_that_is_too_small(self, checkpoint: Path) -> None:
+        """With stated capacities, an over-full device is flagged."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:1"},
+            environ={},
+            capacity=devpolicy.StaticCapacity({"cpu:1": "4KiB"}),
+        )
+        planned = devpolicy.plan(checkpoint, policy=policy)
+        assert [(d.device, d.free, d.fits) for d in planned.devices] == [("cpu:1", 4096, False)]
+        assert not planned.fits
+
+    def test_plan_records_unplaceable_tensors(self, checkpoint: Path) -> None:
+        """A tensor without a device is listed with the reason instead of raising."""
+        planned = devpolicy.plan(checkpoint, policy=policy_of(strict=True, default="cpu:9"))
+        assert all(t.decision is None for t in planned.tensors)
+        assert planned.tensors[0].error is not None
+        assert planned.tensors[0].error.startswith("no device for 'cpu:9'")

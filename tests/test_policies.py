@@ -1,0 +1,95 @@
+"""The ready policies in policies/: documented, editor-ready, valid, and doing what they say."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import devpolicy
+from tests.conftest import REPO
+
+POLICIES = sorted((REPO / "policies").glob("*.yaml"))
+NAMES = [p.name for p in POLICIES]
+
+
+def test_the_promised_policies_exist() -> None:
+    """Every ready policy the README lists is there."""
+    assert set(NAMES) >= {
+        "cpu-only.yaml",
+        "dataset-on-host.yaml",
+        "single-gpu.yaml",
+        "multi-gpu.yaml",
+        "strict-debug.yaml",
+    }
+
+
+@pytest.mark.parametrize("path", POLICIES, ids=NAMES)
+class TestEachPolicy:
+    def test_starts_with_the_schema_line_and_a_header_comment(self, path: Path) -> None:
+        """Editors complete and check it; a comment says what it is for."""
+        lines = path.read_text().splitlines()
+        assert lines[0] == "# yaml-language-server: $schema=./devpolicy.schema.json"
+        assert sum(line.startswith("#") for line in lines[:12]) >= 4
+
+    def test_validates_against_the_json_schema_properties(self, path: Path) -> None:
+        """Its top-level keys are the schema's properties."""
+        import yaml
+
+        schema = json.loads((REPO / "policies" / "devpolicy.schema.json").read_text())
+        assert set(yaml.safe_load(path.read_text())) <= set(schema["properties"])
+
+    def test_loads_and_lints_without_errors(self, path: Path) -> None:
+        """No error findings here (warnings for absent GPUs are expected)."""
+        policy = devpolicy.load_policy(path, environ={})
+        assert [f for f in devpolicy.lint(policy) if f.severity == "error"] == []
+
+
+class TestBehaviour:
+    def test_cpu_only_puts_everything_on_the_cpu(self) -> None:
+        """Whatever the name, the CPU."""
+        policy = devpolicy.load_policy(REPO / "policies" / "cpu-only.yaml", environ={})
+        assert {policy.resolve(n).device.platform for n in ("model/w", "x", "dataset/t")} == {"cpu"}
+
+    def test_dataset_on_host_keeps_tokens_on_the_cpu(self) -> None:
+        """Tokens and datasets stay on the host and may be mapped."""
+        policy = devpolicy.load_policy(REPO / "policies" / "dataset-on-host.yaml", environ={})
+        d = policy.resolve("train/tokens", nbytes=10)
+        assert (d.device.platform, d.mmap) == ("cpu", True)
+
+    def test_multi_gpu_splits_layers(self) -> None:
+        """Layers 0-11 ask for gpu:0, layers 12-23 for gpu:1."""
+        policy = devpolicy.load_policy(REPO / "policies" / "multi-gpu.yaml", environ={})
+        assert policy.resolve("model/layers/3/w").requested == "gpu:0"
+        assert policy.resolve("model/layers/17/w").requested == "gpu:1"
+        assert policy.resolve("model/head").requested == "gpu:1"
+        assert policy.resolve("dataset/train").device.platform == "cpu"
+
+    def test_single_gpu_sends_what_does_not_fit_to_the_host(self) -> None:
+        """With a stated 1 GiB free on the accelerator (here cpu:0 stands in), 2 GiB goes elsewhere."""
+        policy = devpolicy.load_policy(
+            REPO / "policies" / "single-gpu.yaml",
+            environ={},
+            overrides={
+                "rules": [
+                    {
+                        "match": "weights/*",
+                        "min_bytes": 1,
+                        "device": "cpu:0",
+                        "fits": True,
+                        "fallback": ["cpu:1"],
+                    }
+                ]
+            },
+            capacity=devpolicy.StaticCapacity({"cpu:0": "1GiB"}),
+        )
+        assert policy.resolve("weights/big", nbytes=2 * 2**30).device_text == "cpu:1"
+        assert policy.resolve("weights/small", nbytes=2**20).device_text == "cpu:0"
+
+    def test_strict_debug_rejects_unplanned_names(self) -> None:
+        """Anything not listed is an error."""
+        policy = devpolicy.load_policy(REPO / "policies" / "strict-debug.yaml", environ={})
+        with pytest.raises(devpolicy.UnmatchedNameError):
+            policy.resolve("surprise")
+        assert policy.resolve("dataset/x").device.platform == "cpu"

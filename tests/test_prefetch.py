@@ -1,0 +1,66 @@
+"""prefetch: batches placed by the policy, transferred ahead of use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+import pytest
+
+import devpolicy
+from tests.helpers import policy_of
+
+POLICY = policy_of(rules=[{"match": "batch*", "device": "cpu:2"}])
+
+
+def where(x: jax.Array) -> str:
+    (device,) = x.devices()
+    return devpolicy.inventory().text(device)
+
+
+class TestPrefetch:
+    def test_every_element_is_placed_by_the_rule(self) -> None:
+        """Each batch lands on the rule's device, committed, in order."""
+        out = list(devpolicy.prefetch((np.full(3, i) for i in range(5)), policy=POLICY))
+        assert [int(x[0]) for x in out] == [0, 1, 2, 3, 4]
+        assert {where(x) for x in out} == {"cpu:2"}
+        assert all(x.committed for x in out)
+
+    def test_transfers_run_ahead_by_size(self) -> None:
+        """While batch i is used, batches up to i + size - 1 have been put already."""
+        pulled: list[int] = []
+
+        def source() -> Iterator[np.ndarray]:
+            for i in range(6):
+                pulled.append(i)
+                yield np.full(2, i)
+
+        stream = devpolicy.prefetch(source(), size=3, policy=POLICY)
+        first = next(stream)
+        assert int(first[0]) == 0
+        assert pulled == [0, 1, 2, 3]
+
+    def test_pytrees_are_named_by_path(self) -> None:
+        """A dict batch's leaves are decided as batch/<key>."""
+        policy = policy_of(
+            rules=[{"match": "batch/x", "device": "cpu:1"}, {"match": "batch/y", "device": "cpu:3"}]
+        )
+        (batch,) = devpolicy.prefetch([{"x": np.zeros(2), "y": np.ones(2)}], policy=policy)
+        assert (where(batch["x"]), where(batch["y"])) == ("cpu:1", "cpu:3")
+
+    def test_active_policy_at_call_time(self) -> None:
+        """Without policy=, the policy active when prefetch is called decides."""
+        with devpolicy.activate(POLICY):
+            stream = devpolicy.prefetch([np.zeros(1)])
+        assert where(next(stream)) == "cpu:2"
+
+    @pytest.mark.parametrize("size", [0, -1, 1.5, True])
+    def test_bad_size_is_rejected_at_once(self, size: object) -> None:
+        """size must be a positive int; the error comes at the call, not at first use."""
+        with pytest.raises(ValueError, match=r"^prefetch size must be an int >= 1"):
+            devpolicy.prefetch([], size=size, policy=POLICY)  # type: ignore[arg-type]
+
+    def test_empty_iterable_yields_nothing(self) -> None:
+        """An empty source is an empty stream."""
+        assert list(devpolicy.prefetch([], policy=POLICY)) == []
