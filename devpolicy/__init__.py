@@ -48,6 +48,7 @@ from ._loader import plan as plan
 from ._loader import save_file as save_file
 from ._loading import load_policy as load_policy
 from ._placement import Scope as Scope
+from ._placement import ScopeInCoroutineError as ScopeInCoroutineError
 from ._policy import Decision as Decision
 from ._policy import Explanation as Explanation
 from ._policy import Policy as Policy
@@ -56,6 +57,8 @@ from ._schema import policy_schema as policy_schema
 from ._sizes import format_size as format_size
 from ._sizes import parse_size as parse_size
 from ._tensorfile import SafetensorsFileError as SafetensorsFileError
+from ._threads import ThreadPoolExecutor as ThreadPoolExecutor
+from ._threads import propagate as propagate
 
 try:
     __version__ = version("devpolicy")
@@ -81,7 +84,9 @@ __all__ = [
     "Problem",
     "SafetensorsFileError",
     "Scope",
+    "ScopeInCoroutineError",
     "StaticCapacity",
+    "ThreadPoolExecutor",
     "UnmatchedNameError",
     "__version__",
     "activate",
@@ -100,6 +105,7 @@ __all__ = [
     "plan",
     "policy_schema",
     "prefetch",
+    "propagate",
     "put",
     "resolve",
     "save_file",

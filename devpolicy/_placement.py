@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from contextlib import AbstractContextManager, nullcontext
@@ -12,12 +13,37 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import jax
 import numpy as np
 
+from ._errors import DevicePolicyError
+
 if TYPE_CHECKING:
     from ._policy import Decision, Policy
 
 T = TypeVar("T")
 # A fixed policy, or a function giving the active one at each call.
 PolicySource: TypeAlias = "Policy | Callable[[], Policy]"
+
+
+# A `with scope()` written in an async body would hold JAX's thread-local default device
+# across its awaits, where other tasks run and see it.
+_ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+
+
+class ScopeInCoroutineError(DevicePolicyError, RuntimeError):
+    """`with devpolicy.scope(...)` was written directly in an `async def` body.
+
+    `jax.default_device` is thread-local, not task-local: held across an `await`, other
+    tasks on the event loop would see the device, and the thread could be left on it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"devpolicy.scope({name!r}) cannot be held in a coroutine: JAX's default device is "
+            "per thread, so across an `await` other tasks would see it. Decorate the async "
+            f"function with @devpolicy.place({name!r}) instead (the scope then applies to each "
+            "step and is lifted at every await), or call a plain function that uses the scope, "
+            f"or place arrays with devpolicy.put({name!r}, x)."
+        )
 
 
 # nullcontext holds no state, so one instance serves every entry.
@@ -54,6 +80,8 @@ class Scope:
         self._stacks: dict[int, list[AbstractContextManager[Any]]] = {}
 
     def __enter__(self) -> Decision:
+        if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
+            raise ScopeInCoroutineError(self._name)
         decision = _policy_now(self._policy).resolve(self._name, nbytes=self._nbytes)
         manager = jax.default_device(decision.device) if decision.applies else _NO_SCOPE
         manager.__enter__()
@@ -110,10 +138,10 @@ def make_place(policy: PolicySource, name: Any, commit: bool | None) -> Any:
 
 def _decorate(policy: PolicySource, name: str, commit: bool | None, fn: Callable[..., Any]) -> Any:
     def resolve_active(name: str) -> Decision:
-        return _policy_now(policy).resolve(name)
+        return _policy_now(policy)._resolve_unsized(name)
 
     # A fixed policy's bound method skips a lookup on every call.
-    resolve = resolve_active if callable(policy) else policy.resolve
+    resolve = resolve_active if callable(policy) else policy._resolve_unsized
 
     def finish(result: Any, decision: Decision) -> Any:
         wanted = decision.commit if commit is None else commit

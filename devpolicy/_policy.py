@@ -337,6 +337,15 @@ class Policy:
             return decision
         return self._resolve_uncached(name, nbytes)
 
+    def _resolve_unsized(self, name: str) -> Decision:
+        """`resolve(name)` for the hottest path (`@place`, `scope`): no size, fewest steps."""
+        decision = self._unsized.get(name)
+        if decision is None:
+            return self.resolve(name)
+        if not self._repeats_dropped or structlog.is_configured():
+            self.events.emit("debug", "placement", decision.event_fields())
+        return decision
+
     def decide(self, name: str, *, nbytes: int | None = None) -> Decision:
         """Like `resolve`, but logs nothing and caches nothing: for plans and tools.
 
