@@ -60,6 +60,16 @@ class TestVersionAndUsage:
             f"devpolicy {devpolicy.__version__}",
         )
 
+    def test_console_script_is_installed(self) -> None:
+        """The `devpolicy` command exists next to the interpreter and runs."""
+        script = Path(sys.executable).parent / "devpolicy"
+        if not script.exists():
+            pytest.skip("devpolicy is not installed as a console script here")
+        result = subprocess.run(
+            [str(script), "--version"], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert result.stdout.strip() == f"devpolicy {devpolicy.__version__}"
+
     def test_unknown_command_is_a_usage_error(self) -> None:
         """A typo exits 2 listing the valid commands."""
         result = run_cli("devcies")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 
 import jax
@@ -284,3 +286,30 @@ class TestPlan:
         assert all(t.decision is None for t in planned.tensors)
         assert planned.tensors[0].error is not None
         assert planned.tensors[0].error.startswith("no device for 'cpu:9'")
+
+
+class TestProgress:
+    class _Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def test_progress_bar_on_a_terminal(
+        self, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """On a terminal, progress=True draws a bar naming the file (rich, on stderr)."""
+        terminal = self._Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        monkeypatch.setenv("TERM", "xterm")
+        devpolicy.load_file(checkpoint, policy=policy_of(logging={"level": "error"}), progress=True)
+        assert "ckpt.safetensors" in terminal.getvalue()
+
+    def test_small_files_show_no_bar_by_default(
+        self, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Below 256 MiB the bar stays off unless asked for; progress=False always silences it."""
+        terminal = self._Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        policy = policy_of(logging={"level": "error"})
+        devpolicy.load_file(checkpoint, policy=policy)
+        devpolicy.load_file(checkpoint, policy=policy, progress=False)
+        assert terminal.getvalue() == ""

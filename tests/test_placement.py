@@ -16,7 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from tests.helpers import policy_of
+from tests.helpers import policy_of, run_threads
 
 
 def where(x: jax.Array) -> jax.Device:
@@ -101,11 +101,7 @@ class TestScope:
                 seen[name] = got
             assert jax.config.jax_default_device is None
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in ("dataset/a", "model/b")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads(lambda: work("dataset/a"), lambda: work("model/b"))
         assert set(seen["dataset/a"]) == {cpus[1]}
         assert set(seen["model/b"]) == {cpus[2]}
 
@@ -287,29 +283,6 @@ class TestPlace:
             next(g)
         assert stop.value.value == "done"
 
-    def test_coroutines_never_see_each_others_device(
-        self, policy: devpolicy.Policy, cpus: list[jax.Device]
-    ) -> None:
-        """Interleaved decorated tasks each see their own device at every step."""
-
-        def make(name: str) -> object:
-            @policy.place(name)
-            async def task() -> list[jax.Device]:
-                got = []
-                for _ in range(5):
-                    got.append(where(jnp.zeros(1)))
-                    await asyncio.sleep(0)
-                return got
-
-            return task
-
-        async def main() -> list[list[jax.Device]]:
-            return list(await asyncio.gather(make("dataset/a")(), make("model/b")()))  # type: ignore[operator]
-
-        a, b = asyncio.run(main())
-        assert (set(a), set(b)) == ({cpus[1]}, {cpus[2]})
-        assert jax.config.jax_default_device is None
-
     def test_async_generators_are_stepped_too(
         self, policy: devpolicy.Policy, cpus: list[jax.Device]
     ) -> None:
@@ -411,11 +384,7 @@ class TestRegressions:
             s.__exit__(None, None, None)
             result["after"] = jax.config.jax_default_device
 
-        threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads(thread_a, thread_b)
         assert result == {"after": None}
 
     def test_exiting_a_scope_in_another_thread_is_an_error(self, policy: devpolicy.Policy) -> None:

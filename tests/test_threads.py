@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor as PlainExecutor
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import devpolicy
-from tests.helpers import policy_of
+from tests.helpers import policy_of, run_threads
 
 POLICY = policy_of(rules=[{"match": f"d{i}", "device": f"cpu:{i}"} for i in range(4)])
 
@@ -193,10 +194,6 @@ class TestStress:
                     pass
             ended.append(jax.config.jax_default_device)
 
-        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        run_threads(*(functools.partial(worker, seed) for seed in range(16)))
         assert failures == []
         assert ended == [None] * 16
