@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,11 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return handlers[args.command](args)
-    except devpolicy.DevicePolicyError as e:
+    except (devpolicy.DevicePolicyError, ValueError) as e:
         print(f"devpolicy {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except ValueError as e:
-        print(f"devpolicy {args.command}: {e}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader went away (`devpolicy plan --json | head`): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        print(f"devpolicy {args.command}: {e.strerror or e}{where}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -13,7 +13,8 @@ from ._targets import REJECT, Target, parse_target
 
 Severity = Literal["error", "warning"]
 _WILDCARDS = "*?["
-_CATCH_ALL_REGEXES = (".*", "(?s).*", "(?s:.*)")
+# `.` stops at newlines unless DOTALL is on, so a bare `.*` is not a catch-all.
+_CATCH_ALL_REGEXES = ("(?s).*", "(?s:.*)")
 
 
 @dataclass(frozen=True, slots=True)

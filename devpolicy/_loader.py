@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import mmap
+import contextlib
+import math
+import mmap as _mmap
 import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import jax
 import numpy as np
 
-from ._errors import DevicePolicyError, DeviceUnavailableError
+from ._errors import DevicePolicyError
 from ._policy import Decision, Policy
 from ._sizes import format_size
 from ._tensorfile import (
@@ -22,7 +25,9 @@ from ._tensorfile import (
     Header,
     SafetensorsFileError,
     TensorEntry,
+    open_tensor_file,
     read_header,
+    read_header_from,
     rewrite_aligned,
     write_file,
 )
@@ -79,9 +84,10 @@ def _aligned_empty(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     using them goes, and allowed huge pages (fewer page faults while the file is read in).
     """
     if nbytes >= _MAP_THRESHOLD:
-        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            region.madvise(mmap.MADV_HUGEPAGE)
+        region = _mmap.mmap(-1, nbytes, flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS)
+        if hasattr(_mmap, "MADV_HUGEPAGE"):
+            with contextlib.suppress(OSError):  # kernels without huge pages say EINVAL
+                region.madvise(_mmap.MADV_HUGEPAGE)
         return np.frombuffer(region, np.uint8)
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     start = (-raw.ctypes.data) % _ALIGN
@@ -141,35 +147,36 @@ def load_file(
     """
     if narrow not in ("exact", "lossy"):
         raise ValueError(f"narrow must be 'exact' or 'lossy', got {narrow!r}")
+    mmap_files = mmap
     chosen = _active(policy)
     started = time.perf_counter()
-    header = read_header(path)
-    names = _names(header, prefix)
-    decisions = [
-        chosen.resolve(n, nbytes=t.nbytes) for n, t in zip(names, header.tensors, strict=True)
-    ]
-    x64 = _x64()
-    out: dict[str, jax.Array] = {}
-    mapped = narrowed = 0
-    order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
-    total = sum(t.nbytes for t in header.tensors)
-    try:
-        fd = os.open(header.path, os.O_RDONLY)
-    except OSError as e:
-        raise SafetensorsFileError(header.path, f"cannot open: {e.strerror}") from None
-    try:
+    # One open file for the header, the reads and the map: replacing the path mid-load
+    # (as atomic writers do) cannot mix one file's header with another's data.
+    with open_tensor_file(path) as f:
+        header = read_header_from(f, Path(path))
+        names = _names(header, prefix)
+        decisions = chosen.resolve_many(
+            [(n, t.nbytes) for n, t in zip(names, header.tensors, strict=True)]
+        )
+        x64 = _x64()
+        out: dict[str, jax.Array] = {}
+        mapped = narrowed = 0
+        order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
+        total = sum(t.nbytes for t in header.tensors)
+        fd = f.fileno()
+        region: _mmap.mmap | None = None
         with _progress(header, total, progress) as advance:
             for i in order:
                 entry, decision = header.tensors[i], decisions[i]
                 target = _NARROW.get(entry.dtype_name) if not x64 else None
-                if target is None and _may_map(entry, decision, mmap):
-                    array: np.ndarray[Any, Any] = np.memmap(
-                        header.path,
-                        dtype=entry.dtype,
-                        mode="r",
-                        offset=entry.offset,
-                        shape=entry.shape,
-                    )
+                if target is None and _may_map(entry, decision, mmap_files):
+                    if region is None:
+                        # One read-only map of the whole file serves every mapped tensor.
+                        region = _mmap.mmap(fd, 0, access=_mmap.ACCESS_READ)
+                    count = math.prod(entry.shape)
+                    array: np.ndarray[Any, Any] = np.frombuffer(
+                        region, entry.dtype, count=count, offset=entry.offset
+                    ).reshape(entry.shape)
                     mapped += 1
                 else:
                     array = _read(fd, header, entry)
@@ -183,8 +190,6 @@ def load_file(
                 out[entry.key] = placed
                 del array
                 advance(entry.nbytes)
-    finally:
-        os.close(fd)
     result = {t.key: out[t.key] for t in header.tensors}
     _summary(chosen, header, decisions, time.perf_counter() - started, mapped, narrowed)
     return result
@@ -221,7 +226,8 @@ def _narrowed(
     name: str,
 ) -> np.ndarray[Any, Any]:
     result = _aligned_empty(entry.nbytes // 2).view(target).reshape(entry.shape)
-    np.copyto(result, array, casting="unsafe")
+    with np.errstate(over="ignore", invalid="ignore"):  # loss is judged below, not warned
+        np.copyto(result, array, casting="unsafe")
     problem = None if mode == "lossy" else _loss(array, result)
     if problem is not None:
         raise NarrowingError(str(header.path), entry.key, problem)
@@ -247,7 +253,8 @@ def _loss(original: np.ndarray[Any, Any], narrowed: np.ndarray[Any, Any]) -> str
         if low < info.min or high > info.max:
             return f"values {low}..{high} do not fit {narrowed.dtype} ({info.min}..{info.max})"
         return None
-    widened = narrowed.astype(original.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        widened = narrowed.astype(original.dtype)
     same = (widened == original) | (np.isnan(widened) & np.isnan(original))
     if bool(same.all()):
         return None
@@ -445,12 +452,12 @@ def plan(path: PathLike, *, prefix: str | None = None, policy: Policy | None = N
     header = read_header(path)
     tensors = []
     loads: dict[str, tuple[jax.Device, int, int]] = {}
-    for name, entry in zip(_names(header, prefix), header.tensors, strict=True):
-        try:
-            decision: Decision | None = chosen.decide(name, nbytes=entry.nbytes)
-            error = None
-        except DeviceUnavailableError as e:
-            decision, error = None, str(e)
+    names = _names(header, prefix)
+    outcomes = chosen.decide_many(
+        [(n, t.nbytes) for n, t in zip(names, header.tensors, strict=True)]
+    )
+    for name, entry, outcome in zip(names, header.tensors, outcomes, strict=True):
+        decision, error = (outcome, None) if isinstance(outcome, Decision) else (None, str(outcome))
         if decision is not None:
             device, planned, count = loads.get(decision.device_text, (decision.device, 0, 0))
             loads[decision.device_text] = (device, planned + entry.nbytes, count + 1)

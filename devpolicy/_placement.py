@@ -324,9 +324,9 @@ def put_with(policy: Policy, name: str, x: T) -> T:
             f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}" for path, _ in pairs
         ]
     leaves = [leaf for _, leaf in pairs]
-    decisions = [
-        policy.resolve(n, nbytes=_nbytes(leaf)) for n, leaf in zip(names, leaves, strict=True)
-    ]
+    decisions = policy.resolve_many(
+        [(n, _nbytes(leaf)) for n, leaf in zip(names, leaves, strict=True)]
+    )
     if policy.disabled:
         placed = jax.device_put(
             leaves

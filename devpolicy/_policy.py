@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -13,7 +14,7 @@ import structlog
 from jax.sharding import SingleDeviceSharding
 
 from ._capacity import Capacity, DeviceMemory
-from ._errors import DeviceUnavailableError, UnmatchedNameError
+from ._errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameError
 from ._inventory import current_default_device, inventory, memory_kinds
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
@@ -140,12 +141,19 @@ class _Fit:
         free = self.capacity.free_bytes(device)
         if free is None:
             return None
-        budget = int(free * (1 - self.headroom))
+        claimed = (_CLAIMED.get() or {}).get(device, 0)
+        budget = int(free * (1 - self.headroom)) - claimed
         if nbytes <= budget:
             return None
         where = inventory().text(device)
         kept = f", keeping {self.headroom:.0%} free" if self.headroom else ""
-        return f"needs {format_size(nbytes)}, {format_size(free)} free on {where}{kept}"
+        earlier = f", {format_size(claimed)} of it taken by earlier items" if claimed else ""
+        return f"needs {format_size(nbytes)}, {format_size(free)} free on {where}{earlier}{kept}"
+
+
+# Bytes already decided for each device by the current resolve_many call, so that several
+# tensors of one file are judged together against free memory, not each on its own.
+_CLAIMED: ContextVar[dict[jax.Device, int] | None] = ContextVar("devpolicy_claimed", default=None)
 
 
 class _Route:
@@ -345,6 +353,49 @@ class Policy:
         if not self._repeats_dropped or structlog.is_configured():
             self.events.emit("debug", "placement", decision.event_fields())
         return decision
+
+    def resolve_many(self, items: Iterable[tuple[str, int | None]]) -> list[Decision]:
+        """Resolve several (name, nbytes) pairs as one placement, each logged.
+
+        Memory-aware checks (`fits`, sized `auto`) count the bytes earlier items were
+        given on each device, so the tensors of one file cannot overfill a device
+        together. `load_file` and `put` decide this way. Raises like `resolve`.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "fallback": ["cpu:1"]},
+            ...     capacity=devpolicy.StaticCapacity({"cpu:0": 1000}), environ={})
+            >>> [d.device_text for d in p.resolve_many([("a", 600), ("b", 600)])]
+            ['cpu:0', 'cpu:1']
+        """
+        return self._many(items, self.resolve)
+
+    def decide_many(
+        self, items: Iterable[tuple[str, int | None]]
+    ) -> list[Decision | DevicePolicyError]:
+        """Like `resolve_many`, logging nothing, with each failure returned in its place."""
+
+        def decide_or_error(name: str, *, nbytes: int | None) -> Decision | DevicePolicyError:
+            try:
+                return self.decide(name, nbytes=nbytes)
+            except DevicePolicyError as e:
+                return e
+
+        return self._many(items, decide_or_error)
+
+    def _many(self, items: Iterable[tuple[str, int | None]], one: Callable[..., T]) -> list[T]:
+        claimed: dict[jax.Device, int] = {}
+        token = _CLAIMED.set(claimed)
+        try:
+            results = []
+            for name, nbytes in items:
+                result = one(name, nbytes=nbytes)
+                if isinstance(result, Decision):
+                    claimed[result.device] = claimed.get(result.device, 0) + (nbytes or 0)
+                results.append(result)
+            return results
+        finally:
+            _CLAIMED.reset(token)
 
     def decide(self, name: str, *, nbytes: int | None = None) -> Decision:
         """Like `resolve`, but logs nothing and caches nothing: for plans and tools.

@@ -17,8 +17,9 @@ def prefetch(
     """Yield each element placed by the rule for `name`, with up to `size` transfers in flight.
 
     Each element (an array or pytree) is `put` as `name` (pytree leaves as `name/<path>`).
-    JAX transfers are asynchronous, so while you compute on one batch the next `size - 1`
-    are already on their way: double buffering with the default `size=2`. The policy is
+    JAX transfers are asynchronous, so while you compute on one batch the next `size` are
+    already on their way (`size=2` keeps two in flight; memory holds `size + 1` batches).
+    An error from the source is raised after the batches placed before it are used. The policy is
     the one active when `prefetch` is called, unless given.
 
     Raises:
@@ -45,12 +46,19 @@ def prefetch(
 
 def _prefetched(source: Iterator[T], name: str, size: int, policy: Policy) -> Iterator[T]:
     in_flight: deque[T] = deque()
+    failure: BaseException | None = None
 
     def fill() -> None:
-        while len(in_flight) < size:
+        nonlocal failure
+        while failure is None and len(in_flight) < size:
             try:
                 item = next(source)
             except StopIteration:
+                return
+            except Exception as e:
+                # Raised only once the batches already placed have been used, where
+                # plain iteration over the source would have raised it.
+                failure = e
                 return
             in_flight.append(policy.put(name, item))
 
@@ -59,3 +67,5 @@ def _prefetched(source: Iterator[T], name: str, size: int, policy: Policy) -> It
         current = in_flight.popleft()
         fill()
         yield current
+    if failure is not None:
+        raise failure

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import ml_dtypes
 import numpy as np
@@ -39,9 +39,12 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "C64": np.dtype(np.complex64),
 }
+# safetensors is little-endian, as is every host JAX runs on: native order is file order.
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 MAX_HEADER = 100_000_000  # safetensors' own limit
+_MAX_DIMS = 32  # what numpy and XLA both handle
 DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
 
 
@@ -117,30 +120,48 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         [('w', 'F32', (2, 3), 0)]
     """
     path = Path(path)
+    with open_tensor_file(path) as f:
+        return read_header_from(f, path)
+
+
+def open_tensor_file(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a safetensors file for reading, with the loader's error messages."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise SafetensorsFileError(
-                    path, f"file is {size} bytes, too short to hold the 8-byte header length"
-                )
-            length = int.from_bytes(prefix, "little")
-            if length > size - 8:
-                raise SafetensorsFileError(
-                    path,
-                    f"header length {length} is larger than the rest of the file "
-                    f"({size - 8} bytes)",
-                )
-            if length > MAX_HEADER:
-                raise SafetensorsFileError(
-                    path, f"header length {length} exceeds the {MAX_HEADER}-byte limit"
-                )
-            raw = f.read(length)
+        f = open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
     except FileNotFoundError:
         raise SafetensorsFileError(path, "no such file") from None
     except IsADirectoryError:
         raise SafetensorsFileError(path, "is a directory, not a safetensors file") from None
+    except OSError as e:
+        raise SafetensorsFileError(path, f"cannot read: {e.strerror}") from None
+    return f
+
+
+def read_header_from(f: BinaryIO, path: Path) -> Header:
+    """Read and validate the header of an open file (so data is read from the same file).
+
+    Raises:
+        SafetensorsFileError: naming the file (and tensor) and what is wrong.
+    """
+    try:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(0)
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise SafetensorsFileError(
+                path, f"file is {size} bytes, too short to hold the 8-byte header length"
+            )
+        length = int.from_bytes(prefix, "little")
+        if length > size - 8:
+            raise SafetensorsFileError(
+                path,
+                f"header length {length} is larger than the rest of the file ({size - 8} bytes)",
+            )
+        if length > MAX_HEADER:
+            raise SafetensorsFileError(
+                path, f"header length {length} exceeds the {MAX_HEADER}-byte limit"
+            )
+        raw = f.read(length)
     except OSError as e:
         raise SafetensorsFileError(path, f"cannot read: {e.strerror}") from None
     return _parse(path, raw, size)
@@ -153,6 +174,8 @@ def _parse(path: Path, raw: bytes, size: int) -> Header:
         raise SafetensorsFileError(path, f"header is not UTF-8 (byte {8 + e.start})") from None
     try:
         document = json.loads(text, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise SafetensorsFileError(path, "header JSON is nested too deeply") from None
     except _DuplicateKeyError as e:
         raise SafetensorsFileError(
             path, "tensor listed twice in the header", tensor=str(e)
@@ -161,11 +184,13 @@ def _parse(path: Path, raw: bytes, size: int) -> Header:
         raise SafetensorsFileError(
             path, f"header is not valid JSON: {e.msg} at byte {8 + e.pos}"
         ) from None
+    except ValueError as e:  # e.g. an integer too long to convert
+        raise SafetensorsFileError(path, f"header is not usable JSON: {e}") from None
     if not isinstance(document, dict):
         raise SafetensorsFileError(
             path, f"header must be a JSON object, got {type(document).__name__}"
         )
-    metadata = document.pop("__metadata__", {})
+    metadata = document.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
@@ -195,14 +220,18 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
             path, "entry must be an object with exactly dtype, shape and data_offsets", tensor=key
         )
     dtype_name = value["dtype"]
-    if dtype_name not in DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
         raise SafetensorsFileError(
             path, f"unknown dtype {dtype_name!r}; supported: {', '.join(DTYPES)}", tensor=key
         )
     shape = value["shape"]
-    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+    if not isinstance(shape, list) or not all(_is_count(n) and n < 2**62 for n in shape):
         raise SafetensorsFileError(
             path, f"shape must be a list of non-negative integers, got {shape!r}", tensor=key
+        )
+    if len(shape) > _MAX_DIMS:
+        raise SafetensorsFileError(
+            path, f"{len(shape)} dimensions; at most {_MAX_DIMS} are supported", tensor=key
         )
     offsets = value["data_offsets"]
     if (
@@ -271,7 +300,7 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
     Raises:
         ValueError: for dtypes safetensors cannot hold.
     """
-    name = _NAMES.get(np.dtype(dtype))
+    name = _NAMES.get(np.dtype(dtype).newbyteorder("="))
     if name is None:
         raise ValueError(
             f"dtype {np.dtype(dtype)} cannot be stored; "
@@ -314,6 +343,11 @@ def plan_layout(
         position += slot.nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * ((-(8 + len(text))) % align)
+    if len(text) > MAX_HEADER:
+        raise ValueError(
+            f"the header would be {len(text)} bytes, over safetensors' {MAX_HEADER}-byte limit "
+            f"(align={align} pads it; use a smaller alignment)"
+        )
     return text, order
 
 
@@ -338,8 +372,16 @@ def write_file(
     Written to a temporary file beside `path` and renamed into place: an error leaves no
     partial file.
     """
-    # ascontiguousarray would turn 0-d arrays into 1-d ones.
-    arrays = {key: np.require(value, requirements="C") for key, value in tensors.items()}
+    # ascontiguousarray would turn 0-d arrays into 1-d ones; big-endian arrays are swapped.
+    arrays = {
+        key: np.require(value.astype(value.dtype.newbyteorder("="), copy=False), requirements="C")
+        for key, value in tensors.items()
+    }
+    if metadata is not None and not (
+        isinstance(metadata, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise ValueError(f"metadata must map strings to strings, got {metadata!r}")
     header, order = plan_layout(_slots(arrays), metadata, align)
 
     def write_data(out: Any) -> None:
@@ -390,11 +432,28 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
+        # mkstemp makes the file private (0600); give it the mode a plain open() would.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as out:
             out.write(len(header).to_bytes(8, "little"))
             out.write(header)
             write_data(out)
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    current = os.umask(0o022)  # no way to read it without setting it elsewhere
+    os.umask(current)
+    return current

@@ -74,12 +74,6 @@ class ThreadPoolExecutor(concurrent.futures.ThreadPoolExecutor):
         """Schedule `fn(*args, **kwargs)` to run in the caller's scope."""
         return super().submit(propagate(fn), *args, **kwargs)
 
-    def map(
-        self,
-        fn: Callable[..., R],
-        *iterables: Iterable[Any],
-        timeout: float | None = None,
-        chunksize: int = 1,
-    ) -> Iterator[R]:
-        """Like `Executor.map`, each call in the caller's scope."""
-        return super().map(propagate(fn), *iterables, timeout=timeout, chunksize=chunksize)
+    def map(self, fn: Callable[..., R], *iterables: Iterable[Any], **options: Any) -> Iterator[R]:
+        """Like `Executor.map` (same options), each call in the caller's scope."""
+        return super().map(propagate(fn), *iterables, **options)

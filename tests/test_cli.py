@@ -307,3 +307,33 @@ class TestSchemaAndAlign:
             == 2
         )
         assert "no such file" in capsys.readouterr().err
+
+
+class TestOsErrors:
+    def test_align_into_a_missing_directory_exits_2(
+        self, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A destination that cannot be written is an input error with the path."""
+        assert (
+            main(
+                [
+                    "align",
+                    str(checkpoint),
+                    str(checkpoint.parent / "no" / "such" / "out.safetensors"),
+                ]
+            )
+            == 2
+        )
+        assert "No such file or directory" in capsys.readouterr().err
+
+    def test_closed_pipe_is_not_a_crash(self, checkpoint: Path) -> None:
+        """`devpolicy plan --json | head -1` ends quietly."""
+        result = subprocess.run(
+            f"{sys.executable} -m devpolicy plan --all --json {checkpoint} | head -c 10",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert "Traceback" not in result.stderr

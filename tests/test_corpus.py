@@ -494,6 +494,31 @@ CASES = [
         r"__metadata__ must map strings to strings",
     ),
     file_case(
+        "st-dtype-not-string",
+        st_bytes({"t": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+        r"tensor 't': unknown dtype \['F32'\]",
+    ),
+    file_case(
+        "st-nested-too-deep",
+        st_bytes(b"[" * 100_000 + b"]" * 100_000),
+        r"header JSON is nested too deeply",
+    ),
+    file_case(
+        "st-integer-too-long",
+        st_bytes(b'{"t": ' + b"9" * 5000 + b"}"),
+        r"header is not usable JSON",
+    ),
+    file_case(
+        "st-too-many-dims",
+        st_bytes(one(shape=[1] * 65), b"\0"),
+        r"tensor 't': 65 dimensions; at most 32 are supported",
+    ),
+    file_case(
+        "st-huge-dimension",
+        st_bytes(one(shape=[2**64, 0], offsets=[0, 0])),
+        r"tensor 't': shape must be a list of non-negative integers",
+    ),
+    file_case(
         "st-offsets-bool",
         st_bytes(one(offsets=[False, True]), b"\0"),
         r"data_offsets must be \[begin, end\]",

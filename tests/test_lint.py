@@ -27,7 +27,7 @@ class TestUnreachable:
         [
             (rule("*"), rule("model/*")),
             (rule("**"), rule("x")),
-            (rule(None, regex=".*"), rule("x")),
+            (rule(None, regex="(?s).*"), rule("x")),
             (rule("model/*"), rule("model/*")),
             (rule(None, regex="a+"), rule(None, regex="a+")),
             (rule("model/*"), rule("model/layers/*")),
@@ -53,6 +53,7 @@ class TestUnreachable:
             (rule("*/w"), rule("model/w/*")),
             (rule(None, regex="a.*"), rule("abc")),  # regex coverage is not decided
             (rule("a*b*"), rule("a*")),
+            (rule(None, regex=".*"), rule(None, regex="a\nb")),  # `.` does not match a newline
         ],
     )
     def test_rules_that_can_still_match_are_not_reported(

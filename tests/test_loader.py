@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -313,3 +315,96 @@ class TestProgress:
         devpolicy.load_file(checkpoint, policy=policy)
         devpolicy.load_file(checkpoint, policy=policy, progress=False)
         assert terminal.getvalue() == ""
+
+
+class TestReviewRegressions:
+    def test_mmap_uses_one_map_and_no_descriptor_per_tensor(self, tmp_path: Path) -> None:
+        """Mapping many tensors opens nothing per tensor: one read-only map of the file."""
+        path = tmp_path / "many.safetensors"
+        devpolicy.save_file({f"t{i}": np.full(64, i % 256, np.uint8) for i in range(300)}, path)
+        fds_before = len(os.listdir("/proc/self/fd"))
+        out = devpolicy.load_file(path, policy=policy_of(logging={"level": "error"}), mmap=True)
+        assert len(os.listdir("/proc/self/fd")) <= fds_before + 1
+        assert [int(np.asarray(out[f"t{i}"])[0]) for i in (0, 150, 299)] == [0, 150, 299 % 256]
+
+    def test_one_file_cannot_overfill_a_device(self, tmp_path: Path) -> None:
+        """Two 600-byte tensors against 1000 free bytes: the second goes down the chain."""
+        path = tmp_path / "two.safetensors"
+        devpolicy.save_file({"a": np.zeros(600, np.uint8), "b": np.zeros(600, np.uint8)}, path)
+        policy = devpolicy.load_policy(
+            {
+                "version": 1,
+                "headroom": 0,
+                "rules": [{"match": "*", "device": "cpu:1", "fits": True, "fallback": ["cpu:2"]}],
+            },
+            environ={},
+            capacity=devpolicy.StaticCapacity({"cpu:1": 1000}),
+        )
+        out = devpolicy.load_file(path, policy=policy)
+        assert sorted(where(v) for v in out.values()) == ["cpu:1", "cpu:2"]
+        planned = devpolicy.plan(path, policy=policy)
+        assert sorted(d.device for d in planned.devices) == ["cpu:1", "cpu:2"]
+        tree = policy.put("x", {"a": np.zeros(600, np.uint8), "b": np.zeros(600, np.uint8)})
+        assert sorted(where(v) for v in tree.values()) == ["cpu:1", "cpu:2"]
+
+    def test_plan_records_unmatched_names_under_reject(self, checkpoint: Path) -> None:
+        """plan() lists every tensor even when some have no rule under `default: reject`."""
+        planned = devpolicy.plan(
+            checkpoint,
+            policy=policy_of(default="reject", rules=[{"match": "*/w", "device": "cpu"}]),
+        )
+        errors = {t.key: t.error for t in planned.tensors}
+        assert errors["w"] is None
+        assert errors["tokens"] is not None
+        assert errors["tokens"].startswith("no rule matches 'ckpt/tokens'")
+
+    def test_overflowing_float64_is_a_narrowing_error_not_a_warning(self, tmp_path: Path) -> None:
+        """1e300 does not fit float32: NarrowingError, even with warnings as errors."""
+        reference_save({"x": np.array([1e300])}, str(tmp_path / "x.safetensors"))
+        with pytest.raises(devpolicy.NarrowingError, match=r"1 values lose precision in float32"):
+            devpolicy.load_file(tmp_path / "x.safetensors", policy=policy_of())
+        out = devpolicy.load_file(tmp_path / "x.safetensors", policy=policy_of(), narrow="lossy")
+        assert np.isinf(np.asarray(out["x"])[0])
+
+    def test_written_files_get_the_usual_permissions(self, tmp_path: Path) -> None:
+        """save_file gives files the mode open() would (0644 under umask 022), not 0600."""
+        old = os.umask(0o022)
+        try:
+            devpolicy.save_file({"a": np.zeros(1)}, tmp_path / "m.safetensors")
+        finally:
+            os.umask(old)
+        assert (tmp_path / "m.safetensors").stat().st_mode & 0o777 == 0o644
+
+    def test_bad_metadata_is_refused_before_writing(self, tmp_path: Path) -> None:
+        """Metadata must map strings to strings, as the format requires."""
+        with pytest.raises(
+            ValueError, match=r"^metadata must map strings to strings, got \{'step': 100\}$"
+        ):
+            devpolicy.save_file(
+                {"a": np.zeros(1)}, tmp_path / "m.safetensors", metadata={"step": 100}
+            )  # type: ignore[dict-item]
+        assert list(tmp_path.iterdir()) == []
+
+    def test_alignment_that_would_break_the_format_is_refused(self, tmp_path: Path) -> None:
+        """An alignment whose padding exceeds the header limit fails before any file is touched."""
+        source = tmp_path / "in.safetensors"
+        devpolicy.save_file({"a": np.zeros(4, np.uint8)}, source)
+        before = source.read_bytes()
+        with pytest.raises(ValueError, match=r"over safetensors' 100000000-byte limit"):
+            devpolicy.align_file(source, source, align=2**27)
+        assert source.read_bytes() == before
+
+    def test_null_metadata_complex_and_big_endian_are_handled(self, tmp_path: Path) -> None:
+        """What safetensors itself accepts: null metadata, C64 tensors, big-endian input arrays."""
+        path = tmp_path / "c.safetensors"
+        devpolicy.save_file(
+            {"c": np.array([1 + 2j], np.complex64), "be": np.arange(3, dtype=">i4")}, path
+        )
+        out = devpolicy.load_file(path, policy=policy_of())
+        assert np.asarray(out["c"]).tolist() == [1 + 2j]
+        assert np.asarray(out["be"]).tolist() == [0, 1, 2]
+        header = json.dumps(
+            {"__metadata__": None, "t": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}
+        ).encode()
+        path.write_bytes(len(header).to_bytes(8, "little") + header + b"\x01\x02")
+        assert np.asarray(devpolicy.load_file(path, policy=policy_of())["t"]).tolist() == [1, 2]

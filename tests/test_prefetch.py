@@ -64,3 +64,22 @@ class TestPrefetch:
     def test_empty_iterable_yields_nothing(self) -> None:
         """An empty source is an empty stream."""
         assert list(devpolicy.prefetch([], policy=POLICY)) == []
+
+
+def test_a_failing_source_delivers_what_came_before_then_raises() -> None:
+    """Batches placed before the source failed are used first, as with plain iteration."""
+
+    def source() -> Iterator[np.ndarray]:
+        for i in range(4):
+            yield np.full(1, i)
+        raise OSError("disk gone")
+
+    seen: list[int] = []
+
+    def consume() -> None:
+        for batch in devpolicy.prefetch(source(), policy=POLICY):
+            seen.append(int(batch[0]))
+
+    with pytest.raises(OSError, match=r"^disk gone$"):
+        consume()
+    assert seen == [0, 1, 2, 3]
