@@ -286,6 +286,11 @@ class TestSchemaAndAlign:
             == devpolicy.policy_schema()
         )
 
+    def test_schema_as_a_function_call(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """main(["schema"]) prints the same schema."""
+        assert main(["schema"]) == 0
+        assert json.loads(capsys.readouterr().out)["title"] == "devpolicy policy"
+
     def test_align_rewrites_for_zero_copy(self, tmp_path: Path) -> None:
         """`devpolicy align IN OUT` writes a copy whose tensors start aligned."""
         from safetensors.numpy import save_file as plain
