@@ -108,6 +108,9 @@ def main() -> int:
     import devpolicy
 
     size = devpolicy.parse_size(args.size)
+    if size < 2 * 2**30:
+        print("note: the targets are stated for files of at least 2 GiB; below that, fixed costs")
+        print("and machine noise dominate and the ratios say little.\n")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         unaligned, aligned, many = (
             Path(tmp) / "plain.safetensors",

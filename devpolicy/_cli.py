@@ -145,15 +145,16 @@ def _size_text(n: int | None) -> str:
 # devices ---------------------------------------------------------------------------------
 
 
-def _memory(device: Any) -> tuple[int | None, int | None]:
+def _memory(device: Any) -> tuple[int | None, int | None, str]:
+    """Free and total bytes, and where they come from: the device's stats or host RAM."""
     try:
         stats = device.memory_stats()
     except Exception:  # backends without stats may raise instead of returning None
         stats = None
-    if not stats or not isinstance(stats.get("bytes_limit"), int):
-        return None, None
-    total = stats["bytes_limit"]
-    return max(0, total - int(stats.get("bytes_in_use", 0))), total
+    free = devpolicy.DeviceMemory().free_bytes(device)  # what memory-aware placement uses
+    if stats and isinstance(stats.get("bytes_limit"), int):
+        return free, stats["bytes_limit"], "memory_stats"
+    return free, None, "host RAM"
 
 
 def _devices(args: argparse.Namespace) -> int:
@@ -162,7 +163,7 @@ def _devices(args: argparse.Namespace) -> int:
     rows = []
     for platform, devices in inv.devices.items():
         for device in devices:
-            free, total = _memory(device)
+            free, total, source = _memory(device)
             rows.append(
                 {
                     "target": inv.text(device),
@@ -173,6 +174,7 @@ def _devices(args: argparse.Namespace) -> int:
                     "memory_kinds": [m.kind for m in device.addressable_memories()],
                     "bytes_free": free,
                     "bytes_total": total,
+                    "free_from": source,
                     "default": device == default,
                 }
             )
@@ -199,7 +201,7 @@ def _devices(args: argparse.Namespace) -> int:
         backends_table.add_row(platform, Text("no", style="red"), Text(why))
     console.print(backends_table)
     table = Table(title=f"Devices of process {inv.process_index}", title_justify="left")
-    for column in ("target", "id", "kind", "process", "memory kinds", "free", "total"):
+    for column in ("target", "id", "kind", "process", "memory kinds", "free", "total", "from"):
         table.add_column(column, justify="right" if column in ("id", "free", "total") else "left")
     for row in rows:
         table.add_row(
@@ -210,6 +212,7 @@ def _devices(args: argparse.Namespace) -> int:
             ", ".join(row["memory_kinds"]),
             _size_text(row["bytes_free"]),
             _size_text(row["bytes_total"]),
+            row["free_from"],
         )
     console.print(table)
     return EXIT_OK
@@ -344,7 +347,7 @@ def _explain(args: argparse.Namespace) -> int:
     for target, why in e.fallback:
         console.print(Text(f"fallback: {target} passed over: {why}"))
     if e.decision is None:
-        console.print(Text(f"no device: {e.error}", style="red"))
+        console.print(Text(str(e.error), style="red"))
         return EXIT_FINDINGS
     d = e.decision
     line = Text("decision: ")
@@ -405,6 +408,8 @@ def _plan(args: argparse.Namespace) -> int:
         table.add_column(column, justify="right" if column == "size" else "left", overflow="fold")
     for t in shown:
         device = Text(t.decision.device_text) if t.decision else Text("none", style="red")
+        if t.decision is not None and t.decision.fallback_reason:
+            device.append(f" (asked {t.decision.requested})", style="yellow")
         rule = t.decision.origin if t.decision else (t.error or "").splitlines()[0]
         table.add_row(
             t.name, t.dtype, "x".join(map(str, t.shape)) or "()", _size_text(t.nbytes), device, rule

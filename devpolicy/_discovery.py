@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._documents import display_path
-from ._errors import PolicyError
+from ._errors import PolicyError, did_you_mean
 
 POLICY_FILENAME = "devpolicy.yaml"
 
@@ -34,12 +34,12 @@ def discover(env_file: Path | None, cwd: Path) -> Found:
     for directory in directories:
         candidate = directory / POLICY_FILENAME
         if candidate.is_file():
-            return Found(candidate, f"{POLICY_FILENAME} found from the working directory")
+            return Found(candidate, f"{POLICY_FILENAME} in the working directory or a parent")
     for directory in directories:
         pyproject = directory / "pyproject.toml"
         if pyproject.is_file():
             return _from_pyproject(pyproject)
-    return Found(None, "no policy found: every name goes to JAX's default device")
+    return Found(None, "no policy file (every name goes to JAX's default device)")
 
 
 def _from_pyproject(pyproject: Path) -> Found:
@@ -53,13 +53,14 @@ def _from_pyproject(pyproject: Path) -> Found:
         raise PolicyError.single(label, None, "tool", "must be a table")
     table = tool.get("devpolicy")
     if table is None:
-        return Found(None, f"no policy found ({label} has no [tool.devpolicy] table)")
+        return Found(None, f"no policy file ({label} has no [tool.devpolicy] table)")
     if not isinstance(table, dict):
         raise PolicyError.single(label, None, "tool.devpolicy", "must be a table")
     unknown = sorted(set(table) - {"policy"})
     if unknown:
+        hint = did_you_mean(unknown[0], ["policy"])
         raise PolicyError.single(
-            label, None, f"tool.devpolicy.{unknown[0]}", "unknown key; valid keys: policy"
+            label, None, f"tool.devpolicy.{unknown[0]}", f"unknown key{hint}; valid keys: policy"
         )
     policy = table.get("policy")
     if not isinstance(policy, str) or not policy:

@@ -127,6 +127,8 @@ def _message(err: Any, loc: tuple[str | int, ...], root: type[BaseModel]) -> str
         return f"unknown field {loc[-1]!r}{hint}; valid fields: {', '.join(fields)}"
     if kind == "missing":
         return f"missing required field {loc[-1]!r}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"expected true or false, got {_kind(value)} {value!r}"
     if kind in ("model_type", "dict_type"):
         fields = _fields_at(root, loc)
         return f"expected a mapping with fields {', '.join(fields)}, got {_kind(value)} {value!r}"

@@ -95,12 +95,21 @@ def _rules(value: str | None) -> tuple[RuleSpec, ...]:
             raise EnvOverrideError(
                 RULES, value, f"item {i} ({item.strip()!r}) is not pattern=target", RULES_FORMS
             )
+        if "=" in pattern or ";" in pattern:
+            raise EnvOverrideError(
+                RULES,
+                value,
+                f"item {i} ({item.strip()!r}) holds more than one rule; separate rules with ','",
+                RULES_FORMS,
+            )
         try:
             parse_target(target)
             rules.append(RuleSpec(match=pattern, device=target))
         except (ValueError, ValidationError) as e:
             reason = str(e) if not isinstance(e, ValidationError) else e.errors()[0]["msg"]
-            raise EnvOverrideError(RULES, value, f"item {i}: {reason}", RULES_FORMS) from None
+            raise EnvOverrideError(
+                RULES, value, f"item {i}: {_problem(reason)}", RULES_FORMS
+            ) from None
     return tuple(rules)
 
 
@@ -110,14 +119,28 @@ def _target(variable: str, value: str | None) -> str | None:
     try:
         parse_target(value)
     except ValueError as e:
-        raise EnvOverrideError(variable, value, str(e), TARGET_FORMS) from None
+        raise EnvOverrideError(variable, value, _problem(str(e)), TARGET_FORMS) from None
     return value
+
+
+def _problem(message: str) -> str:
+    """A parser's message without its own "accepted" list (the error adds one)."""
+    return message.split("; accepted:", 1)[0]
 
 
 def _default(value: str | None) -> str | None:
     if value == REJECT:
         return value
-    return _target(DEFAULT, value)
+    try:
+        return _target(DEFAULT, value)
+    except EnvOverrideError as e:
+        hint = did_you_mean(value, [REJECT])
+        raise EnvOverrideError(
+            DEFAULT,
+            e.value,
+            f"{_problem(str(e).split(': ', 1)[1])}{hint}",
+            f"{TARGET_FORMS}; or {REJECT}",
+        ) from None
 
 
 def _bool(variable: str, value: str | None) -> bool | None:

@@ -137,7 +137,8 @@ def get_device(target: str) -> jax.Device:
     found = inventory().find(parsed)
     if isinstance(found, str):
         inv = inventory()
-        raise DeviceUnavailableError(target, [(target, found)], inv.available(), inv.missing)
+        missing = {p: why for p, why in inv.missing.items() if p == parsed.platform}
+        raise DeviceUnavailableError(target, [(target, found)], inv.available(), missing)
     return found
 
 

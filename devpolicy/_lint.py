@@ -170,7 +170,13 @@ def _chain(
         )
     if here is None:
         names = ", ".join(t.text for t in targets)
-        consequence = "strict, so no fallback is tried" if strict else "none of them exists"
+        if strict:
+            consequence, fix = (
+                "strict, so no fallback is tried",
+                ("use a target this machine has, or set `strict: false` to allow the fallback"),
+            )
+        else:
+            consequence, fix = "none of them exists", "add `fallback: [cpu]`"
         findings.append(
             Finding(
                 "error",
@@ -178,7 +184,7 @@ def _chain(
                 "chain-ends-nowhere",
                 f"{label}: no device for ({names}) on this machine ({consequence}; "
                 f"{'; '.join(missing)}): names it decides raise DeviceUnavailableError here; "
-                "add `fallback: [cpu]`",
+                f"{fix}",
             )
         )
     elif not strict and not any(_everywhere(t) for t in targets):

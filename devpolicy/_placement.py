@@ -268,7 +268,7 @@ def commit_result(result: T, decision: Decision, policy: Policy) -> T:
             continue  # sharded on purpose; not ours to judge
         (device,) = devices
         if device != decision.device:
-            _report_mismatch(policy, decision, device, leaf)
+            _report_mismatch(policy, decision, device, leaf, _leaf_path(result, i))
         elif not leaf.committed or (
             decision.memory_kind is not None and leaf.sharding.memory_kind != decision.memory_kind
         ):
@@ -282,8 +282,14 @@ def commit_result(result: T, decision: Decision, policy: Policy) -> T:
     return out
 
 
+def _leaf_path(tree: Any, index: int) -> str:
+    # Paths are only worked out when a mismatch is reported: flattening with paths is slower.
+    path, _ = jax.tree_util.tree_flatten_with_path(tree)[0][index]
+    return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
 def _report_mismatch(
-    policy: Policy, decision: Decision, device: jax.Device, leaf: jax.Array
+    policy: Policy, decision: Decision, device: jax.Device, leaf: jax.Array, path: str
 ) -> None:
     from ._inventory import inventory
 
@@ -297,6 +303,7 @@ def _report_mismatch(
         "placement_mismatch",
         {
             "name": decision.name,
+            "leaf": path,
             "device": decision.device_text,
             "actual_device": actual,
             "shape": tuple(leaf.shape),
@@ -312,6 +319,9 @@ def _nbytes(leaf: Any) -> int:
     return nbytes if isinstance(nbytes, int) else int(np.asarray(leaf).nbytes)
 
 
+_ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
 def put_with(policy: Policy, name: str, x: T) -> T:
     """Place each leaf of `x` by `policy`, every decision made before anything moves."""
     if not isinstance(name, str):
@@ -324,6 +334,12 @@ def put_with(policy: Policy, name: str, x: T) -> T:
             f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}" for path, _ in pairs
         ]
     leaves = [leaf for _, leaf in pairs]
+    for leaf_name, leaf in zip(names, leaves, strict=True):
+        if not isinstance(leaf, _ARRAY_LIKE):
+            raise TypeError(
+                f"put({name!r}): leaf {leaf_name!r} is a {type(leaf).__name__}, not an array "
+                "or number; JAX cannot place it (keep such values out of the tree)"
+            )
     decisions = policy.resolve_many(
         [(n, _nbytes(leaf)) for n, leaf in zip(names, leaves, strict=True)]
     )

@@ -227,7 +227,9 @@ class _Route:
             context += " (strict: no fallback)"
         elif len(self.chain) == 1:
             context += " (no fallback given)"
-        return DeviceUnavailableError(self.requested, tried, inv.available(), inv.missing, context)
+        relevant = {t.platform for t in chain}
+        missing = {p: why for p, why in inv.missing.items() if p in relevant}
+        return DeviceUnavailableError(self.requested, tried, inv.available(), missing, context)
 
 
 def _checked_nbytes(nbytes: object) -> int:

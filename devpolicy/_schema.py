@@ -90,7 +90,12 @@ ByteCount = Annotated[
 def _default_target(value: Any) -> Any:
     if value == REJECT:
         return value
-    return _checked(parse_target)(value)
+    try:
+        parse_target(value)
+    except ValueError as e:
+        hint = did_you_mean(value, [REJECT]) if isinstance(value, str) else ""
+        raise _fail(f"{e}; or {REJECT} (names no rule matches raise){hint}") from None
+    return value
 
 
 DefaultText = Annotated[
@@ -230,6 +235,8 @@ Headroom = Annotated[
 def _version(value: Any) -> int:
     if value == 1 and not isinstance(value, bool):
         return 1
+    if isinstance(value, str) and value.strip() == "1":
+        raise _fail(f"version must be the number 1, not the string {value!r}: write `version: 1`")
     raise _fail(f"unsupported policy version {value!r}; accepted: 1")
 
 

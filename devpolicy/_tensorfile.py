@@ -155,7 +155,8 @@ def read_header_from(f: BinaryIO, path: Path) -> Header:
         if length > size - 8:
             raise SafetensorsFileError(
                 path,
-                f"header length {length} is larger than the rest of the file ({size - 8} bytes)",
+                f"header length {length} is larger than the rest of the file "
+                f"({size - 8} bytes): truncated, or not a safetensors file",
             )
         if length > MAX_HEADER:
             raise SafetensorsFileError(

@@ -142,7 +142,9 @@ CASES = [
     ),
     yaml_case("version-2", "version: 2\n", r"^p\.yaml:1: version: unsupported policy version 2"),
     yaml_case(
-        "version-string", "version: '1'\n", r"^p\.yaml:1: version: unsupported policy version '1'"
+        "version-string",
+        "version: '1'\n",
+        r"^p\.yaml:1: version: version must be the number 1, not the string '1'",
     ),
     yaml_case(
         "version-bool", "version: true\n", r"^p\.yaml:1: version: unsupported policy version True"
@@ -205,12 +207,12 @@ CASES = [
     yaml_case(
         "strict-string",
         "version: 1\nstrict: 'yes'\n",
-        r"^p\.yaml:2: strict: Input should be a valid boolean, got string 'yes'",
+        r"^p\.yaml:2: strict: expected true or false, got string 'yes'",
     ),
     yaml_case(
         "commit-int",
         R + "{match: a, device: cpu, commit: 1}\n",
-        r"^p\.yaml:3: rules\[0\]\.commit: Input should be a valid boolean, got int 1",
+        r"^p\.yaml:3: rules\[0\]\.commit: expected true or false, got int 1",
     ),
     yaml_case(
         "logging-list",

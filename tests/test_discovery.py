@@ -16,7 +16,7 @@ class TestDiscovery:
         policy = devpolicy.load_policy(environ={})
         assert policy.rules == ()
         assert policy.resolve("anything").is_auto
-        assert policy.found.startswith("no policy found")
+        assert policy.found.startswith("no policy file")
 
     def test_devpolicy_yaml_in_a_parent_directory_is_found(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -76,7 +76,7 @@ class TestDiscovery:
             ),
             (
                 '[tool.devpolicy]\npolcy = "p.yaml"\n',
-                r"^pyproject\.toml: tool\.devpolicy\.polcy: unknown key; valid keys: policy",
+                r"^pyproject\.toml: tool\.devpolicy\.polcy: unknown key \(did you mean 'policy'\?\); valid keys: policy",
             ),
             ("[tool.devpolicy\n", r"^pyproject\.toml: cannot read pyproject\.toml"),
         ],

@@ -73,3 +73,15 @@ class TestReadme:
         readme = (REPO / "README.md").read_text(encoding="utf-8")
         for variable in VARIABLES:
             assert f"`{variable}`" in readme
+
+
+class TestReadmeLinks:
+    def test_every_internal_link_has_a_heading(self) -> None:
+        """Links like [x](#threads-async-and-multi-process) point at a section that exists."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        slugs = {
+            re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", readme, re.M)
+        }
+        for anchor in re.findall(r"\]\(#([^)]+)\)", readme):
+            assert anchor in slugs, anchor

@@ -130,7 +130,7 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nrules:\n  - {match: a, device: cpu, commit: yes please}\n",
-        r"^policy\.yaml:3: rules\[0\]\.commit: Input should be a valid boolean, got string 'yes please'",
+        r"^policy\.yaml:3: rules\[0\]\.commit: expected true or false, got string 'yes please'",
     ),
     (
         "version: 1\nrules:\n  - {match: '', device: cpu}\n",
@@ -160,7 +160,7 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nstrict: maybe\n",
-        r"^policy\.yaml:2: strict: Input should be a valid boolean, got string 'maybe'",
+        r"^policy\.yaml:2: strict: expected true or false, got string 'maybe'",
     ),
     (
         "version: 1\nlogging: {level: verbose}\n",

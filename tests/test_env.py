@@ -162,3 +162,31 @@ class TestBadValues:
         else:
             return
         assert variable == "DEVPOLICY_RULES"
+
+
+class TestMessages:
+    def test_accepted_forms_are_listed_once(self) -> None:
+        """The parser's own list is not repeated by the variable's."""
+        with pytest.raises(devpolicy.EnvOverrideError) as info:
+            devpolicy.load_policy(BASE, environ={"DEVPOLICY_DEFAULT": "gpuu"})
+        assert str(info.value).count("accepted:") == 1
+
+    def test_semicolons_or_two_equals_in_one_item_are_errors(self) -> None:
+        """'a=cpu;b=gpu' is two rules glued together: say so instead of matching nothing."""
+        with pytest.raises(
+            devpolicy.EnvOverrideError,
+            match=r"item 0 \('dataset/\*=cpu:1;model/\*=gpu'\) holds more than one rule; separate rules with ','",
+        ):
+            devpolicy.load_policy(BASE, environ={"DEVPOLICY_RULES": "dataset/*=cpu:1;model/*=gpu"})
+
+    def test_default_reject_is_suggested(self) -> None:
+        """A misspelt `reject` gets a did-you-mean in the environment and in YAML."""
+        with pytest.raises(
+            devpolicy.EnvOverrideError, match=r"did you mean 'reject'\?.*; or reject"
+        ):
+            devpolicy.load_policy(BASE, environ={"DEVPOLICY_DEFAULT": "rejct"})
+        with pytest.raises(
+            devpolicy.PolicyError,
+            match=r"default: .*; or reject \(names no rule matches raise\) \(did you mean 'reject'\?\)",
+        ):
+            devpolicy.load_policy({"version": 1, "default": "rejct"}, environ={})

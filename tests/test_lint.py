@@ -129,3 +129,12 @@ class TestReject:
         with pytest.raises(devpolicy.UnmatchedNameError):
             policy.resolve("x")
         assert policy.explain("x").error is not None
+
+
+def test_strict_dead_end_suggests_turning_strict_off() -> None:
+    """Under strict, adding a fallback would not help: the advice says so."""
+    (finding,) = devpolicy.lint(
+        policy_of(strict=True, fallback=["cpu"], rules=[rule("x", "cpu:9")])
+    )
+    assert "set `strict: false` to allow the fallback" in finding.message
+    assert "add `fallback" not in finding.message

@@ -187,6 +187,7 @@ class TestPlace:
                 "event": "placement_mismatch",
                 "log_level": "warning",
                 "name": "dataset/a",
+                "leaf": "",
                 "device": "cpu:1",
                 "actual_device": "cpu:3",
                 "shape": (3,),
@@ -492,3 +493,19 @@ class TestRegressions:
             policy.resolve("x", nbytes=5.0)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"got True"):
             policy.resolve("x", nbytes=True)
+
+
+class TestPutInputs:
+    def test_a_leaf_jax_cannot_hold_is_named_before_anything_happens(
+        self, policy: devpolicy.Policy
+    ) -> None:
+        """A string in the tree is a TypeError naming its leaf; nothing is logged or placed."""
+        with (
+            capture_logs() as logs,
+            pytest.raises(
+                TypeError,
+                match=r"^put\('model/misc'\): leaf 'model/misc/name' is a str, not an array or number",
+            ),
+        ):
+            policy.put("model/misc", {"lr": 0.1, "name": "x"})
+        assert logs == []
