@@ -52,6 +52,16 @@ class DeviceMemory:
 
     def free_bytes(self, device: jax.Device) -> int | None:
         """Bytes free on `device`, from its memory stats or else from host RAM."""
+        return self.usage(device)[0]
+
+    def usage(self, device: jax.Device) -> tuple[int | None, int | None]:
+        """Free and total bytes of `device`; total is None where only host RAM stands in.
+
+        Example:
+            >>> import devpolicy
+            >>> DeviceMemory().usage(devpolicy.get_device("cpu"))[1] is None
+            True
+        """
         try:
             stats = device.memory_stats()
         except Exception:  # a backend without stats may raise instead of returning None
@@ -60,8 +70,8 @@ class DeviceMemory:
             limit = stats.get("bytes_limit")
             used = stats.get("bytes_in_use", 0)
             if isinstance(limit, int):
-                return max(0, limit - int(used))
-        return host_available_bytes()
+                return max(0, limit - int(used)), limit
+        return host_available_bytes(), None
 
 
 class StaticCapacity:

@@ -146,15 +146,9 @@ def _size_text(n: int | None) -> str:
 
 
 def _memory(device: Any) -> tuple[int | None, int | None, str]:
-    """Free and total bytes, and where they come from: the device's stats or host RAM."""
-    try:
-        stats = device.memory_stats()
-    except Exception:  # backends without stats may raise instead of returning None
-        stats = None
-    free = devpolicy.DeviceMemory().free_bytes(device)  # what memory-aware placement uses
-    if stats and isinstance(stats.get("bytes_limit"), int):
-        return free, stats["bytes_limit"], "memory_stats"
-    return free, None, "host RAM"
+    """Free and total bytes as memory-aware placement sees them, and where they come from."""
+    free, total = devpolicy.DeviceMemory().usage(device)
+    return free, total, "host RAM" if total is None else "memory_stats"
 
 
 def _devices(args: argparse.Namespace) -> int:
@@ -314,7 +308,7 @@ def _explain(args: argparse.Namespace) -> int:
                 "origin": policy.settings.default.origin,
             },
             "fallback": [{"target": t, "reason": why} for t, why in e.fallback],
-            "decision": None if e.decision is None else _decision_json(e.decision),
+            "decision": None if e.decision is None else e.decision.event_fields(),
             "error": e.error,
         }
         print(json.dumps(payload, indent=2))
@@ -356,10 +350,6 @@ def _explain(args: argparse.Namespace) -> int:
     line.append(f"; memory {d.memory_kind})" if d.memory_kind else ")")
     console.print(line)
     return EXIT_OK
-
-
-def _decision_json(d: devpolicy.Decision) -> dict[str, Any]:
-    return d.event_fields()
 
 
 # plan ------------------------------------------------------------------------------------

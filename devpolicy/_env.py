@@ -129,18 +129,16 @@ def _problem(message: str) -> str:
 
 
 def _default(value: str | None) -> str | None:
-    if value == REJECT:
+    if value is None or value == REJECT:
         return value
     try:
-        return _target(DEFAULT, value)
-    except EnvOverrideError as e:
+        parse_target(value)
+    except ValueError as e:
         hint = did_you_mean(value, [REJECT])
         raise EnvOverrideError(
-            DEFAULT,
-            e.value,
-            f"{_problem(str(e).split(': ', 1)[1])}{hint}",
-            f"{TARGET_FORMS}; or {REJECT}",
+            DEFAULT, value, f"{_problem(str(e))}{hint}", f"{TARGET_FORMS}; or {REJECT}"
         ) from None
+    return value
 
 
 def _bool(variable: str, value: str | None) -> bool | None:

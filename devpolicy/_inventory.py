@@ -46,6 +46,10 @@ class Inventory:
         """Target text of every device this process can use."""
         return [self.text(d) for devices in self.devices.values() for d in devices]
 
+    def missing_for(self, platforms: set[str]) -> dict[str, str]:
+        """Why each of `platforms` is absent, for those that are (errors name only these)."""
+        return {p: why for p, why in self.missing.items() if p in platforms}
+
     def find(self, target: Target) -> jax.Device | str:
         """The device a (non-auto) target names, or why it cannot be had."""
         devices = self.devices.get(target.platform)
@@ -137,7 +141,7 @@ def get_device(target: str) -> jax.Device:
     found = inventory().find(parsed)
     if isinstance(found, str):
         inv = inventory()
-        missing = {p: why for p, why in inv.missing.items() if p == parsed.platform}
+        missing = inv.missing_for({parsed.platform})
         raise DeviceUnavailableError(target, [(target, found)], inv.available(), missing)
     return found
 

@@ -147,7 +147,6 @@ def load_file(
     """
     if narrow not in ("exact", "lossy"):
         raise ValueError(f"narrow must be 'exact' or 'lossy', got {narrow!r}")
-    mmap_files = mmap
     chosen = _active(policy)
     started = time.perf_counter()
     # One open file for the header, the reads and the map: replacing the path mid-load
@@ -169,7 +168,7 @@ def load_file(
             for i in order:
                 entry, decision = header.tensors[i], decisions[i]
                 target = _NARROW.get(entry.dtype_name) if not x64 else None
-                if target is None and _may_map(entry, decision, mmap_files):
+                if target is None and _may_map(entry, decision, mmap):
                     if region is None:
                         # One read-only map of the whole file serves every mapped tensor.
                         region = _mmap.mmap(fd, 0, access=_mmap.ACCESS_READ)

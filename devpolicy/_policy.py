@@ -227,8 +227,7 @@ class _Route:
             context += " (strict: no fallback)"
         elif len(self.chain) == 1:
             context += " (no fallback given)"
-        relevant = {t.platform for t in chain}
-        missing = {p: why for p, why in inv.missing.items() if p in relevant}
+        missing = inv.missing_for({t.platform for t in chain})
         return DeviceUnavailableError(self.requested, tried, inv.available(), missing, context)
 
 
@@ -436,8 +435,7 @@ class Policy:
             nbytes = _checked_nbytes(nbytes)
         index = self._matcher.first(name, nbytes)
         if index is None and self._rejects:
-            patterns = [c.pattern for c in self._matcher.conditions]
-            raise UnmatchedNameError(name, self.settings.default.origin, patterns)
+            raise self._unmatched(name)
         if index is None:
             route = self._default_route
             entry = None
@@ -477,6 +475,10 @@ class Policy:
         )
         return decision, not choice.sized
 
+    def _unmatched(self, name: str) -> UnmatchedNameError:
+        patterns = [c.pattern for c in self._matcher.conditions]
+        return UnmatchedNameError(name, self.settings.default.origin, patterns)
+
     def explain(self, name: str, *, nbytes: int | None = None) -> Explanation:
         """Every rule tried for `name` and every fallback step, without logging.
 
@@ -490,9 +492,7 @@ class Policy:
         steps = tuple((self.rules[s.rule], s) for s in self._matcher.trace(name, nbytes))
         index = next((s.rule for _, s in steps if s.matched), None)
         if index is None and self._rejects:
-            patterns = [c.pattern for c in self._matcher.conditions]
-            error = UnmatchedNameError(name, self.settings.default.origin, patterns)
-            return Explanation(name, nbytes, steps, (), None, str(error))
+            return Explanation(name, nbytes, steps, (), None, str(self._unmatched(name)))
         route = self._default_route if index is None else self._routes[index]
         choice = route.walk(name, nbytes)
         if isinstance(choice, DeviceUnavailableError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -29,3 +31,12 @@ def run_threads(*targets: Callable[[], object], timeout: float = 120) -> None:
     for thread in threads:
         thread.join(timeout)
         assert not thread.is_alive(), "a test thread did not finish"
+
+
+def safetensors_bytes(header: object, data: bytes = b"", *, length: int | None = None) -> bytes:
+    """A safetensors file's bytes from a header (JSON-able, or raw bytes) and data.
+
+    `length` overrides the 8-byte header length, to make files that lie about it.
+    """
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(text) if length is None else length) + text + data

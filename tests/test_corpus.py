@@ -7,7 +7,6 @@ partial result, or leave JAX's default device changed (the autouse fixture check
 from __future__ import annotations
 
 import contextlib
-import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import devpolicy
+from tests.helpers import safetensors_bytes
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,6 @@ def env_case(id: str, environ: dict[str, str], match: str) -> Case:
         return devpolicy.load_policy({"version": 1}, environ=environ)
 
     return Case(id, run, devpolicy.EnvOverrideError, match)
-
-
-def st_bytes(header: object, data: bytes = b"", *, length: int | None = None) -> bytes:
-    text = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return struct.pack("<Q", len(text) if length is None else length) + text + data
 
 
 def file_case(id: str, content: bytes, match: str) -> Case:
@@ -412,7 +407,7 @@ CASES = [
     file_case("st-seven-bytes", b"\x01" * 7, r"file is 7 bytes, too short"),
     file_case(
         "st-length-past-end",
-        st_bytes({}, length=4096),
+        safetensors_bytes({}, length=4096),
         r"header length 4096 is larger than the rest of the file",
     ),
     file_case(
@@ -420,60 +415,62 @@ CASES = [
         struct.pack("<Q", 2**63) + b"{}",
         r"header length 9223372036854775808 is larger than the rest",
     ),
-    file_case("st-not-utf8", st_bytes(b"\xff\xfe\xfd"), r"header is not UTF-8 \(byte 8\)"),
-    file_case("st-not-json", st_bytes(b"{'t': 1}"), r"header is not valid JSON"),
-    file_case("st-json-list", st_bytes(b"[]"), r"header must be a JSON object, got list"),
+    file_case("st-not-utf8", safetensors_bytes(b"\xff\xfe\xfd"), r"header is not UTF-8 \(byte 8\)"),
+    file_case("st-not-json", safetensors_bytes(b"{'t': 1}"), r"header is not valid JSON"),
+    file_case("st-json-list", safetensors_bytes(b"[]"), r"header must be a JSON object, got list"),
     file_case(
         "st-unknown-dtype",
-        st_bytes(one(dtype="F128"), b"\0"),
+        safetensors_bytes(one(dtype="F128"), b"\0"),
         r"tensor 't': unknown dtype 'F128'; supported: BOOL",
     ),
     file_case(
         "st-missing-offsets",
-        st_bytes({"t": {"dtype": "U8", "shape": [1]}}),
+        safetensors_bytes({"t": {"dtype": "U8", "shape": [1]}}),
         r"tensor 't': entry must be an object with exactly dtype, shape and data_offsets",
     ),
     file_case(
         "st-negative-shape",
-        st_bytes(one(shape=[-1]), b"\0"),
+        safetensors_bytes(one(shape=[-1]), b"\0"),
         r"tensor 't': shape must be a list of non-negative integers",
     ),
     file_case(
-        "st-shape-not-list", st_bytes(one(shape="1"), b"\0"), r"tensor 't': shape must be a list"
+        "st-shape-not-list",
+        safetensors_bytes(one(shape="1"), b"\0"),
+        r"tensor 't': shape must be a list",
     ),  # type: ignore[arg-type]
     file_case(
         "st-shape-mismatch",
-        st_bytes(one(dtype="F32"), b"\0"),
+        safetensors_bytes(one(dtype="F32"), b"\0"),
         r"tensor 't': shape \[1\] of F32 needs 4 bytes but data_offsets \[0, 1\] give 1",
     ),
     file_case(
         "st-offsets-reversed",
-        st_bytes(one(offsets=[1, 0]), b"\0"),
+        safetensors_bytes(one(offsets=[1, 0]), b"\0"),
         r"data_offsets must be \[begin, end\] with begin <= end",
     ),
     file_case(
         "st-offsets-past-end",
-        st_bytes(one(offsets=[0, 1]), b""),
+        safetensors_bytes(one(offsets=[0, 1]), b""),
         r"tensors need 1 data bytes but the file has 0: truncated\?",
     ),
     file_case(
         "st-offsets-far-outside",
-        st_bytes(one(shape=[1000], offsets=[0, 1000]), b"\0" * 10),
+        safetensors_bytes(one(shape=[1000], offsets=[0, 1000]), b"\0" * 10),
         r"tensors need 1000 data bytes but the file has 10",
     ),
     file_case(
         "st-trailing-bytes",
-        st_bytes(one(), b"\0\0\0"),
+        safetensors_bytes(one(), b"\0\0\0"),
         r"2 bytes after the last tensor are not described",
     ),
     file_case(
         "st-hole",
-        st_bytes(one(offsets=[2, 3]), b"\0\0\0"),
+        safetensors_bytes(one(offsets=[2, 3]), b"\0\0\0"),
         r"starts at data byte 2, leaving a hole at 0",
     ),
     file_case(
         "st-overlap",
-        st_bytes(
+        safetensors_bytes(
             {
                 "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
                 "b": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]},
@@ -484,7 +481,7 @@ CASES = [
     ),
     file_case(
         "st-duplicate-tensor",
-        st_bytes(
+        safetensors_bytes(
             b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
             b"\0",
         ),
@@ -492,37 +489,39 @@ CASES = [
     ),
     file_case(
         "st-bad-metadata",
-        st_bytes({"__metadata__": {"k": 1}}),
+        safetensors_bytes({"__metadata__": {"k": 1}}),
         r"__metadata__ must map strings to strings",
     ),
     file_case(
         "st-dtype-not-string",
-        st_bytes({"t": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+        safetensors_bytes(
+            {"t": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4
+        ),
         r"tensor 't': unknown dtype \['F32'\]",
     ),
     file_case(
         "st-nested-too-deep",
-        st_bytes(b"[" * 100_000 + b"]" * 100_000),
+        safetensors_bytes(b"[" * 100_000 + b"]" * 100_000),
         r"header JSON is nested too deeply",
     ),
     file_case(
         "st-integer-too-long",
-        st_bytes(b'{"t": ' + b"9" * 5000 + b"}"),
+        safetensors_bytes(b'{"t": ' + b"9" * 5000 + b"}"),
         r"header is not usable JSON",
     ),
     file_case(
         "st-too-many-dims",
-        st_bytes(one(shape=[1] * 65), b"\0"),
+        safetensors_bytes(one(shape=[1] * 65), b"\0"),
         r"tensor 't': 65 dimensions; at most 32 are supported",
     ),
     file_case(
         "st-huge-dimension",
-        st_bytes(one(shape=[2**64, 0], offsets=[0, 0])),
+        safetensors_bytes(one(shape=[2**64, 0], offsets=[0, 0])),
         r"tensor 't': shape must be a list of non-negative integers",
     ),
     file_case(
         "st-offsets-bool",
-        st_bytes(one(offsets=[False, True]), b"\0"),
+        safetensors_bytes(one(offsets=[False, True]), b"\0"),
         r"data_offsets must be \[begin, end\]",
     ),
 ]
@@ -586,7 +585,7 @@ class TestRandomFiles:
         self, tmp_path: Path, header: dict[str, Any], data: bytes
     ) -> None:
         """Plausible but random headers never crash the loader or leak another exception."""
-        (tmp_path / "r.safetensors").write_bytes(st_bytes(header, data))
+        (tmp_path / "r.safetensors").write_bytes(safetensors_bytes(header, data))
         policy = devpolicy.load_policy({"version": 1, "logging": {"level": "error"}}, environ={})
         with contextlib.suppress(devpolicy.SafetensorsFileError):
             devpolicy.load_file(tmp_path / "r.safetensors", policy=policy, narrow="lossy")

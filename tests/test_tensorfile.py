@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import struct
 from pathlib import Path
 
 import ml_dtypes
@@ -17,12 +15,11 @@ from safetensors.numpy import save_file as reference_save
 
 import devpolicy
 from devpolicy._tensorfile import DTYPES, read_header, rewrite_aligned, write_file
+from tests.helpers import safetensors_bytes
 
 
 def raw_file(path: Path, header: object, data: bytes = b"", *, length: int | None = None) -> Path:
-    text = header if isinstance(header, bytes) else json.dumps(header).encode()
-    size = len(text) if length is None else length
-    path.write_bytes(struct.pack("<Q", size) + text + data)
+    path.write_bytes(safetensors_bytes(header, data, length=length))
     return path
 
 
