@@ -1,16 +1,25 @@
-"""The active policy, and the module-level functions that decide by it."""
+"""The active policy, and the module-level functions that decide by it.
+
+The top of the package: it may import every layer below, and nothing imports it.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
-from ._loading import load_policy
-from ._placement import Scope, make_place
-from ._policy import Decision, Explanation, Policy
+import jax
+
+from . import _placement, _prefetch, _safetensors
+from ._decider import Decider, Decision, Explanation
+from ._load_policy import load_policy
+from ._placement import Active, Scope, make_place
+from ._policy import Policy
+from ._safetensors import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -47,6 +56,17 @@ def active_policy() -> Policy:
     if _outermost:
         return _outermost[0].policy
     return _discover()
+
+
+def _inactive_decider() -> Decider:
+    """The decider for a context that activated nothing (see `active_policy`)."""
+    if _outermost:
+        return _outermost[0].policy.decider
+    return _discover().decider
+
+
+# How placement finds the active decider at each call without calling up into this module.
+_ACTIVE_DECIDER = Active(_ACTIVE.get, _inactive_decider)
 
 
 def _discover() -> Policy:
@@ -137,7 +157,7 @@ def resolve(name: str, *, nbytes: int | None = None) -> Decision:
         ...     devpolicy.resolve("dataset/train").device_text
         'cpu:1'
     """
-    return active_policy().resolve(name, nbytes=nbytes)
+    return _ACTIVE_DECIDER.decider().resolve(name, nbytes)
 
 
 def explain(name: str, *, nbytes: int | None = None) -> Explanation:
@@ -149,7 +169,7 @@ def explain(name: str, *, nbytes: int | None = None) -> Explanation:
         ...     devpolicy.explain("x").decision.source
         'default'
     """
-    return active_policy().explain(name, nbytes=nbytes)
+    return _ACTIVE_DECIDER.decider().explain(name, nbytes)
 
 
 def scope(name: str, *, nbytes: int | None = None) -> Scope:
@@ -168,7 +188,7 @@ def scope(name: str, *, nbytes: int | None = None) -> Scope:
         >>> decision.device_text, x.devices() == {decision.device}
         ('cpu:2', True)
     """
-    return Scope(active_policy, name, nbytes)
+    return Scope(_ACTIVE_DECIDER, name, nbytes)
 
 
 @overload
@@ -195,7 +215,7 @@ def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
         >>> str(next(iter(x.devices()))), x.committed
         ('cpu:1', True)
     """
-    return make_place(active_policy, name, commit)
+    return make_place(_ACTIVE_DECIDER, name, commit)
 
 
 def put(name: str, x: T) -> T:
@@ -213,4 +233,106 @@ def put(name: str, x: T) -> T:
         >>> str(next(iter(tree["big"].devices()))), str(next(iter(tree["small"].devices())))
         ('cpu:3', 'cpu:0')
     """
-    return active_policy().put(name, x)
+    return _placement.put(_ACTIVE_DECIDER.decider(), name, x)
+
+
+def _decider_of(policy: Policy | None) -> Decider:
+    if policy is None:
+        return _ACTIVE_DECIDER.decider()
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy= takes a Policy (from devpolicy.load_policy), got {policy!r}")
+    return policy.decider
+
+
+def load_file(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+    progress: bool | None = None,
+) -> dict[str, jax.Array]:
+    """Load a safetensors file, each tensor sent straight to the device its rule names.
+
+    Every tensor is named `<prefix>/<key>` (prefix defaults to the file's stem) and resolved
+    with its size known, so size rules apply; one file may load to several devices. Nothing
+    is first made on the default device. Host-bound tensors are read into 64-byte-aligned
+    buffers that `device_put` adopts without a copy; accelerator-bound ones are staged one
+    tensor at a time, so host memory does not grow with the file. Results are committed.
+
+    Args:
+        path: The file.
+        prefix: Name prefix (default: the file name without `.safetensors`; "" for none).
+        policy: Policy to decide by (default: the active one).
+        mmap: True maps every tensor whose file offset is 64-byte aligned (zero-copy; the
+            array stays backed by the file), False never maps, None maps where the rule
+            says `mmap: true`.
+        narrow: With x64 disabled, JAX holds I64/U64/F64 in 32 bits. "exact" narrows only
+            when every value survives (and logs it), else raises NarrowingError; "lossy"
+            always narrows.
+        progress: A progress bar on a terminal; None shows one for files over 256 MiB.
+
+    Returns:
+        Tensor keys (not prefixed) to committed arrays, in header order.
+
+    Raises:
+        SafetensorsFileError: the file is missing, truncated or malformed.
+        NarrowingError: a 64-bit tensor would change.
+        DeviceUnavailableError: a tensor's target and fallbacks cannot be had.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "train.safetensors")
+        >>> devpolicy.save_file({"tokens": np.arange(8, dtype=np.uint16)}, path)
+        >>> rules = [{"match": "*/tokens", "device": "cpu:1"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> out = devpolicy.load_file(path, policy=p)
+        >>> str(next(iter(out["tokens"].devices()))), out["tokens"].committed
+        ('cpu:1', True)
+    """
+    return _safetensors.load_file(
+        path, _decider_of(policy), prefix=prefix, mmap=mmap, narrow=narrow, progress=progress
+    )
+
+
+def plan(
+    path: str | os.PathLike[str], *, prefix: str | None = None, policy: Policy | None = None
+) -> Plan:
+    """Where every tensor of a file would go, reading only its header; nothing is logged.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+        >>> devpolicy.save_file({"w": np.zeros(256, np.float32)}, path)
+        >>> policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"})
+        >>> p = devpolicy.plan(path, policy=policy)
+        >>> [(t.name, t.nbytes, t.decision.device_text) for t in p.tensors]
+        [('m/w', 1024, 'cpu:2')]
+    """
+    return _safetensors.plan(path, _decider_of(policy), prefix=prefix)
+
+
+def prefetch(
+    iterable: Iterable[T], name: str = "batch", size: int = 2, *, policy: Policy | None = None
+) -> Iterator[T]:
+    """Yield each element placed by the rule for `name`, with up to `size` transfers in flight.
+
+    Each element (an array or pytree) is `put` as `name` (pytree leaves as `name/<path>`).
+    JAX transfers are asynchronous, so while you compute on one batch the next `size` are
+    already on their way (`size=2` keeps two in flight; memory holds `size + 1` batches).
+    An error from the source is raised after the batches placed before it are used. The policy is
+    the one active when `prefetch` is called, unless given.
+
+    Raises:
+        ValueError: if `size` is less than 1.
+
+    Example:
+        >>> import devpolicy, numpy as np
+        >>> rules = [{"match": "batch", "device": "cpu:2"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> batches = (np.full(4, i) for i in range(3))
+        >>> [str(next(iter(b.devices()))) for b in devpolicy.prefetch(batches, policy=p)]
+        ['cpu:2', 'cpu:2', 'cpu:2']
+    """
+    return _prefetch.prefetch(iterable, _decider_of(policy), name, size)

@@ -146,3 +146,42 @@ class UnmatchedNameError(DevicePolicyError, LookupError):
             f"no rule matches {name!r} and the default is `reject` ({origin}); "
             f"add a rule for it (rules tried: {listed})"
         )
+
+
+class ScopeInCoroutineError(DevicePolicyError, RuntimeError):
+    """`with devpolicy.scope(...)` was written directly in an `async def` body.
+
+    `jax.default_device` is thread-local, not task-local: held across an `await`, other
+    tasks on the event loop would see the device, and the thread could be left on it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"devpolicy.scope({name!r}) cannot be held in a coroutine: JAX's default device is "
+            "per thread, so across an `await` other tasks would see it. Decorate the async "
+            f"function with @devpolicy.place({name!r}) instead (the scope then applies to each "
+            "step and is lifted at every await), or call a plain function that uses the scope, "
+            f"or place arrays with devpolicy.put({name!r}, x)."
+        )
+
+
+class NarrowingError(DevicePolicyError, ValueError):
+    """A 64-bit tensor would change if narrowed to 32 bits (JAX with x64 disabled).
+
+    Attributes:
+        file: The file.
+        tensor: The tensor's key.
+        problem: Which values do not survive.
+    """
+
+    def __init__(self, file: str, tensor: str, problem: str) -> None:
+        self.file = file
+        self.tensor = tensor
+        self.problem = problem
+        super().__init__(
+            f"{file}: tensor {tensor!r}: {problem}. JAX has x64 disabled, so it would hold this "
+            "tensor in 32 bits and change these values. Enable x64 before loading "
+            "(jax.config.update('jax_enable_x64', True)), or pass narrow='lossy' to accept "
+            "the change."
+        )

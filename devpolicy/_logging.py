@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
+
+from ._limits import SEEN_LIMIT
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -22,9 +24,6 @@ LEVELS = {
     "critical": logging.CRITICAL,
 }
 LOGGER_NAME = "devpolicy"
-# A long-running job resolves an unbounded stream of distinct keys only if it makes names
-# up as it goes; past this the "first seen" memory starts over rather than grow.
-_SEEN_LIMIT = 65_536
 
 
 _reported: set[tuple[type[BaseException], str]] = set()
@@ -70,16 +69,21 @@ def _own_logger(level: str, fmt: str) -> Any:
 
 
 class EventLog:
-    """Emits a policy's events; the expensive set-up is done once, not per event."""
+    """Emits a policy's events at or above its level; set-up is done once, not per event.
+
+    devpolicy's own level is applied before anything renders, whoever renders (its own
+    output, the application's structlog, stdlib logging): an event below it costs nothing.
+    """
 
     def __init__(self, level: str, fmt: str) -> None:
         self.level = level
         self.format = fmt
+        self._threshold = LEVELS[level]
         self._own: Any = None
         self._app: Any = None
         self._app_key: tuple[int, ...] = ()
-        self._seen: set[tuple[object, ...]] = set()
-        self._debug_off = LEVELS[level] > logging.DEBUG
+        # Hashes, not keys: a long job may see a great many names.
+        self._seen: set[int] = set()
 
     def _logger(self) -> Any:
         if structlog.is_configured():
@@ -98,26 +102,45 @@ class EventLog:
             self._own = _own_logger(self.level, self.format)
         return self._own
 
+    def enabled(self, level: str) -> bool:
+        """Whether an event at `level` would be emitted."""
+        return LEVELS[level] >= self._threshold
+
     def first_time(self, key: tuple[object, ...]) -> bool:
         """Whether `key` is new; records it. Cheap enough for the hot path."""
-        if key in self._seen:
+        digest = hash(key)
+        if digest in self._seen:
             return False
-        if len(self._seen) >= _SEEN_LIMIT:
+        if len(self._seen) >= SEEN_LIMIT:
+            # Only a job that makes names up without end gets here; it starts over
+            # rather than grow without bound.
             self._seen.clear()
-        self._seen.add(key)
+        self._seen.add(digest)
         return True
 
-    def wants_debug(self) -> bool:
-        """False when a debug event would certainly be dropped (skip building its fields)."""
-        return not self._debug_off or structlog.is_configured()
+    def decided(
+        self, key: tuple[object, ...], event: str, fields: Callable[[], Mapping[str, Any]]
+    ) -> None:
+        """A fresh decision: info the first time `key` is seen, debug after."""
+        if self.first_time(key):
+            self.emit("info", event, fields())
+        else:
+            self.repeat(event, fields)
+
+    def repeat(self, event: str, fields: Callable[[], Mapping[str, Any]]) -> None:
+        """A repeated decision: debug, its fields built only if someone will see it."""
+        if self._threshold <= logging.DEBUG:
+            self.emit("debug", event, fields())
 
     def emit(self, level: str, event: str, fields: Mapping[str, Any]) -> None:
-        """Emit one event with flat fields.
+        """Emit one event with flat fields, if `level` is at or above devpolicy's level.
 
         A logging set-up that cannot take an event (stdlib's `extra` refuses a field called
         `name`, for one) must not break placement: like stdlib's own handlers, the failure
         is reported on stderr, once per kind, and the program goes on.
         """
+        if LEVELS[level] < self._threshold:
+            return
         try:
             getattr(self._logger(), level)(event, **fields)
         except Exception as e:

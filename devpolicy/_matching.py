@@ -9,9 +9,6 @@ from dataclasses import dataclass
 
 from ._sizes import format_size
 
-# A training loop may generate names without end; past this the cache starts over.
-_CACHE_LIMIT = 65_536
-
 
 @dataclass(frozen=True, slots=True)
 class Condition:
@@ -64,8 +61,7 @@ class Step:
 class Matcher:
     """First-match-wins lookup over an ordered list of conditions.
 
-    The names each rule's pattern matches are cached per name, so only size conditions
-    are checked again on a repeated name.
+    Uncached: the decider caches whole decisions, so a name reaches the matcher once.
 
     Example:
         >>> m = Matcher([compile_condition("dataset/*", False), compile_condition("*", False)])
@@ -75,7 +71,6 @@ class Matcher:
 
     def __init__(self, conditions: Sequence[Condition]) -> None:
         self._conditions = tuple(conditions)
-        self._candidates: dict[str, tuple[int, ...]] = {}
 
     @property
     def conditions(self) -> tuple[Condition, ...]:
@@ -84,19 +79,13 @@ class Matcher:
 
     def candidates(self, name: str) -> tuple[int, ...]:
         """Rules whose pattern matches `name`, in order, up to the first unsized one."""
-        found = self._candidates.get(name)
-        if found is None:
-            hits = []
-            for i, condition in enumerate(self._conditions):
-                if condition.test(name):
-                    hits.append(i)
-                    if not condition.sized:
-                        break
-            found = tuple(hits)
-            if len(self._candidates) >= _CACHE_LIMIT:
-                self._candidates.clear()
-            self._candidates[name] = found
-        return found
+        hits = []
+        for i, condition in enumerate(self._conditions):
+            if condition.test(name):
+                hits.append(i)
+                if not condition.sized:
+                    break
+        return tuple(hits)
 
     def first(self, name: str, nbytes: int | None) -> int | None:
         """The first rule matching `name` with size `nbytes`, or None."""
@@ -106,17 +95,19 @@ class Matcher:
         return None
 
     def trace(self, name: str, nbytes: int | None) -> list[Step]:
-        """Every rule tried for `name`, in order, until the first match."""
+        """Every rule tried for `name`, in order, up to the one `first` picks."""
+        hits = self.candidates(name)
+        chosen = self.first(name, nbytes)
+        last = len(self._conditions) - 1 if chosen is None else chosen
         steps = []
-        for i, condition in enumerate(self._conditions):
+        for i in range(last + 1):
+            condition = self._conditions[i]
             kind = "regex" if condition.is_regex else "glob"
-            if not condition.test(name):
+            if i not in hits:
                 steps.append(Step(i, False, f"{kind} {condition.pattern!r} does not match"))
-                continue
-            problem = condition.size_problem(nbytes)
-            if problem is not None:
+            elif i != chosen:
+                problem = condition.size_problem(nbytes)
                 steps.append(Step(i, False, f"{kind} {condition.pattern!r} matches but {problem}"))
-                continue
-            steps.append(Step(i, True, f"{kind} {condition.pattern!r} matches"))
-            break
+            else:
+                steps.append(Step(i, True, f"{kind} {condition.pattern!r} matches"))
         return steps

@@ -1,4 +1,8 @@
-"""Applying decisions: scopes, the `place` decorator, `put`, and committing results."""
+"""Applying decisions: `Scope` (context manager and decorator), `put`, committing results.
+
+A repeat call of a decorated function is: one cache lookup in the decider, one
+`jax.default_device` swap, and committing only when the result can hold an array.
+"""
 
 from __future__ import annotations
 
@@ -8,42 +12,53 @@ import sys
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import jax
 import numpy as np
 
-from ._errors import DevicePolicyError
-
-if TYPE_CHECKING:
-    from ._policy import Decision, Policy
+from ._decider import Decider, Decision
+from ._errors import ScopeInCoroutineError
+from ._inventory import inventory
+from ._logging import EventLog
 
 T = TypeVar("T")
-# A fixed policy, or a function giving the active one at each call.
-PolicySource: TypeAlias = "Policy | Callable[[], Policy]"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class HasDecider(Protocol):
+    """What activation holds: something with a decider (a `Policy`)."""
+
+    @property
+    def decider(self) -> Decider: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Active:
+    """How to find the active decider at each call, without calling up into `_active`.
+
+    Attributes:
+        get: The activation context variable's `get` (the policy activated here, or None).
+        fallback: The decider to use when nothing is activated in this context.
+    """
+
+    get: Callable[[], HasDecider | None]
+    fallback: Callable[[], Decider]
+
+    def decider(self) -> Decider:
+        """The decider module-level calls use now."""
+        holder = self.get()
+        return holder.decider if holder is not None else self.fallback()
+
+
+#: A fixed policy's decider, or the active one looked up at each call.
+DeciderSource: TypeAlias = "Decider | Active"
 
 
 # A `with scope()` written in an async body would hold JAX's thread-local default device
 # across its awaits, where other tasks run and see it.
 _ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
-
-
-class ScopeInCoroutineError(DevicePolicyError, RuntimeError):
-    """`with devpolicy.scope(...)` was written directly in an `async def` body.
-
-    `jax.default_device` is thread-local, not task-local: held across an `await`, other
-    tasks on the event loop would see the device, and the thread could be left on it.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(
-            f"devpolicy.scope({name!r}) cannot be held in a coroutine: JAX's default device is "
-            "per thread, so across an `await` other tasks would see it. Decorate the async "
-            f"function with @devpolicy.place({name!r}) instead (the scope then applies to each "
-            "step and is lifted at every await), or call a plain function that uses the scope, "
-            f"or place arrays with devpolicy.put({name!r}, x)."
-        )
 
 
 # nullcontext holds no state, so one instance serves every entry.
@@ -59,31 +74,43 @@ def device_scope(decision: Decision) -> AbstractContextManager[Any]:
 
 
 class Scope:
-    """Context manager that sets `jax.default_device` to where a name goes; yields the Decision.
+    """Where a name goes, applied: a context manager that yields the Decision, and a decorator.
 
-    The decision is made (and can fail) before anything changes. On exit, normal or by
-    exception, the previous default device is restored. One Scope object may be entered
-    again while already entered, nested or from another thread.
+    As a context manager it sets `jax.default_device` to the decided device; the decision
+    is made (and can fail) before anything changes, and on exit, normal or by exception,
+    the previous default device is restored. One Scope object may be entered again while
+    already entered, nested or from another thread.
+
+    As a decorator it decides at each call and runs the function inside the scope, then
+    commits the result's arrays (see `devpolicy.place`). Generators and coroutines get the
+    scope around each step, never across a pause.
 
     `jax.default_device` is thread-local: the scope holds in the thread that entered it
     only. Threads started inside it do not inherit it.
     """
 
-    __slots__ = ("_name", "_nbytes", "_policy", "_stacks")
+    __slots__ = ("_commit", "_name", "_nbytes", "_source", "_stacks")
 
-    def __init__(self, policy: PolicySource, name: str, nbytes: int | None) -> None:
-        self._policy = policy
+    def __init__(
+        self, source: DeciderSource, name: str, nbytes: int | None, commit: bool | None = None
+    ) -> None:
+        self._source = source
         self._name = name
         self._nbytes = nbytes
+        self._commit = commit
         # One stack of entered managers per thread: entries and exits pair up within a
         # thread, whatever other threads do with the same object.
         self._stacks: dict[int, list[AbstractContextManager[Any]]] = {}
 
+    def _decider(self) -> Decider:
+        source = self._source
+        return source if isinstance(source, Decider) else source.decider()
+
     def __enter__(self) -> Decision:
         if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
             raise ScopeInCoroutineError(self._name)
-        decision = _policy_now(self._policy).resolve(self._name, nbytes=self._nbytes)
-        manager = jax.default_device(decision.device) if decision.applies else _NO_SCOPE
+        decision = self._decider().resolve(self._name, self._nbytes)
+        manager = device_scope(decision)
         manager.__enter__()
         self._stacks.setdefault(threading.get_ident(), []).append(manager)
         return decision
@@ -98,12 +125,13 @@ class Scope:
             del self._stacks[ident]
         manager.__exit__(*exc_info)
 
+    def __call__(self, fn: F) -> F:
+        """Decorate `fn`: each call is decided afresh and runs inside the scope."""
+        wrapped: F = _decorate(self._source, self._name, self._nbytes, self._commit, fn)
+        return wrapped
+
     def __repr__(self) -> str:
         return f"<devpolicy.Scope name={self._name!r} nbytes={self._nbytes!r}>"
-
-
-def _policy_now(policy: PolicySource) -> Policy:
-    return policy if not callable(policy) else policy()
 
 
 def default_name(fn: Callable[..., Any]) -> str:
@@ -117,43 +145,55 @@ def default_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
-def make_place(policy: PolicySource, name: Any, commit: bool | None) -> Any:
+def make_place(source: DeciderSource, name: Any, commit: bool | None) -> Any:
     """Implement `place` for both `@place` and `@place("name")`."""
     if commit is not None and not isinstance(commit, bool):
         raise TypeError(f"place(commit=...) must be a bool or None, got {commit!r}")
     if callable(name):
-        return _decorate(policy, default_name(name), commit, name)
+        return Scope(source, default_name(name), None, commit)(name)
     if name is not None and not isinstance(name, str):
         raise TypeError(
             f"place() takes a name (str) or a function, got {type(name).__name__} {name!r}"
         )
-    if commit is not None and not isinstance(commit, bool):
-        raise TypeError(f"place(commit=...) must be a bool or None, got {commit!r}")
+    if name is not None:
+        return Scope(source, name, None, commit)
 
-    def decorator(fn: Callable[..., Any]) -> Any:
-        return _decorate(policy, name if name is not None else default_name(fn), commit, fn)
+    def decorator(fn: F) -> F:
+        return Scope(source, default_name(fn), None, commit)(fn)
 
     return decorator
 
 
-def _decorate(policy: PolicySource, name: str, commit: bool | None, fn: Callable[..., Any]) -> Any:
-    def resolve_active(name: str) -> Decision:
-        return _policy_now(policy)._resolve_unsized(name)
+# Results of these types hold no array: nothing to commit, nothing to walk.
+_NO_ARRAYS = frozenset({int, float, bool, complex, str, bytes, type(None)})
 
-    # A fixed policy's bound method skips a lookup on every call.
-    resolve = resolve_active if callable(policy) else policy._resolve_unsized
+
+def _decorate(
+    source: DeciderSource, name: str, nbytes: int | None, commit: bool | None, fn: Any
+) -> Any:
+    if isinstance(source, Decider):
+        fixed = source
+
+        def resolve() -> Decision:
+            return fixed.resolve(name, nbytes)
+    else:
+        active = source
+
+        def resolve() -> Decision:
+            return active.decider().resolve(name, nbytes)
 
     def finish(result: Any, decision: Decision) -> Any:
-        wanted = decision.commit if commit is None else commit
-        if not wanted or result is None or not decision.applies:
+        if type(result) in _NO_ARRAYS or decision.is_auto:
             return result
-        return commit_result(result, decision, _policy_now(policy))
+        if not (decision.commit if commit is None else commit):
+            return result
+        return commit_result(result, decision, _events(source))
 
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
         async def async_gen_wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
-            decision = resolve(name)
+            decision = resolve()
             agen = fn(*args, **kwargs)
             sent: Any = None
             thrown: BaseException | None = None
@@ -177,7 +217,7 @@ def _decorate(policy: PolicySource, name: str, commit: bool | None, fn: Callable
 
         @functools.wraps(fn)
         async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
-            decision = resolve(name)
+            decision = resolve()
             result = await _Stepped(fn(*args, **kwargs), decision)
             return finish(result, decision)
 
@@ -187,23 +227,60 @@ def _decorate(policy: PolicySource, name: str, commit: bool | None, fn: Callable
 
         @functools.wraps(fn)
         def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-            decision = resolve(name)
+            decision = resolve()
             return (yield from _stepped_generator(fn(*args, **kwargs), decision, finish))
 
         return generator_wrapper
 
+    # The hottest path, written out for each kind of source: no call but the lookup.
+    if isinstance(source, Decider) and nbytes is None:
+        decider_resolve = source.resolve
+
+        @functools.wraps(fn)
+        def fixed_wrapper(*args: Any, **kwargs: Any) -> Any:
+            decision = decider_resolve(name)
+            if decision.is_auto:
+                return fn(*args, **kwargs)
+            with jax.default_device(decision.device):
+                result = fn(*args, **kwargs)
+            if type(result) in _NO_ARRAYS:
+                return result
+            return finish(result, decision)
+
+        return fixed_wrapper
+
+    if isinstance(source, Active) and nbytes is None:
+        get, fallback = source.get, source.fallback
+
+        @functools.wraps(fn)
+        def active_wrapper(*args: Any, **kwargs: Any) -> Any:
+            holder = get()
+            decider = holder.decider if holder is not None else fallback()
+            decision = decider.resolve(name)
+            if decision.is_auto:
+                return fn(*args, **kwargs)
+            with jax.default_device(decision.device):
+                result = fn(*args, **kwargs)
+            if type(result) in _NO_ARRAYS:
+                return result
+            return finish(result, decision)
+
+        return active_wrapper
+
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        decision = resolve(name)
-        if not decision.applies:
+    def sized_wrapper(*args: Any, **kwargs: Any) -> Any:
+        decision = resolve()
+        if decision.is_auto:
             return fn(*args, **kwargs)
         with jax.default_device(decision.device):
             result = fn(*args, **kwargs)
-        if result is None:
-            return None
         return finish(result, decision)
 
-    return wrapper
+    return sized_wrapper
+
+
+def _events(source: DeciderSource) -> EventLog:
+    return (source if isinstance(source, Decider) else source.decider()).events
 
 
 def _stepped_generator(
@@ -251,28 +328,26 @@ class _Stepped:
         return (yield from _stepped_generator(steps, self._decision))
 
 
-def commit_result(result: T, decision: Decision, policy: Policy) -> T:
+def commit_result(result: T, decision: Decision, events: EventLog) -> T:
     """Commit every single-device `jax.Array` leaf of `result` that sits on the decided device.
 
     Such leaves are uncommitted when made in a scope and would later migrate silently.
     Committing them is a `device_put` to the same device: no copy. Leaves on another
     device are left alone and reported as a `placement_mismatch` warning.
     """
+    if isinstance(result, jax.Array):
+        # One array, the commonest result: no tree to walk.
+        if _needs_commit(result, decision, events, ""):
+            committed: T = jax.device_put(result, decision.sharding)
+            return committed
+        return result
     leaves, treedef = jax.tree_util.tree_flatten(result)
-    indices = []
-    for i, leaf in enumerate(leaves):
-        if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer):
-            continue
-        devices = leaf.devices()
-        if len(devices) != 1:
-            continue  # sharded on purpose; not ours to judge
-        (device,) = devices
-        if device != decision.device:
-            _report_mismatch(policy, decision, device, leaf, _leaf_path(result, i))
-        elif not leaf.committed or (
-            decision.memory_kind is not None and leaf.sharding.memory_kind != decision.memory_kind
-        ):
-            indices.append(i)
+    indices = [
+        i
+        for i, leaf in enumerate(leaves)
+        if isinstance(leaf, jax.Array)
+        and _needs_commit(leaf, decision, events, functools.partial(_leaf_path, result, i))
+    ]
     if not indices:
         return result
     placed = jax.device_put([leaves[i] for i in indices], decision.sharding)
@@ -282,6 +357,27 @@ def commit_result(result: T, decision: Decision, policy: Policy) -> T:
     return out
 
 
+def _needs_commit(
+    leaf: jax.Array, decision: Decision, events: EventLog, path: str | Callable[[], str]
+) -> bool:
+    """Whether `leaf` sits uncommitted (or in another memory kind) on the decided device.
+
+    A leaf on another device is reported, not moved; a sharded one is not ours to judge.
+    """
+    if isinstance(leaf, jax.core.Tracer):
+        return False
+    devices = leaf.devices()
+    if len(devices) != 1:
+        return False
+    (device,) = devices
+    if device != decision.device:
+        _report_mismatch(events, decision, device, leaf, path if isinstance(path, str) else path())
+        return False
+    return not leaf.committed or (
+        decision.memory_kind is not None and leaf.sharding.memory_kind != decision.memory_kind
+    )
+
+
 def _leaf_path(tree: Any, index: int) -> str:
     # Paths are only worked out when a mismatch is reported: flattening with paths is slower.
     path, _ = jax.tree_util.tree_flatten_with_path(tree)[0][index]
@@ -289,12 +385,9 @@ def _leaf_path(tree: Any, index: int) -> str:
 
 
 def _report_mismatch(
-    policy: Policy, decision: Decision, device: jax.Device, leaf: jax.Array, path: str
+    events: EventLog, decision: Decision, device: jax.Device, leaf: jax.Array, path: str
 ) -> None:
-    from ._inventory import inventory
-
     actual = inventory().text(device)
-    events = policy.events
     level = (
         "warning" if events.first_time(("placement_mismatch", decision.name, actual)) else "debug"
     )
@@ -322,8 +415,8 @@ def _nbytes(leaf: Any) -> int:
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
-def put_with(policy: Policy, name: str, x: T) -> T:
-    """Place each leaf of `x` by `policy`, every decision made before anything moves."""
+def put(decider: Decider, name: str, x: T) -> T:
+    """Place each leaf of `x` by `decider`, every decision made before anything moves."""
     if not isinstance(name, str):
         raise TypeError(f"put() takes a name (str) first, got {type(name).__name__} {name!r}")
     pairs, treedef = jax.tree_util.tree_flatten_with_path(x)
@@ -340,13 +433,12 @@ def put_with(policy: Policy, name: str, x: T) -> T:
                 f"put({name!r}): leaf {leaf_name!r} is a {type(leaf).__name__}, not an array "
                 "or number; JAX cannot place it (keep such values out of the tree)"
             )
-    decisions = policy.resolve_many(
+    decisions = decider.resolve_many(
         [(n, _nbytes(leaf)) for n, leaf in zip(names, leaves, strict=True)]
     )
-    if policy.disabled:
-        placed = jax.device_put(
-            leaves
-        )  # what JAX does without devpolicy: default device, uncommitted
+    if decider.disabled:
+        # What JAX does without devpolicy: the default device, uncommitted.
+        placed = jax.device_put(leaves)
     else:
         placed = jax.device_put(leaves, [d.sharding for d in decisions])
     out: T = jax.tree_util.tree_unflatten(treedef, placed)

@@ -6,45 +6,22 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from ._policy import Policy
+from ._decider import Decider
+from ._placement import put
 
 T = TypeVar("T")
 
 
-def prefetch(
-    iterable: Iterable[T], name: str = "batch", size: int = 2, *, policy: Policy | None = None
-) -> Iterator[T]:
-    """Yield each element placed by the rule for `name`, with up to `size` transfers in flight.
-
-    Each element (an array or pytree) is `put` as `name` (pytree leaves as `name/<path>`).
-    JAX transfers are asynchronous, so while you compute on one batch the next `size` are
-    already on their way (`size=2` keeps two in flight; memory holds `size + 1` batches).
-    An error from the source is raised after the batches placed before it are used. The policy is
-    the one active when `prefetch` is called, unless given.
-
-    Raises:
-        ValueError: if `size` is less than 1.
-
-    Example:
-        >>> import devpolicy, numpy as np
-        >>> rules = [{"match": "batch", "device": "cpu:2"}]
-        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
-        >>> batches = (np.full(4, i) for i in range(3))
-        >>> [str(next(iter(b.devices()))) for b in devpolicy.prefetch(batches, policy=p)]
-        ['cpu:2', 'cpu:2', 'cpu:2']
-    """
+def prefetch(iterable: Iterable[T], decider: Decider, name: str, size: int) -> Iterator[T]:
+    """Place each element by `decider`, `size` transfers ahead. See `devpolicy.prefetch`."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
     if not isinstance(name, str):
         raise TypeError(f"prefetch name must be a str, got {type(name).__name__} {name!r}")
-    if policy is None:
-        from ._active import active_policy
-
-        policy = active_policy()
-    return _prefetched(iter(iterable), name, size, policy)
+    return _prefetched(iter(iterable), name, size, decider)
 
 
-def _prefetched(source: Iterator[T], name: str, size: int, policy: Policy) -> Iterator[T]:
+def _prefetched(source: Iterator[T], name: str, size: int, decider: Decider) -> Iterator[T]:
     in_flight: deque[T] = deque()
     failure: BaseException | None = None
 
@@ -60,7 +37,7 @@ def _prefetched(source: Iterator[T], name: str, size: int, policy: Policy) -> It
                 # plain iteration over the source would have raised it.
                 failure = e
                 return
-            in_flight.append(policy.put(name, item))
+            in_flight.append(put(decider, name, item))
 
     fill()
     while in_flight:

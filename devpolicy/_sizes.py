@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from ._errors import did_you_mean
+
 _UNITS: dict[str, int] = {
     "": 1,
     "b": 1,
@@ -59,8 +61,6 @@ def parse_size(value: object) -> int:
     number, unit = m.groups()
     factor = _UNITS.get(unit.lower())
     if factor is None:
-        from ._errors import did_you_mean
-
         hint = did_you_mean(unit, UNIT_NAMES)
         raise ValueError(
             f"unknown size unit {unit!r} in {value!r}{hint}; accepted units: "

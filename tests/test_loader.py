@@ -37,13 +37,12 @@ def checkpoint(tmp_path: Path) -> Path:
     return path
 
 
-ROUTING = policy_of(
-    rules=[
-        {"match": "*/tokens", "device": "cpu:1"},
-        {"match": "ckpt/w", "device": "cpu:2"},
-        {"match": "*", "device": "cpu:3"},
-    ]
-)
+ROUTING_RULES = [
+    {"match": "*/tokens", "device": "cpu:1"},
+    {"match": "ckpt/w", "device": "cpu:2"},
+    {"match": "*", "device": "cpu:3"},
+]
+ROUTING = policy_of(rules=ROUTING_RULES)
 
 
 class TestRouting:
@@ -225,8 +224,9 @@ class TestBadFiles:
 class TestEvents:
     def test_each_tensor_and_the_file_are_logged(self, checkpoint: Path) -> None:
         """One placement event per tensor with its bytes, one summary per file."""
+        policy = policy_of(rules=ROUTING_RULES, logging={"level": "debug"})
         with capture_logs() as logs:
-            devpolicy.load_file(checkpoint, policy=ROUTING)
+            devpolicy.load_file(checkpoint, policy=policy)
         placements = {
             e["name"]: (e["device"], e["nbytes"]) for e in logs if e["event"] == "placement"
         }

@@ -38,8 +38,8 @@ class TestPlacementEvents:
         ]
 
     def test_first_decision_is_info_and_repeats_are_debug(self) -> None:
-        """A training loop logs each (name, device, rule) once at info."""
-        policy = policy_of(default="cpu:1")
+        """A training loop logs each (name, device, rule) once at info, repeats at debug."""
+        policy = policy_of(default="cpu:1", logging={"level": "debug"})
         with capture_logs() as logs:
             for _ in range(3):
                 policy.resolve("batch")
@@ -50,6 +50,15 @@ class TestPlacementEvents:
             ("batch", "debug"),
             ("other", "info"),
         ]
+
+    def test_repeats_below_the_level_reach_no_renderer(self) -> None:
+        """At devpolicy's default level (info) a repeat reaches nobody, even the app's structlog."""
+        policy = policy_of(default="cpu:1")
+        with capture_logs() as logs:
+            for _ in range(3):
+                policy.resolve("batch")
+                policy.resolve("batch", nbytes=8)
+        assert [(e["name"], e["nbytes"], e["log_level"]) for e in logs] == [("batch", None, "info")]
 
     def test_fallback_reason_is_logged(self) -> None:
         """The reason a target was passed over appears in the event."""

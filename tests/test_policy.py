@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 import devpolicy
 from tests.helpers import policy_of, write
@@ -133,15 +135,15 @@ class TestFallback:
 
     def test_memory_kind_the_device_lacks_falls_back(self, cpus: list[jax.Device]) -> None:
         """A device without the asked memory kind counts as unavailable."""
-        original = devpolicy._policy.memory_kinds  # type: ignore[attr-defined]
+        original = devpolicy._routing.memory_kinds  # type: ignore[attr-defined]
         try:
-            devpolicy._policy.memory_kinds = lambda d: ("device",) if d == cpus[1] else original(d)  # type: ignore[attr-defined]
+            devpolicy._routing.memory_kinds = lambda d: ("device",) if d == cpus[1] else original(d)  # type: ignore[attr-defined]
             d = policy_of(
                 fallback=["cpu:2"],
                 rules=[{"match": "*", "device": "cpu:1", "memory": "pinned_host"}],
             ).resolve("x")
         finally:
-            devpolicy._policy.memory_kinds = original  # type: ignore[attr-defined]
+            devpolicy._routing.memory_kinds = original  # type: ignore[attr-defined]
         assert d.device == cpus[2]
         assert d.fallback_reason == "cpu:1: no memory kind 'pinned_host' (has: device); used cpu:2"
 
@@ -180,6 +182,20 @@ class TestDisabled:
         d = policy.resolve("x")
         assert (d.source, d.requested, d.device, d.applies) == ("disabled", "cpu:3", cpus[0], False)
 
+    def test_disabled_reject_policy_fails_nothing(self, cpus: list[jax.Device]) -> None:
+        """The kill switch beats `default: reject`: an unmatched name gets JAX's default."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "reject", "rules": [{"match": "a/*", "device": "cpu:3"}]},
+            environ={"DEVPOLICY_DISABLE": "1"},
+        )
+        d = policy.resolve("unmatched")
+        assert (d.source, d.device, d.applies) == ("disabled", cpus[0], False)
+        with policy.scope("unmatched"):
+            pass
+        assert policy.put("unmatched", np.zeros(2)).devices() == {cpus[0]}
+        assert policy.place("unmatched")(lambda: 1)() == 1
+        assert policy.explain("unmatched").error is None
+
 
 class TestCaching:
     def test_repeated_resolve_returns_the_cached_decision(self) -> None:
@@ -187,6 +203,38 @@ class TestCaching:
         policy = policy_of(rules=[{"match": "*", "device": "cpu:1"}])
         assert policy.resolve("x") is policy.resolve("x")
         assert policy.resolve("x", nbytes=4) is not policy.resolve("x")
+
+    def test_repeated_names_do_not_test_patterns_again(self) -> None:
+        """A cached name reaches the matcher once, whatever the number of repeats."""
+        policy = policy_of(rules=[{"match": "a*", "device": "cpu:1"}])
+        matcher = policy.decider._matcher  # type: ignore[attr-defined]
+        calls: list[str] = []
+        real = matcher.conditions[0].test
+        object.__setattr__(matcher.conditions[0], "test", lambda n: calls.append(n) or real(n))
+        for _ in range(3):
+            policy.resolve("abc")
+        assert calls == ["abc"]
+
+    def test_a_working_set_larger_than_one_generation_stays_warm(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Past the cache size nothing falls off a cliff: recently used names are still hits."""
+        monkeypatch.setattr(devpolicy._decider, "CACHE_GENERATION", 100)  # type: ignore[attr-defined]
+        policy = policy_of(rules=[{"match": "*", "device": "cpu:1"}])
+        names = [f"n{i}" for i in range(150)]
+        first = {n: policy.resolve(n) for n in names}
+        assert all(policy.resolve(n) is first[n] for n in names[-100:])
+
+    def test_a_cache_turnover_never_relogs_at_info(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The first-seen record outlives the cache: a second pass logs nothing at info."""
+        monkeypatch.setattr(devpolicy._decider, "CACHE_GENERATION", 10)  # type: ignore[attr-defined]
+        policy = policy_of(rules=[{"match": "*", "device": "cpu:1"}])
+        names = [f"n{i}" for i in range(50)]
+        with capture_logs() as logs:
+            for _ in range(3):
+                for n in names:
+                    policy.resolve(n)
+        assert sorted(e["name"] for e in logs) == sorted(names)
 
 
 class TestExplain:

@@ -14,11 +14,11 @@ from ._env import read_env
 from ._layers import merge
 from ._policy import Policy
 
-PolicySource = str | os.PathLike[str] | Mapping[str, Any]
+PolicyInput = str | os.PathLike[str] | Mapping[str, Any]
 
 
 def load_policy(
-    source: PolicySource | None = None,
+    source: PolicyInput | None = None,
     *,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,

@@ -17,8 +17,10 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ._errors import DevicePolicyError
-from ._policy import Decision, Policy
+from ._decider import Decider, Decision
+from ._errors import NarrowingError
+from ._limits import ALIGN, CHUNK_BYTES
+from ._logging import EventLog
 from ._sizes import format_size
 from ._tensorfile import (
     DEFAULT_ALIGN,
@@ -35,40 +37,9 @@ from ._tensorfile import (
 PathLike = str | os.PathLike[str]
 Narrow = Literal["exact", "lossy"]
 
-_ALIGN = 64  # XLA's CPU client aliases host buffers at this alignment
-_CHUNK = 64 * 2**20  # read granularity: progress updates and bounded syscalls
 _MAP_THRESHOLD = 2**20  # below this a map per tensor costs more than it saves
 PROGRESS_THRESHOLD = 256 * 2**20
 _NARROW = {"I64": np.dtype(np.int32), "U64": np.dtype(np.uint32), "F64": np.dtype(np.float32)}
-
-
-class NarrowingError(DevicePolicyError, ValueError):
-    """A 64-bit tensor would change if narrowed to 32 bits (JAX with x64 disabled).
-
-    Attributes:
-        file: The file.
-        tensor: The tensor's key.
-        problem: Which values do not survive.
-    """
-
-    def __init__(self, file: str, tensor: str, problem: str) -> None:
-        self.file = file
-        self.tensor = tensor
-        self.problem = problem
-        super().__init__(
-            f"{file}: tensor {tensor!r}: {problem}. JAX has x64 disabled, so it would hold this "
-            "tensor in 32 bits and change these values. Enable x64 before loading "
-            "(jax.config.update('jax_enable_x64', True)), or pass narrow='lossy' to accept "
-            "the change."
-        )
-
-
-def _active(policy: Policy | None) -> Policy:
-    if policy is not None:
-        return policy
-    from ._active import active_policy
-
-    return active_policy()
 
 
 def _names(header: Header, prefix: str | None) -> list[str]:
@@ -89,8 +60,8 @@ def _aligned_empty(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
             with contextlib.suppress(OSError):  # kernels without huge pages say EINVAL
                 region.madvise(_mmap.MADV_HUGEPAGE)
         return np.frombuffer(region, np.uint8)
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % _ALIGN
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
     return raw[start : start + nbytes]
 
 
@@ -100,61 +71,23 @@ def _x64() -> bool:
 
 def load_file(
     path: PathLike,
+    decider: Decider,
     *,
     prefix: str | None = None,
-    policy: Policy | None = None,
     mmap: bool | None = None,
     narrow: Narrow = "exact",
     progress: bool | None = None,
 ) -> dict[str, jax.Array]:
-    """Load a safetensors file, each tensor sent straight to the device its rule names.
-
-    Every tensor is named `<prefix>/<key>` (prefix defaults to the file's stem) and resolved
-    with its size known, so size rules apply; one file may load to several devices. Nothing
-    is first made on the default device. Host-bound tensors are read into 64-byte-aligned
-    buffers that `device_put` adopts without a copy; accelerator-bound ones are staged one
-    tensor at a time, so host memory does not grow with the file. Results are committed.
-
-    Args:
-        path: The file.
-        prefix: Name prefix (default: the file name without `.safetensors`; "" for none).
-        policy: Policy to decide by (default: the active one).
-        mmap: True maps every tensor whose file offset is 64-byte aligned (zero-copy; the
-            array stays backed by the file), False never maps, None maps where the rule
-            says `mmap: true`.
-        narrow: With x64 disabled, JAX holds I64/U64/F64 in 32 bits. "exact" narrows only
-            when every value survives (and logs it), else raises NarrowingError; "lossy"
-            always narrows.
-        progress: A progress bar on a terminal; None shows one for files over 256 MiB.
-
-    Returns:
-        Tensor keys (not prefixed) to committed arrays, in header order.
-
-    Raises:
-        SafetensorsFileError: the file is missing, truncated or malformed.
-        NarrowingError: a 64-bit tensor would change.
-        DeviceUnavailableError: a tensor's target and fallbacks cannot be had.
-
-    Example:
-        >>> import devpolicy, numpy as np, tempfile, os
-        >>> path = os.path.join(tempfile.mkdtemp(), "train.safetensors")
-        >>> devpolicy.save_file({"tokens": np.arange(8, dtype=np.uint16)}, path)
-        >>> rules = [{"match": "*/tokens", "device": "cpu:1"}]
-        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
-        >>> out = devpolicy.load_file(path, policy=p)
-        >>> str(next(iter(out["tokens"].devices()))), out["tokens"].committed
-        ('cpu:1', True)
-    """
+    """Load a safetensors file by `decider`'s rules. See `devpolicy.load_file`."""
     if narrow not in ("exact", "lossy"):
         raise ValueError(f"narrow must be 'exact' or 'lossy', got {narrow!r}")
-    chosen = _active(policy)
     started = time.perf_counter()
     # One open file for the header, the reads and the map: replacing the path mid-load
     # (as atomic writers do) cannot mix one file's header with another's data.
     with open_tensor_file(path) as f:
         header = read_header_from(f, Path(path))
         names = _names(header, prefix)
-        decisions = chosen.resolve_many(
+        decisions = decider.resolve_many(
             [(n, t.nbytes) for n, t in zip(names, header.tensors, strict=True)]
         )
         x64 = _x64()
@@ -180,7 +113,9 @@ def load_file(
                 else:
                     array = _read(fd, header, entry)
                     if target is not None:
-                        array = _narrowed(header, entry, array, target, narrow, chosen, names[i])
+                        array = _narrowed(
+                            header, entry, array, target, narrow, decider.events, names[i]
+                        )
                         narrowed += 1
                 placed = jax.device_put(array, decision.sharding)
                 # Waiting here bounds staging to one tensor: for an accelerator the host
@@ -190,13 +125,13 @@ def load_file(
                 del array
                 advance(entry.nbytes)
     result = {t.key: out[t.key] for t in header.tensors}
-    _summary(chosen, header, decisions, time.perf_counter() - started, mapped, narrowed)
+    _summary(decider.events, header, decisions, time.perf_counter() - started, mapped, narrowed)
     return result
 
 
 def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
     wanted = decision.mmap if mmap is None else mmap
-    return wanted and entry.nbytes > 0 and entry.offset % _ALIGN == 0
+    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0
 
 
 def _read(fd: int, header: Header, entry: TensorEntry) -> np.ndarray[Any, Any]:
@@ -204,7 +139,7 @@ def _read(fd: int, header: Header, entry: TensorEntry) -> np.ndarray[Any, Any]:
     view = memoryview(buffer)  # type: ignore[arg-type]
     done = 0
     while done < entry.nbytes:
-        count = os.preadv(fd, [view[done : done + _CHUNK]], entry.offset + done)
+        count = os.preadv(fd, [view[done : done + CHUNK_BYTES]], entry.offset + done)
         if count <= 0:
             raise SafetensorsFileError(
                 header.path,
@@ -221,7 +156,7 @@ def _narrowed(
     array: np.ndarray[Any, Any],
     target: np.dtype[Any],
     mode: Narrow,
-    policy: Policy,
+    events: EventLog,
     name: str,
 ) -> np.ndarray[Any, Any]:
     result = _aligned_empty(entry.nbytes // 2).view(target).reshape(entry.shape)
@@ -239,7 +174,7 @@ def _narrowed(
     }
     if array.size:
         fields |= {"min": array.min().item(), "max": array.max().item()}
-    policy.events.emit("info" if mode == "exact" else "warning", "narrowed", fields)
+    events.emit("info" if mode == "exact" else "warning", "narrowed", fields)
     return result
 
 
@@ -298,7 +233,7 @@ def _progress(header: Header, total: int, wanted: bool | None) -> Iterator[Any]:
 
 
 def _summary(
-    policy: Policy,
+    events: EventLog,
     header: Header,
     decisions: list[Decision],
     seconds: float,
@@ -310,7 +245,7 @@ def _summary(
         per_device[decision.device_text] = per_device.get(decision.device_text, 0) + (
             decision.nbytes or 0
         )
-    policy.events.emit(
+    events.emit(
         "info",
         "load_file",
         {
@@ -435,24 +370,13 @@ class Plan:
         )
 
 
-def plan(path: PathLike, *, prefix: str | None = None, policy: Policy | None = None) -> Plan:
-    """Where every tensor of a file would go, reading only its header; nothing is logged.
-
-    Example:
-        >>> import devpolicy, numpy as np, tempfile, os
-        >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
-        >>> devpolicy.save_file({"w": np.zeros(256, np.float32)}, path)
-        >>> policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"})
-        >>> p = devpolicy.plan(path, policy=policy)
-        >>> [(t.name, t.nbytes, t.decision.device_text) for t in p.tensors]
-        [('m/w', 1024, 'cpu:2')]
-    """
-    chosen = _active(policy)
+def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan:
+    """Where every tensor of a file would go by `decider`. See `devpolicy.plan`."""
     header = read_header(path)
     tensors = []
     loads: dict[str, tuple[jax.Device, int, int]] = {}
     names = _names(header, prefix)
-    outcomes = chosen.decide_many(
+    outcomes = decider.decide_many(
         [(n, t.nbytes) for n, t in zip(names, header.tensors, strict=True)]
     )
     for name, entry, outcome in zip(names, header.tensors, outcomes, strict=True):
@@ -474,6 +398,6 @@ def plan(path: PathLike, *, prefix: str | None = None, policy: Policy | None = N
         )
     devices = []
     for text, (device, planned, count) in sorted(loads.items()):
-        free = chosen.capacity.free_bytes(device)
+        free = decider.capacity.free_bytes(device)
         devices.append(DeviceLoad(text, planned, count, free, free is None or planned <= free))
     return Plan(str(header.path), tuple(tensors), tuple(devices))

@@ -1,0 +1,368 @@
+"""The decision engine: names (and sizes) in, logged `Decision`s out.
+
+Everything that decides goes through `Decider._outcome`: `resolve` (cached and logged),
+`decide` (neither), `explain` (the same walk, reported) and the `*_many` forms (memory
+claimed by earlier items passed along explicitly).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.sharding import SingleDeviceSharding
+
+from ._capacity import Capacity
+from ._errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameError
+from ._inventory import current_default_device, inventory
+from ._layers import RuleEntry, Settings
+from ._limits import CACHE_GENERATION
+from ._logging import EventLog
+from ._matching import Matcher, Step, compile_condition
+from ._routing import NOTHING_CLAIMED, Choice, Fit, Route
+from ._schema import Source
+from ._targets import REJECT
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where one name goes, and why.
+
+    Attributes:
+        name: The name resolved (`dataset/train`, `model/w`).
+        device: The device chosen.
+        device_text: The device as target text (`cpu:2`, `gpu:0`; process-local index).
+        memory_kind: JAX memory kind asked for, or None for the device's default.
+        requested: The target text the rule (or default) asked for.
+        rule: Index of the matching rule in its layer (YAML `rules[i]`, env item i), or None.
+        origin: Where the deciding rule or setting was written (`policies/x.yaml:9`,
+            `env:DEVPOLICY_RULES`, `default`).
+        source: `code`, `env`, `policy`, `default`, or `disabled` under DEVPOLICY_DISABLE.
+        fallback_reason: None, or why `requested` could not be had and what was used instead.
+        nbytes: The size the decision was made for, when known.
+        commit: Whether `@place` commits results to `device`.
+        is_auto: Whether the decision defers to JAX's own default device (`auto`, and
+            everything under DEVPOLICY_DISABLE).
+        mmap: Whether loaders may map the tensor from its file (the rule's `mmap`).
+
+    Example:
+        >>> import devpolicy
+        >>> rules = [{"match": "data/*", "device": "cpu"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> d = p.resolve("data/train")
+        >>> d.device_text, d.rule, d.source
+        ('cpu:0', 0, 'policy')
+    """
+
+    name: str
+    device: jax.Device
+    device_text: str
+    memory_kind: str | None
+    requested: str
+    rule: int | None
+    origin: str
+    source: Source
+    fallback_reason: str | None
+    nbytes: int | None
+    commit: bool
+    is_auto: bool
+    mmap: bool = False
+
+    @property
+    def applies(self) -> bool:
+        """Whether a scope for this decision changes JAX's default device."""
+        return not self.is_auto
+
+    @property
+    def sharding(self) -> SingleDeviceSharding:
+        """A sharding that puts an array on `device` in `memory_kind`."""
+        return SingleDeviceSharding(self.device, memory_kind=self.memory_kind)
+
+    def event_fields(self) -> dict[str, Any]:
+        """The flat fields of this decision's `placement` event."""
+        return {
+            "name": self.name,
+            "device": self.device_text,
+            "device_id": self.device.id,
+            "requested": self.requested,
+            "rule": self.rule,
+            "origin": self.origin,
+            "source": self.source,
+            "fallback_reason": self.fallback_reason,
+            "nbytes": self.nbytes,
+            "memory_kind": self.memory_kind,
+            "process_index": self.device.process_index,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """How a name was decided, step by step.
+
+    Attributes:
+        name: The name explained.
+        nbytes: The size given, if any.
+        steps: Each rule tried, in order, with its origin and why it did or did not match.
+        fallback: Each target tried on the way to the device, with why it was passed over.
+        decision: The decision, or None when no device could be had.
+        error: The error resolving would raise, or None.
+    """
+
+    name: str
+    nbytes: int | None
+    steps: tuple[tuple[RuleEntry, Step], ...]
+    fallback: tuple[tuple[str, str], ...]
+    decision: Decision | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What deciding one name came to: the rule (None: the default), and the walk's end."""
+
+    rule: int | None
+    route: Route
+    choice: Choice | DevicePolicyError
+
+
+def checked_nbytes(nbytes: object) -> int:
+    """A size as a plain int; numpy integers are fine, bools, floats and negatives are not."""
+    if isinstance(nbytes, numbers.Integral) and not isinstance(nbytes, bool) and int(nbytes) >= 0:
+        return int(nbytes)
+    raise ValueError(f"nbytes must be None or a non-negative int, got {nbytes!r}")
+
+
+class Decider:
+    """Decides where names go by one policy's settings; logs each decision once at info.
+
+    Built once per policy: patterns compiled, chains parsed. A repeated unsized name is
+    one lookup in a bounded two-generation cache (recently used names survive a turnover;
+    no cliff where everything is forgotten at once).
+
+    Attributes:
+        settings: The merged settings decided by.
+        capacity: Where memory-aware rules learn free memory.
+        events: Where events go.
+        disabled: Whether DEVPOLICY_DISABLE is in force.
+    """
+
+    __slots__ = (
+        "_default",
+        "_fit",
+        "_matcher",
+        "_old",
+        "_quiet_repeats",
+        "_recent",
+        "_rejects",
+        "_routes",
+        "capacity",
+        "disabled",
+        "events",
+        "settings",
+    )
+
+    def __init__(self, settings: Settings, capacity: Capacity) -> None:
+        self.settings = settings
+        self.capacity = capacity
+        self.disabled: bool = settings.disable.value
+        self.events = EventLog(settings.log_level.value, settings.log_format.value)
+        # Decided once: whether a repeat can be seen by anyone (devpolicy's level is applied
+        # before any renderer, so a repeat below it costs nothing).
+        self._quiet_repeats = not self.events.enabled("debug")
+        self._fit = Fit(capacity, settings.headroom.value)
+        self._matcher = Matcher(
+            [
+                compile_condition(
+                    r.spec.match if r.spec.match is not None else str(r.spec.regex),
+                    r.spec.regex is not None,
+                    r.spec.min_bytes,
+                    r.spec.max_bytes,
+                )
+                for r in settings.rules
+            ]
+        )
+        fallback = tuple(settings.fallback.value)
+        strict: bool = settings.strict.value
+        self._routes = tuple(
+            Route(
+                r.spec.device,
+                tuple(r.spec.fallback) if r.spec.fallback is not None else fallback,
+                r.spec.memory,
+                strict,
+                f" (rule {r.origin})",
+                r.spec.fits,
+            )
+            for r in settings.rules
+        )
+        self._rejects = settings.default.value == REJECT
+        self._default = Route(
+            "auto" if self._rejects else settings.default.value,
+            fallback,
+            None,
+            strict,
+            f" (default, {settings.default.origin})",
+            False,
+        )
+        self._recent: dict[object, Decision] = {}
+        self._old: dict[object, Decision] = {}
+
+    @property
+    def routes(self) -> tuple[Route, ...]:
+        """Each rule's route, in rule order."""
+        return self._routes
+
+    @property
+    def default_route(self) -> Route | None:
+        """The default's route, or None under `default: reject`."""
+        return None if self._rejects else self._default
+
+    def resolve(self, name: str, nbytes: int | None = None) -> Decision:
+        """Decide where `name` goes and log it: info the first time, debug on repeats."""
+        if nbytes is None:
+            # The hot path (`@place`, `scope`): one lookup, nothing built, nothing logged
+            # unless someone can see a debug event.
+            decision = self._recent.get(name)
+            if decision is not None and self._quiet_repeats:
+                return decision
+        return self._resolve(name, nbytes, NOTHING_CLAIMED)
+
+    def _resolve(
+        self, name: str, nbytes: int | None, claimed: Mapping[jax.Device, int]
+    ) -> Decision:
+        if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
+            nbytes = checked_nbytes(nbytes)
+        key: object = name if nbytes is None else (name, nbytes)
+        decision = self._cached(key)
+        if decision is not None:
+            self.events.repeat("placement", decision.event_fields)
+            return decision
+        decision, cacheable = self._decision(name, nbytes, claimed)
+        if cacheable and not decision.is_auto:  # `auto` follows the default device: per call
+            self._remember(key, decision)
+        first = (name, decision.device_text, decision.rule, decision.origin)
+        self.events.decided(first, "placement", decision.event_fields)
+        return decision
+
+    def _cached(self, key: object) -> Decision | None:
+        decision = self._recent.get(key)
+        if decision is None:
+            decision = self._old.get(key)
+            if decision is not None:
+                self._remember(key, decision)
+        return decision
+
+    def _remember(self, key: object, decision: Decision) -> None:
+        if len(self._recent) >= CACHE_GENERATION:
+            # Turn over: what was used in the last generation stays reachable for one more.
+            self._old = self._recent
+            self._recent = {}
+        self._recent[key] = decision
+
+    def resolve_many(self, items: Iterable[tuple[str, int | None]]) -> list[Decision]:
+        """Resolve (name, nbytes) pairs as one placement, earlier items' bytes claimed."""
+        claimed: dict[jax.Device, int] = {}
+        decisions = []
+        for name, nbytes in items:
+            decision = self._resolve(name, nbytes, claimed)
+            claimed[decision.device] = claimed.get(decision.device, 0) + (decision.nbytes or 0)
+            decisions.append(decision)
+        return decisions
+
+    def decide(self, name: str, nbytes: int | None = None) -> Decision:
+        """Like `resolve`, but nothing is logged or cached."""
+        return self._decision(name, nbytes, NOTHING_CLAIMED)[0]
+
+    def decide_many(
+        self, items: Iterable[tuple[str, int | None]]
+    ) -> list[Decision | DevicePolicyError]:
+        """Like `resolve_many`, logging nothing, each failure returned in its place."""
+        claimed: dict[jax.Device, int] = {}
+        results: list[Decision | DevicePolicyError] = []
+        for name, nbytes in items:
+            try:
+                decision = self._decision(name, nbytes, claimed)[0]
+            except DevicePolicyError as e:
+                results.append(e)
+                continue
+            claimed[decision.device] = claimed.get(decision.device, 0) + (decision.nbytes or 0)
+            results.append(decision)
+        return results
+
+    def explain(self, name: str, nbytes: int | None = None) -> Explanation:
+        """Every rule tried for `name` and every fallback step, from the walk that decides."""
+        if nbytes is not None:
+            nbytes = checked_nbytes(nbytes)
+        outcome = self._outcome(name, nbytes, NOTHING_CLAIMED)
+        rules = self.settings.rules
+        steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes))
+        error = outcome.choice
+        if isinstance(error, DevicePolicyError):
+            tried = error.tried if isinstance(error, DeviceUnavailableError) else ()
+            return Explanation(name, nbytes, steps, tried, None, str(error))
+        decision = self._build(name, nbytes, outcome.rule, outcome.route, error)
+        return Explanation(name, nbytes, steps, error.tried, decision, None)
+
+    def _decision(
+        self, name: str, nbytes: int | None, claimed: Mapping[jax.Device, int]
+    ) -> tuple[Decision, bool]:
+        """The decision (or its error, raised), and whether it may be cached."""
+        outcome = self._outcome(name, nbytes, claimed)
+        if isinstance(outcome.choice, DevicePolicyError):
+            raise outcome.choice
+        choice = outcome.choice
+        decision = self._build(name, nbytes, outcome.rule, outcome.route, choice)
+        return decision, not choice.sized
+
+    def _outcome(
+        self, name: str, nbytes: int | None, claimed: Mapping[jax.Device, int]
+    ) -> _Outcome:
+        if not isinstance(name, str):
+            raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
+        if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
+            nbytes = checked_nbytes(nbytes)
+        index = self._matcher.first(name, nbytes)
+        route = self._default if index is None else self._routes[index]
+        if self.disabled:
+            # The kill switch works where the policy cannot: nothing is looked up, and
+            # nothing (not even `default: reject`) can fail a call.
+            return _Outcome(index, route, Choice(None, route.chain[0], (), False))
+        if index is None and self._rejects:
+            patterns = [c.pattern for c in self._matcher.conditions]
+            error = UnmatchedNameError(name, self.settings.default.origin, patterns)
+            return _Outcome(None, route, error)
+        try:
+            choice = route.choose(name, nbytes, self._fit, claimed)
+        except DeviceUnavailableError as e:
+            return _Outcome(index, route, e)
+        return _Outcome(index, route, choice)
+
+    def _build(
+        self, name: str, nbytes: int | None, index: int | None, route: Route, choice: Choice
+    ) -> Decision:
+        entry = None if index is None else self.settings.rules[index]
+        source: Source = "default" if entry is None else entry.source
+        if self.disabled:
+            source = "disabled"
+        device = choice.device if choice.device is not None else current_default_device()
+        reason = None
+        if choice.tried:
+            passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
+            reason = f"{passed}; used {choice.target.text}"
+        return Decision(
+            name=name,
+            device=device,
+            device_text=inventory().text(device),
+            memory_kind=route.memory_kind,
+            requested=route.requested,
+            rule=None if entry is None else entry.index,
+            origin=self.settings.default.origin if entry is None else entry.origin,
+            source=source,
+            fallback_reason=reason,
+            nbytes=nbytes,
+            commit=True if entry is None else entry.spec.commit,
+            is_auto=choice.device is None or self.disabled,
+            mmap=False if entry is None else entry.spec.mmap,
+        )

@@ -1,0 +1,165 @@
+"""The fallback walk: a target and its chain tried against this machine, in one place.
+
+The decider, `explain` and lint all ask this module how a chain resolves here, so the
+three can never disagree. Memory claimed by earlier items of one placement is passed in,
+never read from hidden state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import jax
+
+from ._capacity import Capacity
+from ._errors import DeviceUnavailableError
+from ._inventory import current_default_device, inventory, memory_kinds
+from ._sizes import format_size
+from ._targets import Target, parse_target
+
+#: Nothing claimed yet: the usual case, shared rather than built per call.
+NOTHING_CLAIMED: Mapping[jax.Device, int] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """Where a walk ended.
+
+    Attributes:
+        device: The device, or None for `auto` (JAX's default device at the time of use).
+        target: The target of the chain that was used.
+        tried: Each target passed over before it, with why.
+        sized: Whether free memory was consulted (then the choice holds for this call only).
+    """
+
+    device: jax.Device | None
+    target: Target
+    tried: tuple[tuple[str, str], ...]
+    sized: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """How memory-aware placement judges a size: by `capacity`, keeping `headroom` free."""
+
+    capacity: Capacity
+    headroom: float
+
+    def problem(self, device: jax.Device, nbytes: int, claimed: int) -> str | None:
+        """Why `nbytes` does not fit `device` with `claimed` bytes already given, or None."""
+        free = self.capacity.free_bytes(device)
+        if free is None:
+            return None
+        budget = int(free * (1 - self.headroom)) - claimed
+        if nbytes <= budget:
+            return None
+        where = inventory().text(device)
+        kept = f", keeping {self.headroom:.0%} free" if self.headroom else ""
+        earlier = f", {format_size(claimed)} of it taken by earlier items" if claimed else ""
+        return f"needs {format_size(nbytes)}, {format_size(free)} free on {where}{earlier}{kept}"
+
+
+class Route:
+    """A target with its fallback chain, parsed once; walked against the inventory.
+
+    Attributes:
+        requested: The first target's text, as written.
+        chain: The target and its fallbacks, in order.
+        memory_kind: The memory kind asked for, or None.
+        strict: Whether only the first target may be used.
+        context: Where the chain was written, for error messages (` (rule x.yaml:4)`).
+        fits: Whether every target is judged by size (the rule's `fits`), not only `auto`.
+    """
+
+    __slots__ = ("_fixed", "chain", "context", "fits", "memory_kind", "requested", "strict")
+
+    def __init__(
+        self,
+        requested: str,
+        fallback: tuple[str, ...],
+        memory_kind: str | None,
+        strict: bool,
+        context: str,
+        fits: bool,
+    ) -> None:
+        self.requested = requested
+        self.chain = (parse_target(requested), *(parse_target(t) for t in fallback))
+        self.memory_kind = memory_kind
+        self.strict = strict
+        self.context = context
+        self.fits = fits
+        self._fixed: Choice | None = None
+
+    @property
+    def tried_chain(self) -> tuple[Target, ...]:
+        """The targets a walk may try: only the first under strict."""
+        return self.chain[:1] if self.strict else self.chain
+
+    def judges_size(self) -> bool:
+        """Whether a known size can change where this chain ends."""
+        return self.fits or any(t.is_auto for t in self.chain)
+
+    def choose(
+        self,
+        name: str,
+        nbytes: int | None,
+        fit: Fit,
+        claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
+    ) -> Choice:
+        """`walk`, raising when no device can be had; a size-blind result is kept."""
+        if self._fixed is not None and (nbytes is None or not self.judges_size()):
+            return self._fixed
+        choice = self.walk(name, nbytes, fit, claimed)
+        if isinstance(choice, DeviceUnavailableError):
+            raise choice
+        if choice.device is not None and not choice.sized:
+            # Devices do not come and go in a process: the same walk ends the same way.
+            self._fixed = choice
+        return choice
+
+    def walk(
+        self,
+        name: str,
+        nbytes: int | None,
+        fit: Fit,
+        claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
+    ) -> Choice | DeviceUnavailableError:
+        """Try each target of the chain in order (only the first under strict).
+
+        With a size known, `auto` targets (and every target of a `fits` rule) are used only
+        if the size fits beside `claimed`; the last target of the chain is used even then,
+        unless strict.
+        """
+        inv = inventory()
+        tried: list[tuple[str, str]] = []
+        chain = self.tried_chain
+        sized = False
+        for position, target in enumerate(chain, start=1):
+            found: jax.Device | str
+            found = current_default_device() if target.is_auto else inv.find(target)
+            if not isinstance(found, str) and self.memory_kind is not None:
+                kinds = memory_kinds(found)
+                if self.memory_kind not in kinds:
+                    found = (
+                        f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
+                    )
+            if not isinstance(found, str) and nbytes is not None and (self.fits or target.is_auto):
+                sized = True
+                too_small = fit.problem(found, nbytes, claimed.get(found, 0))
+                if too_small is not None:
+                    if position < len(chain) or self.strict:
+                        tried.append((target.text, too_small))
+                        continue
+                    tried.append((target.text, f"{too_small}; placed anyway, nothing else to try"))
+            if isinstance(found, str):
+                tried.append((target.text, found))
+                continue
+            return Choice(None if target.is_auto else found, target, tuple(tried), sized)
+        context = f" for name {name!r}{self.context}"
+        if self.strict:
+            context += " (strict: no fallback)"
+        elif len(self.chain) == 1:
+            context += " (no fallback given)"
+        missing = inv.missing_for({t.platform for t in chain})
+        return DeviceUnavailableError(self.requested, tried, inv.available(), missing, context)
