@@ -17,7 +17,7 @@ import jax
 from . import _placement, _prefetch, _safetensors
 from ._decider import Decider, Decision, Explanation
 from ._load_policy import load_policy
-from ._placement import Active, Scope, make_place
+from ._placement import Active, Scope, Scopes, make_place
 from ._policy import Policy
 from ._safetensors import Plan
 
@@ -67,6 +67,7 @@ def _inactive_decider() -> Decider:
 
 # How placement finds the active decider at each call without calling up into this module.
 _ACTIVE_DECIDER = Active(_ACTIVE.get, _inactive_decider)
+_ACTIVE_SCOPES = Scopes(_ACTIVE_DECIDER)
 
 
 def _discover() -> Policy:
@@ -188,7 +189,7 @@ def scope(name: str, *, nbytes: int | None = None) -> Scope:
         >>> decision.device_text, x.devices() == {decision.device}
         ('cpu:2', True)
     """
-    return Scope(_ACTIVE_DECIDER, name, nbytes)
+    return _ACTIVE_SCOPES(name, nbytes)
 
 
 @overload

