@@ -23,6 +23,8 @@ from ._active import place as place
 from ._active import put as put
 from ._active import resolve as resolve
 from ._active import scope as scope
+from ._bootstrap import bootstrap as bootstrap
+from ._bootstrap import runtime_settings as runtime_settings
 from ._capacity import Capacity as Capacity
 from ._capacity import DeviceMemory as DeviceMemory
 from ._capacity import StaticCapacity as StaticCapacity
@@ -31,6 +33,7 @@ from ._errors import DeviceUnavailableError as DeviceUnavailableError
 from ._errors import EnvOverrideError as EnvOverrideError
 from ._errors import PolicyError as PolicyError
 from ._errors import Problem as Problem
+from ._errors import RuntimeTooLateError as RuntimeTooLateError
 from ._errors import UnmatchedNameError as UnmatchedNameError
 from ._inventory import Inventory as Inventory
 from ._inventory import available_backends as available_backends
@@ -53,6 +56,8 @@ from ._policy import Decision as Decision
 from ._policy import Explanation as Explanation
 from ._policy import Policy as Policy
 from ._prefetch import prefetch as prefetch
+from ._runtime import RuntimeKnob as RuntimeKnob
+from ._runtime import RuntimeSettings as RuntimeSettings
 from ._schema import policy_schema as policy_schema
 from ._sizes import format_size as format_size
 from ._sizes import parse_size as parse_size
@@ -82,6 +87,9 @@ __all__ = [
     "Policy",
     "PolicyError",
     "Problem",
+    "RuntimeKnob",
+    "RuntimeSettings",
+    "RuntimeTooLateError",
     "SafetensorsFileError",
     "Scope",
     "ScopeInCoroutineError",
@@ -93,6 +101,7 @@ __all__ = [
     "active_policy",
     "align_file",
     "available_backends",
+    "bootstrap",
     "explain",
     "format_size",
     "get_device",
@@ -108,6 +117,7 @@ __all__ = [
     "propagate",
     "put",
     "resolve",
+    "runtime_settings",
     "save_file",
     "scope",
 ]
