@@ -48,6 +48,9 @@ HOST_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 #: Set by `devpolicy run` in the child: the variables it set from the policy (not the user).
 RUNTIME_SET_VAR = "DEVPOLICY_RUNTIME_SET"
 GIB = 2**30
+# `import jax` itself sets these when unset (jax/__init__.py: os.environ.setdefault), so such
+# a value is JAX's default, not a user's choice; a policy may still set it.
+_JAX_SETS_AT_IMPORT = {"TF_CPP_MIN_LOG_LEVEL": "1"}
 FIX = "call devpolicy.bootstrap() before the first JAX computation, or use `devpolicy run`"
 
 
@@ -357,7 +360,9 @@ def plan_runtime(
 
     def given(variable: str) -> str | None:
         text = environ.get(variable, "")
-        return text if text != "" else None
+        if text == "" or _JAX_SETS_AT_IMPORT.get(variable) == text:
+            return None
+        return text
 
     knobs: list[RuntimeKnob] = []
     conflicts: list[str] = []
