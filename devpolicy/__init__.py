@@ -26,6 +26,8 @@ from ._active import prefetch as prefetch
 from ._active import put as put
 from ._active import resolve as resolve
 from ._active import scope as scope
+from ._bootstrap import bootstrap as bootstrap
+from ._bootstrap import runtime_settings as runtime_settings
 from ._capacity import Capacity as Capacity
 from ._capacity import DeviceMemory as DeviceMemory
 from ._capacity import StaticCapacity as StaticCapacity
@@ -37,6 +39,7 @@ from ._errors import EnvOverrideError as EnvOverrideError
 from ._errors import NarrowingError as NarrowingError
 from ._errors import PolicyError as PolicyError
 from ._errors import Problem as Problem
+from ._errors import RuntimeTooLateError as RuntimeTooLateError
 from ._errors import ScopeInCoroutineError as ScopeInCoroutineError
 from ._errors import UnmatchedNameError as UnmatchedNameError
 from ._inventory import Inventory as Inventory
@@ -48,6 +51,8 @@ from ._lint import lint as lint
 from ._load_policy import load_policy as load_policy
 from ._placement import Scope as Scope
 from ._policy import Policy as Policy
+from ._runtime import RuntimeKnob as RuntimeKnob
+from ._runtime import RuntimeSettings as RuntimeSettings
 from ._safetensors import DeviceLoad as DeviceLoad
 from ._safetensors import Plan as Plan
 from ._safetensors import PlannedTensor as PlannedTensor
@@ -82,6 +87,9 @@ __all__ = [
     "Policy",
     "PolicyError",
     "Problem",
+    "RuntimeKnob",
+    "RuntimeSettings",
+    "RuntimeTooLateError",
     "SafetensorsFileError",
     "Scope",
     "ScopeInCoroutineError",
@@ -93,6 +101,7 @@ __all__ = [
     "active_policy",
     "align_file",
     "available_backends",
+    "bootstrap",
     "explain",
     "format_size",
     "get_device",
@@ -108,6 +117,7 @@ __all__ = [
     "propagate",
     "put",
     "resolve",
+    "runtime_settings",
     "save_file",
     "scope",
 ]

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         "devices", help="which backends and devices this process has, and why not"
     )
     devices.add_argument("--json", action="store_true", help="print JSON")
+    devices.add_argument(
+        "--policy", type=Path, default=None, help="policy whose runtime knobs to show"
+    )
 
     check = commands.add_parser("check", help="validate and lint a policy")
     check.add_argument(
@@ -84,6 +87,17 @@ def _parser() -> argparse.ArgumentParser:
     align.add_argument(
         "--align", type=int, default=64, help="byte alignment, a power of two (default 64)"
     )
+    run = commands.add_parser(
+        "run",
+        help="run a command with the policy's runtime settings in its environment",
+        description="Set the policy's `runtime:` variables (and DEVPOLICY_FILE), then replace "
+        "this process with COMMAND: devpolicy run --policy p.yaml -- python train.py",
+    )
+    run.add_argument("--policy", type=Path, default=None, help="policy file (default: discovery)")
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the variables that would be set, run nothing"
+    )
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     return parser
 
 
@@ -110,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "plan": _plan,
         "schema": _schema,
         "align": _align,
+        "run": _run,
     }
     try:
         return handlers[args.command](args)
@@ -152,7 +167,22 @@ def _memory(device: Any) -> tuple[int | None, int | None, str]:
 
 
 def _devices(args: argparse.Namespace) -> int:
+    # Apply the policy's runtime knobs first, as a program would: the devices listed are
+    # those a program under this policy gets.
+    try:
+        activation = devpolicy.bootstrap(args.policy)
+    except (devpolicy.PolicyError, devpolicy.EnvOverrideError) as e:
+        if args.policy is not None:
+            raise
+        print(f"devpolicy devices: runtime knobs not applied: {e}", file=sys.stderr)
+        return _list_devices(args, None)
+    with activation as policy:
+        return _list_devices(args, policy)
+
+
+def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> int:
     inv = devpolicy.inventory()
+    runtime = devpolicy.runtime_settings(policy) if policy is not None else None
     default = devpolicy.get_device("auto")
     rows = []
     for platform, devices in inv.devices.items():
@@ -182,6 +212,8 @@ def _devices(args: argparse.Namespace) -> int:
             "default_platform": inv.default_platform,
             "backends": backends,
             "devices": rows,
+            "runtime": [_knob_row(k) for k in runtime.knobs] if runtime else [],
+            "runtime_conflicts": list(runtime.conflicts) if runtime else [],
         }
         print(json.dumps(payload, indent=2))
         return EXIT_OK
@@ -209,7 +241,40 @@ def _devices(args: argparse.Namespace) -> int:
             row["free_from"],
         )
     console.print(table)
+    if runtime is not None:
+        _print_runtime(console, runtime)
     return EXIT_OK
+
+
+def _knob_row(knob: devpolicy.RuntimeKnob) -> dict[str, Any]:
+    return {
+        "knob": knob.knob,
+        "value": knob.text,
+        "source": knob.source,
+        "origin": knob.origin,
+        "variable": knob.variable,
+        "config": knob.config,
+        "note": knob.note or None,
+        "state": knob.state,
+    }
+
+
+def _print_runtime(console: Console, runtime: devpolicy.RuntimeSettings) -> None:
+    if not runtime.knobs:
+        console.print(Text("runtime: the policy sets no runtime knobs"))
+    else:
+        table = Table(title="Runtime knobs (policy runtime:)", title_justify="left")
+        for column in ("knob", "value", "source", "from", "variable", "state"):
+            table.add_column(column, overflow="fold")
+        for k in runtime.knobs:
+            value = Text(k.text)
+            if k.note:
+                value.append(f" ({k.note})", style="dim")
+            state = Text(k.state, style="red" if k.state.startswith("differs") else "")
+            table.add_row(k.knob, value, k.source, k.origin, k.variable, state)
+        console.print(table)
+    for conflict in runtime.conflicts:
+        console.print(Text(f"runtime conflict: {conflict}", style="yellow"))
 
 
 # check -----------------------------------------------------------------------------------
@@ -240,8 +305,34 @@ def _check(args: argparse.Namespace) -> int:
         {"severity": f.severity, "origin": f.origin, "code": f.code, "message": f.message}
         for f in devpolicy.lint(policy)
     ]
+    findings += _runtime_findings(policy)
     how = f"; found by {policy.found}" if args.policy is None else ""
     return _report_check(args, f"{label} ({len(policy.rules)} rules{how})", findings)
+
+
+def _runtime_findings(policy: devpolicy.Policy) -> list[dict[str, str]]:
+    """Runtime knobs the environment overrides or contradicts (warnings)."""
+    runtime = devpolicy.runtime_settings(policy)
+    findings = [
+        {
+            "severity": "warning",
+            "origin": "env",
+            "code": "runtime-conflict",
+            "message": conflict,
+        }
+        for conflict in runtime.conflicts
+    ]
+    findings += [
+        {
+            "severity": "warning",
+            "origin": k.origin,
+            "code": "runtime-env-wins",
+            "message": f"runtime.{k.knob.removeprefix('env.')}: {k.note}; the environment wins",
+        }
+        for k in runtime.knobs
+        if k.source == "env"
+    ]
+    return findings
 
 
 def _where(problem: devpolicy.Problem) -> str:
@@ -430,6 +521,47 @@ def _plan(args: argparse.Namespace) -> int:
     if unplaced:
         console.print(Text(f"{unplaced} tensor(s) have no device", style="red"))
     return status
+
+
+# run -------------------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv and not args.dry_run:
+        print(
+            "devpolicy run: give the command after --: devpolicy run -- python train.py",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    policy = _load(args.policy)
+    runtime = devpolicy.runtime_settings(policy)
+    child = runtime.environment(os.environ)
+    if policy.file is not None:
+        path = args.policy if args.policy is not None else Path(policy.file)
+        child["DEVPOLICY_FILE"] = str(path.resolve())
+    if args.dry_run:
+        for name in sorted(n for n in child if child[n] != os.environ.get(n)):
+            print(f"{name}={child[name]}")
+        for k in runtime.knobs:
+            if k.source == "env":
+                print(f"# {k.knob}: {k.note}", file=sys.stderr)
+        return EXIT_OK
+    for conflict in runtime.conflicts:
+        print(f"devpolicy run: warning: {conflict}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, child)
+    except FileNotFoundError:
+        print(f"devpolicy run: command not found: {argv[0]}", file=sys.stderr)
+        return 127
+    except PermissionError:
+        print(f"devpolicy run: not executable: {argv[0]}", file=sys.stderr)
+        return 126
+    raise AssertionError("unreachable")  # pragma: no cover - execvpe does not return
 
 
 # schema and align ------------------------------------------------------------------------

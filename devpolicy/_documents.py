@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ._errors import PolicyError, Problem, did_you_mean
-from ._schema import ERROR_TYPE, LoggingSpec, OverridesSpec, PolicySpec, RuleSpec
+from ._schema import ERROR_TYPE, LoggingSpec, OverridesSpec, PolicySpec, RuleSpec, RuntimeSpec
 from ._yaml import LineMap, field_path, read_yaml
 
 MAPPING_LABEL = "<mapping>"
@@ -107,7 +107,8 @@ def _problems(
             misspelt.update((*loc[:-1], name) for name in close)
     problems = []
     for err in errors:
-        loc = tuple(err["loc"])
+        # A bad mapping key (runtime.env) is reported at the key itself.
+        loc = tuple(part for part in err["loc"] if part != "[key]")
         if err["type"] == "missing" and loc in misspelt:
             continue
         problems.append(
@@ -135,7 +136,11 @@ def _message(err: Any, loc: tuple[str | int, ...], root: type[BaseModel]) -> str
     return f"{err['msg']}, got {_kind(value)} {value!r}"
 
 
-_NESTED: dict[str, type[BaseModel]] = {"rules": RuleSpec, "logging": LoggingSpec}
+_NESTED: dict[str, type[BaseModel]] = {
+    "rules": RuleSpec,
+    "logging": LoggingSpec,
+    "runtime": RuntimeSpec,
+}
 
 
 def _fields_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:

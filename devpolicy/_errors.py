@@ -185,3 +185,36 @@ class NarrowingError(DevicePolicyError, ValueError):
             "(jax.config.update('jax_enable_x64', True)), or pass narrow='lossy' to accept "
             "the change."
         )
+
+
+class RuntimeTooLateError(DevicePolicyError, RuntimeError):
+    """`runtime:` settings came after JAX started a backend, and the backend runs otherwise.
+
+    Most runtime knobs are read once, when the first backend starts; changing them later
+    would be silently ignored, so devpolicy refuses instead. Nothing has been changed.
+
+    Attributes:
+        knobs: Each knob that differs, as (knob, wanted, running, origin).
+        fix: What to do instead.
+
+    Example:
+        >>> e = RuntimeTooLateError([("cpu_devices", "2", "4", "p.yaml:3")], "bootstrap earlier")
+        >>> print(e)
+        JAX's backend has already started, so these runtime settings can no longer take effect:
+          cpu_devices (p.yaml:3): wanted 2, running 4
+        fix: bootstrap earlier
+    """
+
+    def __init__(self, knobs: Sequence[tuple[str, str, str, str]], fix: str) -> None:
+        self.knobs = tuple(knobs)
+        self.fix = fix
+        lines = [
+            "JAX's backend has already started, so these runtime settings can no longer "
+            "take effect:"
+        ]
+        lines += [
+            f"  {knob} ({origin}): wanted {wanted}, running {actual}"
+            for knob, wanted, actual, origin in self.knobs
+        ]
+        lines.append(f"fix: {fix}")
+        super().__init__("\n".join(lines))

@@ -7,7 +7,8 @@ rule of the policy file and a rule given in code before both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._documents import Document
@@ -59,6 +60,9 @@ class Settings:
     log_format: Setting
     rules: tuple[RuleEntry, ...]
     file: str | None
+    #: The policy's `runtime:` fields by knob (`env.NAME` for its `env:` entries). The
+    #: environment layer of these is JAX's own variables, weighed when they are applied.
+    runtime: Mapping[str, Setting] = field(default_factory=dict)
 
 
 def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | None) -> Settings:
@@ -103,7 +107,22 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
         ),
         rules=tuple(rules),
         file=document.file if document is not None else None,
+        runtime=_runtime(document),
     )
+
+
+def _runtime(document: Document | None) -> dict[str, Setting]:
+    if document is None:
+        return {}
+    spec = document.spec.runtime
+    out = {
+        name: Setting(_get(spec, (name,)), "policy", document.origin("runtime", name))
+        for name in type(spec).model_fields
+        if name != "env" and name in spec.model_fields_set and getattr(spec, name) is not None
+    }
+    for name, value in spec.env.items():
+        out[f"env.{name}"] = Setting(value, "policy", document.origin("runtime", "env", name))
+    return out
 
 
 _DEFAULT_VALUES: dict[str, Any] = {
@@ -132,7 +151,7 @@ def _is_set(spec: PolicySpec, loc: tuple[str, ...]) -> bool:
     return loc[-1] in model.model_fields_set
 
 
-def _get(spec: PolicySpec, loc: tuple[str, ...]) -> Any:
+def _get(spec: Any, loc: tuple[str, ...]) -> Any:
     value: Any = spec
     for part in loc:
         value = getattr(value, part)

@@ -23,7 +23,15 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ._errors import did_you_mean
-from ._sizes import SIZE_FORMS, SIZE_PATTERN, parse_size
+from ._runtime import (
+    ALLOCATORS,
+    ENV_NAME_FORMS,
+    ENV_NAME_PATTERN,
+    GIB,
+    OWNED_VARIABLES,
+    PLATFORMS,
+)
+from ._sizes import SIZE_FORMS, SIZE_PATTERN, format_size, parse_size
 from ._targets import REJECT, TARGET_FORMS, TARGET_PATTERN, parse_target
 
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
@@ -240,6 +248,157 @@ def _version(value: Any) -> int:
     raise _fail(f"unsupported policy version {value!r}; accepted: 1")
 
 
+def _pool_fraction(value: Any) -> float:
+    number: Any = value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            number = float(value.strip()[:-1]) / 100
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) or not 0 < number <= 1:
+        raise _fail(f"expected a fraction in (0, 1] or a percentage like '50%', got {value!r}")
+    return float(number)
+
+
+def _count(minimum: int) -> Callable[[Any], int]:
+    def validate(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise _fail(f"expected a whole number >= {minimum}, got {value!r}")
+        return value
+
+    return validate
+
+
+def _distinct(what: str) -> Callable[[Any], Any]:
+    def validate(value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise _fail(f"an empty list; give at least one {what}")
+            repeated = sorted({str(v) for v in value if value.count(v) > 1})
+            if repeated:
+                raise _fail(f"{what} listed more than once: {', '.join(repeated)}")
+        return value
+
+    return validate
+
+
+def _host_limit(value: Any) -> int:
+    nbytes = _to_size(value)
+    if nbytes == 0 or nbytes % GIB:
+        below, above = max(1, nbytes // GIB), nbytes // GIB + 1
+        raise _fail(
+            f"the pinned-host pool limit is set in whole GiB, got {value!r} "
+            f"({format_size(nbytes)}); write {below}GiB or {above}GiB"
+        )
+    return nbytes
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or re.fullmatch(ENV_NAME_PATTERN, value) is None:
+        raise _fail(f"not a variable runtime.env may set: {value!r}; accepted: {ENV_NAME_FORMS}")
+    knob = OWNED_VARIABLES.get(value)
+    if knob is not None:
+        raise _fail(f"{value} is what `runtime.{knob}` sets: write `{knob}:` instead")
+    return value
+
+
+def _env_value(value: Any) -> Any:
+    if isinstance(value, str | bool | int | float):
+        return value
+    names = {dict: "mapping", list: "list", type(None): "null"}
+    kind = names.get(type(value), type(value).__name__)
+    raise _fail(f"expected a string, number or boolean, got a {kind} {value!r}")
+
+
+Platform = Annotated[
+    str,
+    BeforeValidator(_choice(PLATFORMS, "platform")),
+    WithJsonSchema({"enum": list(PLATFORMS)}),
+]
+Allocator = Annotated[
+    str,
+    BeforeValidator(_choice(ALLOCATORS, "allocator")),
+    WithJsonSchema({"enum": list(ALLOCATORS)}),
+]
+PoolFraction = Annotated[
+    float,
+    BeforeValidator(_pool_fraction),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*%\s*$"},
+            ]
+        }
+    ),
+]
+DeviceIndex = Annotated[
+    int, BeforeValidator(_count(0)), WithJsonSchema({"type": "integer", "minimum": 0})
+]
+CpuCount = Annotated[
+    int, BeforeValidator(_count(1)), WithJsonSchema({"type": "integer", "minimum": 1})
+]
+HostLimit = Annotated[
+    int,
+    BeforeValidator(_host_limit),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": GIB, "multipleOf": GIB},
+                {"type": "string", "pattern": SIZE_PATTERN},
+            ],
+            "description": "whole GiB: " + SIZE_FORMS,
+        }
+    ),
+]
+EnvName = Annotated[
+    str,
+    BeforeValidator(_env_name),
+    WithJsonSchema({"type": "string", "pattern": ENV_NAME_PATTERN}),
+]
+EnvValue = Annotated[
+    str | bool | int | float,
+    BeforeValidator(_env_value),
+    WithJsonSchema({"type": ["string", "number", "boolean"]}),
+]
+
+
+class RuntimeSpec(_Strict):
+    """JAX's process settings, read when JAX starts; applied by `bootstrap()` or `devpolicy run`."""
+
+    platforms: Annotated[list[Platform], BeforeValidator(_distinct("platform"))] | None = Field(
+        None,
+        description="Backends to start, in order; the first present is the default "
+        "(JAX_PLATFORMS). `gpu` means the GPU plugins installed.",
+    )
+    preallocate: StrictBool | None = Field(
+        None, description="false: take GPU memory as needed (XLA_PYTHON_CLIENT_PREALLOCATE)."
+    )
+    memory_fraction: PoolFraction | None = Field(
+        None,
+        description="Share of GPU memory JAX's pool may use, 0 < f <= 1 (XLA_CLIENT_MEM_FRACTION).",
+    )
+    allocator: Allocator | None = Field(
+        None, description="GPU allocator (XLA_PYTHON_CLIENT_ALLOCATOR)."
+    )
+    visible_devices: (
+        Annotated[list[DeviceIndex], BeforeValidator(_distinct("device index"))] | None
+    ) = Field(None, description="GPU indices this process may use (CUDA_VISIBLE_DEVICES).")
+    cpu_devices: CpuCount | None = Field(
+        None, description="Number of CPU devices (jax_num_cpu_devices)."
+    )
+    x64: StrictBool | None = Field(None, description="64-bit types (jax_enable_x64).")
+    host_memory_limit: HostLimit | None = Field(
+        None,
+        description="Cap of the pinned-host staging pool, whole GiB "
+        "(XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB).",
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        description="Other XLA_*, JAX_* and TF_* variables, set like the knobs above.",
+    )
+
+
 class PolicySpec(_Strict):
     """A policy document (`version: 1`)."""
 
@@ -260,6 +419,10 @@ class PolicySpec(_Strict):
         default_factory=list, description="Tried in order; first match wins."
     )
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    runtime: RuntimeSpec = Field(
+        default_factory=RuntimeSpec,
+        description="JAX's process settings (platforms, GPU memory), applied before JAX starts.",
+    )
 
 
 class OverridesSpec(_Strict):

@@ -1,7 +1,8 @@
 """Keep a token dataset in host memory while the model and batches use the accelerator.
 
 Writes a synthetic uint16 token dataset (and a small model checkpoint) as safetensors,
-loads both with `devpolicy.load_file` under `policies/dataset-on-host.yaml` (tokens stay
+loads both with `devpolicy.load_file` under `policies/dataset-on-host.yaml`, applied by
+`devpolicy.bootstrap` before JAX starts (no GPU preallocation, CPU fallback; tokens stay
 on the host, parameters go to the compute device), then runs a few training-style steps
 whose batches are sliced from the host-resident tokens and moved to the compute device
 ahead of use by `devpolicy.prefetch`. Every decision is logged on stderr; a per-device
@@ -83,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(f"--size: {e}")
 
-    policy = devpolicy.load_policy(args.policy)
+    # First, before any JAX computation: the policy's `runtime:` (no preallocation, CPU
+    # fallback) takes effect, and the policy becomes the active one.
+    activation = devpolicy.bootstrap(args.policy)
     backends = ", ".join(devpolicy.available_backends())
-    print(f"policy {policy.found}; backends: {backends}", file=sys.stderr)
+    print(f"policy {activation.policy.found}; backends: {backends}", file=sys.stderr)
 
-    with tempfile.TemporaryDirectory() as tmp, devpolicy.activate(policy):
+    with tempfile.TemporaryDirectory() as tmp, activation:
         data, model = Path(tmp) / "dataset.safetensors", Path(tmp) / "model.safetensors"
         write_dataset(data, nbytes)
         write_model(model)

@@ -17,7 +17,8 @@ POLICIES = sorted((REPO / "policies").glob("*.yaml"))
 class TestExamples:
     def test_dataset_on_host_demo_runs_and_reports_placements(self) -> None:
         """The Quick start demo runs on this machine and logs every decision."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+        steering = ("DEVPOLICY_", "XLA_PYTHON_CLIENT_PREALLOCATE")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(steering)}
         result = subprocess.run(
             [
                 sys.executable,
@@ -37,6 +38,8 @@ class TestExamples:
         assert "dataset/tokens" in result.stdout
         assert "per device:" in result.stdout
         assert "batch x2" in result.stdout
+        # bootstrap() applied the policy's runtime: block before JAX started.
+        assert "preallocate=False preallocate_source=policy" in result.stderr
         for event in ("name=dataset/tokens", "name=model/embed", "name=batch", "load_file"):
             assert event in result.stderr
         if "gpu" not in devpolicy.available_backends():

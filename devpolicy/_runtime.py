@@ -1,0 +1,592 @@
+"""Process-level JAX settings (`runtime:`): which variable or config option carries each knob.
+
+Most of these are read once, when JAX starts a backend (some already at `import jax`), so
+they must be in place before the first JAX computation. This module never imports JAX at
+module level: it also runs in `devpolicy run`, which only prepares a child's environment.
+JAX is consulted (lazily) only to read a backend that is already running.
+
+Variable names are those of the installed jax/jaxlib (0.10.2: `jax/_src/config.py`,
+`jax/_src/xla_bridge.py`, `jaxlib/xla_client.py`; the pinned-host pool limit is read by
+XLA's GPU client).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import pkgutil
+import re
+import sys
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from ._errors import PolicyError, Problem, RuntimeTooLateError
+
+PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
+#: What jaxlib's `generate_pjrt_gpu_plugin_options` accepts for XLA_PYTHON_CLIENT_ALLOCATOR.
+ALLOCATORS = ("default", "platform", "bfc", "cuda_async", "vmm")
+#: Names the `env:` mapping accepts (other knobs of JAX, XLA and TensorFlow's C++ runtime).
+ENV_NAME_PATTERN = r"^(XLA|JAX|TF)_[A-Z0-9_]+$"
+ENV_NAME_FORMS = "an upper-case XLA_*, JAX_* or TF_* variable name"
+
+PLATFORMS_VAR = "JAX_PLATFORMS"
+CPU_DEVICES_VAR = "JAX_NUM_CPU_DEVICES"
+X64_VAR = "JAX_ENABLE_X64"
+PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
+MEM_FRACTION_VAR = "XLA_CLIENT_MEM_FRACTION"
+OLD_MEM_FRACTION_VAR = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # deprecated; jaxlib refuses both
+ALLOCATOR_VAR = "XLA_PYTHON_CLIENT_ALLOCATOR"
+CUDA_VISIBLE_VAR = "CUDA_VISIBLE_DEVICES"
+HIP_VISIBLE_VAR = "HIP_VISIBLE_DEVICES"
+HOST_LIMIT_VAR = "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"
+XLA_FLAGS_VAR = "XLA_FLAGS"
+HOST_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+#: Set by `devpolicy run` in the child: the variables it set from the policy (not the user).
+RUNTIME_SET_VAR = "DEVPOLICY_RUNTIME_SET"
+GIB = 2**30
+# `import jax` itself sets these when unset (jax/__init__.py: os.environ.setdefault), so such
+# a value is JAX's default, not a user's choice; a policy may still set it.
+_JAX_SETS_AT_IMPORT = {"TF_CPP_MIN_LOG_LEVEL": "1"}
+FIX = "call devpolicy.bootstrap() before the first JAX computation, or use `devpolicy run`"
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One `runtime:` field and what carries it to JAX.
+
+    Attributes:
+        name: The field in `runtime:`.
+        variables: Environment variables that carry it (the first is the one devpolicy
+            sets; the others are other spellings a user may have set).
+        config: The `jax.config` option, for knobs JAX reads at `import jax`.
+        gpu: Whether only a GPU backend reads it.
+        live: Whether it can still change after a backend has started.
+        doc: What it does.
+    """
+
+    name: str
+    variables: tuple[str, ...]
+    config: str | None
+    gpu: bool
+    live: bool
+    doc: str
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        "platforms",
+        (PLATFORMS_VAR,),
+        "jax_platforms",
+        False,
+        False,
+        "backends to start, in order; the first present is the default. `gpu` becomes the "
+        "GPU plugins installed (`cuda`, `rocm`)",
+    ),
+    Knob(
+        "cpu_devices",
+        (CPU_DEVICES_VAR, XLA_FLAGS_VAR),
+        "jax_num_cpu_devices",
+        False,
+        False,
+        f"number of CPU devices (a user's `XLA_FLAGS={HOST_DEVICE_COUNT_FLAG}=N` counts too)",
+    ),
+    Knob("x64", (X64_VAR,), "jax_enable_x64", False, True, "64-bit types"),
+    Knob(
+        "preallocate",
+        (PREALLOCATE_VAR,),
+        None,
+        True,
+        False,
+        "false: take GPU memory as needed instead of a large share at start",
+    ),
+    Knob(
+        "memory_fraction",
+        (MEM_FRACTION_VAR, OLD_MEM_FRACTION_VAR),
+        None,
+        True,
+        False,
+        "share of GPU memory JAX's pool may use (0 < f <= 1); the spelling the installed "
+        "jaxlib reads is set, never both",
+    ),
+    Knob(
+        "allocator", (ALLOCATOR_VAR,), None, True, False, "GPU allocator: " + ", ".join(ALLOCATORS)
+    ),
+    Knob(
+        "visible_devices",
+        (CUDA_VISIBLE_VAR, HIP_VISIBLE_VAR),
+        None,
+        True,
+        False,
+        "GPU indices the process may use (HIP_VISIBLE_DEVICES when only ROCm is installed)",
+    ),
+    Knob(
+        "host_memory_limit",
+        (HOST_LIMIT_VAR,),
+        None,
+        True,
+        False,
+        "cap of XLA's pinned-host staging pool, in whole GiB",
+    ),
+)
+KNOB_NAMES = tuple(k.name for k in KNOBS)
+_BY_NAME = {k.name: k for k in KNOBS}
+#: Variables a typed knob owns: `env:` may not set them (one knob, one spelling).
+OWNED_VARIABLES: dict[str, str] = {
+    v: k.name for k in KNOBS for v in k.variables if v != XLA_FLAGS_VAR
+}
+
+
+class Wanted(Protocol):
+    """A value from the policy and where it was written (a `_layers.Setting` fits)."""
+
+    @property
+    def value(self) -> Any: ...
+
+    @property
+    def origin(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeKnob:
+    """One runtime knob's effective value, and where it came from.
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1, "runtime": {"platforms": ["cpu"]}})
+        >>> knob = devpolicy.runtime_settings(p, environ={"JAX_PLATFORMS": "tpu"}).knobs[0]
+        >>> knob.text, knob.source, knob.origin
+        ('tpu', 'env', 'env:JAX_PLATFORMS')
+
+    Attributes:
+        knob: The `runtime:` field (`preallocate`), or `env.NAME` for an `env:` entry.
+        value: The effective value (the policy's, typed; or the environment's text).
+        text: The value as its variable spells it (`false`, `cuda,cpu`).
+        source: `policy`, or `env` when a variable the user set wins.
+        origin: `file:line` of the policy field, or `env:VARIABLE`.
+        variable: The environment variable that carries it.
+        config: The `jax.config` option that carries it, if any.
+        note: How the policy's value was translated, or what the environment overrode.
+        state: Against the running process: `pending` (no backend yet), `in effect`,
+            `inert (...)` (no backend reads it), or `differs (running ...)`.
+    """
+
+    knob: str
+    value: Any
+    text: str
+    source: str
+    origin: str
+    variable: str
+    config: str | None = None
+    note: str = ""
+    state: str = "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    """A policy's runtime knobs as they take effect, and conflicts in the environment.
+
+    Attributes:
+        knobs: Each knob the policy sets (or the environment overrides), in table order.
+        conflicts: Settings in the environment that contradict each other.
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1, "runtime": {"allocator": "platform"}})
+        >>> devpolicy.runtime_settings(p, environ={}).assignments()
+        {'XLA_PYTHON_CLIENT_ALLOCATOR': 'platform'}
+    """
+
+    knobs: tuple[RuntimeKnob, ...]
+    conflicts: tuple[str, ...]
+
+    def assignments(self) -> dict[str, str]:
+        """The variables devpolicy sets (the policy's knobs the user has not set)."""
+        return {k.variable: k.text for k in self.knobs if k.source == "policy"}
+
+    def environment(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The environment for a child process: `environ` plus the policy's variables.
+
+        Records which variables came from the policy (`DEVPOLICY_RUNTIME_SET`), so the
+        child's own `bootstrap()` reports them as the policy's, not the user's.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "runtime": {"x64": True}})
+            >>> devpolicy.runtime_settings(p, environ={}).environment({"HOME": "/h"})
+            {'HOME': '/h', 'JAX_ENABLE_X64': 'true', 'DEVPOLICY_RUNTIME_SET': 'JAX_ENABLE_X64'}
+        """
+        child = dict(environ)
+        assignments = self.assignments()
+        child.update(assignments)
+        previous = set(filter(None, environ.get(RUNTIME_SET_VAR, "").split(",")))
+        marked = sorted(previous | set(assignments))
+        if marked:
+            child[RUNTIME_SET_VAR] = ",".join(marked)
+        return child
+
+    def event_fields(self) -> dict[str, Any]:
+        """Flat fields of the `runtime` event: each knob's value and source."""
+        fields: dict[str, Any] = {}
+        for k in self.knobs:
+            key = k.knob.removeprefix("env.")
+            fields[key] = k.text if isinstance(k.value, tuple | list) else k.value
+            fields[f"{key}_source"] = k.source
+            if k.note:
+                fields[f"{key}_note"] = k.note
+            if k.state != "pending":
+                fields[f"{key}_state"] = k.state
+        if self.conflicts:
+            fields["conflicts"] = list(self.conflicts)
+        return fields
+
+
+# Reading the installed jax and its plugins, without starting (or importing) JAX ----------
+
+
+@functools.cache
+def memory_fraction_variable() -> str:
+    """The memory-fraction spelling the installed jaxlib reads (the new one if it knows it)."""
+    try:
+        path = importlib.metadata.distribution("jaxlib").locate_file("jaxlib/xla_client.py")
+        with open(str(path), encoding="utf-8") as f:
+            source = f.read()
+    except (importlib.metadata.PackageNotFoundError, OSError, TypeError, UnicodeDecodeError):
+        return MEM_FRACTION_VAR  # jaxlib 0.10 reads it; no source to say otherwise
+    return MEM_FRACTION_VAR if MEM_FRACTION_VAR in source else OLD_MEM_FRACTION_VAR
+
+
+@functools.cache
+def installed_gpu_platforms() -> tuple[str, ...]:
+    """GPU platforms whose JAX plugin is installed: `cuda`, `rocm` (ROCm only with /dev/kfd).
+
+    JAX finds plugins as modules of the `jax_plugins` namespace or `jax_plugins` entry
+    points (`xla_cuda12`, `xla_cuda13`, `xla_rocm7`...); so does this, without importing them.
+    """
+    names: set[str] = set()
+    # A broken distribution's metadata must not stop start-up.
+    with contextlib.suppress(Exception):
+        names |= {e.name for e in importlib.metadata.entry_points(group="jax_plugins")}
+    try:
+        spec = importlib.util.find_spec("jax_plugins")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        names |= {m.name for m in pkgutil.iter_modules(list(spec.submodule_search_locations))}
+    found = []
+    if any("cuda" in n for n in names):
+        found.append("cuda")
+    # JAX_PLATFORMS=rocm fails start-up on a machine without an AMD GPU (cuda is skipped).
+    if any("rocm" in n for n in names) and os.path.exists("/dev/kfd"):
+        found.append("rocm")
+    return tuple(found)
+
+
+# The plan: policy values, the environment, and what wins --------------------------------
+
+
+def _bool_text(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _translate_platforms(
+    value: tuple[str, ...], origin: str, gpus: tuple[str, ...]
+) -> tuple[list[str], str]:
+    out: list[str] = []
+    for platform in value:
+        for p in gpus if platform == "gpu" else (platform,):
+            if p not in out:
+                out.append(p)
+    note = ""
+    if "gpu" in value:
+        note = (
+            f"gpu -> {','.join(gpus)} (installed GPU plugins)"
+            if gpus
+            else "gpu dropped: no GPU plugin installed (jax-cuda*-plugin, jax-rocm*-plugin)"
+        )
+    if not out:
+        raise PolicyError([_problem(origin, "runtime.platforms", f"{note}; add cpu as a fallback")])
+    return out, note
+
+
+def _problem(origin: str, field: str, message: str) -> Problem:
+    file, _, line = origin.rpartition(":")
+    return Problem(file or origin, int(line) if line.isdigit() else None, field, message)
+
+
+def _host_device_count(xla_flags: str) -> str | None:
+    m = re.search(re.escape(HOST_DEVICE_COUNT_FLAG) + r"=(\S+)", xla_flags)
+    return m.group(1) if m else None
+
+
+def _policy_text(name: str, value: Any, origin: str, gpus: tuple[str, ...]) -> tuple[str, str]:
+    """The variable text for a policy value, and a note on any translation."""
+    if name == "platforms":
+        platforms, note = _translate_platforms(tuple(value), origin, gpus)
+        return ",".join(platforms), note
+    if isinstance(value, bool):
+        return _bool_text(value), ""
+    if name == "visible_devices":
+        return ",".join(str(i) for i in value), ""
+    if name == "host_memory_limit":
+        return str(value // GIB), ""
+    if name == "memory_fraction":
+        return repr(float(value)), ""
+    return str(value), ""
+
+
+def plan_runtime(
+    wanted: Mapping[str, Wanted],
+    environ: Mapping[str, str],
+    *,
+    gpu_platforms: tuple[str, ...] | None = None,
+) -> RuntimeSettings:
+    """Decide each knob: the policy's value, unless the user set one of its variables.
+
+    Args:
+        wanted: The policy's `runtime:` fields by knob name (`env.NAME` for `env:` entries).
+        environ: The environment as it is now.
+        gpu_platforms: Installed GPU platforms (default: looked up).
+
+    Raises:
+        PolicyError: a value the installed JAX cannot take (`platforms: [gpu]` with no
+            GPU plugin installed), with file:line.
+    """
+    gpus = installed_gpu_platforms() if gpu_platforms is None else gpu_platforms
+    ours = set(filter(None, environ.get(RUNTIME_SET_VAR, "").split(",")))
+
+    def given(variable: str) -> str | None:
+        text = environ.get(variable, "")
+        if text == "" or _JAX_SETS_AT_IMPORT.get(variable) == text:
+            return None
+        return text
+
+    knobs: list[RuntimeKnob] = []
+    conflicts: list[str] = []
+    if given(MEM_FRACTION_VAR) and given(OLD_MEM_FRACTION_VAR):
+        conflicts.append(
+            f"both {MEM_FRACTION_VAR} and the deprecated {OLD_MEM_FRACTION_VAR} are set; "
+            f"jaxlib refuses to start a GPU backend: unset {OLD_MEM_FRACTION_VAR}"
+        )
+    flags_count = _host_device_count(environ.get(XLA_FLAGS_VAR, ""))
+    if given(CPU_DEVICES_VAR) and flags_count is not None:
+        conflicts.append(
+            f"both {CPU_DEVICES_VAR} and {XLA_FLAGS_VAR} {HOST_DEVICE_COUNT_FLAG} are set; "
+            f"{CPU_DEVICES_VAR} wins: drop one"
+        )
+    for knob in KNOBS:
+        if knob.name not in wanted:
+            continue
+        setting = wanted[knob.name]
+        text, note = _policy_text(knob.name, setting.value, setting.origin, gpus)
+        variable = knob.variables[0]
+        if knob.name == "memory_fraction":
+            variable = memory_fraction_variable()
+        elif knob.name == "visible_devices" and gpus == ("rocm",):
+            variable = HIP_VISIBLE_VAR
+        user = _user_value(knob, environ, ours, given, flags_count)
+        if user is not None and not (user[0] in ours and user[1] == text):
+            var, value = user
+            knobs.append(
+                RuntimeKnob(
+                    knob.name,
+                    value,
+                    value,
+                    "env",
+                    f"env:{var}",
+                    var,
+                    knob.config if var == variable else None,
+                    f"the policy's {text} ({setting.origin}) is overridden by {var}",
+                )
+            )
+            continue
+        knobs.append(
+            RuntimeKnob(
+                knob.name,
+                setting.value,
+                text,
+                "policy",
+                setting.origin,
+                variable,
+                knob.config,
+                note,
+            )
+        )
+    for key in sorted(k for k in wanted if k.startswith("env.")):
+        setting = wanted[key]
+        name = key.removeprefix("env.")
+        text = _bool_text(setting.value) if isinstance(setting.value, bool) else str(setting.value)
+        config = name.lower() if name.startswith("JAX_") else None
+        current = given(name)
+        if current is not None and not (name in ours and current == text):
+            note = f"the policy's {text} ({setting.origin}) is overridden by {name}"
+            knobs.append(
+                RuntimeKnob(key, current, current, "env", f"env:{name}", name, config, note)
+            )
+        else:
+            knobs.append(RuntimeKnob(key, text, text, "policy", setting.origin, name, config))
+    return RuntimeSettings(tuple(knobs), tuple(conflicts))
+
+
+def _user_value(
+    knob: Knob,
+    environ: Mapping[str, str],
+    ours: set[str],
+    given: Any,
+    flags_count: str | None,
+) -> tuple[str, str] | None:
+    for variable in knob.variables:
+        if variable == XLA_FLAGS_VAR:
+            if flags_count is not None and XLA_FLAGS_VAR not in ours:
+                return XLA_FLAGS_VAR, flags_count
+            continue
+        text = given(variable)
+        if text is not None:
+            return variable, text
+    return None
+
+
+# The running process ---------------------------------------------------------------------
+
+
+def _jax_started() -> bool:
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def _config_value(option: str, text: str) -> Any:
+    import jax
+
+    current = getattr(jax.config, option)
+    if isinstance(current, bool):
+        return text.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    if isinstance(current, int):
+        return int(text)
+    if isinstance(current, float):
+        return float(text)
+    return text
+
+
+def _update(option: str, value: Any) -> None:
+    import jax
+
+    jax.config.update(option, value)  # type: ignore[no-untyped-call]
+
+
+def _is_config_option(option: str | None) -> bool:
+    if option is None or "jax" not in sys.modules:
+        return False
+    import jax
+
+    return option in jax.config._value_holders
+
+
+def _running_state(knob: RuntimeKnob, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """Compare a knob with the running backends: (state, actual value when it differs)."""
+    import jax
+    import jax.extend
+
+    backends = list(jax.extend.backend.backends())
+    name = knob.knob
+    if name == "platforms":
+        wanted = knob.text.split(",")
+        default = jax.default_backend()
+        configured = jax.config.jax_platforms  # type: ignore[attr-defined]
+        allowed = None if not configured else set(configured.split(","))
+        ok = (
+            set(backends) <= set(wanted)
+            and default == next((p for p in wanted if p in backends), None)
+            and (allowed is None or all(p in allowed or p in backends for p in wanted))
+        )
+        actual = f"{','.join(backends)} (default {default})"
+        return ("in effect", None) if ok else (f"differs (running {actual})", actual)
+    if name == "cpu_devices":
+        if "cpu" not in backends:
+            return "inert (no CPU backend running)", None
+        count = str(len(jax.local_devices(backend="cpu")))
+        return ("in effect", None) if count == knob.text else (f"differs (running {count})", count)
+    if name == "x64":
+        now = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
+        return ("in effect", None) if _bool_text(now) == knob.text else ("applied live", None)
+    spec = _BY_NAME.get(name)
+    if spec is not None and spec.gpu and not set(backends) & {"cuda", "rocm", "gpu"}:
+        return "inert (no GPU backend running)", None
+    if _is_config_option(knob.config):
+        now = getattr(jax.config, str(knob.config))
+        same = now == _config_value(str(knob.config), knob.text)
+        return ("in effect", None) if same else ("applied live", None)
+    actual = environ.get(knob.variable, "")
+    if actual == knob.text:
+        return "in effect", None
+    return f"differs (the backend started with {actual or 'it unset'})", actual or "unset"
+
+
+def with_state(plan: RuntimeSettings, environ: Mapping[str, str]) -> RuntimeSettings:
+    """The plan with each knob's state against this process (`pending` before JAX starts)."""
+    if not _jax_started():
+        return plan
+    knobs = tuple(replace(k, state=_running_state(k, environ)[0]) for k in plan.knobs)
+    return RuntimeSettings(knobs, plan.conflicts)
+
+
+def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> RuntimeSettings:
+    """Put the plan into effect in this process; return it with each knob's state.
+
+    Before any backend starts: the policy's variables are set in `environ` and, where JAX
+    is already imported, the matching `jax.config` options are updated (JAX reads its
+    `JAX_*` variables at import). After a backend has started: knobs that can still
+    change (`x64`, live `jax.config` options) are applied; any other policy knob that
+    differs from the running backend raises, and nothing is changed.
+
+    Raises:
+        RuntimeTooLateError: naming each knob, its wanted and its running value.
+    """
+    if not _jax_started():
+        environ.update(plan.environment(environ))
+        if "jax" in sys.modules:
+            import jax
+
+            for k in plan.knobs:
+                if _is_config_option(k.config) and k.variable.startswith("JAX_"):
+                    option = str(k.config)
+                    value = _config_value(option, k.text)
+                    if getattr(jax.config, option) != value:
+                        _update(option, value)
+        return plan
+    import jax
+
+    late: list[tuple[str, str, str, str]] = []
+    live: list[RuntimeKnob] = []
+    for k in plan.knobs:
+        if k.source != "policy":
+            continue
+        state, actual = _running_state(k, environ)
+        if state == "applied live":
+            live.append(k)
+        elif actual is not None:
+            late.append((k.knob, k.text, actual, k.origin))
+    if late:
+        raise RuntimeTooLateError(late, FIX)
+    applied: list[tuple[str, Any]] = []
+    try:
+        for k in live:
+            option = str(k.config)
+            before = getattr(jax.config, option)
+            try:
+                _update(option, _config_value(option, k.text))
+            except Exception as e:
+                actual = f"{before!r} ({type(e).__name__}: {str(e).splitlines()[0]})"
+                raise RuntimeTooLateError([(k.knob, k.text, actual, k.origin)], FIX) from None
+            applied.append((option, before))
+    except RuntimeTooLateError:
+        for option, before in reversed(applied):
+            _update(option, before)
+        raise
+    environ.update(RuntimeSettings(tuple(live), ()).environment(environ) if live else {})
+    return with_state(plan, environ)
