@@ -233,10 +233,14 @@ class Decider:
             decision = self._recent.get(name)
             if decision is not None and self._quiet_repeats:
                 return decision
-        return self._resolve(name, nbytes, NOTHING_CLAIMED)
+        return self._resolve(name, nbytes, NOTHING_CLAIMED, "info")
 
     def _resolve(
-        self, name: str, nbytes: int | None, claimed: Mapping[jax.Device, int]
+        self,
+        name: str,
+        nbytes: int | None,
+        claimed: Mapping[jax.Device, int],
+        first_level: str,
     ) -> Decision:
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
             nbytes = checked_nbytes(nbytes)
@@ -249,7 +253,13 @@ class Decider:
         if cacheable and not decision.is_auto:  # `auto` follows the default device: per call
             self._remember(key, decision)
         first = (name, decision.device_text, decision.rule, decision.origin)
-        self.events.decided(first, "placement", decision.event_fields)
+        if decision.fallback_reason is not None and self.events.first_time(
+            ("fallback", decision.origin, decision.requested, decision.device_text)
+        ):
+            # The event a user most needs: their rule's device was not had. Once per rule
+            # and outcome at warning, however many names follow it down the chain.
+            first_level = "warning"
+        self.events.decided(first, "placement", decision.event_fields, first_level)
         return decision
 
     def _cached(self, key: object) -> Decision | None:
@@ -267,12 +277,19 @@ class Decider:
             self._recent = {}
         self._recent[key] = decision
 
-    def resolve_many(self, items: Iterable[tuple[str, int | None]]) -> list[Decision]:
-        """Resolve (name, nbytes) pairs as one placement, earlier items' bytes claimed."""
+    def resolve_many(
+        self, items: Iterable[tuple[str, int | None]], *, summarised: bool = False
+    ) -> list[Decision]:
+        """Resolve (name, nbytes) pairs as one placement, earlier items' bytes claimed.
+
+        `summarised`: the caller logs one summary (a file load), so each item's first
+        decision is debug, not info; a fallback's first occurrence is a warning either way.
+        """
         claimed: dict[jax.Device, int] = {}
         decisions = []
+        first_level = "debug" if summarised else "info"
         for name, nbytes in items:
-            decision = self._resolve(name, nbytes, claimed)
+            decision = self._resolve(name, nbytes, claimed, first_level)
             claimed[decision.device] = claimed.get(decision.device, 0) + (decision.nbytes or 0)
             decisions.append(decision)
         return decisions

@@ -119,11 +119,16 @@ class EventLog:
         return True
 
     def decided(
-        self, key: tuple[object, ...], event: str, fields: Callable[[], Mapping[str, Any]]
+        self,
+        key: tuple[object, ...],
+        event: str,
+        fields: Callable[[], Mapping[str, Any]],
+        first_level: str = "info",
     ) -> None:
-        """A fresh decision: info the first time `key` is seen, debug after."""
+        """A fresh decision: `first_level` the first time `key` is seen, debug after."""
         if self.first_time(key):
-            self.emit("info", event, fields())
+            if self.enabled(first_level):
+                self.emit(first_level, event, fields())
         else:
             self.repeat(event, fields)
 

@@ -72,7 +72,16 @@ class Route:
         fits: Whether every target is judged by size (the rule's `fits`), not only `auto`.
     """
 
-    __slots__ = ("_fixed", "chain", "context", "fits", "memory_kind", "requested", "strict")
+    __slots__ = (
+        "_fixed",
+        "_judges_size",
+        "chain",
+        "context",
+        "fits",
+        "memory_kind",
+        "requested",
+        "strict",
+    )
 
     def __init__(
         self,
@@ -89,6 +98,7 @@ class Route:
         self.strict = strict
         self.context = context
         self.fits = fits
+        self._judges_size = fits or any(t.is_auto for t in self.chain)
         self._fixed: Choice | None = None
 
     @property
@@ -98,7 +108,7 @@ class Route:
 
     def judges_size(self) -> bool:
         """Whether a known size can change where this chain ends."""
-        return self.fits or any(t.is_auto for t in self.chain)
+        return self._judges_size
 
     def choose(
         self,
@@ -108,7 +118,7 @@ class Route:
         claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
     ) -> Choice:
         """`walk`, raising when no device can be had; a size-blind result is kept."""
-        if self._fixed is not None and (nbytes is None or not self.judges_size()):
+        if self._fixed is not None and (nbytes is None or not self._judges_size):
             return self._fixed
         choice = self.walk(name, nbytes, fit, claimed)
         if isinstance(choice, DeviceUnavailableError):

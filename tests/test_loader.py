@@ -222,26 +222,51 @@ class TestBadFiles:
 
 
 class TestEvents:
-    def test_each_tensor_and_the_file_are_logged(self, checkpoint: Path) -> None:
-        """One placement event per tensor with its bytes, one summary per file."""
+    def test_each_tensor_is_debug_and_the_file_is_one_info_summary(self, checkpoint: Path) -> None:
+        """Per-tensor decisions of a load are debug; one info summary per file says where."""
         policy = policy_of(rules=ROUTING_RULES, logging={"level": "debug"})
         with capture_logs() as logs:
             devpolicy.load_file(checkpoint, policy=policy)
         placements = {
-            e["name"]: (e["device"], e["nbytes"]) for e in logs if e["event"] == "placement"
+            e["name"]: (e["device"], e["nbytes"], e["log_level"])
+            for e in logs
+            if e["event"] == "placement"
         }
         assert placements == {
-            "ckpt/tokens": ("cpu:1", 8192),
-            "ckpt/w": ("cpu:2", 1024),
-            "ckpt/b": ("cpu:3", 64),
+            "ckpt/tokens": ("cpu:1", 8192, "debug"),
+            "ckpt/w": ("cpu:2", 1024, "debug"),
+            "ckpt/b": ("cpu:3", 64, "debug"),
         }
         summary = next(e for e in logs if e["event"] == "load_file")
+        assert summary["log_level"] == "info"
         assert (summary["tensors"], summary["nbytes"], summary["devices"]) == (
             3,
             9280,
-            "cpu:1 8.0 KiB, cpu:2 1.0 KiB, cpu:3 64 B",
+            "cpu:1 8.0 KiB (1 tensor), cpu:2 1.0 KiB (1 tensor), cpu:3 64 B (1 tensor)",
         )
+        assert summary["rules"] == (
+            "<mapping>:rules[0] x1, <mapping>:rules[1] x1, <mapping>:rules[2] x1"
+        )
+        assert (summary["fallbacks"], summary["file_backed"]) == (0, False)
         assert summary["seconds"] >= 0
+
+    def test_at_info_a_load_logs_only_its_summary(self, checkpoint: Path) -> None:
+        """However many tensors, a load at the default level is one line."""
+        with capture_logs() as logs:
+            devpolicy.load_file(checkpoint, policy=policy_of(rules=ROUTING_RULES))
+        assert [e["event"] for e in logs] == ["load_file"]
+
+    def test_a_fallback_is_one_warning_per_rule_not_per_tensor(self, tmp_path: Path) -> None:
+        """Many tensors falling back by one rule: one warning naming the first, and the count."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({f"w{i}": np.zeros(4, np.float32) for i in range(20)}, path)
+        policy = policy_of(rules=[{"match": "m/*", "device": "cpu:9", "fallback": ["cpu:1"]}])
+        with capture_logs() as logs:
+            devpolicy.load_file(path, policy=policy)
+        warnings = [(e["event"], e["log_level"]) for e in logs]
+        assert warnings == [("placement", "warning"), ("load_file", "warning")]
+        assert logs[0]["fallback_reason"].startswith("cpu:9: index 9 out of range")
+        assert logs[1]["fallbacks"] == 20
 
     def test_no_progress_bar_when_not_a_terminal(
         self, checkpoint: Path, capsys: pytest.CaptureFixture[str]
