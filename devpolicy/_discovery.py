@@ -53,7 +53,9 @@ def _from_pyproject(pyproject: Path) -> Found:
         text = read_capped(pyproject, MAX_PYPROJECT_BYTES, "a pyproject.toml file").decode("utf-8")
         data = tomllib.loads(text)
     except FileRefused as e:
-        raise PolicyError.single(label, None, "", f"cannot read pyproject.toml: {e.reason}") from None
+        raise PolicyError.single(
+            label, None, "", f"cannot read pyproject.toml: {e.reason}"
+        ) from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
         raise PolicyError.single(label, None, "", f"cannot read pyproject.toml: {e}") from None
     tool = data.get("tool", {})

@@ -34,8 +34,8 @@ class _Loader(yaml.SafeLoader):
         self.alias_lines: dict[tuple[int, int], int] = {}
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) and parent is not None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) and parent is not None and event.start_mark:
             slot = index if isinstance(index, int) else id(index)
             self.alias_lines[(id(parent), slot)] = event.start_mark.line + 1
         self.depth += 1
@@ -44,7 +44,7 @@ class _Loader(yaml.SafeLoader):
                 raise yaml.composer.ComposerError(
                     None, None, f"nested more than {_MAX_DEPTH} levels deep", event.start_mark
                 )
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self.depth -= 1
 
@@ -164,7 +164,11 @@ class _Builder:
             raise
         except (ValueError, ArithmeticError, RecursionError) as e:
             # `!!int one`, an integer of thousands of digits, `!!float x`: not a usable value.
-            shown = node.value if len(node.value) <= 40 else f"{node.value[:20]}...({len(node.value)} characters)"
+            shown = (
+                node.value
+                if len(node.value) <= 40
+                else f"{node.value[:20]}...({len(node.value)} characters)"
+            )
             tag = node.tag.rsplit(":", 1)[-1]
             detail = "too many digits" if "digits" in str(e) else f"not a valid {tag}"
             self.problems.append(

@@ -140,9 +140,21 @@ CASES = [
         "version: 1\nx:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 200)),
         r"^p\.yaml:\d+: invalid YAML: nested more than 64 levels deep$",
     ),
-    yaml_case("yaml-int-tag-on-word", "version: !!int one\n", r"^p\.yaml:1: version: not a valid int: 'one'$"),
-    yaml_case("yaml-float-tag-on-word", "version: 1\nheadroom: !!float x\n", r"^p\.yaml:2: headroom: not a valid float: 'x'$"),
-    yaml_case("yaml-5000-digit-integer", "version: " + "9" * 5000 + "\n", r"^p\.yaml:1: version: too many digits: '9+\.\.\.\(5000 characters\)'$"),
+    yaml_case(
+        "yaml-int-tag-on-word",
+        "version: !!int one\n",
+        r"^p\.yaml:1: version: not a valid int: 'one'$",
+    ),
+    yaml_case(
+        "yaml-float-tag-on-word",
+        "version: 1\nheadroom: !!float x\n",
+        r"^p\.yaml:2: headroom: not a valid float: 'x'$",
+    ),
+    yaml_case(
+        "yaml-5000-digit-integer",
+        "version: " + "9" * 5000 + "\n",
+        r"^p\.yaml:1: version: too many digits: '9+\.\.\.\(5000 characters\)'$",
+    ),
     yaml_case(
         "yaml-million-digit-size",
         f"{R}match: a\n    device: cpu\n    min_bytes: '{'9' * 1_000_000}'\n",

@@ -126,6 +126,7 @@ class TestDiscoveryRegressions:
         """[tool.devpolicy] policy naming a FIFO says what it is, not "not found"."""
         write(tmp_path / "pyproject.toml", '[tool.devpolicy]\npolicy = "p.yaml"\n')
         os.mkfifo(tmp_path / "p.yaml")
-        with pytest.raises(devpolicy.PolicyError, match=r"tool\.devpolicy\.policy: is a FIFO or pipe"):
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"tool\.devpolicy\.policy: is a FIFO or pipe"
+        ):
             within(30, lambda: devpolicy.load_policy(environ={}))
-

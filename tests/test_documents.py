@@ -244,7 +244,9 @@ class TestInvalidPolicies:
     def test_a_fifo_is_refused_without_blocking(self, tmp_path: Path) -> None:
         """A FIFO with no writer is refused at once (it used to block forever)."""
         os.mkfifo(tmp_path / "p.yaml")
-        with pytest.raises(devpolicy.PolicyError, match=r"^p\.yaml: is a FIFO or pipe .*, not a policy file$"):
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"^p\.yaml: is a FIFO or pipe .*, not a policy file$"
+        ):
             within(30, lambda: devpolicy.load_policy("p.yaml", environ={}))
 
     def test_a_fifo_with_a_writer_is_refused_too(self, tmp_path: Path) -> None:
@@ -259,7 +261,9 @@ class TestInvalidPolicies:
 
     def test_an_endless_device_is_refused(self) -> None:
         """/dev/zero is refused at once instead of being read until memory runs out."""
-        with pytest.raises(devpolicy.PolicyError, match=r"^/dev/zero: is a character device, not a policy file$"):
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"^/dev/zero: is a character device, not a policy file$"
+        ):
             within(30, lambda: devpolicy.load_policy("/dev/zero", environ={}))
 
     def test_a_policy_over_one_mib_is_refused_before_parsing(self, tmp_path: Path) -> None:
@@ -267,14 +271,20 @@ class TestInvalidPolicies:
         with (tmp_path / "p.yaml").open("w") as f:
             f.write("version: 1\nrules:\n")
             f.truncate(50_000_000)
-        with pytest.raises(devpolicy.PolicyError, match=r"^p\.yaml: is 50000000 bytes; at most 1048576 are accepted$"):
+        with pytest.raises(
+            devpolicy.PolicyError,
+            match=r"^p\.yaml: is 50000000 bytes; at most 1048576 are accepted$",
+        ):
             within(60, lambda: devpolicy.load_policy("p.yaml", environ={}))
 
     @pytest.mark.parametrize(
         ("make", "match"),
         [
             (lambda d: os.symlink("p.yaml", d / "p.yaml"), r"^p\.yaml: symlink loop"),
-            (lambda d: os.symlink("gone.yaml", d / "p.yaml"), r"^p\.yaml: dangling symlink \(its target 'gone\.yaml' does not exist\)$"),
+            (
+                lambda d: os.symlink("gone.yaml", d / "p.yaml"),
+                r"^p\.yaml: dangling symlink \(its target 'gone\.yaml' does not exist\)$",
+            ),
         ],
         ids=["loop", "dangling"],
     )
