@@ -6,7 +6,6 @@ document into the matcher and routes the hot path uses.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -23,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ._errors import did_you_mean
+from ._matching import compile_regex
 from ._sizes import SIZE_FORMS, SIZE_PATTERN, parse_size
 from ._targets import REJECT, TARGET_FORMS, TARGET_PATTERN, parse_target
 
@@ -139,7 +139,9 @@ class RuleSpec(_Strict):
         None, description="fnmatch glob, case-sensitive; `*` also matches `/`."
     )
     regex: str | None = Field(
-        None, description="Python regular expression; must match the whole name."
+        None,
+        description="Regular expression that must match the whole name: Python syntax, "
+        "matched by RE2 in linear time (no backreferences or lookaround).",
     )
     device: TargetText = Field(description="Where matching names go.")
     fallback: list[TargetText] | None = Field(
@@ -179,9 +181,9 @@ class RuleSpec(_Strict):
         if value is None:
             return None
         try:
-            re.compile(value)
-        except re.error as e:
-            raise _fail(f"invalid regular expression {value!r}: {e}") from None
+            compile_regex(value)
+        except ValueError as e:
+            raise _fail(str(e)) from None
         return value
 
     @model_validator(mode="after")

@@ -195,6 +195,32 @@ CASES = [
         "version: 1\nx: [" + "1," * 150_000 + "1]\n",
         r"^p\.yaml:2: document too large: more than 100000 values \(a policy is far smaller\)$",
     ),
+    # Regexes RE2 cannot run in linear time, and ones Python's parser chokes on (issue 9 item 3, 12)
+    yaml_case(
+        "regex-backreference",
+        f"{R}regex: '(a)\\1'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: unsupported regular expression '\(a\)\\\\1': invalid escape sequence: \\1; regexes are matched by RE2",
+    ),
+    yaml_case(
+        "regex-lookahead",
+        f"{R}regex: '(?=a)a'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: unsupported regular expression .*invalid perl operator: \(\?=.*no backreferences",
+    ),
+    yaml_case(
+        "regex-huge-repeat",
+        f"{R}regex: 'a{{4294967296}}'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: invalid regular expression 'a\{4294967296\}': a repeat count is too large$",
+    ),
+    yaml_case(
+        "regex-1000-nested-groups",
+        f"{R}regex: '{'(' * 1000}a{')' * 1000}'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: .*regular expression",
+    ),
+    yaml_case(
+        "regex-repeat-over-1000",
+        f"{R}regex: 'a{{1001}}'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: unsupported regular expression 'a\{1001\}': invalid repetition size",
+    ),
     # Wrong types and unknown keys
     yaml_case(
         "missing-version",
