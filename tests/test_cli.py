@@ -329,7 +329,10 @@ class TestOsErrors:
             )
             == 2
         )
-        assert "No such file or directory" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "out.safetensors: cannot write: the directory" in err
+        assert "does not exist" in err
+        assert ".tmp" not in err
 
     def test_closed_pipe_is_not_a_crash(self, checkpoint: Path) -> None:
         """`devpolicy plan --json | head -1` ends quietly."""
