@@ -444,3 +444,18 @@ class TestClosedPipes:
         )
         assert result.stdout.strip() == "rc=0", result.stderr
         assert "Traceback" not in result.stderr
+
+
+class TestAlignArguments:
+    @pytest.mark.parametrize("align", ["1099511627776", "3", "0"])
+    def test_bad_align_is_an_input_error_before_any_allocation(
+        self, checkpoint: Path, align: str
+    ) -> None:
+        """`align --align 1099511627776` exits 2 with the accepted range (it used to MemoryError)."""
+        result = run_cli(
+            "align", str(checkpoint), str(checkpoint.parent / "o.safetensors"), "--align", align
+        )
+        assert result.returncode == 2
+        assert "align must be a power of two from 1 to 16777216" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert not (checkpoint.parent / "o.safetensors").exists()

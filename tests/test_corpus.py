@@ -627,6 +627,26 @@ CASES = [
         r"tensor 't': shape must be a list of non-negative integers",
     ),
     file_case(
+        "st-empty-shape-too-large-for-numpy",
+        safetensors_bytes(one(shape=[2**61, 2**61, 0], offsets=[0, 0])),
+        r"tensor 't': shape \[2305843009213693952, 2305843009213693952, 0\] is too large for an array",
+    ),
+    file_case(
+        "st-duplicate-key-inside-an-entry",
+        safetensors_bytes(
+            b'{"t": {"dtype": "U8", "dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', b"\0"
+        ),
+        r"tensor 't': entry gives 'dtype' more than once$",
+    ),
+    file_case(
+        "st-duplicate-tensor-still-named",
+        safetensors_bytes(
+            b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
+            b"\0",
+        ),
+        r"tensor 't': tensor listed twice in the header$",
+    ),
+    file_case(
         "st-offsets-bool",
         safetensors_bytes(one(offsets=[False, True]), b"\0"),
         r"data_offsets must be \[begin, end\]",
