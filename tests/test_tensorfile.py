@@ -357,7 +357,8 @@ class TestHardenedWriting:
         other.write_bytes(b"x")
         write_file({"a": np.zeros(2)}, path)
         assert not stale.exists()
-        assert live.exists() and other.exists()
+        assert live.exists()
+        assert other.exists()
 
     @pytest.mark.slow
     def test_sigterm_during_a_save_leaves_no_temp_file(self, tmp_path: Path) -> None:
