@@ -187,7 +187,10 @@ def _memory(device: Any) -> tuple[int | None, int | None, str]:
 
 def _devices(args: argparse.Namespace) -> int:
     inv = devpolicy.inventory()
-    default = devpolicy.get_device("auto")
+    try:
+        default = devpolicy.get_device("auto")
+    except devpolicy.DeviceUnavailableError:  # no backend started: the table says why
+        default = None
     rows = []
     for platform, devices in inv.devices.items():
         for device in devices:
