@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ _PLAN_ROWS = 40
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"{self.prog}: error: {_visible(message)}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except (devpolicy.DevicePolicyError, ValueError) as e:
-        print(f"devpolicy {args.command}: {e}", file=sys.stderr)
+        print(f"devpolicy {args.command}: {_visible_lines(e)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         # The reader went away (`devpolicy plan --json | head`): not an error of ours.
@@ -138,15 +139,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except OSError as e:
         where = f": {e.filename}" if e.filename else ""
-        print(f"devpolicy {args.command}: {e.strerror or e}{where}", file=sys.stderr)
+        print(
+            f"devpolicy {args.command}: {_visible(e.strerror or e)}{_visible(where)}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits 1 here, which means "findings" for plan and explain; the reader going
+        # away is not a finding. `main` handles the pipe like any other closed pipe.
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _console() -> Console:
-    console = Console(highlight=False, soft_wrap=True)
+    console = _Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:
-        console = Console(highlight=False, soft_wrap=True, width=160)
+        console = _Console(highlight=False, soft_wrap=True, width=160)
     return console
+
+
+# Control characters (C0, DEL, C1) and the bidirectional overrides that reorder text on screen.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(text: object) -> str:
+    """`text` with every control character shown as an escape (`\\x1b`), never obeyed."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
+def _lit(text: object, style: str = "") -> Text:
+    """Data (names, paths, messages) as rich text shown literally: never read as markup.
+
+    Every string that comes from a file, a policy, the environment or the command line
+    goes through here (or `_visible` where it is printed without rich).
+    """
+    return Text(_visible(text), style=style)
+
+
+def _visible_lines(text: object) -> str:
+    return "\n".join(_visible(line) for line in str(text).split("\n"))
 
 
 def _load(path: Path | None) -> devpolicy.Policy:
@@ -183,7 +217,10 @@ def _devices(args: argparse.Namespace) -> int:
 def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> int:
     inv = devpolicy.inventory()
     runtime = devpolicy.runtime_settings(policy) if policy is not None else None
-    default = devpolicy.get_device("auto")
+    try:
+        default = devpolicy.get_device("auto")
+    except devpolicy.DeviceUnavailableError:  # no backend started: the table says why
+        default = None
     rows = []
     for platform, devices in inv.devices.items():
         for device in devices:
@@ -222,20 +259,20 @@ def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> 
     for column in ("platform", "available", "devices, or why not"):
         backends_table.add_column(column, overflow="fold")
     for platform, devices in inv.devices.items():
-        backends_table.add_row(platform, Text("yes", style="green"), str(len(devices)))
+        backends_table.add_row(_lit(platform), Text("yes", style="green"), str(len(devices)))
     for platform, why in inv.missing.items():
-        backends_table.add_row(platform, Text("no", style="red"), Text(why))
+        backends_table.add_row(_lit(platform), Text("no", style="red"), _lit(why))
     console.print(backends_table)
     table = Table(title=f"Devices of process {inv.process_index}", title_justify="left")
     for column in ("target", "id", "kind", "process", "memory kinds", "free", "total", "from"):
         table.add_column(column, justify="right" if column in ("id", "free", "total") else "left")
     for row in rows:
         table.add_row(
-            row["target"] + (" (default)" if row["default"] else ""),
+            _lit(row["target"] + (" (default)" if row["default"] else "")),
             str(row["id"]),
-            row["kind"],
+            _lit(row["kind"]),
             str(row["process_index"]),
-            ", ".join(row["memory_kinds"]),
+            _lit(", ".join(row["memory_kinds"])),
             _size_text(row["bytes_free"]),
             _size_text(row["bytes_total"]),
             row["free_from"],
@@ -358,12 +395,12 @@ def _report_check(
         )
         return status
     console = _console()
-    console.print(Text(f"policy: {label}"))
+    console.print(_lit(f"policy: {label}"))
     for f in findings:
         style = "bold red" if f["severity"] == "error" else "yellow"
-        line = Text(f"{f['origin']}: ")
+        line = _lit(f"{f['origin']}: ")
         line.append(f["severity"], style=style)
-        line.append(f": {f['message']} [{f['code']}]")
+        line.append_text(_lit(f": {f['message']} [{f['code']}]"))
         console.print(line)
     summary = "valid, no findings" if not findings else f"{errors} error(s), {warnings} warning(s)"
     console.print(Text(summary, style="green" if not findings else ("red" if errors else "yellow")))
@@ -407,7 +444,7 @@ def _explain(args: argparse.Namespace) -> int:
     console = _console()
     size = "size unknown" if e.nbytes is None else devpolicy.format_size(e.nbytes)
     how = f"; found by {policy.found}" if args.policy is None else ""
-    console.print(Text(f"{e.name} ({size}) under {policy.file or 'no policy file'}{how}"))
+    console.print(_lit(f"{e.name} ({size}) under {policy.file or 'no policy file'}{how}"))
     table = Table(title="Rules, in the order tried", title_justify="left")
     for column in ("#", "origin", "layer", "result"):
         table.add_column(column)
@@ -415,8 +452,8 @@ def _explain(args: argparse.Namespace) -> int:
         result = Text(
             "match: " if step.matched else "skip: ", style="green" if step.matched else "dim"
         )
-        result.append(step.reason)
-        table.add_row(str(step.rule), entry.origin, entry.source, result)
+        result.append_text(_lit(step.reason))
+        table.add_row(str(step.rule), _lit(entry.origin), _lit(entry.source), result)
     if e.steps:
         console.print(table)
     else:
@@ -424,21 +461,21 @@ def _explain(args: argparse.Namespace) -> int:
     if matched is None:
         default = policy.settings.default
         console.print(
-            Text(
+            _lit(
                 f"no rule matches: default {default.value!r} "
                 f"from {default.origin} ({default.layer})"
             )
         )
     for target, why in e.fallback:
-        console.print(Text(f"fallback: {target} passed over: {why}"))
+        console.print(_lit(f"fallback: {target} passed over: {why}"))
     if e.decision is None:
-        console.print(Text(str(e.error), style="red"))
+        console.print(Text("\n").join(_lit(line, "red") for line in str(e.error).split("\n")))
         return EXIT_FINDINGS
     d = e.decision
     line = Text("decision: ")
-    line.append(d.device_text, style="bold")
-    line.append(f" (requested {d.requested}; source {d.source}; origin {d.origin}")
-    line.append(f"; memory {d.memory_kind})" if d.memory_kind else ")")
+    line.append_text(_lit(d.device_text, "bold"))
+    line.append_text(_lit(f" (requested {d.requested}; source {d.source}; origin {d.origin}"))
+    line.append_text(_lit(f"; memory {d.memory_kind})" if d.memory_kind else ")"))
     console.print(line)
     return EXIT_OK
 
@@ -484,16 +521,21 @@ def _plan(args: argparse.Namespace) -> int:
         return status
     console = _console()
     shown = p.tensors if args.all else p.tensors[:_PLAN_ROWS]
-    table = Table(title=f"{p.file}: {len(p.tensors)} tensors", title_justify="left")
+    table = Table(title=_lit(f"{p.file}: {len(p.tensors)} tensors"), title_justify="left")
     for column in ("name", "dtype", "shape", "size", "device", "rule"):
         table.add_column(column, justify="right" if column == "size" else "left", overflow="fold")
     for t in shown:
-        device = Text(t.decision.device_text) if t.decision else Text("none", style="red")
+        device = _lit(t.decision.device_text) if t.decision else Text("none", style="red")
         if t.decision is not None and t.decision.fallback_reason:
-            device.append(f" (asked {t.decision.requested})", style="yellow")
-        rule = t.decision.origin if t.decision else (t.error or "").splitlines()[0]
+            device.append_text(_lit(f" (asked {t.decision.requested})", "yellow"))
+        rule = t.decision.origin if t.decision else ((t.error or "").splitlines() or [""])[0]
         table.add_row(
-            t.name, t.dtype, "x".join(map(str, t.shape)) or "()", _size_text(t.nbytes), device, rule
+            _lit(t.name),
+            _lit(t.dtype),
+            "x".join(map(str, t.shape)) or "()",
+            _size_text(t.nbytes),
+            device,
+            _lit(rule),
         )
     console.print(table)
     if len(shown) < len(p.tensors):
@@ -514,7 +556,13 @@ def _plan(args: argparse.Namespace) -> int:
         fits = Text("yes", style="green") if d.fits else Text("NO", style="bold red")
         used = "-" if d.free is None else f"{d.nbytes / max(d.free, 1):.0%}"
         per_device.add_row(
-            d.device, str(d.tensors), _size_text(d.nbytes), _size_text(d.free), used, bar, fits
+            _lit(d.device),
+            str(d.tensors),
+            _size_text(d.nbytes),
+            _size_text(d.free),
+            used,
+            bar,
+            fits,
         )
     console.print(per_device)
     unplaced = sum(t.decision is None for t in p.tensors)
@@ -580,7 +628,7 @@ def _align(args: argparse.Namespace) -> int:
     aligned = [t for t in planned.tensors if t.offset % args.align == 0]
     share = sum(t.nbytes for t in aligned) / max(1, sum(t.nbytes for t in planned.tensors))
     _console().print(
-        Text(
+        _lit(
             f"wrote {args.destination}: {len(aligned)} of {len(planned.tensors)} tensors "
             f"({share:.0%} of the bytes) start at {args.align}-byte offsets"
         )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ._documents import display_path
 from ._errors import PolicyError, did_you_mean
+from ._files import FileRefused, check_regular, read_capped
 
 POLICY_FILENAME = "devpolicy.yaml"
+MAX_PYPROJECT_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +36,13 @@ def discover(env_file: Path | None, cwd: Path) -> Found:
     directories = [cwd, *cwd.parents]
     for directory in directories:
         candidate = directory / POLICY_FILENAME
-        if candidate.is_file():
+        # Anything by that name (a dangling link, a loop, a directory, a FIFO) is the policy:
+        # reading it reports what is wrong, rather than a parent's policy being used instead.
+        if os.path.lexists(candidate):
             return Found(candidate, f"{POLICY_FILENAME} in the working directory or a parent")
     for directory in directories:
         pyproject = directory / "pyproject.toml"
-        if pyproject.is_file():
+        if os.path.lexists(pyproject):
             return _from_pyproject(pyproject)
     return Found(None, "no policy file (every name goes to JAX's default device)")
 
@@ -45,8 +50,13 @@ def discover(env_file: Path | None, cwd: Path) -> Found:
 def _from_pyproject(pyproject: Path) -> Found:
     label = display_path(pyproject)
     try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        text = read_capped(pyproject, MAX_PYPROJECT_BYTES, "a pyproject.toml file").decode("utf-8")
+        data = tomllib.loads(text)
+    except FileRefused as e:
+        raise PolicyError.single(
+            label, None, "", f"cannot read pyproject.toml: {e.reason}"
+        ) from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
         raise PolicyError.single(label, None, "", f"cannot read pyproject.toml: {e}") from None
     tool = data.get("tool", {})
     if not isinstance(tool, dict):
@@ -68,8 +78,10 @@ def _from_pyproject(pyproject: Path) -> Found:
             label, None, "tool.devpolicy.policy", f"must be a path to a policy file, got {policy!r}"
         )
     path = pyproject.parent / policy
-    if not path.is_file():
+    why = check_regular(path, "a policy file")
+    if why is not None:
+        why = "policy file not found" if why == "no such file" else why
         raise PolicyError.single(
-            label, None, "tool.devpolicy.policy", f"policy file not found: {display_path(path)}"
+            label, None, "tool.devpolicy.policy", f"{why}: {display_path(path)}"
         )
     return Found(path, f"[tool.devpolicy] in {label}")

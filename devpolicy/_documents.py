@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,10 +12,13 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ._errors import PolicyError, Problem, did_you_mean
+from ._files import FileRefused, read_capped
 from ._schema import ERROR_TYPE, LoggingSpec, OverridesSpec, PolicySpec, RuleSpec, RuntimeSpec
 from ._yaml import LineMap, field_path, read_yaml
 
 MAPPING_LABEL = "<mapping>"
+#: A policy is a page of rules; past this it is something else (and PyYAML would take minutes).
+MAX_POLICY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +40,12 @@ class Document:
 def display_path(path: Path) -> str:
     """A path as people want to read it: relative to the working directory when inside it."""
     try:
-        return os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)
-    except (OSError, ValueError):
+        try:
+            resolved = path.resolve()
+        except RuntimeError:  # a symlink loop (Python 3.11): place it by its directory
+            resolved = path.parent.resolve() / path.name
+        return os.path.relpath(path) if resolved.is_relative_to(Path.cwd()) else str(path)
+    except (OSError, ValueError, RuntimeError):
         return str(path)
 
 
@@ -53,25 +60,30 @@ def read_document(source: str | os.PathLike[str] | Mapping[str, Any]) -> Documen
     path = Path(source)
     label = display_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PolicyError.single(label, None, "", "policy file not found") from None
-    except IsADirectoryError:
-        raise PolicyError.single(label, None, "", "is a directory, not a policy file") from None
+        raw = read_capped(path, MAX_POLICY_BYTES, "a policy file")
+    except FileRefused as e:
+        reason = "policy file not found" if e.reason == "no such file" else e.reason
+        raise PolicyError.single(label, None, "", reason) from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PolicyError.single(
-            label, None, "", f"not UTF-8 text ({e.reason} at byte {e.start})"
+            label, text_line(raw, e.start), "", f"not UTF-8 text ({e.reason} at byte {e.start})"
         ) from None
-    except OSError as e:
-        raise PolicyError.single(label, None, "", f"cannot read: {e.strerror}") from None
-    data, lines = read_yaml(text, label)
-    if data is None:
+    data, lines, problems = read_yaml(text, label)
+    if data is None and not problems:
         raise PolicyError.single(label, 1, "", "empty policy; a policy needs at least `version: 1`")
     if not isinstance(data, dict):
-        raise PolicyError.single(
-            label, 1, "", f"a policy must be a mapping of fields, got a {_kind(data)}"
+        problems.append(
+            Problem(label, 1, "", f"a policy must be a mapping of fields, got a {_kind(data)}")
         )
-    return _validate(data, label, lines)
+        raise PolicyError(problems)
+    return _validate(data, label, lines, problems)
+
+
+def text_line(raw: bytes, offset: int) -> int:
+    """1-based line of a byte offset."""
+    return raw.count(b"\n", 0, offset) + 1
 
 
 def validate_overrides(overrides: Mapping[str, Any]) -> OverridesSpec:
@@ -84,11 +96,20 @@ def validate_overrides(overrides: Mapping[str, Any]) -> OverridesSpec:
         raise PolicyError(_problems(e, "<overrides>", {}, OverridesSpec)) from None
 
 
-def _validate(data: dict[str, Any], file: str, lines: LineMap) -> Document:
+def _validate(
+    data: dict[str, Any], file: str, lines: LineMap, found: Sequence[Problem] = ()
+) -> Document:
+    """Validate `data`; every problem (those `found` while reading, and these) is raised."""
     try:
         spec = PolicySpec.model_validate(data)
     except ValidationError as e:
-        raise PolicyError(_problems(e, file, lines, PolicySpec)) from None
+        problems = [*found, *_problems(e, file, lines, PolicySpec)]
+        # A value already reported as unusable is also "missing" or "wrong type": say it once.
+        reported = {(p.line, p.field) for p in found}
+        kept = [p for p in problems if p in found or (p.line, p.field) not in reported]
+        raise PolicyError(sorted(kept, key=lambda p: p.line or 0)) from None
+    if found:
+        raise PolicyError(sorted(found, key=lambda p: p.line or 0))
     return Document(spec, file, lines)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ._errors import EnvOverrideError, did_you_mean
+from ._files import check_regular
 from ._schema import LOG_FORMATS, LOG_LEVELS, RuleSpec
 from ._targets import REJECT, TARGET_FORMS, parse_target
 
@@ -60,7 +61,7 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
                 name, repr(value), "environment values must be strings", "a string"
             )
         if name not in VARIABLES:
-            hint = did_you_mean(name, VARIABLES)
+            hint = _hint(name)
             raise EnvOverrideError(
                 name, value, f"unknown devpolicy variable{hint}", ", ".join(VARIABLES)
             )
@@ -76,12 +77,23 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
     )
 
 
+def _hint(name: str) -> str:
+    """Did-you-mean on what follows the prefix: every name shares `DEVPOLICY_`, so comparing
+    whole names makes `DEVPOLICY_X` look like `DEVPOLICY_FILE`."""
+    suffixes = {v.removeprefix(PREFIX): v for v in VARIABLES}
+    close = did_you_mean(name.removeprefix(PREFIX), suffixes)
+    if not close:
+        return ""
+    suggested = close.split("'")[1]
+    return f" (did you mean {suffixes[suggested]!r}?)"
+
+
 def _file(value: str | None) -> Path | None:
     if value is None:
         return None
     path = Path(value)
-    if not path.is_file():
-        problem = "is a directory" if path.is_dir() else "no such file"
+    problem = check_regular(path, "a policy file")
+    if problem is not None:
         raise EnvOverrideError(FILE, value, problem, "the path of a YAML policy file")
     return path
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import jax
 import jax.extend
 
-from ._errors import DeviceUnavailableError
-from ._targets import KNOWN_PLATFORMS, Target, parse_target
+from ._errors import DeviceUnavailableError, did_you_mean
+from ._targets import KNOWN_PLATFORMS, PLATFORM_ALIASES, Target, parse_target
+
+GPU_HINT = "pip install 'devpolicy[cuda13]'"
+TPU_HINT = "pip install 'jax[tpu]'"
 
 
 @dataclass(frozen=True)
@@ -63,14 +69,62 @@ class Inventory:
         return devices[index]
 
 
-def _probe(platform: str) -> tuple[jax.Device, ...] | str:
+def _probe(platform: str) -> tuple[jax.Device, ...] | Exception:
     try:
         devices = tuple(jax.local_devices(backend=platform))
-    # JAX reports a missing backend as RuntimeError, but a broken plugin can raise anything;
-    # the inventory's contract is to never raise.
+    # JAX reports a missing backend as RuntimeError, but a broken plugin can raise anything
+    # (JAX_PLATFORMS=cuda without a plugin: a bare AssertionError); the inventory's contract
+    # is to never raise.
     except Exception as e:
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no message'}"
-    return devices if devices else "backend has no local devices"
+        return e
+    return devices if devices else RuntimeError("backend has no local devices")
+
+
+def _installed(prefixes: tuple[str, ...]) -> list[str]:
+    try:
+        names = {d.metadata["Name"] or "" for d in importlib.metadata.distributions()}
+    except Exception:  # a broken installation must not break the inventory
+        return []
+    return sorted(n for n in names if n.lower().replace("_", "-").startswith(prefixes))
+
+
+def _jax_says(error: Exception) -> str:
+    text = str(error).splitlines()[0] if str(error).strip() else "no message"
+    return f"{type(error).__name__}: {text}"
+
+
+def missing_reason(platform: str, error: Exception, environ: Mapping[str, str]) -> str:
+    """Why `platform` is absent, in words a user can act on (with JAX's own text last).
+
+    Example:
+        >>> missing_reason("gpu", RuntimeError("x"), {"JAX_PLATFORMS": "cpu"})
+        'JAX_PLATFORMS=cpu excludes gpu'
+    """
+    raw = environ.get("JAX_PLATFORMS", "").strip()
+    asked = [p.strip().lower() for p in raw.split(",") if p.strip()]
+    unknown = [p for p in asked if p not in PLATFORM_ALIASES]
+    if unknown:
+        hint = did_you_mean(unknown[0], PLATFORM_ALIASES)
+        return (
+            f"JAX_PLATFORMS={raw} names unknown platform {unknown[0]!r}{hint}, so JAX started "
+            f"no backend; accepted: {', '.join(PLATFORM_ALIASES)} (or unset it)"
+        )
+    prefix = ""
+    if asked:
+        if platform not in {PLATFORM_ALIASES[p] for p in asked}:
+            return f"JAX_PLATFORMS={raw} excludes {platform}"
+        prefix = f"JAX_PLATFORMS={raw} but "
+    if platform == "gpu":
+        plugins = _installed(("jax-cuda", "jax-rocm"))
+        if not plugins:
+            return f"{prefix}no CUDA or ROCm plugin is installed: {GPU_HINT}"
+        return (
+            f"{prefix}the GPU plugin ({', '.join(plugins)}) did not start: no usable GPU or "
+            f"driver? ({_jax_says(error)})"
+        )
+    if platform == "tpu" and not _installed(("libtpu",)):
+        return f"{prefix}no TPU runtime (libtpu) is installed: {TPU_HINT}"
+    return f"{prefix}JAX could not start it ({_jax_says(error)})"
 
 
 @functools.cache
@@ -90,8 +144,8 @@ def inventory() -> Inventory:
         present = []
     for platform in [*KNOWN_PLATFORMS, *sorted(set(present) - set(KNOWN_PLATFORMS))]:
         found = _probe(platform)
-        if isinstance(found, str):
-            missing[platform] = found
+        if isinstance(found, Exception):
+            missing[platform] = missing_reason(platform, found, os.environ)
         else:
             devices[platform] = found
     try:
@@ -147,13 +201,27 @@ def get_device(target: str) -> jax.Device:
 
 
 def current_default_device() -> jax.Device:
-    """The device JAX places new arrays on in this thread now (scopes included)."""
+    """The device JAX places new arrays on in this thread now (scopes included).
+
+    Raises:
+        DeviceUnavailableError: JAX has no device at all (every backend failed to start),
+            saying why each is absent.
+    """
     value = jax.config.jax_default_device  # type: ignore[attr-defined]  # set by jax at import
     if isinstance(value, jax.Device):
         return value
-    if isinstance(value, str):
-        return jax.local_devices(backend=value)[0]
-    return jax.local_devices()[0]
+    try:
+        if isinstance(value, str):
+            return jax.local_devices(backend=value)[0]
+        return jax.local_devices()[0]
+    except Exception as e:
+        inv = inventory()
+        raise DeviceUnavailableError(
+            "auto",
+            [("auto", f"JAX has no default device ({_jax_says(e)})")],
+            inv.available(),
+            inv.missing,
+        ) from None
 
 
 def memory_kinds(device: jax.Device) -> tuple[str, ...]:

@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import re2
+
 from ._sizes import format_size
 
 
@@ -38,12 +40,62 @@ class Condition:
         return None
 
 
+REGEX_LIMITS = (
+    "regexes are matched by RE2, in time linear in the name, so no rule can stall a program "
+    "(Python's `re` can take seconds or years on patterns like '(a+)+$'); RE2 has no "
+    "backreferences (\\1, (?P=name)), lookaround ((?=...), (?!...), (?<=...), (?<!...)), "
+    "atomic groups, possessive repeats, conditionals or \\Z (write \\z or $), repeat counts "
+    "above 1000, and \\d, \\w, \\s match ASCII only"
+)
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 would print every rejected pattern to stderr
+
+
+def compile_regex(pattern: str) -> Callable[[str], object]:
+    """Compile a rule's regex for full matching in linear time.
+
+    The pattern must be valid for Python's `re` (the documented syntax, so it means what
+    Python users expect) and for RE2 (the engine that matches it, with no backtracking).
+
+    Raises:
+        ValueError: saying why the pattern cannot be used, and what RE2 lacks.
+
+    Example:
+        >>> compile_regex("(a+)+$")("a" * 10_000 + "b") is None
+        True
+    """
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"invalid regular expression {pattern!r}: {e}") from None
+    except OverflowError:
+        raise ValueError(
+            f"invalid regular expression {pattern!r}: a repeat count is too large"
+        ) from None
+    except RecursionError:
+        raise ValueError(
+            f"invalid regular expression {pattern!r}: groups nested too deeply"
+        ) from None
+    try:
+        compiled = re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as e:
+        reason = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(
+            f"unsupported regular expression {pattern!r}: {reason}; {REGEX_LIMITS}"
+        ) from None
+    return compiled.fullmatch  # type: ignore[no-any-return]
+
+
 def compile_condition(
     pattern: str, is_regex: bool, min_bytes: int | None = None, max_bytes: int | None = None
 ) -> Condition:
-    """Compile a glob (fnmatch, case-sensitive, `*` crosses `/`) or a full-match regex."""
+    """Compile a glob (fnmatch, case-sensitive, `*` crosses `/`) or a full-match regex.
+
+    Regexes run on RE2 (linear time, see `compile_regex`); globs on Python's `re`, whose
+    fnmatch translations never backtrack catastrophically.
+    """
     if is_regex:
-        test: Callable[[str], object] = re.compile(pattern).fullmatch
+        test: Callable[[str], object] = compile_regex(pattern)
     else:
         test = re.compile(fnmatch.translate(pattern)).match
     return Condition(pattern, is_regex, min_bytes, max_bytes, test)

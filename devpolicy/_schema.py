@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ._errors import did_you_mean
+from ._matching import compile_regex
 from ._runtime import (
     ALLOCATORS,
     ENV_NAME_FORMS,
@@ -147,7 +148,9 @@ class RuleSpec(_Strict):
         None, description="fnmatch glob, case-sensitive; `*` also matches `/`."
     )
     regex: str | None = Field(
-        None, description="Python regular expression; must match the whole name."
+        None,
+        description="Regular expression that must match the whole name: Python syntax, "
+        "matched by RE2 in linear time (no backreferences or lookaround).",
     )
     device: TargetText = Field(description="Where matching names go.")
     fallback: list[TargetText] | None = Field(
@@ -187,9 +190,9 @@ class RuleSpec(_Strict):
         if value is None:
             return None
         try:
-            re.compile(value)
-        except re.error as e:
-            raise _fail(f"invalid regular expression {value!r}: {e}") from None
+            compile_regex(value)
+        except ValueError as e:
+            raise _fail(str(e)) from None
         return value
 
     @model_validator(mode="after")

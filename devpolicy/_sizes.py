@@ -59,6 +59,11 @@ def parse_size(value: object) -> int:
     if m is None:
         raise ValueError(f"not a size: {value!r}; accepted: {SIZE_FORMS}")
     number, unit = m.groups()
+    # Past these lengths the size is out of range whatever the unit (and Decimal overflows).
+    if len(number.split(".")[0].lstrip("0")) > 30 or len(number) > 200:
+        raise ValueError(
+            f"size out of range: a number of {len(number)} characters; accepted: {SIZE_FORMS}"
+        )
     factor = _UNITS.get(unit.lower())
     if factor is None:
         hint = did_you_mean(unit, UNIT_NAMES)

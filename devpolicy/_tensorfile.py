@@ -7,11 +7,17 @@ follows, then the data. Ranges must tile the data section exactly: no holes, no 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
+import mmap
 import os
+import signal
+import stat
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,6 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from ._errors import DevicePolicyError
+from ._files import FileRefused, open_regular
 
 #: safetensors dtype names and the numpy dtypes that hold them.
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -46,6 +53,12 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 MAX_HEADER = 100_000_000  # safetensors' own limit
 _MAX_DIMS = 32  # what numpy and XLA both handle
 DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
+#: Largest alignment accepted: past the 2 MiB huge page nothing gains, and the header pads to it.
+MAX_ALIGN = 1 << 24
+#: Temporary files of `save_file`/`align_file` are `.<name>.devpolicy-<pid>-<random>.tmp`
+#: beside the target (so a rename replaces it atomically). One left by a killed process is
+#: removed by the next successful save of the same target.
+TEMP_PATTERN = ".{name}.devpolicy-*.tmp"
 
 
 class SafetensorsFileError(DevicePolicyError, ValueError):
@@ -125,16 +138,62 @@ def read_header(path: str | os.PathLike[str]) -> Header:
 
 
 def open_tensor_file(path: str | os.PathLike[str]) -> BinaryIO:
-    """Open a safetensors file for reading, with the loader's error messages."""
+    """Open a safetensors file for reading, with the loader's error messages.
+
+    Only regular files are opened, and never by blocking: a FIFO, a device or a socket is
+    refused at once, saying what it is.
+
+    Raises:
+        SafetensorsFileError: missing, unreadable, or not a regular file.
+    """
     try:
-        f = open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
-    except FileNotFoundError:
-        raise SafetensorsFileError(path, "no such file") from None
-    except IsADirectoryError:
-        raise SafetensorsFileError(path, "is a directory, not a safetensors file") from None
+        fd, _ = open_regular(path, "a safetensors file")
+    except FileRefused as e:
+        raise SafetensorsFileError(path, e.reason) from None
+    return os.fdopen(fd, "rb")
+
+
+def map_tensor_file(f: BinaryIO, header: Header) -> mmap.mmap:
+    """One read-only map of the whole of an open file whose header is `header`.
+
+    The file must still be the size its header was read at: a file that shrank (being
+    rewritten in place) would otherwise give short buffers or, later, SIGBUS.
+
+    Raises:
+        SafetensorsFileError: the file changed size, or the map failed (address space
+            exhausted, too many open files), naming the file.
+    """
+    try:
+        size = os.fstat(f.fileno()).st_size
     except OSError as e:
-        raise SafetensorsFileError(path, f"cannot read: {e.strerror}") from None
-    return f
+        raise SafetensorsFileError(header.path, f"cannot read: {e.strerror}") from None
+    if size != header.file_size:
+        raise SafetensorsFileError(
+            header.path,
+            f"file changed size while loading ({header.file_size} bytes when its header was "
+            f"read, {size} now): is something rewriting it in place?",
+        )
+    try:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except ValueError as e:  # "cannot mmap an empty file"
+        raise SafetensorsFileError(header.path, f"cannot map: {e}") from None
+    except OSError as e:
+        raise os_error(header.path, e, "cannot map the file") from None
+
+
+def os_error(
+    path: str | os.PathLike[str], error: OSError, doing: str, tensor: str | None = None
+) -> SafetensorsFileError:
+    """An OSError met while reading or placing a tensor, as an error naming file and tensor."""
+    hints = {
+        errno.ENOMEM: "not enough memory or address space",
+        errno.EMFILE: "too many open files in this process (raise `ulimit -n`, or release "
+        "arrays of earlier loads)",
+        errno.ENFILE: "too many open files on this system",
+        errno.EIO: "input/output error (a failing disk or network filesystem)",
+    }
+    reason = hints.get(error.errno or 0, error.strerror or str(error))
+    return SafetensorsFileError(path, f"{doing}: {reason}", tensor=tensor)
 
 
 def read_header_from(f: BinaryIO, path: Path) -> Header:
@@ -174,13 +233,9 @@ def _parse(path: Path, raw: bytes, size: int) -> Header:
     except UnicodeDecodeError as e:
         raise SafetensorsFileError(path, f"header is not UTF-8 (byte {8 + e.start})") from None
     try:
-        document = json.loads(text, object_pairs_hook=_no_duplicates)
+        document = json.loads(text, object_pairs_hook=_Pairs)
     except RecursionError:
         raise SafetensorsFileError(path, "header JSON is nested too deeply") from None
-    except _DuplicateKeyError as e:
-        raise SafetensorsFileError(
-            path, "tensor listed twice in the header", tensor=str(e)
-        ) from None
     except json.JSONDecodeError as e:
         raise SafetensorsFileError(
             path, f"header is not valid JSON: {e.msg} at byte {8 + e.pos}"
@@ -191,6 +246,12 @@ def _parse(path: Path, raw: bytes, size: int) -> Header:
         raise SafetensorsFileError(
             path, f"header must be a JSON object, got {type(document).__name__}"
         )
+    if isinstance(document, _Pairs) and document.duplicates:
+        raise SafetensorsFileError(
+            path, "tensor listed twice in the header", tensor=document.duplicates[0]
+        )
+    # Inside __metadata__ a repeated key is accepted, the last value winning, as the
+    # reference loader does.
     metadata = document.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
@@ -202,20 +263,29 @@ def _parse(path: Path, raw: bytes, size: int) -> Header:
     return Header(path, size, data_start, entries, metadata)
 
 
-class _DuplicateKeyError(ValueError):
-    pass
+class _Pairs(dict[str, Any]):
+    """A JSON object that remembers keys given more than once (the last value wins)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.duplicates = [] if len(self) == len(pairs) else _repeated(pairs)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKeyError(key)
-        result[key] = value
-    return result
+def _repeated(pairs: list[tuple[str, Any]]) -> list[str]:
+    seen: set[str] = set()
+    repeated = []
+    for key, _ in pairs:
+        if key in seen:
+            repeated.append(key)
+        seen.add(key)
+    return repeated
 
 
 def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
+    if isinstance(value, _Pairs) and value.duplicates:
+        raise SafetensorsFileError(
+            path, f"entry gives {value.duplicates[0]!r} more than once", tensor=key
+        )
     if not isinstance(value, dict) or set(value) != {"dtype", "shape", "data_offsets"}:
         raise SafetensorsFileError(
             path, "entry must be an object with exactly dtype, shape and data_offsets", tensor=key
@@ -248,6 +318,11 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
         )
     dtype = DTYPES[dtype_name]
     expected = math.prod(shape) * dtype.itemsize
+    if expected == 0 and math.prod(n for n in shape if n) * dtype.itemsize >= 2**63:
+        # Empty, but numpy (and XLA) still cannot describe an array this shape.
+        raise SafetensorsFileError(
+            path, f"shape {shape} is too large for an array, even an empty one", tensor=key
+        )
     begin, end = offsets
     if end - begin != expected:
         raise SafetensorsFileError(
@@ -327,8 +402,7 @@ def plan_layout(
     header and from order: tensors whose size is a multiple of `align` first (each then
     starts aligned), largest first; the rest after, largest first.
     """
-    if align < 1 or align & (align - 1):
-        raise ValueError(f"align must be a power of two, got {align}")
+    check_align(align)
     slots = list(slots)
     order = sorted(slots, key=lambda s: (s.nbytes % align != 0, -s.nbytes, s.key))
     header: dict[str, Any] = {}
@@ -352,6 +426,24 @@ def plan_layout(
     return text, order
 
 
+def check_align(align: object) -> int:
+    """Validate an alignment before anything is allocated or written.
+
+    Raises:
+        ValueError: unless `align` is an int power of two from 1 to MAX_ALIGN.
+    """
+    if (
+        not isinstance(align, int)
+        or isinstance(align, bool)
+        or not 1 <= align <= MAX_ALIGN
+        or align & (align - 1)
+    ):
+        raise ValueError(
+            f"align must be a power of two from 1 to {MAX_ALIGN} (an int), got {align!r}"
+        )
+    return align
+
+
 def _slots(tensors: Mapping[str, np.ndarray[Any, Any]]) -> list[_Slot]:
     slots = []
     for key, array in tensors.items():
@@ -373,6 +465,7 @@ def write_file(
     Written to a temporary file beside `path` and renamed into place: an error leaves no
     partial file.
     """
+    check_align(align)
     # ascontiguousarray would turn 0-d arrays into 1-d ones; big-endian arrays are swapped.
     arrays = {
         key: np.require(value.astype(value.dtype.newbyteorder("="), copy=False), requirements="C")
@@ -405,13 +498,14 @@ def rewrite_aligned(
     Streams each tensor's bytes (64 MiB at a time), so memory does not grow with the file.
     Returns the new file's header.
     """
+    check_align(align)
     header = read_header(source)
     slots = [_Slot(t.key, t.dtype_name, t.shape, t.nbytes) for t in header.tensors]
     by_key = {t.key: t for t in header.tensors}
     new_header, order = plan_layout(slots, header.metadata, align)
 
     def copy_data(out: Any) -> None:
-        with open(source, "rb") as f:
+        with open_tensor_file(source) as f:
             for slot in order:
                 entry = by_key[slot.key]
                 f.seek(entry.offset)
@@ -430,21 +524,108 @@ def rewrite_aligned(
 
 
 def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    """Write a new file and rename it over `path`: never truncated or half-written in place.
+
+    A symlink is written through (its target is replaced, the link kept), an existing file
+    keeps its permission bits, and the temporary file is removed on any error and on SIGTERM.
+    """
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else path
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        what = "does not exist" if not os.path.lexists(directory) else "is not a directory"
+        raise SafetensorsFileError(path, f"cannot write: the directory {str(directory)!r} {what}")
     try:
-        # mkstemp makes the file private (0600); give it the mode a plain open() would.
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as out:
-            out.write(len(header).to_bytes(8, "little"))
-            out.write(header)
-            write_data(out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()  # a new file gets what a plain open() would give it
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{target.name}.devpolicy-{os.getpid()}-", suffix=".tmp", dir=directory
+        )
+    except OSError as e:
+        raise SafetensorsFileError(
+            path, f"cannot write in {str(directory)!r}: {e.strerror}"
+        ) from None
+    try:
+        with _removed_on_sigterm():
+            try:
+                os.fchmod(fd, mode)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(len(header).to_bytes(8, "little"))
+                    out.write(header)
+                    write_data(out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, target)
+            except OSError as e:
+                raise SafetensorsFileError(path, f"cannot write: {e.strerror or e}") from None
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, _Terminated):  # the temporary file is gone: now die as asked
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
         raise
+    remove_stale_temp_files(target)
+
+
+def remove_stale_temp_files(target: Path) -> list[Path]:
+    """Remove temporary files of ours for `target` whose writing process is gone.
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    for candidate in target.parent.glob(TEMP_PATTERN.format(name=glob_escape(target.name))):
+        pid_text = candidate.name[len(f".{target.name}.devpolicy-") :].split("-", 1)[0]
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        try:
+            candidate.unlink()
+        except OSError:
+            continue
+        removed.append(candidate)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    """`text` with glob metacharacters matched literally."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's live process
+        return True
+    return True
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while writing: unwind (removing the temporary file), then die of it."""
+
+
+@contextlib.contextmanager
+def _removed_on_sigterm() -> Iterator[None]:
+    # A library must not take over signals: only where SIGTERM would kill the process
+    # outright (the default action), and only on the main thread, where Python runs handlers.
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _umask() -> int:

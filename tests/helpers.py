@@ -40,3 +40,27 @@ def safetensors_bytes(header: object, data: bytes = b"", *, length: int | None =
     """
     text = header if isinstance(header, bytes) else json.dumps(header).encode()
     return struct.pack("<Q", len(text) if length is None else length) + text + data
+
+
+def within(seconds: float, call: Callable[[], object]) -> object:
+    """`call()`'s result or exception, failing the test (not hanging it) if it blocks.
+
+    Runs in a daemon thread, so a call that blocks forever (a FIFO with no writer) cannot keep
+    the test run from ending. The limit guards against hangs only; it measures nothing.
+    """
+    outcome: list[object] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as e:  # handed to the test thread below
+            failure.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"the call did not return within {seconds} s: it hangs"
+    if failure:
+        raise failure[0]
+    return outcome[0]

@@ -119,7 +119,9 @@ class TestDevices:
         }
         if NO_GPU:
             assert payload["backends"]["gpu"]["available"] is False
-            assert payload["backends"]["gpu"]["reason"].startswith("RuntimeError")
+            assert payload["backends"]["gpu"]["reason"].startswith(
+                ("no CUDA or ROCm plugin is installed: pip install", "the GPU plugin (")
+            )
 
     def test_table_shows_targets_and_memory_kinds(self, capsys: pytest.CaptureFixture[str]) -> None:
         """The table names devices by target text and marks the default."""
@@ -329,7 +331,10 @@ class TestOsErrors:
             )
             == 2
         )
-        assert "No such file or directory" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "out.safetensors: cannot write: the directory" in err
+        assert "does not exist" in err
+        assert ".tmp" not in err
 
     def test_closed_pipe_is_not_a_crash(self, checkpoint: Path) -> None:
         """`devpolicy plan --json | head -1` ends quietly."""
@@ -342,3 +347,117 @@ class TestOsErrors:
             check=False,
         )
         assert "Traceback" not in result.stderr
+
+
+MARKUP_NAMES = [
+    "[/]",
+    "a[/b]c",
+    "[bold]x",
+    "[link=https://example.invalid]click[/link]",
+    "e\x1b[31mred",
+]
+
+
+class TestDataIsShownLiterally:
+    """Strings from files, policies and the command line are shown as written, never obeyed."""
+
+    @pytest.fixture
+    def marked(self, tmp_path: Path) -> Path:
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({name: np.zeros(2, np.float32) for name in MARKUP_NAMES}, path)
+        return path
+
+    @pytest.fixture
+    def marked_policy(self, tmp_path: Path) -> Path:
+        (tmp_path / "pol[").mkdir()
+        return write(
+            tmp_path / "pol[" / "b]c.yaml",
+            "version: 1\nrules:\n  - match: '[[]bold]*'\n    device: cpu:1\n",
+        )
+
+    def test_plan_shows_markup_in_tensor_names_and_prefix_literally(
+        self, marked: Path, marked_policy: Path
+    ) -> None:
+        """`plan` on names like `[/]` and with `--prefix '[/x]'` prints them; it used to crash."""
+        result = run_cli(
+            "plan", str(marked), "--prefix", "[/x]", "--policy", "pol[/b]c.yaml", cwd=marked.parent
+        )
+        assert result.returncode == 0, result.stderr
+        for name in [
+            "[/x]/[/]",
+            "[/x]/a[/b]c",
+            "[/x]/[bold]x",
+            "[link=https://example.invalid]click[/link]",
+        ]:
+            assert name in result.stdout
+        assert "\x1b" not in result.stdout
+        assert r"e\x1b[31mred" in result.stdout
+        assert "Traceback" not in result.stderr
+
+    def test_explain_and_check_show_a_markup_policy_path_literally(
+        self, marked_policy: Path
+    ) -> None:
+        """`explain --policy 'pol[/b]c.yaml'` and `check` print the path and name as written."""
+        cwd = marked_policy.parent.parent
+        explained = run_cli("explain", "[bold]x", "--policy", "pol[/b]c.yaml", cwd=cwd)
+        assert explained.returncode == 0, explained.stderr
+        assert "[bold]x (size unknown) under pol[/b]c.yaml" in explained.stdout
+        checked = run_cli("check", "pol[/b]c.yaml", cwd=cwd)
+        assert checked.returncode == 0, checked.stderr
+        assert "policy: pol[/b]c.yaml" in checked.stdout
+
+    def test_control_characters_in_errors_are_made_visible(self, tmp_path: Path) -> None:
+        """An escape sequence in a path reaches the terminal as text, not as a command."""
+        result = run_cli("check", "p\x1b[2Jq.yaml", cwd=tmp_path)
+        assert result.returncode == 1
+        assert "\x1b" not in result.stdout + result.stderr
+        assert r"p\x1b[2Jq.yaml" in result.stdout
+
+    def test_visible_escapes_control_and_bidi_characters(self) -> None:
+        """The CLI's one display helper escapes C0, DEL, C1 and bidi overrides, keeping the rest."""
+        from devpolicy._cli import _lit, _visible
+
+        assert _visible("a\x1b[1m\x07\x7f\x9b\u202eb[/]é") == r"a\x1b[1m\x07\x7f\x9b\u202eb[/]é"
+        assert _lit("[bold]x").plain == "[bold]x"
+
+
+class TestClosedPipes:
+    @pytest.mark.parametrize("command", ["plan", "explain"])
+    def test_table_output_closed_early_exits_0(self, command: str, tmp_path: Path) -> None:
+        """`devpolicy plan --all FILE | head -1` exits 0, not 1 ("findings"), and prints no traceback."""
+        path = tmp_path / "many.safetensors"
+        devpolicy.save_file({f"t{i}": np.zeros(1, np.uint8) for i in range(3000)}, path)
+        rules = "".join(f"  - match: 'nomatch{i}'\n    device: cpu\n" for i in range(3000))
+        write(tmp_path / "p.yaml", "version: 1\nrules:\n" + rules)
+        args = f"plan --all {path}" if command == "plan" else "explain x --policy p.yaml"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+        result = subprocess.run(
+            [
+                "bash",
+                "-c",
+                f'{sys.executable} -m devpolicy {args} | head -c 1 >/dev/null; echo "rc=${{PIPESTATUS[0]}}"',
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            cwd=tmp_path,
+            env=environ,
+        )
+        assert result.stdout.strip() == "rc=0", result.stderr
+        assert "Traceback" not in result.stderr
+
+
+class TestAlignArguments:
+    @pytest.mark.parametrize("align", ["1099511627776", "3", "0"])
+    def test_bad_align_is_an_input_error_before_any_allocation(
+        self, checkpoint: Path, align: str
+    ) -> None:
+        """`align --align 1099511627776` exits 2 with the accepted range (it used to MemoryError)."""
+        result = run_cli(
+            "align", str(checkpoint), str(checkpoint.parent / "o.safetensors"), "--align", align
+        )
+        assert result.returncode == 2
+        assert "align must be a power of two from 1 to 16777216" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert not (checkpoint.parent / "o.safetensors").exists()

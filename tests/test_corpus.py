@@ -129,6 +129,98 @@ CASES = [
         R + "match: a\n    device: cpu\n    device: gpu\n",
         r"^p\.yaml:5: rules\[0\]\.device: duplicate key",
     ),
+    # Hardening (issue 9): nesting, unusable scalars, lines of aliases, several problems at once
+    yaml_case(
+        "yaml-nested-1000-deep",
+        "version: 1\nx: " + "[" * 1000 + "]" * 1000 + "\n",
+        r"^p\.yaml:2: invalid YAML: nested more than 64 levels deep$",
+    ),
+    yaml_case(
+        "yaml-nested-mappings-deep",
+        "version: 1\nx:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 200)),
+        r"^p\.yaml:\d+: invalid YAML: nested more than 64 levels deep$",
+    ),
+    yaml_case(
+        "yaml-int-tag-on-word",
+        "version: !!int one\n",
+        r"^p\.yaml:1: version: not a valid int: 'one'$",
+    ),
+    yaml_case(
+        "yaml-float-tag-on-word",
+        "version: 1\nheadroom: !!float x\n",
+        r"^p\.yaml:2: headroom: not a valid float: 'x'$",
+    ),
+    yaml_case(
+        "yaml-5000-digit-integer",
+        "version: " + "9" * 5000 + "\n",
+        r"^p\.yaml:1: version: too many digits: '9+\.\.\.\(5000 characters\)'$",
+    ),
+    yaml_case(
+        "yaml-million-digit-size",
+        f"{R}match: a\n    device: cpu\n    min_bytes: '{'9' * 1_000_000}'\n",
+        r"^p\.yaml:5: rules\[0\]\.min_bytes: size out of range",
+    ),
+    yaml_case(
+        "yaml-alias-rule-reported-at-its-own-line",
+        "version: 1\nrules:\n  - match: a\n    device: &d gpuu\n  - match: b\n    device: *d\n",
+        r"(?s)^2 problems.*p\.yaml:4: rules\[0\]\.device: .*\n  p\.yaml:6: rules\[1\]\.device: ",
+    ),
+    yaml_case(
+        "yaml-alias-whole-rule",
+        "version: 1\nrules:\n  - &r\n    match: a\n    device: gpuu\n  - *r\n",
+        r"(?s)^2 problems.*p\.yaml:5: rules\[0\]\.device: .*\n  p\.yaml:6: rules\[1\]\.device: ",
+    ),
+    yaml_case(
+        "yaml-duplicate-and-other-problems-all-listed",
+        "version: 1\nversion: 1\ndefault: gpux\nrules:\n  - match: a\n    devce: cpu\n",
+        r"(?s)^\d problems in p\.yaml:\n  p\.yaml:2: version: duplicate key.*p\.yaml:3: default: .*p\.yaml:6: rules\[0\]\.devce: unknown field",
+    ),
+    yaml_case(
+        "yaml-two-duplicates-both-listed",
+        "version: 1\nrules: []\nrules: []\ndefault: cpu\ndefault: cpu\n",
+        r"(?s)^2 problems in p\.yaml:\n  p\.yaml:3: rules: duplicate key.*\n  p\.yaml:5: default: duplicate key",
+    ),
+    yaml_case(
+        "yaml-unclosed-quote-at-its-line",
+        "version: 1\nrules:\n  - match: a\n    device: cpu\n  - match: 'b\n    device: cpu\n",
+        r"^p\.yaml:5: invalid YAML",
+    ),
+    yaml_case(
+        "yaml-error-at-end-within-the-file",
+        "version: 1\nrules:\n  - match: a\n    device: cpu\n  - [\n    x\n",
+        r"^p\.yaml:[1-6]: invalid YAML",
+    ),
+    yaml_case(
+        "yaml-large-without-aliases",
+        "version: 1\nx: [" + "1," * 150_000 + "1]\n",
+        r"^p\.yaml:2: document too large: more than 100000 values \(a policy is far smaller\)$",
+    ),
+    # Regexes RE2 cannot run in linear time, and ones Python's parser chokes on (issue 9 item 3, 12)
+    yaml_case(
+        "regex-backreference",
+        f"{R}regex: '(a)\\1'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: unsupported regular expression '\(a\)\\\\1': invalid escape sequence: \\1; regexes are matched by RE2",
+    ),
+    yaml_case(
+        "regex-lookahead",
+        f"{R}regex: '(?=a)a'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: unsupported regular expression .*invalid perl operator: \(\?=.*no backreferences",
+    ),
+    yaml_case(
+        "regex-huge-repeat",
+        f"{R}regex: 'a{{4294967296}}'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: invalid regular expression 'a\{4294967296\}': a repeat count is too large$",
+    ),
+    yaml_case(
+        "regex-1000-nested-groups",
+        f"{R}regex: '{'(' * 1000}a{')' * 1000}'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: .*regular expression",
+    ),
+    yaml_case(
+        "regex-repeat-over-1000",
+        f"{R}regex: 'a{{1001}}'\n    device: cpu\n",
+        r"^p\.yaml:3: rules\[0\]\.regex: unsupported regular expression 'a\{1001\}': invalid repetition size",
+    ),
     # Wrong types and unknown keys
     yaml_case(
         "missing-version",
@@ -355,6 +447,21 @@ CASES = [
         {"DEVPOLICY_FILE": "nope.yaml"},
         r"^DEVPOLICY_FILE='nope\.yaml': no such file; accepted: the path of a YAML policy file",
     ),
+    env_case(
+        "env-empty-unknown-variable-no-file-hint",
+        {"DEVPOLICY_X": ""},
+        r"^DEVPOLICY_X='': unknown devpolicy variable; accepted:",
+    ),
+    env_case(
+        "env-lowercase-suffix-hint",
+        {"DEVPOLICY_file": "p.yaml"},
+        r"^DEVPOLICY_file='p\.yaml': unknown devpolicy variable \(did you mean 'DEVPOLICY_FILE'\?\)",
+    ),
+    env_case(
+        "env-file-char-device",
+        {"DEVPOLICY_FILE": "/dev/null"},
+        r"^DEVPOLICY_FILE='/dev/null': is a character device, not a policy file",
+    ),
     env_case("env-file-directory", {"DEVPOLICY_FILE": "/"}, r"^DEVPOLICY_FILE='/': is a directory"),
     env_case(
         "env-rules-no-equals",
@@ -518,6 +625,26 @@ CASES = [
         "st-huge-dimension",
         safetensors_bytes(one(shape=[2**64, 0], offsets=[0, 0])),
         r"tensor 't': shape must be a list of non-negative integers",
+    ),
+    file_case(
+        "st-empty-shape-too-large-for-numpy",
+        safetensors_bytes(one(shape=[2**61, 2**61, 0], offsets=[0, 0])),
+        r"tensor 't': shape \[2305843009213693952, 2305843009213693952, 0\] is too large for an array",
+    ),
+    file_case(
+        "st-duplicate-key-inside-an-entry",
+        safetensors_bytes(
+            b'{"t": {"dtype": "U8", "dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', b"\0"
+        ),
+        r"tensor 't': entry gives 'dtype' more than once$",
+    ),
+    file_case(
+        "st-duplicate-tensor-still-named",
+        safetensors_bytes(
+            b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
+            b"\0",
+        ),
+        r"tensor 't': tensor listed twice in the header$",
     ),
     file_case(
         "st-offsets-bool",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import devpolicy
-from tests.helpers import write
+from tests.helpers import within, write
 
 
 class TestDiscovery:
@@ -98,3 +100,33 @@ class TestDiscoveryRegressions:
             devpolicy.PolicyError, match=r"^pyproject\.toml: tool: must be a table$"
         ):
             devpolicy.load_policy(environ={})
+
+    @pytest.mark.parametrize(
+        ("make", "match"),
+        [
+            (lambda p: os.symlink("gone.yaml", p), r"dangling symlink"),
+            (lambda p: os.symlink(p.name, p), r"symlink loop"),
+            (lambda p: p.mkdir(), r"is a directory, not a policy file"),
+            (lambda p: os.mkfifo(p), r"is a FIFO or pipe"),
+        ],
+        ids=["dangling", "loop", "directory", "fifo"],
+    )
+    def test_a_broken_devpolicy_yaml_is_an_error_not_skipped(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any, match: str
+    ) -> None:
+        """A ./devpolicy.yaml that cannot be read is reported; the parent's policy is not used."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        (tmp_path / "sub").mkdir()
+        make(tmp_path / "sub" / "devpolicy.yaml")
+        monkeypatch.chdir(tmp_path / "sub")
+        with pytest.raises(devpolicy.PolicyError, match=rf"^devpolicy\.yaml: {match}"):
+            within(30, lambda: devpolicy.load_policy(environ={}))
+
+    def test_pyproject_naming_a_fifo_says_so(self, tmp_path: Path) -> None:
+        """[tool.devpolicy] policy naming a FIFO says what it is, not "not found"."""
+        write(tmp_path / "pyproject.toml", '[tool.devpolicy]\npolicy = "p.yaml"\n')
+        os.mkfifo(tmp_path / "p.yaml")
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"tool\.devpolicy\.policy: is a FIFO or pipe"
+        ):
+            within(30, lambda: devpolicy.load_policy(environ={}))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import devpolicy
-from tests.helpers import write
+from tests.helpers import within, write
 
 GOOD = """\
 version: 1
@@ -236,7 +238,68 @@ class TestInvalidPolicies:
     def test_binary_file_is_not_utf8(self, tmp_path: Path) -> None:
         """A binary file is reported as not UTF-8 text."""
         (tmp_path / "p.yaml").write_bytes(b"version: 1\n\xff\xfe")
-        with pytest.raises(devpolicy.PolicyError, match=r"^p\.yaml: not UTF-8 text"):
+        with pytest.raises(devpolicy.PolicyError, match=r"^p\.yaml:2: not UTF-8 text"):
+            devpolicy.load_policy("p.yaml", environ={})
+
+    def test_a_fifo_is_refused_without_blocking(self, tmp_path: Path) -> None:
+        """A FIFO with no writer is refused at once (it used to block forever)."""
+        os.mkfifo(tmp_path / "p.yaml")
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"^p\.yaml: is a FIFO or pipe .*, not a policy file$"
+        ):
+            within(30, lambda: devpolicy.load_policy("p.yaml", environ={}))
+
+    def test_a_fifo_with_a_writer_is_refused_too(self, tmp_path: Path) -> None:
+        """A FIFO that has a writer is still not a policy file (it used to say 'cannot read: None')."""
+        os.mkfifo(tmp_path / "p.yaml")
+        writer = os.open(tmp_path / "p.yaml", os.O_RDWR)  # holds the FIFO open as a writer
+        try:
+            with pytest.raises(devpolicy.PolicyError, match=r"^p\.yaml: is a FIFO or pipe"):
+                within(30, lambda: devpolicy.load_policy("p.yaml", environ={}))
+        finally:
+            os.close(writer)
+
+    def test_an_endless_device_is_refused(self) -> None:
+        """/dev/zero is refused at once instead of being read until memory runs out."""
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"^/dev/zero: is a character device, not a policy file$"
+        ):
+            within(30, lambda: devpolicy.load_policy("/dev/zero", environ={}))
+
+    def test_a_policy_over_one_mib_is_refused_before_parsing(self, tmp_path: Path) -> None:
+        """A 50 MB file is refused by its size, not parsed for minutes first."""
+        with (tmp_path / "p.yaml").open("w") as f:
+            f.write("version: 1\nrules:\n")
+            f.truncate(50_000_000)
+        with pytest.raises(
+            devpolicy.PolicyError,
+            match=r"^p\.yaml: is 50000000 bytes; at most 1048576 are accepted$",
+        ):
+            within(60, lambda: devpolicy.load_policy("p.yaml", environ={}))
+
+    @pytest.mark.parametrize(
+        ("make", "match"),
+        [
+            (lambda d: os.symlink("p.yaml", d / "p.yaml"), r"^p\.yaml: symlink loop"),
+            (
+                lambda d: os.symlink("gone.yaml", d / "p.yaml"),
+                r"^p\.yaml: dangling symlink \(its target 'gone\.yaml' does not exist\)$",
+            ),
+        ],
+        ids=["loop", "dangling"],
+    )
+    def test_broken_links_say_what_is_wrong(self, tmp_path: Path, make: Any, match: str) -> None:
+        """A symlink loop or a dangling link is named as such (a loop used to raise RuntimeError)."""
+        make(tmp_path)
+        with pytest.raises(devpolicy.PolicyError, match=match):
+            devpolicy.load_policy("p.yaml", environ={})
+
+    def test_an_unreadable_file_says_permission_denied(self, tmp_path: Path) -> None:
+        """A file without read permission is a PolicyError saying so."""
+        if os.geteuid() == 0:
+            pytest.skip("root reads any file")
+        write(tmp_path / "p.yaml", "version: 1\n").chmod(0)
+        with pytest.raises(devpolicy.PolicyError, match=r"^p\.yaml: permission denied$"):
             devpolicy.load_policy("p.yaml", environ={})
 
     def test_billion_laughs_is_refused(self, tmp_path: Path) -> None:

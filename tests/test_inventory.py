@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import pytest
 
 import devpolicy
+from devpolicy._inventory import missing_reason
 
 
 class TestInventory:
@@ -14,12 +21,15 @@ class TestInventory:
         assert devpolicy.available_backends()["cpu"] == cpus
 
     def test_absent_backends_have_a_reason_and_never_raise(self) -> None:
-        """On a CPU-only install gpu and tpu are absent, each with JAX's reason."""
+        """On a CPU-only install gpu and tpu are absent, each with a reason a user can act on."""
         inv = devpolicy.inventory()
         if "gpu" in inv.devices:
             pytest.skip("this machine has a GPU")
         assert "gpu" in inv.missing
-        assert inv.missing["gpu"].startswith("RuntimeError: ")
+        assert inv.missing["gpu"].startswith(
+            ("no CUDA or ROCm plugin is installed: pip install", "the GPU plugin (")
+        )
+        assert "tpu" in inv.missing
         assert "gpu" not in devpolicy.available_backends()
 
     def test_device_text_is_the_process_local_index(self, cpus: list[jax.Device]) -> None:
@@ -50,12 +60,12 @@ class TestGetDevice:
             devpolicy.get_device("cpu:4")
 
     def test_missing_backend_says_why(self) -> None:
-        """Asking for an absent backend names it and JAX's reason."""
+        """Asking for an absent backend names it and why, with what to install."""
         if "gpu" in devpolicy.available_backends():
             pytest.skip("this machine has a GPU")
         with pytest.raises(
             devpolicy.DeviceUnavailableError,
-            match=r"(?s)^no device for 'cuda:1'\n  cuda:1: no gpu backend in this process.*\n  gpu: RuntimeError",
+            match=r"(?s)^no device for 'cuda:1'\n  cuda:1: no gpu backend in this process.*\n  gpu: (no CUDA or ROCm plugin is installed: pip install 'devpolicy\[cuda13\]'|the GPU plugin)",
         ):
             devpolicy.get_device("cuda:1")
 
@@ -63,3 +73,94 @@ class TestGetDevice:
         """Target text is checked before any device lookup."""
         with pytest.raises(ValueError, match=r"did you mean 'gpu'\?"):
             devpolicy.get_device("gpuu")
+
+
+class TestBackendsThatCannotStart:
+    @pytest.mark.slow
+    @pytest.mark.parametrize(
+        ("platforms", "reasons"),
+        [
+            (
+                "cuda",
+                {
+                    "cpu": "JAX_PLATFORMS=cuda excludes cpu",
+                    "gpu": "JAX_PLATFORMS=cuda but no CUDA or ROCm plugin is installed: pip install 'devpolicy[cuda13]'",
+                },
+            ),
+            (
+                "tpu",
+                {
+                    "tpu": "JAX_PLATFORMS=tpu but no TPU runtime (libtpu) is installed: pip install 'jax[tpu]'"
+                },
+            ),
+            (
+                "cpuu",
+                {"cpu": "JAX_PLATFORMS=cpuu names unknown platform 'cpuu' (did you mean 'cpu'?)"},
+            ),
+        ],
+    )
+    def test_devices_explain_and_put_say_why_instead_of_crashing(
+        self, platforms: str, reasons: dict[str, str], tmp_path: Path
+    ) -> None:
+        """With JAX_PLATFORMS naming a backend that cannot start, nothing raises a raw error."""
+        if "gpu" in devpolicy.available_backends() and platforms == "cuda":
+            pytest.skip("a CUDA plugin is installed here")
+        script = (
+            "import json, devpolicy, numpy as np\n"
+            "inv = devpolicy.inventory()\n"
+            "out = {'missing': inv.missing}\n"
+            "try:\n"
+            "    devpolicy.load_policy({'version': 1}, environ={}).put('x', np.zeros(2))\n"
+            "except devpolicy.DevicePolicyError as e:\n"
+            "    out['put'] = type(e).__name__\n"
+            "print(json.dumps(out))\n"
+        )
+        environ = {
+            k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "JAX_", "XLA_"))
+        }
+        environ["JAX_PLATFORMS"] = platforms
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=environ,
+            cwd=tmp_path,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        out = json.loads(result.stdout.strip().splitlines()[-1])
+        for platform, reason in reasons.items():
+            assert out["missing"][platform].startswith(reason)
+        assert "no message" not in json.dumps(out["missing"])
+        assert out["put"] == "DeviceUnavailableError"
+        for command in (["devices"], ["devices", "--json"], ["explain", "x"]):
+            cli = subprocess.run(
+                [sys.executable, "-m", "devpolicy", *command],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=environ,
+                cwd=tmp_path,
+                check=False,
+            )
+            assert "Traceback" not in cli.stderr, cli.stderr
+            assert cli.returncode in (0, 1, 2)
+            assert "JAX_PLATFORMS=" in cli.stdout + cli.stderr
+
+    def test_a_platform_left_out_of_jax_platforms_is_named_so(self) -> None:
+        """The reason says JAX_PLATFORMS excludes it, not JAX's raw text."""
+        assert (
+            missing_reason("gpu", RuntimeError("Unknown backend"), {"JAX_PLATFORMS": "cpu"})
+            == "JAX_PLATFORMS=cpu excludes gpu"
+        )
+
+    def test_a_missing_gpu_plugin_gets_the_install_hint(self) -> None:
+        """Without JAX_PLATFORMS, an absent GPU says what to install (when no plugin is)."""
+        reason = missing_reason("gpu", RuntimeError("Unknown backend: 'gpu' requested"), {})
+        assert reason.startswith(
+            (
+                "no CUDA or ROCm plugin is installed: pip install 'devpolicy[cuda13]'",
+                "the GPU plugin (",
+            )
+        )

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import ml_dtypes
@@ -14,8 +21,17 @@ from safetensors.numpy import load_file as reference_load
 from safetensors.numpy import save_file as reference_save
 
 import devpolicy
-from devpolicy._tensorfile import DTYPES, read_header, rewrite_aligned, write_file
-from tests.helpers import safetensors_bytes
+from devpolicy._tensorfile import (
+    DTYPES,
+    map_tensor_file,
+    open_tensor_file,
+    os_error,
+    read_header,
+    read_header_from,
+    rewrite_aligned,
+    write_file,
+)
+from tests.helpers import safetensors_bytes, within
 
 
 def raw_file(path: Path, header: object, data: bytes = b"", *, length: int | None = None) -> Path:
@@ -215,3 +231,157 @@ class TestWrite:
         assert {t.key: t.dtype_name for t in read_header(tmp_path / "all.safetensors").tensors} == {
             n: n for n in DTYPES
         }
+
+
+def _policy() -> devpolicy.Policy:
+    return devpolicy.load_policy({"version": 1, "logging": {"level": "error"}}, environ={})
+
+
+class TestHardenedReading:
+    def test_load_and_plan_refuse_a_fifo_without_blocking(self, tmp_path: Path) -> None:
+        """load_file, plan and read_header on a FIFO say what it is; they used to block forever."""
+        os.mkfifo(tmp_path / "f.safetensors")
+        path = tmp_path / "f.safetensors"
+        for call in (
+            lambda: devpolicy.load_file(path, policy=_policy()),
+            lambda: devpolicy.plan(path, policy=_policy()),
+            lambda: read_header(path),
+        ):
+            with pytest.raises(
+                devpolicy.SafetensorsFileError,
+                match=r"is a FIFO or pipe .*, not a safetensors file$",
+            ):
+                within(30, call)
+
+    def test_an_endless_device_is_refused(self) -> None:
+        """/dev/zero is not read: it is a character device."""
+        with pytest.raises(
+            devpolicy.SafetensorsFileError, match=r"^/dev/zero: is a character device"
+        ):
+            within(30, lambda: read_header("/dev/zero"))
+
+    def test_a_symlink_loop_is_named(self, tmp_path: Path) -> None:
+        """A symlink loop is reported as one, not as a missing file."""
+        os.symlink("l.safetensors", tmp_path / "l.safetensors")
+        with pytest.raises(devpolicy.SafetensorsFileError, match=r"symlink loop"):
+            read_header(tmp_path / "l.safetensors")
+
+    def test_duplicate_metadata_keys_are_accepted_like_the_reference(self, tmp_path: Path) -> None:
+        """A key repeated inside __metadata__ loads (last wins), as safetensors itself accepts."""
+        raw = b'{"__metadata__": {"a": "1", "a": "2"}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+        (tmp_path / "m.safetensors").write_bytes(safetensors_bytes(raw, b"\x07"))
+        assert reference_load(tmp_path / "m.safetensors")["t"].tolist() == [7]
+        assert read_header(tmp_path / "m.safetensors").metadata == {"a": "2"}
+
+    def test_a_file_that_shrank_is_refused_before_mapping(self, tmp_path: Path) -> None:
+        """A file truncated after its header was read is an error naming it, not a short buffer."""
+        path = tmp_path / "s.safetensors"
+        write_file({"t": np.zeros(4096, np.float32)}, path)
+        with open_tensor_file(path) as f:
+            header = read_header_from(f, path)
+            os.truncate(path, header.data_start)
+            with pytest.raises(
+                devpolicy.SafetensorsFileError, match=r"file changed size while loading"
+            ):
+                map_tensor_file(f, header)
+            os.truncate(path, 0)
+            with pytest.raises(
+                devpolicy.SafetensorsFileError,
+                match=r"file changed size while loading \(\d+ bytes when its header was read, 0 now\)",
+            ):
+                map_tensor_file(f, header)
+
+    def test_os_errors_name_the_file_and_tensor(self) -> None:
+        """ENOMEM and EMFILE become SafetensorsFileErrors saying what to do, naming the tensor."""
+        e = os_error(
+            "m.safetensors", OSError(errno.EMFILE, "Too many open files"), "cannot map", "w"
+        )
+        assert str(e).startswith("m.safetensors: tensor 'w': cannot map: too many open files")
+        e = os_error(
+            "m.safetensors", OSError(errno.ENOMEM, "Cannot allocate memory"), "cannot read"
+        )
+        assert str(e) == "m.safetensors: cannot read: not enough memory or address space"
+
+
+class TestHardenedWriting:
+    @pytest.mark.parametrize("align", [2**40, 2**30, 2**25, 0, 3, -64, 64.0, True, "64"])
+    def test_bad_alignments_fail_before_anything_is_built(
+        self, tmp_path: Path, align: object
+    ) -> None:
+        """align must be an int power of two up to 16 MiB; 2**40 used to end in MemoryError."""
+        with pytest.raises(
+            ValueError, match=r"^align must be a power of two from 1 to 16777216 \(an int\), got "
+        ):
+            within(
+                30,
+                lambda: devpolicy.save_file(
+                    {"a": np.zeros(2)}, tmp_path / "a.safetensors", align=align
+                ),
+            )  # type: ignore[arg-type]
+        assert list(tmp_path.iterdir()) == []
+
+    def test_resaving_keeps_the_files_mode(self, tmp_path: Path) -> None:
+        """A 0600 file stays 0600 after save_file and align_file (it used to become 0644)."""
+        path = tmp_path / "m.safetensors"
+        write_file({"a": np.zeros(2)}, path)
+        path.chmod(0o600)
+        write_file({"a": np.ones(2)}, path)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        rewrite_aligned(path, path, align=128)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    def test_saving_through_a_symlink_replaces_its_target(self, tmp_path: Path) -> None:
+        """snap/model.safetensors -> ../blobs/abc stays a link; the blob gets the new data."""
+        (tmp_path / "blobs").mkdir()
+        (tmp_path / "snap").mkdir()
+        blob = tmp_path / "blobs" / "abc"
+        write_file({"a": np.zeros(2)}, blob)
+        link = tmp_path / "snap" / "model.safetensors"
+        os.symlink("../blobs/abc", link)
+        write_file({"a": np.ones(2, np.float32)}, link)
+        assert os.readlink(link) == "../blobs/abc"
+        assert reference_load(blob)["a"].tolist() == [1.0, 1.0]
+        rewrite_aligned(link, link, align=256)
+        assert link.is_symlink()
+        assert read_header(blob).tensors[0].offset % 256 == 0
+        assert sorted(p.name for p in (tmp_path / "blobs").iterdir()) == ["abc"]
+
+    def test_stale_temp_files_are_removed_by_the_next_save(self, tmp_path: Path) -> None:
+        """A temp file left by a dead process goes; one of a live process stays."""
+        path = tmp_path / "m.safetensors"
+        stale = tmp_path / ".m.safetensors.devpolicy-999999999-abc.tmp"  # above any pid_max
+        stale.write_bytes(b"x" * 100)
+        live = tmp_path / f".m.safetensors.devpolicy-{os.getppid()}-def.tmp"
+        live.write_bytes(b"x")
+        other = tmp_path / ".other.safetensors.devpolicy-999999999-abc.tmp"
+        other.write_bytes(b"x")
+        write_file({"a": np.zeros(2)}, path)
+        assert not stale.exists()
+        assert live.exists()
+        assert other.exists()
+
+    @pytest.mark.slow
+    def test_sigterm_during_a_save_leaves_no_temp_file(self, tmp_path: Path) -> None:
+        """A process terminated mid-save removes its temp file and still dies of SIGTERM."""
+        script = (
+            "import os, time, numpy as np\n"
+            "from devpolicy import _tensorfile\n"
+            "def stuck(fd):\n"
+            "    open('started', 'w').close()\n"
+            "    time.sleep(600)\n"
+            "_tensorfile.os.fsync = stuck\n"
+            "_tensorfile.write_file({'a': np.zeros(1 << 20)}, 'm.safetensors')\n"
+        )
+        child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+        try:
+            for _ in range(1200):
+                if (tmp_path / "started").exists():
+                    break
+                time.sleep(0.1)
+            assert list(tmp_path.glob(".m.safetensors.devpolicy-*.tmp"))
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(timeout=60) == -signal.SIGTERM
+        finally:
+            child.kill()
+        assert not list(tmp_path.glob(".m.safetensors.devpolicy-*.tmp"))
+        assert not (tmp_path / "m.safetensors").exists()
