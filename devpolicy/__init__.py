@@ -56,12 +56,12 @@ from ._runtime import RuntimeSettings as RuntimeSettings
 from ._safetensors import DeviceLoad as DeviceLoad
 from ._safetensors import Plan as Plan
 from ._safetensors import PlannedTensor as PlannedTensor
-from ._safetensors import align_file as align_file
-from ._safetensors import save_file as save_file
 from ._schema import policy_schema as policy_schema
 from ._sizes import format_size as format_size
 from ._sizes import parse_size as parse_size
 from ._tensorfile import SafetensorsFileError as SafetensorsFileError
+from ._tensorfile import align_file as align_file
+from ._tensorfile import save_file as save_file
 from ._threads import ThreadPoolExecutor as ThreadPoolExecutor
 from ._threads import propagate as propagate
 

@@ -7,7 +7,7 @@ import mmap as _mmap
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,15 +22,14 @@ from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
 from ._sizes import format_size
 from ._tensorfile import (
-    DEFAULT_ALIGN,
     Header,
     SafetensorsFileError,
     TensorEntry,
+    map_tensor_file,
     open_tensor_file,
+    os_error,
     read_header,
     read_header_from,
-    rewrite_aligned,
-    write_file,
 )
 
 PathLike = str | os.PathLike[str]
@@ -144,7 +143,7 @@ def load_file(
                 if target is None and _may_map(entry, decision, mmap):
                     if region is None:
                         # One read-only map of the whole file serves every mapped tensor.
-                        region = _mmap.mmap(fd, 0, access=_mmap.ACCESS_READ)
+                        region = map_tensor_file(f, header)
                     count = math.prod(entry.shape)
                     array: np.ndarray[Any, Any] = np.frombuffer(
                         region, entry.dtype, count=count, offset=entry.offset
@@ -231,12 +230,20 @@ def _read_run(fd: int, header: Header, run: list[int]) -> list[np.ndarray[Any, A
     for entry in entries:
         starts.append(size)
         size += -(-entry.nbytes // ALIGN) * ALIGN
-    buffer = _aligned_empty(max(size, 1))
+    try:
+        buffer = _aligned_empty(max(size, 1))
+    except OSError as e:
+        raise os_error(
+            header.path, e, "cannot allocate a host buffer", tensor=entries[0].key
+        ) from None
     slots = [buffer[s : s + e.nbytes] for s, e in zip(starts, entries, strict=True)]
     views = [memoryview(slot) for slot in slots]  # type: ignore[arg-type]
     offset, done, total = entries[0].offset, 0, sum(e.nbytes for e in entries)
     while done < total:
-        count = os.preadv(fd, views, offset + done)
+        try:
+            count = os.preadv(fd, views, offset + done)
+        except OSError as e:
+            raise os_error(header.path, e, "cannot read", tensor=entries[0].key) from None
         if count <= 0:
             raise SafetensorsFileError(
                 header.path,
@@ -255,11 +262,17 @@ def _read_run(fd: int, header: Header, run: list[int]) -> list[np.ndarray[Any, A
 def _read(
     fd: int, header: Header, entry: TensorEntry, advance: Callable[[int], None]
 ) -> np.ndarray[Any, Any]:
-    buffer = _aligned_empty(entry.nbytes)
+    try:
+        buffer = _aligned_empty(entry.nbytes)
+    except OSError as e:
+        raise os_error(header.path, e, "cannot allocate a host buffer", tensor=entry.key) from None
     view = memoryview(buffer)  # type: ignore[arg-type]
     done = 0
     while done < entry.nbytes:
-        count = os.preadv(fd, [view[done : done + CHUNK_BYTES]], entry.offset + done)
+        try:
+            count = os.preadv(fd, [view[done : done + CHUNK_BYTES]], entry.offset + done)
+        except OSError as e:
+            raise os_error(header.path, e, "cannot read", tensor=entry.key) from None
         if count <= 0:
             raise SafetensorsFileError(
                 header.path,
@@ -394,50 +407,6 @@ def _summary(
             "seconds": round(seconds, 4),
         },
     )
-
-
-def save_file(
-    tensors: Mapping[str, Any],
-    path: PathLike,
-    *,
-    align: int = DEFAULT_ALIGN,
-    metadata: Mapping[str, str] | None = None,
-) -> None:
-    """Write arrays (numpy or JAX) as a safetensors file laid out for zero-copy loading.
-
-    The header is padded and tensors ordered so the largest start at `align`-byte file
-    offsets (the format allows no holes between tensors). Any safetensors reader reads it.
-    Written to a temporary file and renamed: an error leaves nothing behind.
-
-    Example:
-        >>> import devpolicy, numpy as np, tempfile, os
-        >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
-        >>> devpolicy.save_file({"w": np.ones((4, 4), np.float32)}, path)
-        >>> from safetensors.numpy import load_file
-        >>> load_file(path)["w"].sum()
-        np.float32(16.0)
-    """
-    arrays = {key: np.asarray(value) for key, value in tensors.items()}
-    write_file(arrays, path, align=align, metadata=metadata)
-
-
-def align_file(source: PathLike, destination: PathLike, *, align: int = DEFAULT_ALIGN) -> None:
-    """Copy a safetensors file so its largest tensors start at `align`-byte offsets.
-
-    Streams the data, so memory stays flat however large the file. The copy loads
-    zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`.
-
-    Example:
-        >>> import devpolicy, numpy as np, tempfile, os
-        >>> from safetensors.numpy import save_file as plain_save
-        >>> d = tempfile.mkdtemp()
-        >>> plain_save({"t": np.arange(100, dtype=np.uint16)}, os.path.join(d, "in.safetensors"))
-        >>> source, copy = os.path.join(d, "in.safetensors"), os.path.join(d, "out.safetensors")
-        >>> devpolicy.align_file(source, copy)
-        >>> devpolicy.plan(copy).tensors[0].offset % 64
-        0
-    """
-    rewrite_aligned(source, destination, align=align)
 
 
 @dataclass(frozen=True, slots=True)

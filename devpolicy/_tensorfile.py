@@ -639,3 +639,53 @@ def _umask() -> int:
     current = os.umask(0o022)  # no way to read it without setting it elsewhere
     os.umask(current)
     return current
+
+
+def save_file(
+    tensors: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write arrays (numpy or JAX) as a safetensors file laid out for zero-copy loading.
+
+    The header is padded and tensors ordered so the largest start at `align`-byte file
+    offsets (the format allows no holes between tensors). Any safetensors reader reads it.
+    Written to a temporary file and renamed: an error leaves nothing behind.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+        >>> devpolicy.save_file({"w": np.ones((4, 4), np.float32)}, path)
+        >>> from safetensors.numpy import load_file
+        >>> load_file(path)["w"].sum()
+        np.float32(16.0)
+    """
+    check_align(align)  # before any array is converted or anything written
+    arrays = {key: np.asarray(value) for key, value in tensors.items()}
+    write_file(arrays, path, align=align, metadata=metadata)
+
+
+def align_file(
+    source: str | os.PathLike[str],
+    destination: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+) -> None:
+    """Copy a safetensors file so its largest tensors start at `align`-byte offsets.
+
+    Streams the data, so memory stays flat however large the file. The copy loads
+    zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> from safetensors.numpy import save_file as plain_save
+        >>> d = tempfile.mkdtemp()
+        >>> plain_save({"t": np.arange(100, dtype=np.uint16)}, os.path.join(d, "in.safetensors"))
+        >>> source, copy = os.path.join(d, "in.safetensors"), os.path.join(d, "out.safetensors")
+        >>> devpolicy.align_file(source, copy)
+        >>> devpolicy.plan(copy).tensors[0].offset % 64
+        0
+    """
+    rewrite_aligned(source, destination, align=align)

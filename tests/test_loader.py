@@ -221,6 +221,49 @@ class TestBadFiles:
         assert not [e for e in logs if e["event"] == "load_file"]
 
 
+class TestFailuresNameTheFile:
+    def test_a_file_that_shrinks_before_it_is_mapped_is_refused(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Rewritten in place mid-load: a clear error, never short buffers or SIGBUS later."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.zeros(4096, np.float32)}, path)
+        real = devpolicy._safetensors.read_header_from  # type: ignore[attr-defined]
+
+        def then_truncate(f: io.BufferedReader, where: Path) -> object:
+            header = real(f, where)
+            os.truncate(path, 100)
+            return header
+
+        monkeypatch.setattr(devpolicy._safetensors, "read_header_from", then_truncate)  # type: ignore[attr-defined]
+        with pytest.raises(devpolicy.SafetensorsFileError, match=r"m\.safetensors.*changed size"):
+            devpolicy.load_file(path, policy=policy_of(), mmap=True)
+
+    @pytest.mark.parametrize("big", [True, False], ids=["large tensor", "small tensors"])
+    def test_out_of_memory_names_the_file_and_tensor(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, big: bool
+    ) -> None:
+        """ENOMEM while allocating a host buffer is a SafetensorsFileError naming both."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.zeros(2**19 if big else 16, np.float32)}, path)
+
+        def no_memory(nbytes: int) -> None:
+            raise OSError(12, "Cannot allocate memory")
+
+        monkeypatch.setattr(devpolicy._safetensors, "_aligned_empty", no_memory)  # type: ignore[attr-defined]
+        with pytest.raises(
+            devpolicy.SafetensorsFileError, match=r"m\.safetensors.*'w'.*not enough memory"
+        ):
+            devpolicy.load_file(path, policy=policy_of())
+
+    def test_a_bad_align_is_refused_before_any_array_is_converted(self, tmp_path: Path) -> None:
+        """save_file checks `align` first: a huge value allocates nothing, a float is clear."""
+        for align in (2**30, 64.0):
+            with pytest.raises(ValueError, match=r"^align must be a power of two"):
+                devpolicy.save_file({"w": object()}, tmp_path / "x.safetensors", align=align)  # type: ignore[arg-type]
+        assert list(tmp_path.iterdir()) == []
+
+
 class TestEvents:
     def test_each_tensor_is_debug_and_the_file_is_one_info_summary(self, checkpoint: Path) -> None:
         """Per-tensor decisions of a load are debug; one info summary per file says where."""
