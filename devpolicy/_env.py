@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from ._errors import EnvOverrideError, did_you_mean
 from ._files import check_regular
 from ._schema import LOG_FORMATS, LOG_LEVELS, RuleSpec
-from ._targets import REJECT, TARGET_FORMS, parse_target
+from ._targets import REJECT, TARGET_FORMS, check_default, parse_target
 
 PREFIX = "DEVPOLICY_"
 FILE = "DEVPOLICY_FILE"
@@ -127,32 +127,22 @@ def _rules(value: str | None) -> tuple[RuleSpec, ...]:
     return tuple(rules)
 
 
-def _target(variable: str, value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        parse_target(value)
-    except ValueError as e:
-        raise EnvOverrideError(variable, value, _problem(str(e)), TARGET_FORMS) from None
-    return value
-
-
 def _problem(message: str) -> str:
     """A parser's message without its own "accepted" list (the error adds one)."""
     return message.split("; accepted:", 1)[0]
 
 
 def _default(value: str | None) -> str | None:
-    if value is None or value == REJECT:
-        return value
+    if value is None:
+        return None
     try:
-        parse_target(value)
+        return check_default(value)
     except ValueError as e:
+        problem = _problem(str(e)).split(f"; or {REJECT}", 1)[0]
         hint = did_you_mean(value, [REJECT])
         raise EnvOverrideError(
-            DEFAULT, value, f"{_problem(str(e))}{hint}", f"{TARGET_FORMS}; or {REJECT}"
+            DEFAULT, value, f"{problem}{hint}", f"{TARGET_FORMS}; or {REJECT}"
         ) from None
-    return value
 
 
 def _bool(variable: str, value: str | None) -> bool | None:

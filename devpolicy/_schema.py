@@ -33,7 +33,7 @@ from ._runtime import (
     PLATFORMS,
 )
 from ._sizes import SIZE_FORMS, SIZE_PATTERN, format_size, parse_size
-from ._targets import REJECT, TARGET_FORMS, TARGET_PATTERN, parse_target
+from ._targets import REJECT, TARGET_FORMS, TARGET_PATTERN, check_default, parse_target
 
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -97,14 +97,10 @@ ByteCount = Annotated[
 
 
 def _default_target(value: Any) -> Any:
-    if value == REJECT:
-        return value
     try:
-        parse_target(value)
+        return check_default(value)
     except ValueError as e:
-        hint = did_you_mean(value, [REJECT]) if isinstance(value, str) else ""
-        raise _fail(f"{e}; or {REJECT} (names no rule matches raise){hint}") from None
-    return value
+        raise _fail(str(e)) from None
 
 
 DefaultText = Annotated[

@@ -78,3 +78,24 @@ def parse_target(text: object) -> Target:
     if idx is not None and idx > MAX_INDEX:
         raise ValueError(f"device index {idx} in {text!r} is out of range (0..{MAX_INDEX})")
     return Target(text, platform, idx)
+
+
+def check_default(text: object) -> str:
+    """Check a policy's `default`: target text, or `reject`.
+
+    Raises:
+        ValueError: naming the bad text, the accepted forms and `reject`, with a hint.
+
+    Example:
+        >>> check_default("reject"), check_default("gpu:1")
+        ('reject', 'gpu:1')
+    """
+    if text == REJECT:
+        return REJECT
+    try:
+        parse_target(text)
+    except ValueError as e:
+        hint = did_you_mean(text, [REJECT]) if isinstance(text, str) else ""
+        raise ValueError(f"{e}; or {REJECT} (names no rule matches raise){hint}") from None
+    assert isinstance(text, str)  # parse_target accepted it
+    return text
