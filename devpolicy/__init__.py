@@ -14,56 +14,12 @@ Example:
     ('cpu:1', 'cpu:1')
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
-from ._active import activate as activate
-from ._active import active_policy as active_policy
-from ._active import explain as explain
-from ._active import load_file as load_file
-from ._active import place as place
-from ._active import plan as plan
-from ._active import prefetch as prefetch
-from ._active import put as put
-from ._active import resolve as resolve
-from ._active import scope as scope
-from ._bootstrap import bootstrap as bootstrap
-from ._bootstrap import runtime_settings as runtime_settings
-from ._capacity import Capacity as Capacity
-from ._capacity import DeviceMemory as DeviceMemory
-from ._capacity import StaticCapacity as StaticCapacity
-from ._decider import Decision as Decision
-from ._decider import Explanation as Explanation
-from ._errors import DevicePolicyError as DevicePolicyError
-from ._errors import DeviceUnavailableError as DeviceUnavailableError
-from ._errors import EnvOverrideError as EnvOverrideError
-from ._errors import NarrowingError as NarrowingError
-from ._errors import PolicyError as PolicyError
-from ._errors import Problem as Problem
-from ._errors import RuntimeTooLateError as RuntimeTooLateError
-from ._errors import ScopeInCoroutineError as ScopeInCoroutineError
-from ._errors import UnmatchedNameError as UnmatchedNameError
-from ._inventory import Inventory as Inventory
-from ._inventory import available_backends as available_backends
-from ._inventory import get_device as get_device
-from ._inventory import inventory as inventory
-from ._lint import Finding as Finding
-from ._lint import lint as lint
-from ._load_policy import load_policy as load_policy
-from ._placement import Scope as Scope
-from ._policy import Policy as Policy
-from ._runtime import RuntimeKnob as RuntimeKnob
-from ._runtime import RuntimeSettings as RuntimeSettings
-from ._safetensors import DeviceLoad as DeviceLoad
-from ._safetensors import Plan as Plan
-from ._safetensors import PlannedTensor as PlannedTensor
-from ._schema import policy_schema as policy_schema
-from ._sizes import format_size as format_size
-from ._sizes import parse_size as parse_size
-from ._tensorfile import SafetensorsFileError as SafetensorsFileError
-from ._tensorfile import align_file as align_file
-from ._tensorfile import save_file as save_file
-from ._threads import ThreadPoolExecutor as ThreadPoolExecutor
-from ._threads import propagate as propagate
+if TYPE_CHECKING:
+    from ._api import *  # noqa: F403
 
 try:
     __version__ = version("devpolicy")
@@ -121,3 +77,21 @@ __all__ = [
     "save_file",
     "scope",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the API (and with it JAX) is imported on first use, not at `import devpolicy`.
+    if name in __all__:
+        value = getattr(importlib.import_module("devpolicy._api"), name)
+        globals()[name] = value
+        return value
+    if name.startswith("_") and not name.startswith("__"):
+        try:
+            return importlib.import_module(f"devpolicy.{name}")
+        except ModuleNotFoundError:
+            pass
+    raise AttributeError(f"module 'devpolicy' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -96,6 +96,38 @@ class TestVersionAndUsage:
         assert "DEVPOLICY_STRICT='maybe': not a boolean" in capsys.readouterr().err
 
 
+class TestStartsLight:
+    @pytest.mark.parametrize(
+        "code",
+        [
+            "import devpolicy; devpolicy.__version__",
+            "import sys; from devpolicy._cli import main; sys.argv = ['devpolicy', '--help']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass",
+            "import sys; from devpolicy._cli import main; sys.argv = ['devpolicy', '--version']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass",
+        ],
+        ids=["import", "--help", "--version"],
+    )
+    def test_import_help_and_version_load_no_jax(self, code: str) -> None:
+        """`import devpolicy`, `--help` and `--version` import neither JAX nor pydantic."""
+        probe = (
+            code
+            + "\nimport sys; print(sorted({'jax', 'pydantic', 'structlog'} & set(sys.modules)))"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+        )
+        assert result.stdout.strip().splitlines()[-1] == "[]"
+
+    def test_public_names_load_on_first_use(self) -> None:
+        """Every name in __all__ resolves, and dir() lists them."""
+        for name in devpolicy.__all__:
+            assert getattr(devpolicy, name) is not None
+        assert set(devpolicy.__all__) <= set(dir(devpolicy))
+        with pytest.raises(AttributeError, match=r"has no attribute 'plaec'"):
+            devpolicy.plaec  # type: ignore[attr-defined]  # noqa: B018
+
+
 class TestDevices:
     def test_json_lists_every_device_and_why_backends_are_absent(self) -> None:
         """`devices --json` has each device's target text and each absent backend's reason."""
