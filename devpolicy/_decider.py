@@ -22,9 +22,10 @@ from ._layers import RuleEntry, Settings
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
 from ._matching import Matcher, Step, compile_condition
+from ._meshes import Meshes, shards
 from ._routing import NOTHING_CLAIMED, Choice, Fit, Route
-from ._schema import Source
-from ._targets import REJECT
+from ._schema import RuleSpec, Source
+from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,12 @@ class Decision:
         is_auto: Whether the decision defers to JAX's own default device (`auto`, and
             everything under DEVPOLICY_DISABLE).
         mmap: Whether loaders may map the tensor from its file (the rule's `mmap`).
+        sharding: Where arrays go: a `SingleDeviceSharding` on `device`, or the rule's
+            `NamedSharding` over its mesh.
+        mesh: The mesh's name for a sharded decision, else None.
+        spec: The spec (one entry per dimension) for a sharded decision, else None.
+        mesh_devices: How many devices the mesh spans (all processes), else 1.
+        shards: Into how many pieces the spec cuts an array (the rest replicates), else 1.
 
     Example:
         >>> import devpolicy
@@ -70,6 +77,16 @@ class Decision:
     commit: bool
     is_auto: bool
     mmap: bool = False
+    sharding: jax.sharding.Sharding | None = None
+    mesh: str | None = None
+    spec: tuple[SpecEntry, ...] | None = None
+    mesh_devices: int = 1
+    shards: int = 1
+
+    def __post_init__(self) -> None:
+        if self.sharding is None:
+            sharding = SingleDeviceSharding(self.device, memory_kind=self.memory_kind)
+            object.__setattr__(self, "sharding", sharding)
 
     @property
     def applies(self) -> bool:
@@ -77,21 +94,35 @@ class Decision:
         return not self.is_auto
 
     @property
-    def sharding(self) -> SingleDeviceSharding:
-        """A sharding that puts an array on `device` in `memory_kind`."""
-        return SingleDeviceSharding(self.device, memory_kind=self.memory_kind)
+    def is_sharded(self) -> bool:
+        """Whether arrays are sharded over a mesh (a `NamedSharding`)."""
+        return self.mesh is not None
 
     @property
-    def destination(self) -> jax.Device | SingleDeviceSharding:
-        """What `jax.device_put` is given: the device itself unless a memory kind is asked
-        for (a bare device is the cheaper call, about 17 us against 25 us)."""
-        return self.device if self.memory_kind is None else self.sharding
+    def destination(self) -> Any:
+        """What `jax.device_put` is given: the bare device where that says it all (the
+        cheaper call, about 17 us against 25 us), else the sharding."""
+        if self.mesh is None and self.memory_kind is None:
+            return self.device
+        return self.sharding
+
+    def bytes_per_device(self) -> int | None:
+        """The bytes each device holds (a shard's share for a sharded decision)."""
+        return None if self.nbytes is None else -(-self.nbytes // self.shards)
 
     def event_fields(self) -> dict[str, Any]:
         """The flat fields of this decision's `placement` event."""
+        sharded = {}
+        if self.mesh is not None:
+            sharded = {
+                "mesh": self.mesh,
+                "spec": self.device_text.removeprefix(self.mesh),
+                "bytes_per_device": self.bytes_per_device(),
+            }
         return {
             "name": self.name,
             "device": self.device_text,
+            **sharded,
             "device_id": self.device.id,
             "requested": self.requested,
             "rule": self.rule,
@@ -134,6 +165,40 @@ class _Outcome:
     choice: Choice | DevicePolicyError
 
 
+def _first_target(rule: RuleSpec) -> Target | ShardingTarget:
+    if rule.sharding is not None:
+        spec = tuple(tuple(e) if isinstance(e, list) else e for e in rule.sharding.spec)
+        return ShardingTarget(rule.sharding.mesh, spec)
+    assert rule.device is not None  # the schema requires one of the two
+    return parse_target(rule.device)
+
+
+#: An array's shape, where sharding must know whether it divides.
+Shape = tuple[int, ...]
+#: One item of a placement: (name, nbytes) or (name, nbytes, shape).
+Item = tuple[str, int | None] | tuple[str, int | None, Shape | None]
+
+
+def _claim(claimed: dict[jax.Device, int], decision: Decision) -> None:
+    """Count a decision's bytes against the devices that will hold them."""
+    share = decision.bytes_per_device() or 0
+    if decision.mesh is None:
+        claimed[decision.device] = claimed.get(decision.device, 0) + share
+        return
+    assert decision.sharding is not None
+    for device in decision.sharding.addressable_devices:
+        claimed[device] = claimed.get(device, 0) + share
+
+
+def checked_shape(shape: object) -> Shape:
+    """A shape as a tuple of non-negative ints."""
+    if isinstance(shape, tuple | list) and all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0 for d in shape
+    ):
+        return tuple(int(d) for d in shape)
+    raise ValueError(f"shape must be None or a tuple of non-negative ints, got {shape!r}")
+
+
 def checked_nbytes(nbytes: object) -> int:
     """A size as a plain int; numpy integers are fine, bools, floats and negatives are not."""
     if isinstance(nbytes, numbers.Integral) and not isinstance(nbytes, bool) and int(nbytes) >= 0:
@@ -167,6 +232,7 @@ class Decider:
         "capacity",
         "disabled",
         "events",
+        "meshes",
         "settings",
     )
 
@@ -192,25 +258,28 @@ class Decider:
         )
         fallback = tuple(settings.fallback.value)
         strict: bool = settings.strict.value
+        self.meshes = Meshes(settings.meshes)
         self._routes = tuple(
             Route(
-                r.spec.device,
+                _first_target(r.spec),
                 tuple(r.spec.fallback) if r.spec.fallback is not None else fallback,
                 r.spec.memory,
                 strict,
                 f" (rule {r.origin})",
                 r.spec.fits,
+                self.meshes,
             )
             for r in settings.rules
         )
         self._rejects = settings.default.value == REJECT
         self._default = Route(
-            "auto" if self._rejects else settings.default.value,
+            parse_target("auto" if self._rejects else settings.default.value),
             fallback,
             None,
             strict,
             f" (default, {settings.default.origin})",
             False,
+            self.meshes,
         )
         self._recent: dict[object, Decision] = {}
         self._old: dict[object, Decision] = {}
@@ -225,31 +294,34 @@ class Decider:
         """The default's route, or None under `default: reject`."""
         return None if self._rejects else self._default
 
-    def resolve(self, name: str, nbytes: int | None = None) -> Decision:
+    def resolve(self, name: str, nbytes: int | None = None, shape: Shape | None = None) -> Decision:
         """Decide where `name` goes and log it: info the first time, debug on repeats."""
-        if nbytes is None:
+        if nbytes is None and shape is None:
             # The hot path (`@place`, `scope`): one lookup, nothing built, nothing logged
             # unless someone can see a debug event.
             decision = self._recent.get(name)
             if decision is not None and self._quiet_repeats:
                 return decision
-        return self._resolve(name, nbytes, NOTHING_CLAIMED, "info")
+        return self._resolve(name, nbytes, shape, NOTHING_CLAIMED, "info")
 
     def _resolve(
         self,
         name: str,
         nbytes: int | None,
+        shape: Shape | None,
         claimed: Mapping[jax.Device, int],
         first_level: str,
     ) -> Decision:
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
             nbytes = checked_nbytes(nbytes)
-        key: object = name if nbytes is None else (name, nbytes)
+        if shape is not None:
+            shape = checked_shape(shape)
+        key: object = name if nbytes is None and shape is None else (name, nbytes, shape)
         decision = self._cached(key)
         if decision is not None:
             self.events.repeat("placement", decision.event_fields)
             return decision
-        decision, cacheable = self._decision(name, nbytes, claimed)
+        decision, cacheable = self._decision(name, nbytes, shape, claimed)
         if cacheable and not decision.is_auto:  # `auto` follows the default device: per call
             self._remember(key, decision)
         first = (name, decision.device_text, decision.rule, decision.origin)
@@ -277,10 +349,8 @@ class Decider:
             self._recent = {}
         self._recent[key] = decision
 
-    def resolve_many(
-        self, items: Iterable[tuple[str, int | None]], *, summarised: bool = False
-    ) -> list[Decision]:
-        """Resolve (name, nbytes) pairs as one placement, earlier items' bytes claimed.
+    def resolve_many(self, items: Iterable[Item], *, summarised: bool = False) -> list[Decision]:
+        """Resolve (name, nbytes[, shape]) items as one placement, earlier items' bytes claimed.
 
         `summarised`: the caller logs one summary (a file load), so each item's first
         decision is debug, not info; a fallback's first occurrence is a warning either way.
@@ -288,37 +358,41 @@ class Decider:
         claimed: dict[jax.Device, int] = {}
         decisions = []
         first_level = "debug" if summarised else "info"
-        for name, nbytes in items:
-            decision = self._resolve(name, nbytes, claimed, first_level)
-            claimed[decision.device] = claimed.get(decision.device, 0) + (decision.nbytes or 0)
+        for name, nbytes, *shape in items:
+            decision = self._resolve(
+                name, nbytes, shape[0] if shape else None, claimed, first_level
+            )
+            _claim(claimed, decision)
             decisions.append(decision)
         return decisions
 
-    def decide(self, name: str, nbytes: int | None = None) -> Decision:
+    def decide(self, name: str, nbytes: int | None = None, shape: Shape | None = None) -> Decision:
         """Like `resolve`, but nothing is logged or cached."""
-        return self._decision(name, nbytes, NOTHING_CLAIMED)[0]
+        return self._decision(name, nbytes, shape, NOTHING_CLAIMED)[0]
 
-    def decide_many(
-        self, items: Iterable[tuple[str, int | None]]
-    ) -> list[Decision | DevicePolicyError]:
+    def decide_many(self, items: Iterable[Item]) -> list[Decision | DevicePolicyError]:
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
         claimed: dict[jax.Device, int] = {}
         results: list[Decision | DevicePolicyError] = []
-        for name, nbytes in items:
+        for name, nbytes, *shape in items:
             try:
-                decision = self._decision(name, nbytes, claimed)[0]
+                decision = self._decision(name, nbytes, shape[0] if shape else None, claimed)[0]
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            claimed[decision.device] = claimed.get(decision.device, 0) + (decision.nbytes or 0)
+            _claim(claimed, decision)
             results.append(decision)
         return results
 
-    def explain(self, name: str, nbytes: int | None = None) -> Explanation:
+    def explain(
+        self, name: str, nbytes: int | None = None, shape: Shape | None = None
+    ) -> Explanation:
         """Every rule tried for `name` and every fallback step, from the walk that decides."""
         if nbytes is not None:
             nbytes = checked_nbytes(nbytes)
-        outcome = self._outcome(name, nbytes, NOTHING_CLAIMED)
+        if shape is not None:
+            shape = checked_shape(shape)
+        outcome = self._outcome(name, nbytes, shape, NOTHING_CLAIMED)
         rules = self.settings.rules
         steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes))
         error = outcome.choice
@@ -329,10 +403,14 @@ class Decider:
         return Explanation(name, nbytes, steps, error.tried, decision, None)
 
     def _decision(
-        self, name: str, nbytes: int | None, claimed: Mapping[jax.Device, int]
+        self,
+        name: str,
+        nbytes: int | None,
+        shape: Shape | None,
+        claimed: Mapping[jax.Device, int],
     ) -> tuple[Decision, bool]:
         """The decision (or its error, raised), and whether it may be cached."""
-        outcome = self._outcome(name, nbytes, claimed)
+        outcome = self._outcome(name, nbytes, shape, claimed)
         if isinstance(outcome.choice, DevicePolicyError):
             raise outcome.choice
         choice = outcome.choice
@@ -340,7 +418,11 @@ class Decider:
         return decision, not choice.sized
 
     def _outcome(
-        self, name: str, nbytes: int | None, claimed: Mapping[jax.Device, int]
+        self,
+        name: str,
+        nbytes: int | None,
+        shape: Shape | None,
+        claimed: Mapping[jax.Device, int],
     ) -> _Outcome:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
@@ -357,7 +439,7 @@ class Decider:
             error = UnmatchedNameError(name, self.settings.default.origin, patterns)
             return _Outcome(None, route, error)
         try:
-            choice = route.choose(name, nbytes, self._fit, claimed)
+            choice = route.choose(name, nbytes, self._fit, claimed, shape)
         except DeviceUnavailableError as e:
             return _Outcome(index, route, e)
         return _Outcome(index, route, choice)
@@ -374,10 +456,21 @@ class Decider:
         if choice.tried:
             passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
             reason = f"{passed}; used {choice.target.text}"
+        sharded: dict[str, Any] = {}
+        if choice.sharding is not None and choice.mesh is not None and not self.disabled:
+            target = choice.target
+            assert isinstance(target, ShardingTarget)
+            sharded = {
+                "sharding": choice.sharding,
+                "mesh": target.mesh,
+                "spec": target.spec,
+                "mesh_devices": choice.mesh.mesh.devices.size,
+                "shards": shards(target, dict(choice.mesh.mesh.shape)),
+            }
         return Decision(
             name=name,
             device=device,
-            device_text=inventory().text(device),
+            device_text=choice.target.text if sharded else inventory().text(device),
             memory_kind=route.memory_kind,
             requested=route.requested,
             rule=None if entry is None else entry.index,
@@ -388,4 +481,5 @@ class Decider:
             commit=True if entry is None else entry.spec.commit,
             is_auto=choice.device is None or self.disabled,
             mmap=False if entry is None else entry.spec.mmap,
+            **sharded,
         )

@@ -13,7 +13,17 @@ from pydantic import BaseModel, ValidationError
 
 from ._errors import PolicyError, Problem, did_you_mean
 from ._files import FileRefused, read_capped
-from ._schema import ERROR_TYPE, LoggingSpec, OverridesSpec, PolicySpec, RuleSpec, RuntimeSpec
+from ._schema import (
+    ERROR_TYPE,
+    LoggingSpec,
+    MeshSpec,
+    OverridesSpec,
+    PolicySpec,
+    RuleSpec,
+    RuntimeSpec,
+    ShardingSpec,
+    sharding_problems,
+)
 from ._yaml import LineMap, field_path, read_yaml
 
 MAPPING_LABEL = "<mapping>"
@@ -108,8 +118,12 @@ def _validate(
         reported = {(p.line, p.field) for p in found}
         kept = [p for p in problems if p in found or (p.line, p.field) not in reported]
         raise PolicyError(sorted(kept, key=lambda p: p.line or 0)) from None
-    if found:
-        raise PolicyError(sorted(found, key=lambda p: p.line or 0))
+    crossed = [
+        Problem(file, _line_for(lines, loc), field_path(loc), message)
+        for loc, message in sharding_problems(spec.rules, spec.meshes)
+    ]
+    if found or crossed:
+        raise PolicyError(sorted([*found, *crossed], key=lambda p: p.line or 0))
     return Document(spec, file, lines)
 
 
@@ -159,6 +173,8 @@ def _message(err: Any, loc: tuple[str | int, ...], root: type[BaseModel]) -> str
 
 _NESTED: dict[str, type[BaseModel]] = {
     "rules": RuleSpec,
+    "sharding": ShardingSpec,
+    "meshes": MeshSpec,
     "logging": LoggingSpec,
     "runtime": RuntimeSpec,
 }

@@ -11,7 +11,14 @@ from pydantic import ValidationError
 from ._errors import EnvOverrideError, did_you_mean
 from ._files import check_regular
 from ._schema import LOG_FORMATS, LOG_LEVELS, RuleSpec
-from ._targets import REJECT, TARGET_FORMS, check_default, parse_target
+from ._targets import (
+    REJECT,
+    SHARDING_FORMS,
+    TARGET_FORMS,
+    check_default,
+    parse_sharding,
+    parse_target,
+)
 
 PREFIX = "DEVPOLICY_"
 FILE = "DEVPOLICY_FILE"
@@ -28,7 +35,10 @@ VARIABLES = (FILE, RULES, DEFAULT, STRICT, LOG_LEVEL, LOG_FORMAT, DISABLE, RUNTI
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 BOOL_FORMS = "1, true, yes, on / 0, false, no, off (any case)"
-RULES_FORMS = f"pattern=target[,pattern=target...], where target is {TARGET_FORMS}"
+RULES_FORMS = (
+    f"pattern=target[,pattern=target...], where target is {TARGET_FORMS}; "
+    f"or a sharding of a mesh the policy defines, {SHARDING_FORMS}"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +112,7 @@ def _rules(value: str | None) -> tuple[RuleSpec, ...]:
     if value is None:
         return ()
     rules = []
-    for i, item in enumerate(value.split(",")):
+    for i, item in enumerate(_items(value)):
         pattern, eq, target = item.strip().rpartition("=")
         pattern, target = pattern.strip(), target.strip()
         if not eq or not pattern or not target:
@@ -117,6 +127,15 @@ def _rules(value: str | None) -> tuple[RuleSpec, ...]:
                 RULES_FORMS,
             )
         try:
+            if "[" in target:
+                sharding = parse_sharding(target)
+                spec = [list(e) if isinstance(e, tuple) else e for e in sharding.spec]
+                rules.append(
+                    RuleSpec.model_validate(
+                        {"match": pattern, "sharding": {"mesh": sharding.mesh, "spec": spec}}
+                    )
+                )
+                continue
             parse_target(target)
             rules.append(RuleSpec(match=pattern, device=target))
         except (ValueError, ValidationError) as e:
@@ -125,6 +144,18 @@ def _rules(value: str | None) -> tuple[RuleSpec, ...]:
                 RULES, value, f"item {i}: {_problem(reason)}", RULES_FORMS
             ) from None
     return tuple(rules)
+
+
+def _items(value: str) -> list[str]:
+    """Split rules at commas outside brackets (a sharding's spec has commas of its own)."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(value):
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth == 0:
+            items.append(value[start:i])
+            start = i + 1
+    items.append(value[start:])
+    return items
 
 
 def _problem(message: str) -> str:

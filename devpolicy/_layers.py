@@ -13,7 +13,9 @@ from typing import Any
 
 from ._documents import Document
 from ._env import DEFAULT, DISABLE, LOG_FORMAT, LOG_LEVEL, RULES, STRICT, EnvSettings
-from ._schema import OverridesSpec, PolicySpec, RuleSpec, Source
+from ._errors import EnvOverrideError, PolicyError, Problem
+from ._schema import MeshSpec, OverridesSpec, PolicySpec, RuleSpec, Source, sharding_problems
+from ._yaml import field_path
 
 #: Lowest precedence first.
 LAYERS: tuple[str, ...] = ("defaults", "policy", "env", "code")
@@ -63,6 +65,8 @@ class Settings:
     #: The policy's `runtime:` fields by knob (`env.NAME` for its `env:` entries). The
     #: environment layer of these is JAX's own variables, weighed when they are applied.
     runtime: Mapping[str, Setting] = field(default_factory=dict)
+    #: The policy's meshes by name (only a policy file or mapping defines meshes).
+    meshes: Mapping[str, MeshSpec] = field(default_factory=dict)
 
 
 def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | None) -> Settings:
@@ -93,6 +97,8 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
             for i, rule in enumerate(document.spec.rules)
         ]
     fallback = None if code.fallback is None else tuple(code.fallback)
+    meshes = dict(document.spec.meshes) if document is not None else {}
+    _check_meshes_named(env.rules, code.rules, meshes)
     return Settings(
         default=pick("default", env.default, DEFAULT, code.default, ("default",)),
         fallback=pick("fallback", None, "", fallback, ("fallback",)),
@@ -108,7 +114,24 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
         rules=tuple(rules),
         file=document.file if document is not None else None,
         runtime=_runtime(document),
+        meshes=meshes,
     )
+
+
+def _check_meshes_named(
+    env_rules: tuple[RuleSpec, ...], code_rules: list[RuleSpec], meshes: dict[str, MeshSpec]
+) -> None:
+    """Environment and code rules may shard only over meshes the policy defines."""
+    for problem in sharding_problems(list(env_rules), meshes)[:1]:
+        loc, message = problem
+        raise EnvOverrideError(
+            RULES, f"item {loc[1]}", message, "a sharding over a mesh of the policy's `meshes:`"
+        )
+    found = sharding_problems(code_rules, meshes)
+    if found:
+        raise PolicyError(
+            [Problem("<overrides>", None, field_path(loc), message) for loc, message in found]
+        )
 
 
 def _runtime(document: Document | None) -> dict[str, Setting]:

@@ -90,7 +90,9 @@ class Policy:
         default = self.settings.default.value
         return f"<Policy file={self.file!r} rules={len(self.rules)} default={default!r}>"
 
-    def resolve(self, name: str, *, nbytes: int | None = None) -> Decision:
+    def resolve(
+        self, name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+    ) -> Decision:
         """Decide where `name` goes, and log the decision.
 
         The first decision for a (name, device, rule) is logged at info, repeats at debug.
@@ -111,7 +113,7 @@ class Policy:
             >>> p.resolve("x", nbytes=4096).device_text, p.resolve("x").rule
             ('cpu:2', None)
         """
-        return self.decider.resolve(name, nbytes)
+        return self.decider.resolve(name, nbytes, shape)
 
     def resolve_many(self, items: Iterable[tuple[str, int | None]]) -> list[Decision]:
         """Resolve several (name, nbytes) pairs as one placement, each logged.
@@ -135,7 +137,9 @@ class Policy:
         """Like `resolve_many`, logging nothing, with each failure returned in its place."""
         return self.decider.decide_many(items)
 
-    def decide(self, name: str, *, nbytes: int | None = None) -> Decision:
+    def decide(
+        self, name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+    ) -> Decision:
         """Like `resolve`, but logs nothing and caches nothing: for plans and tools.
 
         Example:
@@ -143,9 +147,11 @@ class Policy:
             >>> devpolicy.load_policy({"version": 1, "default": "cpu:3"}).decide("x").device_text
             'cpu:3'
         """
-        return self.decider.decide(name, nbytes)
+        return self.decider.decide(name, nbytes, shape)
 
-    def explain(self, name: str, *, nbytes: int | None = None) -> Explanation:
+    def explain(
+        self, name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+    ) -> Explanation:
         """Every rule tried for `name` and every fallback step, without logging.
 
         Example:
@@ -155,7 +161,7 @@ class Policy:
             >>> [step.matched for _, step in p.explain("b/x").steps]
             [False]
         """
-        return self.decider.explain(name, nbytes)
+        return self.decider.explain(name, nbytes, shape)
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
         """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""

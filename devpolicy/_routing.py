@@ -11,12 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import jax
+from jax.sharding import NamedSharding
 
 from ._capacity import Capacity
 from ._errors import DeviceUnavailableError
 from ._inventory import current_default_device, inventory, memory_kinds
+from ._meshes import BuiltMesh, Meshes, shards
 from ._sizes import format_size
-from ._targets import Target, parse_target
+from ._targets import ShardingTarget, Target, parse_target
 
 #: Nothing claimed yet: the usual case, shared rather than built per call.
 NOTHING_CLAIMED: Mapping[jax.Device, int] = {}
@@ -27,16 +29,21 @@ class Choice:
     """Where a walk ended.
 
     Attributes:
-        device: The device, or None for `auto` (JAX's default device at the time of use).
+        device: The device (for a sharding, the mesh's first device of this process), or
+            None for `auto` (JAX's default device at the time of use).
         target: The target of the chain that was used.
         tried: Each target passed over before it, with why.
         sized: Whether free memory was consulted (then the choice holds for this call only).
+        sharding: The NamedSharding when the target is a sharding, else None.
+        mesh: The mesh it shards over, else None.
     """
 
     device: jax.Device | None
-    target: Target
+    target: Target | ShardingTarget
     tried: tuple[tuple[str, str], ...]
     sized: bool
+    sharding: NamedSharding | None = None
+    mesh: BuiltMesh | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,35 +81,41 @@ class Route:
 
     __slots__ = (
         "_fixed",
+        "_judges_shape",
         "_judges_size",
         "chain",
         "context",
         "fits",
         "memory_kind",
+        "meshes",
         "requested",
         "strict",
     )
 
     def __init__(
         self,
-        requested: str,
+        requested: Target | ShardingTarget,
         fallback: tuple[str, ...],
         memory_kind: str | None,
         strict: bool,
         context: str,
         fits: bool,
+        meshes: Meshes,
     ) -> None:
-        self.requested = requested
-        self.chain = (parse_target(requested), *(parse_target(t) for t in fallback))
+        self.requested = requested.text
+        self.chain = (requested, *(parse_target(t) for t in fallback))
         self.memory_kind = memory_kind
         self.strict = strict
         self.context = context
         self.fits = fits
+        self.meshes = meshes
         self._judges_size = fits or any(t.is_auto for t in self.chain)
+        # A sharding's choice depends on the array's shape (does it divide?).
+        self._judges_shape = any(isinstance(t, ShardingTarget) for t in self.chain)
         self._fixed: Choice | None = None
 
     @property
-    def tried_chain(self) -> tuple[Target, ...]:
+    def tried_chain(self) -> tuple[Target | ShardingTarget, ...]:
         """The targets a walk may try: only the first under strict."""
         return self.chain[:1] if self.strict else self.chain
 
@@ -116,14 +129,18 @@ class Route:
         nbytes: int | None,
         fit: Fit,
         claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
+        shape: tuple[int, ...] | None = None,
     ) -> Choice:
         """`walk`, raising when no device can be had; a size-blind result is kept."""
-        if self._fixed is not None and (nbytes is None or not self._judges_size):
+        blind = (nbytes is None or not self._judges_size) and (
+            shape is None or not self._judges_shape
+        )
+        if self._fixed is not None and blind:
             return self._fixed
-        choice = self.walk(name, nbytes, fit, claimed)
+        choice = self.walk(name, nbytes, fit, claimed, shape)
         if isinstance(choice, DeviceUnavailableError):
             raise choice
-        if choice.device is not None and not choice.sized:
+        if choice.device is not None and not choice.sized and blind:
             # Devices do not come and go in a process: the same walk ends the same way.
             self._fixed = choice
         return choice
@@ -134,18 +151,28 @@ class Route:
         nbytes: int | None,
         fit: Fit,
         claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
+        shape: tuple[int, ...] | None = None,
     ) -> Choice | DeviceUnavailableError:
         """Try each target of the chain in order (only the first under strict).
 
         With a size known, `auto` targets (and every target of a `fits` rule) are used only
         if the size fits beside `claimed`; the last target of the chain is used even then,
-        unless strict.
+        unless strict. A sharding is used only if its mesh can be built here and, with a
+        shape known, the array divides over it; a `fits` rule judges each device's share.
         """
         inv = inventory()
         tried: list[tuple[str, str]] = []
         chain = self.tried_chain
         sized = False
         for position, target in enumerate(chain, start=1):
+            if isinstance(target, ShardingTarget):
+                sharded = self._sharded(target, nbytes, fit, claimed, shape)
+                if isinstance(sharded, str):
+                    tried.append((target.text, sharded))
+                    continue
+                built, sharding, judged = sharded
+                sized = sized or judged
+                return Choice(built.local[0], target, tuple(tried), sized, sharding, built)
             found: jax.Device | str
             found = current_default_device() if target.is_auto else inv.find(target)
             if not isinstance(found, str) and self.memory_kind is not None:
@@ -167,9 +194,35 @@ class Route:
                 continue
             return Choice(None if target.is_auto else found, target, tuple(tried), sized)
         context = f" for name {name!r}{self.context}"
+        platforms = {t.platform for t in chain if not isinstance(t, ShardingTarget)}
         if self.strict:
             context += " (strict: no fallback)"
         elif len(self.chain) == 1:
             context += " (no fallback given)"
-        missing = inv.missing_for({t.platform for t in chain})
+        missing = inv.missing_for(platforms)
         return DeviceUnavailableError(self.requested, tried, inv.available(), missing, context)
+
+    def _sharded(
+        self,
+        target: ShardingTarget,
+        nbytes: int | None,
+        fit: Fit,
+        claimed: Mapping[jax.Device, int],
+        shape: tuple[int, ...] | None,
+    ) -> tuple[BuiltMesh, NamedSharding, bool] | str:
+        found = self.meshes.sharding(target, self.memory_kind, shape)
+        if isinstance(found, str):
+            return found
+        built, sharding = found
+        if self.memory_kind is not None:
+            kinds = memory_kinds(built.local[0])
+            if self.memory_kind not in kinds:
+                return f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
+        if nbytes is None or not self.fits:
+            return built, sharding, False
+        share = -(-nbytes // shards(target, dict(built.mesh.shape)))
+        for device in built.local:
+            too_small = fit.problem(device, share, claimed.get(device, 0))
+            if too_small is not None:
+                return f"each device's share: {too_small}"
+        return built, sharding, True

@@ -33,7 +33,15 @@ from ._runtime import (
     PLATFORMS,
 )
 from ._sizes import SIZE_FORMS, SIZE_PATTERN, format_size, parse_size
-from ._targets import REJECT, TARGET_FORMS, TARGET_PATTERN, check_default, parse_target
+from ._targets import (
+    AXIS_NAME_PATTERN,
+    PLATFORM_ALIASES,
+    REJECT,
+    TARGET_FORMS,
+    TARGET_PATTERN,
+    check_default,
+    parse_target,
+)
 
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -137,6 +145,103 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _axis_name(value: Any) -> str:
+    if not isinstance(value, str) or re.fullmatch(AXIS_NAME_PATTERN, value) is None:
+        raise _fail(
+            f"not an axis name: {value!r}; accepted: a letter or _, then letters, digits, _"
+        )
+    return value
+
+
+def _axis_size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (value >= 1 or value == -1):
+        raise _fail(f"an axis size is a whole number >= 1, or -1 for the rest; got {value!r}")
+    return value
+
+
+AxisName = Annotated[
+    str,
+    BeforeValidator(_axis_name),
+    WithJsonSchema({"type": "string", "pattern": AXIS_NAME_PATTERN}),
+]
+AxisSize = Annotated[
+    int,
+    BeforeValidator(_axis_size),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": -1}]}),
+]
+
+
+def _mesh_devices(value: Any) -> Any:
+    if isinstance(value, str):
+        if value == "auto" or value in PLATFORM_ALIASES:
+            return value
+        hint = did_you_mean(value, ["auto", *PLATFORM_ALIASES])
+        raise _fail(
+            f"unknown backend {value!r}{hint}; accepted: auto, {', '.join(PLATFORM_ALIASES)}, "
+            "or a list of targets"
+        )
+    return value
+
+
+class MeshSpec(_Strict):
+    """A named device mesh: axis names and sizes, over a backend's devices or listed ones."""
+
+    axes: dict[AxisName, AxisSize] = Field(
+        description="Axis name to size, in order; one size may be -1 (the devices left)."
+    )
+    devices: Annotated[str | list[TargetText], BeforeValidator(_mesh_devices)] = Field(
+        "auto",
+        description="A backend (every device of it, across all processes of a "
+        "jax.distributed job; `auto`: the default backend), or a list of targets.",
+    )
+
+    @model_validator(mode="after")
+    def _axes_make_sense(self) -> MeshSpec:
+        if not self.axes:
+            raise _fail("a mesh needs at least one axis, e.g. `axes: {data: -1}`")
+        if list(self.axes.values()).count(-1) > 1:
+            raise _fail("only one axis may be -1 (the devices left over)")
+        if isinstance(self.devices, list) and len(set(self.devices)) != len(self.devices):
+            raise _fail("a device is listed more than once in `devices`")
+        return self
+
+
+def _spec_entry(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value if value is None else _axis_name(value)
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return [_axis_name(v) for v in value]
+    raise _fail(
+        f"a spec entry is an axis name, null (not sharded), or a list of axis names; got {value!r}"
+    )
+
+
+SpecEntry = Annotated[
+    str | list[str] | None,
+    BeforeValidator(_spec_entry),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            ]
+        }
+    ),
+]
+
+
+class ShardingSpec(_Strict):
+    """How a rule shards: a mesh of `meshes`, and one spec entry per array dimension."""
+
+    mesh: str = Field(description="The name of a mesh in `meshes`.")
+    spec: list[SpecEntry] = Field(
+        default_factory=list,
+        description="Per dimension: an axis, null (not sharded) or a list of axes; "
+        "[] replicates over the mesh.",
+    )
+
+
 class RuleSpec(_Strict):
     """One rule: names it matches, where they go, and under which conditions."""
 
@@ -148,7 +253,13 @@ class RuleSpec(_Strict):
         description="Regular expression that must match the whole name: Python syntax, "
         "matched by RE2 in linear time (no backreferences or lookaround).",
     )
-    device: TargetText = Field(description="Where matching names go.")
+    device: TargetText | None = Field(
+        None, description="Where matching names go (give this or `sharding`)."
+    )
+    sharding: ShardingSpec | None = Field(
+        None,
+        description="Shard matching names over a mesh of `meshes` (give this or `device`).",
+    )
     fallback: list[TargetText] | None = Field(
         None, description="Targets tried in order when `device` cannot be had; else the policy's."
     )
@@ -195,6 +306,11 @@ class RuleSpec(_Strict):
     def _one_pattern_and_ordered_sizes(self) -> RuleSpec:
         if (self.match is None) == (self.regex is None):
             raise _fail("give exactly one of `match` (a glob) or `regex`")
+        if (self.device is None) == (self.sharding is None):
+            raise _fail(
+                "give exactly one of `device` (a target such as cpu or gpu:1) or `sharding` "
+                "(a mesh and spec)"
+            )
         if (
             self.min_bytes is not None
             and self.max_bytes is not None
@@ -417,6 +533,9 @@ class PolicySpec(_Strict):
     rules: list[RuleSpec] = Field(
         default_factory=list, description="Tried in order; first match wins."
     )
+    meshes: dict[str, MeshSpec] = Field(
+        default_factory=dict, description="Named device meshes that `sharding` rules use."
+    )
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     runtime: RuntimeSpec = Field(
         default_factory=RuntimeSpec,
@@ -454,3 +573,50 @@ def policy_schema() -> dict[str, Any]:
         "title": "devpolicy policy",
         **{k: v for k, v in schema.items() if k != "title"},
     }
+
+
+def sharding_problems(
+    rules: list[RuleSpec], meshes: dict[str, MeshSpec]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """What a rule's `sharding` says that its mesh contradicts, as (field location, message).
+
+    Checked once every part of a document is known: an unknown mesh, an axis the mesh
+    lacks, one axis used twice in a spec.
+    """
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    for i, rule in enumerate(rules):
+        if rule.sharding is None:
+            continue
+        mesh = meshes.get(rule.sharding.mesh)
+        if mesh is None:
+            hint = did_you_mean(rule.sharding.mesh, meshes)
+            listed = ", ".join(meshes) or "none (add a `meshes:` section)"
+            found.append(
+                (
+                    ("rules", i, "sharding", "mesh"),
+                    f"unknown mesh {rule.sharding.mesh!r}{hint}; meshes: {listed}",
+                )
+            )
+            continue
+        used: list[str] = []
+        for j, entry in enumerate(rule.sharding.spec):
+            for axis in [entry] if isinstance(entry, str) else entry or []:
+                if axis not in mesh.axes:
+                    hint = did_you_mean(axis, mesh.axes)
+                    found.append(
+                        (
+                            ("rules", i, "sharding", "spec", j),
+                            f"mesh {rule.sharding.mesh!r} has no axis {axis!r}{hint}; "
+                            f"axes: {', '.join(mesh.axes)}",
+                        )
+                    )
+                elif axis in used:
+                    found.append(
+                        (
+                            ("rules", i, "sharding", "spec", j),
+                            f"axis {axis!r} is used twice in one spec; an axis shards one "
+                            "dimension at most",
+                        )
+                    )
+                used.append(axis)
+    return found

@@ -17,6 +17,8 @@ REJECT = "reject"
 MAX_INDEX = 65535
 TARGET_FORMS = "auto, or cpu, gpu, tpu, cuda, rocm optionally followed by :N (e.g. gpu:1)"
 TARGET_PATTERN = r"^(auto|(cpu|gpu|tpu|cuda|rocm)(:(0|[1-9][0-9]{0,4}))?)$"
+#: A mesh axis name: what `jax.sharding.PartitionSpec` entries name.
+AXIS_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _TARGET = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]*))?")
 
 
@@ -99,3 +101,78 @@ def check_default(text: object) -> str:
         raise ValueError(f"{e}; or {REJECT} (names no rule matches raise){hint}") from None
     assert isinstance(text, str)  # parse_target accepted it
     return text
+
+
+#: One spec entry: an axis, several axes (sharded over their product), or None.
+SpecEntry = str | tuple[str, ...] | None
+SHARDING_FORMS = "MESH[ENTRY,...] where ENTRY is an axis, axis+axis, or - (e.g. fsdp[data,-])"
+_SHARDING = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[([^\]]*)\]")
+_AXIS = re.compile(AXIS_NAME_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingTarget:
+    """A rule's sharding: a mesh by name and one spec entry per array dimension.
+
+    Attributes:
+        mesh: The mesh's name in the policy's `meshes`.
+        spec: Per dimension: an axis, a tuple of axes, or None (not sharded).
+    """
+
+    mesh: str
+    spec: tuple[SpecEntry, ...]
+
+    @property
+    def text(self) -> str:
+        """`fsdp[data,model]`; `-` for an unsharded dimension, `a+b` for several axes."""
+        return f"{self.mesh}[{','.join(spec_entry_text(e) for e in self.spec)}]"
+
+    @property
+    def is_auto(self) -> bool:
+        """Never: a sharding names its devices."""
+        return False
+
+    @property
+    def platform(self) -> str:
+        """Not a platform: the mesh decides."""
+        return "mesh"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def spec_entry_text(entry: SpecEntry) -> str:
+    """One spec entry as text: `data`, `data+model`, or `-`."""
+    if entry is None:
+        return "-"
+    return entry if isinstance(entry, str) else "+".join(entry)
+
+
+def parse_sharding(text: str) -> ShardingTarget:
+    """Parse sharding text such as `fsdp[data,-]` or `dp[data+model]` (`[]` replicates).
+
+    Raises:
+        ValueError: naming the bad text and the accepted form.
+
+    Example:
+        >>> parse_sharding("fsdp[data+model,-]")
+        ShardingTarget(mesh='fsdp', spec=(('data', 'model'), None))
+    """
+    m = _SHARDING.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"not a sharding: {text!r}; accepted: {SHARDING_FORMS}")
+    mesh, body = m.groups()
+    spec: list[SpecEntry] = []
+    for part in body.split(",") if body.strip() else []:
+        part = part.strip()
+        if part == "-":
+            spec.append(None)
+            continue
+        axes = tuple(a.strip() for a in part.split("+"))
+        bad = [a for a in axes if not _AXIS.fullmatch(a)]
+        if bad:
+            raise ValueError(
+                f"not an axis name: {bad[0]!r} in sharding {text!r}; accepted: {SHARDING_FORMS}"
+            )
+        spec.append(axes[0] if len(axes) == 1 else axes)
+    return ShardingTarget(mesh, tuple(spec))

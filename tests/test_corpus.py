@@ -264,7 +264,7 @@ CASES = [
     yaml_case(
         "rule-without-device",
         R + "match: a\n",
-        r"^p\.yaml:3: rules\[0\]\.device: missing required field 'device'",
+        r"^p\.yaml:3: rules\[0\]: give exactly one of `device` \(a target such as cpu or gpu:1\) or `sharding`",
     ),
     yaml_case(
         "rule-without-pattern",

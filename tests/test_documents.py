@@ -104,7 +104,7 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nrules:\n  - match: a\n    devise: cpu\n",
-        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, device, fallback, min_bytes, max_bytes, memory, commit, fits, mmap$",
+        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, device, sharding, fallback, min_bytes, max_bytes, memory, commit, fits, mmap$",
     ),
     (
         "version: 1\nrules:\n  - device: cpu\n",
@@ -313,7 +313,7 @@ class TestInvalidPolicies:
     def test_mapping_errors_name_the_field(self) -> None:
         """A bad mapping gives the field path with `<mapping>` as the file."""
         with pytest.raises(
-            devpolicy.PolicyError, match=r"^<mapping>: rules\[0\]\.device: missing required field"
+            devpolicy.PolicyError, match=r"^<mapping>: rules\[0\]: give exactly one of `device`"
         ):
             devpolicy.load_policy({"version": 1, "rules": [{"match": "a"}]}, environ={})
 
