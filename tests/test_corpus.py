@@ -364,7 +364,7 @@ CASES = [
     yaml_case(
         "target-null",
         R + "{match: a, device: null}\n",
-        r"^p\.yaml:3: rules\[0\]\.device: expected a target string, got NoneType",
+        r"^p\.yaml:3: rules\[0\]: give exactly one of `device` \(a target such as cpu or gpu:1\) or `sharding`",
     ),
     yaml_case(
         "fallback-bad-entry",
