@@ -94,6 +94,42 @@ else:  # pragma: no cover - depends on the installed JAX
 _NOT_SWAPPED = object()
 
 
+class _MeshToken:
+    """What a sharded decision's entry changed: the mesh context and the default device."""
+
+    __slots__ = ("mesh_scope", "previous")
+
+    def __init__(self, mesh_scope: Any, previous: Any) -> None:
+        self.mesh_scope = mesh_scope
+        self.previous = previous
+
+
+def enter(decision: Decision) -> Any:
+    """Apply `decision` to this thread; the token says what to undo (see `leave`).
+
+    A sharded decision runs under its mesh (`jax.set_mesh`, so `jax.jit` and sharding
+    constraints see it) with the mesh's first local device as the default device.
+    """
+    if decision.is_auto:
+        return _NOT_SWAPPED
+    if decision.mesh is None:
+        return swap_device(decision.device)
+    mesh_scope: Any = jax.set_mesh(decision.sharding.mesh)  # type: ignore[union-attr]
+    mesh_scope.__enter__()
+    return _MeshToken(mesh_scope, swap_device(decision.device))
+
+
+def leave(token: Any) -> None:
+    """Undo what `enter` did."""
+    if token is _NOT_SWAPPED:
+        return
+    if type(token) is _MeshToken:
+        restore_device(token.previous)
+        token.mesh_scope.__exit__(None, None, None)
+        return
+    restore_device(token)
+
+
 class _DeviceScope:
     """`with` for one decision's device, or nothing when the decision is `auto`."""
 
@@ -103,12 +139,10 @@ class _DeviceScope:
         self._decision = decision
 
     def __enter__(self) -> None:
-        if not self._decision.is_auto:
-            self._token = swap_device(self._decision.device)
+        self._token = enter(self._decision)
 
     def __exit__(self, *exc_info: object) -> None:
-        if not self._decision.is_auto:
-            restore_device(self._token)
+        leave(self._token)
 
 
 def device_scope(decision: Decision) -> AbstractContextManager[None]:
@@ -154,7 +188,7 @@ class Scope:
         source = self._source
         decider = source if type(source) is Decider else source.decider()  # type: ignore[union-attr]
         decision = decider.resolve(self._name, self._nbytes)
-        token = _NOT_SWAPPED if decision.is_auto else swap_device(decision.device)
+        token = enter(decision)
         if self._owner is None and not self._stacks:
             self._owner = get_ident()
             self._entry = token
@@ -176,8 +210,7 @@ class Scope:
             self._owner = self._entry = None
         else:
             raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
-        if token is not _NOT_SWAPPED:
-            restore_device(token)
+        leave(token)
 
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh and runs inside the scope."""
@@ -324,6 +357,8 @@ def _decorate(
             decision = decider_resolve(name)
             if decision.is_auto:
                 return fn(*args, **kwargs)
+            if decision.mesh is not None:
+                return _sharded_call(fn, args, kwargs, decision, finish)
             token = swap_device(decision.device)
             try:
                 result = fn(*args, **kwargs)
@@ -345,6 +380,8 @@ def _decorate(
             decision = decider.resolve(name)
             if decision.is_auto:
                 return fn(*args, **kwargs)
+            if decision.mesh is not None:
+                return _sharded_call(fn, args, kwargs, decision, finish)
             token = swap_device(decision.device)
             try:
                 result = fn(*args, **kwargs)
@@ -361,14 +398,29 @@ def _decorate(
         decision = resolve()
         if decision.is_auto:
             return fn(*args, **kwargs)
-        token = swap_device(decision.device)
+        token = enter(decision)
         try:
             result = fn(*args, **kwargs)
         finally:
-            restore_device(token)
+            leave(token)
         return finish(result, decision)
 
     return sized_wrapper
+
+
+def _sharded_call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    decision: Decision,
+    finish: Callable[[Any, Decision], Any],
+) -> Any:
+    token = enter(decision)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        leave(token)
+    return finish(result, decision)
 
 
 def _events(source: DeciderSource) -> EventLog:
@@ -425,8 +477,11 @@ def commit_result(result: T, decision: Decision, events: EventLog) -> T:
 
     Such leaves are uncommitted when made in a scope and would later migrate silently.
     Committing them is a `device_put` to the same device: no copy. Leaves on another
-    device are left alone and reported as a `placement_mismatch` warning.
+    device are left alone and reported as a `placement_mismatch` warning. For a sharded
+    decision every array leaf is committed to the rule's sharding (resharded if needed).
     """
+    if decision.mesh is not None:
+        return _commit_sharded(result, decision, events)
     if isinstance(result, jax.Array):
         # One array, the commonest result: no tree to walk.
         if _needs_commit(result, decision, events, ""):
@@ -445,6 +500,28 @@ def commit_result(result: T, decision: Decision, events: EventLog) -> T:
     placed = jax.device_put([leaves[i] for i in indices], decision.destination)
     for i, leaf in zip(indices, placed, strict=True):
         leaves[i] = leaf
+    out: T = jax.tree_util.tree_unflatten(treedef, leaves)
+    return out
+
+
+def _commit_sharded(result: T, decision: Decision, events: EventLog) -> T:
+    sharding = decision.sharding
+    assert sharding is not None
+    leaves, treedef = jax.tree_util.tree_flatten(result)
+    changed = False
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer):
+            continue
+        if leaf.committed and leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
+            continue
+        try:
+            leaves[i] = jax.device_put(leaf, sharding)
+        except ValueError as e:  # a shape that does not divide over the mesh: say so
+            _report_mismatch(events, decision, None, leaf, _leaf_path(result, i), str(e))
+            continue
+        changed = True
+    if not changed:
+        return result
     out: T = jax.tree_util.tree_unflatten(treedef, leaves)
     return out
 
@@ -477,25 +554,29 @@ def _leaf_path(tree: Any, index: int) -> str:
 
 
 def _report_mismatch(
-    events: EventLog, decision: Decision, device: jax.Device, leaf: jax.Array, path: str
+    events: EventLog,
+    decision: Decision,
+    device: jax.Device | None,
+    leaf: jax.Array,
+    path: str,
+    reason: str | None = None,
 ) -> None:
-    actual = inventory().text(device)
+    actual = "sharded" if device is None else inventory().text(device)
     level = (
         "warning" if events.first_time(("placement_mismatch", decision.name, actual)) else "debug"
     )
+    fields = {
+        "name": decision.name,
+        "leaf": path,
+        "device": decision.device_text,
+        "actual_device": actual,
+        "shape": tuple(leaf.shape),
+        "dtype": str(leaf.dtype),
+        "origin": decision.origin,
+        "process_index": decision.device.process_index,
+    }
     events.emit(
-        level,
-        "placement_mismatch",
-        {
-            "name": decision.name,
-            "leaf": path,
-            "device": decision.device_text,
-            "actual_device": actual,
-            "shape": tuple(leaf.shape),
-            "dtype": str(leaf.dtype),
-            "origin": decision.origin,
-            "process_index": decision.device.process_index,
-        },
+        level, "placement_mismatch", fields if reason is None else {**fields, "reason": reason}
     )
 
 
@@ -526,12 +607,46 @@ def put(decider: Decider, name: str, x: T) -> T:
                 "or number; JAX cannot place it (keep such values out of the tree)"
             )
     decisions = decider.resolve_many(
-        [(n, _nbytes(leaf)) for n, leaf in zip(names, leaves, strict=True)]
+        [(n, _nbytes(leaf), np.shape(leaf)) for n, leaf in zip(names, leaves, strict=True)]
     )
-    if decider.disabled:
-        # What JAX does without devpolicy: the default device, uncommitted.
-        placed = jax.device_put(leaves)
-    else:
-        placed = jax.device_put(leaves, [d.destination for d in decisions])
+    # Disabled: what JAX does without devpolicy (the default device, uncommitted).
+    placed = jax.device_put(leaves) if decider.disabled else _place_leaves(leaves, decisions)
     out: T = jax.tree_util.tree_unflatten(treedef, placed)
     return out
+
+
+def _place_leaves(leaves: list[Any], decisions: list[Decision]) -> list[Any]:
+    """Single-device leaves in one batched `device_put`; sharded host data built from the
+    slices each device holds, so no process ever sends (or all-gathers) the whole array."""
+    placed: list[Any] = [None] * len(leaves)
+    batch = [
+        i for i, d in enumerate(decisions) if d.mesh is None or isinstance(leaves[i], jax.Array)
+    ]
+    if batch:
+        moved = jax.device_put(
+            [leaves[i] for i in batch], [decisions[i].destination for i in batch]
+        )
+        for i, array in zip(batch, moved, strict=True):
+            placed[i] = array
+    for i, decision in enumerate(decisions):
+        if placed[i] is None:
+            placed[i] = sharded_from_host(np.asarray(leaves[i]), decision)
+    return placed
+
+
+def sharded_from_host(array: np.ndarray[Any, Any], decision: Decision) -> jax.Array:
+    """A global array sharded by `decision` from a host array every process holds whole.
+
+    Each addressable device gets its slice, read once even when several devices share it.
+    """
+    assert decision.sharding is not None
+    slices: dict[tuple[tuple[int | None, int | None, int | None], ...], Any] = {}
+
+    def piece(index: Any) -> Any:
+        key = tuple((s.start, s.stop, s.step) for s in index)
+        found = slices.get(key)
+        if found is None:
+            found = slices[key] = array[index]
+        return found
+
+    return jax.make_array_from_callback(array.shape, decision.sharding, piece)
