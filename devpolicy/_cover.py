@@ -13,6 +13,7 @@ whatever a policy holds. Anything that cannot be modelled exactly (Unicode class
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from array import array
 from collections.abc import Callable
@@ -73,6 +74,7 @@ def _points(chars: frozenset[str]) -> frozenset[int]:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def _literal(c: str) -> _Chars:
     return _Chars(frozenset((ord(c), ord(c) + 1)), c.__eq__)
 

@@ -115,7 +115,16 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
     decider = Decider()
     findings = []
     for j, later in enumerate(rules):
+        prefix = index.prefix(j)
+        # A glob with a wildcard right after its prefix has names that leave any longer
+        # prefix there: no earlier rule with a longer prefix can cover it.
+        free = later.spec.match is not None and later.spec.match[len(prefix) : len(prefix) + 1] in (
+            "*",
+            "?",
+        )
         for i in index.overlapping(j):
+            if free and len(index.prefix(i)) > len(prefix):
+                continue
             earlier = rules[i]
             why = _covers(earlier, later, decider)
             if why is not None:
@@ -151,11 +160,19 @@ def _covers(earlier: RuleEntry, later: RuleEntry, decider: Decider) -> str | Non
         why = _glob_covers(a.match, b.match)
         if why is not None or not any(c in b.match for c in _WILDCARDS):
             return why  # exact: a literal name either matches or not
+        tail_a, tail_b = _literal_suffix(a.match), _literal_suffix(b.match)
+        if not (tail_a.endswith(tail_b) or tail_b.endswith(tail_a)):
+            return None  # the names end differently
     # Decided on automata; None when either pattern cannot be modelled exactly in budget.
     earlier_pattern = (_pattern(earlier), a.regex is not None)
     if decider.covers(earlier_pattern, (_pattern(later), b.regex is not None)):
         return "matches every name it matches"
     return None
+
+
+def _literal_suffix(glob: str) -> str:
+    """The text every name `glob` matches ends with (after its last wildcard or bracket)."""
+    return glob[max(glob.rfind(c) for c in "*?[]") + 1 :]
 
 
 def _glob_covers(earlier: str, later: str) -> str | None:
