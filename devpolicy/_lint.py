@@ -112,17 +112,30 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
     # Only an earlier rule whose literal prefix starts this one's (or starts with it) can
     # match its names: compare those, not every pair.
     index = PrefixIndex(patterns)
+    # Likewise for globs' literal suffixes (reversed, so the same index serves): rules
+    # like `*/layer{i}/w` share the empty prefix but not their ends. A regex's is empty.
+    suffixes = PrefixIndex.of_texts(
+        "" if is_regex else _literal_suffix(text)[::-1] for text, is_regex in patterns
+    )
     decider = Decider()
     findings = []
     for j, later in enumerate(rules):
         prefix = index.prefix(j)
+        earlier_ones = index.overlapping(j)
+        if len(earlier_ones) > _FEW:
+            ends = suffixes.overlapping(j)  # keep the shorter list, test the other relation
+            if len(ends) < len(earlier_ones):
+                earlier_ones = [i for i in ends if _related(index.prefix(i), prefix)]
+            else:
+                end = suffixes.prefix(j)
+                earlier_ones = [i for i in earlier_ones if _related(suffixes.prefix(i), end)]
         # A glob with a wildcard right after its prefix has names that leave any longer
         # prefix there: no earlier rule with a longer prefix can cover it.
         free = later.spec.match is not None and later.spec.match[len(prefix) : len(prefix) + 1] in (
             "*",
             "?",
         )
-        for i in index.overlapping(j):
+        for i in earlier_ones:
             if free and len(index.prefix(i)) > len(prefix):
                 continue
             earlier = rules[i]
@@ -140,6 +153,14 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
                 )
                 break
     return findings
+
+
+# Past this many candidates by prefix, narrow them by suffix too.
+_FEW = 16
+
+
+def _related(a: str, b: str) -> bool:
+    return a.startswith(b) or b.startswith(a)
 
 
 def _covers(earlier: RuleEntry, later: RuleEntry, decider: Decider) -> str | None:

@@ -112,7 +112,17 @@ class PrefixIndex:
 
     def __init__(self, patterns: Iterable[tuple[str, bool]]) -> None:
         """Index `(pattern, is_regex)` pairs; a pattern's index is its position."""
-        self._prefixes = tuple(literal_prefix(p, is_regex) for p, is_regex in patterns)
+        self._build(tuple(literal_prefix(p, is_regex) for p, is_regex in patterns))
+
+    @classmethod
+    def of_texts(cls, texts: Iterable[str]) -> PrefixIndex:
+        """An index over texts taken as the prefixes themselves (e.g. reversed suffixes)."""
+        index = cls.__new__(cls)
+        index._build(tuple(texts))
+        return index
+
+    def _build(self, prefixes: tuple[str, ...]) -> None:
+        self._prefixes = prefixes
         self._root = _Node()
         for i, prefix in enumerate(self._prefixes):
             node = self._root

@@ -228,6 +228,15 @@ class TestIssueCases:
             ("unreachable-rule", "<mapping>:rules[4401]"),
         ]
 
+    def test_rules_sharing_no_prefix_are_narrowed_by_suffix(self) -> None:
+        """`*/layer{i}/w` rules all have the empty prefix; their ends still tell them apart."""
+        rules = [rule(f"*/layer{i}/w") for i in range(2000)]
+        rules += [rule("*/layer7/w"), rule("model/*/layer9/w"), rule("*/layer9/b")]
+        assert codes(rules=rules) == [
+            ("unreachable-rule", "<mapping>:rules[2000]"),
+            ("unreachable-rule", "<mapping>:rules[2001]"),
+        ]
+
 
 @settings(max_examples=200, deadline=None)
 @given(PATTERNS, PATTERNS, st.data())

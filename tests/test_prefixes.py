@@ -98,6 +98,12 @@ class TestPrefixIndex:
         for n, j in enumerate(matching):
             assert set(matching[:n]) <= set(index.overlapping(j))
 
+    def test_an_index_of_reversed_suffixes_relates_ends(self) -> None:
+        """Built from texts as they are, e.g. reversed literal suffixes of `*/w`, `*x/w`, `*/b`."""
+        index = PrefixIndex.of_texts(["w/", "w/x", "b/"])
+        assert index.overlapping(1) == [0]
+        assert index.overlapping(2) == []
+
     def test_a_lookup_touches_only_the_path_of_the_name(self) -> None:
         """10,000 rules with distinct prefixes: a name meets only its own and the catch-all."""
         patterns = [(f"model/layer{i}/*", False) for i in range(10_000)] + [("*", False)]
