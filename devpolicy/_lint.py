@@ -6,9 +6,11 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Literal
 
+from ._cover import Decider
 from ._inventory import inventory, memory_kinds
 from ._layers import RuleEntry
 from ._policy import Policy
+from ._prefixes import PrefixIndex
 from ._targets import REJECT, Target, parse_target
 
 Severity = Literal["error", "warning"]
@@ -58,13 +60,16 @@ def lint(policy: Policy) -> list[Finding]:
     findings = _unreachable(policy.rules)
     settings = policy.settings
     policy_fallback = tuple(settings.fallback.value)
+    # Chains that do not end in `cpu` or `auto`, each with the rules using it: one warning
+    # per chain, not per rule (five `cpu:N` rules are one concern, not five).
+    unsafe: dict[tuple[str, ...], list[tuple[str, str]]] = {}
     for position, entry in enumerate(policy.rules):
         chain = (
             entry.spec.device,
             *(entry.spec.fallback if entry.spec.fallback is not None else policy_fallback),
         )
         label = f"rule {position} ({_pattern(entry)!r})"
-        findings += _chain(label, entry.origin, chain, policy.strict, entry.spec.memory)
+        findings += _chain(label, entry.origin, chain, policy.strict, entry.spec.memory, unsafe)
     if settings.default.value != REJECT:
         findings += _chain(
             "the default",
@@ -72,8 +77,30 @@ def lint(policy: Policy) -> list[Finding]:
             (settings.default.value, *policy_fallback),
             policy.strict,
             None,
+            unsafe,
         )
-    return findings
+    return findings + [_no_safe_end(chain, users) for chain, users in unsafe.items()]
+
+
+# How many users of a chain a no-safe-end warning names before "and N more".
+_NAMED_IN_WARNING = 8
+
+
+def _no_safe_end(chain: tuple[str, ...], users: list[tuple[str, str]]) -> Finding:
+    """The one warning about a chain without a safe end, at its first user's origin."""
+    (label, origin), *others = users
+    if others:
+        named = [f"{other} at {where}" for other, where in others[:_NAMED_IN_WARNING]]
+        if len(others) > _NAMED_IN_WARNING:
+            named.append(f"{len(others) - _NAMED_IN_WARNING} more")
+        label += f" (and {', '.join(named)})"
+    return Finding(
+        "warning",
+        origin,
+        "no-safe-end",
+        f"{label}: the chain ({', '.join(chain)}) does not end in `cpu` or `auto`, so it "
+        "raises on a machine without those devices",
+    )
 
 
 def _pattern(entry: RuleEntry) -> str:
@@ -81,11 +108,38 @@ def _pattern(entry: RuleEntry) -> str:
 
 
 def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
+    patterns = [(_pattern(entry), entry.spec.regex is not None) for entry in rules]
+    # Only an earlier rule whose literal prefix starts this one's (or starts with it) can
+    # match its names: compare those, not every pair.
+    index = PrefixIndex(patterns)
+    # Likewise for globs' literal suffixes (reversed, so the same index serves): rules
+    # like `*/layer{i}/w` share the empty prefix but not their ends. A regex's is empty.
+    suffixes = PrefixIndex.of_texts(
+        "" if is_regex else _literal_suffix(text)[::-1] for text, is_regex in patterns
+    )
+    decider = Decider()
     findings = []
     for j, later in enumerate(rules):
-        for i in range(j):
+        prefix = index.prefix(j)
+        earlier_ones = index.overlapping(j)
+        if len(earlier_ones) > _FEW:
+            ends = suffixes.overlapping(j)  # keep the shorter list, test the other relation
+            if len(ends) < len(earlier_ones):
+                earlier_ones = [i for i in ends if _related(index.prefix(i), prefix)]
+            else:
+                end = suffixes.prefix(j)
+                earlier_ones = [i for i in earlier_ones if _related(suffixes.prefix(i), end)]
+        # A glob with a wildcard right after its prefix has names that leave any longer
+        # prefix there: no earlier rule with a longer prefix can cover it.
+        free = later.spec.match is not None and later.spec.match[len(prefix) : len(prefix) + 1] in (
+            "*",
+            "?",
+        )
+        for i in earlier_ones:
+            if free and len(index.prefix(i)) > len(prefix):
+                continue
             earlier = rules[i]
-            why = _covers(earlier, later)
+            why = _covers(earlier, later, decider)
             if why is not None:
                 findings.append(
                     Finding(
@@ -101,7 +155,15 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
     return findings
 
 
-def _covers(earlier: RuleEntry, later: RuleEntry) -> str | None:
+# Past this many candidates by prefix, narrow them by suffix too.
+_FEW = 16
+
+
+def _related(a: str, b: str) -> bool:
+    return a.startswith(b) or b.startswith(a)
+
+
+def _covers(earlier: RuleEntry, later: RuleEntry, decider: Decider) -> str | None:
     """Why `earlier` matches every name and size `later` would, or None if not (or unknown)."""
     a, b = earlier.spec, later.spec
     if a.min_bytes is not None or a.max_bytes is not None:
@@ -115,9 +177,23 @@ def _covers(earlier: RuleEntry, later: RuleEntry) -> str | None:
         return "matches every name"
     if (a.match, a.regex) == (b.match, b.regex):
         return "has the same pattern"
-    if a.match is None or b.match is None:
-        return None
-    return _glob_covers(a.match, b.match)
+    if a.match is not None and b.match is not None:
+        why = _glob_covers(a.match, b.match)
+        if why is not None or not any(c in b.match for c in _WILDCARDS):
+            return why  # exact: a literal name either matches or not
+        tail_a, tail_b = _literal_suffix(a.match), _literal_suffix(b.match)
+        if not (tail_a.endswith(tail_b) or tail_b.endswith(tail_a)):
+            return None  # the names end differently
+    # Decided on automata; None when either pattern cannot be modelled exactly in budget.
+    earlier_pattern = (_pattern(earlier), a.regex is not None)
+    if decider.covers(earlier_pattern, (_pattern(later), b.regex is not None)):
+        return "matches every name it matches"
+    return None
+
+
+def _literal_suffix(glob: str) -> str:
+    """The text every name `glob` matches ends with (after its last wildcard or bracket)."""
+    return glob[max(glob.rfind(c) for c in "*?[]") + 1 :]
 
 
 def _glob_covers(earlier: str, later: str) -> str | None:
@@ -139,8 +215,14 @@ def _glob_covers(earlier: str, later: str) -> str | None:
 
 
 def _chain(
-    label: str, origin: str, chain: tuple[str, ...], strict: bool, memory: str | None
+    label: str,
+    origin: str,
+    chain: tuple[str, ...],
+    strict: bool,
+    memory: str | None,
+    unsafe: dict[tuple[str, ...], list[tuple[str, str]]],
 ) -> list[Finding]:
+    """Findings about one chain; a chain without a safe end is added to `unsafe` instead."""
     inv = inventory()
     findings = []
     targets = list(dict.fromkeys(parse_target(t) for t in (chain[:1] if strict else chain)))
@@ -188,15 +270,7 @@ def _chain(
             )
         )
     elif not strict and not any(_everywhere(t) for t in targets):
-        findings.append(
-            Finding(
-                "warning",
-                origin,
-                "no-safe-end",
-                f"{label}: the chain ({', '.join(t.text for t in targets)}) does not end in "
-                "`cpu` or `auto`, so it raises on a machine without those devices",
-            )
-        )
+        unsafe.setdefault(tuple(t.text for t in targets), []).append((label, origin))
     return findings
 
 

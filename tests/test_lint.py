@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import devpolicy
-from tests.helpers import policy_of
+from devpolicy._matching import compile_condition
+from tests.helpers import policy_of, run_threads
+from tests.strategies import PATTERNS, names_matching
 
 NO_GPU = "gpu" not in devpolicy.available_backends()
 
@@ -35,6 +39,7 @@ class TestUnreachable:
             (rule("*/w"), rule("model/*/w")),
             (rule("a?c"), rule("abc")),
             (rule("*", min_bytes=1), rule("x", min_bytes=10, max_bytes=20)),
+            (rule(None, regex="a.*"), rule("abc")),
         ],
     )
     def test_rules_an_earlier_rule_covers_are_errors(
@@ -51,7 +56,6 @@ class TestUnreachable:
             (rule("*", min_bytes=100), rule("x")),  # the later also matches unsized names
             (rule("*", max_bytes=10), rule("x", max_bytes=20)),
             (rule("*/w"), rule("model/w/*")),
-            (rule(None, regex="a.*"), rule("abc")),  # regex coverage is not decided
             (rule("a*b*"), rule("a*")),
             (rule(None, regex=".*"), rule(None, regex="a\nb")),  # `.` does not match a newline
         ],
@@ -138,3 +142,121 @@ def test_strict_dead_end_suggests_turning_strict_off() -> None:
     )
     assert "set `strict: false` to allow the fallback" in finding.message
     assert "add `fallback" not in finding.message
+
+
+class TestIssueCases:
+    def test_a_regex_shadows_a_later_glob(self) -> None:
+        """`regex: model/.*` before `match: model/layer1`: the glob can never match."""
+        findings = devpolicy.lint(
+            policy_of(rules=[rule(None, regex="model/.*"), rule("model/layer1")])
+        )
+        assert [(f.code, f.origin) for f in findings] == [
+            ("unreachable-rule", "<mapping>:rules[1]")
+        ]
+        assert "rule 0 at <mapping>:rules[0] ('model/.*') matches every name it matches" in (
+            findings[0].message
+        )
+
+    def test_a_regex_shadows_a_later_regex(self) -> None:
+        """`model/.*` takes every name of `model/layer[0-9]+/(w|b)`."""
+        assert codes(
+            rules=[rule(None, regex="model/.*"), rule(None, regex="model/layer[0-9]+/(w|b)")]
+        ) == [("unreachable-rule", "<mapping>:rules[1]")]
+
+    def test_the_issues_policy_reports_each_dead_rule(self) -> None:
+        """regex model/.*, model/layer1, model/*, model/*: the glob and the duplicate."""
+        assert codes(
+            rules=[
+                rule(None, regex="model/.*"),
+                rule("model/layer1"),
+                rule("model/*"),  # still gets names with a newline, which `.` skips
+                rule("model/*"),
+            ]
+        ) == [
+            ("unreachable-rule", "<mapping>:rules[1]"),
+            ("unreachable-rule", "<mapping>:rules[3]"),
+        ]
+
+    def test_a_sized_regex_does_not_cover_an_unsized_glob(self) -> None:
+        """Size conditions still count: the later rule gets the names of unknown size."""
+        assert codes(rules=[rule(None, regex="model/.*", min_bytes=1), rule("model/w")]) == []
+
+    def test_python_only_regex_features_are_never_reported(self) -> None:
+        """`\\w` is Unicode in Python: undecided, so no error (never a guess)."""
+        assert codes(rules=[rule(None, regex=r"\w+"), rule("x")]) == []
+
+    def test_a_huge_automaton_is_undecided_not_slow(self) -> None:
+        """(a|b)*a(a|b){20} would need 2**21 states: lint gives up on it and moves on."""
+        found: list[list[tuple[str, str]]] = []
+        policy = policy_of(
+            rules=[rule(None, regex="(a|b)*"), rule(None, regex="(a|b)*a(a|b){20}"), rule("x")]
+        )
+        # A hang guard, not a timing assertion: the check must end at all.
+        run_threads(lambda: found.append([(f.code, f.origin) for f in devpolicy.lint(policy)]))
+        assert found == [[]]
+
+    def test_no_safe_end_is_reported_once_per_chain(self) -> None:
+        """Five rules on cpu:1 and two on cpu:2 are two warnings, each naming its rules."""
+        rules = [rule(f"r{i}", "cpu:1") for i in range(5)] + [
+            rule(f"s{i}", "cpu:2") for i in range(2)
+        ]
+        findings = [f for f in devpolicy.lint(policy_of(rules=rules)) if f.code == "no-safe-end"]
+        assert [f.origin for f in findings] == ["<mapping>:rules[0]", "<mapping>:rules[5]"]
+        assert findings[0].message.startswith(
+            "rule 0 ('r0') (and rule 1 ('r1') at <mapping>:rules[1], "
+        )
+        assert "rule 4 ('r4') at <mapping>:rules[4]): the chain (cpu:1) does not end" in (
+            findings[0].message
+        )
+
+    def test_a_long_list_of_rules_sharing_a_chain_is_cut_short(self) -> None:
+        """Twenty rules on one chain: one warning naming eight others and a count."""
+        (finding,) = [
+            f
+            for f in devpolicy.lint(policy_of(rules=[rule(f"r{i}", "cpu:1") for i in range(20)]))
+            if f.code == "no-safe-end"
+        ]
+        assert ", 11 more): the chain (cpu:1)" in finding.message
+
+    def test_lint_compares_only_rules_whose_prefixes_meet(self) -> None:
+        """4,000 distinct-prefix rules and a catch-all: each rule meets only its own kind."""
+        rules = [rule(f"model/layer{i}/*", "cpu") for i in range(4000)]
+        rules += [rule(None, regex=f"data/shard{i}/(x|y)") for i in range(400)]
+        rules += [rule("model/layer7/w"), rule(None, regex="data/shard3/x"), rule("*")]
+        assert codes(rules=rules) == [
+            ("unreachable-rule", "<mapping>:rules[4400]"),
+            ("unreachable-rule", "<mapping>:rules[4401]"),
+        ]
+
+    def test_rules_sharing_no_prefix_are_narrowed_by_suffix(self) -> None:
+        """`*/layer{i}/w` rules all have the empty prefix; their ends still tell them apart."""
+        rules = [rule(f"*/layer{i}/w") for i in range(2000)]
+        rules += [rule("*/layer7/w"), rule("model/*/layer9/w"), rule("*/layer9/b")]
+        assert codes(rules=rules) == [
+            ("unreachable-rule", "<mapping>:rules[2000]"),
+            ("unreachable-rule", "<mapping>:rules[2001]"),
+        ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(PATTERNS, PATTERNS, st.data())
+def test_a_reported_cover_holds_for_every_sampled_name(
+    earlier: tuple[str, bool], later: tuple[str, bool], data: st.DataObject
+) -> None:
+    """Whenever lint says rule 0 covers rule 1, each sampled name of rule 1 matches rule 0."""
+
+    def spec(pattern: tuple[str, bool]) -> dict[str, object]:
+        text, is_regex = pattern
+        return rule(None, regex=text) if is_regex else rule(text)
+
+    assume(earlier[0] and later[0])  # an empty pattern is a validation error
+    findings = devpolicy.lint(policy_of(rules=[spec(earlier), spec(later)]))
+    if not any(f.code == "unreachable-rule" for f in findings):
+        return
+    test_earlier = compile_condition(*earlier).test
+    test_later = compile_condition(*later).test
+    for name in data.draw(st.lists(names_matching(*later), min_size=1, max_size=10)):
+        # Names are drawn by Python's regex semantics; rules match by RE2's (`\s` is ASCII
+        # there): judge only names the later rule really matches.
+        if test_later(name):
+            assert test_earlier(name), f"{earlier} said to cover {later}, misses {name!r}"
