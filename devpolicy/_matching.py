@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import re2
 
+from ._prefixes import PrefixIndex
 from ._sizes import format_size
 
 
@@ -123,6 +124,9 @@ class Matcher:
 
     def __init__(self, conditions: Sequence[Condition]) -> None:
         self._conditions = tuple(conditions)
+        # Only rules whose literal prefix starts the name can match it: a cold lookup costs
+        # in proportion to those, not to every rule.
+        self._index = PrefixIndex((c.pattern, c.is_regex) for c in self._conditions)
 
     @property
     def conditions(self) -> tuple[Condition, ...]:
@@ -132,7 +136,9 @@ class Matcher:
     def candidates(self, name: str) -> tuple[int, ...]:
         """Rules whose pattern matches `name`, in order, up to the first unsized one."""
         hits = []
-        for i, condition in enumerate(self._conditions):
+        conditions = self._conditions
+        for i in self._index.candidates(name):
+            condition = conditions[i]
             if condition.test(name):
                 hits.append(i)
                 if not condition.sized:
