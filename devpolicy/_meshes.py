@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._inventory import inventory
 from ._schema import MeshSpec
@@ -128,7 +128,10 @@ def _build(name: str, spec: MeshSpec) -> BuiltMesh | str:
     elif fixed != len(devices):
         return f"mesh {name!r} ({described}) needs {fixed} {where} devices, {len(devices)} here"
     try:
-        mesh = jax.make_mesh(tuple(sizes), tuple(names), devices=devices)
+        # Auto axes: the classic sharding propagation a device_put or jit user expects;
+        # Explicit axes would change how every computation under the mesh is typed.
+        auto = (AxisType.Auto,) * len(names)
+        mesh = jax.make_mesh(tuple(sizes), tuple(names), auto, devices=devices)
     except Exception as e:  # JAX's own reason, in its words
         return f"mesh {name!r}: {type(e).__name__}: {e}"
     index = inventory().process_index

@@ -588,8 +588,13 @@ def _nbytes(leaf: Any) -> int:
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
-def put(decider: Decider, name: str, x: T) -> T:
-    """Place each leaf of `x` by `decider`, every decision made before anything moves."""
+def put(decider: Decider, name: str, x: T, *, local: bool = False) -> T:
+    """Place each leaf of `x` by `decider`, every decision made before anything moves.
+
+    `local`: each process holds only its own part of the data (a data-parallel batch): a
+    sharded leaf becomes a global array made of every process's part
+    (`jax.make_array_from_process_local_data`), its size judged by the local part.
+    """
     if not isinstance(name, str):
         raise TypeError(f"put() takes a name (str) first, got {type(name).__name__} {name!r}")
     pairs, treedef = jax.tree_util.tree_flatten_with_path(x)
@@ -606,16 +611,21 @@ def put(decider: Decider, name: str, x: T) -> T:
                 f"put({name!r}): leaf {leaf_name!r} is a {type(leaf).__name__}, not an array "
                 "or number; JAX cannot place it (keep such values out of the tree)"
             )
+    # A process-local part's shape says nothing of the global one across processes.
+    shapes = local and jax.process_count() > 1
     decisions = decider.resolve_many(
-        [(n, _nbytes(leaf), np.shape(leaf)) for n, leaf in zip(names, leaves, strict=True)]
+        [
+            (n, _nbytes(leaf), None if shapes else np.shape(leaf))
+            for n, leaf in zip(names, leaves, strict=True)
+        ]
     )
     # Disabled: what JAX does without devpolicy (the default device, uncommitted).
-    placed = jax.device_put(leaves) if decider.disabled else _place_leaves(leaves, decisions)
+    placed = jax.device_put(leaves) if decider.disabled else _place_leaves(leaves, decisions, local)
     out: T = jax.tree_util.tree_unflatten(treedef, placed)
     return out
 
 
-def _place_leaves(leaves: list[Any], decisions: list[Decision]) -> list[Any]:
+def _place_leaves(leaves: list[Any], decisions: list[Decision], local: bool) -> list[Any]:
     """Single-device leaves in one batched `device_put`; sharded host data built from the
     slices each device holds, so no process ever sends (or all-gathers) the whole array."""
     placed: list[Any] = [None] * len(leaves)
@@ -629,7 +639,11 @@ def _place_leaves(leaves: list[Any], decisions: list[Decision]) -> list[Any]:
         for i, array in zip(batch, moved, strict=True):
             placed[i] = array
     for i, decision in enumerate(decisions):
-        if placed[i] is None:
+        if placed[i] is None and local:
+            placed[i] = jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]
+                decision.sharding, leaves[i]
+            )
+        elif placed[i] is None:
             placed[i] = sharded_from_host(np.asarray(leaves[i]), decision)
     return placed
 

@@ -37,7 +37,7 @@ def _prefetched(source: Iterator[T], name: str, size: int, decider: Decider) -> 
                 # plain iteration over the source would have raised it.
                 failure = e
                 return
-            in_flight.append(put(decider, name, item))
+            in_flight.append(put(decider, name, item, local=True))
 
     fill()
     while in_flight:
