@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap as _mmap
 import os
@@ -129,6 +130,7 @@ def load_file(
         x64 = _x64()
         out: dict[str, jax.Array] = {}
         mapped = narrowed = 0
+        bytes_read = 0
         order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
         total = sum(t.nbytes for t in header.tensors)
         fd = f.fileno()
@@ -140,6 +142,26 @@ def load_file(
                 i = order[position]
                 entry, decision = header.tensors[i], decisions[i]
                 target = _NARROW.get(entry.dtype_name) if not x64 else None
+                if decision.mesh is not None:
+                    # Sharded: this process reads only the slices its devices hold.
+                    transfers.flush()
+                    if region is None and target is None and _may_map(entry, decision, mmap):
+                        region = map_tensor_file(f, header)
+                    reader = _ShardReader(fd, header, entry, region, target, narrow)
+                    assert decision.sharding is not None
+                    placed: jax.Array = jax.make_array_from_callback(
+                        entry.shape, decision.sharding, reader
+                    )
+                    placed.block_until_ready()
+                    if target is not None:
+                        _report_narrowed(header, entry, target, narrow, decider.events, names[i])
+                        narrowed += 1
+                    out[entry.key] = placed
+                    bytes_read += reader.bytes_read
+                    mapped += reader.mapped
+                    advance(entry.nbytes)
+                    position += 1
+                    continue
                 if target is None and _may_map(entry, decision, mmap):
                     if region is None:
                         # One read-only map of the whole file serves every mapped tensor.
@@ -182,8 +204,122 @@ def load_file(
                 position += 1
             transfers.flush()
     result = {t.key: out[t.key] for t in header.tensors}
-    _summary(decider.events, header, decisions, time.perf_counter() - started, mapped, narrowed)
+    bytes_read += sum(
+        t.nbytes for t, d in zip(header.tensors, decisions, strict=True) if d.mesh is None
+    )
+    seconds = time.perf_counter() - started
+    _summary(decider.events, header, decisions, seconds, mapped, narrowed, bytes_read)
     return result
+
+
+class _ShardReader:
+    """`make_array_from_callback`'s callback for one tensor: reads the slice a device holds,
+    and nothing else.
+
+    A slice is read as contiguous runs of the file (the trailing dimensions it spans
+    whole, one run per index of the leading ones); devices that hold the same slice share
+    one read. A single run at an aligned offset of a mapped file is a zero-copy view.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        header: Header,
+        entry: TensorEntry,
+        region: _mmap.mmap | None,
+        narrow_to: np.dtype[Any] | None,
+        narrow: Narrow,
+    ) -> None:
+        self._fd = fd
+        self._header = header
+        self._entry = entry
+        self._region = region
+        self._narrow_to = narrow_to
+        self._narrow = narrow
+        self._done: dict[tuple[tuple[int, int], ...], np.ndarray[Any, Any]] = {}
+        self.bytes_read = 0
+        self.mapped = 0
+
+    def __call__(self, index: tuple[slice, ...] | None) -> np.ndarray[Any, Any]:
+        shape = self._entry.shape
+        given = tuple(index or ())
+        given += (slice(None),) * (len(shape) - len(given))
+        bounds = tuple(s.indices(dim)[:2] for dim, s in zip(shape, given, strict=True))
+        found = self._done.get(bounds)
+        if found is None:
+            found = self._done[bounds] = self._read(bounds)
+        return found
+
+    def _read(self, bounds: tuple[tuple[int, int], ...]) -> np.ndarray[Any, Any]:
+        entry, shape = self._entry, self._entry.shape
+        itemsize = entry.dtype.itemsize
+        extents = tuple(stop - start for start, stop in bounds)
+        # Dimensions after `split` are spanned whole: each run covers them and dim `split`.
+        split = len(shape) - 1
+        while split > 0 and extents[split] == shape[split]:
+            split -= 1
+        inner = math.prod(shape[split + 1 :]) if shape else 1
+        run = extents[split] * inner * itemsize if shape else itemsize
+        strides = [math.prod(shape[d + 1 :]) * itemsize for d in range(len(shape))]
+        starts = [
+            entry.offset
+            + sum(i * strides[d] for d, i in enumerate(outer))
+            + bounds[split][0] * inner * itemsize
+            for outer in itertools.product(*(range(a, b) for a, b in bounds[:split]))
+        ]
+        count = math.prod(extents)
+        if count and len(starts) == 1 and self._region is not None and starts[0] % ALIGN == 0:
+            self.mapped += 1
+            self.bytes_read += run
+            view = np.frombuffer(self._region, entry.dtype, count=count, offset=starts[0])
+            return view.reshape(extents)
+        buffer = _aligned_empty(max(run * len(starts), 1))
+        for n, start in enumerate(starts):
+            _pread_fully(self._fd, self._header, entry, buffer[n * run : (n + 1) * run], start)
+        self.bytes_read += run * len(starts)
+        array = buffer[: run * len(starts)].view(entry.dtype).reshape(extents)
+        if self._narrow_to is None:
+            return array
+        narrowed = array.astype(self._narrow_to)
+        problem = None if self._narrow == "lossy" else _loss(array, narrowed)
+        if problem is not None:
+            raise NarrowingError(str(self._header.path), entry.key, problem)
+        return narrowed
+
+
+def _pread_fully(
+    fd: int, header: Header, entry: TensorEntry, into: np.ndarray[Any, Any], offset: int
+) -> None:
+    view = memoryview(into)  # type: ignore[arg-type]
+    done = 0
+    while done < len(view):
+        try:
+            count = os.preadv(fd, [view[done:]], offset + done)
+        except OSError as e:
+            raise os_error(header.path, e, "cannot read", tensor=entry.key) from None
+        if count <= 0:
+            raise SafetensorsFileError(
+                header.path, f"file ended inside tensor {entry.key!r}: truncated?", tensor=entry.key
+            )
+        done += count
+
+
+def _report_narrowed(
+    header: Header,
+    entry: TensorEntry,
+    target: np.dtype[Any],
+    mode: Narrow,
+    events: EventLog,
+    name: str,
+) -> None:
+    fields = {
+        "name": name,
+        "file": str(header.path),
+        "from_dtype": entry.dtype_name,
+        "to_dtype": str(target),
+        "exact": mode == "exact",
+    }
+    events.emit("info" if mode == "exact" else "warning", "narrowed", fields)
 
 
 def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
@@ -373,6 +509,7 @@ def _summary(
     seconds: float,
     mapped: int,
     narrowed: int,
+    bytes_read: int,
 ) -> None:
     """One info event per file: where its bytes went, by which rules, and what fell back."""
     per_device: dict[str, list[int]] = {}
@@ -404,6 +541,7 @@ def _summary(
             "mapped": mapped,
             "file_backed": mapped > 0,
             "narrowed": narrowed,
+            "bytes_read": bytes_read,
             "seconds": round(seconds, 4),
         },
     )
