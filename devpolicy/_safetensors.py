@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import mmap as _mmap
@@ -11,14 +12,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import jax
 import numpy as np
 
 from ._decider import Decider, Decision
 from ._errors import NarrowingError
+from ._inventory import inventory
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
 from ._sizes import format_size
@@ -27,6 +28,7 @@ from ._tensorfile import (
     SafetensorsFileError,
     TensorEntry,
     map_tensor_file,
+    open_checkpoint,
     open_tensor_file,
     os_error,
     read_header,
@@ -43,8 +45,7 @@ PROGRESS_THRESHOLD = 256 * 2**20
 _NARROW = {"I64": np.dtype(np.int32), "U64": np.dtype(np.uint32), "F64": np.dtype(np.float32)}
 
 
-def _names(header: Header, prefix: str | None) -> list[str]:
-    stem = header.path.name.removesuffix(".safetensors") if prefix is None else prefix
+def _names(header: Header, stem: str) -> list[str]:
     return [f"{stem}/{t.key}" if stem else t.key for t in header.tensors]
 
 
@@ -115,101 +116,131 @@ def load_file(
     narrow: Narrow = "exact",
     progress: bool | None = None,
 ) -> dict[str, jax.Array]:
-    """Load a safetensors file by `decider`'s rules. See `devpolicy.load_file`."""
+    """Load a safetensors file or checkpoint by `decider`'s rules. See `devpolicy.load_file`."""
     if narrow not in ("exact", "lossy"):
         raise ValueError(f"narrow must be 'exact' or 'lossy', got {narrow!r}")
-    started = time.perf_counter()
-    # One open file for the header, the reads and the map: replacing the path mid-load
-    # (as atomic writers do) cannot mix one file's header with another's data.
-    with open_tensor_file(path) as f:
-        header = read_header_from(f, Path(path))
-        names = _names(header, prefix)
+    checkpoint = open_checkpoint(path)
+    # Each file stays open from its header to its last read or map: replacing a path
+    # mid-load (as atomic writers do) cannot mix one file's header with another's data.
+    with contextlib.ExitStack() as stack:
+        headers = []
+        for file in checkpoint.files:
+            f = stack.enter_context(open_tensor_file(file))
+            headers.append((f, read_header_from(f, file)))
+        checkpoint.check([h for _, h in headers])
+        stem = checkpoint.stem if prefix is None else prefix
+        names = [_names(header, stem) for _, header in headers]
+        # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
-            [(n, t.nbytes) for n, t in zip(names, header.tensors, strict=True)], summarised=True
+            [
+                (n, t.nbytes, t.shape)
+                for (_, header), file_names in zip(headers, names, strict=True)
+                for n, t in zip(file_names, header.tensors, strict=True)
+            ],
+            summarised=True,
         )
-        x64 = _x64()
         out: dict[str, jax.Array] = {}
-        mapped = narrowed = 0
-        bytes_read = 0
-        order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
-        total = sum(t.nbytes for t in header.tensors)
-        fd = f.fileno()
-        region: _mmap.mmap | None = None
-        with _progress(header, total, progress) as advance:
-            transfers = _Transfers(out, advance)
-            position = 0
-            while position < len(order):
-                i = order[position]
-                entry, decision = header.tensors[i], decisions[i]
-                target = _NARROW.get(entry.dtype_name) if not x64 else None
-                if decision.mesh is not None:
-                    # Sharded: this process reads only the slices its devices hold.
-                    transfers.flush()
-                    if region is None and target is None and _may_map(entry, decision, mmap):
-                        region = map_tensor_file(f, header)
-                    reader = _ShardReader(fd, header, entry, region, target, narrow)
-                    assert decision.sharding is not None
-                    placed: jax.Array = jax.make_array_from_callback(
-                        entry.shape, decision.sharding, reader
-                    )
-                    placed.block_until_ready()
-                    if target is not None:
-                        _report_narrowed(header, entry, target, narrow, decider.events, names[i])
-                        narrowed += 1
-                    out[entry.key] = placed
-                    bytes_read += reader.bytes_read
-                    mapped += reader.mapped
-                    advance(entry.nbytes)
-                    position += 1
-                    continue
-                if target is None and _may_map(entry, decision, mmap):
-                    if region is None:
-                        # One read-only map of the whole file serves every mapped tensor.
-                        region = map_tensor_file(f, header)
-                    count = math.prod(entry.shape)
-                    array: np.ndarray[Any, Any] = np.frombuffer(
-                        region, entry.dtype, count=count, offset=entry.offset
-                    ).reshape(entry.shape)
-                    transfers.add(entry.key, array, decision, 0)
-                    mapped += 1
-                    position += 1
-                    continue
-                if entry.nbytes < _MAP_THRESHOLD:
-                    run = _small_run(header, decisions, order, position, mmap, x64)
-                    for j, array in zip(run, _read_run(fd, header, run), strict=True):
-                        small = header.tensors[j]
-                        wanted = _NARROW.get(small.dtype_name) if not x64 else None
-                        if wanted is not None:
-                            array = _narrowed(
-                                header, small, array, wanted, narrow, decider.events, names[j]
-                            )
-                            narrowed += 1
-                        transfers.add(small.key, array, decisions[j], small.nbytes)
-                    position += len(run)
-                    continue
-                # A large tensor goes alone, read in chunks (the progress bar moves within
-                # it), and is waited for: for an accelerator its host buffer is freed
-                # before the next is read; on the host it is adopted without a copy.
+        first = 0
+        for (f, header), file_names in zip(headers, names, strict=True):
+            mine = decisions[first : first + len(file_names)]
+            first += len(file_names)
+            started = time.perf_counter()
+            mapped, narrowed, bytes_read = _load_opened(
+                f, header, file_names, mine, decider, mmap, narrow, progress, out
+            )
+            seconds = time.perf_counter() - started
+            _summary(decider.events, header, mine, seconds, mapped, narrowed, bytes_read)
+    return {t.key: out[t.key] for _, header in headers for t in header.tensors}
+
+
+def _load_opened(
+    f: BinaryIO,
+    header: Header,
+    names: list[str],
+    decisions: list[Decision],
+    decider: Decider,
+    mmap: bool | None,
+    narrow: Narrow,
+    progress: bool | None,
+    out: dict[str, jax.Array],
+) -> tuple[int, int, int]:
+    """Load one open file's tensors into `out`; (mapped, narrowed, bytes read)."""
+    x64 = _x64()
+    mapped = narrowed = 0
+    bytes_read = 0
+    order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
+    total = sum(t.nbytes for t in header.tensors)
+    fd = f.fileno()
+    region: _mmap.mmap | None = None
+    with _progress(header, total, progress) as advance:
+        transfers = _Transfers(out, advance)
+        position = 0
+        while position < len(order):
+            i = order[position]
+            entry, decision = header.tensors[i], decisions[i]
+            target = _NARROW.get(entry.dtype_name) if not x64 else None
+            if decision.mesh is not None:
+                # Sharded: this process reads only the slices its devices hold.
                 transfers.flush()
-                array = _read(fd, header, entry, advance)
-                if target is not None:
-                    array = _narrowed(
-                        header, entry, array, target, narrow, decider.events, names[i]
-                    )
-                    narrowed += 1
-                placed = jax.device_put(array, decision.destination)
+                if region is None and target is None and _may_map(entry, decision, mmap):
+                    region = map_tensor_file(f, header)
+                reader = _ShardReader(fd, header, entry, region, target, narrow)
+                assert decision.sharding is not None
+                placed: jax.Array = jax.make_array_from_callback(
+                    entry.shape, decision.sharding, reader
+                )
                 placed.block_until_ready()
+                if target is not None:
+                    _report_narrowed(header, entry, target, narrow, decider.events, names[i])
+                    narrowed += 1
                 out[entry.key] = placed
-                del array
+                bytes_read += reader.bytes_read
+                mapped += reader.mapped
+                advance(entry.nbytes)
                 position += 1
+                continue
+            if target is None and _may_map(entry, decision, mmap):
+                if region is None:
+                    # One read-only map of the whole file serves every mapped tensor.
+                    region = map_tensor_file(f, header)
+                count = math.prod(entry.shape)
+                array: np.ndarray[Any, Any] = np.frombuffer(
+                    region, entry.dtype, count=count, offset=entry.offset
+                ).reshape(entry.shape)
+                transfers.add(entry.key, array, decision, 0)
+                mapped += 1
+                position += 1
+                continue
+            if entry.nbytes < _MAP_THRESHOLD:
+                run = _small_run(header, decisions, order, position, mmap, x64)
+                for j, array in zip(run, _read_run(fd, header, run), strict=True):
+                    small = header.tensors[j]
+                    wanted = _NARROW.get(small.dtype_name) if not x64 else None
+                    if wanted is not None:
+                        array = _narrowed(
+                            header, small, array, wanted, narrow, decider.events, names[j]
+                        )
+                        narrowed += 1
+                    transfers.add(small.key, array, decisions[j], small.nbytes)
+                position += len(run)
+                continue
+            # A large tensor goes alone, read in chunks (the progress bar moves within
+            # it), and is waited for: for an accelerator its host buffer is freed
+            # before the next is read; on the host it is adopted without a copy.
             transfers.flush()
-    result = {t.key: out[t.key] for t in header.tensors}
-    bytes_read += sum(
-        t.nbytes for t, d in zip(header.tensors, decisions, strict=True) if d.mesh is None
-    )
-    seconds = time.perf_counter() - started
-    _summary(decider.events, header, decisions, seconds, mapped, narrowed, bytes_read)
-    return result
+            array = _read(fd, header, entry, advance)
+            if target is not None:
+                array = _narrowed(header, entry, array, target, narrow, decider.events, names[i])
+                narrowed += 1
+            placed = jax.device_put(array, decision.destination)
+            placed.block_until_ready()
+            out[entry.key] = placed
+            del array
+            position += 1
+        transfers.flush()
+    whole = zip(header.tensors, decisions, strict=True)
+    bytes_read += sum(t.nbytes for t, d in whole if d.mesh is None)
+    return mapped, narrowed, bytes_read
 
 
 class _ShardReader:
@@ -560,6 +591,7 @@ class PlannedTensor:
         offset: Its absolute file offset (64-aligned ones can be mapped zero-copy).
         decision: The decision, or None when no device could be had.
         error: Why no device could be had, or None.
+        file: The file holding it, for a checkpoint of several files; else "".
     """
 
     name: str
@@ -570,6 +602,7 @@ class PlannedTensor:
     offset: int
     decision: Decision | None
     error: str | None
+    file: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,8 +611,8 @@ class DeviceLoad:
 
     Attributes:
         device: Target text (`gpu:0`).
-        nbytes: Bytes planned for it.
-        tensors: How many tensors.
+        nbytes: Bytes planned for it (a sharded tensor's share on it).
+        tensors: How many tensors (or shards of them) it holds.
         free: Free bytes now, or None when unknown.
         fits: False when `nbytes` exceeds `free`.
     """
@@ -614,19 +647,30 @@ class Plan:
 
 
 def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan:
-    """Where every tensor of a file would go by `decider`. See `devpolicy.plan`."""
-    header = read_header(path)
-    tensors = []
-    loads: dict[str, tuple[jax.Device, int, int]] = {}
-    names = _names(header, prefix)
+    """Where every tensor of a file or checkpoint would go by `decider`. See `devpolicy.plan`."""
+    checkpoint = open_checkpoint(path)
+    headers = [read_header(file) for file in checkpoint.files]
+    checkpoint.check(headers)
+    stem = checkpoint.stem if prefix is None else prefix
+    entries = [(header, entry) for header in headers for entry in header.tensors]
+    names = [n for header in headers for n in _names(header, stem)]
     outcomes = decider.decide_many(
-        [(n, t.nbytes) for n, t in zip(names, header.tensors, strict=True)]
+        [(n, e.nbytes, e.shape) for n, (_, e) in zip(names, entries, strict=True)]
     )
-    for name, entry, outcome in zip(names, header.tensors, outcomes, strict=True):
+    tensors = []
+    loads: dict[jax.Device, list[int]] = {}
+    for name, (header, entry), outcome in zip(names, entries, outcomes, strict=True):
         decision, error = (outcome, None) if isinstance(outcome, Decision) else (None, str(outcome))
         if decision is not None:
-            device, planned, count = loads.get(decision.device_text, (decision.device, 0, 0))
-            loads[decision.device_text] = (device, planned + entry.nbytes, count + 1)
+            share = decision.bytes_per_device() or 0
+            assert decision.sharding is not None
+            held = (
+                decision.sharding.addressable_devices if decision.is_sharded else {decision.device}
+            )
+            for device in held:
+                planned = loads.setdefault(device, [0, 0])
+                planned[0] += share
+                planned[1] += 1
         tensors.append(
             PlannedTensor(
                 name,
@@ -637,10 +681,14 @@ def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan
                 entry.offset,
                 decision,
                 error,
+                str(header.path) if len(headers) > 1 else "",
             )
         )
     devices = []
-    for text, (device, planned, count) in sorted(loads.items()):
+    inv = inventory()
+    for device, (nbytes, count) in sorted(loads.items(), key=lambda kv: inv.text(kv[0])):
         free = decider.capacity.free_bytes(device)
-        devices.append(DeviceLoad(text, planned, count, free, free is None or planned <= free))
-    return Plan(str(header.path), tuple(tensors), tuple(devices))
+        devices.append(
+            DeviceLoad(inv.text(device), nbytes, count, free, free is None or nbytes <= free)
+        )
+    return Plan(str(path), tuple(tensors), tuple(devices))

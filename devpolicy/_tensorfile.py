@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from ._errors import DevicePolicyError
-from ._files import FileRefused, open_regular
+from ._files import FileRefused, open_regular, read_capped
 
 #: safetensors dtype names and the numpy dtypes that hold them.
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -689,3 +689,114 @@ def align_file(
         0
     """
     rewrite_aligned(source, destination, align=align)
+
+
+#: The index file of a sharded Hugging Face checkpoint.
+INDEX_SUFFIX = ".safetensors.index.json"
+_MAX_INDEX_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """What `load_file` and `plan` read: one file, or every file of a checkpoint.
+
+    Attributes:
+        files: The safetensors files, in the order their tensors are listed.
+        stem: The default name prefix: a file's stem, or a checkpoint directory's name.
+        index: The index file, if the checkpoint has one.
+        expected: Per file, the tensors the index puts in it (empty without an index).
+    """
+
+    files: tuple[Path, ...]
+    stem: str
+    index: Path | None = None
+    expected: tuple[frozenset[str], ...] = ()
+
+    def check(self, headers: list[Header]) -> None:
+        """Raise unless the files hold what the index says, each tensor in one file only."""
+        seen: dict[str, Path] = {}
+        for header in headers:
+            for entry in header.tensors:
+                other = seen.setdefault(entry.key, header.path)
+                if other != header.path:
+                    raise SafetensorsFileError(
+                        header.path,
+                        f"also in {other}: a checkpoint holds each tensor once",
+                        tensor=entry.key,
+                    )
+        for header, wanted in zip(headers, self.expected, strict=False):
+            missing = sorted(wanted - {t.key for t in header.tensors})
+            if missing:
+                raise SafetensorsFileError(
+                    header.path,
+                    f"{self.index} puts {len(missing)} tensor(s) here that the file lacks: "
+                    + ", ".join(repr(k) for k in missing[:5]),
+                )
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """A safetensors file, a checkpoint directory, or a `*.safetensors.index.json`.
+
+    A directory is read through its index when it has one (`model.safetensors.index.json`,
+    as Hugging Face writes large checkpoints), else as every `*.safetensors` in it.
+
+    Raises:
+        SafetensorsFileError: naming the path and what is wrong with it.
+
+    Example:
+        >>> import numpy as np, tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> save_file({"a": np.zeros(2)}, os.path.join(d, "part1.safetensors"))
+        >>> save_file({"b": np.zeros(2)}, os.path.join(d, "part2.safetensors"))
+        >>> c = open_checkpoint(d)
+        >>> [f.name for f in c.files], c.stem == os.path.basename(d)
+        (['part1.safetensors', 'part2.safetensors'], True)
+    """
+    given = Path(path)
+    if given.is_dir():
+        indexes = sorted(given.glob("*" + INDEX_SUFFIX))
+        if len(indexes) > 1:
+            names = ", ".join(i.name for i in indexes)
+            raise SafetensorsFileError(
+                given, f"holds several checkpoint indexes ({names}): name one"
+            )
+        if indexes:
+            return _from_index(indexes[0], given.name)
+        files = tuple(sorted(given.glob("*.safetensors")))
+        if not files:
+            raise SafetensorsFileError(
+                given, "a directory without .safetensors files or a *.safetensors.index.json"
+            )
+        return Checkpoint(files, given.name)
+    if given.name.endswith(INDEX_SUFFIX):
+        return _from_index(given, given.parent.resolve().name)
+    return Checkpoint((given,), given.name.removesuffix(".safetensors"))
+
+
+def _from_index(index: Path, stem: str) -> Checkpoint:
+    try:
+        raw = read_capped(index, _MAX_INDEX_BYTES, "a checkpoint index")
+    except FileRefused as e:
+        raise SafetensorsFileError(index, e.reason) from None
+    try:
+        weight_map = json.loads(raw)["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SafetensorsFileError(
+            index, f"not a checkpoint index (expected JSON with a `weight_map`): {e}"
+        ) from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise SafetensorsFileError(index, "`weight_map` must map tensor names to file names")
+    by_file: dict[str, set[str]] = {}
+    for tensor, file in weight_map.items():
+        if Path(file).name != file:
+            raise SafetensorsFileError(
+                index, f"file {file!r} is not in the index's directory", tensor=tensor
+            )
+        by_file.setdefault(file, set()).add(tensor)
+    if not by_file:
+        raise SafetensorsFileError(index, "`weight_map` lists no tensors")
+    files = tuple(index.parent / name for name in sorted(by_file))
+    expected = tuple(frozenset(by_file[name]) for name in sorted(by_file))
+    return Checkpoint(files, stem, index, expected)
