@@ -7,12 +7,17 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+import devpolicy
 from tests.conftest import REPO
 
 WORKER = REPO / "tests" / "multiprocess_worker.py"
+SHARDED_WORKER = REPO / "tests" / "sharded_worker.py"
 
 
 def free_port() -> int:
@@ -22,16 +27,15 @@ def free_port() -> int:
         return port
 
 
-@pytest.mark.slow
-def test_two_processes_each_use_their_own_devices() -> None:
-    """Two jax.distributed processes on 127.0.0.1: targets index process-local devices."""
+def run_two(worker: Path, *extra: str) -> list[dict[str, Any]]:
+    """Run `worker` as both processes of a jax.distributed job; each prints a JSON report."""
     port = free_port()
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_") and k != "XLA_FLAGS"
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), str(i)],
+            [sys.executable, str(worker), str(port), str(i), *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -43,7 +47,7 @@ def test_two_processes_each_use_their_own_devices() -> None:
     outputs = []
     try:
         for proc in procs:
-            out, err = proc.communicate(timeout=120)
+            out, err = proc.communicate(timeout=180)
             assert proc.returncode == 0, err[-3000:]
             outputs.append(json.loads(out.strip().splitlines()[-1]))
     finally:
@@ -51,7 +55,14 @@ def test_two_processes_each_use_their_own_devices() -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    first, second = outputs
+    return outputs
+
+
+@pytest.mark.slow
+def test_two_processes_each_use_their_own_devices() -> None:
+    """Two jax.distributed processes on 127.0.0.1: targets index process-local devices."""
+    first, second = run_two(WORKER)
+    outputs = [first, second]
     assert first["global_ids"] == second["global_ids"]
     assert len(first["global_ids"]) == 4
     for index, report in enumerate(outputs):
@@ -65,3 +76,27 @@ def test_two_processes_each_use_their_own_devices() -> None:
         assert report["event_process_index"] == [index]
     # What devpolicy avoids: in process 1, JAX's "first CPU device" belongs to process 0.
     assert second["jax_devices_cpu_0"] not in second["local_ids"]
+
+
+@pytest.mark.slow
+def test_two_processes_each_read_only_their_half_of_a_sharded_tensor(tmp_path: Path) -> None:
+    """A 256 MiB tensor sharded on its first axis over 2 x 2 devices: each process reads half,
+    holds correct shards, and its peak memory rises by well under the file's size."""
+    path = tmp_path / "big.safetensors"
+    rows = 256 * 2**20 // (4 * 1024)
+    tokens = np.arange(rows * 1024, dtype=np.int32).reshape(rows, 1024)
+    devpolicy.save_file({"tokens": tokens}, path)
+    del tokens
+    reports = run_two(SHARDED_WORKER, str(path))
+    size = 256 * 2**20
+    for index, report in enumerate(reports):
+        assert report["process_index"] == index
+        assert report["global_shape"] == [rows, 1024]
+        assert report["spec"] == ["data"]
+        assert report["addressable"] == 2
+        assert report["shards_equal"] is True
+        assert report["bytes_read"] == size // 2
+        assert report["peak_rise"] < 0.75 * size
+        # prefetch: each process's (2, 3) batch becomes part of a global (4, 3) batch.
+        assert report["batch_shapes"] == [[4, 3], [4, 3]]
+        assert report["batch_local"] == [[float(index)], [float(10 + index)]]
