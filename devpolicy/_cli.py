@@ -69,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--policy", type=Path, default=None, help="policy file (default: discovery)"
     )
+    explain.add_argument(
+        "--shape",
+        type=_shape,
+        default=None,
+        metavar="DIMS",
+        help="its shape, e.g. 8,1024: whether it divides over a sharding rule's mesh",
+    )
     explain.add_argument("--json", action="store_true", help="print JSON")
 
     plan = commands.add_parser("plan", help="where every tensor of a safetensors file would go")
@@ -185,6 +192,15 @@ def _visible_lines(text: object) -> str:
 
 def _load(path: Path | None) -> devpolicy.Policy:
     return devpolicy.load_policy(path) if path is not None else devpolicy.load_policy()
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.replace("x", ",").split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"not a shape: {text!r}; accepted: dimensions separated by commas, e.g. 8,1024"
+        )
+    return tuple(int(p) for p in parts)
 
 
 def _size_text(n: int | None) -> str:
@@ -412,7 +428,7 @@ def _report_check(
 
 def _explain(args: argparse.Namespace) -> int:
     policy = _load(args.policy)
-    e = policy.explain(args.name, nbytes=args.bytes)
+    e = policy.explain(args.name, nbytes=args.bytes, shape=args.shape)
     matched = next((entry for entry, step in e.steps if step.matched), None)
     if args.json:
         payload = {
@@ -477,6 +493,14 @@ def _explain(args: argparse.Namespace) -> int:
     line.append_text(_lit(f" (requested {d.requested}; source {d.source}; origin {d.origin}"))
     line.append_text(_lit(f"; memory {d.memory_kind})" if d.memory_kind else ")"))
     console.print(line)
+    if d.is_sharded:
+        share = d.bytes_per_device()
+        per = f"; {devpolicy.format_size(share)} per device" if share is not None else ""
+        console.print(
+            _lit(
+                f"sharded over mesh {d.mesh!r}: {d.shards} pieces on {d.mesh_devices} devices{per}"
+            )
+        )
     return EXIT_OK
 
 
@@ -499,6 +523,8 @@ def _plan(args: argparse.Namespace) -> int:
                     "nbytes": t.nbytes,
                     "aligned": t.offset % 64 == 0,
                     "device": t.decision.device_text if t.decision else None,
+                    "mesh": t.decision.mesh if t.decision else None,
+                    "bytes_per_device": t.decision.bytes_per_device() if t.decision else None,
                     "rule": t.decision.rule if t.decision else None,
                     "origin": t.decision.origin if t.decision else None,
                     "fallback_reason": t.decision.fallback_reason if t.decision else None,
@@ -529,11 +555,15 @@ def _plan(args: argparse.Namespace) -> int:
         if t.decision is not None and t.decision.fallback_reason:
             device.append_text(_lit(f" (asked {t.decision.requested})", "yellow"))
         rule = t.decision.origin if t.decision else ((t.error or "").splitlines() or [""])[0]
+        size = _size_text(t.nbytes)
+        if t.decision is not None and t.decision.is_sharded:
+            share = devpolicy.format_size(t.decision.bytes_per_device() or 0)
+            size += f" ({share}/device)"
         table.add_row(
             _lit(t.name),
             _lit(t.dtype),
             "x".join(map(str, t.shape)) or "()",
-            _size_text(t.nbytes),
+            size,
             device,
             _lit(rule),
         )
