@@ -15,7 +15,6 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -123,26 +122,17 @@ def glob_tree(pattern: str) -> _Tree:
 
 _PUNCTUATION = frozenset(chr(c) for c in range(0x21, 0x7F) if not chr(c).isalnum())
 _CONTROL_ESCAPES = frozenset("ntrfv")
-# Python's `\d` and `\s` on str are Unicode sets (660 and 29 characters); interegular's
-# are ASCII. Outside a class interegular returns one shared object per escape, so
-# `_convert` can swap in the exact set found by Python's own engine.
-_UNICODE_CLASSES = frozenset("dDsS")
-_unicode_sets: dict[str, frozenset[str]] = {}
+# Rules are matched by RE2, whose `\d` and `\s` are ASCII ([0-9] and [\t\n\f\r ]), not
+# Python's Unicode sets; interegular's differ again (its `\s` has \v). Outside a class
+# interegular returns one shared object per escape, so `_convert` swaps in RE2's set.
+_RE2_CLASSES = {"d": frozenset("0123456789"), "s": frozenset("\t\n\f\r ")}
+_CLASS_ESCAPES = frozenset("dDsS")
 
 
-def _unicode_set(letter: str) -> _Chars:
-    members = _unicode_sets.get(letter.lower())
-    if members is None:
-        # Every code point but the surrogates (in no class), decoded in C: about 25 ms.
-        every = "".join(
-            array("I", span).tobytes().decode("utf-32-le")
-            for span in (range(0xD800), range(0xE000, _UNICODE_END))
-        )
-        members = frozenset(re.findall("\\" + letter.lower(), every))
-        _unicode_sets[letter.lower()] = members
-    points = _points(members)
+def _re2_class(letter: str) -> _Chars:
+    members = _RE2_CLASSES[letter.lower()]
     negated = letter.isupper()
-    return _Chars(points, lambda ch: (ch in members) != negated)
+    return _Chars(_points(members), lambda ch: (ch in members) != negated)
 
 
 _BRACES = re.compile(r"\{(?:\d+(?:,\d*)?|,\d+)\}")
@@ -155,11 +145,11 @@ def _escape_ok(pattern: str, i: int, in_class: bool = False) -> int:
     c = pattern[i + 1 : i + 2]
     if c in _PUNCTUATION or c in _CONTROL_ESCAPES:
         return 2
-    if c in _UNICODE_CLASSES and not in_class:
-        return 2  # replaced by the Unicode set in _convert (interegular's is ASCII)
+    if c in _CLASS_ESCAPES and not in_class:
+        return 2  # replaced by RE2's set in _convert
     if c == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2 : i + 4]):
         return 4
-    raise UndecidedError(f"escape \\{c} is not modelled")  # \d \w \s are Unicode in Python
+    raise UndecidedError(f"escape \\{c} is not modelled")
 
 
 def _check_regex(pattern: str) -> None:
@@ -248,9 +238,9 @@ def _convert(node: object, flags: _ip.REFlags) -> _Tree:
         return _Cat(tuple(_convert(p, flags) for p in node.parts))
     if isinstance(node, _ip._Repeated):
         return _Rep(_convert(node.base, flags), node.min, node.max)
-    for letter in _UNICODE_CLASSES:
+    for letter in _CLASS_ESCAPES:
         if node is _ip._CHAR_GROUPS[letter]:
-            return _unicode_set(letter)
+            return _re2_class(letter)
     if isinstance(node, _ip._CharGroup):
         chars, negated = frozenset(node.chars), node.negated
         return _Chars(_points(chars), lambda ch: (ch in chars) != negated)
@@ -323,11 +313,11 @@ class _NFA:
         return frozenset(seen)
 
 
-class Decider:
+class CoverJudge:
     """Decides `later ⊆ earlier` for patterns, caching automata and spending a budget.
 
     Example:
-        >>> d = Decider()
+        >>> d = CoverJudge()
         >>> d.covers(("model/.*", True), ("model/layer1", False))
         True
         >>> d.covers(("model/.*", True), ("model/*", False))  # `.` stops at a newline

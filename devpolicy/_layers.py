@@ -67,6 +67,8 @@ class Settings:
     runtime: Mapping[str, Setting] = field(default_factory=dict)
     #: The policy's meshes by name (only a policy file or mapping defines meshes).
     meshes: Mapping[str, MeshSpec] = field(default_factory=dict)
+    #: Where each mesh was written (`file:line`).
+    mesh_origins: Mapping[str, str] = field(default_factory=dict)
 
 
 def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | None) -> Settings:
@@ -115,6 +117,9 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
         file=document.file if document is not None else None,
         runtime=_runtime(document),
         meshes=meshes,
+        mesh_origins={name: document.origin("meshes", name) for name in meshes}
+        if document is not None
+        else {},
     )
 
 

@@ -6,12 +6,13 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Literal
 
-from ._cover import Decider
-from ._inventory import inventory, memory_kinds
+from ._cover import CoverJudge
+from ._errors import DeviceUnavailableError
 from ._layers import RuleEntry
 from ._policy import Policy
 from ._prefixes import PrefixIndex
-from ._targets import REJECT, Target, parse_target
+from ._routing import Fit, Route
+from ._targets import ShardingTarget, Target
 
 Severity = Literal["error", "warning"]
 _WILDCARDS = "*?["
@@ -59,27 +60,20 @@ def lint(policy: Policy) -> list[Finding]:
     """
     findings = _unreachable(policy.rules)
     settings = policy.settings
-    policy_fallback = tuple(settings.fallback.value)
+    decider = policy.decider
+    fit = Fit(policy.capacity, settings.headroom.value)
     # Chains that do not end in `cpu` or `auto`, each with the rules using it: one warning
     # per chain, not per rule (five `cpu:N` rules are one concern, not five).
     unsafe: dict[tuple[str, ...], list[tuple[str, str]]] = {}
-    for position, entry in enumerate(policy.rules):
-        chain = (
-            entry.spec.device,
-            *(entry.spec.fallback if entry.spec.fallback is not None else policy_fallback),
-        )
+    for position, (entry, route) in enumerate(zip(policy.rules, decider.routes, strict=True)):
         label = f"rule {position} ({_pattern(entry)!r})"
-        findings += _chain(label, entry.origin, chain, policy.strict, entry.spec.memory, unsafe)
-    if settings.default.value != REJECT:
+        findings += _chain(label, entry.origin, route, fit, unsafe)
+    if decider.default_route is not None:
         findings += _chain(
-            "the default",
-            settings.default.origin,
-            (settings.default.value, *policy_fallback),
-            policy.strict,
-            None,
-            unsafe,
+            "the default", settings.default.origin, decider.default_route, fit, unsafe
         )
-    return findings + [_no_safe_end(chain, users) for chain, users in unsafe.items()]
+    findings += [_no_safe_end(chain, users) for chain, users in unsafe.items()]
+    return findings + _unused_meshes(policy)
 
 
 # How many users of a chain a no-safe-end warning names before "and N more".
@@ -117,7 +111,7 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
     suffixes = PrefixIndex.of_texts(
         "" if is_regex else _literal_suffix(text)[::-1] for text, is_regex in patterns
     )
-    decider = Decider()
+    judge = CoverJudge()
     findings = []
     for j, later in enumerate(rules):
         prefix = index.prefix(j)
@@ -139,7 +133,7 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
             if free and len(index.prefix(i)) > len(prefix):
                 continue
             earlier = rules[i]
-            why = _covers(earlier, later, decider)
+            why = _covers(earlier, later, judge)
             if why is not None:
                 findings.append(
                     Finding(
@@ -163,7 +157,7 @@ def _related(a: str, b: str) -> bool:
     return a.startswith(b) or b.startswith(a)
 
 
-def _covers(earlier: RuleEntry, later: RuleEntry, decider: Decider) -> str | None:
+def _covers(earlier: RuleEntry, later: RuleEntry, judge: CoverJudge) -> str | None:
     """Why `earlier` matches every name and size `later` would, or None if not (or unknown)."""
     a, b = earlier.spec, later.spec
     if a.min_bytes is not None or a.max_bytes is not None:
@@ -186,7 +180,7 @@ def _covers(earlier: RuleEntry, later: RuleEntry, decider: Decider) -> str | Non
             return None  # the names end differently
     # Decided on automata; None when either pattern cannot be modelled exactly in budget.
     earlier_pattern = (_pattern(earlier), a.regex is not None)
-    if decider.covers(earlier_pattern, (_pattern(later), b.regex is not None)):
+    if judge.covers(earlier_pattern, (_pattern(later), b.regex is not None)):
         return "matches every name it matches"
     return None
 
@@ -217,30 +211,17 @@ def _glob_covers(earlier: str, later: str) -> str | None:
 def _chain(
     label: str,
     origin: str,
-    chain: tuple[str, ...],
-    strict: bool,
-    memory: str | None,
+    route: Route,
+    fit: Fit,
     unsafe: dict[tuple[str, ...], list[tuple[str, str]]],
 ) -> list[Finding]:
-    """Findings about one chain; a chain without a safe end is added to `unsafe` instead."""
-    inv = inventory()
+    """Findings about one chain, from the decider's own walk; a chain without a safe end is
+    added to `unsafe` instead."""
     findings = []
-    targets = list(dict.fromkeys(parse_target(t) for t in (chain[:1] if strict else chain)))
-    missing: list[str] = []
-    here: str | None = None
-    for target in targets:
-        if target.is_auto:
-            here = "auto"
-            break
-        found = inv.find(target)
-        if isinstance(found, str):
-            missing.append(f"{target.text} ({found})")
-            continue
-        if memory is not None and memory not in memory_kinds(found):
-            missing.append(f"{target.text} (no memory kind {memory!r})")
-            continue
-        here = target.text
-        break
+    walked = route.walk(label, None, fit)
+    missing = [f"{target} ({why})" for target, why in walked.tried]
+    here = None if isinstance(walked, DeviceUnavailableError) else walked.target.text
+    targets = list(dict.fromkeys(route.tried_chain))
     if missing and here is not None:
         findings.append(
             Finding(
@@ -252,7 +233,7 @@ def _chain(
         )
     if here is None:
         names = ", ".join(t.text for t in targets)
-        if strict:
+        if route.strict:
             consequence, fix = (
                 "strict, so no fallback is tried",
                 ("use a target this machine has, or set `strict: false` to allow the fallback"),
@@ -269,11 +250,28 @@ def _chain(
                 f"{fix}",
             )
         )
-    elif not strict and not any(_everywhere(t) for t in targets):
+    elif not route.strict and not any(_everywhere(t) for t in targets):
         unsafe.setdefault(tuple(t.text for t in targets), []).append((label, origin))
     return findings
 
 
-def _everywhere(target: Target) -> bool:
+def _everywhere(target: Target | ShardingTarget) -> bool:
     """Whether every machine has this target: JAX always has a first CPU device."""
+    if isinstance(target, ShardingTarget):
+        return False  # a mesh needs devices a machine may lack
     return target.is_auto or (target.platform == "cpu" and not target.index)
+
+
+def _unused_meshes(policy: Policy) -> list[Finding]:
+    used = {r.spec.sharding.mesh for r in policy.rules if r.spec.sharding is not None}
+    return [
+        Finding(
+            "warning",
+            policy.settings.mesh_origins.get(name, policy.file or "<mapping>"),
+            "unused-mesh",
+            f"mesh {name!r} is used by no rule; give a rule `sharding: {{mesh: {name}, ...}}` "
+            "or remove it",
+        )
+        for name in policy.settings.meshes
+        if name not in used
+    ]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devpolicy._cover import Decider, UndecidedError
+from devpolicy._cover import CoverJudge, UndecidedError
 from devpolicy._matching import compile_condition
 from tests.strategies import PATTERNS, names_matching
 
@@ -29,13 +29,14 @@ class TestDecided:
     )
     def test_covers(self, earlier: tuple[str, bool], later: tuple[str, bool]) -> None:
         """Every name the later pattern matches, the earlier one matches too."""
-        assert Decider().covers(earlier, later) is True
+        assert CoverJudge().covers(earlier, later) is True
 
     @pytest.mark.parametrize(
         ("earlier", "later", "witness"),
         [
             (("model/.*", REGEX), ("model/*", GLOB), "model/\n"),  # `.` stops at newlines
-            (("model/[0-9]", REGEX), ("model/\\d", REGEX), "model/\u0660"),  # \d is Unicode
+            # Rules match by RE2: \d is [0-9] there, so only the 9 tells these apart.
+            (("model/[0-8]", REGEX), ("model/\\d", REGEX), "model/9"),
             (("model/*", GLOB), ("model/?|data/x", REGEX), "model"),  # `/` is optional
             (("[.-/]x", GLOB), ("?x", GLOB), "\x00x"),
             (("a{3}", REGEX), ("a+", REGEX), "a"),
@@ -45,7 +46,7 @@ class TestDecided:
         self, earlier: tuple[str, bool], later: tuple[str, bool], witness: str
     ) -> None:
         """Not covered: the decider names a shortest name only the later pattern matches."""
-        assert Decider().counterexample(earlier, later) == witness
+        assert CoverJudge().counterexample(earlier, later) == witness
 
 
 class TestUndecided:
@@ -67,18 +68,18 @@ class TestUndecided:
     )
     def test_syntax_not_modelled_exactly_is_undecided(self, pattern: str) -> None:
         """Python-only features and oversize patterns give None, never a guess."""
-        decider = Decider()
+        decider = CoverJudge()
         assert decider.covers((pattern, REGEX), ("x", GLOB)) is None
         assert decider.covers(("*", GLOB), (pattern, REGEX)) is None
 
     def test_a_state_explosion_stops_at_the_pair_budget(self) -> None:
         """(a|b)*a(a|b){14} has 2**15 states; the check gives up instead of building them."""
         with pytest.raises(UndecidedError, match="too many states"):
-            Decider().counterexample(("(a|b)*", REGEX), ("(a|b)*a(a|b){14}", REGEX))
+            CoverJudge().counterexample(("(a|b)*", REGEX), ("(a|b)*a(a|b){14}", REGEX))
 
     def test_the_shared_budget_ends_all_checks(self) -> None:
         """Once the budget for a whole lint is spent, further checks are undecided."""
-        decider = Decider(budget=3)
+        decider = CoverJudge(budget=3)
         assert decider.covers(("model/.*", REGEX), ("model/layer1", GLOB)) is None
         assert decider.covers(("x", GLOB), ("x", GLOB)) is None
 
@@ -94,7 +95,7 @@ def test_decisions_agree_with_pythons_matching(
 ) -> None:
     """A counterexample matches only the later pattern; a cover holds for sampled names."""
     try:
-        witness = Decider().counterexample(earlier, later)
+        witness = CoverJudge().counterexample(earlier, later)
     except UndecidedError:
         return
     if witness is not None:
@@ -102,5 +103,6 @@ def test_decisions_agree_with_pythons_matching(
         assert not _matches(earlier, witness)
         return
     for name in data.draw(st.lists(names_matching(*later), max_size=10)):
-        assert _matches(later, name)
-        assert _matches(earlier, name), f"{earlier} said to cover {later}, misses {name!r}"
+        # Names are drawn by Python's semantics (Unicode \s); rules match by RE2's (ASCII).
+        if _matches(later, name):
+            assert _matches(earlier, name), f"{earlier} said to cover {later}, misses {name!r}"

@@ -145,6 +145,35 @@ class TestPolicyFormat:
         assert "sharding" in schema["$defs"]["RuleSpec"]["properties"]
 
 
+class TestLint:
+    def test_unused_meshes_and_unbuildable_meshes_are_reported(self, tmp_path: Path) -> None:
+        """A mesh no rule uses is a warning at its line; a mesh this machine lacks, a
+        missing-device warning naming why, falling back."""
+        path = write(
+            tmp_path / "p.yaml",
+            "version: 1\nfallback: [cpu]\nmeshes:\n  spare: {axes: {data: 2}}\n"
+            "  big: {axes: {data: 64}, devices: cpu}\nrules:\n"
+            "  - match: a\n    sharding: {mesh: big, spec: [data]}\n",
+        )
+        findings = {f.code: f for f in devpolicy.lint(devpolicy.load_policy(path, environ={}))}
+        assert findings["unused-mesh"].origin == "p.yaml:4"
+        assert "mesh 'spare' is used by no rule" in findings["unused-mesh"].message
+        assert "needs 64 cpu devices, 4 here" in findings["missing-device"].message
+        assert "falls back to cpu" in findings["missing-device"].message
+
+    def test_a_sharding_rule_shadowed_by_an_earlier_rule_is_unreachable(self) -> None:
+        """Shadowing works for sharding rules as for any rule."""
+        policy = policy_of(
+            meshes=MESH,
+            fallback=["cpu"],
+            rules=[
+                {"match": "params/*", "device": "cpu"},
+                {"match": "params/w", "sharding": {"mesh": "grid", "spec": ["data"]}},
+            ],
+        )
+        assert [f.code for f in devpolicy.lint(policy)] == ["unreachable-rule"]
+
+
 class TestDecisions:
     def test_a_sharded_decision_carries_its_named_sharding(self, cpus: list[jax.Device]) -> None:
         """Mesh, spec, sharding, text, and bytes per device."""
