@@ -219,11 +219,21 @@ def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
     return make_place(_ACTIVE_DECIDER, name, commit)
 
 
-def put(name: str, x: T) -> T:
+def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
     """Place an array or pytree by the active policy, its size known; the result is committed.
 
     Pytree leaves are named `name/<path>` (`params/layer0/w`); each is decided on its
     own, and all decisions are made before any array moves.
+
+    With x64 disabled JAX holds 64-bit data in 32 bits. `narrow="exact"` (the default)
+    narrows int64/uint64/float64/complex128 leaves only when every value survives (each
+    with a `narrowed` event), else raises `NarrowingError` listing every leaf that would
+    change, before anything moves; `narrow="lossy"` accepts the change (a `narrowed`
+    warning with `exact=False`).
+
+    Raises:
+        NarrowingError: a 64-bit leaf would change (x64 disabled, `narrow="exact"`).
+        DeviceUnavailableError: a leaf's target and fallbacks cannot be had.
 
     Example:
         >>> import devpolicy, numpy as np
@@ -233,8 +243,13 @@ def put(name: str, x: T) -> T:
         ...     tree = devpolicy.put("params", {"big": np.zeros(1024), "small": np.zeros(2)})
         >>> str(next(iter(tree["big"].devices()))), str(next(iter(tree["small"].devices())))
         ('cpu:3', 'cpu:0')
+        >>> try:
+        ...     p.put("ids", np.array([2**40, 7]))
+        ... except devpolicy.NarrowingError as e:
+        ...     print(e.problems)
+        (('ids', 'values 7..1099511627776 do not fit int32 (-2147483648..2147483647)'),)
     """
-    return _placement.put(_ACTIVE_DECIDER.decider(), name, x)
+    return _placement.put(_ACTIVE_DECIDER.decider(), name, x, narrow)
 
 
 def _decider_of(policy: Policy | None) -> Decider:
@@ -315,7 +330,12 @@ def plan(
 
 
 def prefetch(
-    iterable: Iterable[T], name: str = "batch", size: int = 2, *, policy: Policy | None = None
+    iterable: Iterable[T],
+    name: str = "batch",
+    size: int = 2,
+    *,
+    policy: Policy | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
 ) -> Iterator[T]:
     """Yield each element placed by the rule for `name`, with up to `size` transfers in flight.
 
@@ -323,7 +343,8 @@ def prefetch(
     JAX transfers are asynchronous, so while you compute on one batch the next `size` are
     already on their way (`size=2` keeps two in flight; memory holds `size + 1` batches).
     An error from the source is raised after the batches placed before it are used. The policy is
-    the one active when `prefetch` is called, unless given.
+    the one active when `prefetch` is called, unless given. `narrow` is `put`'s: 64-bit
+    batches are narrowed only when exact, else `NarrowingError`.
 
     Raises:
         ValueError: if `size` is less than 1.
@@ -336,4 +357,4 @@ def prefetch(
         >>> [str(next(iter(b.devices()))) for b in devpolicy.prefetch(batches, policy=p)]
         ['cpu:2', 'cpu:2', 'cpu:2']
     """
-    return _prefetch.prefetch(iterable, _decider_of(policy), name, size)
+    return _prefetch.prefetch(iterable, _decider_of(policy), name, size, narrow)

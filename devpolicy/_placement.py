@@ -23,6 +23,7 @@ from ._errors import ScopeInCoroutineError
 from ._inventory import inventory
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
+from ._narrowing import Narrow, check_mode, narrow_leaves
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -507,10 +508,15 @@ def _nbytes(leaf: Any) -> int:
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
-def put(decider: Decider, name: str, x: T) -> T:
-    """Place each leaf of `x` by `decider`, every decision made before anything moves."""
+def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact") -> T:
+    """Place each leaf of `x` by `decider`, every decision made before anything moves.
+
+    With x64 disabled, 64-bit host leaves are narrowed first, all or none (see
+    `_narrowing.narrow_leaves`), so the sizes decided by are what JAX will hold.
+    """
     if not isinstance(name, str):
         raise TypeError(f"put() takes a name (str) first, got {type(name).__name__} {name!r}")
+    check_mode(narrow)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(x)
     if len(pairs) == 1 and pairs[0][0] == ():
         names = [name]
@@ -525,6 +531,8 @@ def put(decider: Decider, name: str, x: T) -> T:
                 f"put({name!r}): leaf {leaf_name!r} is a {type(leaf).__name__}, not an array "
                 "or number; JAX cannot place it (keep such values out of the tree)"
             )
+    if not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        leaves = narrow_leaves(names, leaves, narrow, decider.events)
     decisions = decider.resolve_many(
         [(n, _nbytes(leaf)) for n, leaf in zip(names, leaves, strict=True)]
     )

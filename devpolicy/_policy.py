@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import jax
 
@@ -171,9 +171,9 @@ class Policy:
         """Decorator: run the function in this policy's scope for `name`. See `devpolicy.place`."""
         return make_place(self.decider, name, commit)
 
-    def put(self, name: str, x: T) -> T:
+    def put(self, name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         """Place an array or pytree by this policy. See `devpolicy.put`."""
-        return put(self.decider, name, x)
+        return put(self.decider, name, x, narrow)
 
     def load_file(self, path: str | os.PathLike[str], **options: Any) -> dict[str, jax.Array]:
         """Load a safetensors file by this policy. See `devpolicy.load_file`."""
@@ -183,6 +183,13 @@ class Policy:
         """Where each tensor of a file would go by this policy. See `devpolicy.plan`."""
         return _safetensors.plan(path, self.decider, prefix=prefix)
 
-    def prefetch(self, iterable: Iterable[T], name: str = "batch", size: int = 2) -> Iterator[T]:
+    def prefetch(
+        self,
+        iterable: Iterable[T],
+        name: str = "batch",
+        size: int = 2,
+        *,
+        narrow: Literal["exact", "lossy"] = "exact",
+    ) -> Iterator[T]:
         """Place each element by this policy, ahead of use. See `devpolicy.prefetch`."""
-        return _prefetch.prefetch(iterable, self.decider, name, size)
+        return _prefetch.prefetch(iterable, self.decider, name, size, narrow)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,6 +20,7 @@ from ._decider import Decider, Decision
 from ._errors import NarrowingError
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
+from ._narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ._sizes import format_size
 from ._tensorfile import (
     Header,
@@ -33,7 +34,6 @@ from ._tensorfile import (
 )
 
 PathLike = str | os.PathLike[str]
-Narrow = Literal["exact", "lossy"]
 
 _MAP_THRESHOLD = 2**20  # below this a map per tensor costs more than it saves
 _TRIED_FIRST = {"code": 0, "env": 1, "policy": 2}
@@ -115,8 +115,7 @@ def load_file(
     progress: bool | None = None,
 ) -> dict[str, jax.Array]:
     """Load a safetensors file by `decider`'s rules. See `devpolicy.load_file`."""
-    if narrow not in ("exact", "lossy"):
-        raise ValueError(f"narrow must be 'exact' or 'lossy', got {narrow!r}")
+    check_mode(narrow)
     started = time.perf_counter()
     # One open file for the header, the reads and the map: replacing the path mid-load
     # (as atomic writers do) cannot mix one file's header with another's data.
@@ -129,6 +128,9 @@ def load_file(
         x64 = _x64()
         out: dict[str, jax.Array] = {}
         mapped = narrowed = 0
+        # Every 64-bit tensor that would change, so one error can list them all. Once
+        # there is one, nothing else is placed: only the 64-bit tensors are still judged.
+        problems: list[tuple[str, str]] = []
         order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
         total = sum(t.nbytes for t in header.tensors)
         fd = f.fileno()
@@ -140,6 +142,9 @@ def load_file(
                 i = order[position]
                 entry, decision = header.tensors[i], decisions[i]
                 target = _NARROW.get(entry.dtype_name) if not x64 else None
+                if problems and target is None:
+                    position += 1
+                    continue
                 if target is None and _may_map(entry, decision, mmap):
                     if region is None:
                         # One read-only map of the whole file serves every mapped tensor.
@@ -158,11 +163,14 @@ def load_file(
                         small = header.tensors[j]
                         wanted = _NARROW.get(small.dtype_name) if not x64 else None
                         if wanted is not None:
-                            array = _narrowed(
+                            array, problem = _narrowed(
                                 header, small, array, wanted, narrow, decider.events, names[j]
                             )
+                            if problem is not None:
+                                problems.append((small.key, problem))
                             narrowed += 1
-                        transfers.add(small.key, array, decisions[j], small.nbytes)
+                        if not problems:
+                            transfers.add(small.key, array, decisions[j], small.nbytes)
                     position += len(run)
                     continue
                 # A large tensor goes alone, read in chunks (the progress bar moves within
@@ -171,17 +179,25 @@ def load_file(
                 transfers.flush()
                 array = _read(fd, header, entry, advance)
                 if target is not None:
-                    array = _narrowed(
+                    array, problem = _narrowed(
                         header, entry, array, target, narrow, decider.events, names[i]
                     )
                     narrowed += 1
+                    if problem is not None:
+                        problems.append((entry.key, problem))
+                if problems:
+                    position += 1
+                    continue
                 placed = jax.device_put(array, decision.destination)
                 placed.block_until_ready()
                 out[entry.key] = placed
                 del array
                 position += 1
+            if problems:
+                raise NarrowingError(problems, str(header.path))
             transfers.flush()
     result = {t.key: out[t.key] for t in header.tensors}
+    _mmap_refused(decider.events, header, decisions, mmap, x64)
     _summary(decider.events, header, decisions, time.perf_counter() - started, mapped, narrowed)
     return result
 
@@ -292,45 +308,63 @@ def _narrowed(
     mode: Narrow,
     events: EventLog,
     name: str,
-) -> np.ndarray[Any, Any]:
+) -> tuple[np.ndarray[Any, Any], str | None]:
+    """The tensor in 32 bits (into an aligned buffer) and, under "exact", what it lost."""
     result = _aligned_empty(entry.nbytes // 2).view(target).reshape(entry.shape)
-    with np.errstate(over="ignore", invalid="ignore"):  # loss is judged below, not warned
-        np.copyto(result, array, casting="unsafe")
-    problem = None if mode == "lossy" else _loss(array, result)
-    if problem is not None:
-        raise NarrowingError(str(header.path), entry.key, problem)
-    fields: dict[str, Any] = {
-        "name": name,
-        "file": str(header.path),
-        "from_dtype": entry.dtype_name,
-        "to_dtype": str(target),
-        "exact": mode == "exact",
-    }
-    if array.size:
-        fields |= {"min": array.min().item(), "max": array.max().item()}
-    events.emit("info" if mode == "exact" else "warning", "narrowed", fields)
-    return result
+    result, problem = narrow_into(array, result)
+    if problem is not None and mode == "exact":
+        return result, problem
+    narrowed_event(
+        events,
+        name,
+        array,
+        target,
+        problem is None,
+        from_dtype=entry.dtype_name,
+        file=str(header.path),
+    )
+    return result, None
 
 
-def _loss(original: np.ndarray[Any, Any], narrowed: np.ndarray[Any, Any]) -> str | None:
-    if original.size == 0:
-        return None
-    if original.dtype.kind in "iu":
-        info = np.iinfo(narrowed.dtype)
-        low, high = original.min().item(), original.max().item()
-        if low < info.min or high > info.max:
-            return f"values {low}..{high} do not fit {narrowed.dtype} ({info.min}..{info.max})"
-        return None
-    with np.errstate(over="ignore", invalid="ignore"):
-        widened = narrowed.astype(original.dtype)
-    same = (widened == original) | (np.isnan(widened) & np.isnan(original))
-    if bool(same.all()):
-        return None
-    index = int(np.argmin(same.reshape(-1)))
-    before, after = original.reshape(-1)[index].item(), widened.reshape(-1)[index].item()
-    changed = int((~same).sum())
-    first = f"first at flat index {index}: {before!r} -> {after!r}"
-    return f"{changed} values lose precision in {narrowed.dtype} ({first})"
+def _mmap_refused(
+    events: EventLog, header: Header, decisions: list[Decision], mmap: bool | None, x64: bool
+) -> None:
+    """Once per file: why tensors that were to be mapped were read instead, and the fix."""
+    unaligned: list[TensorEntry] = []
+    wide: list[TensorEntry] = []
+    for entry, decision in zip(header.tensors, decisions, strict=True):
+        if not (decision.mmap if mmap is None else mmap) or entry.nbytes == 0:
+            continue
+        if not x64 and entry.dtype_name in _NARROW:
+            wide.append(entry)
+        elif entry.offset % ALIGN:
+            unaligned.append(entry)
+    if not unaligned and not wide:
+        return
+    reasons = []
+    if unaligned:
+        first = unaligned[0]
+        aligned = header.path.with_name(header.path.stem + ".aligned.safetensors")
+        reasons.append(
+            f"{len(unaligned)} tensor{'s' if len(unaligned) > 1 else ''} at a file offset not "
+            f"{ALIGN}-byte aligned (first: {first.key!r} at {first.offset}); rewrite the file "
+            f"aligned with `devpolicy align {header.path} {aligned}` (or devpolicy.save_file)"
+        )
+    if wide:
+        reasons.append(
+            f"{len(wide)} 64-bit tensor{'s' if len(wide) > 1 else ''} narrowed to 32 bits "
+            f"(first: {wide[0].key!r}); enable x64 to map them"
+        )
+    events.emit(
+        "warning",
+        "mmap_refused",
+        {
+            "file": str(header.path),
+            "tensors": len(unaligned) + len(wide),
+            "nbytes": sum(e.nbytes for e in (*unaligned, *wide)),
+            "reason": "; ".join(reasons),
+        },
+    )
 
 
 @contextmanager
