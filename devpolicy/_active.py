@@ -17,7 +17,7 @@ import jax
 from . import _placement, _prefetch, _safetensors
 from ._decider import Decider, Decision, Explanation
 from ._load_policy import load_policy
-from ._placement import Active, Scope, Scopes, make_place
+from ._placement import Active, Inputs, Scope, Scopes, make_place, move_to
 from ._policy import Policy
 from ._safetensors import Plan
 
@@ -193,10 +193,12 @@ def scope(name: str, *, nbytes: int | None = None) -> Scope:
 
 
 @overload
-def place(name: F, /, *, commit: bool | None = None) -> F: ...
+def place(name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
 @overload
-def place(name: str | None = None, /, *, commit: bool | None = None) -> Callable[[F], F]: ...
-def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
+def place(
+    name: str | None = None, /, *, commit: bool | None = None, inputs: Inputs = None
+) -> Callable[[F], F]: ...
+def place(name: Any = None, /, *, commit: bool | None = None, inputs: Inputs = None) -> Any:
     """Decorator: run the function inside the scope for `name` (default `module.qualname`).
 
     `@place` and `@place("name")` both work. The policy is looked up at each call, so
@@ -205,6 +207,14 @@ def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
     of the result on the decided device are committed to it, without a copy, so they
     cannot migrate later; leaves on another device give a `placement_mismatch` warning.
     Generators and coroutines get the scope around each step, never across a pause.
+
+    JAX runs a jitted function where its committed inputs are, and refuses inputs
+    committed to different devices. For a model split over devices, `inputs="move"` (or
+    the rule's `inputs: move`) moves each committed `jax.Array` argument (pytree leaves
+    included) found on another single device to the decided device before the call: the
+    activations of the layer before follow to this layer's device. Each move is a debug
+    `input_moved` event, and each call that moves is an `inputs_moved` event (info the
+    first time). `inputs="keep"` never moves; None (default) does what the rule says.
 
     Example:
         >>> import devpolicy, jax.numpy as jnp
@@ -216,7 +226,27 @@ def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
         >>> str(next(iter(x.devices()))), x.committed
         ('cpu:1', True)
     """
-    return make_place(_ACTIVE_DECIDER, name, commit)
+    return make_place(_ACTIVE_DECIDER, name, commit, inputs)
+
+
+def to(x: T, name: str) -> T:
+    """`x`'s `jax.Array` leaves moved to the device the active policy decides for `name`.
+
+    The one-line form of `@place(name, inputs="move")`: each array leaf elsewhere (or
+    uncommitted) is put on the decided device, committed, in one transfer; other leaves
+    are returned as they are. Moves of committed arrays are logged like `@place`'s.
+
+    Example:
+        >>> import devpolicy, jax, jax.numpy as jnp
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "model/layer2", "device": "cpu:2"}]})
+        >>> h = jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:1"))
+        >>> with devpolicy.activate(p):
+        ...     h2 = devpolicy.to(h, "model/layer2")
+        >>> str(next(iter(h2.devices()))), h2.committed
+        ('cpu:2', True)
+    """
+    return move_to(_ACTIVE_DECIDER.decider(), x, name)
 
 
 def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:

@@ -47,6 +47,8 @@ class Decision:
         is_auto: Whether the decision defers to JAX's own default device (`auto`, and
             everything under DEVPOLICY_DISABLE).
         mmap: Whether loaders may map the tensor from its file (the rule's `mmap`).
+        move_inputs: Whether `@place` moves committed array arguments found on another
+            device to `device` before the call (the rule's `inputs: move`).
 
     Example:
         >>> import devpolicy
@@ -70,6 +72,7 @@ class Decision:
     commit: bool
     is_auto: bool
     mmap: bool = False
+    move_inputs: bool = False
 
     @property
     def applies(self) -> bool:
@@ -388,4 +391,5 @@ class Decider:
             commit=True if entry is None else entry.spec.commit,
             is_auto=choice.device is None or self.disabled,
             mmap=False if entry is None else entry.spec.mmap,
+            move_inputs=entry is not None and entry.spec.inputs == "move",
         )

@@ -15,7 +15,7 @@ from ._decider import Decider, Decision, Explanation
 from ._errors import DevicePolicyError
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
-from ._placement import Scope, Scopes, make_place, put
+from ._placement import Inputs, Scope, Scopes, make_place, move_to, put
 from ._safetensors import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -162,14 +162,20 @@ class Policy:
         return self._scopes(name, nbytes)
 
     @overload
-    def place(self, name: F, /, *, commit: bool | None = None) -> F: ...
+    def place(self, name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
     @overload
     def place(
-        self, name: str | None = None, /, *, commit: bool | None = None
+        self, name: str | None = None, /, *, commit: bool | None = None, inputs: Inputs = None
     ) -> Callable[[F], F]: ...
-    def place(self, name: Any = None, /, *, commit: bool | None = None) -> Any:
+    def place(
+        self, name: Any = None, /, *, commit: bool | None = None, inputs: Inputs = None
+    ) -> Any:
         """Decorator: run the function in this policy's scope for `name`. See `devpolicy.place`."""
-        return make_place(self.decider, name, commit)
+        return make_place(self.decider, name, commit, inputs)
+
+    def to(self, x: T, name: str) -> T:
+        """Move `x`'s arrays to where `name` goes by this policy. See `devpolicy.to`."""
+        return move_to(self.decider, x, name)
 
     def put(self, name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         """Place an array or pytree by this policy. See `devpolicy.put`."""

@@ -36,6 +36,7 @@ from ._sizes import SIZE_FORMS, SIZE_PATTERN, format_size, parse_size
 from ._targets import REJECT, TARGET_FORMS, TARGET_PATTERN, check_default, parse_target
 
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
+INPUTS = ("keep", "move")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("console", "json", "stdlib")
 
@@ -121,6 +122,11 @@ MemoryKind = Annotated[
     BeforeValidator(_choice(MEMORY_KINDS, "memory kind")),
     WithJsonSchema({"enum": list(MEMORY_KINDS)}),
 ]
+InputsChoice = Annotated[
+    str,
+    BeforeValidator(_choice(INPUTS, "inputs")),
+    WithJsonSchema({"enum": list(INPUTS)}),
+]
 LogLevel = Annotated[
     str,
     BeforeValidator(_choice(LOG_LEVELS, "log level")),
@@ -171,6 +177,11 @@ class RuleSpec(_Strict):
         False,
         description="Loaders may map a 64-byte-aligned tensor from its file instead of reading it "
         "(zero-copy on the host; the array then stays backed by the file).",
+    )
+    inputs: InputsChoice = Field(
+        "keep",
+        description="`move`: @place moves committed array arguments on another device to the "
+        "decided device before the call (a model split over devices); `keep` leaves them.",
     )
 
     @field_validator("match")
