@@ -343,9 +343,19 @@ def load_file(
 
 
 def plan(
-    path: str | os.PathLike[str], *, prefix: str | None = None, policy: Policy | None = None
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
 ) -> Plan:
     """Where every tensor of a file would go, reading only its header; nothing is logged.
+
+    Per device: the bytes planned, of them the bytes `load_file` would map from the file
+    (`file_backed`: host devices, the rule's `mmap` or `mmap=True`, 64-byte-aligned offset;
+    they take no anonymous memory), and whether the rest fits its free memory. Devices
+    that share one memory (every CPU device of a process, in host RAM) are judged
+    together: bytes planned for one count against all.
 
     Example:
         >>> import devpolicy, numpy as np, tempfile, os
@@ -356,7 +366,7 @@ def plan(
         >>> [(t.name, t.nbytes, t.decision.device_text) for t in p.tensors]
         [('m/w', 1024, 'cpu:2')]
     """
-    return _safetensors.plan(path, _decider_of(policy), prefix=prefix)
+    return _safetensors.plan(path, _decider_of(policy), prefix=prefix, mmap=mmap)
 
 
 def prefetch(

@@ -8,7 +8,7 @@ claimed by earlier items passed along explicitly).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,7 +242,7 @@ class Decider:
         self,
         name: str,
         nbytes: int | None,
-        claimed: Mapping[jax.Device, int],
+        claimed: Mapping[Hashable, int],
         first_level: str,
     ) -> Decision:
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
@@ -288,12 +288,13 @@ class Decider:
         `summarised`: the caller logs one summary (a file load), so each item's first
         decision is debug, not info; a fallback's first occurrence is a warning either way.
         """
-        claimed: dict[jax.Device, int] = {}
+        claimed: dict[Hashable, int] = {}
         decisions = []
         first_level = "debug" if summarised else "info"
         for name, nbytes in items:
             decision = self._resolve(name, nbytes, claimed, first_level)
-            claimed[decision.device] = claimed.get(decision.device, 0) + (decision.nbytes or 0)
+            pool = self._fit.pool(decision.device)
+            claimed[pool] = claimed.get(pool, 0) + (decision.nbytes or 0)
             decisions.append(decision)
         return decisions
 
@@ -305,7 +306,7 @@ class Decider:
         self, items: Iterable[tuple[str, int | None]]
     ) -> list[Decision | DevicePolicyError]:
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
-        claimed: dict[jax.Device, int] = {}
+        claimed: dict[Hashable, int] = {}
         results: list[Decision | DevicePolicyError] = []
         for name, nbytes in items:
             try:
@@ -313,7 +314,8 @@ class Decider:
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            claimed[decision.device] = claimed.get(decision.device, 0) + (decision.nbytes or 0)
+            pool = self._fit.pool(decision.device)
+            claimed[pool] = claimed.get(pool, 0) + (decision.nbytes or 0)
             results.append(decision)
         return results
 
@@ -332,7 +334,7 @@ class Decider:
         return Explanation(name, nbytes, steps, error.tried, decision, None)
 
     def _decision(
-        self, name: str, nbytes: int | None, claimed: Mapping[jax.Device, int]
+        self, name: str, nbytes: int | None, claimed: Mapping[Hashable, int]
     ) -> tuple[Decision, bool]:
         """The decision (or its error, raised), and whether it may be cached."""
         outcome = self._outcome(name, nbytes, claimed)
@@ -342,9 +344,7 @@ class Decider:
         decision = self._build(name, nbytes, outcome.rule, outcome.route, choice)
         return decision, not choice.sized
 
-    def _outcome(
-        self, name: str, nbytes: int | None, claimed: Mapping[jax.Device, int]
-    ) -> _Outcome:
+    def _outcome(self, name: str, nbytes: int | None, claimed: Mapping[Hashable, int]) -> _Outcome:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):

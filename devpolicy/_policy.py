@@ -185,9 +185,11 @@ class Policy:
         """Load a safetensors file by this policy. See `devpolicy.load_file`."""
         return _safetensors.load_file(path, self.decider, **options)
 
-    def plan(self, path: str | os.PathLike[str], *, prefix: str | None = None) -> Plan:
+    def plan(
+        self, path: str | os.PathLike[str], *, prefix: str | None = None, mmap: bool | None = None
+    ) -> Plan:
         """Where each tensor of a file would go by this policy. See `devpolicy.plan`."""
-        return _safetensors.plan(path, self.decider, prefix=prefix)
+        return _safetensors.plan(path, self.decider, prefix=prefix, mmap=mmap)
 
     def prefetch(
         self,

@@ -7,19 +7,20 @@ never read from hidden state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import jax
 
-from ._capacity import Capacity
+from ._capacity import Capacity, pool_of
 from ._errors import DeviceUnavailableError
 from ._inventory import current_default_device, inventory, memory_kinds
 from ._sizes import format_size
 from ._targets import Target, parse_target
 
-#: Nothing claimed yet: the usual case, shared rather than built per call.
-NOTHING_CLAIMED: Mapping[jax.Device, int] = {}
+#: Nothing claimed yet: the usual case, shared rather than built per call. Claims are
+#: keyed by memory pool (`Fit.pool`): devices sharing one memory share their claims.
+NOTHING_CLAIMED: Mapping[Hashable, int] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,10 @@ class Fit:
 
     capacity: Capacity
     headroom: float
+
+    def pool(self, device: jax.Device) -> Hashable:
+        """The memory pool `device` draws on (every CPU device shares the host's)."""
+        return pool_of(self.capacity, device)
 
     def problem(self, device: jax.Device, nbytes: int, claimed: int) -> str | None:
         """Why `nbytes` does not fit `device` with `claimed` bytes already given, or None."""
@@ -115,7 +120,7 @@ class Route:
         name: str,
         nbytes: int | None,
         fit: Fit,
-        claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
+        claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
     ) -> Choice:
         """`walk`, raising when no device can be had; a size-blind result is kept."""
         if self._fixed is not None and (nbytes is None or not self._judges_size):
@@ -133,7 +138,7 @@ class Route:
         name: str,
         nbytes: int | None,
         fit: Fit,
-        claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
+        claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
     ) -> Choice | DeviceUnavailableError:
         """Try each target of the chain in order (only the first under strict).
 
@@ -156,7 +161,7 @@ class Route:
                     )
             if not isinstance(found, str) and nbytes is not None and (self.fits or target.is_auto):
                 sized = True
-                too_small = fit.problem(found, nbytes, claimed.get(found, 0))
+                too_small = fit.problem(found, nbytes, claimed.get(fit.pool(found), 0))
                 if too_small is not None:
                     if position < len(chain) or self.strict:
                         tried.append((target.text, too_small))

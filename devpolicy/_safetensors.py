@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._capacity import pool_of, pool_text
 from ._decider import Decider, Decision
 from ._errors import NarrowingError
 from ._limits import ALIGN, CHUNK_BYTES
@@ -476,8 +477,14 @@ class DeviceLoad:
         device: Target text (`gpu:0`).
         nbytes: Bytes planned for it.
         tensors: How many tensors.
-        free: Free bytes now, or None when unknown.
-        fits: False when `nbytes` exceeds `free`.
+        free: Free bytes now, or None when unknown (for a shared pool, the pool's).
+        fits: False when the bytes that take memory (`nbytes` less `file_backed`, summed
+            over every device of its pool) exceed `free`.
+        file_backed: Bytes that will be mapped from the file (host devices, `mmap`,
+            64-byte-aligned offset): they take no anonymous memory.
+        pool: The memory it draws on: `host RAM` (shared by every CPU device of the
+            process) or its own target text.
+        pool_nbytes: Bytes that take memory in the whole pool.
     """
 
     device: str
@@ -485,6 +492,9 @@ class DeviceLoad:
     tensors: int
     free: int | None
     fits: bool
+    file_backed: int = 0
+    pool: str = ""
+    pool_nbytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,11 +519,15 @@ class Plan:
         )
 
 
-def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan:
+def plan(
+    path: PathLike, decider: Decider, *, prefix: str | None = None, mmap: bool | None = None
+) -> Plan:
     """Where every tensor of a file would go by `decider`. See `devpolicy.plan`."""
     header = read_header(path)
     tensors = []
     loads: dict[str, tuple[jax.Device, int, int]] = {}
+    file_backed: dict[str, int] = {}
+    x64 = _x64()
     names = _names(header, prefix)
     outcomes = decider.decide_many(
         [(n, t.nbytes) for n, t in zip(names, header.tensors, strict=True)]
@@ -523,6 +537,13 @@ def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan
         if decision is not None:
             device, planned, count = loads.get(decision.device_text, (decision.device, 0, 0))
             loads[decision.device_text] = (device, planned + entry.nbytes, count + 1)
+            if (
+                decision.device.platform == "cpu"  # mapped to an accelerator is still copied
+                and (x64 or entry.dtype_name not in _NARROW)
+                and _may_map(entry, decision, mmap)
+            ):
+                text = decision.device_text
+                file_backed[text] = file_backed.get(text, 0) + entry.nbytes
         tensors.append(
             PlannedTensor(
                 name,
@@ -535,8 +556,26 @@ def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan
                 error,
             )
         )
+    # Devices sharing one memory (every CPU device) are judged together.
+    capacity = decider.capacity
+    pools = {text: pool_of(capacity, device) for text, (device, _, _) in loads.items()}
+    in_pool: dict[object, int] = {}
+    for text, (_, planned, _) in loads.items():
+        in_pool[pools[text]] = in_pool.get(pools[text], 0) + planned - file_backed.get(text, 0)
     devices = []
     for text, (device, planned, count) in sorted(loads.items()):
-        free = decider.capacity.free_bytes(device)
-        devices.append(DeviceLoad(text, planned, count, free, free is None or planned <= free))
+        free = capacity.free_bytes(device)
+        taken = in_pool[pools[text]]
+        devices.append(
+            DeviceLoad(
+                text,
+                planned,
+                count,
+                free,
+                free is None or taken <= free,
+                file_backed.get(text, 0),
+                pool_text(pools[text]),
+                taken,
+            )
+        )
     return Plan(str(header.path), tuple(tensors), tuple(devices))
