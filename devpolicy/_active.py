@@ -16,7 +16,7 @@ import jax
 
 from . import _placement, _prefetch, _safetensors
 from ._decider import Decider, Decision, Explanation
-from ._load_policy import load_policy
+from ._load_policy import load_policy, loaded_files
 from ._placement import Active, Inputs, Scope, Scopes, make_place, move_to
 from ._policy import Policy
 from ._safetensors import Plan
@@ -55,14 +55,49 @@ def active_policy() -> Policy:
         return policy
     if _outermost:
         return _outermost[0].policy
-    return _discover()
+    return _discovered_checked()
 
 
 def _inactive_decider() -> Decider:
     """The decider for a context that activated nothing (see `active_policy`)."""
     if _outermost:
         return _outermost[0].policy.decider
-    return _discover().decider
+    return _discovered_checked().decider
+
+
+def _discovered_checked() -> Policy:
+    """The discovered policy, after warning if a policy file loaded since is not it."""
+    policy = _discover()
+    if loaded_files:  # a policy file was loaded since the last look: is it this one?
+        _not_active(policy)
+    return policy
+
+
+def _not_active(discovered: Policy) -> None:
+    """Warn once per pair when a loaded policy file is not the discovered one deciding.
+
+    `p = load_policy("minilm.yaml")` followed by `devpolicy.put(...)` decides by the
+    discovered policy, not `p`: `activate` is what makes a policy the module-level one.
+    """
+    with _lock:
+        pending = loaded_files[:]
+        loaded_files.clear()
+    deciding = discovered.file
+    deciding_path = os.path.abspath(deciding) if deciding is not None else None
+    for path, shown in pending:
+        if path == deciding_path or not discovered.events.first_time(("not_active", path)):
+            continue
+        discovered.events.emit(
+            "warning",
+            "policy_not_active",
+            {
+                "loaded": shown,
+                "deciding": deciding or "none found (an empty policy: JAX's default device)",
+                "found": discovered.found,
+                "fix": f"devpolicy.activate(policy) to decide module-level calls by {shown}, "
+                "or call the policy's own methods (policy.put, policy.place, ...)",
+            },
+        )
 
 
 # How placement finds the active decider at each call without calling up into this module.
@@ -80,10 +115,12 @@ def _discover() -> Policy:
 
 
 def forget_discovered() -> None:
-    """Drop the discovered policy so the next module-level call discovers again."""
+    """Drop the discovered policy so the next module-level call discovers again (and
+    forget which policy files were loaded: nothing is compared with the next one)."""
     global _discovered
     with _lock:
         _discovered = None
+        loaded_files.clear()
 
 
 class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
