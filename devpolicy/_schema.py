@@ -38,7 +38,7 @@ from ._targets import REJECT, TARGET_FORMS, TARGET_PATTERN, check_default, parse
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
 INPUTS = ("keep", "move")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-LOG_FORMATS = ("console", "json", "stdlib")
+LOG_FORMATS = ("auto", "console", "json", "stdlib")
 
 #: Error type carried by every validation error devpolicy raises itself.
 ERROR_TYPE = "devpolicy"
@@ -220,7 +220,10 @@ class LoggingSpec(_Strict):
 
     level: LogLevel = Field("info", description="Lowest level emitted.")
     format: LogFormat = Field(
-        "console", description="console (stderr), json (stderr) or stdlib (the `devpolicy` logger)."
+        "auto",
+        description="auto (the application's structlog if configured, else stdlib logging if "
+        "it has handlers, else console), console (stderr), json (stderr) or stdlib (the "
+        "`devpolicy` logger).",
     )
 
 
