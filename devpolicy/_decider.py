@@ -24,6 +24,7 @@ from ._logging import EventLog
 from ._matching import Matcher, Step, compile_condition
 from ._routing import NOTHING_CLAIMED, Choice, Fit, Route
 from ._schema import Source
+from ._sizes import format_size
 from ._targets import REJECT
 
 
@@ -90,6 +91,29 @@ class Decision:
         for (a bare device is the cheaper call, about 17 us against 25 us)."""
         return self.device if self.memory_kind is None else self.sharding
 
+    def __str__(self) -> str:
+        """One line a user can read: name, device, by which rule, and any fallback.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "rules": [
+            ...     {"match": "data/*", "device": "cpu:1"}]})
+            >>> print(p.decide("data/x", nbytes=2048))
+            data/x (2.0 KiB) -> cpu:1 by <mapping>:rules[0] (policy)
+        """
+        size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
+        where = f"{self.device_text} (auto)" if self.is_auto else self.device_text
+        if self.memory_kind is not None:
+            where += f" [{self.memory_kind}]"
+        line = f"{self.name}{size} -> {where} by {self.origin} ({self.source})"
+        if self.fallback_reason is not None:
+            line += f"; asked {self.requested}: {self.fallback_reason}"
+        return line
+
+    def __rich__(self) -> Any:
+        """`rich.print(decision)`: the same line, never read as markup."""
+        return _rich_text(str(self))
+
     def event_fields(self) -> dict[str, Any]:
         """The flat fields of this decision's `placement` event."""
         return {
@@ -126,6 +150,48 @@ class Explanation:
     fallback: tuple[tuple[str, str], ...]
     decision: Decision | None
     error: str | None
+
+    def __str__(self) -> str:
+        """Each rule tried, each fallback step and the outcome, one per line.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "rules": [
+            ...     {"match": "a/*", "device": "cpu:1"}, {"match": "b/*", "device": "cpu:2"}]})
+            >>> print(p.explain("b/x"))
+            b/x
+              rule <mapping>:rules[0] 'a/*': no: glob 'a/*' does not match
+              rule <mapping>:rules[1] 'b/*': matched: glob 'b/*' matches
+              decision: b/x -> cpu:2 by <mapping>:rules[1] (policy)
+        """
+        size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
+        lines = [f"{self.name}{size}"]
+        for entry, step in self.steps:
+            pattern = entry.spec.match if entry.spec.match is not None else entry.spec.regex
+            verdict = "matched" if step.matched else "no"
+            lines.append(f"  rule {entry.origin} {pattern!r}: {verdict}: {step.reason}")
+        if not self.steps or not self.steps[-1][1].matched:
+            lines.append("  no rule matched: the default applies")
+        for target, why in self.fallback:
+            lines.append(f"  passed over {target}: {why}")
+        if self.decision is not None:
+            lines.append(f"  decision: {self.decision}")
+        else:
+            error = (self.error or "").splitlines()
+            lines.append(f"  no device: {error[0] if error else ''}")
+            lines += [f"  {line}" for line in error[1:]]
+        return "\n".join(lines)
+
+    def __rich__(self) -> Any:
+        """`rich.print(explanation)`: the same lines, never read as markup."""
+        return _rich_text(str(self))
+
+
+def _rich_text(text: str) -> Any:
+    # rich is a dependency, imported only when something is printed with it.
+    from rich.text import Text
+
+    return Text(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -511,6 +511,52 @@ class Plan:
     tensors: tuple[PlannedTensor, ...]
     devices: tuple[DeviceLoad, ...]
 
+    def __str__(self) -> str:
+        """The plan as text: each tensor's device, then each device against its memory.
+
+        Example:
+            >>> import devpolicy, numpy as np, tempfile, os
+            >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+            >>> devpolicy.save_file({"w": np.zeros(256, np.float32)}, path)
+            >>> policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"},
+            ...     capacity=devpolicy.StaticCapacity({"cpu:2": "1MiB"}))
+            >>> text = str(devpolicy.plan(path, policy=policy))
+            >>> print(text[text.index("m.safetensors"):])
+            m.safetensors: 1 tensor, fits
+              m/w  F32 256  1.0 KiB  -> cpu:2 by <mapping>:default (default)
+            cpu:2: 1 tensor, 1.0 KiB, 1.0 MiB free (0%): fits
+        """
+        count = len(self.tensors)
+        lines = [
+            f"{self.file}: {count} tensor{'' if count == 1 else 's'}, "
+            + ("fits" if self.fits else "DOES NOT FIT")
+        ]
+        for t in self.tensors:
+            shape = "x".join(map(str, t.shape)) or "()"
+            if t.decision is not None:
+                where = f"-> {t.decision.device_text} by {t.decision.origin} ({t.decision.source})"
+            else:
+                where = f"-> no device: {(t.error or '').splitlines()[0]}"
+            lines.append(f"  {t.name}  {t.dtype} {shape}  {format_size(t.nbytes)}  {where}")
+        for d in self.devices:
+            size = format_size(d.nbytes)
+            backed = f" ({format_size(d.file_backed)} file-backed)" if d.file_backed else ""
+            if d.free is None:
+                free = "free memory unknown"
+            else:
+                shared = f" {d.pool}" if d.pool and d.pool != d.device else ""
+                free = f"{format_size(d.free)} free{shared} ({d.pool_nbytes / max(d.free, 1):.0%})"
+            tensors = f"{d.tensors} tensor{'' if d.tensors == 1 else 's'}"
+            verdict = "fits" if d.fits else "DOES NOT FIT"
+            lines.append(f"{d.device}: {tensors}, {size}{backed}, {free}: {verdict}")
+        return "\n".join(lines)
+
+    def __rich__(self) -> Any:
+        """`rich.print(plan)`: the same text, never read as markup."""
+        from rich.text import Text
+
+        return Text(str(self))
+
     @property
     def fits(self) -> bool:
         """Whether every tensor has a device and every device has room."""
