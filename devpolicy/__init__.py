@@ -76,6 +76,7 @@ __all__ = [
     "runtime_settings",
     "save_file",
     "scope",
+    "to",
 ]
 
 

@@ -16,8 +16,8 @@ import jax
 
 from . import _placement, _prefetch, _safetensors
 from ._decider import Decider, Decision, Explanation
-from ._load_policy import load_policy
-from ._placement import Active, Scope, Scopes, make_place
+from ._load_policy import load_policy, loaded_files
+from ._placement import Active, Inputs, Scope, Scopes, make_place, move_to
 from ._policy import Policy
 from ._safetensors import Plan
 
@@ -55,14 +55,49 @@ def active_policy() -> Policy:
         return policy
     if _outermost:
         return _outermost[0].policy
-    return _discover()
+    return _discovered_checked()
 
 
 def _inactive_decider() -> Decider:
     """The decider for a context that activated nothing (see `active_policy`)."""
     if _outermost:
         return _outermost[0].policy.decider
-    return _discover().decider
+    return _discovered_checked().decider
+
+
+def _discovered_checked() -> Policy:
+    """The discovered policy, after warning if a policy file loaded since is not it."""
+    policy = _discover()
+    if loaded_files:  # a policy file was loaded since the last look: is it this one?
+        _not_active(policy)
+    return policy
+
+
+def _not_active(discovered: Policy) -> None:
+    """Warn once per pair when a loaded policy file is not the discovered one deciding.
+
+    `p = load_policy("minilm.yaml")` followed by `devpolicy.put(...)` decides by the
+    discovered policy, not `p`: `activate` is what makes a policy the module-level one.
+    """
+    with _lock:
+        pending = loaded_files[:]
+        loaded_files.clear()
+    deciding = discovered.file
+    deciding_path = os.path.abspath(deciding) if deciding is not None else None
+    for path, shown in pending:
+        if path == deciding_path or not discovered.events.first_time(("not_active", path)):
+            continue
+        discovered.events.emit(
+            "warning",
+            "policy_not_active",
+            {
+                "loaded": shown,
+                "deciding": deciding or "none found (an empty policy: JAX's default device)",
+                "found": discovered.found,
+                "fix": f"devpolicy.activate(policy) to decide module-level calls by {shown}, "
+                "or call the policy's own methods (policy.put, policy.place, ...)",
+            },
+        )
 
 
 # How placement finds the active decider at each call without calling up into this module.
@@ -80,10 +115,12 @@ def _discover() -> Policy:
 
 
 def forget_discovered() -> None:
-    """Drop the discovered policy so the next module-level call discovers again."""
+    """Drop the discovered policy so the next module-level call discovers again (and
+    forget which policy files were loaded: nothing is compared with the next one)."""
     global _discovered
     with _lock:
         _discovered = None
+        loaded_files.clear()
 
 
 class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
@@ -193,10 +230,12 @@ def scope(name: str, *, nbytes: int | None = None) -> Scope:
 
 
 @overload
-def place(name: F, /, *, commit: bool | None = None) -> F: ...
+def place(name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
 @overload
-def place(name: str | None = None, /, *, commit: bool | None = None) -> Callable[[F], F]: ...
-def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
+def place(
+    name: str | None = None, /, *, commit: bool | None = None, inputs: Inputs = None
+) -> Callable[[F], F]: ...
+def place(name: Any = None, /, *, commit: bool | None = None, inputs: Inputs = None) -> Any:
     """Decorator: run the function inside the scope for `name` (default `module.qualname`).
 
     `@place` and `@place("name")` both work. The policy is looked up at each call, so
@@ -205,6 +244,14 @@ def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
     of the result on the decided device are committed to it, without a copy, so they
     cannot migrate later; leaves on another device give a `placement_mismatch` warning.
     Generators and coroutines get the scope around each step, never across a pause.
+
+    JAX runs a jitted function where its committed inputs are, and refuses inputs
+    committed to different devices. For a model split over devices, `inputs="move"` (or
+    the rule's `inputs: move`) moves each committed `jax.Array` argument (pytree leaves
+    included) found on another single device to the decided device before the call: the
+    activations of the layer before follow to this layer's device. Each move is a debug
+    `input_moved` event, and each call that moves is an `inputs_moved` event (info the
+    first time). `inputs="keep"` never moves; None (default) does what the rule says.
 
     Example:
         >>> import devpolicy, jax.numpy as jnp
@@ -216,14 +263,44 @@ def place(name: Any = None, /, *, commit: bool | None = None) -> Any:
         >>> str(next(iter(x.devices()))), x.committed
         ('cpu:1', True)
     """
-    return make_place(_ACTIVE_DECIDER, name, commit)
+    return make_place(_ACTIVE_DECIDER, name, commit, inputs)
 
 
-def put(name: str, x: T) -> T:
+def to(x: T, name: str) -> T:
+    """`x`'s `jax.Array` leaves moved to the device the active policy decides for `name`.
+
+    The one-line form of `@place(name, inputs="move")`: each array leaf elsewhere (or
+    uncommitted) is put on the decided device, committed, in one transfer; other leaves
+    are returned as they are. Moves of committed arrays are logged like `@place`'s.
+
+    Example:
+        >>> import devpolicy, jax, jax.numpy as jnp
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "model/layer2", "device": "cpu:2"}]})
+        >>> h = jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:1"))
+        >>> with devpolicy.activate(p):
+        ...     h2 = devpolicy.to(h, "model/layer2")
+        >>> str(next(iter(h2.devices()))), h2.committed
+        ('cpu:2', True)
+    """
+    return move_to(_ACTIVE_DECIDER.decider(), x, name)
+
+
+def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
     """Place an array or pytree by the active policy, its size known; the result is committed.
 
     Pytree leaves are named `name/<path>` (`params/layer0/w`); each is decided on its
     own, and all decisions are made before any array moves.
+
+    With x64 disabled JAX holds 64-bit data in 32 bits. `narrow="exact"` (the default)
+    narrows int64/uint64/float64/complex128 leaves only when every value survives (each
+    with a `narrowed` event), else raises `NarrowingError` listing every leaf that would
+    change, before anything moves; `narrow="lossy"` accepts the change (a `narrowed`
+    warning with `exact=False`).
+
+    Raises:
+        NarrowingError: a 64-bit leaf would change (x64 disabled, `narrow="exact"`).
+        DeviceUnavailableError: a leaf's target and fallbacks cannot be had.
 
     Example:
         >>> import devpolicy, numpy as np
@@ -233,8 +310,13 @@ def put(name: str, x: T) -> T:
         ...     tree = devpolicy.put("params", {"big": np.zeros(1024), "small": np.zeros(2)})
         >>> str(next(iter(tree["big"].devices()))), str(next(iter(tree["small"].devices())))
         ('cpu:3', 'cpu:0')
+        >>> try:
+        ...     p.put("ids", np.array([2**40, 7]))
+        ... except devpolicy.NarrowingError as e:
+        ...     print(e.problems)
+        (('ids', 'values 7..1099511627776 do not fit int32 (-2147483648..2147483647)'),)
     """
-    return _placement.put(_ACTIVE_DECIDER.decider(), name, x)
+    return _placement.put(_ACTIVE_DECIDER.decider(), name, x, narrow)
 
 
 def _decider_of(policy: Policy | None) -> Decider:
@@ -298,9 +380,19 @@ def load_file(
 
 
 def plan(
-    path: str | os.PathLike[str], *, prefix: str | None = None, policy: Policy | None = None
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
 ) -> Plan:
     """Where every tensor of a file would go, reading only its header; nothing is logged.
+
+    Per device: the bytes planned, of them the bytes `load_file` would map from the file
+    (`file_backed`: host devices, the rule's `mmap` or `mmap=True`, 64-byte-aligned offset;
+    they take no anonymous memory), and whether the rest fits its free memory. Devices
+    that share one memory (every CPU device of a process, in host RAM) are judged
+    together: bytes planned for one count against all.
 
     Example:
         >>> import devpolicy, numpy as np, tempfile, os
@@ -311,11 +403,16 @@ def plan(
         >>> [(t.name, t.nbytes, t.decision.device_text) for t in p.tensors]
         [('m/w', 1024, 'cpu:2')]
     """
-    return _safetensors.plan(path, _decider_of(policy), prefix=prefix)
+    return _safetensors.plan(path, _decider_of(policy), prefix=prefix, mmap=mmap)
 
 
 def prefetch(
-    iterable: Iterable[T], name: str = "batch", size: int = 2, *, policy: Policy | None = None
+    iterable: Iterable[T],
+    name: str = "batch",
+    size: int = 2,
+    *,
+    policy: Policy | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
 ) -> Iterator[T]:
     """Yield each element placed by the rule for `name`, with up to `size` transfers in flight.
 
@@ -323,7 +420,8 @@ def prefetch(
     JAX transfers are asynchronous, so while you compute on one batch the next `size` are
     already on their way (`size=2` keeps two in flight; memory holds `size + 1` batches).
     An error from the source is raised after the batches placed before it are used. The policy is
-    the one active when `prefetch` is called, unless given.
+    the one active when `prefetch` is called, unless given. `narrow` is `put`'s: 64-bit
+    batches are narrowed only when exact, else `NarrowingError`.
 
     Raises:
         ValueError: if `size` is less than 1.
@@ -336,4 +434,4 @@ def prefetch(
         >>> [str(next(iter(b.devices()))) for b in devpolicy.prefetch(batches, policy=p)]
         ['cpu:2', 'cpu:2', 'cpu:2']
     """
-    return _prefetch.prefetch(iterable, _decider_of(policy), name, size)
+    return _prefetch.prefetch(iterable, _decider_of(policy), name, size, narrow)

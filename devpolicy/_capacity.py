@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Protocol, runtime_checkable
 
 import jax
@@ -37,18 +37,51 @@ def host_available_bytes() -> int | None:
         return None
 
 
+#: The pool of devices that share the process's host RAM (every CPU device).
+HOST_POOL = "host RAM"
+
+
+def pool_of(capacity: Capacity, device: jax.Device) -> Hashable:
+    """The memory `device` draws on, by `capacity`: bytes given to one device of a pool
+    count against every device of it. A capacity without a `pool` method gives each
+    device its own.
+
+    Example:
+        >>> import devpolicy
+        >>> cpu1, cpu2 = devpolicy.get_device("cpu:1"), devpolicy.get_device("cpu:2")
+        >>> pool_of(DeviceMemory(), cpu1) == pool_of(DeviceMemory(), cpu2)
+        True
+        >>> pool_of(StaticCapacity({"cpu:1": "1GiB"}), cpu1) is cpu1
+        True
+    """
+    pool = getattr(capacity, "pool", None)
+    found: Hashable = device if pool is None else pool(device)
+    return found
+
+
+def pool_text(pool: Hashable) -> str:
+    """A pool as a user reads it: `host RAM`, or the device's target text."""
+    if isinstance(pool, tuple):
+        return HOST_POOL
+    return inventory().text(pool) if isinstance(pool, jax.Device) else str(pool)
+
+
 class DeviceMemory:
     """Free memory as the backend reports it; host RAM for devices that report none.
 
     Accelerators report `bytes_limit` and `bytes_in_use` in `device.memory_stats()`;
-    CPU devices report nothing and live in host RAM, so available RAM stands in. No
-    platform name is consulted: what a device reports decides.
+    CPU devices report nothing and live in host RAM, so available RAM stands in, and all
+    of them share it: one pool (see `pool`). No platform name is consulted: what a
+    device reports decides.
 
     Example:
         >>> import devpolicy
         >>> DeviceMemory().free_bytes(devpolicy.get_device("cpu")) > 0
         True
     """
+
+    def __init__(self) -> None:
+        self._pools: dict[jax.Device, Hashable] = {}
 
     def free_bytes(self, device: jax.Device) -> int | None:
         """Bytes free on `device`, from its memory stats or else from host RAM."""
@@ -72,6 +105,17 @@ class DeviceMemory:
             if isinstance(limit, int):
                 return max(0, limit - int(used)), limit
         return host_available_bytes(), None
+
+    def pool(self, device: jax.Device) -> Hashable:
+        """The memory `device` draws on: its own where it reports memory stats, else the
+        host RAM of its process, shared by every such device."""
+        pool = self._pools.get(device)
+        if pool is None:
+            # Whether a device reports its own memory does not change: asked once.
+            shared = self.usage(device)[1] is None
+            pool = (HOST_POOL, device.process_index) if shared else device
+            self._pools[device] = pool
+        return pool
 
 
 class StaticCapacity:

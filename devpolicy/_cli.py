@@ -31,6 +31,17 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _capacity_item(text: str) -> tuple[str, int]:
+    target, sep, size = text.partition("=")
+    if not sep or not target.strip():
+        raise argparse.ArgumentTypeError(f"expected TARGET=SIZE such as gpu:0=24GiB, got {text!r}")
+    try:
+        devpolicy.StaticCapacity({target.strip(): size.strip()})  # checks target and size
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return target.strip(), devpolicy.parse_size(size.strip())
+
+
 def _size(text: str) -> int:
     try:
         return devpolicy.parse_size(text)
@@ -82,6 +93,14 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("file", type=Path, help="a .safetensors file (only its header is read)")
     plan.add_argument("--policy", type=Path, default=None, help="policy file (default: discovery)")
     plan.add_argument("--prefix", default=None, help="name prefix (default: the file's stem)")
+    plan.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        type=_capacity_item,
+        metavar="TARGET=SIZE",
+        help="plan for another machine: free memory of a device (gpu:0=24GiB); repeatable",
+    )
     plan.add_argument(
         "--all", action="store_true", help=f"list every tensor (default: the first {_PLAN_ROWS})"
     )
@@ -508,7 +527,11 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    policy = _load(args.policy)
+    if args.capacity:
+        capacity = devpolicy.StaticCapacity(dict(args.capacity))
+        policy = devpolicy.load_policy(args.policy, capacity=capacity)
+    else:
+        policy = _load(args.policy)
     p = devpolicy.plan(args.file, prefix=args.prefix, policy=policy)
     status = EXIT_OK if p.fits else EXIT_FINDINGS
     if args.json:
@@ -538,6 +561,8 @@ def _plan(args: argparse.Namespace) -> int:
                     "nbytes": d.nbytes,
                     "tensors": d.tensors,
                     "free": d.free,
+                    "file_backed": d.file_backed,
+                    "pool": d.pool,
                     "fits": d.fits,
                 }
                 for d in p.devices
@@ -571,25 +596,29 @@ def _plan(args: argparse.Namespace) -> int:
     if len(shown) < len(p.tensors):
         console.print(Text(f"... {len(p.tensors) - len(shown)} more tensors (--all lists them)"))
     per_device = Table(title="Per device: planned against free memory", title_justify="left")
-    for column in ("device", "tensors", "planned", "free", "used", "", "fits"):
+    for column in ("device", "tensors", "planned", "file-backed", "free", "used", "", "fits"):
         per_device.add_column(
             column, justify="left" if column in ("device", "", "fits") else "right"
         )
     for d in p.devices:
-        total = max(d.free or d.nbytes, 1)
+        # What takes memory: this device's share of its pool, less what is mapped.
+        taken = d.pool_nbytes
+        total = max(d.free or taken, 1)
         bar = ProgressBar(
             total=total,
-            completed=min(d.nbytes, total),
+            completed=min(taken, total),
             width=30,
             complete_style="red" if not d.fits else "green",
         )
         fits = Text("yes", style="green") if d.fits else Text("NO", style="bold red")
-        used = "-" if d.free is None else f"{d.nbytes / max(d.free, 1):.0%}"
+        used = "-" if d.free is None else f"{taken / max(d.free, 1):.0%}"
+        shared = d.pool != d.device and sum(o.pool == d.pool for o in p.devices) > 1
         per_device.add_row(
             _lit(d.device),
             str(d.tensors),
             _size_text(d.nbytes),
-            _size_text(d.free),
+            _size_text(d.file_backed) if d.file_backed else "-",
+            _lit(f"{_size_text(d.free)} ({d.pool}, shared)" if shared else _size_text(d.free)),
             used,
             bar,
             fits,

@@ -8,7 +8,7 @@ claimed by earlier items passed along explicitly).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from ._matching import Matcher, Step, compile_condition
 from ._meshes import Meshes, shards
 from ._routing import NOTHING_CLAIMED, Choice, Fit, Route
 from ._schema import RuleSpec, Source
+from ._sizes import format_size
 from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
 
 
@@ -54,6 +55,8 @@ class Decision:
         spec: The spec (one entry per dimension) for a sharded decision, else None.
         mesh_devices: How many devices the mesh spans (all processes), else 1.
         shards: Into how many pieces the spec cuts an array (the rest replicates), else 1.
+        move_inputs: Whether `@place` moves committed array arguments found on another
+            device to `device` before the call (the rule's `inputs: move`).
 
     Example:
         >>> import devpolicy
@@ -77,6 +80,7 @@ class Decision:
     commit: bool
     is_auto: bool
     mmap: bool = False
+    move_inputs: bool = False
     sharding: jax.sharding.Sharding | None = None
     mesh: str | None = None
     spec: tuple[SpecEntry, ...] | None = None
@@ -109,6 +113,29 @@ class Decision:
     def bytes_per_device(self) -> int | None:
         """The bytes each device holds (a shard's share for a sharded decision)."""
         return None if self.nbytes is None else -(-self.nbytes // self.shards)
+
+    def __str__(self) -> str:
+        """One line a user can read: name, device, by which rule, and any fallback.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "rules": [
+            ...     {"match": "data/*", "device": "cpu:1"}]})
+            >>> print(p.decide("data/x", nbytes=2048))
+            data/x (2.0 KiB) -> cpu:1 by <mapping>:rules[0] (policy)
+        """
+        size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
+        where = f"{self.device_text} (auto)" if self.is_auto else self.device_text
+        if self.memory_kind is not None:
+            where += f" [{self.memory_kind}]"
+        line = f"{self.name}{size} -> {where} by {self.origin} ({self.source})"
+        if self.fallback_reason is not None:
+            line += f"; asked {self.requested}: {self.fallback_reason}"
+        return line
+
+    def __rich__(self) -> Any:
+        """`rich.print(decision)`: the same line, never read as markup."""
+        return _rich_text(str(self))
 
     def event_fields(self) -> dict[str, Any]:
         """The flat fields of this decision's `placement` event."""
@@ -155,6 +182,48 @@ class Explanation:
     decision: Decision | None
     error: str | None
 
+    def __str__(self) -> str:
+        """Each rule tried, each fallback step and the outcome, one per line.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "rules": [
+            ...     {"match": "a/*", "device": "cpu:1"}, {"match": "b/*", "device": "cpu:2"}]})
+            >>> print(p.explain("b/x"))
+            b/x
+              rule <mapping>:rules[0] 'a/*': no: glob 'a/*' does not match
+              rule <mapping>:rules[1] 'b/*': matched: glob 'b/*' matches
+              decision: b/x -> cpu:2 by <mapping>:rules[1] (policy)
+        """
+        size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
+        lines = [f"{self.name}{size}"]
+        for entry, step in self.steps:
+            pattern = entry.spec.match if entry.spec.match is not None else entry.spec.regex
+            verdict = "matched" if step.matched else "no"
+            lines.append(f"  rule {entry.origin} {pattern!r}: {verdict}: {step.reason}")
+        if not self.steps or not self.steps[-1][1].matched:
+            lines.append("  no rule matched: the default applies")
+        for target, why in self.fallback:
+            lines.append(f"  passed over {target}: {why}")
+        if self.decision is not None:
+            lines.append(f"  decision: {self.decision}")
+        else:
+            error = (self.error or "").splitlines()
+            lines.append(f"  no device: {error[0] if error else ''}")
+            lines += [f"  {line}" for line in error[1:]]
+        return "\n".join(lines)
+
+    def __rich__(self) -> Any:
+        """`rich.print(explanation)`: the same lines, never read as markup."""
+        return _rich_text(str(self))
+
+
+def _rich_text(text: str) -> Any:
+    # rich is a dependency, imported only when something is printed with it.
+    from rich.text import Text
+
+    return Text(text)
+
 
 @dataclass(frozen=True, slots=True)
 class _Outcome:
@@ -179,15 +248,15 @@ Shape = tuple[int, ...]
 Item = tuple[str, int | None] | tuple[str, int | None, Shape | None]
 
 
-def _claim(claimed: dict[jax.Device, int], decision: Decision) -> None:
-    """Count a decision's bytes against the devices that will hold them."""
+def _claim(claimed: dict[Hashable, int], decision: Decision, fit: Fit) -> None:
+    """Count a decision's bytes against the memory pools of the devices that will hold them."""
     share = decision.bytes_per_device() or 0
-    if decision.mesh is None:
-        claimed[decision.device] = claimed.get(decision.device, 0) + share
-        return
-    assert decision.sharding is not None
-    for device in decision.sharding.addressable_devices:
-        claimed[device] = claimed.get(device, 0) + share
+    sharding = decision.sharding
+    assert sharding is not None
+    held = sharding.addressable_devices if decision.mesh is not None else (decision.device,)
+    for device in held:
+        pool = fit.pool(device)
+        claimed[pool] = claimed.get(pool, 0) + share
 
 
 def checked_shape(shape: object) -> Shape:
@@ -309,7 +378,7 @@ class Decider:
         name: str,
         nbytes: int | None,
         shape: Shape | None,
-        claimed: Mapping[jax.Device, int],
+        claimed: Mapping[Hashable, int],
         first_level: str,
     ) -> Decision:
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
@@ -355,14 +424,14 @@ class Decider:
         `summarised`: the caller logs one summary (a file load), so each item's first
         decision is debug, not info; a fallback's first occurrence is a warning either way.
         """
-        claimed: dict[jax.Device, int] = {}
+        claimed: dict[Hashable, int] = {}
         decisions = []
         first_level = "debug" if summarised else "info"
         for name, nbytes, *shape in items:
             decision = self._resolve(
                 name, nbytes, shape[0] if shape else None, claimed, first_level
             )
-            _claim(claimed, decision)
+            _claim(claimed, decision, self._fit)
             decisions.append(decision)
         return decisions
 
@@ -372,7 +441,7 @@ class Decider:
 
     def decide_many(self, items: Iterable[Item]) -> list[Decision | DevicePolicyError]:
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
-        claimed: dict[jax.Device, int] = {}
+        claimed: dict[Hashable, int] = {}
         results: list[Decision | DevicePolicyError] = []
         for name, nbytes, *shape in items:
             try:
@@ -380,7 +449,7 @@ class Decider:
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            _claim(claimed, decision)
+            _claim(claimed, decision, self._fit)
             results.append(decision)
         return results
 
@@ -407,7 +476,7 @@ class Decider:
         name: str,
         nbytes: int | None,
         shape: Shape | None,
-        claimed: Mapping[jax.Device, int],
+        claimed: Mapping[Hashable, int],
     ) -> tuple[Decision, bool]:
         """The decision (or its error, raised), and whether it may be cached."""
         outcome = self._outcome(name, nbytes, shape, claimed)
@@ -422,7 +491,7 @@ class Decider:
         name: str,
         nbytes: int | None,
         shape: Shape | None,
-        claimed: Mapping[jax.Device, int],
+        claimed: Mapping[Hashable, int],
     ) -> _Outcome:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
@@ -482,4 +551,5 @@ class Decider:
             is_auto=choice.device is None or self.disabled,
             mmap=False if entry is None else entry.spec.mmap,
             **sharded,
+            move_inputs=entry is not None and entry.spec.inputs == "move",
         )

@@ -167,24 +167,47 @@ class ScopeInCoroutineError(DevicePolicyError, RuntimeError):
 
 
 class NarrowingError(DevicePolicyError, ValueError):
-    """A 64-bit tensor would change if narrowed to 32 bits (JAX with x64 disabled).
+    """64-bit data would change if narrowed to 32 bits (JAX with x64 disabled).
+
+    Every offending tensor is listed, not only the first; nothing has been placed.
 
     Attributes:
-        file: The file.
-        tensor: The tensor's key.
-        problem: Which values do not survive.
+        problems: Each offending tensor (a file's key, or a `put` leaf's name) with which
+            of its values do not survive.
+        file: The file, or None for arrays given in code (`put`, `prefetch`).
+        tensor: The first offending tensor.
+        problem: Its problem.
+
+    Example:
+        >>> e = NarrowingError([("a", "values 0..2**40 do not fit int32"), ("b", "...")])
+        >>> print(str(e).splitlines()[0])
+        2 tensors would change in 32 bits:
     """
 
-    def __init__(self, file: str, tensor: str, problem: str) -> None:
+    def __init__(self, problems: Sequence[tuple[str, str]], file: str | None = None) -> None:
+        if not problems:
+            raise ValueError("NarrowingError needs at least one problem")
+        self.problems = tuple(problems)
         self.file = file
-        self.tensor = tensor
-        self.problem = problem
-        super().__init__(
-            f"{file}: tensor {tensor!r}: {problem}. JAX has x64 disabled, so it would hold this "
-            "tensor in 32 bits and change these values. Enable x64 before loading "
-            "(jax.config.update('jax_enable_x64', True)), or pass narrow='lossy' to accept "
-            "the change."
+        self.tensor, self.problem = self.problems[0]
+        where = f"{file}: " if file is not None else ""
+        way_out = (
+            "JAX has x64 disabled, so it would hold {it} in 32 bits and change these values. "
+            "Enable x64 before {doing} (jax.config.update('jax_enable_x64', True)), or pass "
+            "narrow='lossy' to accept the change."
         )
+        doing = "loading" if file is not None else "placing"
+        if len(self.problems) == 1:
+            text = f"{where}tensor {self.tensor!r}: {self.problem}. " + way_out.format(
+                it="this tensor", doing=doing
+            )
+        else:
+            listed = "\n".join(f"  {where}tensor {t!r}: {p}" for t, p in self.problems)
+            text = (
+                f"{len(self.problems)} tensors would change in 32 bits:\n{listed}\n"
+                + way_out.format(it="them", doing=doing)
+            )
+        super().__init__(text)
 
 
 class RuntimeTooLateError(DevicePolicyError, RuntimeError):

@@ -16,6 +16,11 @@ from ._policy import Policy
 
 PolicyInput = str | os.PathLike[str] | Mapping[str, Any]
 
+#: Policy files loaded by path in this process and not yet compared with the discovered
+#: policy (absolute path, as shown). `_active` drains it to warn when module-level calls
+#: decide by a discovered policy while another file was loaded (and not activated).
+loaded_files: list[tuple[str, str]] = []
+
 
 def load_policy(
     source: PolicyInput | None = None,
@@ -63,4 +68,6 @@ def load_policy(
     else:
         document = read_document(source)
         how = "given to load_policy" if isinstance(source, Mapping) else display_path(Path(source))
+        if not isinstance(source, Mapping):
+            loaded_files.append((os.path.abspath(source), how))
     return Policy(merge(document, env, code), how, capacity)

@@ -1,8 +1,10 @@
 """devpolicy's events: structlog, without reconfiguring the application's logging.
 
 If the application has configured structlog, events go through its configuration.
-Otherwise devpolicy renders them itself, by its policy's `logging:` settings, without
-calling `structlog.configure`.
+Otherwise, by the policy's `logging.format`: `auto` (the default) sends them to stdlib
+logging when the application has set up handlers (`logging.basicConfig(...)`), else
+renders them on stderr; `console`/`json` render on stderr; `stdlib` uses the `devpolicy`
+logger. Nothing global is configured.
 """
 
 from __future__ import annotations
@@ -68,24 +70,35 @@ def _own_logger(level: str, fmt: str) -> Any:
     return structlog.wrap_logger(target, processors=processors, wrapper_class=wrapper).bind()
 
 
+_NO_HANDLER_NOTE = (
+    "devpolicy: logging.format is 'stdlib' but stdlib logging has no handler for the "
+    "'devpolicy' logger (nothing would be written); devpolicy's events go to stderr instead. "
+    "Configure logging (logging.basicConfig(...)) or use format 'auto'."
+)
+_noted: set[str] = set()
+
+
 class EventLog:
     """Emits a policy's events at or above its level; set-up is done once, not per event.
 
     devpolicy's own level is applied before anything renders, whoever renders (its own
     output, the application's structlog, stdlib logging): an event below it costs nothing.
+    Where events go is looked up at each emit (cheap), so an application that configures
+    logging after loading a policy is followed.
     """
 
     def __init__(self, level: str, fmt: str) -> None:
         self.level = level
         self.format = fmt
         self._threshold = LEVELS[level]
-        self._own: Any = None
+        self._own: dict[str, Any] = {}
         self._app: Any = None
         self._app_key: tuple[int, ...] = ()
         # Hashes, not keys: a long job may see a great many names.
         self._seen: set[int] = set()
 
-    def _logger(self) -> Any:
+    def _logger(self, level: str) -> Any:
+        """The logger to emit through, or None when stdlib would drop the event anyway."""
         if structlog.is_configured():
             config = structlog.get_config()
             key = (
@@ -98,9 +111,23 @@ class EventLog:
                 self._app = structlog.get_logger(LOGGER_NAME).bind()
                 self._app_key = key
             return self._app
-        if self._own is None:
-            self._own = _own_logger(self.level, self.format)
-        return self._own
+        fmt = self.format
+        if fmt in ("auto", "stdlib"):
+            stdlib = logging.getLogger(LOGGER_NAME)
+            if stdlib.hasHandlers():
+                # Rendering an event stdlib then drops would cost for nothing.
+                return self._own_for("stdlib") if stdlib.isEnabledFor(LEVELS[level]) else None
+            if fmt == "stdlib" and "stdlib" not in _noted:
+                _noted.add("stdlib")
+                print(_NO_HANDLER_NOTE, file=sys.stderr)
+            fmt = "console"
+        return self._own_for(fmt)
+
+    def _own_for(self, fmt: str) -> Any:
+        logger = self._own.get(fmt)
+        if logger is None:
+            logger = self._own[fmt] = _own_logger(self.level, fmt)
+        return logger
 
     def enabled(self, level: str) -> bool:
         """Whether an event at `level` would be emitted."""
@@ -147,7 +174,10 @@ class EventLog:
         if LEVELS[level] < self._threshold:
             return
         try:
-            getattr(self._logger(), level)(event, **fields)
+            logger = self._logger(level)
+            if logger is None:
+                return
+            getattr(logger, level)(event, **fields)
         except Exception as e:
             kind = (type(e), event)
             if kind not in _reported:

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from threading import get_ident
-from typing import Any, Protocol, TypeAlias, TypeVar
+from typing import Any, Literal, Protocol, TypeAlias, TypeVar
 
 import jax
 import numpy as np
@@ -23,9 +23,12 @@ from ._errors import ScopeInCoroutineError
 from ._inventory import inventory
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
+from ._narrowing import Narrow, check_mode, narrow_leaves
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+#: `@place(inputs=...)`: move committed array arguments, keep them, or None (the rule's).
+Inputs: TypeAlias = 'Literal["keep", "move"] | None'
 
 
 class HasDecider(Protocol):
@@ -166,15 +169,30 @@ class Scope:
     only. Threads started inside it do not inherit it.
     """
 
-    __slots__ = ("_commit", "_entry", "_name", "_nbytes", "_owner", "_source", "_stacks")
+    __slots__ = (
+        "_commit",
+        "_entry",
+        "_inputs",
+        "_name",
+        "_nbytes",
+        "_owner",
+        "_source",
+        "_stacks",
+    )
 
     def __init__(
-        self, source: DeciderSource, name: str, nbytes: int | None, commit: bool | None = None
+        self,
+        source: DeciderSource,
+        name: str,
+        nbytes: int | None,
+        commit: bool | None = None,
+        inputs: Inputs = None,
     ) -> None:
         self._source = source
         self._name = name
         self._nbytes = nbytes
         self._commit = commit
+        self._inputs = inputs
         # The usual life of a scope: entered once, in one thread. That entry's token (what
         # to restore) is kept in `_owner`/`_entry`; an entry made while another is open
         # goes on a stack per thread, so entries and exits pair up within each thread.
@@ -214,7 +232,9 @@ class Scope:
 
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh and runs inside the scope."""
-        wrapped: F = _decorate(self._source, self._name, self._nbytes, self._commit, fn)
+        wrapped: F = _decorate(
+            self._source, self._name, self._nbytes, self._commit, fn, self._inputs
+        )
         return wrapped
 
     def __repr__(self) -> str:
@@ -261,21 +281,23 @@ def default_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
-def make_place(source: DeciderSource, name: Any, commit: bool | None) -> Any:
+def make_place(source: DeciderSource, name: Any, commit: bool | None, inputs: Inputs = None) -> Any:
     """Implement `place` for both `@place` and `@place("name")`."""
     if commit is not None and not isinstance(commit, bool):
         raise TypeError(f"place(commit=...) must be a bool or None, got {commit!r}")
+    if inputs not in (None, "keep", "move"):
+        raise ValueError(f"place(inputs=...) must be 'move', 'keep' or None, got {inputs!r}")
     if callable(name):
-        return Scope(source, default_name(name), None, commit)(name)
+        return Scope(source, default_name(name), None, commit, inputs)(name)
     if name is not None and not isinstance(name, str):
         raise TypeError(
             f"place() takes a name (str) or a function, got {type(name).__name__} {name!r}"
         )
     if name is not None:
-        return Scope(source, name, None, commit)
+        return Scope(source, name, None, commit, inputs)
 
     def decorator(fn: F) -> F:
-        return Scope(source, default_name(fn), None, commit)(fn)
+        return Scope(source, default_name(fn), None, commit, inputs)(fn)
 
     return decorator
 
@@ -285,8 +307,26 @@ _NO_ARRAYS = frozenset({int, float, bool, complex, str, bytes, type(None)})
 
 
 def _decorate(
-    source: DeciderSource, name: str, nbytes: int | None, commit: bool | None, fn: Any
+    source: DeciderSource,
+    name: str,
+    nbytes: int | None,
+    commit: bool | None,
+    fn: Any,
+    inputs: Inputs = None,
 ) -> Any:
+    # Decided here, once: whether any call may move inputs. A fixed policy none of whose
+    # rules says `inputs: move` gets the plain wrappers below, untouched.
+    rule_moves = inputs is None and (
+        not isinstance(source, Decider)
+        or any(r.spec.inputs == "move" for r in source.settings.rules)
+    )
+    may_move = inputs == "move" or rule_moves
+
+    def moved(decision: Decision, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        if inputs == "move" or (rule_moves and decision.move_inputs):
+            return move_inputs(args, kwargs, decision, _events(source))
+        return args, kwargs
+
     if isinstance(source, Decider):
         fixed = source
 
@@ -310,6 +350,8 @@ def _decorate(
         @functools.wraps(fn)
         async def async_gen_wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
             decision = resolve()
+            if may_move and not decision.is_auto:
+                args, kwargs = moved(decision, args, kwargs)
             agen = fn(*args, **kwargs)
             sent: Any = None
             thrown: BaseException | None = None
@@ -334,6 +376,8 @@ def _decorate(
         @functools.wraps(fn)
         async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
             decision = resolve()
+            if may_move and not decision.is_auto:
+                args, kwargs = moved(decision, args, kwargs)
             result = await _Stepped(fn(*args, **kwargs), decision)
             return finish(result, decision)
 
@@ -344,12 +388,14 @@ def _decorate(
         @functools.wraps(fn)
         def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
             decision = resolve()
+            if may_move and not decision.is_auto:
+                args, kwargs = moved(decision, args, kwargs)
             return (yield from _stepped_generator(fn(*args, **kwargs), decision, finish))
 
         return generator_wrapper
 
     # The hottest path, written out for each kind of source: no call but the lookup.
-    if isinstance(source, Decider) and nbytes is None:
+    if isinstance(source, Decider) and nbytes is None and not may_move:
         decider_resolve = source.resolve
 
         @functools.wraps(fn)
@@ -370,7 +416,7 @@ def _decorate(
 
         return fixed_wrapper
 
-    if isinstance(source, Active) and nbytes is None:
+    if isinstance(source, Active) and nbytes is None and inputs != "move":
         get, fallback = source.get, source.fallback
 
         @functools.wraps(fn)
@@ -380,6 +426,8 @@ def _decorate(
             decision = decider.resolve(name)
             if decision.is_auto:
                 return fn(*args, **kwargs)
+            if decision.move_inputs and rule_moves:  # the rule says `inputs: move`
+                args, kwargs = move_inputs(args, kwargs, decision, decider.events)
             if decision.mesh is not None:
                 return _sharded_call(fn, args, kwargs, decision, finish)
             token = swap_device(decision.device)
@@ -398,6 +446,8 @@ def _decorate(
         decision = resolve()
         if decision.is_auto:
             return fn(*args, **kwargs)
+        if may_move:
+            args, kwargs = moved(decision, args, kwargs)
         token = enter(decision)
         try:
             result = fn(*args, **kwargs)
@@ -421,6 +471,116 @@ def _sharded_call(
     finally:
         leave(token)
     return finish(result, decision)
+
+
+def move_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], decision: Decision, events: EventLog
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`args` and `kwargs` with each committed single-device `jax.Array` leaf that sits on
+    another device moved to the decided one, in one `device_put`.
+
+    Uncommitted arrays are left alone (JAX moves them itself), and so are sharded arrays
+    and tracers. Each move is a debug `input_moved` event; each call that moves anything
+    one `inputs_moved` event (info the first time for a name and its source devices).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    indices = [i for i, leaf in enumerate(leaves) if _elsewhere(leaf, decision.device)]
+    if not indices:
+        return args, kwargs
+    moving = [leaves[i] for i in indices]
+    placed = jax.device_put(moving, decision.destination)
+    for i, leaf in zip(indices, placed, strict=True):
+        leaves[i] = leaf
+    _report_moves(events, decision, moving, indices, (args, kwargs), arguments=True)
+    moved_args, moved_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+    return moved_args, moved_kwargs
+
+
+def _elsewhere(leaf: Any, device: jax.Device) -> bool:
+    if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer):
+        return False
+    if not leaf.committed:
+        return False
+    devices = leaf.devices()
+    return len(devices) == 1 and device not in devices
+
+
+def _report_moves(
+    events: EventLog,
+    decision: Decision,
+    moving: list[jax.Array],
+    indices: list[int],
+    tree: Any,
+    *,
+    arguments: bool = False,
+) -> None:
+    """Log moved leaves; `arguments`: `tree` is (args, kwargs), named `0/...` or `key/...`."""
+    inv = inventory()
+    sources = sorted({inv.text(next(iter(leaf.devices()))) for leaf in moving})
+    nbytes = sum(leaf.nbytes for leaf in moving)
+    if events.enabled("debug"):
+        for leaf, index in zip(moving, indices, strict=True):
+            events.emit(
+                "debug",
+                "input_moved",
+                {
+                    "name": decision.name,
+                    "leaf": _leaf_path(tree, index).split("/", 1)[1]
+                    if arguments
+                    else _leaf_path(tree, index),
+                    "from_device": inv.text(next(iter(leaf.devices()))),
+                    "device": decision.device_text,
+                    "nbytes": leaf.nbytes,
+                },
+            )
+    first = events.first_time(("inputs_moved", decision.name, *sources))
+    events.emit(
+        "info" if first else "debug",
+        "inputs_moved",
+        {
+            "name": decision.name,
+            "device": decision.device_text,
+            "from_devices": ", ".join(sources),
+            "count": len(moving),
+            "nbytes": nbytes,
+            "origin": decision.origin,
+        },
+    )
+
+
+def move_to(decider: Decider, x: T, name: str) -> T:
+    """Every `jax.Array` leaf of `x` on the device decided for `name`, committed there."""
+    if not isinstance(name, str):
+        raise TypeError(f"to() takes a name (str) second, got {type(name).__name__} {name!r}")
+    decision = decider.resolve(name)
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    indices = [
+        i
+        for i, leaf in enumerate(leaves)
+        if isinstance(leaf, jax.Array)
+        and not isinstance(leaf, jax.core.Tracer)
+        and (
+            not leaf.committed
+            or leaf.devices() != {decision.device}
+            or (
+                decision.memory_kind is not None
+                and leaf.sharding.memory_kind != decision.memory_kind
+            )
+        )
+    ]
+    if not indices:
+        return x
+    moving = [leaves[i] for i in indices]
+    placed = jax.device_put(moving, decision.destination)
+    for i, leaf in zip(indices, placed, strict=True):
+        leaves[i] = leaf
+    committed = [(j, leaf) for j, leaf in zip(indices, moving, strict=True) if leaf.committed]
+    if committed:
+        _report_moves(
+            decider.events, decision, [leaf for _, leaf in committed], [j for j, _ in committed], x
+        )
+    out: T = jax.tree_util.tree_unflatten(treedef, leaves)
+    return out
 
 
 def _events(source: DeciderSource) -> EventLog:
@@ -588,15 +748,18 @@ def _nbytes(leaf: Any) -> int:
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
-def put(decider: Decider, name: str, x: T, *, local: bool = False) -> T:
+def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: bool = False) -> T:
     """Place each leaf of `x` by `decider`, every decision made before anything moves.
 
+    With x64 disabled, 64-bit host leaves are narrowed first, all or none (see
+    `_narrowing.narrow_leaves`), so the sizes decided by are what JAX will hold.
     `local`: each process holds only its own part of the data (a data-parallel batch): a
     sharded leaf becomes a global array made of every process's part
     (`jax.make_array_from_process_local_data`), its size judged by the local part.
     """
     if not isinstance(name, str):
         raise TypeError(f"put() takes a name (str) first, got {type(name).__name__} {name!r}")
+    check_mode(narrow)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(x)
     if len(pairs) == 1 and pairs[0][0] == ():
         names = [name]
@@ -611,6 +774,8 @@ def put(decider: Decider, name: str, x: T, *, local: bool = False) -> T:
                 f"put({name!r}): leaf {leaf_name!r} is a {type(leaf).__name__}, not an array "
                 "or number; JAX cannot place it (keep such values out of the tree)"
             )
+    if not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        leaves = narrow_leaves(names, leaves, narrow, decider.events)
     # A process-local part's shape says nothing of the global one across processes.
     shapes = local and jax.process_count() > 1
     decisions = decider.resolve_many(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import jax
 
@@ -15,7 +15,7 @@ from ._decider import Decider, Decision, Explanation
 from ._errors import DevicePolicyError
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
-from ._placement import Scope, Scopes, make_place, put
+from ._placement import Inputs, Scope, Scopes, make_place, move_to, put
 from ._safetensors import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -168,27 +168,42 @@ class Policy:
         return self._scopes(name, nbytes)
 
     @overload
-    def place(self, name: F, /, *, commit: bool | None = None) -> F: ...
+    def place(self, name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
     @overload
     def place(
-        self, name: str | None = None, /, *, commit: bool | None = None
+        self, name: str | None = None, /, *, commit: bool | None = None, inputs: Inputs = None
     ) -> Callable[[F], F]: ...
-    def place(self, name: Any = None, /, *, commit: bool | None = None) -> Any:
+    def place(
+        self, name: Any = None, /, *, commit: bool | None = None, inputs: Inputs = None
+    ) -> Any:
         """Decorator: run the function in this policy's scope for `name`. See `devpolicy.place`."""
-        return make_place(self.decider, name, commit)
+        return make_place(self.decider, name, commit, inputs)
 
-    def put(self, name: str, x: T) -> T:
+    def to(self, x: T, name: str) -> T:
+        """Move `x`'s arrays to where `name` goes by this policy. See `devpolicy.to`."""
+        return move_to(self.decider, x, name)
+
+    def put(self, name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         """Place an array or pytree by this policy. See `devpolicy.put`."""
-        return put(self.decider, name, x)
+        return put(self.decider, name, x, narrow)
 
     def load_file(self, path: str | os.PathLike[str], **options: Any) -> dict[str, jax.Array]:
         """Load a safetensors file by this policy. See `devpolicy.load_file`."""
         return _safetensors.load_file(path, self.decider, **options)
 
-    def plan(self, path: str | os.PathLike[str], *, prefix: str | None = None) -> Plan:
+    def plan(
+        self, path: str | os.PathLike[str], *, prefix: str | None = None, mmap: bool | None = None
+    ) -> Plan:
         """Where each tensor of a file would go by this policy. See `devpolicy.plan`."""
-        return _safetensors.plan(path, self.decider, prefix=prefix)
+        return _safetensors.plan(path, self.decider, prefix=prefix, mmap=mmap)
 
-    def prefetch(self, iterable: Iterable[T], name: str = "batch", size: int = 2) -> Iterator[T]:
+    def prefetch(
+        self,
+        iterable: Iterable[T],
+        name: str = "batch",
+        size: int = 2,
+        *,
+        narrow: Literal["exact", "lossy"] = "exact",
+    ) -> Iterator[T]:
         """Place each element by this policy, ahead of use. See `devpolicy.prefetch`."""
-        return _prefetch.prefetch(iterable, self.decider, name, size)
+        return _prefetch.prefetch(iterable, self.decider, name, size, narrow)

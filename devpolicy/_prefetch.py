@@ -7,21 +7,27 @@ from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from ._decider import Decider
+from ._narrowing import Narrow, check_mode
 from ._placement import put
 
 T = TypeVar("T")
 
 
-def prefetch(iterable: Iterable[T], decider: Decider, name: str, size: int) -> Iterator[T]:
+def prefetch(
+    iterable: Iterable[T], decider: Decider, name: str, size: int, narrow: Narrow = "exact"
+) -> Iterator[T]:
     """Place each element by `decider`, `size` transfers ahead. See `devpolicy.prefetch`."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
     if not isinstance(name, str):
         raise TypeError(f"prefetch name must be a str, got {type(name).__name__} {name!r}")
-    return _prefetched(iter(iterable), name, size, decider)
+    check_mode(narrow)
+    return _prefetched(iter(iterable), name, size, decider, narrow)
 
 
-def _prefetched(source: Iterator[T], name: str, size: int, decider: Decider) -> Iterator[T]:
+def _prefetched(
+    source: Iterator[T], name: str, size: int, decider: Decider, narrow: Narrow
+) -> Iterator[T]:
     in_flight: deque[T] = deque()
     failure: BaseException | None = None
 
@@ -37,7 +43,7 @@ def _prefetched(source: Iterator[T], name: str, size: int, decider: Decider) -> 
                 # plain iteration over the source would have raised it.
                 failure = e
                 return
-            in_flight.append(put(decider, name, item, local=True))
+            in_flight.append(put(decider, name, item, narrow, local=True))
 
     fill()
     while in_flight:

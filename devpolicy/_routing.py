@@ -7,21 +7,22 @@ never read from hidden state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import jax
 from jax.sharding import NamedSharding
 
-from ._capacity import Capacity
+from ._capacity import Capacity, pool_of
 from ._errors import DeviceUnavailableError
 from ._inventory import current_default_device, inventory, memory_kinds
 from ._meshes import BuiltMesh, Meshes, shards
 from ._sizes import format_size
 from ._targets import ShardingTarget, Target, parse_target
 
-#: Nothing claimed yet: the usual case, shared rather than built per call.
-NOTHING_CLAIMED: Mapping[jax.Device, int] = {}
+#: Nothing claimed yet: the usual case, shared rather than built per call. Claims are
+#: keyed by memory pool (`Fit.pool`): devices sharing one memory share their claims.
+NOTHING_CLAIMED: Mapping[Hashable, int] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,10 @@ class Fit:
 
     capacity: Capacity
     headroom: float
+
+    def pool(self, device: jax.Device) -> Hashable:
+        """The memory pool `device` draws on (every CPU device shares the host's)."""
+        return pool_of(self.capacity, device)
 
     def problem(self, device: jax.Device, nbytes: int, claimed: int) -> str | None:
         """Why `nbytes` does not fit `device` with `claimed` bytes already given, or None."""
@@ -128,7 +133,7 @@ class Route:
         name: str,
         nbytes: int | None,
         fit: Fit,
-        claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
+        claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
         shape: tuple[int, ...] | None = None,
     ) -> Choice:
         """`walk`, raising when no device can be had; a size-blind result is kept."""
@@ -150,7 +155,7 @@ class Route:
         name: str,
         nbytes: int | None,
         fit: Fit,
-        claimed: Mapping[jax.Device, int] = NOTHING_CLAIMED,
+        claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
         shape: tuple[int, ...] | None = None,
     ) -> Choice | DeviceUnavailableError:
         """Try each target of the chain in order (only the first under strict).
@@ -183,7 +188,7 @@ class Route:
                     )
             if not isinstance(found, str) and nbytes is not None and (self.fits or target.is_auto):
                 sized = True
-                too_small = fit.problem(found, nbytes, claimed.get(found, 0))
+                too_small = fit.problem(found, nbytes, claimed.get(fit.pool(found), 0))
                 if too_small is not None:
                     if position < len(chain) or self.strict:
                         tried.append((target.text, too_small))
@@ -221,8 +226,11 @@ class Route:
         if nbytes is None or not self.fits:
             return built, sharding, False
         share = -(-nbytes // shards(target, dict(built.mesh.shape)))
+        pools: dict[Hashable, int] = {}  # devices sharing one memory hold their shares together
         for device in built.local:
-            too_small = fit.problem(device, share, claimed.get(device, 0))
+            pool = fit.pool(device)
+            pools[pool] = pools.get(pool, 0) + share
+            too_small = fit.problem(device, pools[pool], claimed.get(pool, 0))
             if too_small is not None:
                 return f"each device's share: {too_small}"
         return built, sharding, True

@@ -12,16 +12,18 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO
 
 import jax
 import numpy as np
 
+from ._capacity import pool_of, pool_text
 from ._decider import Decider, Decision
 from ._errors import NarrowingError
 from ._inventory import inventory
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
+from ._narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ._sizes import format_size
 from ._tensorfile import (
     Header,
@@ -36,7 +38,6 @@ from ._tensorfile import (
 )
 
 PathLike = str | os.PathLike[str]
-Narrow = Literal["exact", "lossy"]
 
 _MAP_THRESHOLD = 2**20  # below this a map per tensor costs more than it saves
 _TRIED_FIRST = {"code": 0, "env": 1, "policy": 2}
@@ -117,8 +118,7 @@ def load_file(
     progress: bool | None = None,
 ) -> dict[str, jax.Array]:
     """Load a safetensors file or checkpoint by `decider`'s rules. See `devpolicy.load_file`."""
-    if narrow not in ("exact", "lossy"):
-        raise ValueError(f"narrow must be 'exact' or 'lossy', got {narrow!r}")
+    check_mode(narrow)
     checkpoint = open_checkpoint(path)
     # Each file stays open from its header to its last read or map: replacing a path
     # mid-load (as atomic writers do) cannot mix one file's header with another's data.
@@ -149,6 +149,7 @@ def load_file(
                 f, header, file_names, mine, decider, mmap, narrow, progress, out
             )
             seconds = time.perf_counter() - started
+            _mmap_refused(decider.events, header, mine, mmap, _x64())
             _summary(decider.events, header, mine, seconds, mapped, narrowed, bytes_read)
     return {t.key: out[t.key] for _, header in headers for t in header.tensors}
 
@@ -168,6 +169,9 @@ def _load_opened(
     x64 = _x64()
     mapped = narrowed = 0
     bytes_read = 0
+    # Every 64-bit tensor that would change, so one error can list them all. Once there is
+    # one, nothing else is placed: only the 64-bit tensors are still judged.
+    problems: list[tuple[str, str]] = []
     order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
     total = sum(t.nbytes for t in header.tensors)
     fd = f.fileno()
@@ -179,6 +183,9 @@ def _load_opened(
             i = order[position]
             entry, decision = header.tensors[i], decisions[i]
             target = _NARROW.get(entry.dtype_name) if not x64 else None
+            if problems and target is None:
+                position += 1
+                continue
             if decision.mesh is not None:
                 # Sharded: this process reads only the slices its devices hold.
                 transfers.flush()
@@ -186,12 +193,25 @@ def _load_opened(
                     region = map_tensor_file(f, header)
                 reader = _ShardReader(fd, header, entry, region, target, narrow)
                 assert decision.sharding is not None
-                placed: jax.Array = jax.make_array_from_callback(
-                    entry.shape, decision.sharding, reader
-                )
+                try:
+                    placed: jax.Array = jax.make_array_from_callback(
+                        entry.shape, decision.sharding, reader
+                    )
+                except NarrowingError as e:
+                    problems += e.problems
+                    position += 1
+                    continue
                 placed.block_until_ready()
                 if target is not None:
-                    _report_narrowed(header, entry, target, narrow, decider.events, names[i])
+                    narrowed_event(
+                        decider.events,
+                        names[i],
+                        np.empty(0, entry.dtype),
+                        target,
+                        not reader.lost,
+                        from_dtype=entry.dtype_name,
+                        file=str(header.path),
+                    )
                     narrowed += 1
                 out[entry.key] = placed
                 bytes_read += reader.bytes_read
@@ -217,11 +237,14 @@ def _load_opened(
                     small = header.tensors[j]
                     wanted = _NARROW.get(small.dtype_name) if not x64 else None
                     if wanted is not None:
-                        array = _narrowed(
+                        array, problem = _narrowed(
                             header, small, array, wanted, narrow, decider.events, names[j]
                         )
+                        if problem is not None:
+                            problems.append((small.key, problem))
                         narrowed += 1
-                    transfers.add(small.key, array, decisions[j], small.nbytes)
+                    if not problems:
+                        transfers.add(small.key, array, decisions[j], small.nbytes)
                 position += len(run)
                 continue
             # A large tensor goes alone, read in chunks (the progress bar moves within
@@ -230,13 +253,22 @@ def _load_opened(
             transfers.flush()
             array = _read(fd, header, entry, advance)
             if target is not None:
-                array = _narrowed(header, entry, array, target, narrow, decider.events, names[i])
+                array, problem = _narrowed(
+                    header, entry, array, target, narrow, decider.events, names[i]
+                )
                 narrowed += 1
+                if problem is not None:
+                    problems.append((entry.key, problem))
+            if problems:
+                position += 1
+                continue
             placed = jax.device_put(array, decision.destination)
             placed.block_until_ready()
             out[entry.key] = placed
             del array
             position += 1
+        if problems:
+            raise NarrowingError(problems, str(header.path))
         transfers.flush()
     whole = zip(header.tensors, decisions, strict=True)
     bytes_read += sum(t.nbytes for t, d in whole if d.mesh is None)
@@ -270,6 +302,7 @@ class _ShardReader:
         self._done: dict[tuple[tuple[int, int], ...], np.ndarray[Any, Any]] = {}
         self.bytes_read = 0
         self.mapped = 0
+        self.lost = False  # some value changed when narrowed (under "lossy")
 
     def __call__(self, index: tuple[slice, ...] | None) -> np.ndarray[Any, Any]:
         shape = self._entry.shape
@@ -311,10 +344,10 @@ class _ShardReader:
         array = buffer[: run * len(starts)].view(entry.dtype).reshape(extents)
         if self._narrow_to is None:
             return array
-        narrowed = array.astype(self._narrow_to)
-        problem = None if self._narrow == "lossy" else _loss(array, narrowed)
-        if problem is not None:
-            raise NarrowingError(str(self._header.path), entry.key, problem)
+        narrowed, problem = narrow_into(array, np.empty(extents, self._narrow_to))
+        self.lost = self.lost or problem is not None
+        if problem is not None and self._narrow == "exact":
+            raise NarrowingError([(entry.key, problem)], str(self._header.path))
         return narrowed
 
 
@@ -333,24 +366,6 @@ def _pread_fully(
                 header.path, f"file ended inside tensor {entry.key!r}: truncated?", tensor=entry.key
             )
         done += count
-
-
-def _report_narrowed(
-    header: Header,
-    entry: TensorEntry,
-    target: np.dtype[Any],
-    mode: Narrow,
-    events: EventLog,
-    name: str,
-) -> None:
-    fields = {
-        "name": name,
-        "file": str(header.path),
-        "from_dtype": entry.dtype_name,
-        "to_dtype": str(target),
-        "exact": mode == "exact",
-    }
-    events.emit("info" if mode == "exact" else "warning", "narrowed", fields)
 
 
 def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
@@ -459,45 +474,63 @@ def _narrowed(
     mode: Narrow,
     events: EventLog,
     name: str,
-) -> np.ndarray[Any, Any]:
+) -> tuple[np.ndarray[Any, Any], str | None]:
+    """The tensor in 32 bits (into an aligned buffer) and, under "exact", what it lost."""
     result = _aligned_empty(entry.nbytes // 2).view(target).reshape(entry.shape)
-    with np.errstate(over="ignore", invalid="ignore"):  # loss is judged below, not warned
-        np.copyto(result, array, casting="unsafe")
-    problem = None if mode == "lossy" else _loss(array, result)
-    if problem is not None:
-        raise NarrowingError(str(header.path), entry.key, problem)
-    fields: dict[str, Any] = {
-        "name": name,
-        "file": str(header.path),
-        "from_dtype": entry.dtype_name,
-        "to_dtype": str(target),
-        "exact": mode == "exact",
-    }
-    if array.size:
-        fields |= {"min": array.min().item(), "max": array.max().item()}
-    events.emit("info" if mode == "exact" else "warning", "narrowed", fields)
-    return result
+    result, problem = narrow_into(array, result)
+    if problem is not None and mode == "exact":
+        return result, problem
+    narrowed_event(
+        events,
+        name,
+        array,
+        target,
+        problem is None,
+        from_dtype=entry.dtype_name,
+        file=str(header.path),
+    )
+    return result, None
 
 
-def _loss(original: np.ndarray[Any, Any], narrowed: np.ndarray[Any, Any]) -> str | None:
-    if original.size == 0:
-        return None
-    if original.dtype.kind in "iu":
-        info = np.iinfo(narrowed.dtype)
-        low, high = original.min().item(), original.max().item()
-        if low < info.min or high > info.max:
-            return f"values {low}..{high} do not fit {narrowed.dtype} ({info.min}..{info.max})"
-        return None
-    with np.errstate(over="ignore", invalid="ignore"):
-        widened = narrowed.astype(original.dtype)
-    same = (widened == original) | (np.isnan(widened) & np.isnan(original))
-    if bool(same.all()):
-        return None
-    index = int(np.argmin(same.reshape(-1)))
-    before, after = original.reshape(-1)[index].item(), widened.reshape(-1)[index].item()
-    changed = int((~same).sum())
-    first = f"first at flat index {index}: {before!r} -> {after!r}"
-    return f"{changed} values lose precision in {narrowed.dtype} ({first})"
+def _mmap_refused(
+    events: EventLog, header: Header, decisions: list[Decision], mmap: bool | None, x64: bool
+) -> None:
+    """Once per file: why tensors that were to be mapped were read instead, and the fix."""
+    unaligned: list[TensorEntry] = []
+    wide: list[TensorEntry] = []
+    for entry, decision in zip(header.tensors, decisions, strict=True):
+        if not (decision.mmap if mmap is None else mmap) or entry.nbytes == 0:
+            continue
+        if not x64 and entry.dtype_name in _NARROW:
+            wide.append(entry)
+        elif entry.offset % ALIGN:
+            unaligned.append(entry)
+    if not unaligned and not wide:
+        return
+    reasons = []
+    if unaligned:
+        first = unaligned[0]
+        aligned = header.path.with_name(header.path.stem + ".aligned.safetensors")
+        reasons.append(
+            f"{len(unaligned)} tensor{'s' if len(unaligned) > 1 else ''} at a file offset not "
+            f"{ALIGN}-byte aligned (first: {first.key!r} at {first.offset}); rewrite the file "
+            f"aligned with `devpolicy align {header.path} {aligned}` (or devpolicy.save_file)"
+        )
+    if wide:
+        reasons.append(
+            f"{len(wide)} 64-bit tensor{'s' if len(wide) > 1 else ''} narrowed to 32 bits "
+            f"(first: {wide[0].key!r}); enable x64 to map them"
+        )
+    events.emit(
+        "warning",
+        "mmap_refused",
+        {
+            "file": str(header.path),
+            "tensors": len(unaligned) + len(wide),
+            "nbytes": sum(e.nbytes for e in (*unaligned, *wide)),
+            "reason": "; ".join(reasons),
+        },
+    )
 
 
 @contextmanager
@@ -613,8 +646,14 @@ class DeviceLoad:
         device: Target text (`gpu:0`).
         nbytes: Bytes planned for it (a sharded tensor's share on it).
         tensors: How many tensors (or shards of them) it holds.
-        free: Free bytes now, or None when unknown.
-        fits: False when `nbytes` exceeds `free`.
+        free: Free bytes now, or None when unknown (for a shared pool, the pool's).
+        fits: False when the bytes that take memory (`nbytes` less `file_backed`, summed
+            over every device of its pool) exceed `free`.
+        file_backed: Bytes that will be mapped from the file (host devices, `mmap`,
+            64-byte-aligned offset): they take no anonymous memory.
+        pool: The memory it draws on: `host RAM` (shared by every CPU device of the
+            process) or its own target text.
+        pool_nbytes: Bytes that take memory in the whole pool.
     """
 
     device: str
@@ -622,6 +661,9 @@ class DeviceLoad:
     tensors: int
     free: int | None
     fits: bool
+    file_backed: int = 0
+    pool: str = ""
+    pool_nbytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -638,6 +680,52 @@ class Plan:
     tensors: tuple[PlannedTensor, ...]
     devices: tuple[DeviceLoad, ...]
 
+    def __str__(self) -> str:
+        """The plan as text: each tensor's device, then each device against its memory.
+
+        Example:
+            >>> import devpolicy, numpy as np, tempfile, os
+            >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+            >>> devpolicy.save_file({"w": np.zeros(256, np.float32)}, path)
+            >>> policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"},
+            ...     capacity=devpolicy.StaticCapacity({"cpu:2": "1MiB"}))
+            >>> text = str(devpolicy.plan(path, policy=policy))
+            >>> print(text[text.index("m.safetensors"):])
+            m.safetensors: 1 tensor, fits
+              m/w  F32 256  1.0 KiB  -> cpu:2 by <mapping>:default (default)
+            cpu:2: 1 tensor, 1.0 KiB, 1.0 MiB free (0%): fits
+        """
+        count = len(self.tensors)
+        lines = [
+            f"{self.file}: {count} tensor{'' if count == 1 else 's'}, "
+            + ("fits" if self.fits else "DOES NOT FIT")
+        ]
+        for t in self.tensors:
+            shape = "x".join(map(str, t.shape)) or "()"
+            if t.decision is not None:
+                where = f"-> {t.decision.device_text} by {t.decision.origin} ({t.decision.source})"
+            else:
+                where = f"-> no device: {(t.error or '').splitlines()[0]}"
+            lines.append(f"  {t.name}  {t.dtype} {shape}  {format_size(t.nbytes)}  {where}")
+        for d in self.devices:
+            size = format_size(d.nbytes)
+            backed = f" ({format_size(d.file_backed)} file-backed)" if d.file_backed else ""
+            if d.free is None:
+                free = "free memory unknown"
+            else:
+                shared = f" {d.pool}" if d.pool and d.pool != d.device else ""
+                free = f"{format_size(d.free)} free{shared} ({d.pool_nbytes / max(d.free, 1):.0%})"
+            tensors = f"{d.tensors} tensor{'' if d.tensors == 1 else 's'}"
+            verdict = "fits" if d.fits else "DOES NOT FIT"
+            lines.append(f"{d.device}: {tensors}, {size}{backed}, {free}: {verdict}")
+        return "\n".join(lines)
+
+    def __rich__(self) -> Any:
+        """`rich.print(plan)`: the same text, never read as markup."""
+        from rich.text import Text
+
+        return Text(str(self))
+
     @property
     def fits(self) -> bool:
         """Whether every tensor has a device and every device has room."""
@@ -646,7 +734,9 @@ class Plan:
         )
 
 
-def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan:
+def plan(
+    path: PathLike, decider: Decider, *, prefix: str | None = None, mmap: bool | None = None
+) -> Plan:
     """Where every tensor of a file or checkpoint would go by `decider`. See `devpolicy.plan`."""
     checkpoint = open_checkpoint(path)
     headers = [read_header(file) for file in checkpoint.files]
@@ -657,20 +747,28 @@ def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan
     outcomes = decider.decide_many(
         [(n, e.nbytes, e.shape) for n, (_, e) in zip(names, entries, strict=True)]
     )
+    x64 = _x64()
     tensors = []
+    # Per device: [bytes, tensors or shards, file-backed bytes].
     loads: dict[jax.Device, list[int]] = {}
     for name, (header, entry), outcome in zip(names, entries, outcomes, strict=True):
         decision, error = (outcome, None) if isinstance(outcome, Decision) else (None, str(outcome))
         if decision is not None:
             share = decision.bytes_per_device() or 0
-            assert decision.sharding is not None
-            held = (
-                decision.sharding.addressable_devices if decision.is_sharded else {decision.device}
+            sharding = decision.sharding
+            assert sharding is not None
+            held = sharding.addressable_devices if decision.is_sharded else {decision.device}
+            mapped = (
+                decision.device.platform == "cpu"  # mapped to an accelerator is still copied
+                and not decision.is_sharded
+                and (x64 or entry.dtype_name not in _NARROW)
+                and _may_map(entry, decision, mmap)
             )
             for device in held:
-                planned = loads.setdefault(device, [0, 0])
-                planned[0] += share
-                planned[1] += 1
+                totals = loads.setdefault(device, [0, 0, 0])
+                totals[0] += share
+                totals[1] += 1
+                totals[2] += share if mapped else 0
         tensors.append(
             PlannedTensor(
                 name,
@@ -684,11 +782,27 @@ def plan(path: PathLike, decider: Decider, *, prefix: str | None = None) -> Plan
                 str(header.path) if len(headers) > 1 else "",
             )
         )
-    devices = []
+    # Devices sharing one memory (every CPU device) are judged together.
+    capacity = decider.capacity
+    pools = {device: pool_of(capacity, device) for device in loads}
+    in_pool: dict[object, int] = {}
+    for device, (nbytes, _, backed) in loads.items():
+        in_pool[pools[device]] = in_pool.get(pools[device], 0) + nbytes - backed
     inv = inventory()
-    for device, (nbytes, count) in sorted(loads.items(), key=lambda kv: inv.text(kv[0])):
-        free = decider.capacity.free_bytes(device)
+    devices = []
+    for device, (nbytes, count, backed) in sorted(loads.items(), key=lambda kv: inv.text(kv[0])):
+        free = capacity.free_bytes(device)
+        taken = in_pool[pools[device]]
         devices.append(
-            DeviceLoad(inv.text(device), nbytes, count, free, free is None or nbytes <= free)
+            DeviceLoad(
+                inv.text(device),
+                nbytes,
+                count,
+                free,
+                free is None or taken <= free,
+                backed,
+                pool_text(pools[device]),
+                taken,
+            )
         )
     return Plan(str(path), tuple(tensors), tuple(devices))

@@ -44,8 +44,9 @@ from ._targets import (
 )
 
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
+INPUTS = ("keep", "move")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-LOG_FORMATS = ("console", "json", "stdlib")
+LOG_FORMATS = ("auto", "console", "json", "stdlib")
 
 #: Error type carried by every validation error devpolicy raises itself.
 ERROR_TYPE = "devpolicy"
@@ -128,6 +129,11 @@ MemoryKind = Annotated[
     str,
     BeforeValidator(_choice(MEMORY_KINDS, "memory kind")),
     WithJsonSchema({"enum": list(MEMORY_KINDS)}),
+]
+InputsChoice = Annotated[
+    str,
+    BeforeValidator(_choice(INPUTS, "inputs")),
+    WithJsonSchema({"enum": list(INPUTS)}),
 ]
 LogLevel = Annotated[
     str,
@@ -283,6 +289,11 @@ class RuleSpec(_Strict):
         description="Loaders may map a 64-byte-aligned tensor from its file instead of reading it "
         "(zero-copy on the host; the array then stays backed by the file).",
     )
+    inputs: InputsChoice = Field(
+        "keep",
+        description="`move`: @place moves committed array arguments on another device to the "
+        "decided device before the call (a model split over devices); `keep` leaves them.",
+    )
 
     @field_validator("match")
     @classmethod
@@ -325,7 +336,10 @@ class LoggingSpec(_Strict):
 
     level: LogLevel = Field("info", description="Lowest level emitted.")
     format: LogFormat = Field(
-        "console", description="console (stderr), json (stderr) or stdlib (the `devpolicy` logger)."
+        "auto",
+        description="auto (the application's structlog if configured, else stdlib logging if "
+        "it has handlers, else console), console (stderr), json (stderr) or stdlib (the "
+        "`devpolicy` logger).",
     )
 
 

@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         tokens = devpolicy.load_file(data)["tokens"]  # named dataset/tokens: stays on the host
         params = devpolicy.load_file(model)  # named model/embed, model/out: compute device
 
-        losses, batch_devices = [], Counter()
+        losses, batch_devices, batch_bytes = [], Counter(), Counter()
         for batch in devpolicy.prefetch(batches(tokens, args.batch, args.steps), name="batch"):
             batch_devices[where(batch)] += 1
+            batch_bytes[where(batch)] += batch.nbytes
             losses.append(float(step(params, batch)))
 
         print(f"\n{'array':22} {'device':8} {'size':>10}")
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             per_device[where(array)] += array.nbytes
             print(f"{name:22} {where(array):8} {devpolicy.format_size(array.nbytes):>10}")
         for device, count in sorted(batch_devices.items()):
-            print(f"{'batch x' + str(count):22} {device:8}")
+            size = devpolicy.format_size(batch_bytes[device])  # all the batches together
+            print(f"{'batch x' + str(count):22} {device:8} {size:>10}")
         summary = ", ".join(
             f"{d} {devpolicy.format_size(n)}" for d, n in sorted(per_device.items())
         )

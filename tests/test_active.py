@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 import devpolicy
 from tests.helpers import policy_of, write
@@ -147,3 +148,36 @@ class TestActivationRegressions:
         """overrides must be a mapping."""
         with pytest.raises(TypeError, match=r"^overrides must be a mapping of settings, got str$"):
             devpolicy.load_policy({"version": 1}, environ={}, overrides="abc")  # type: ignore[arg-type]
+
+
+class TestPolicyNotActive:
+    def test_loaded_but_not_activated_policy_is_warned_about_once(self, tmp_path: Path) -> None:
+        """`load_policy("minilm.yaml")` then `devpolicy.resolve`: one warning naming both files."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        write(tmp_path / "minilm.yaml", "version: 1\ndefault: cpu:1\n")
+        devpolicy.load_policy("minilm.yaml")
+        with capture_logs() as logs:
+            first = devpolicy.resolve("x")
+            devpolicy.resolve("y")
+        assert first.device_text == "cpu:2"  # still the discovered one: nothing silently changes
+        (event,) = [e for e in logs if e["event"] == "policy_not_active"]
+        assert event["log_level"] == "warning"
+        assert (event["loaded"], event["deciding"]) == ("minilm.yaml", "devpolicy.yaml")
+        assert "devpolicy.activate(policy)" in event["fix"]
+
+    def test_activated_policy_gives_no_warning(self, tmp_path: Path) -> None:
+        """Activating the loaded policy is the fix: no warning."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        write(tmp_path / "minilm.yaml", "version: 1\ndefault: cpu:1\n")
+        policy = devpolicy.load_policy("minilm.yaml")
+        with capture_logs() as logs, devpolicy.activate(policy):
+            assert devpolicy.resolve("x").device_text == "cpu:1"
+        assert not [e for e in logs if e["event"] == "policy_not_active"]
+
+    def test_loading_the_discovered_file_itself_gives_no_warning(self, tmp_path: Path) -> None:
+        """The loaded file is the one discovered: nothing to warn about."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        devpolicy.load_policy("devpolicy.yaml")
+        with capture_logs() as logs:
+            devpolicy.resolve("x")
+        assert not [e for e in logs if e["event"] == "policy_not_active"]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
+import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
+from devpolicy._capacity import pool_of
 
 
 def with_capacity(document: dict[str, object], free: dict[str, int | str]) -> devpolicy.Policy:
@@ -139,3 +143,60 @@ class TestCapacitySources:
             match=r"headroom: expected a fraction in \[0, 1\) or a percentage like '10%', got 1\.5",
         ):
             devpolicy.load_policy({"version": 1, "headroom": 1.5}, environ={})
+
+
+class _HostOf1000(devpolicy.DeviceMemory):
+    """Host RAM as if 1000 bytes were free: CPU devices report no stats, so they share it."""
+
+    def usage(self, device: jax.Device) -> tuple[int | None, int | None]:
+        return 1000, None
+
+
+class TestSharedHostMemory:
+    def test_cpu_devices_share_one_pool(self) -> None:
+        """Every CPU device draws on the same host RAM; a stated capacity is per device."""
+        cpus = [devpolicy.get_device(f"cpu:{i}") for i in range(4)]
+        assert len({pool_of(devpolicy.DeviceMemory(), d) for d in cpus}) == 1
+        static = devpolicy.StaticCapacity({"cpu:0": 10, "cpu:1": 10})
+        assert len({pool_of(static, d) for d in cpus}) == 4
+
+    def test_bytes_given_to_one_cpu_count_against_all(self) -> None:
+        """600 bytes on cpu:1 leave too little for 600 more on cpu:2: the walk goes on to cpu:3."""
+        policy = devpolicy.load_policy(
+            {
+                "version": 1,
+                "headroom": 0,
+                "rules": [
+                    {"match": "*", "device": "cpu:1", "fits": True, "fallback": ["cpu:2", "cpu:3"]}
+                ],
+            },
+            capacity=_HostOf1000(),
+            environ={},
+        )
+        a, b = policy.decide_many([("a", 600), ("b", 600)])
+        assert isinstance(a, devpolicy.Decision)
+        assert isinstance(b, devpolicy.Decision)
+        assert (a.device_text, b.device_text) == ("cpu:1", "cpu:3")
+        assert b.fallback_reason is not None
+        assert "cpu:2: needs 600 B, 1000 B free on cpu:2, 600 B of it taken by earlier items" in (
+            b.fallback_reason
+        )
+
+    def test_plan_judges_cpu_devices_together(self, tmp_path: Path) -> None:
+        """Two CPU devices each under their free memory, together over it: the plan does not fit."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"a": np.zeros(600, np.uint8), "b": np.zeros(600, np.uint8)}, path)
+        policy = devpolicy.load_policy(
+            {
+                "version": 1,
+                "rules": [{"match": "*/a", "device": "cpu:1"}, {"match": "*", "device": "cpu:2"}],
+            },
+            capacity=_HostOf1000(),
+            environ={},
+        )
+        plan = policy.plan(path)
+        assert [(d.device, d.pool, d.pool_nbytes, d.fits) for d in plan.devices] == [
+            ("cpu:1", "host RAM", 1200, False),
+            ("cpu:2", "host RAM", 1200, False),
+        ]
+        assert not plan.fits

@@ -493,3 +493,47 @@ class TestAlignArguments:
         assert "align must be a power of two from 1 to 16777216" in result.stderr
         assert "Traceback" not in result.stderr
         assert not (checkpoint.parent / "o.safetensors").exists()
+
+
+class TestPlanCapacity:
+    @pytest.fixture
+    def tokens(self, tmp_path: Path) -> Path:
+        path = tmp_path / "train.safetensors"
+        devpolicy.save_file({"tokens": np.zeros(4096, np.uint16)}, path)
+        return path
+
+    def test_capacity_plans_for_another_machine(
+        self, tokens: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`--capacity cpu:0=2KiB`: 8 KiB read into memory does not fit, exit 1."""
+        policy = write(tmp_path / "p.yaml", "version: 1\ndefault: cpu:0\n")
+        args = ["plan", str(tokens), "--policy", str(policy), "--capacity", "cpu:0=2KiB"]
+        assert main([*args, "--json"]) == 1
+        (device,) = json.loads(capsys.readouterr().out)["devices"]
+        assert (device["free"], device["fits"], device["file_backed"]) == (2048, False, 0)
+
+    def test_mapped_file_fits_under_an_mmap_rule(
+        self, tokens: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The same file under `mmap: true` (dataset-on-host) is file-backed: it fits, exit 0."""
+        policy = write(
+            tmp_path / "p.yaml",
+            "version: 1\nrules:\n  - {match: '*/tokens', device: cpu:0, mmap: true}\n",
+        )
+        args = ["plan", str(tokens), "--policy", str(policy), "--capacity", "cpu:0=2KiB"]
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert "8.0 KiB" in out
+        assert "yes" in out
+
+    @pytest.mark.parametrize("bad", ["gpu0", "gpu:0=lots", "=1GiB", "bogus:0=1GiB"])
+    def test_bad_capacity_is_a_usage_error(
+        self, tokens: Path, bad: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A malformed --capacity exits 2 with a message, no traceback."""
+        with pytest.raises(SystemExit) as info:
+            main(["plan", str(tokens), "--capacity", bad])
+        err = capsys.readouterr().err
+        assert info.value.code == 2
+        assert "--capacity" in err
+        assert "Traceback" not in err

@@ -314,7 +314,7 @@ CASES = [
     yaml_case(
         "log-format-bad",
         "version: 1\nlogging: {format: xml}\n",
-        r"^p\.yaml:2: logging\.format: unknown log format 'xml'; accepted: console, json, stdlib",
+        r"^p\.yaml:2: logging\.format: unknown log format 'xml'; accepted: auto, console, json, stdlib",
     ),
     yaml_case(
         "headroom-too-big",

@@ -104,7 +104,7 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nrules:\n  - match: a\n    devise: cpu\n",
-        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, device, sharding, fallback, min_bytes, max_bytes, memory, commit, fits, mmap$",
+        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, device, sharding, fallback, min_bytes, max_bytes, memory, commit, fits, mmap, inputs$",
     ),
     (
         "version: 1\nrules:\n  - device: cpu\n",

@@ -120,7 +120,7 @@ BAD = [
     (
         "DEVPOLICY_LOG_FORMAT",
         "jsonl",
-        r"^DEVPOLICY_LOG_FORMAT='jsonl': unknown value \(did you mean 'json'\?\); accepted: console, json, stdlib",
+        r"^DEVPOLICY_LOG_FORMAT='jsonl': unknown value \(did you mean 'json'\?\); accepted: auto, console, json, stdlib",
     ),
     (
         "DEVPOLICY_FILE",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -37,7 +38,9 @@ class TestExamples:
         assert result.returncode == 0, result.stderr
         assert "dataset/tokens" in result.stdout
         assert "per device:" in result.stdout
-        assert "batch x2" in result.stdout
+        assert re.search(r"^batch x2 +cpu:\d+ +\d+(\.\d+)? (B|KiB)$", result.stdout, re.M), (
+            "the batch row shows its size"
+        )
         # bootstrap() applied the policy's runtime: block before JAX started.
         assert "preallocate=False preallocate_source=policy" in result.stderr
         # One summary per file; a fallback's first occurrence is a warning with its name.
@@ -45,6 +48,25 @@ class TestExamples:
             assert event in result.stderr
         if "gpu" not in devpolicy.available_backends():
             assert "fallback_reason='gpu:0: no gpu backend in this process" in result.stderr
+
+    def test_readme_split_variant_puts_the_model_on_the_second_cpu(self) -> None:
+        """The Quick start's one-line XLA_FLAGS variant shows the host/accelerator split."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        env["DEVPOLICY_RULES"] = "model/*=cpu:1,batch*=cpu:1"
+        result = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "dataset_on_host.py"), "--size", "1MiB"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        rows = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines() if line}
+        assert rows["dataset/tokens"] == "cpu:0"
+        assert rows["model/embed"] == "cpu:1"
+        assert "origin=env:DEVPOLICY_RULES" in result.stderr
 
     def test_demo_rejects_a_bad_size(self) -> None:
         """A bad --size is a usage error naming the accepted forms."""

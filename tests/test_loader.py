@@ -479,3 +479,36 @@ class TestReviewRegressions:
         ).encode()
         path.write_bytes(len(header).to_bytes(8, "little") + header + b"\x01\x02")
         assert np.asarray(devpolicy.load_file(path, policy=policy_of())["t"]).tolist() == [1, 2]
+
+
+class TestPlanMapped:
+    """Tensors `load_file` would map take no anonymous memory, and the plan says so."""
+
+    def test_mapped_tensors_are_file_backed_not_counted_against_free_memory(
+        self, tmp_path: Path
+    ) -> None:
+        """A token file 4x the stated free memory, under an `mmap: true` rule: it fits."""
+        path = tmp_path / "train.safetensors"
+        devpolicy.save_file({"tokens": np.zeros(4096, np.uint16)}, path)
+        rules = [{"match": "*/tokens", "device": "cpu:0", "mmap": True}]
+        policy = devpolicy.load_policy(
+            {"version": 1, "rules": rules},
+            capacity=devpolicy.StaticCapacity({"cpu:0": "2KiB"}),
+            environ={},
+        )
+        (load,) = policy.plan(path).devices
+        assert (load.nbytes, load.file_backed, load.pool_nbytes, load.fits) == (8192, 8192, 0, True)
+        unmapped = policy.plan(path, mmap=False)
+        assert not unmapped.fits
+
+    def test_unaligned_tensors_are_not_file_backed(self, tmp_path: Path) -> None:
+        """A tensor at an offset that is not 64-byte aligned is read, so it takes memory."""
+        path = tmp_path / "odd.safetensors"
+        reference_save({"a": np.zeros(3, np.uint8), "b": np.zeros(4096, np.uint8)}, str(path))
+        plan = devpolicy.plan(path, policy=policy_of(default="cpu:1"), mmap=True)
+        offsets = {t.key: t.offset % 64 for t in plan.tensors}
+        (load,) = plan.devices
+        assert load.file_backed == sum(
+            t.nbytes for t in plan.tensors if offsets[t.key] == 0 and t.nbytes
+        )
+        assert load.file_backed < load.nbytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import structlog
@@ -87,9 +88,10 @@ class TestOwnOutput:
     """When the application has not configured structlog, devpolicy renders by its settings."""
 
     def test_console_goes_to_stderr_and_hides_empty_fields(
-        self, capsys: pytest.CaptureFixture[str]
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """The default: a readable line on stderr, nothing on stdout."""
+        """The default with no logging set up anywhere: a readable line on stderr."""
+        monkeypatch.setattr(logging.root, "handlers", [])  # pytest's own capture handlers
         assert not structlog.is_configured()
         policy_of(default="cpu:1").resolve("dataset/train")
         out, err = capsys.readouterr()
@@ -124,8 +126,11 @@ class TestOwnOutput:
         assert [r.name for r in caplog.records] == ["devpolicy"]
         assert caplog.records[0].getMessage().startswith("event=placement ")
 
-    def test_level_filters_events(self, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_level_filters_events(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """level warning hides placement events; debug shows repeats."""
+        monkeypatch.setattr(logging.root, "handlers", [])
         quiet = devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_LOG_LEVEL": "warning"})
         quiet.resolve("x")
         assert capsys.readouterr().err == ""
@@ -140,6 +145,70 @@ class TestOwnOutput:
         policy_of(default="cpu:1").resolve("x")
         assert not structlog.is_configured()
         assert structlog.get_config() == before
+
+
+class TestAutoFormat:
+    """`auto` (the default): the application's structlog, else its stdlib logging, else stderr."""
+
+    def test_an_app_logging_to_a_file_gets_the_events_in_its_file(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`logging.basicConfig(filename="app.log", level=INFO)`: events in app.log, not stderr."""
+        handler = logging.FileHandler(tmp_path / "app.log")
+        monkeypatch.setattr(logging.root, "handlers", [handler])
+        level = logging.root.level
+        logging.root.setLevel(logging.INFO)  # as basicConfig(level=...) does
+        try:
+            policy_of(default="cpu:1").resolve("dataset/train")
+        finally:
+            handler.close()
+            logging.root.setLevel(level)
+        text = (tmp_path / "app.log").read_text()
+        assert "event=placement" in text
+        assert "name=dataset/train" in text
+        assert "placement" not in capsys.readouterr().err
+
+    def test_stdlib_with_no_handler_says_so_and_writes_to_stderr(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """format stdlib with no handler anywhere: not dropped silently."""
+        monkeypatch.setattr(logging.root, "handlers", [])
+        monkeypatch.setattr(devpolicy._logging, "_noted", set())
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:1"}, environ={"DEVPOLICY_LOG_FORMAT": "stdlib"}
+        )
+        policy.resolve("x")
+        policy.resolve("y")
+        err = capsys.readouterr().err
+        assert err.count("logging.format is 'stdlib' but stdlib logging has no handler") == 1
+        assert err.count("placement") == 2
+
+    def test_stdlib_renders_nothing_stdlib_would_drop(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The app logs at WARNING: devpolicy's info events are not even rendered."""
+        rendered: list[object] = []
+        original = structlog.processors.LogfmtRenderer.__call__
+
+        def counting(self: object, *args: object) -> object:
+            rendered.append(args)
+            return original(self, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(structlog.processors.LogfmtRenderer, "__call__", counting)
+        handler = logging.FileHandler(tmp_path / "app.log")
+        monkeypatch.setattr(logging.root, "handlers", [handler])
+        level = logging.root.level
+        logging.root.setLevel(logging.WARNING)  # as basicConfig(level=...) does
+        try:
+            policy = policy_of(default="cpu:1", fallback=["cpu:2"])
+            policy.resolve("x")
+            assert rendered == []
+            policy_of(default="cpu:9", fallback=["cpu:2"]).resolve("y")  # a fallback: warning
+        finally:
+            handler.close()
+            logging.root.setLevel(level)
+        assert len(rendered) == 1
+        assert "fallback_reason" in (tmp_path / "app.log").read_text()
 
 
 class TestApplicationConfiguration:

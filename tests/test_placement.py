@@ -509,3 +509,114 @@ class TestPutInputs:
         ):
             policy.put("model/misc", {"lr": 0.1, "name": "x"})
         assert logs == []
+
+
+def _layer(p: dict[str, jax.Array], h: jax.Array) -> jax.Array:
+    return jnp.tanh(h @ p["w"] + p["b"])
+
+
+_jitted_layer = jax.jit(_layer)
+
+
+class TestMovingInputs:
+    """A model split over cpu:1/cpu:2/cpu:3 by rules: activations follow the layers."""
+
+    @staticmethod
+    def split(**rule: object) -> devpolicy.Policy:
+        return policy_of(
+            rules=[{"match": f"model/layer{i}*", "device": f"cpu:{i}", **rule} for i in (1, 2, 3)]
+        )
+
+    @staticmethod
+    def params(policy: devpolicy.Policy) -> list[dict[str, jax.Array]]:
+        return [
+            policy.put(
+                f"model/layer{i}",
+                {"w": np.full((4, 4), 0.1, np.float32), "b": np.zeros(4, np.float32)},
+            )
+            for i in (1, 2, 3)
+        ]
+
+    def forward(self, layers: list[object], params: list[dict[str, jax.Array]]) -> jax.Array:
+        h = jnp.ones((2, 4))
+        for layer, p in zip(layers, params, strict=True):
+            h = layer(p, h)  # type: ignore[operator]
+        return h
+
+    def test_without_moving_the_forward_pass_fails(self) -> None:
+        """JAX refuses an activation committed to cpu:1 beside layer 2's weights on cpu:2."""
+        policy = self.split()
+        layers = [policy.place(f"model/layer{i}")(_jitted_layer) for i in (1, 2, 3)]
+        with pytest.raises(ValueError, match="incompatible devices"):
+            self.forward(layers, self.params(policy))
+
+    def test_inputs_move_runs_each_layer_on_its_device(self) -> None:
+        """`@place(..., inputs="move")`: the pass works and ends on cpu:3 with the right values."""
+        policy = self.split()
+        params = self.params(policy)
+        layers = [policy.place(f"model/layer{i}", inputs="move")(_jitted_layer) for i in (1, 2, 3)]
+        with capture_logs() as logs:
+            out = self.forward(layers, params)
+        assert str(where(out)) == "cpu:3"
+        expected = np.ones((2, 4), np.float32)
+        for _ in range(3):
+            expected = np.tanh(expected @ np.full((4, 4), 0.1, np.float32))
+        np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)
+        moves = [
+            (e["name"], e["from_devices"], e["count"]) for e in logs if e["event"] == "inputs_moved"
+        ]
+        assert moves == [("model/layer2", "cpu:1", 1), ("model/layer3", "cpu:2", 1)]
+
+    def test_rule_field_inputs_move_works_at_module_level(self) -> None:
+        """`inputs: move` on the rules; module-level `@devpolicy.place` with the policy active."""
+        policy = self.split(inputs="move")
+        layers = [devpolicy.place(f"model/layer{i}")(_jitted_layer) for i in (1, 2, 3)]
+        with devpolicy.activate(policy):
+            out = self.forward(layers, self.params(policy))
+        assert str(where(out)) == "cpu:3"
+
+    def test_rule_field_inputs_move_works_on_a_fixed_policy(self) -> None:
+        """The rule's `inputs: move` is honoured by `Policy.place` too; `inputs="keep"` overrides it."""
+        policy = self.split(inputs="move")
+        params = self.params(policy)
+        layers = [policy.place(f"model/layer{i}")(_jitted_layer) for i in (1, 2, 3)]
+        assert str(where(self.forward(layers, params))) == "cpu:3"
+        kept = [policy.place(f"model/layer{i}", inputs="keep")(_jitted_layer) for i in (1, 2, 3)]
+        with pytest.raises(ValueError, match="incompatible devices"):
+            self.forward(kept, params)
+
+    def test_each_move_is_a_debug_event_with_the_leaf(self) -> None:
+        """At debug level every moved leaf is named with its source device."""
+        policy = policy_of(
+            rules=[{"match": "model/layer2", "device": "cpu:2"}], logging={"level": "debug"}
+        )
+
+        @policy.place("model/layer2", inputs="move")
+        def add(a: jax.Array, b: dict[str, jax.Array]) -> jax.Array:
+            return a + b["x"]
+
+        a = jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:1"))
+        b = {"x": jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:3"))}
+        with capture_logs() as logs:
+            out = add(a, b)
+        assert str(where(out)) == "cpu:2"
+        moved = [(e["leaf"], e["from_device"]) for e in logs if e["event"] == "input_moved"]
+        assert moved == [("0", "cpu:1"), ("1/x", "cpu:3")]
+
+    def test_bad_inputs_value(self) -> None:
+        """Only 'move', 'keep' or None."""
+        with pytest.raises(
+            ValueError, match=r"^place\(inputs=\.\.\.\) must be 'move', 'keep' or None, got 'yes'$"
+        ):
+            policy_of().place("x", inputs="yes")  # type: ignore[call-overload]
+
+    def test_to_moves_a_pytree_in_one_line(self) -> None:
+        """`devpolicy.to(x, name)` puts every array leaf on the decided device, committed."""
+        policy = self.split()
+        h = {"a": jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:1")), "n": 3}
+        with devpolicy.activate(policy):
+            moved = devpolicy.to(h, "model/layer2")
+        assert str(where(moved["a"])) == "cpu:2"
+        assert moved["a"].committed
+        assert moved["n"] == 3
+        assert policy.to(moved, "model/layer2")["a"] is moved["a"]

@@ -34,7 +34,7 @@ class TestPrecedence:
             (False, "defaults"),
             (False, "defaults"),
             ("info", "defaults"),
-            ("console", "defaults"),
+            ("auto", "defaults"),
         ]
 
     def test_policy_file_beats_defaults(self, policy_file: Path) -> None:
