@@ -29,6 +29,7 @@ from ._errors import NarrowingError as NarrowingError
 from ._errors import PolicyError as PolicyError
 from ._errors import Problem as Problem
 from ._errors import RuntimeTooLateError as RuntimeTooLateError
+from ._errors import SafetensorsFileError as SafetensorsFileError
 from ._errors import ScopeInCoroutineError as ScopeInCoroutineError
 from ._errors import UnmatchedNameError as UnmatchedNameError
 from ._inventory import Inventory as Inventory
@@ -48,7 +49,6 @@ from ._safetensors import PlannedTensor as PlannedTensor
 from ._schema import policy_schema as policy_schema
 from ._sizes import format_size as format_size
 from ._sizes import parse_size as parse_size
-from ._tensorfile import SafetensorsFileError as SafetensorsFileError
 from ._tensorfile import align_file as align_file
 from ._tensorfile import save_file as save_file
 from ._threads import ThreadPoolExecutor as ThreadPoolExecutor

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -241,3 +242,22 @@ class RuntimeTooLateError(DevicePolicyError, RuntimeError):
         ]
         lines.append(f"fix: {fix}")
         super().__init__("\n".join(lines))
+
+
+class SafetensorsFileError(DevicePolicyError, ValueError):
+    """A safetensors file is missing, truncated or malformed; nothing was loaded.
+
+    Attributes:
+        file: The file.
+        tensor: The tensor concerned, if one is.
+        problem: What is wrong.
+    """
+
+    def __init__(
+        self, file: str | os.PathLike[str], problem: str, tensor: str | None = None
+    ) -> None:
+        self.file = str(file)
+        self.tensor = tensor
+        self.problem = problem
+        where = f"{self.file}: tensor {tensor!r}" if tensor is not None else self.file
+        super().__init__(f"{where}: {problem}")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._capacity import pool_of, pool_text
 from ._decider import Decider, Decision
-from ._errors import NarrowingError
+from ._errors import NarrowingError, SafetensorsFileError
 from ._inventory import inventory
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
@@ -27,7 +27,6 @@ from ._narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ._sizes import format_size
 from ._tensorfile import (
     Header,
-    SafetensorsFileError,
     TensorEntry,
     map_tensor_file,
     open_checkpoint,

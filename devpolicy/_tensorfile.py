@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 import ml_dtypes
 import numpy as np
 
-from ._errors import DevicePolicyError
+from ._errors import SafetensorsFileError
 from ._files import FileRefused, open_regular, read_capped
 
 #: safetensors dtype names and the numpy dtypes that hold them.
@@ -59,25 +59,6 @@ MAX_ALIGN = 1 << 24
 #: beside the target (so a rename replaces it atomically). One left by a killed process is
 #: removed by the next successful save of the same target.
 TEMP_PATTERN = ".{name}.devpolicy-*.tmp"
-
-
-class SafetensorsFileError(DevicePolicyError, ValueError):
-    """A safetensors file is missing, truncated or malformed; nothing was loaded.
-
-    Attributes:
-        file: The file.
-        tensor: The tensor concerned, if one is.
-        problem: What is wrong.
-    """
-
-    def __init__(
-        self, file: str | os.PathLike[str], problem: str, tensor: str | None = None
-    ) -> None:
-        self.file = str(file)
-        self.tensor = tensor
-        self.problem = problem
-        where = f"{self.file}: tensor {tensor!r}" if tensor is not None else self.file
-        super().__init__(f"{where}: {problem}")
 
 
 @dataclass(frozen=True, slots=True)
