@@ -1,16 +1,21 @@
-"""Loading a large token file to the host: devpolicy.load_file against safetensors, side by side.
+"""Loading with devpolicy.load_file against the usual ways, side by side, in fresh processes.
 
-    python benchmarks/bench_load.py [--size 2GiB] [--dir DIR]
+    python benchmarks/bench_load.py [--size 2GiB] [--runs 5] [--dir DIR] [--skip-flax]
 
-Writes one uint16 `tokens` tensor twice: with `safetensors.numpy.save_file` (unaligned) and
-with `devpolicy.save_file` (64-byte aligned). Each method then runs in a fresh process
-(warm page cache); time is measured around the load call, peak RSS is the child's
-high-water mark (VmHWM) as the kernel reports it, anonymous memory from /proc. Also times
-`plan` on a file of 10,000 tensors.
+Three files, each loaded by every method in a fresh process (4 fake CPU devices; the page
+cache warm), `--runs` times, the runs of all methods interleaved. Each row gives the median
+time and its spread (lowest-highest), the median peak RSS over the process's baseline (its
+own VmHWM, as the kernel reports it) and the ratios to the row's baseline.
 
-Targets (ratios in one run): time <= 0.2x the flax path; peak RSS <= 1.1x the tensor
-bytes plus the interpreter's baseline; the aligned file maps in under 0.1 s with almost
-no anonymous memory.
+1. One large uint16 token tensor (`--size`), written by safetensors (unaligned) and by
+   devpolicy (64-byte aligned): the dataset-on-host scenario. Targets: time <= 0.2x the flax
+   path; peak RSS <= 1.1x the tensor's bytes; an aligned mapped load under 0.1 s with
+   almost no anonymous memory.
+2. 10,000 small float32 tensors (1-64 KiB each, about 320 MiB), the per-tensor cost.
+   Target: <= 0.5x `safetensors.numpy.load_file` plus a `jax.device_put` per tensor.
+3. The large tensor sharded 4 ways over 4 devices, against
+   `jax.device_put(safetensors.numpy.load_file(f)[k], NamedSharding)`. Targets: <= 0.5x
+   its time, peak RSS <= 1.1x the tensor's bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,58 +31,63 @@ import time
 from pathlib import Path
 
 CHILD = r"""
-import json, os, sys, time, gc
+import json, os, sys, time
 method, path = sys.argv[1], sys.argv[2]
 
 def status(field):
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
 
-def anon():
-    return status("RssAnon")
-
 import jax, numpy as np
 import devpolicy, safetensors.flax, safetensors.numpy
+from jax.sharding import NamedSharding, PartitionSpec
 cpu = jax.local_devices(backend="cpu")[0]
-policy = devpolicy.load_policy(
-    {"version": 1, "default": "cpu", "logging": {"level": "error"}}, environ={}
-)
-baseline = anon()
-with open("/proc/self/status") as f:
-    base_rss = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+quiet = {"level": "error"}
+host = devpolicy.load_policy({"version": 1, "default": "cpu", "logging": quiet}, environ={})
+sharded = devpolicy.load_policy({"version": 1, "logging": quiet,
+    "meshes": {"four": {"axes": {"data": 4}, "devices": "cpu"}},
+    "rules": [{"match": "*", "sharding": {"mesh": "four", "spec": ["data"]}}]}, environ={})
+mesh = jax.make_mesh((4,), ("data",), devices=jax.local_devices(backend="cpu"))
+anon_before, base_rss = status("RssAnon"), status("VmRSS")
 start = time.perf_counter()
 if method == "devpolicy":
-    out = devpolicy.load_file(path, policy=policy, mmap=False, progress=False)
+    out = devpolicy.load_file(path, policy=host, mmap=False, progress=False)
 elif method == "devpolicy-mmap":
-    out = devpolicy.load_file(path, policy=policy, mmap=True, progress=False)
+    out = devpolicy.load_file(path, policy=host, mmap=True, progress=False)
+elif method == "devpolicy-sharded":
+    out = devpolicy.load_file(path, policy=sharded, progress=False)
 elif method == "flax":
     with jax.default_device(cpu):
         out = safetensors.flax.load_file(path)
 elif method == "numpy":
     out = safetensors.numpy.load_file(path)
+elif method == "numpy+device_put":
+    out = {k: jax.device_put(v, cpu) for k, v in safetensors.numpy.load_file(path).items()}
+elif method == "numpy+device_put(NamedSharding)":
+    where = NamedSharding(mesh, PartitionSpec("data"))
+    out = {k: jax.device_put(v, where) for k, v in safetensors.numpy.load_file(path).items()}
 for v in out.values():
     getattr(v, "block_until_ready", lambda: None)()
 seconds = time.perf_counter() - start
-nbytes = sum(v.nbytes for v in out.values())
-print(json.dumps({
-    "seconds": seconds, "anon_after": anon() - baseline, "base_rss": base_rss, "nbytes": nbytes,
-    "peak_rss": status("VmHWM"),
-}))
+print(json.dumps({"seconds": seconds, "anon_kept": status("RssAnon") - anon_before,
+                  "peak": status("VmHWM") - base_rss}))
 """
 
 
 def run_child(method: str, path: Path) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, method, str(path)], stdout=subprocess.PIPE, env=env
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_FLAGS"))}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, method, str(path)],
+        stdout=subprocess.PIPE,
+        env=env,
+        check=False,
     )
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    if proc.wait() != 0:
-        raise SystemExit(f"{method} failed with exit code {proc.returncode}")
-    # The peak comes from the child's own VmHWM: wait4's ru_maxrss can include the parent's
+    if proc.returncode != 0:
+        raise SystemExit(f"{method} on {path.name} failed with exit code {proc.returncode}")
+    # The peak is the child's own VmHWM: wait4's ru_maxrss can include the parent's
     # resident memory copied at fork, which hides small peaks.
-    result: dict[str, float] = json.loads(out)
+    result: dict[str, float] = json.loads(proc.stdout)
     return result
 
 
@@ -91,11 +102,42 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+Row = tuple[str, str, Path]  # label, method, file
+
+
+def table(title: str, rows: list[Row], runs: int, baseline: str, nbytes: int) -> dict[str, float]:
+    """Run every row `runs` times, interleaved; print medians; return median seconds by label."""
+    samples: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in rows}
+    for _ in range(runs):
+        for label, method, path in rows:
+            samples[label].append(run_child(method, path))
+    print(f"\n{title}")
+    print(
+        f"{'method':48} {'median s':>9} {'spread s':>13} {'x ' + baseline[:10]:>13} "
+        f"{'peak RSS':>10} {'x tensor':>9} {'anon kept':>10}"
+    )
+    medians = {
+        label: statistics.median(s["seconds"] for s in runs_) for label, runs_ in samples.items()
+    }
+    for label, _, _ in rows:
+        seconds = [s["seconds"] for s in samples[label]]
+        peak = statistics.median(s["peak"] for s in samples[label])
+        kept = statistics.median(s["anon_kept"] for s in samples[label])
+        spread = f"{min(seconds):.3f}-{max(seconds):.3f}"
+        ratio = medians[label] / medians[baseline]
+        print(
+            f"{label:48} {medians[label]:9.3f} {spread:>13} {ratio:13.3f} "
+            f"{gib(peak):>10} {peak / nbytes:9.2f} {gib(kept):>10}"
+        )
+    return medians
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--size", default="2GiB")
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
         "--dir", type=Path, default=None, help="where to write the files (default: a temp dir)"
     )
@@ -110,82 +152,92 @@ def main() -> int:
     size = devpolicy.parse_size(args.size)
     if size < 2 * 2**30:
         print("note: the targets are stated for files of at least 2 GiB; below that, fixed costs")
-        print("and machine noise dominate and the ratios say little.\n")
+        print("and machine noise dominate and the ratios say little.")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         unaligned, aligned, many = (
             Path(tmp) / "plain.safetensors",
             Path(tmp) / "aligned.safetensors",
             Path(tmp) / "many.safetensors",
         )
-        tokens = np.random.default_rng(0).integers(0, 32_000, size=size // 2, dtype=np.uint16)
+        rng = np.random.default_rng(0)
+        tokens = rng.integers(0, 32_000, size=size // 2, dtype=np.uint16)
         plain_save({"tokens": tokens}, str(unaligned))
         devpolicy.save_file({"tokens": tokens}, aligned)
         del tokens
+        counts = rng.integers(256, 16_385, size=10_000)
+        small = {
+            f"layer{i}/w": rng.standard_normal(int(n)).astype(np.float32)
+            for i, n in enumerate(counts)
+        }
+        plain_save(small, str(many))
+        small_bytes = sum(v.nbytes for v in small.values())
+        del small
+        for path in (unaligned, aligned, many):
+            cat_seconds(path)  # warm the page cache
         offset = devpolicy.plan(unaligned).tensors[0].offset
         print(
-            f"tensor: {gib(size)} uint16; plain file data offset {offset} ({offset % 64} mod 64); "
-            "aligned file offset 0 mod 64"
+            f"token tensor: {gib(size)} uint16; plain file data offset {offset} "
+            f"({offset % 64} mod 64); aligned file offset 0 mod 64; "
+            f"cat of it: {min(cat_seconds(unaligned) for _ in range(3)):.3f} s"
         )
-        cat_seconds(unaligned), cat_seconds(aligned)  # warm the page cache
 
-        rows: list[tuple[str, float, float, float]] = []
-        cat = min(cat_seconds(unaligned) for _ in range(3))
-        rows.append(("cat file > /dev/null (floor)", cat, float("nan"), float("nan")))
-        methods = (
-            [("flax", unaligned, "safetensors.flax.load_file in a CPU scope")]
-            if not args.skip_flax
-            else []
+        large: list[Row] = (
+            []
+            if args.skip_flax
+            else [("safetensors.flax.load_file in a CPU scope", "flax", unaligned)]
         )
-        methods += [
-            ("numpy", unaligned, "safetensors.numpy.load_file"),
-            ("devpolicy", unaligned, "devpolicy.load_file, plain file"),
-            ("devpolicy", aligned, "devpolicy.load_file, aligned file"),
-            ("devpolicy-mmap", aligned, "devpolicy.load_file(mmap=True), aligned file"),
+        large += [
+            ("safetensors.numpy.load_file", "numpy", unaligned),
+            ("devpolicy.load_file, plain file", "devpolicy", unaligned),
+            ("devpolicy.load_file, aligned file", "devpolicy", aligned),
+            ("devpolicy.load_file(mmap=True), aligned file", "devpolicy-mmap", aligned),
         ]
-        results = {}
-        for method, path, label in methods:
-            r = run_child(method, path)
-            results[label] = r
-            rows.append((label, r["seconds"], r["peak_rss"] - r["base_rss"], r["anon_after"]))
+        first = large[0][0]
+        medians = table("1. one large token tensor to the host", large, args.runs, first, size)
 
-        header = (
-            f"{'method':46} {'seconds':>8} {'x flax':>7} {'peak RSS over base':>19} "
-            f"{'x tensor':>9} {'anon kept':>10}"
+        print(
+            f"\nsmall tensors: 10,000 float32 of 1-64 KiB, {gib(small_bytes)}; "
+            f"cat: {min(cat_seconds(many) for _ in range(3)):.3f} s"
         )
-        print(header)
-        flax = results.get("safetensors.flax.load_file in a CPU scope", {}).get("seconds")
-        for label, seconds, peak, anon in rows:
-            ratio = f"{seconds / flax:7.3f}" if flax else "      -"
-            peak_text = "-" if peak != peak else gib(peak)
-            x_tensor = "-" if peak != peak else f"{peak / size:.2f}"
-            anon_text = "-" if anon != anon else gib(anon)
-            print(
-                f"{label:46} {seconds:8.3f} {ratio} {peak_text:>19} {x_tensor:>9} {anon_text:>10}"
-            )
+        naive = "safetensors.numpy.load_file + device_put each"
+        per_tensor = [
+            (naive, "numpy+device_put", many),
+            ("devpolicy.load_file", "devpolicy", many),
+        ]
+        small_medians = table("2. 10,000 small tensors", per_tensor, args.runs, naive, small_bytes)
 
-        ours = results["devpolicy.load_file, plain file"]
-        mapped = results["devpolicy.load_file(mmap=True), aligned file"]
+        put_sharded = "numpy.load_file + device_put(NamedSharding)"
+        sharding_rows = [
+            (put_sharded, "numpy+device_put(NamedSharding)", unaligned),
+            ("devpolicy.load_file, sharded rule", "devpolicy-sharded", unaligned),
+            ("devpolicy.load_file, sharded rule, aligned file", "devpolicy-sharded", aligned),
+        ]
+        sharded_medians = table(
+            "3. the large tensor sharded 4 ways over 4 devices",
+            sharding_rows,
+            args.runs,
+            put_sharded,
+            size,
+        )
+
         print()
-        if flax:
-            verdict = "met" if ours["seconds"] <= 0.2 * flax else "NOT met"
-            print(f"time vs flax: {ours['seconds'] / flax:.3f}x (target <= 0.2): {verdict}")
-        peak_ratio = (ours["peak_rss"] - ours["base_rss"]) / size
-        mapped_ok = mapped["seconds"] < 0.1 and mapped["anon_after"] < 0.02 * size
-        print(
-            f"peak RSS over baseline / tensor bytes: {peak_ratio:.3f} (target <= 1.1): "
-            f"{'met' if peak_ratio <= 1.1 else 'NOT met'}"
-        )
-        print(
-            f"aligned mmap load: {mapped['seconds']:.4f} s (target < 0.1), "
-            f"anonymous memory kept {gib(mapped['anon_after'])}: "
-            f"{'met' if mapped_ok else 'NOT met'}"
-        )
+        if not args.skip_flax:
+            ratio = medians["devpolicy.load_file, plain file"] / medians[first]
+            print(f"large, time vs flax: {ratio:.3f}x (target <= 0.2): {_verdict(ratio <= 0.2)}")
+        ratio = small_medians["devpolicy.load_file"] / small_medians[naive]
+        print(f"small tensors vs naive: {ratio:.3f}x (target <= 0.5): {_verdict(ratio <= 0.5)}")
+        ratio = sharded_medians["devpolicy.load_file, sharded rule"] / sharded_medians[put_sharded]
+        print(f"sharded vs naive: {ratio:.3f}x (target <= 0.5): {_verdict(ratio <= 0.5)}")
 
         devpolicy.save_file({f"layer{i}/w": np.zeros(16, np.float32) for i in range(10_000)}, many)
         start = time.perf_counter()
         planned = devpolicy.plan(many, policy=devpolicy.load_policy({"version": 1}, environ={}))
         print(f"plan of {len(planned.tensors)} tensors: {time.perf_counter() - start:.3f} s")
     return 0
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
 
 
 if __name__ == "__main__":
