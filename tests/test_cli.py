@@ -261,6 +261,35 @@ class TestExplain:
         assert payload["decision"]["device"] == "cpu:0"
         assert payload["nbytes"] == 2**30
 
+    def test_explain_shape_shows_the_spec_or_why_it_does_not_divide(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--shape decides a sharding rule for that shape: its spec and share, or the reason."""
+        policy = write(
+            tmp_path / "p.yaml",
+            "version: 1\nfallback: [cpu]\nmeshes:\n  grid: {axes: {data: 2, model: 2}, devices: cpu}\n"
+            "rules:\n  - match: 'm/*'\n    sharding: {mesh: grid, spec: [data, model]}\n",
+        )
+        args = ["explain", "m/w", "--bytes", "4KiB", "--policy", str(policy)]
+        assert main([*args, "--shape", "32,32"]) == 0
+        out = capsys.readouterr().out
+        assert "decision: grid[data,model]" in out
+        assert "sharded over mesh 'grid': 4 pieces on 4 devices; 1.0 KiB per device" in out
+        assert main([*args, "--shape", "33x32"]) == 0
+        out = capsys.readouterr().out
+        assert "dim 0 of 33 does not divide by axis 'data' (2)" in out
+        assert "decision: cpu:0" in out
+
+    def test_a_bad_shape_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--shape takes whole dimensions; anything else exits 2 naming the form."""
+        with pytest.raises(SystemExit) as exit_info:
+            main(["explain", "x", "--shape", "8,a"])
+        assert exit_info.value.code == 2
+        assert (
+            "not a shape: '8,a'; accepted: dimensions separated by commas"
+            in capsys.readouterr().err
+        )
+
     def test_explain_without_a_device_exits_1(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
