@@ -298,6 +298,7 @@ class Decider:
         "_recent",
         "_rejects",
         "_routes",
+        "_singles",
         "capacity",
         "disabled",
         "events",
@@ -352,6 +353,7 @@ class Decider:
         )
         self._recent: dict[object, Decision] = {}
         self._old: dict[object, Decision] = {}
+        self._singles: dict[tuple[jax.Device, str | None], SingleDeviceSharding] = {}
 
     @property
     def routes(self) -> tuple[Route, ...]:
@@ -525,10 +527,19 @@ class Decider:
         if choice.tried:
             passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
             reason = f"{passed}; used {choice.target.text}"
-        sharded: dict[str, Any] = {}
-        if choice.sharding is not None and choice.mesh is not None and not self.disabled:
+        is_sharded = choice.sharding is not None and choice.mesh is not None and not self.disabled
+        if not is_sharded:
+            # One sharding object per device and memory kind, shared by its decisions.
+            key = (device, route.memory_kind)
+            single = self._singles.get(key)
+            if single is None:
+                single = SingleDeviceSharding(device, memory_kind=route.memory_kind)
+                self._singles[key] = single
+            sharded: dict[str, Any] = {"sharding": single}
+        else:
             target = choice.target
             assert isinstance(target, ShardingTarget)
+            assert choice.mesh is not None
             sharded = {
                 "sharding": choice.sharding,
                 "mesh": target.mesh,
@@ -539,7 +550,7 @@ class Decider:
         return Decision(
             name=name,
             device=device,
-            device_text=choice.target.text if sharded else inventory().text(device),
+            device_text=choice.target.text if is_sharded else inventory().text(device),
             memory_kind=route.memory_kind,
             requested=route.requested,
             rule=None if entry is None else entry.index,

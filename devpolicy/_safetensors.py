@@ -40,7 +40,10 @@ PathLike = str | os.PathLike[str]
 
 _MAP_THRESHOLD = 2**20  # below this a map per tensor costs more than it saves
 _TRIED_FIRST = {"code": 0, "env": 1, "policy": 2}
-_BATCH = 1024  # tensors per scattered read and per transfer (Linux's IOV_MAX)
+_READ_BATCH = 1024  # tensors per scattered read (Linux's IOV_MAX)
+# Arrays per `device_put`: JAX's per-array cost grows with the list (measured on 10,000
+# 16 KiB arrays: 0.23 s in lists of 32-128, 0.30 s in lists of 1,024, 0.60 s one by one).
+_PUT_BATCH = 128
 PROGRESS_THRESHOLD = 256 * 2**20
 _NARROW = {"I64": np.dtype(np.int32), "U64": np.dtype(np.uint32), "F64": np.dtype(np.float32)}
 
@@ -93,7 +96,7 @@ class _Transfers:
         self._arrays.append(array)
         self._destinations.append(decision.destination)
         self._nbytes += nbytes
-        if self._nbytes >= CHUNK_BYTES or len(self._keys) >= _BATCH:
+        if self._nbytes >= CHUNK_BYTES or len(self._keys) >= _PUT_BATCH:
             self.flush()
 
     def flush(self) -> None:
@@ -392,7 +395,7 @@ def _small_run(
             entry.nbytes >= _MAP_THRESHOLD
             or entry.offset != end
             or mappable
-            or len(run) >= _BATCH
+            or len(run) >= _READ_BATCH
             or nbytes + entry.nbytes > CHUNK_BYTES
         ):
             break
@@ -417,12 +420,13 @@ def _read_run(fd: int, header: Header, run: list[int]) -> list[np.ndarray[Any, A
         raise os_error(
             header.path, e, "cannot allocate a host buffer", tensor=entries[0].key
         ) from None
-    slots = [buffer[s : s + e.nbytes] for s, e in zip(starts, entries, strict=True)]
-    views = [memoryview(slot) for slot in slots]  # type: ignore[arg-type]
+    whole = memoryview(buffer)  # type: ignore[arg-type]
+    views = [whole[s : s + e.nbytes] for s, e in zip(starts, entries, strict=True)]
     offset, done, total = entries[0].offset, 0, sum(e.nbytes for e in entries)
+    first = 0  # the first view not yet filled
     while done < total:
         try:
-            count = os.preadv(fd, views, offset + done)
+            count = os.preadv(fd, views[first:] if first else views, offset + done)
         except OSError as e:
             raise os_error(header.path, e, "cannot read", tensor=entries[0].key) from None
         if count <= 0:
@@ -432,12 +436,16 @@ def _read_run(fd: int, header: Header, run: list[int]) -> list[np.ndarray[Any, A
                 tensor=entries[0].key,
             )
         done += count
-        while views and count >= len(views[0]):  # drop what is filled, resume in the rest
-            count -= len(views[0])
-            views.pop(0)
-        if views and count:
-            views[0] = views[0][count:]
-    return [slot.view(e.dtype).reshape(e.shape) for slot, e in zip(slots, entries, strict=True)]
+        while first < len(views) and count >= len(views[first]):  # resume after the filled
+            count -= len(views[first])
+            first += 1
+        if count:
+            views[first] = views[first][count:]
+    # One constructor per tensor over the shared buffer: no intermediate views.
+    return [
+        np.ndarray(e.shape, e.dtype, buffer=buffer, offset=s)
+        for s, e in zip(starts, entries, strict=True)
+    ]
 
 
 def _read(
