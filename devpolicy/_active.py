@@ -103,6 +103,7 @@ def _not_active(discovered: Policy) -> None:
 # How placement finds the active decider at each call without calling up into this module.
 _ACTIVE_DECIDER = Active(_ACTIVE.get, _inactive_decider)
 _ACTIVE_SCOPES = Scopes(_ACTIVE_DECIDER)
+_SCOPE_OF = _ACTIVE_SCOPES.by_name.get
 
 
 def _discover() -> Policy:
@@ -226,6 +227,14 @@ def scope(name: str, *, nbytes: int | None = None) -> Scope:
         >>> decision.device_text, x.devices() == {decision.device}
         ('cpu:2', True)
     """
+    if nbytes is None:
+        # The repeat `with devpolicy.scope(name)`: one dictionary lookup, no further call.
+        try:
+            found = _SCOPE_OF(name)
+        except TypeError:  # unhashable: Scopes makes a scope whose entry says what is wrong
+            found = None
+        if found is not None:
+            return found
     return _ACTIVE_SCOPES(name, nbytes)
 
 

@@ -204,9 +204,17 @@ class Scope:
         if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
             raise ScopeInCoroutineError(self._name)
         source = self._source
-        decider = source if type(source) is Decider else source.decider()  # type: ignore[union-attr]
-        decision = decider.resolve(self._name, self._nbytes)
-        token = enter(decision)
+        if type(source) is Decider:
+            decision = source.resolve(self._name, self._nbytes)
+        else:
+            holder = source.get()  # type: ignore[union-attr]
+            decider = holder.decider if holder is not None else source.fallback()  # type: ignore[union-attr]
+            decision = decider.resolve(self._name, self._nbytes)
+        # `enter`, written out for the common case (one device): this is the hot path.
+        if decision.mesh is None and not decision.is_auto:
+            token = swap_device(decision.device)
+        else:
+            token = enter(decision)
         if self._owner is None and not self._stacks:
             self._owner = get_ident()
             self._entry = token
@@ -228,7 +236,10 @@ class Scope:
             self._owner = self._entry = None
         else:
             raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
-        leave(token)
+        if token is _NOT_SWAPPED or type(token) is _MeshToken:
+            leave(token)
+        else:
+            restore_device(token)
 
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh and runs inside the scope."""
@@ -252,21 +263,33 @@ class Scopes:
         True
     """
 
-    __slots__ = ("_by_name", "_source")
+    __slots__ = ("_source", "by_name")
 
     def __init__(self, source: DeciderSource) -> None:
         self._source = source
-        self._by_name: dict[str, Scope] = {}
+        #: The scopes made so far, by name. Never replaced (only cleared), so a caller may
+        #: keep its `get` for a lookup without a call of ours.
+        self.by_name: dict[str, Scope] = {}
 
     def __call__(self, name: str, nbytes: int | None = None) -> Scope:
         """The scope for `name` (sized scopes are made afresh: sizes vary per call)."""
+        if nbytes is None:
+            try:
+                scope = self.by_name.get(name)
+            except TypeError:  # an unhashable name: the scope's own check says what is wrong
+                scope = None
+            if scope is not None:
+                return scope
+        return self._made(name, nbytes)
+
+    def _made(self, name: str, nbytes: int | None) -> Scope:
         if nbytes is not None or type(name) is not str:
             return Scope(self._source, name, nbytes)
-        scope = self._by_name.get(name)
+        scope = self.by_name.get(name)
         if scope is None:
-            if len(self._by_name) >= CACHE_GENERATION:
-                self._by_name = {}  # a stream of made-up names: start over, nothing is lost
-            scope = self._by_name[name] = Scope(self._source, name, None)
+            if len(self.by_name) >= CACHE_GENERATION:
+                self.by_name.clear()  # a stream of made-up names: start over, nothing is lost
+            scope = self.by_name[name] = Scope(self._source, name, None)
         return scope
 
 

@@ -36,7 +36,7 @@ class Policy:
         'cpu:1'
     """
 
-    __slots__ = ("_found", "_scopes", "decider")
+    __slots__ = ("_found", "_scope_of", "_scopes", "decider")
 
     def __init__(
         self, settings: Settings, found: str = "", capacity: Capacity | None = None
@@ -45,6 +45,7 @@ class Policy:
         self.decider = Decider(settings, capacity if capacity is not None else DeviceMemory())
         self._found = found
         self._scopes = Scopes(self.decider)
+        self._scope_of = self._scopes.by_name.get
 
     @property
     def settings(self) -> Settings:
@@ -165,7 +166,8 @@ class Policy:
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
         """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""
-        return self._scopes(name, nbytes)
+        found = self._scope_of(name) if nbytes is None and type(name) is str else None
+        return found if found is not None else self._scopes(name, nbytes)
 
     @overload
     def place(self, name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
