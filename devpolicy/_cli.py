@@ -267,7 +267,7 @@ def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> 
                     "id": device.id,
                     "kind": device.device_kind,
                     "process_index": device.process_index,
-                    "memory_kinds": [m.kind for m in device.addressable_memories()],
+                    "memory_kinds": list(inv.memory_kinds(device)),
                     "bytes_free": free,
                     "bytes_total": total,
                     "free_from": source,
@@ -498,7 +498,7 @@ def _explain(args: argparse.Namespace) -> int:
         console.print(
             _lit(
                 f"no rule matches: default {default.value!r} "
-                f"from {default.origin} ({default.layer})"
+                f"from {default.origin} ({default.source})"
             )
         )
     for target, why in e.fallback:

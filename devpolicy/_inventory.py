@@ -48,6 +48,16 @@ class Inventory:
         text = self._texts.get(device)
         return text if text is not None else f"{device.platform}:id{device.id}"
 
+    def memory_kinds(self, device: jax.Device) -> tuple[str, ...]:
+        """The memory kinds `device` offers (`device`, `pinned_host`, ...); () if it says none.
+
+        Example:
+            >>> import devpolicy
+            >>> "device" in devpolicy.inventory().memory_kinds(devpolicy.get_device("cpu"))
+            True
+        """
+        return memory_kinds(device)
+
     def available(self) -> list[str]:
         """Target text of every device this process can use."""
         return [self.text(d) for devices in self.devices.values() for d in devices]

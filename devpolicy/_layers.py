@@ -42,10 +42,14 @@ class RuleEntry:
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One scalar setting's value and the layer and place that gave it."""
+    """One scalar setting's value, the layer (`source`) and the place that gave it.
+
+    `source` is one of `LAYERS`, the same word rules and decisions use for where they came
+    from.
+    """
 
     value: Any
-    layer: str
+    source: str
     origin: str
 
 

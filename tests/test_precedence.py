@@ -28,7 +28,7 @@ class TestPrecedence:
         """An empty policy defers to JAX (auto), non-strict, info, console."""
         s = devpolicy.load_policy({"version": 1}, environ={}).settings
         assert [
-            (x.value, x.layer) for x in (s.default, s.strict, s.disable, s.log_level, s.log_format)
+            (x.value, x.source) for x in (s.default, s.strict, s.disable, s.log_level, s.log_format)
         ] == [
             ("auto", "defaults"),
             (False, "defaults"),
@@ -54,7 +54,7 @@ class TestPrecedence:
             "DEVPOLICY_LOG_LEVEL": "error",
         }
         s = devpolicy.load_policy(policy_file, environ=env).settings
-        assert (s.default.value, s.default.layer, s.strict.value, s.log_level.value) == (
+        assert (s.default.value, s.default.source, s.strict.value, s.log_level.value) == (
             "cpu:2",
             "env",
             True,
@@ -69,7 +69,7 @@ class TestPrecedence:
             environ=env,
             overrides={"default": "cpu:3", "strict": False, "disable": False},
         ).settings
-        assert [(x.value, x.layer) for x in (s.default, s.strict, s.disable)] == [
+        assert [(x.value, x.source) for x in (s.default, s.strict, s.disable)] == [
             ("cpu:3", "code"),
             (False, "code"),
             (False, "code"),
