@@ -61,12 +61,17 @@ def read_yaml(text: str, file: str) -> tuple[Any, LineMap, list[Problem]]:
     """
     last_line = max(1, len(text.rstrip().splitlines()))
     try:
+        # The reader checks characters both when made and as it reads on: one handler.
         loader = _Loader(text)
+        return _read(loader, file, last_line)
     except yaml.reader.ReaderError as e:
         line = text.count("\n", 0, e.position) + 1
         raise PolicyError.single(
             file, line, "", f"invalid YAML: {e.reason} (character {e.character!r})"
         ) from None
+
+
+def _read(loader: _Loader, file: str, last_line: int) -> tuple[Any, LineMap, list[Problem]]:
     try:
         node = loader.get_single_node()
         lines: LineMap = {(): 1 if node is None else node.start_mark.line + 1}
@@ -80,11 +85,6 @@ def read_yaml(text: str, file: str) -> tuple[Any, LineMap, list[Problem]]:
         where = min(mark.line + 1, last_line) if mark is not None else None
         problem = " ".join(p for p in (e.context, e.problem) if p) or str(e)
         raise PolicyError.single(file, where, "", f"invalid YAML: {problem}") from None
-    except yaml.reader.ReaderError as e:
-        line = text.count("\n", 0, e.position) + 1
-        raise PolicyError.single(
-            file, line, "", f"invalid YAML: {e.reason} (character {e.character!r})"
-        ) from None
     except RecursionError:  # pragma: no cover - nesting is bounded above; a last guard
         raise PolicyError.single(file, None, "", "invalid YAML: nested too deeply") from None
     except yaml.YAMLError as e:  # pragma: no cover - every other yaml error carries a mark
