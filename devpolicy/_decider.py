@@ -128,6 +128,9 @@ class Decision:
         where = f"{self.device_text} (auto)" if self.is_auto else self.device_text
         if self.memory_kind is not None:
             where += f" [{self.memory_kind}]"
+        share = self.bytes_per_device()
+        if self.mesh is not None and share is not None:
+            where += f" ({format_size(share)} per device, {self.mesh_devices} devices)"
         line = f"{self.name}{size} -> {where} by {self.origin} ({self.source})"
         if self.fallback_reason is not None:
             line += f"; asked {self.requested}: {self.fallback_reason}"
