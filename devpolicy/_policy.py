@@ -13,6 +13,7 @@ from . import _prefetch, _safetensors
 from ._capacity import Capacity, DeviceMemory
 from ._decider import Decider, Decision, Explanation
 from ._errors import DevicePolicyError
+from ._inventory import THIS_PROCESS
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
 from ._placement import Inputs, Scope, Scopes, make_place, move_to, put
@@ -42,7 +43,9 @@ class Policy:
         self, settings: Settings, found: str = "", capacity: Capacity | None = None
     ) -> None:
         #: The decision engine: what every verb of this policy decides with.
-        self.decider = Decider(settings, capacity if capacity is not None else DeviceMemory())
+        self.decider: Decider = Decider(
+            settings, capacity if capacity is not None else DeviceMemory(), THIS_PROCESS
+        )
         self._found = found
         self._scopes = Scopes(self.decider)
 
