@@ -21,7 +21,7 @@ from ._errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameErr
 from ._layers import RuleEntry, Settings
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
-from ._machine import Machine
+from ._machine import DeviceLike, Machine
 from ._matching import Matcher, Step, compile_condition
 from ._meshes import Meshes, shards
 from ._routing import NOTHING_CLAIMED, Choice, Fit, Route
@@ -30,7 +30,7 @@ from ._sizes import format_size
 from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
 
 #: The devices decided between: JAX's, or a planned machine's (`VirtualDevice`).
-DeviceT = TypeVar("DeviceT", default=jax.Device)
+DeviceT = TypeVar("DeviceT", bound=DeviceLike, default=jax.Device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +161,7 @@ class Decision(Generic[DeviceT]):
             "name": self.name,
             "device": self.device_text,
             **sharded,
-            "device_id": getattr(self.device, "id", None),
+            "device_id": self.device.id,
             "requested": self.requested,
             "rule": self.rule,
             "origin": self.origin,
@@ -169,7 +169,7 @@ class Decision(Generic[DeviceT]):
             "fallback_reason": self.fallback_reason,
             "nbytes": self.nbytes,
             "memory_kind": self.memory_kind,
-            "process_index": getattr(self.device, "process_index", None),
+            "process_index": self.device.process_index,
         }
 
 

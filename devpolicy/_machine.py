@@ -17,13 +17,33 @@ from typing import TYPE_CHECKING, Protocol
 from typing_extensions import TypeVar
 
 from ._errors import MachineSpecError, did_you_mean
-from ._sizes import format_size, parse_size
+from ._sizes import SIZE_FORMS, format_size, parse_size
 from ._targets import KNOWN_PLATFORMS, PLATFORM_ALIASES, Target
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-D = TypeVar("D")
+
+class DeviceLike(Protocol):
+    """What devpolicy reads of a device: a `jax.Device`, or a `VirtualDevice`."""
+
+    @property
+    def platform(self) -> str:
+        """`cpu`, `gpu`, `tpu`."""
+        ...
+
+    @property
+    def id(self) -> int:
+        """Its id across every process."""
+        ...
+
+    @property
+    def process_index(self) -> int:
+        """The process it belongs to."""
+        ...
+
+
+D = TypeVar("D", bound=DeviceLike)
 
 #: How `--devices` (and `VirtualMachine`) describe one backend.
 DEVICES_FORMS = (
@@ -306,8 +326,10 @@ def parse_backend(text: object, option: str = "devices") -> tuple[str, _Backend]
     if size_text is not None:
         try:
             memory = parse_size(size_text)
-        except ValueError as e:
-            raise MachineSpecError(option, text, str(e), DEVICES_FORMS) from None
+        except ValueError as e:  # its own "accepted:" would come twice: SIZE_FORMS says it
+            problem = str(e).split("; accepted", 1)[0]
+            accepted = f"{DEVICES_FORMS}; SIZE: {SIZE_FORMS}"
+            raise MachineSpecError(option, text, problem, accepted) from None
     return platform, _Backend(count, memory)
 
 

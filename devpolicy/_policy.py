@@ -16,6 +16,7 @@ from ._errors import DevicePolicyError
 from ._inventory import THIS_PROCESS
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
+from ._machine import VirtualMachine
 from ._placement import Inputs, Scope, Scopes, make_place, move_to, put
 from ._safetensors import Plan
 
@@ -195,10 +196,16 @@ class Policy:
         return _safetensors.load_file(path, self.decider, **options)
 
     def plan(
-        self, path: str | os.PathLike[str], *, prefix: str | None = None, mmap: bool | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        prefix: str | None = None,
+        mmap: bool | None = None,
+        machine: VirtualMachine | None = None,
     ) -> Plan:
-        """Where each tensor of a file would go by this policy. See `devpolicy.plan`."""
-        return _safetensors.plan(path, self.decider, prefix=prefix, mmap=mmap)
+        """Where each tensor of a file would go by this policy (on `machine`, if given).
+        See `devpolicy.plan`."""
+        return _safetensors.plan(path, self.decider, prefix=prefix, mmap=mmap, machine=machine)
 
     def prefetch(
         self,
