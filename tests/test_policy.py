@@ -137,7 +137,9 @@ class TestFallback:
         """A device without the asked memory kind counts as unavailable."""
         original = devpolicy._inventory.memory_kinds  # type: ignore[attr-defined]
         try:
-            devpolicy._inventory.memory_kinds = lambda d: ("device",) if d == cpus[1] else original(d)  # type: ignore[attr-defined]
+            devpolicy._inventory.memory_kinds = lambda d: (
+                ("device",) if d == cpus[1] else original(d)
+            )  # type: ignore[attr-defined]
             d = policy_of(
                 fallback=["cpu:2"],
                 rules=[{"match": "*", "device": "cpu:1", "memory": "pinned_host"}],
