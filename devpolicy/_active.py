@@ -17,6 +17,7 @@ import jax
 from . import _placement, _prefetch, _safetensors
 from ._decider import Decider, Decision, Explanation
 from ._load_policy import load_policy, loaded_files
+from ._machine import VirtualMachine
 from ._placement import Active, Inputs, Scope, Scopes, make_place, move_to
 from ._policy import Policy
 from ._safetensors import Plan
@@ -394,6 +395,7 @@ def plan(
     prefix: str | None = None,
     policy: Policy | None = None,
     mmap: bool | None = None,
+    machine: VirtualMachine | None = None,
 ) -> Plan:
     """Where every tensor of a file would go, reading only its header; nothing is logged.
 
@@ -403,6 +405,13 @@ def plan(
     that share one memory (every CPU device of a process, in host RAM) are judged
     together: bytes planned for one count against all.
 
+    `machine` plans for a machine you do not have (`VirtualMachine(["gpu=8x80GiB"],
+    processes=2)`): the policy's rules, fallbacks and meshes are walked against its
+    devices, exactly as they would be there, and each device's stated memory is the
+    capacity judged by (in place of the policy's). Its decisions carry the mesh, spec,
+    shards and bytes per device, but no sharding (its devices do not exist here);
+    `Plan.devices` lists process 0's devices, and every process holds alike.
+
     Example:
         >>> import devpolicy, numpy as np, tempfile, os
         >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
@@ -411,8 +420,19 @@ def plan(
         >>> p = devpolicy.plan(path, policy=policy)
         >>> [(t.name, t.nbytes, t.decision.device_text) for t in p.tensors]
         [('m/w', 1024, 'cpu:2')]
+
+        The same file on two processes of 8 GPUs each, sharded over all 16:
+
+        >>> meshes = {"fsdp": {"axes": {"data": 2, "model": -1}, "devices": "gpu"}}
+        >>> rules = [{"match": "m/*", "sharding": {"mesh": "fsdp", "spec": [["data", "model"]]},
+        ...           "fallback": ["cpu"]}]
+        >>> policy = devpolicy.load_policy({"version": 1, "meshes": meshes, "rules": rules})
+        >>> vm = devpolicy.VirtualMachine(["gpu=8x80GiB"], processes=2)
+        >>> (t,) = devpolicy.plan(path, policy=policy, machine=vm).tensors
+        >>> t.decision.device_text, t.decision.mesh_devices, t.decision.bytes_per_device()
+        ('fsdp[data+model]', 16, 64)
     """
-    return _safetensors.plan(path, _decider_of(policy), prefix=prefix, mmap=mmap)
+    return _safetensors.plan(path, _decider_of(policy), prefix=prefix, mmap=mmap, machine=machine)
 
 
 def prefetch(

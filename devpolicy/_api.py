@@ -25,6 +25,7 @@ from ._decider import Explanation as Explanation
 from ._errors import DevicePolicyError as DevicePolicyError
 from ._errors import DeviceUnavailableError as DeviceUnavailableError
 from ._errors import EnvOverrideError as EnvOverrideError
+from ._errors import MachineSpecError as MachineSpecError
 from ._errors import NarrowingError as NarrowingError
 from ._errors import PolicyError as PolicyError
 from ._errors import Problem as Problem
@@ -39,6 +40,8 @@ from ._inventory import inventory as inventory
 from ._lint import Finding as Finding
 from ._lint import lint as lint
 from ._load_policy import load_policy as load_policy
+from ._machine import VirtualDevice as VirtualDevice
+from ._machine import VirtualMachine as VirtualMachine
 from ._placement import Scope as Scope
 from ._policy import Policy as Policy
 from ._runtime import RuntimeKnob as RuntimeKnob

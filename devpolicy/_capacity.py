@@ -7,17 +7,21 @@ from collections.abc import Hashable, Mapping
 from typing import Protocol, runtime_checkable
 
 import jax
+from typing_extensions import TypeVar
 
 from ._inventory import inventory
 from ._sizes import parse_size
 from ._targets import parse_target
 
+#: The devices a capacity judges: JAX's, unless it is a planned machine's.
+DeviceT_contra = TypeVar("DeviceT_contra", contravariant=True, default=jax.Device)
+
 
 @runtime_checkable
-class Capacity(Protocol):
+class Capacity(Protocol[DeviceT_contra]):
     """Anything that can say how many bytes a device has free (None: unknown)."""
 
-    def free_bytes(self, device: jax.Device) -> int | None:
+    def free_bytes(self, device: DeviceT_contra) -> int | None:
         """Bytes free on `device` now, or None when not known."""
         ...
 
@@ -41,7 +45,7 @@ def host_available_bytes() -> int | None:
 HOST_POOL = "host RAM"
 
 
-def pool_of(capacity: Capacity, device: jax.Device) -> Hashable:
+def pool_of(capacity: Capacity[DeviceT_contra], device: DeviceT_contra) -> Hashable:
     """The memory `device` draws on, by `capacity`: bytes given to one device of a pool
     count against every device of it. A capacity without a `pool` method gives each
     device its own.

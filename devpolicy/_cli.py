@@ -22,6 +22,7 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 _PLAN_ROWS = 40
+_MAX_PROCESSES = 65536
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +41,22 @@ def _capacity_item(text: str) -> tuple[str, int]:
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
     return target.strip(), devpolicy.parse_size(size.strip())
+
+
+def _devices_item(text: str) -> str:
+    try:
+        devpolicy.VirtualMachine([text], option="--devices")  # checks the text
+    except devpolicy.MachineSpecError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--devices ")) from None
+    return text
+
+
+def _processes(text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= _MAX_PROCESSES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a process count; accepted: a whole number 1..{_MAX_PROCESSES}"
+        )
+    return int(text)
 
 
 def _size(text: str) -> int:
@@ -100,6 +117,22 @@ def _parser() -> argparse.ArgumentParser:
         type=_capacity_item,
         metavar="TARGET=SIZE",
         help="plan for another machine: free memory of a device (gpu:0=24GiB); repeatable",
+    )
+    plan.add_argument(
+        "--devices",
+        action="append",
+        default=[],
+        type=_devices_item,
+        metavar="BACKEND=COUNTxSIZE",
+        help="plan for a machine you do not have: its devices in each process, e.g. "
+        "gpu=8x80GiB or cpu=1x512GiB (cpu=1 unless given); repeatable",
+    )
+    plan.add_argument(
+        "--processes",
+        type=_processes,
+        default=None,
+        metavar="N",
+        help="with --devices: N identical processes, each with those devices (default 1)",
     )
     plan.add_argument(
         "--all", action="store_true", help=f"list every tensor (default: the first {_PLAN_ROWS})"
@@ -527,76 +560,76 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    machine = None
+    if args.devices:
+        if args.capacity:
+            print(
+                "devpolicy plan: --capacity and --devices both describe memory; give each "
+                "device's memory in --devices (gpu=8x80GiB)",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        machine = devpolicy.VirtualMachine(args.devices, args.processes or 1, option="--devices")
+    elif args.processes is not None:
+        print(
+            "devpolicy plan: --processes plans a machine described by --devices; add "
+            "--devices BACKEND=COUNTxSIZE (e.g. --devices gpu=8x80GiB)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if args.capacity:
         capacity = devpolicy.StaticCapacity(dict(args.capacity))
         policy = devpolicy.load_policy(args.policy, capacity=capacity)
     else:
         policy = _load(args.policy)
-    p = devpolicy.plan(args.file, prefix=args.prefix, policy=policy)
+    p = devpolicy.plan(args.file, prefix=args.prefix, policy=policy, machine=machine)
     status = EXIT_OK if p.fits else EXIT_FINDINGS
     if args.json:
-        payload = {
-            "file": p.file,
-            "fits": p.fits,
-            "tensors": [
-                {
-                    "name": t.name,
-                    "dtype": t.dtype,
-                    "shape": list(t.shape),
-                    "nbytes": t.nbytes,
-                    "aligned": t.offset % 64 == 0,
-                    "device": t.decision.device_text if t.decision else None,
-                    "mesh": t.decision.mesh if t.decision else None,
-                    "bytes_per_device": t.decision.bytes_per_device() if t.decision else None,
-                    "rule": t.decision.rule if t.decision else None,
-                    "origin": t.decision.origin if t.decision else None,
-                    "fallback_reason": t.decision.fallback_reason if t.decision else None,
-                    "error": t.error,
-                }
-                for t in p.tensors
-            ],
-            "devices": [
-                {
-                    "device": d.device,
-                    "nbytes": d.nbytes,
-                    "tensors": d.tensors,
-                    "free": d.free,
-                    "file_backed": d.file_backed,
-                    "pool": d.pool,
-                    "fits": d.fits,
-                }
-                for d in p.devices
-            ],
-        }
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(_plan_json(p), indent=2))
         return status
     console = _console()
     shown = p.tensors if args.all else p.tensors[:_PLAN_ROWS]
-    table = Table(title=_lit(f"{p.file}: {len(p.tensors)} tensors"), title_justify="left")
-    for column in ("name", "dtype", "shape", "size", "device", "rule"):
-        table.add_column(column, justify="right" if column == "size" else "left", overflow="fold")
+    on = "" if machine is None else f" on {p.machine}"
+    table = Table(title=_lit(f"{p.file}: {len(p.tensors)} tensors{on}"), title_justify="left")
+    for column in ("name", "dtype", "shape", "size", "where", "per device", "rule"):
+        table.add_column(
+            column, justify="right" if column in ("size", "per device") else "left", overflow="fold"
+        )
     for t in shown:
         device = _lit(t.decision.device_text) if t.decision else Text("none", style="red")
         if t.decision is not None and t.decision.fallback_reason:
             device.append_text(_lit(f" (asked {t.decision.requested})", "yellow"))
         rule = t.decision.origin if t.decision else ((t.error or "").splitlines() or [""])[0]
-        size = _size_text(t.nbytes)
-        if t.decision is not None and t.decision.is_sharded:
-            share = devpolicy.format_size(t.decision.bytes_per_device() or 0)
-            size += f" ({share}/device)"
+        share = t.decision.bytes_per_device() if t.decision else None
         table.add_row(
             _lit(t.name),
             _lit(t.dtype),
             "x".join(map(str, t.shape)) or "()",
-            size,
+            _size_text(t.nbytes),
             device,
+            _size_text(share),
             _lit(rule),
         )
     console.print(table)
     if len(shown) < len(p.tensors):
         console.print(Text(f"... {len(p.tensors) - len(shown)} more tensors (--all lists them)"))
-    per_device = Table(title="Per device: planned against free memory", title_justify="left")
-    for column in ("device", "tensors", "planned", "file-backed", "free", "used", "", "fits"):
+    # Why each fallback happened, once per reason (a whole layer of tensors shares one).
+    reasons: dict[str, list[str]] = {}
+    for t in shown:
+        if t.decision is not None and t.decision.fallback_reason:
+            reasons.setdefault(t.decision.fallback_reason, []).append(t.name)
+    for reason, names in reasons.items():
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        line = _lit(f"fallback for {', '.join(names[:3])}{more}: ", "yellow")
+        line.append_text(_lit(reason))
+        console.print(line)
+    memory = "free" if machine is None else "memory"
+    per_device = Table(
+        title=f"Per device{'' if machine is None else ' (of each process)'}: planned against "
+        f"{'free memory' if machine is None else 'its memory'}",
+        title_justify="left",
+    )
+    for column in ("device", "tensors", "planned", "file-backed", memory, "used", "", "fits"):
         per_device.add_column(
             column, justify="left" if column in ("device", "", "fits") else "right"
         )
@@ -624,10 +657,67 @@ def _plan(args: argparse.Namespace) -> int:
             fits,
         )
     console.print(per_device)
+    if machine is not None:
+        count = f"each of {p.processes}" if p.processes > 1 else "the"
+        console.print(
+            _lit(
+                f"Per process: {count} process{'es' if p.processes > 1 else ''} holds "
+                f"{devpolicy.format_size(p.bytes_per_process)} on {len(p.devices)} devices"
+            )
+        )
     unplaced = sum(t.decision is None for t in p.tensors)
     if unplaced:
         console.print(Text(f"{unplaced} tensor(s) have no device", style="red"))
     return status
+
+
+def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:
+    return {
+        "file": p.file,
+        "machine": p.machine,
+        "fits": p.fits,
+        "tensors": [
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "nbytes": t.nbytes,
+                "aligned": t.offset % 64 == 0,
+                "device": t.decision.device_text if t.decision else None,
+                "mesh": t.decision.mesh if t.decision else None,
+                "spec": _spec_json(t.decision.spec) if t.decision else None,
+                "shards": t.decision.shards if t.decision else None,
+                "mesh_devices": t.decision.mesh_devices if t.decision else None,
+                "bytes_per_device": t.decision.bytes_per_device() if t.decision else None,
+                "rule": t.decision.rule if t.decision else None,
+                "origin": t.decision.origin if t.decision else None,
+                "requested": t.decision.requested if t.decision else None,
+                "fallback_reason": t.decision.fallback_reason if t.decision else None,
+                "error": t.error,
+            }
+            for t in p.tensors
+        ],
+        "devices": [
+            {
+                "device": d.device,
+                "nbytes": d.nbytes,
+                "tensors": d.tensors,
+                "free": d.free,
+                "file_backed": d.file_backed,
+                "pool": d.pool,
+                "fits": d.fits,
+            }
+            for d in p.devices
+        ],
+        "processes": [{"process": i, "nbytes": p.bytes_per_process} for i in range(p.processes)],
+    }
+
+
+def _spec_json(spec: tuple[str | tuple[str, ...] | None, ...] | None) -> list[Any] | None:
+    """A spec as JSON: an axis, a list of axes, or null per dimension."""
+    if spec is None:
+        return None
+    return [list(e) if isinstance(e, tuple) else e for e in spec]
 
 
 # run -------------------------------------------------------------------------------------

@@ -10,17 +10,18 @@ from __future__ import annotations
 import numbers
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
 
 import jax
 from jax.sharding import SingleDeviceSharding
+from typing_extensions import TypeVar
 
 from ._capacity import Capacity
 from ._errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameError
-from ._inventory import current_default_device, inventory
 from ._layers import RuleEntry, Settings
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
+from ._machine import DeviceLike, Machine
 from ._matching import Matcher, Step, compile_condition
 from ._meshes import Meshes, shards
 from ._routing import NOTHING_CLAIMED, Choice, Fit, Route
@@ -28,14 +29,18 @@ from ._schema import RuleSpec, Source
 from ._sizes import format_size
 from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
 
+#: The devices decided between: JAX's, or a planned machine's (`VirtualDevice`).
+DeviceT = TypeVar("DeviceT", bound=DeviceLike, default=jax.Device)
+
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(Generic[DeviceT]):
     """Where one name goes, and why.
 
     Attributes:
         name: The name resolved (`dataset/train`, `model/w`).
-        device: The device chosen.
+        device: The device chosen (for a sharding, the mesh's first device of this
+            process); a `VirtualDevice` in a plan for a `VirtualMachine`.
         device_text: The device as target text (`cpu:2`, `gpu:0`; process-local index).
         memory_kind: JAX memory kind asked for, or None for the device's default.
         requested: The target text the rule (or default) asked for.
@@ -50,13 +55,16 @@ class Decision:
             everything under DEVPOLICY_DISABLE).
         mmap: Whether loaders may map the tensor from its file (the rule's `mmap`).
         sharding: Where arrays go: a `SingleDeviceSharding` on `device`, or the rule's
-            `NamedSharding` over its mesh.
+            `NamedSharding` over its mesh; None in a plan for a `VirtualMachine` (no
+            sharding can be made for devices that do not exist).
         mesh: The mesh's name for a sharded decision, else None.
         spec: The spec (one entry per dimension) for a sharded decision, else None.
         mesh_devices: How many devices the mesh spans (all processes), else 1.
         shards: Into how many pieces the spec cuts an array (the rest replicates), else 1.
         move_inputs: Whether `@place` moves committed array arguments found on another
             device to `device` before the call (the rule's `inputs: move`).
+        local_devices: This process's devices that hold the array: `device`, or the
+            mesh's devices of this process for a sharded decision.
 
     Example:
         >>> import devpolicy
@@ -68,7 +76,7 @@ class Decision:
     """
 
     name: str
-    device: jax.Device
+    device: DeviceT
     device_text: str
     memory_kind: str | None
     requested: str
@@ -86,9 +94,12 @@ class Decision:
     spec: tuple[SpecEntry, ...] | None = None
     mesh_devices: int = 1
     shards: int = 1
+    local_devices: tuple[DeviceT, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.sharding is None:
+        if not self.local_devices:
+            object.__setattr__(self, "local_devices", (self.device,))
+        if self.sharding is None and self.mesh is None and isinstance(self.device, jax.Device):
             sharding = SingleDeviceSharding(self.device, memory_kind=self.memory_kind)
             object.__setattr__(self, "sharding", sharding)
 
@@ -142,7 +153,7 @@ class Decision:
 
     def event_fields(self) -> dict[str, Any]:
         """The flat fields of this decision's `placement` event."""
-        sharded = {}
+        sharded: dict[str, Any] = {}
         if self.mesh is not None:
             sharded = {
                 "mesh": self.mesh,
@@ -166,7 +177,7 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
-class Explanation:
+class Explanation(Generic[DeviceT]):
     """How a name was decided, step by step.
 
     Attributes:
@@ -182,7 +193,7 @@ class Explanation:
     nbytes: int | None
     steps: tuple[tuple[RuleEntry, Step], ...]
     fallback: tuple[tuple[str, str], ...]
-    decision: Decision | None
+    decision: Decision[DeviceT] | None
     error: str | None
 
     def __str__(self) -> str:
@@ -229,12 +240,12 @@ def _rich_text(text: str) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class _Outcome:
+class _Outcome(Generic[DeviceT]):
     """What deciding one name came to: the rule (None: the default), and the walk's end."""
 
     rule: int | None
-    route: Route
-    choice: Choice | DevicePolicyError
+    route: Route[DeviceT]
+    choice: Choice[DeviceT] | DevicePolicyError
 
 
 def _first_target(rule: RuleSpec) -> Target | ShardingTarget:
@@ -251,13 +262,10 @@ Shape = tuple[int, ...]
 Item = tuple[str, int | None] | tuple[str, int | None, Shape | None]
 
 
-def _claim(claimed: dict[Hashable, int], decision: Decision, fit: Fit) -> None:
+def _claim(claimed: dict[Hashable, int], decision: Decision[DeviceT], fit: Fit[DeviceT]) -> None:
     """Count a decision's bytes against the memory pools of the devices that will hold them."""
     share = decision.bytes_per_device() or 0
-    sharding = decision.sharding
-    assert sharding is not None
-    held = sharding.addressable_devices if decision.mesh is not None else (decision.device,)
-    for device in held:
+    for device in decision.local_devices:
         pool = fit.pool(device)
         claimed[pool] = claimed.get(pool, 0) + share
 
@@ -278,7 +286,7 @@ def checked_nbytes(nbytes: object) -> int:
     raise ValueError(f"nbytes must be None or a non-negative int, got {nbytes!r}")
 
 
-class Decider:
+class Decider(Generic[DeviceT]):
     """Decides where names go by one policy's settings; logs each decision once at info.
 
     Built once per policy: patterns compiled, chains parsed. A repeated unsized name is
@@ -288,6 +296,8 @@ class Decider:
     Attributes:
         settings: The merged settings decided by.
         capacity: Where memory-aware rules learn free memory.
+        machine: The devices decided between: this process's (`inventory()`), or a
+            planned machine's (`VirtualMachine`).
         events: Where events go.
         disabled: Whether DEVPOLICY_DISABLE is in force.
     """
@@ -305,13 +315,17 @@ class Decider:
         "capacity",
         "disabled",
         "events",
+        "machine",
         "meshes",
         "settings",
     )
 
-    def __init__(self, settings: Settings, capacity: Capacity) -> None:
+    def __init__(
+        self, settings: Settings, capacity: Capacity[DeviceT], machine: Machine[DeviceT]
+    ) -> None:
         self.settings = settings
         self.capacity = capacity
+        self.machine = machine
         self.disabled: bool = settings.disable.value
         self.events = EventLog(settings.log_level.value, settings.log_format.value)
         # Decided once: whether a repeat can be seen by anyone (devpolicy's level is applied
@@ -331,7 +345,7 @@ class Decider:
         )
         fallback = tuple(settings.fallback.value)
         strict: bool = settings.strict.value
-        self.meshes = Meshes(settings.meshes)
+        self.meshes = Meshes(settings.meshes, machine)
         self._routes = tuple(
             Route(
                 _first_target(r.spec),
@@ -354,21 +368,23 @@ class Decider:
             False,
             self.meshes,
         )
-        self._recent: dict[object, Decision] = {}
-        self._old: dict[object, Decision] = {}
-        self._singles: dict[tuple[jax.Device, str | None], SingleDeviceSharding] = {}
+        self._recent: dict[object, Decision[DeviceT]] = {}
+        self._old: dict[object, Decision[DeviceT]] = {}
+        self._singles: dict[tuple[Any, str | None], SingleDeviceSharding] = {}
 
     @property
-    def routes(self) -> tuple[Route, ...]:
+    def routes(self) -> tuple[Route[DeviceT], ...]:
         """Each rule's route, in rule order."""
         return self._routes
 
     @property
-    def default_route(self) -> Route | None:
+    def default_route(self) -> Route[DeviceT] | None:
         """The default's route, or None under `default: reject`."""
         return None if self._rejects else self._default
 
-    def resolve(self, name: str, nbytes: int | None = None, shape: Shape | None = None) -> Decision:
+    def resolve(
+        self, name: str, nbytes: int | None = None, shape: Shape | None = None
+    ) -> Decision[DeviceT]:
         """Decide where `name` goes and log it: info the first time, debug on repeats."""
         if nbytes is None and shape is None:
             # The hot path (`@place`, `scope`): one lookup, nothing built, nothing logged
@@ -385,7 +401,7 @@ class Decider:
         shape: Shape | None,
         claimed: Mapping[Hashable, int],
         first_level: str,
-    ) -> Decision:
+    ) -> Decision[DeviceT]:
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
             nbytes = checked_nbytes(nbytes)
         if shape is not None:
@@ -408,7 +424,7 @@ class Decider:
         self.events.decided(first, "placement", decision.event_fields, first_level)
         return decision
 
-    def _cached(self, key: object) -> Decision | None:
+    def _cached(self, key: object) -> Decision[DeviceT] | None:
         decision = self._recent.get(key)
         if decision is None:
             decision = self._old.get(key)
@@ -416,14 +432,16 @@ class Decider:
                 self._remember(key, decision)
         return decision
 
-    def _remember(self, key: object, decision: Decision) -> None:
+    def _remember(self, key: object, decision: Decision[DeviceT]) -> None:
         if len(self._recent) >= CACHE_GENERATION:
             # Turn over: what was used in the last generation stays reachable for one more.
             self._old = self._recent
             self._recent = {}
         self._recent[key] = decision
 
-    def resolve_many(self, items: Iterable[Item], *, summarised: bool = False) -> list[Decision]:
+    def resolve_many(
+        self, items: Iterable[Item], *, summarised: bool = False
+    ) -> list[Decision[DeviceT]]:
         """Resolve (name, nbytes[, shape]) items as one placement, earlier items' bytes claimed.
 
         `summarised`: the caller logs one summary (a file load), so each item's first
@@ -440,14 +458,16 @@ class Decider:
             decisions.append(decision)
         return decisions
 
-    def decide(self, name: str, nbytes: int | None = None, shape: Shape | None = None) -> Decision:
+    def decide(
+        self, name: str, nbytes: int | None = None, shape: Shape | None = None
+    ) -> Decision[DeviceT]:
         """Like `resolve`, but nothing is logged or cached."""
         return self._decision(name, nbytes, shape, NOTHING_CLAIMED)[0]
 
-    def decide_many(self, items: Iterable[Item]) -> list[Decision | DevicePolicyError]:
+    def decide_many(self, items: Iterable[Item]) -> list[Decision[DeviceT] | DevicePolicyError]:
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
         claimed: dict[Hashable, int] = {}
-        results: list[Decision | DevicePolicyError] = []
+        results: list[Decision[DeviceT] | DevicePolicyError] = []
         for name, nbytes, *shape in items:
             try:
                 decision = self._decision(name, nbytes, shape[0] if shape else None, claimed)[0]
@@ -460,7 +480,7 @@ class Decider:
 
     def explain(
         self, name: str, nbytes: int | None = None, shape: Shape | None = None
-    ) -> Explanation:
+    ) -> Explanation[DeviceT]:
         """Every rule tried for `name` and every fallback step, from the walk that decides."""
         if nbytes is not None:
             nbytes = checked_nbytes(nbytes)
@@ -482,7 +502,7 @@ class Decider:
         nbytes: int | None,
         shape: Shape | None,
         claimed: Mapping[Hashable, int],
-    ) -> tuple[Decision, bool]:
+    ) -> tuple[Decision[DeviceT], bool]:
         """The decision (or its error, raised), and whether it may be cached."""
         outcome = self._outcome(name, nbytes, shape, claimed)
         if isinstance(outcome.choice, DevicePolicyError):
@@ -497,7 +517,7 @@ class Decider:
         nbytes: int | None,
         shape: Shape | None,
         claimed: Mapping[Hashable, int],
-    ) -> _Outcome:
+    ) -> _Outcome[DeviceT]:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
@@ -519,41 +539,48 @@ class Decider:
         return _Outcome(index, route, choice)
 
     def _build(
-        self, name: str, nbytes: int | None, index: int | None, route: Route, choice: Choice
-    ) -> Decision:
+        self,
+        name: str,
+        nbytes: int | None,
+        index: int | None,
+        route: Route[DeviceT],
+        choice: Choice[DeviceT],
+    ) -> Decision[DeviceT]:
         entry = None if index is None else self.settings.rules[index]
         source: Source = "default" if entry is None else entry.source
         if self.disabled:
             source = "disabled"
-        device = choice.device if choice.device is not None else current_default_device()
+        device = choice.device if choice.device is not None else self.machine.default_device()
         reason = None
         if choice.tried:
             passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
             reason = f"{passed}; used {choice.target.text}"
-        is_sharded = choice.sharding is not None and choice.mesh is not None and not self.disabled
-        if not is_sharded:
+        sharded: dict[str, Any] = {}
+        if choice.mesh is not None and not self.disabled:
+            target = choice.target
+            assert isinstance(target, ShardingTarget)
+            # The mesh's shape says it all; the NamedSharding exists only where its devices
+            # do (None in a plan for a VirtualMachine).
+            sharded = {
+                "sharding": choice.sharding,
+                "mesh": target.mesh,
+                "spec": target.spec,
+                "mesh_devices": choice.mesh.size,
+                "shards": shards(target, choice.mesh.shape),
+                "local_devices": choice.mesh.local,
+            }
+        elif isinstance(device, jax.Device):
             # One sharding object per device and memory kind, shared by its decisions.
             key = (device, route.memory_kind)
             single = self._singles.get(key)
             if single is None:
                 single = SingleDeviceSharding(device, memory_kind=route.memory_kind)
                 self._singles[key] = single
-            sharded: dict[str, Any] = {"sharding": single}
-        else:
-            target = choice.target
-            assert isinstance(target, ShardingTarget)
-            assert choice.mesh is not None
-            sharded = {
-                "sharding": choice.sharding,
-                "mesh": target.mesh,
-                "spec": target.spec,
-                "mesh_devices": choice.mesh.mesh.devices.size,
-                "shards": shards(target, dict(choice.mesh.mesh.shape)),
-            }
+            sharded["sharding"] = single
         return Decision(
             name=name,
             device=device,
-            device_text=choice.target.text if is_sharded else inventory().text(device),
+            device_text=choice.target.text if "mesh" in sharded else self.machine.text(device),
             memory_kind=route.memory_kind,
             requested=route.requested,
             rule=None if entry is None else entry.index,

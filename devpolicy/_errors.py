@@ -131,6 +131,22 @@ class EnvOverrideError(DevicePolicyError, ValueError):
         super().__init__(f"{variable}={value!r}: {problem}; accepted: {accepted}")
 
 
+class MachineSpecError(DevicePolicyError, ValueError):
+    """A description of a machine to plan for (`gpu=8x80GiB`) that cannot be read.
+
+    Attributes:
+        option: What held it: `--devices`, `--processes`, or a `VirtualMachine` argument.
+        value: The text (or value) as given.
+        accepted: The forms that would be accepted.
+    """
+
+    def __init__(self, option: str, value: object, problem: str, accepted: str) -> None:
+        self.option = option
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"{option} {value!r}: {problem}; accepted: {accepted}")
+
+
 class UnmatchedNameError(DevicePolicyError, LookupError):
     """A name no rule matches, under a policy whose default is `reject`.
 

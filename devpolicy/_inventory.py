@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 
 import jax
 import jax.extend
+from jax.sharding import AxisType, Mesh
 
 from ._errors import DeviceUnavailableError, did_you_mean
+from ._machine import out_of_range
 from ._targets import KNOWN_PLATFORMS, PLATFORM_ALIASES, Target, parse_target
 
 GPU_HINT = "pip install 'devpolicy[cuda13]'"
@@ -73,10 +75,37 @@ class Inventory:
             return f"no {target.platform} backend in this process"
         index = target.index or 0
         if index >= len(devices):
-            have = f"{target.platform}:0..{target.platform}:{len(devices) - 1}"
-            count = f"{len(devices)} local {target.platform} devices"
-            return f"index {index} out of range ({count}: {have})"
+            return out_of_range(target, len(devices))
         return devices[index]
+
+    # The rest of `Machine` (see `_machine`): what the walk and the mesh builder ask.
+
+    def default_device(self) -> jax.Device:
+        """The device JAX places new arrays on in this thread now (see
+        `current_default_device`)."""
+        return current_default_device()
+
+    def backend_devices(self, platform: str) -> list[jax.Device] | str:
+        """Every process's devices of `platform` (a mesh of a jax.distributed job spans
+        them all), or why there are none."""
+        if platform not in self.devices:
+            why = self.missing.get(platform, "not started")
+            return f"no {platform} backend in this process ({why})"
+        try:
+            return list(jax.devices(platform))
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+
+    def make_mesh(
+        self, sizes: tuple[int, ...], names: tuple[str, ...], devices: list[jax.Device]
+    ) -> tuple[Mesh | None, tuple[jax.Device, ...]]:
+        """A JAX mesh of `devices` and this process's devices of it, in mesh order."""
+        # Auto axes: the classic sharding propagation a device_put or jit user expects;
+        # Explicit axes would change how every computation under the mesh is typed.
+        auto = (AxisType.Auto,) * len(names)
+        mesh = jax.make_mesh(sizes, names, auto, devices=devices)
+        index = self.process_index
+        return mesh, tuple(d for d in mesh.devices.flat if d.process_index == index)
 
 
 def _probe(platform: str) -> tuple[jax.Device, ...] | Exception:
@@ -240,3 +269,68 @@ def memory_kinds(device: jax.Device) -> tuple[str, ...]:
         return tuple(m.kind for m in device.addressable_memories())
     except Exception:
         return ()
+
+
+class ThisProcess:
+    """This process's devices as a `Machine`, probed on first use, not when made.
+
+    A policy is loaded before `bootstrap` applies its runtime settings, which must come
+    before JAX starts a backend: so the inventory is asked only when a decision needs it.
+
+    Example:
+        >>> THIS_PROCESS.text(THIS_PROCESS.default_device())
+        'cpu:0'
+    """
+
+    __slots__ = ()
+
+    @property
+    def process_index(self) -> int:
+        """This process's index in a multi-process run (0 otherwise)."""
+        return inventory().process_index
+
+    @property
+    def default_platform(self) -> str:
+        """The platform JAX uses by default."""
+        return inventory().default_platform
+
+    def find(self, target: Target) -> jax.Device | str:
+        """See `Inventory.find`."""
+        return inventory().find(target)
+
+    def default_device(self) -> jax.Device:
+        """See `current_default_device`."""
+        return current_default_device()
+
+    def backend_devices(self, platform: str) -> list[jax.Device] | str:
+        """See `Inventory.backend_devices`."""
+        return inventory().backend_devices(platform)
+
+    def text(self, device: jax.Device) -> str:
+        """See `Inventory.text`."""
+        return inventory().text(device)
+
+    def available(self) -> list[str]:
+        """See `Inventory.available`."""
+        return inventory().available()
+
+    def missing_for(self, platforms: set[str]) -> dict[str, str]:
+        """See `Inventory.missing_for`."""
+        return inventory().missing_for(platforms)
+
+    def memory_kinds(self, device: jax.Device) -> tuple[str, ...]:
+        """See `memory_kinds`."""
+        return memory_kinds(device)
+
+    def make_mesh(
+        self, sizes: tuple[int, ...], names: tuple[str, ...], devices: list[jax.Device]
+    ) -> tuple[Mesh | None, tuple[jax.Device, ...]]:
+        """See `Inventory.make_mesh`."""
+        return inventory().make_mesh(sizes, names, devices)
+
+    def __repr__(self) -> str:
+        return "<devpolicy this process>"
+
+
+#: The machine every policy decides for unless told otherwise.
+THIS_PROCESS = ThisProcess()

@@ -9,6 +9,7 @@ from typing import Literal
 from ._cover import CoverJudge
 from ._errors import DeviceUnavailableError
 from ._layers import RuleEntry
+from ._machine import D
 from ._policy import Policy
 from ._prefixes import PrefixIndex
 from ._routing import Fit, Route
@@ -211,8 +212,8 @@ def _glob_covers(earlier: str, later: str) -> str | None:
 def _chain(
     label: str,
     origin: str,
-    route: Route,
-    fit: Fit,
+    route: Route[D],
+    fit: Fit[D],
     unsafe: dict[tuple[str, ...], list[tuple[str, str]]],
 ) -> list[Finding]:
     """Findings about one chain, from the decider's own walk; a chain without a safe end is

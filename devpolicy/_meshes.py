@@ -1,4 +1,4 @@
-"""The policy's meshes, built against this process's devices, and shardings over them.
+"""The policy's meshes, built against a machine's devices, and shardings over them.
 
 A mesh that cannot be built here (a missing backend, too few devices) and an array that
 does not divide over its axes are not errors but reasons: the rule's fallback chain is
@@ -10,55 +10,62 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic
 
-import jax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._inventory import inventory
+from ._machine import D, Machine
 from ._schema import MeshSpec
 from ._targets import AUTO, PLATFORM_ALIASES, ShardingTarget, parse_target
 
 
 @dataclass(frozen=True, slots=True)
-class BuiltMesh:
-    """A mesh as built here, with what placement needs to know about it.
+class BuiltMesh(Generic[D]):
+    """A mesh as built for a machine, with what placement needs to know about it.
 
     Attributes:
         name: Its name in the policy.
-        mesh: The JAX mesh.
+        shape: Each axis with its size, in order.
+        size: How many devices it spans (every process).
         local: This process's devices of the mesh, in mesh order.
+        mesh: The JAX mesh; None on a machine whose devices do not exist here (a plan
+            for a `VirtualMachine`).
     """
 
     name: str
-    mesh: Mesh
-    local: tuple[jax.Device, ...]
+    shape: dict[str, int]
+    size: int
+    local: tuple[D, ...]
+    mesh: Mesh | None
 
 
-class Meshes:
-    """The policy's meshes by name, each built once, on first use.
+class Meshes(Generic[D]):
+    """The policy's meshes by name, each built for one machine once, on first use.
 
     Example:
+        >>> from devpolicy._inventory import inventory
         >>> from devpolicy._schema import MeshSpec
-        >>> meshes = Meshes({"dp": MeshSpec(axes={"data": -1}, devices="cpu")})
+        >>> meshes = Meshes({"dp": MeshSpec(axes={"data": -1}, devices="cpu")}, inventory())
         >>> built = meshes.build("dp")
-        >>> dict(built.mesh.shape)
-        {'data': 4}
+        >>> built.shape, built.size
+        ({'data': 4}, 4)
     """
 
-    def __init__(self, specs: Mapping[str, MeshSpec]) -> None:
+    def __init__(self, specs: Mapping[str, MeshSpec], machine: Machine[D]) -> None:
         self._specs = dict(specs)
-        self._built: dict[str, BuiltMesh | str] = {}
+        self.machine = machine
+        self._built: dict[str, BuiltMesh[D] | str] = {}
 
     @property
     def names(self) -> tuple[str, ...]:
         """The names of the policy's meshes."""
         return tuple(self._specs)
 
-    def build(self, name: str) -> BuiltMesh | str:
-        """The mesh called `name` on this machine, or why it cannot be built here."""
+    def build(self, name: str) -> BuiltMesh[D] | str:
+        """The mesh called `name` on this machine, or why it cannot be built there."""
         built = self._built.get(name)
         if built is None:
-            built = self._built[name] = _build(name, self._specs[name])
+            built = self._built[name] = _build(name, self._specs[name], self.machine)
         return built
 
     def sharding(
@@ -66,15 +73,18 @@ class Meshes:
         target: ShardingTarget,
         memory_kind: str | None,
         shape: Sequence[int] | None,
-    ) -> tuple[BuiltMesh, NamedSharding] | str:
-        """The NamedSharding for `target` (an array of `shape`, when known), or why not."""
+    ) -> tuple[BuiltMesh[D], NamedSharding | None] | str:
+        """The mesh for `target` (an array of `shape`, when known) and its NamedSharding
+        (None where the mesh has no JAX mesh), or why not."""
         built = self.build(target.mesh)
         if isinstance(built, str):
             return built
         if shape is not None:
-            problem = divides(target, dict(built.mesh.shape), shape)
+            problem = divides(target, built.shape, shape)
             if problem is not None:
                 return problem
+        if built.mesh is None:
+            return built, None
         spec = PartitionSpec(*target.spec)  # type: ignore[no-untyped-call]
         try:
             return built, NamedSharding(built.mesh, spec, memory_kind=memory_kind)
@@ -109,14 +119,14 @@ def divides(
     return None
 
 
-def _build(name: str, spec: MeshSpec) -> BuiltMesh | str:
-    devices = _devices(spec.devices)
+def _build(name: str, spec: MeshSpec, machine: Machine[D]) -> BuiltMesh[D] | str:
+    devices = _devices(spec.devices, machine)
     if isinstance(devices, str):
         return f"mesh {name!r}: {devices}"
     names = list(spec.axes)
     sizes = list(spec.axes.values())
     fixed = math.prod(s for s in sizes if s != -1)
-    where = _where(spec.devices)
+    where = _where(spec.devices, machine)
     described = " x ".join(f"{n}={s}" for n, s in spec.axes.items())
     if -1 in sizes:
         if len(devices) % fixed or not devices:
@@ -128,41 +138,28 @@ def _build(name: str, spec: MeshSpec) -> BuiltMesh | str:
     elif fixed != len(devices):
         return f"mesh {name!r} ({described}) needs {fixed} {where} devices, {len(devices)} here"
     try:
-        # Auto axes: the classic sharding propagation a device_put or jit user expects;
-        # Explicit axes would change how every computation under the mesh is typed.
-        auto = (AxisType.Auto,) * len(names)
-        mesh = jax.make_mesh(tuple(sizes), tuple(names), auto, devices=devices)
+        mesh, local = machine.make_mesh(tuple(sizes), tuple(names), devices)
     except Exception as e:  # JAX's own reason, in its words
         return f"mesh {name!r}: {type(e).__name__}: {e}"
-    index = inventory().process_index
-    local = tuple(d for d in mesh.devices.flat if d.process_index == index)
     if not local:
-        return f"mesh {name!r} has no device of this process ({index})"
-    return BuiltMesh(name, mesh, local)
+        return f"mesh {name!r} has no device of this process ({machine.process_index})"
+    return BuiltMesh(name, dict(zip(names, sizes, strict=True)), len(devices), local, mesh)
 
 
-def _where(devices: str | list[str]) -> str:
+def _where(devices: str | list[str], machine: Machine[D]) -> str:
     if isinstance(devices, list):
         return "listed"
-    return jax.default_backend() if devices == AUTO else PLATFORM_ALIASES[devices]
+    return machine.default_platform if devices == AUTO else PLATFORM_ALIASES[devices]
 
 
-def _devices(devices: str | list[str]) -> list[jax.Device] | str:
+def _devices(devices: str | list[str], machine: Machine[D]) -> list[D] | str:
     if isinstance(devices, list):
-        inv = inventory()
         found = []
         for text in devices:
-            device = inv.find(parse_target(text))
+            device = machine.find(parse_target(text))
             if isinstance(device, str):
                 return f"{text}: {device}"
             found.append(device)
         return found
-    platform = None if devices == AUTO else PLATFORM_ALIASES[devices]
-    if platform is not None and platform not in inventory().devices:
-        why = inventory().missing.get(platform, "not started")
-        return f"no {platform} backend in this process ({why})"
-    try:
-        # Every process's devices: a mesh of a jax.distributed job spans them all.
-        return list(jax.devices(platform))
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
+    platform = machine.default_platform if devices == AUTO else PLATFORM_ALIASES[devices]
+    return machine.backend_devices(platform)

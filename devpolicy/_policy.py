@@ -13,8 +13,10 @@ from . import _prefetch, _safetensors
 from ._capacity import Capacity, DeviceMemory
 from ._decider import Decider, Decision, Explanation
 from ._errors import DevicePolicyError
+from ._inventory import THIS_PROCESS
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
+from ._machine import VirtualMachine
 from ._placement import Inputs, Scope, Scopes, make_place, move_to, put
 from ._safetensors import Plan
 
@@ -42,7 +44,9 @@ class Policy:
         self, settings: Settings, found: str = "", capacity: Capacity | None = None
     ) -> None:
         #: The decision engine: what every verb of this policy decides with.
-        self.decider = Decider(settings, capacity if capacity is not None else DeviceMemory())
+        self.decider: Decider = Decider(
+            settings, capacity if capacity is not None else DeviceMemory(), THIS_PROCESS
+        )
         self._found = found
         self._scopes = Scopes(self.decider)
         self._scope_of = self._scopes.by_name.get
@@ -194,10 +198,16 @@ class Policy:
         return _safetensors.load_file(path, self.decider, **options)
 
     def plan(
-        self, path: str | os.PathLike[str], *, prefix: str | None = None, mmap: bool | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        prefix: str | None = None,
+        mmap: bool | None = None,
+        machine: VirtualMachine | None = None,
     ) -> Plan:
-        """Where each tensor of a file would go by this policy. See `devpolicy.plan`."""
-        return _safetensors.plan(path, self.decider, prefix=prefix, mmap=mmap)
+        """Where each tensor of a file would go by this policy (on `machine`, if given).
+        See `devpolicy.plan`."""
+        return _safetensors.plan(path, self.decider, prefix=prefix, mmap=mmap, machine=machine)
 
     def prefetch(
         self,

@@ -1,21 +1,22 @@
-"""The fallback walk: a target and its chain tried against this machine, in one place.
+"""The fallback walk: a target and its chain tried against a machine, in one place.
 
-The decider, `explain` and lint all ask this module how a chain resolves here, so the
-three can never disagree. Memory claimed by earlier items of one placement is passed in,
-never read from hidden state.
+The decider, `explain`, lint and `plan` all ask this module how a chain resolves, so
+they can never disagree. The machine is this process's (`Inventory`) or one described in
+words (`VirtualMachine`, for planning): the walk only asks it. Memory claimed by earlier
+items of one placement is passed in, never read from hidden state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import Generic
 
-import jax
 from jax.sharding import NamedSharding
 
 from ._capacity import Capacity, pool_of
 from ._errors import DeviceUnavailableError
-from ._inventory import current_default_device, inventory, memory_kinds
+from ._machine import D
 from ._meshes import BuiltMesh, Meshes, shards
 from ._sizes import format_size
 from ._targets import ShardingTarget, Target, parse_target
@@ -26,7 +27,7 @@ NOTHING_CLAIMED: Mapping[Hashable, int] = {}
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
+class Choice(Generic[D]):
     """Where a walk ended.
 
     Attributes:
@@ -35,45 +36,47 @@ class Choice:
         target: The target of the chain that was used.
         tried: Each target passed over before it, with why.
         sized: Whether free memory was consulted (then the choice holds for this call only).
-        sharding: The NamedSharding when the target is a sharding, else None.
+        sharding: The NamedSharding when the target is a sharding (None also on a machine
+            whose devices do not exist here), else None.
         mesh: The mesh it shards over, else None.
     """
 
-    device: jax.Device | None
+    device: D | None
     target: Target | ShardingTarget
     tried: tuple[tuple[str, str], ...]
     sized: bool
     sharding: NamedSharding | None = None
-    mesh: BuiltMesh | None = None
+    mesh: BuiltMesh[D] | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Fit:
+class Fit(Generic[D]):
     """How memory-aware placement judges a size: by `capacity`, keeping `headroom` free."""
 
-    capacity: Capacity
+    capacity: Capacity[D]
     headroom: float
 
-    def pool(self, device: jax.Device) -> Hashable:
+    def pool(self, device: D) -> Hashable:
         """The memory pool `device` draws on (every CPU device shares the host's)."""
         return pool_of(self.capacity, device)
 
-    def problem(self, device: jax.Device, nbytes: int, claimed: int) -> str | None:
-        """Why `nbytes` does not fit `device` with `claimed` bytes already given, or None."""
+    def problem(self, device: D, nbytes: int, claimed: int, text: Callable[[D], str]) -> str | None:
+        """Why `nbytes` does not fit `device` with `claimed` bytes already given, or None;
+        `text` names the device."""
         free = self.capacity.free_bytes(device)
         if free is None:
             return None
         budget = int(free * (1 - self.headroom)) - claimed
         if nbytes <= budget:
             return None
-        where = inventory().text(device)
+        where = text(device)
         kept = f", keeping {self.headroom:.0%} free" if self.headroom else ""
         earlier = f", {format_size(claimed)} of it taken by earlier items" if claimed else ""
         return f"needs {format_size(nbytes)}, {format_size(free)} free on {where}{earlier}{kept}"
 
 
-class Route:
-    """A target with its fallback chain, parsed once; walked against the inventory.
+class Route(Generic[D]):
+    """A target with its fallback chain, parsed once; walked against its meshes' machine.
 
     Attributes:
         requested: The first target's text, as written.
@@ -105,7 +108,7 @@ class Route:
         strict: bool,
         context: str,
         fits: bool,
-        meshes: Meshes,
+        meshes: Meshes[D],
     ) -> None:
         self.requested = requested.text
         self.chain = (requested, *(parse_target(t) for t in fallback))
@@ -117,7 +120,7 @@ class Route:
         self._judges_size = fits or any(t.is_auto for t in self.chain)
         # A sharding's choice depends on the array's shape (does it divide?).
         self._judges_shape = any(isinstance(t, ShardingTarget) for t in self.chain)
-        self._fixed: Choice | None = None
+        self._fixed: Choice[D] | None = None
 
     @property
     def tried_chain(self) -> tuple[Target | ShardingTarget, ...]:
@@ -132,10 +135,10 @@ class Route:
         self,
         name: str,
         nbytes: int | None,
-        fit: Fit,
+        fit: Fit[D],
         claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
         shape: tuple[int, ...] | None = None,
-    ) -> Choice:
+    ) -> Choice[D]:
         """`walk`, raising when no device can be had; a size-blind result is kept."""
         blind = (nbytes is None or not self._judges_size) and (
             shape is None or not self._judges_shape
@@ -154,10 +157,10 @@ class Route:
         self,
         name: str,
         nbytes: int | None,
-        fit: Fit,
+        fit: Fit[D],
         claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
         shape: tuple[int, ...] | None = None,
-    ) -> Choice | DeviceUnavailableError:
+    ) -> Choice[D] | DeviceUnavailableError:
         """Try each target of the chain in order (only the first under strict).
 
         With a size known, `auto` targets (and every target of a `fits` rule) are used only
@@ -165,7 +168,7 @@ class Route:
         unless strict. A sharding is used only if its mesh can be built here and, with a
         shape known, the array divides over it; a `fits` rule judges each device's share.
         """
-        inv = inventory()
+        machine = self.meshes.machine
         tried: list[tuple[str, str]] = []
         chain = self.tried_chain
         sized = False
@@ -178,17 +181,19 @@ class Route:
                 built, sharding, judged = sharded
                 sized = sized or judged
                 return Choice(built.local[0], target, tuple(tried), sized, sharding, built)
-            found: jax.Device | str
-            found = current_default_device() if target.is_auto else inv.find(target)
+            found: D | str
+            found = machine.default_device() if target.is_auto else machine.find(target)
             if not isinstance(found, str) and self.memory_kind is not None:
-                kinds = memory_kinds(found)
+                kinds = machine.memory_kinds(found)
                 if self.memory_kind not in kinds:
                     found = (
                         f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
                     )
             if not isinstance(found, str) and nbytes is not None and (self.fits or target.is_auto):
                 sized = True
-                too_small = fit.problem(found, nbytes, claimed.get(fit.pool(found), 0))
+                too_small = fit.problem(
+                    found, nbytes, claimed.get(fit.pool(found), 0), machine.text
+                )
                 if too_small is not None:
                     if position < len(chain) or self.strict:
                         tried.append((target.text, too_small))
@@ -204,33 +209,35 @@ class Route:
             context += " (strict: no fallback)"
         elif len(self.chain) == 1:
             context += " (no fallback given)"
-        missing = inv.missing_for(platforms)
-        return DeviceUnavailableError(self.requested, tried, inv.available(), missing, context)
+        missing = machine.missing_for(platforms)
+        return DeviceUnavailableError(self.requested, tried, machine.available(), missing, context)
 
     def _sharded(
         self,
         target: ShardingTarget,
         nbytes: int | None,
-        fit: Fit,
-        claimed: Mapping[jax.Device, int],
+        fit: Fit[D],
+        claimed: Mapping[Hashable, int],
         shape: tuple[int, ...] | None,
-    ) -> tuple[BuiltMesh, NamedSharding, bool] | str:
+    ) -> tuple[BuiltMesh[D], NamedSharding | None, bool] | str:
         found = self.meshes.sharding(target, self.memory_kind, shape)
         if isinstance(found, str):
             return found
         built, sharding = found
         if self.memory_kind is not None:
-            kinds = memory_kinds(built.local[0])
+            kinds = self.meshes.machine.memory_kinds(built.local[0])
             if self.memory_kind not in kinds:
                 return f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
         if nbytes is None or not self.fits:
             return built, sharding, False
-        share = -(-nbytes // shards(target, dict(built.mesh.shape)))
+        share = -(-nbytes // shards(target, built.shape))
         pools: dict[Hashable, int] = {}  # devices sharing one memory hold their shares together
         for device in built.local:
             pool = fit.pool(device)
             pools[pool] = pools.get(pool, 0) + share
-            too_small = fit.problem(device, pools[pool], claimed.get(pool, 0))
+            too_small = fit.problem(
+                device, pools[pool], claimed.get(pool, 0), self.meshes.machine.text
+            )
             if too_small is not None:
                 return f"each device's share: {too_small}"
         return built, sharding, True

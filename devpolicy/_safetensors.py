@@ -18,11 +18,11 @@ import jax
 import numpy as np
 
 from ._capacity import pool_of, pool_text
-from ._decider import Decider, Decision
+from ._decider import Decider, Decision, DeviceT
 from ._errors import NarrowingError, SafetensorsFileError
-from ._inventory import inventory
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
+from ._machine import VirtualMachine
 from ._narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ._sizes import format_size
 from ._tensorfile import (
@@ -629,7 +629,8 @@ class PlannedTensor:
         shape: Its shape.
         nbytes: Its size.
         offset: Its absolute file offset (64-aligned ones can be mapped zero-copy).
-        decision: The decision, or None when no device could be had.
+        decision: The decision, or None when no device could be had (its device a
+            `VirtualDevice` in a plan for a `VirtualMachine`).
         error: Why no device could be had, or None.
         file: The file holding it, for a checkpoint of several files; else "".
     """
@@ -640,7 +641,7 @@ class PlannedTensor:
     shape: tuple[int, ...]
     nbytes: int
     offset: int
-    decision: Decision | None
+    decision: Decision[Any] | None
     error: str | None
     file: str = ""
 
@@ -650,10 +651,11 @@ class DeviceLoad:
     """Planned bytes for one device against its free memory.
 
     Attributes:
-        device: Target text (`gpu:0`).
+        device: Target text (`gpu:0`), process-local.
         nbytes: Bytes planned for it (a sharded tensor's share on it).
         tensors: How many tensors (or shards of them) it holds.
-        free: Free bytes now, or None when unknown (for a shared pool, the pool's).
+        free: Free bytes now, or None when unknown (for a shared pool, the pool's); for a
+            `VirtualMachine`, the device's stated memory.
         fits: False when the bytes that take memory (`nbytes` less `file_backed`, summed
             over every device of its pool) exceed `free`.
         file_backed: Bytes that will be mapped from the file (host devices, `mmap`,
@@ -675,17 +677,28 @@ class DeviceLoad:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Every tensor of a file with its decision, and totals per device.
+    """Every tensor of a file with its decision, and totals per device and per process.
 
     Attributes:
         file: The file.
         tensors: One entry per tensor, in header order.
-        devices: One entry per device, by target text.
+        devices: One entry per device of the deciding process, by target text.
+        machine: The machine planned for: `this process`, or a `VirtualMachine`'s
+            description (`cpu=1 (memory unknown), gpu=8x80GiB; 2 processes`).
+        processes: How many processes load it, each alike (a `VirtualMachine`'s
+            `processes`; 1 for this process).
     """
 
     file: str
     tensors: tuple[PlannedTensor, ...]
     devices: tuple[DeviceLoad, ...]
+    machine: str = "this process"
+    processes: int = 1
+
+    @property
+    def bytes_per_process(self) -> int:
+        """The bytes each process holds: the sum over its devices (every process alike)."""
+        return sum(d.nbytes for d in self.devices)
 
     def __str__(self) -> str:
         """The plan as text: each tensor's device, then each device against its memory.
@@ -707,10 +720,17 @@ class Plan:
             f"{self.file}: {count} tensor{'' if count == 1 else 's'}, "
             + ("fits" if self.fits else "DOES NOT FIT")
         ]
+        if self.machine != "this process":
+            lines[0] += f" on {self.machine}"
         for t in self.tensors:
             shape = "x".join(map(str, t.shape)) or "()"
             if t.decision is not None:
                 where = f"-> {t.decision.device_text} by {t.decision.origin} ({t.decision.source})"
+                if t.decision.is_sharded:
+                    share = format_size(t.decision.bytes_per_device() or 0)
+                    where += f", {share} on each of {t.decision.mesh_devices} devices"
+                if t.decision.fallback_reason is not None:
+                    where += f"; asked {t.decision.requested}: {t.decision.fallback_reason}"
             else:
                 where = f"-> no device: {(t.error or '').splitlines()[0]}"
             lines.append(f"  {t.name}  {t.dtype} {shape}  {format_size(t.nbytes)}  {where}")
@@ -725,6 +745,10 @@ class Plan:
             tensors = f"{d.tensors} tensor{'' if d.tensors == 1 else 's'}"
             verdict = "fits" if d.fits else "DOES NOT FIT"
             lines.append(f"{d.device}: {tensors}, {size}{backed}, {free}: {verdict}")
+        if self.processes > 1:
+            lines.append(
+                f"each of {self.processes} processes: {format_size(self.bytes_per_process)}"
+            )
         return "\n".join(lines)
 
     def __rich__(self) -> Any:
@@ -742,9 +766,34 @@ class Plan:
 
 
 def plan(
-    path: PathLike, decider: Decider, *, prefix: str | None = None, mmap: bool | None = None
+    path: PathLike,
+    decider: Decider,
+    *,
+    prefix: str | None = None,
+    mmap: bool | None = None,
+    machine: VirtualMachine | None = None,
 ) -> Plan:
-    """Where every tensor of a file or checkpoint would go by `decider`. See `devpolicy.plan`."""
+    """Where every tensor of a file or checkpoint would go by `decider`, or by its settings
+    on `machine` (which is then also the capacity judged by). See `devpolicy.plan`."""
+    if machine is not None:
+        if not isinstance(machine, VirtualMachine):
+            raise TypeError(
+                f"plan(machine=...) takes a devpolicy.VirtualMachine, got "
+                f"{type(machine).__name__} {machine!r}"
+            )
+        virtual = Decider(decider.settings, machine, machine)
+        return _plan(path, virtual, prefix, mmap, str(machine), machine.processes)
+    return _plan(path, decider, prefix, mmap, "this process", 1)
+
+
+def _plan(
+    path: PathLike,
+    decider: Decider[DeviceT],
+    prefix: str | None,
+    mmap: bool | None,
+    machine: str,
+    processes: int,
+) -> Plan:
     checkpoint = open_checkpoint(path)
     headers = [read_header(file) for file in checkpoint.files]
     checkpoint.check(headers)
@@ -757,21 +806,18 @@ def plan(
     x64 = _x64()
     tensors = []
     # Per device: [bytes, tensors or shards, file-backed bytes].
-    loads: dict[jax.Device, list[int]] = {}
+    loads: dict[DeviceT, list[int]] = {}
     for name, (header, entry), outcome in zip(names, entries, outcomes, strict=True):
         decision, error = (outcome, None) if isinstance(outcome, Decision) else (None, str(outcome))
         if decision is not None:
             share = decision.bytes_per_device() or 0
-            sharding = decision.sharding
-            assert sharding is not None
-            held = sharding.addressable_devices if decision.is_sharded else {decision.device}
             mapped = (
                 decision.device.platform == "cpu"  # mapped to an accelerator is still copied
                 and not decision.is_sharded
                 and (x64 or entry.dtype_name not in _NARROW)
                 and _may_map(entry, decision, mmap)
             )
-            for device in held:
+            for device in decision.local_devices:
                 totals = loads.setdefault(device, [0, 0, 0])
                 totals[0] += share
                 totals[1] += 1
@@ -795,14 +841,16 @@ def plan(
     in_pool: dict[object, int] = {}
     for device, (nbytes, _, backed) in loads.items():
         in_pool[pools[device]] = in_pool.get(pools[device], 0) + nbytes - backed
-    inv = inventory()
+    text = decider.machine.text
     devices = []
-    for device, (nbytes, count, backed) in sorted(loads.items(), key=lambda kv: inv.text(kv[0])):
+    for device, (nbytes, count, backed) in sorted(
+        loads.items(), key=lambda kv: _in_order(text(kv[0]))
+    ):
         free = capacity.free_bytes(device)
         taken = in_pool[pools[device]]
         devices.append(
             DeviceLoad(
-                inv.text(device),
+                text(device),
                 nbytes,
                 count,
                 free,
@@ -812,4 +860,10 @@ def plan(
                 taken,
             )
         )
-    return Plan(str(path), tuple(tensors), tuple(devices))
+    return Plan(str(path), tuple(tensors), tuple(devices), machine, processes)
+
+
+def _in_order(text: str) -> tuple[str, int]:
+    """`gpu:2` before `gpu:10`."""
+    platform, _, index = text.partition(":")
+    return platform, int(index) if index.isdigit() else -1

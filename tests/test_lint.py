@@ -95,14 +95,14 @@ class TestDevices:
 
     def test_missing_memory_kind_warns(self) -> None:
         """A memory kind the device lacks here is reported like a missing device."""
-        original = devpolicy._routing.memory_kinds  # type: ignore[attr-defined]
+        original = devpolicy._inventory.memory_kinds
         try:
-            devpolicy._routing.memory_kinds = lambda d: ("device",)  # type: ignore[attr-defined]
+            devpolicy._inventory.memory_kinds = lambda d: ("device",)
             findings = devpolicy.lint(
                 policy_of(rules=[rule("x", "cpu:1", memory="pinned_host", fallback=["cpu"])])
             )
         finally:
-            devpolicy._routing.memory_kinds = original  # type: ignore[attr-defined]
+            devpolicy._inventory.memory_kinds = original
         assert "cpu:1 (no memory kind 'pinned_host' (has: device))" in findings[0].message
 
     def test_reject_default_is_not_a_target(self) -> None:

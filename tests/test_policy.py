@@ -135,15 +135,17 @@ class TestFallback:
 
     def test_memory_kind_the_device_lacks_falls_back(self, cpus: list[jax.Device]) -> None:
         """A device without the asked memory kind counts as unavailable."""
-        original = devpolicy._routing.memory_kinds  # type: ignore[attr-defined]
+        original = devpolicy._inventory.memory_kinds  # type: ignore[attr-defined]
         try:
-            devpolicy._routing.memory_kinds = lambda d: ("device",) if d == cpus[1] else original(d)  # type: ignore[attr-defined]
+            devpolicy._inventory.memory_kinds = lambda d: (
+                ("device",) if d == cpus[1] else original(d)
+            )  # type: ignore[attr-defined]
             d = policy_of(
                 fallback=["cpu:2"],
                 rules=[{"match": "*", "device": "cpu:1", "memory": "pinned_host"}],
             ).resolve("x")
         finally:
-            devpolicy._routing.memory_kinds = original  # type: ignore[attr-defined]
+            devpolicy._inventory.memory_kinds = original  # type: ignore[attr-defined]
         assert d.device == cpus[2]
         assert d.fallback_reason == "cpu:1: no memory kind 'pinned_host' (has: device); used cpu:2"
 
