@@ -272,6 +272,13 @@ def _claim(claimed: dict[Hashable, int], decision: Decision[DeviceT], fit: Fit[D
 
 def checked_shape(shape: object) -> Shape:
     """A shape as a tuple of non-negative ints."""
+    if type(shape) is tuple:
+        # The common case (file headers, numpy shapes), without the abstract-class checks.
+        for d in shape:
+            if type(d) is not int or d < 0:
+                break
+        else:
+            return shape
     if isinstance(shape, tuple | list) and all(
         isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0 for d in shape
     ):
