@@ -14,8 +14,6 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import structlog
-
 from ._limits import SEEN_LIMIT
 
 LEVELS = {
@@ -45,7 +43,16 @@ def _drop_none(_logger: Any, _method: str, event_dict: Any) -> Any:
     return {k: v for k, v in event_dict.items() if v is not None}
 
 
+def _structlog() -> Any:
+    # Imported when the first event is emitted, not with devpolicy: structlog brings rich
+    # and pygments (about 0.1 s), which a program that logs nothing never needs.
+    import structlog
+
+    return structlog
+
+
 def _own_logger(level: str, fmt: str) -> Any:
+    structlog = _structlog()
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     wrapper = structlog.make_filtering_bound_logger(LEVELS[level])
     if fmt == "stdlib":
@@ -99,6 +106,7 @@ class EventLog:
 
     def _logger(self, level: str) -> Any:
         """The logger to emit through, or None when stdlib would drop the event anyway."""
+        structlog = _structlog()
         if structlog.is_configured():
             config = structlog.get_config()
             key = (
