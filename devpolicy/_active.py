@@ -54,15 +54,15 @@ def active_policy() -> Policy:
     policy = _ACTIVE.get()
     if policy is not None:
         return policy
-    if _outermost:
-        return _outermost[0].policy
+    for earliest in _outermost[:1]:  # a slice: another thread may empty the list meanwhile
+        return earliest.policy
     return _discovered_checked()
 
 
 def _inactive_decider() -> Decider:
     """The decider for a context that activated nothing (see `active_policy`)."""
-    if _outermost:
-        return _outermost[0].policy.decider
+    for earliest in _outermost[:1]:  # a slice: another thread may empty the list meanwhile
+        return earliest.policy.decider
     return _discovered_checked().decider
 
 
@@ -178,12 +178,15 @@ class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
                         _outermost.remove(self)
 
 
-def resolve(name: str, *, nbytes: int | None = None) -> Decision:
+def resolve(
+    name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+) -> Decision:
     """Decide where `name` goes by the active policy, and log the decision.
 
     Args:
         name: What is being placed (`dataset/train`).
         nbytes: Its size, if known; size conditions apply only when given.
+        shape: Its shape, if known: whether it divides over a sharding rule's mesh.
 
     Returns:
         The Decision: device, rule, origin, source, fallback reason.
@@ -197,10 +200,12 @@ def resolve(name: str, *, nbytes: int | None = None) -> Decision:
         ...     devpolicy.resolve("dataset/train").device_text
         'cpu:1'
     """
-    return _ACTIVE_DECIDER.decider().resolve(name, nbytes)
+    return _ACTIVE_DECIDER.decider().resolve(name, nbytes, shape)
 
 
-def explain(name: str, *, nbytes: int | None = None) -> Explanation:
+def explain(
+    name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+) -> Explanation:
     """Every rule tried for `name` by the active policy, and every fallback step; no event.
 
     Example:
@@ -209,7 +214,7 @@ def explain(name: str, *, nbytes: int | None = None) -> Explanation:
         ...     devpolicy.explain("x").decision.source
         'default'
     """
-    return _ACTIVE_DECIDER.decider().explain(name, nbytes)
+    return _ACTIVE_DECIDER.decider().explain(name, nbytes, shape)
 
 
 def scope(name: str, *, nbytes: int | None = None) -> Scope:

@@ -171,11 +171,9 @@ class Scope:
 
     __slots__ = (
         "_commit",
-        "_entry",
         "_inputs",
         "_name",
         "_nbytes",
-        "_owner",
         "_source",
         "_stacks",
     )
@@ -193,12 +191,10 @@ class Scope:
         self._nbytes = nbytes
         self._commit = commit
         self._inputs = inputs
-        # The usual life of a scope: entered once, in one thread. That entry's token (what
-        # to restore) is kept in `_owner`/`_entry`; an entry made while another is open
-        # goes on a stack per thread, so entries and exits pair up within each thread.
-        self._owner: int | None = None
-        self._entry: Any = None
-        self._stacks: dict[int, list[Any]] | None = None
+        # What to restore, a stack per thread: entries and exits pair up within each
+        # thread whatever others do with the same object. Each thread touches only its own
+        # key, and single dict operations are atomic, so no lock is needed.
+        self._stacks: dict[int, list[Any]] = {}
 
     def __enter__(self) -> Decision:
         if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
@@ -215,27 +211,22 @@ class Scope:
             token = swap_device(decision.device)
         else:
             token = enter(decision)
-        if self._owner is None and not self._stacks:
-            self._owner = get_ident()
-            self._entry = token
+        ident = get_ident()
+        stack = self._stacks.get(ident)
+        if stack is None:
+            self._stacks[ident] = [token]
         else:
-            if self._stacks is None:
-                self._stacks = {}
-            self._stacks.setdefault(get_ident(), []).append(token)
+            stack.append(token)
         return decision
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         ident = get_ident()
-        if self._stacks and ident in self._stacks:
-            stack = self._stacks[ident]
-            token = stack.pop()
-            if not stack:
-                del self._stacks[ident]
-        elif self._owner == ident:
-            token = self._entry
-            self._owner = self._entry = None
-        else:
+        stack = self._stacks.get(ident)
+        if not stack:
             raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
+        token = stack.pop()
+        if not stack:
+            del self._stacks[ident]
         if token is _NOT_SWAPPED or type(token) is _MeshToken:
             leave(token)
         else:

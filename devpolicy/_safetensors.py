@@ -321,6 +321,11 @@ class _ShardReader:
     def _read(self, bounds: tuple[tuple[int, int], ...]) -> np.ndarray[Any, Any]:
         entry, shape = self._entry, self._entry.shape
         itemsize = entry.dtype.itemsize
+        if not shape:  # a scalar: one item, held whole by every device
+            buffer = _aligned_empty(max(entry.nbytes, 1))
+            _pread_fully(self._fd, self._header, entry, buffer[: entry.nbytes], entry.offset)
+            self.bytes_read += entry.nbytes
+            return self._narrowed(buffer[: entry.nbytes].view(entry.dtype).reshape(()))
         extents = tuple(stop - start for start, stop in bounds)
         # Dimensions after `split` are spanned whole: each run covers them and dim `split`.
         split = len(shape) - 1
@@ -345,13 +350,16 @@ class _ShardReader:
         for n, start in enumerate(starts):
             _pread_fully(self._fd, self._header, entry, buffer[n * run : (n + 1) * run], start)
         self.bytes_read += run * len(starts)
-        array = buffer[: run * len(starts)].view(entry.dtype).reshape(extents)
+        return self._narrowed(buffer[: run * len(starts)].view(entry.dtype).reshape(extents))
+
+    def _narrowed(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """`array` in 32 bits where JAX will hold it so (x64 off); raises on a loss."""
         if self._narrow_to is None:
             return array
-        narrowed, problem = narrow_into(array, np.empty(extents, self._narrow_to))
+        narrowed, problem = narrow_into(array, np.empty(array.shape, self._narrow_to))
         self.lost = self.lost or problem is not None
         if problem is not None and self._narrow == "exact":
-            raise NarrowingError([(entry.key, problem)], str(self._header.path))
+            raise NarrowingError([(self._entry.key, problem)], str(self._header.path))
         return narrowed
 
 
@@ -395,6 +403,7 @@ def _small_run(
         mappable = (x64 or entry.dtype_name not in _NARROW) and _may_map(entry, decisions[i], mmap)
         if (
             entry.nbytes >= _MAP_THRESHOLD
+            or decisions[i].mesh is not None  # sharded: read slice by slice, never whole
             or entry.offset != end
             or mappable
             or len(run) >= _READ_BATCH

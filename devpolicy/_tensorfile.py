@@ -761,9 +761,10 @@ def _from_index(index: Path, stem: str) -> Checkpoint:
         raise SafetensorsFileError(index, e.reason) from None
     try:
         weight_map = json.loads(raw)["weight_map"]
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         raise SafetensorsFileError(
-            index, f"not a checkpoint index (expected JSON with a `weight_map`): {e}"
+            index, f"not a checkpoint index (expected JSON with a `weight_map`): {reason}"
         ) from None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()

@@ -75,5 +75,8 @@ class ThreadPoolExecutor(concurrent.futures.ThreadPoolExecutor):
         return super().submit(propagate(fn), *args, **kwargs)
 
     def map(self, fn: Callable[..., R], *iterables: Iterable[Any], **options: Any) -> Iterator[R]:
-        """Like `Executor.map` (same options), each call in the caller's scope."""
-        return super().map(propagate(fn), *iterables, **options)
+        """Like `Executor.map` (same options), each call in the caller's scope.
+
+        `Executor.map` schedules through `submit`, which already carries the scope.
+        """
+        return super().map(fn, *iterables, **options)

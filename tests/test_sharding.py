@@ -268,6 +268,14 @@ class TestDecisions:
         assert big.mesh is None
         assert "each device's share: needs 1.1 KiB" in (big.fallback_reason or "")
 
+    def test_module_level_resolve_and_explain_take_a_shape(self) -> None:
+        """`devpolicy.resolve(..., shape=)` and `explain` judge divisibility as Policy does."""
+        with devpolicy.activate(sharded(["data"])):
+            assert devpolicy.resolve("params/w", nbytes=16, shape=(4,)).mesh == "grid"
+            e = devpolicy.explain("params/w", nbytes=20, shape=(5,))
+        assert e.decision is not None
+        assert e.decision.mesh is None
+
     def test_events_and_explain_show_the_spec_and_bytes_per_device(self) -> None:
         """The placement event and explain say which spec each tensor got."""
         policy = sharded(["data", "model"])
@@ -378,6 +386,43 @@ class TestShardLocalLoading:
         assert sum(reads) == w.nbytes  # each row's two halves, once each
         assert len(reads) == 16
         np.testing.assert_array_equal(np.asarray(out["w"]), w)
+
+    def test_a_small_sharded_tensor_beside_small_plain_ones_is_read_by_slice(
+        self, tmp_path: Path
+    ) -> None:
+        """The small-tensor batch never swallows a sharded tensor: it is read slice by slice."""
+        path = tmp_path / "m.safetensors"
+        a, b = np.arange(16, dtype=np.float32), np.arange(16, 32, dtype=np.float32)
+        devpolicy.save_file({"a": a, "b": b}, path)
+        policy = policy_of(
+            meshes=MESH,
+            rules=[
+                {"match": "m/b", "sharding": {"mesh": "grid", "spec": ["data"]}},
+                {"match": "*", "device": "cpu:1"},
+            ],
+        )
+        with capture_logs() as logs:
+            out = devpolicy.load_file(path, policy=policy)
+        assert out["b"].sharding.spec == jax.sharding.PartitionSpec("data")
+        np.testing.assert_array_equal(np.asarray(out["b"]), b)
+        np.testing.assert_array_equal(np.asarray(out["a"]), a)
+        assert next(e for e in logs if e["event"] == "load_file")["bytes_read"] == 128
+
+    def test_a_scalar_under_a_replicating_rule_loads(self, tmp_path: Path) -> None:
+        """A 0-d tensor with `spec: []` is replicated over the mesh."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"step": np.array(7, np.int32)}, path)
+        out = devpolicy.load_file(path, policy=sharded([], match="m/step"))
+        assert out["step"].shape == ()
+        assert int(out["step"]) == 7
+        assert out["step"].sharding.is_fully_replicated
+
+    def test_a_deeply_nested_index_is_a_file_error(self, tmp_path: Path) -> None:
+        """An index nested past the parser's depth is a SafetensorsFileError, not a crash."""
+        index = tmp_path / "m.safetensors.index.json"
+        index.write_text('{"weight_map": ' + "[" * 100_000 + "]" * 100_000 + "}")
+        with pytest.raises(devpolicy.SafetensorsFileError, match=r"not a checkpoint index"):
+            devpolicy.plan(index, policy=policy_of())
 
     def test_a_64_bit_sharded_tensor_is_narrowed_only_when_exact(self, tmp_path: Path) -> None:
         """Narrowing applies per slice; a loss in any slice raises naming the tensor."""

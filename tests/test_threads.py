@@ -197,3 +197,45 @@ class TestStress:
         run_threads(*(functools.partial(worker, seed) for seed in range(16)))
         assert failures == []
         assert ended == [None] * 16
+
+
+class TestSharedScopeObjects:
+    def test_two_threads_entering_one_scope_at_once_each_restore_their_own_device(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`policy.scope("x")` hands every thread the same object; interleaved entries (a
+        thread switch forced between reading and recording the entry) still pair up."""
+        import threading
+        import time
+
+        import jax
+        import jax.numpy as jnp
+
+        from devpolicy import _placement
+        from tests.helpers import policy_of
+
+        real = _placement.get_ident
+
+        def slow_ident() -> int:
+            time.sleep(0.005)  # give the other thread the GIL here
+            return real()
+
+        monkeypatch.setattr(_placement, "get_ident", slow_ident)
+        policy = policy_of(default="cpu:1")
+        shared = policy.scope("x")
+        results: dict[int, object] = {}
+        barrier = threading.Barrier(2)
+
+        def run(i: int) -> None:
+            before = jax.config.jax_default_device
+            barrier.wait()
+            with shared:
+                inside = next(iter(jnp.zeros(1).devices()))
+            results[i] = (str(inside), jax.config.jax_default_device == before)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results == {0: ("cpu:1", True), 1: ("cpu:1", True)}
