@@ -224,9 +224,8 @@ class Scope:
         stack = self._stacks.get(ident)
         if not stack:
             raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
+        # The emptied list stays for the thread's next entry: no allocation per `with`.
         token = stack.pop()
-        if not stack:
-            del self._stacks[ident]
         if token is _NOT_SWAPPED or type(token) is _MeshToken:
             leave(token)
         else:

@@ -170,8 +170,14 @@ class Policy:
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
         """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""
-        found = self._scope_of(name) if nbytes is None and type(name) is str else None
-        return found if found is not None else self._scopes(name, nbytes)
+        if nbytes is None:
+            try:
+                found = self._scope_of(name)  # the repeat: one lookup, no further call
+            except TypeError:  # unhashable: the scope made below says what is wrong
+                found = None
+            if found is not None:
+                return found
+        return self._scopes(name, nbytes)
 
     @overload
     def place(self, name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
