@@ -397,7 +397,7 @@ class Decider(Generic[DeviceT]):
             # The hot path (`@place`, `scope`): one lookup, nothing built, nothing logged
             # unless someone can see a debug event.
             decision = self._recent.get(name)
-            if decision is not None and self._quiet_repeats:
+            if decision is not None and self._quiet_repeats and not decision.is_auto:
                 return decision
         return self._resolve(name, nbytes, shape, NOTHING_CLAIMED, "info")
 
@@ -415,11 +415,14 @@ class Decider(Generic[DeviceT]):
             shape = checked_shape(shape)
         key: object = name if nbytes is None and shape is None else (name, nbytes, shape)
         decision = self._cached(key)
-        if decision is not None:
+        # An `auto` decision follows JAX's default device: still good while that is the same.
+        if decision is not None and (
+            not decision.is_auto or decision.device == self.machine.default_device()
+        ):
             self.events.repeat("placement", decision.event_fields)
             return decision
         decision, cacheable = self._decision(name, nbytes, shape, claimed)
-        if cacheable and not decision.is_auto:  # `auto` follows the default device: per call
+        if cacheable:
             self._remember(key, decision)
         first = (name, decision.device_text, decision.rule, decision.origin)
         if decision.fallback_reason is not None and self.events.first_time(

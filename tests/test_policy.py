@@ -217,6 +217,22 @@ class TestCaching:
             policy.resolve("abc")
         assert calls == ["abc"]
 
+    def test_auto_names_are_cached_while_the_default_device_stays(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """An unmatched (`auto`) name is decided once, and again when JAX's default moves."""
+        policy = policy_of(rules=[{"match": "a*", "device": "cpu:1"}])
+        matcher = policy.decider._matcher  # type: ignore[attr-defined]
+        calls: list[str] = []
+        real = matcher.conditions[0].test
+        object.__setattr__(matcher.conditions[0], "test", lambda n: calls.append(n) or real(n))
+        first = policy.resolve("zzz")
+        assert policy.resolve("zzz") is first
+        assert calls == ["zzz"]
+        with jax.default_device(cpus[2]):
+            assert policy.resolve("zzz").device == cpus[2]
+        assert policy.resolve("zzz").device == cpus[0]
+
     def test_a_working_set_larger_than_one_generation_stays_warm(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
