@@ -221,7 +221,7 @@ class TestCaching:
         self, cpus: list[jax.Device]
     ) -> None:
         """An unmatched (`auto`) name is decided once, and again when JAX's default moves."""
-        policy = policy_of(rules=[{"match": "a*", "device": "cpu:1"}])
+        policy = policy_of(rules=[{"match": "*a", "device": "cpu:1"}])
         matcher = policy.decider._matcher  # type: ignore[attr-defined]
         calls: list[str] = []
         real = matcher.conditions[0].test
