@@ -532,6 +532,8 @@ class Decider(Generic[DeviceT]):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
             nbytes = checked_nbytes(nbytes)
+        if shape is not None:
+            shape = checked_shape(shape)  # `decide` and the `*_many` forms come here directly
         index = self._matcher.first(name, nbytes)
         route = self._default if index is None else self._routes[index]
         if self.disabled:

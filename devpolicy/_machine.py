@@ -53,6 +53,9 @@ DEVICES_FORMS = (
     "memory unknown)"
 )
 PROCESSES_FORMS = "a whole number of processes, 1 or more"
+#: Devices of a described machine, all processes together: a large pod is a few tens of
+#: thousands; past this a typo (`--processes 65536`) would build billions of objects.
+MAX_PLANNED_DEVICES = 1 << 20
 MAX_DEVICES = 65536
 #: What JAX 0.10 offers on every backend; a described machine is assumed to offer the same.
 VIRTUAL_MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
@@ -186,6 +189,14 @@ class VirtualMachine:
             backends[platform] = backend
         backends.setdefault("cpu", _Backend(1, None))
         self.processes = check_processes(processes, "processes")
+        total = self.processes * sum(b.count for b in backends.values())
+        if total > MAX_PLANNED_DEVICES:
+            raise MachineSpecError(
+                "processes",
+                self.processes,
+                f"{total:,} devices in all; a plan describes at most {MAX_PLANNED_DEVICES:,}",
+                f"{PROCESSES_FORMS}, with processes x devices at most {MAX_PLANNED_DEVICES:,}",
+            )
         # Listed in the order `devpolicy devices` lists backends.
         self._backends = {p: backends[p] for p in sorted(backends, key=_rank)}
         self._devices = {

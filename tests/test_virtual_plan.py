@@ -378,3 +378,17 @@ class TestPlanCommand:
         assert [d["device"] for d in payload["devices"]] == ["cpu:0"]
         assert all(t["device"] == "cpu:0" for t in payload["tensors"])
         assert payload["devices"][0]["free"] is not None
+
+
+def test_a_machine_of_too_many_devices_is_refused_before_anything_is_built() -> None:
+    """`--processes 65536` of 65,536 GPUs is a typo, refused at once, not billions of objects."""
+    with pytest.raises(devpolicy.MachineSpecError, match=r"^processes 65536: .* devices in all"):
+        devpolicy.VirtualMachine(["gpu=65536x80GiB"], processes=65536)
+
+
+def test_decide_checks_a_shape_as_resolve_does() -> None:
+    """A negative or non-integer shape is a ValueError from every entry point."""
+    policy = devpolicy.load_policy({"version": 1}, environ={})
+    for bad in ((-4,), "ab"):
+        with pytest.raises(ValueError, match=r"^shape must be None or a tuple"):
+            policy.decide("s", shape=bad)  # type: ignore[arg-type]
