@@ -473,6 +473,17 @@ def _config_value(option: str, text: str) -> Any:
     return text
 
 
+def _refused(knob: RuntimeKnob, error: Exception) -> PolicyError:
+    """A value jax.config refuses, as a PolicyError at the line that gave it."""
+    file, _, line = knob.origin.rpartition(":")
+    # `file:line`, or `<mapping>:runtime.x` for a policy given as a mapping.
+    where = (file, int(line)) if line.isdigit() else (knob.origin.split(":", 1)[0], None)
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return PolicyError.single(
+        where[0], where[1], f"runtime.{knob.knob}", f"JAX refuses {knob.text!r}: {reason}"
+    )
+
+
 def _update(option: str, value: Any) -> None:
     import jax
 
@@ -548,16 +559,28 @@ def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> R
         RuntimeTooLateError: naming each knob, its wanted and its running value.
     """
     if not _jax_started():
-        environ.update(plan.environment(environ))
         if "jax" in sys.modules:
             import jax
 
-            for k in plan.knobs:
-                if _is_config_option(k.config) and k.variable.startswith("JAX_"):
-                    option = str(k.config)
-                    value = _config_value(option, k.text)
-                    if getattr(jax.config, option) != value:
-                        _update(option, value)
+            # jax.config first: a value it refuses must leave the environment untouched.
+            updated: list[tuple[str, Any]] = []
+            try:
+                for k in plan.knobs:
+                    if _is_config_option(k.config) and k.variable.startswith("JAX_"):
+                        option = str(k.config)
+                        before = getattr(jax.config, option)
+                        try:
+                            value = _config_value(option, k.text)
+                            if before != value:
+                                _update(option, value)
+                                updated.append((option, before))
+                        except Exception as e:
+                            raise _refused(k, e) from None
+            except PolicyError:
+                for option, before in reversed(updated):
+                    _update(option, before)
+                raise
+        environ.update(plan.environment(environ))
         return plan
     import jax
 
@@ -580,11 +603,10 @@ def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> R
             before = getattr(jax.config, option)
             try:
                 _update(option, _config_value(option, k.text))
-            except Exception as e:
-                actual = f"{before!r} ({type(e).__name__}: {str(e).splitlines()[0]})"
-                raise RuntimeTooLateError([(k.knob, k.text, actual, k.origin)], FIX) from None
+            except Exception as e:  # not too late: a value JAX refuses
+                raise _refused(k, e) from None
             applied.append((option, before))
-    except RuntimeTooLateError:
+    except PolicyError:
         for option, before in reversed(applied):
             _update(option, before)
         raise

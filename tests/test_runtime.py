@@ -149,6 +149,40 @@ class TestBootstrap:
         assert result.stdout.split() == ["rbg", "3"]
 
 
+class TestRefusedValues:
+    def test_a_value_jax_refuses_is_a_policy_error_and_changes_nothing(
+        self, tmp_path: Path
+    ) -> None:
+        """Before or after the backend starts: a PolicyError at the field's line, the
+        environment and jax.config as they were."""
+        policy = policy_file(tmp_path, "env:\n  JAX_DEFAULT_MATMUL_PRECISION: bogus")
+        result = python(
+            f"""
+            import json, os, jax, devpolicy
+            seen = []
+            for start in (False, True):
+                if start:
+                    jax.numpy.zeros(1)
+                try:
+                    devpolicy.bootstrap({str(policy)!r})
+                    seen.append("no error")
+                except devpolicy.PolicyError as e:
+                    seen.append(str(e))
+                seen.append(os.environ.get("JAX_DEFAULT_MATMUL_PRECISION"))
+                seen.append(jax.config.jax_default_matmul_precision)
+            print(json.dumps(seen))
+            """,
+            tmp_path,
+        )
+        assert result.returncode == 0, result.stderr
+        first, env_before, config_before, second, env_after, config_after = last_json(result.stdout)
+        for message in (first, second):
+            assert message.startswith(
+                "p.yaml:6: runtime.env.JAX_DEFAULT_MATMUL_PRECISION: JAX refuses 'bogus'"
+            )
+        assert (env_before, config_before, env_after, config_after) == (None, None, None, None)
+
+
 class TestTooLate:
     def test_a_differing_knob_after_start_raises_naming_it_and_changes_nothing(
         self, tmp_path: Path
