@@ -496,6 +496,13 @@ def move_inputs(
     and tracers. Each move is a debug `input_moved` event; each call that moves anything
     one `inputs_moved` event (info the first time for a name and its source devices).
     """
+    if decision.mesh is not None:
+        # A sharded rule: arguments go to its sharding, as results are committed to it
+        # (what does not divide over the mesh stays, reported as a placement_mismatch).
+        moved: tuple[tuple[Any, ...], dict[str, Any]] = _commit_sharded(
+            (args, kwargs), decision, events
+        )
+        return moved
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     indices = [i for i, leaf in enumerate(leaves) if _elsewhere(leaf, decision.device)]
     if not indices:
@@ -566,6 +573,8 @@ def move_to(decider: Decider, x: T, name: str) -> T:
     if not isinstance(name, str):
         raise TypeError(f"to() takes a name (str) second, got {type(name).__name__} {name!r}")
     decision = decider.resolve(name)
+    if decision.mesh is not None:
+        return _commit_sharded(x, decision, decider.events)
     leaves, treedef = jax.tree_util.tree_flatten(x)
     indices = [
         i

@@ -333,6 +333,27 @@ class TestApplying:
             assert jnp.zeros(2).devices() == decision.sharding.device_set
         assert dict(jax.sharding.get_abstract_mesh().shape) == {}
 
+    def test_to_and_inputs_move_follow_a_sharding_rule(self, cpus: list[jax.Device]) -> None:
+        """Arrays go to the rule's sharding from any device; what cannot divide stays, reported."""
+        policy = sharded(["data"], inputs="move")
+        on_first = jax.device_put(jnp.ones(4), cpus[0])
+        on_second = jax.device_put(jnp.ones(4), cpus[1])
+        for x in (on_first, on_second):
+            assert policy.to(x, "params/w").sharding.spec == jax.sharding.PartitionSpec("data")
+        with capture_logs() as logs:
+            odd = policy.to(jax.device_put(jnp.ones(5), cpus[1]), "params/w")
+        assert odd.devices() == {cpus[1]}
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["placement_mismatch"]
+        seen = []
+
+        @policy.place("params/w")
+        def layer(x: jax.Array) -> jax.Array:
+            seen.append(x.sharding.spec)
+            return x * 2
+
+        layer(on_second)
+        assert seen == [jax.sharding.PartitionSpec("data")]
+
     def test_prefetch_builds_sharded_batches(self) -> None:
         """Batches are sharded by the rule (in one process: local batch == global batch)."""
         policy = sharded(["data"], match="batch")
