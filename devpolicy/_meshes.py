@@ -56,11 +56,6 @@ class Meshes(Generic[D]):
         self.machine = machine
         self._built: dict[str, BuiltMesh[D] | str] = {}
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The names of the policy's meshes."""
-        return tuple(self._specs)
-
     def build(self, name: str) -> BuiltMesh[D] | str:
         """The mesh called `name` on this machine, or why it cannot be built there."""
         built = self._built.get(name)
