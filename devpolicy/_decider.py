@@ -24,7 +24,7 @@ from ._logging import EventLog
 from ._machine import DeviceLike, Machine
 from ._matching import Matcher, Step, compile_condition
 from ._meshes import Meshes, shards
-from ._routing import NOTHING_CLAIMED, Choice, Fit, Route
+from ._routing import ALWAYS_MAPPED, NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
 from ._schema import RuleSpec, Source
 from ._sizes import format_size
 from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
@@ -258,8 +258,21 @@ def _first_target(rule: RuleSpec) -> Target | ShardingTarget:
 
 #: An array's shape, where sharding must know whether it divides.
 Shape = tuple[int, ...]
-#: One item of a placement: (name, nbytes) or (name, nbytes, shape).
-Item = tuple[str, int | None] | tuple[str, int | None, Shape | None]
+#: One item of a placement: (name, nbytes), (name, nbytes, shape), or with a fourth
+#: element saying whether a loader would map it from its file (`_routing.NEVER_MAPPED`...).
+Item = (
+    tuple[str, int | None]
+    | tuple[str, int | None, Shape | None]
+    | tuple[str, int | None, Shape | None, int]
+)
+
+
+def _unpacked(item: Item) -> tuple[str, int | None, Shape | None, int]:
+    if len(item) == 2:
+        return item[0], item[1], None, NEVER_MAPPED
+    if len(item) == 3:
+        return item[0], item[1], item[2], NEVER_MAPPED
+    return item
 
 
 def _claim(claimed: dict[Hashable, int], decision: Decision[DeviceT], fit: Fit[DeviceT]) -> None:
@@ -268,6 +281,14 @@ def _claim(claimed: dict[Hashable, int], decision: Decision[DeviceT], fit: Fit[D
     for device in decision.local_devices:
         pool = fit.pool(device)
         claimed[pool] = claimed.get(pool, 0) + share
+
+
+def _mapped(decision: Decision[Any], maps: int) -> bool:
+    """Whether a loader maps this decision's array from its file (no memory taken)."""
+    if maps == NEVER_MAPPED or decision.mesh is not None:
+        return False
+    on_host = getattr(decision.device, "platform", None) == "cpu"
+    return on_host and (maps == ALWAYS_MAPPED or decision.mmap)
 
 
 def checked_shape(shape: object) -> Shape:
@@ -362,6 +383,7 @@ class Decider(Generic[DeviceT]):
                 f" (rule {r.origin})",
                 r.spec.fits,
                 self.meshes,
+                r.spec.mmap,
             )
             for r in settings.rules
         )
@@ -408,12 +430,13 @@ class Decider(Generic[DeviceT]):
         shape: Shape | None,
         claimed: Mapping[Hashable, int],
         first_level: str,
+        maps: int = NEVER_MAPPED,
     ) -> Decision[DeviceT]:
         if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
             nbytes = checked_nbytes(nbytes)
         if shape is not None:
             shape = checked_shape(shape)
-        key: object = name if nbytes is None and shape is None else (name, nbytes, shape)
+        key: object = name if nbytes is None and shape is None else (name, nbytes, shape, maps)
         decision = self._cached(key)
         # An `auto` decision follows JAX's default device: still good while that is the same.
         if decision is not None and (
@@ -421,7 +444,7 @@ class Decider(Generic[DeviceT]):
         ):
             self.events.repeat("placement", decision.event_fields)
             return decision
-        decision, cacheable = self._decision(name, nbytes, shape, claimed)
+        decision, cacheable = self._decision(name, nbytes, shape, claimed, maps)
         if cacheable:
             self._remember(key, decision)
         first = (name, decision.device_text, decision.rule, decision.origin)
@@ -460,11 +483,11 @@ class Decider(Generic[DeviceT]):
         claimed: dict[Hashable, int] = {}
         decisions = []
         first_level = "debug" if summarised else "info"
-        for name, nbytes, *shape in items:
-            decision = self._resolve(
-                name, nbytes, shape[0] if shape else None, claimed, first_level
-            )
-            _claim(claimed, decision, self._fit)
+        for item in items:
+            name, nbytes, shape, maps = _unpacked(item)
+            decision = self._resolve(name, nbytes, shape, claimed, first_level, maps)
+            if not _mapped(decision, maps):
+                _claim(claimed, decision, self._fit)
             decisions.append(decision)
         return decisions
 
@@ -478,13 +501,15 @@ class Decider(Generic[DeviceT]):
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
         claimed: dict[Hashable, int] = {}
         results: list[Decision[DeviceT] | DevicePolicyError] = []
-        for name, nbytes, *shape in items:
+        for item in items:
+            name, nbytes, shape, maps = _unpacked(item)
             try:
-                decision = self._decision(name, nbytes, shape[0] if shape else None, claimed)[0]
+                decision = self._decision(name, nbytes, shape, claimed, maps)[0]
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            _claim(claimed, decision, self._fit)
+            if not _mapped(decision, maps):
+                _claim(claimed, decision, self._fit)
             results.append(decision)
         return results
 
@@ -512,9 +537,10 @@ class Decider(Generic[DeviceT]):
         nbytes: int | None,
         shape: Shape | None,
         claimed: Mapping[Hashable, int],
+        maps: int = NEVER_MAPPED,
     ) -> tuple[Decision[DeviceT], bool]:
         """The decision (or its error, raised), and whether it may be cached."""
-        outcome = self._outcome(name, nbytes, shape, claimed)
+        outcome = self._outcome(name, nbytes, shape, claimed, maps)
         if isinstance(outcome.choice, DevicePolicyError):
             raise outcome.choice
         choice = outcome.choice
@@ -527,6 +553,7 @@ class Decider(Generic[DeviceT]):
         nbytes: int | None,
         shape: Shape | None,
         claimed: Mapping[Hashable, int],
+        maps: int = NEVER_MAPPED,
     ) -> _Outcome[DeviceT]:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
@@ -545,7 +572,7 @@ class Decider(Generic[DeviceT]):
             error = UnmatchedNameError(name, self.settings.default.origin, patterns)
             return _Outcome(None, route, error)
         try:
-            choice = route.choose(name, nbytes, self._fit, claimed, shape)
+            choice = route.choose(name, nbytes, self._fit, claimed, shape, maps)
         except DeviceUnavailableError as e:
             return _Outcome(index, route, e)
         return _Outcome(index, route, choice)

@@ -21,6 +21,11 @@ from ._meshes import BuiltMesh, Meshes, shards
 from ._sizes import format_size
 from ._targets import ShardingTarget, Target, parse_target
 
+#: Whether a loader would map an item from its file instead of reading it, were it placed
+#: on a host device: never (not aligned, narrowed, or `mmap=False`), if its rule says
+#: `mmap: true`, or always (`mmap=True`).
+NEVER_MAPPED, MAPPED_IF_RULE, ALWAYS_MAPPED = 0, 1, 2
+
 #: Nothing claimed yet: the usual case, shared rather than built per call. Claims are
 #: keyed by memory pool (`Fit.pool`): devices sharing one memory share their claims.
 NOTHING_CLAIMED: Mapping[Hashable, int] = {}
@@ -96,6 +101,7 @@ class Route(Generic[D]):
         "fits",
         "memory_kind",
         "meshes",
+        "mmap",
         "requested",
         "strict",
     )
@@ -109,6 +115,7 @@ class Route(Generic[D]):
         context: str,
         fits: bool,
         meshes: Meshes[D],
+        mmap: bool = False,
     ) -> None:
         self.requested = requested.text
         self.chain = (requested, *(parse_target(t) for t in fallback))
@@ -117,6 +124,7 @@ class Route(Generic[D]):
         self.context = context
         self.fits = fits
         self.meshes = meshes
+        self.mmap = mmap
         self._judges_size = fits or any(t.is_auto for t in self.chain)
         # A sharding's choice depends on the array's shape (does it divide?).
         self._judges_shape = any(isinstance(t, ShardingTarget) for t in self.chain)
@@ -138,6 +146,7 @@ class Route(Generic[D]):
         fit: Fit[D],
         claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
         shape: tuple[int, ...] | None = None,
+        maps: int = NEVER_MAPPED,
     ) -> Choice[D]:
         """`walk`, raising when no device can be had; a size-blind result is kept."""
         blind = (nbytes is None or not self._judges_size) and (
@@ -145,7 +154,7 @@ class Route(Generic[D]):
         )
         if self._fixed is not None and blind:
             return self._fixed
-        choice = self.walk(name, nbytes, fit, claimed, shape)
+        choice = self.walk(name, nbytes, fit, claimed, shape, maps)
         if isinstance(choice, DeviceUnavailableError):
             raise choice
         if choice.device is not None and not choice.sized and blind:
@@ -160,6 +169,7 @@ class Route(Generic[D]):
         fit: Fit[D],
         claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
         shape: tuple[int, ...] | None = None,
+        maps: int = NEVER_MAPPED,
     ) -> Choice[D] | DeviceUnavailableError:
         """Try each target of the chain in order (only the first under strict).
 
@@ -167,7 +177,10 @@ class Route(Generic[D]):
         if the size fits beside `claimed`; the last target of the chain is used even then,
         unless strict. A sharding is used only if its mesh can be built here and, with a
         shape known, the array divides over it; a `fits` rule judges each device's share.
+        An array a loader would map from its file (`maps`) takes no memory on a host device:
+        it is not judged there.
         """
+        mapped = maps == ALWAYS_MAPPED or (maps == MAPPED_IF_RULE and self.mmap)
         machine = self.meshes.machine
         tried: list[tuple[str, str]] = []
         chain = self.tried_chain
@@ -189,7 +202,12 @@ class Route(Generic[D]):
                     found = (
                         f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
                     )
-            if not isinstance(found, str) and nbytes is not None and (self.fits or target.is_auto):
+            if (
+                not isinstance(found, str)
+                and nbytes is not None
+                and (self.fits or target.is_auto)
+                and not (mapped and getattr(found, "platform", None) == "cpu")
+            ):
                 sized = True
                 too_small = fit.problem(
                     found, nbytes, claimed.get(fit.pool(found), 0), machine.text

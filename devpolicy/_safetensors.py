@@ -24,6 +24,7 @@ from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
 from ._machine import VirtualMachine
 from ._narrowing import Narrow, check_mode, narrow_into, narrowed_event
+from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ._sizes import format_size
 from ._tensorfile import (
     Header,
@@ -134,10 +135,11 @@ def load_file(
         checkpoint.check([h for _, h in headers])
         stem = checkpoint.stem if prefix is None else prefix
         names = [_names(header, stem) for _, header in headers]
+        x64 = _x64()
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
             [
-                (n, t.nbytes, t.shape)
+                (n, t.nbytes, t.shape, _maps(t, mmap, x64))
                 for (_, header), file_names in zip(headers, names, strict=True)
                 for n, t in zip(file_names, header.tensors, strict=True)
             ],
@@ -378,6 +380,15 @@ def _pread_fully(
                 header.path, f"file ended inside tensor {entry.key!r}: truncated?", tensor=entry.key
             )
         done += count
+
+
+def _maps(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
+    """Whether this tensor would be mapped, were it placed on a host device (for `fits`)."""
+    if mmap is False or not entry.nbytes or entry.offset % ALIGN:
+        return NEVER_MAPPED
+    if not x64 and entry.dtype_name in _NARROW:
+        return NEVER_MAPPED  # narrowed: read into a new buffer
+    return ALWAYS_MAPPED if mmap else MAPPED_IF_RULE
 
 
 def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
@@ -811,10 +822,13 @@ def _plan(
     stem = checkpoint.stem if prefix is None else prefix
     entries = [(header, entry) for header in headers for entry in header.tensors]
     names = [n for header in headers for n in _names(header, stem)]
-    outcomes = decider.decide_many(
-        [(n, e.nbytes, e.shape) for n, (_, e) in zip(names, entries, strict=True)]
-    )
     x64 = _x64()
+    outcomes = decider.decide_many(
+        [
+            (n, e.nbytes, e.shape, _maps(e, mmap, x64))
+            for n, (_, e) in zip(names, entries, strict=True)
+        ]
+    )
     tensors = []
     # Per device: [bytes, tensors or shards, file-backed bytes].
     loads: dict[DeviceT, list[int]] = {}

@@ -221,6 +221,48 @@ class TestBadFiles:
         assert not [e for e in logs if e["event"] == "load_file"]
 
 
+class TestMappedTensorsAndMemory:
+    @pytest.mark.parametrize(
+        ("rule_mmap", "mmap", "expected"),
+        [
+            (True, None, "cpu:1"),
+            (False, True, "cpu:1"),
+            (False, None, "cpu:2"),
+            (True, False, "cpu:2"),
+        ],
+        ids=["rule-maps", "load-maps", "read", "mmap-off"],
+    )
+    def test_fits_does_not_count_what_will_be_mapped(
+        self, tmp_path: Path, rule_mmap: bool, mmap: bool | None, expected: str
+    ) -> None:
+        """A tensor mapped from its file takes no host memory: a `fits` rule keeps it on the
+        host even when free memory is smaller; a tensor that will be read falls back."""
+        path = tmp_path / "d.safetensors"
+        devpolicy.save_file({"tokens": np.zeros(4096, np.uint16)}, path)
+        policy = devpolicy.load_policy(
+            {
+                "version": 1,
+                "headroom": 0,
+                "rules": [
+                    {
+                        "match": "*",
+                        "device": "cpu:1",
+                        "fits": True,
+                        "mmap": rule_mmap,
+                        "fallback": ["cpu:2"],
+                    },
+                ],
+            },
+            environ={},
+            capacity=devpolicy.StaticCapacity({"cpu:1": 1000}),
+        )
+        out = devpolicy.load_file(path, policy=policy, mmap=mmap)
+        assert str(next(iter(out["tokens"].devices()))) == expected
+        planned = devpolicy.plan(path, policy=policy, mmap=mmap)
+        assert planned.tensors[0].decision is not None
+        assert planned.tensors[0].decision.device_text == expected
+
+
 class TestFailuresNameTheFile:
     def test_a_file_that_shrinks_before_it_is_mapped_is_refused(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
