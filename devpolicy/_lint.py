@@ -220,7 +220,8 @@ def _chain(
     added to `unsafe` instead."""
     findings = []
     walked = route.walk(label, None, fit)
-    missing = [f"{target} ({why})" for target, why in walked.tried]
+    # A target the chain names twice (a rule's device again in the fallback) is said once.
+    missing = list(dict.fromkeys(f"{target} ({why})" for target, why in walked.tried))
     here = None if isinstance(walked, DeviceUnavailableError) else walked.target.text
     targets = list(dict.fromkeys(route.tried_chain))
     if missing and here is not None:

@@ -22,6 +22,7 @@ def test_the_promised_policies_exist() -> None:
         "single-gpu.yaml",
         "multi-gpu.yaml",
         "strict-debug.yaml",
+        "fsdp-sharded.yaml",
     }
 
 
@@ -86,6 +87,17 @@ class TestBehaviour:
         )
         assert policy.resolve("weights/big", nbytes=2 * 2**30).device_text == "cpu:1"
         assert policy.resolve("weights/small", nbytes=2**20).device_text == "cpu:0"
+
+    def test_fsdp_sharded_falls_back_here_and_shards_where_there_are_gpus(self) -> None:
+        """Without GPUs every sharding rule falls back to the CPU, saying why; planned for
+        a pod, kernels are sharded over all its devices."""
+        path = REPO / "policies" / "fsdp-sharded.yaml"
+        policy = devpolicy.load_policy(path, environ={})
+        if "gpu" not in devpolicy.available_backends():
+            d = policy.resolve("model/layer0/kernel", nbytes=4096, shape=(32, 32))
+            assert d.device.platform == "cpu"
+            assert "mesh 'fsdp'" in (d.fallback_reason or "")
+        assert policy.resolve("dataset/train", nbytes=8).device.platform == "cpu"
 
     def test_strict_debug_rejects_unplanned_names(self) -> None:
         """Anything not listed is an error."""
