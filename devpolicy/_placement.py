@@ -335,36 +335,39 @@ def _decorate(
     )
     may_move = inputs == "move" or rule_moves
 
-    def moved(decision: Decision, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    # Events go to the log of the decider that decided (the active one may change by the
+    # time a generator's step or a result is finished), so each path carries it along.
+    def moved(decision: Decision, events: EventLog, args: Any, kwargs: Any) -> tuple[Any, Any]:
         if inputs == "move" or (rule_moves and decision.move_inputs):
-            return move_inputs(args, kwargs, decision, _events(source))
+            return move_inputs(args, kwargs, decision, events)
         return args, kwargs
 
     if isinstance(source, Decider):
         fixed = source
 
-        def resolve() -> Decision:
-            return fixed.resolve(name, nbytes)
+        def resolve() -> tuple[Decision, EventLog]:
+            return fixed.resolve(name, nbytes), fixed.events
     else:
         active = source
 
-        def resolve() -> Decision:
-            return active.decider().resolve(name, nbytes)
+        def resolve() -> tuple[Decision, EventLog]:
+            decider = active.decider()
+            return decider.resolve(name, nbytes), decider.events
 
-    def finish(result: Any, decision: Decision) -> Any:
+    def finish(result: Any, decision: Decision, events: EventLog) -> Any:
         if type(result) in _NO_ARRAYS or decision.is_auto:
             return result
         if not (decision.commit if commit is None else commit):
             return result
-        return commit_result(result, decision, _events(source))
+        return commit_result(result, decision, events)
 
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
         async def async_gen_wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
-            decision = resolve()
+            decision, events = resolve()
             if may_move and not decision.is_auto:
-                args, kwargs = moved(decision, args, kwargs)
+                args, kwargs = moved(decision, events, args, kwargs)
             agen = fn(*args, **kwargs)
             sent: Any = None
             thrown: BaseException | None = None
@@ -375,7 +378,7 @@ def _decorate(
                 except StopAsyncIteration:
                     return
                 try:
-                    sent, thrown = (yield finish(item, decision)), None
+                    sent, thrown = (yield finish(item, decision, events)), None
                 except GeneratorExit:
                     await _Stepped(agen.aclose(), decision)
                     raise
@@ -388,11 +391,11 @@ def _decorate(
 
         @functools.wraps(fn)
         async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
-            decision = resolve()
+            decision, events = resolve()
             if may_move and not decision.is_auto:
-                args, kwargs = moved(decision, args, kwargs)
+                args, kwargs = moved(decision, events, args, kwargs)
             result = await _Stepped(fn(*args, **kwargs), decision)
-            return finish(result, decision)
+            return finish(result, decision, events)
 
         return coroutine_wrapper
 
@@ -400,16 +403,21 @@ def _decorate(
 
         @functools.wraps(fn)
         def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-            decision = resolve()
+            decision, events = resolve()
             if may_move and not decision.is_auto:
-                args, kwargs = moved(decision, args, kwargs)
-            return (yield from _stepped_generator(fn(*args, **kwargs), decision, finish))
+                args, kwargs = moved(decision, events, args, kwargs)
+
+            def finished(item: Any, decision: Decision) -> Any:
+                return finish(item, decision, events)
+
+            return (yield from _stepped_generator(fn(*args, **kwargs), decision, finished))
 
         return generator_wrapper
 
     # The hottest path, written out for each kind of source: no call but the lookup.
     if isinstance(source, Decider) and nbytes is None and not may_move:
         decider_resolve = source.resolve
+        fixed_events = source.events
 
         @functools.wraps(fn)
         def fixed_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -417,7 +425,7 @@ def _decorate(
             if decision.is_auto:
                 return fn(*args, **kwargs)
             if decision.mesh is not None:
-                return _sharded_call(fn, args, kwargs, decision, finish)
+                return _sharded_call(fn, args, kwargs, decision, finish, fixed_events)
             token = swap_device(decision.device)
             try:
                 result = fn(*args, **kwargs)
@@ -425,7 +433,7 @@ def _decorate(
                 restore_device(token)
             if type(result) in _NO_ARRAYS:
                 return result
-            return finish(result, decision)
+            return finish(result, decision, fixed_events)
 
         return fixed_wrapper
 
@@ -442,7 +450,7 @@ def _decorate(
             if decision.move_inputs and rule_moves:  # the rule says `inputs: move`
                 args, kwargs = move_inputs(args, kwargs, decision, decider.events)
             if decision.mesh is not None:
-                return _sharded_call(fn, args, kwargs, decision, finish)
+                return _sharded_call(fn, args, kwargs, decision, finish, decider.events)
             token = swap_device(decision.device)
             try:
                 result = fn(*args, **kwargs)
@@ -450,23 +458,23 @@ def _decorate(
                 restore_device(token)
             if type(result) in _NO_ARRAYS:
                 return result
-            return finish(result, decision)
+            return finish(result, decision, decider.events)
 
         return active_wrapper
 
     @functools.wraps(fn)
     def sized_wrapper(*args: Any, **kwargs: Any) -> Any:
-        decision = resolve()
+        decision, events = resolve()
         if decision.is_auto:
             return fn(*args, **kwargs)
         if may_move:
-            args, kwargs = moved(decision, args, kwargs)
+            args, kwargs = moved(decision, events, args, kwargs)
         token = enter(decision)
         try:
             result = fn(*args, **kwargs)
         finally:
             leave(token)
-        return finish(result, decision)
+        return finish(result, decision, events)
 
     return sized_wrapper
 
@@ -476,14 +484,15 @@ def _sharded_call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     decision: Decision,
-    finish: Callable[[Any, Decision], Any],
+    finish: Callable[[Any, Decision, EventLog], Any],
+    events: EventLog,
 ) -> Any:
     token = enter(decision)
     try:
         result = fn(*args, **kwargs)
     finally:
         leave(token)
-    return finish(result, decision)
+    return finish(result, decision, events)
 
 
 def move_inputs(
@@ -603,10 +612,6 @@ def move_to(decider: Decider, x: T, name: str) -> T:
         )
     out: T = jax.tree_util.tree_unflatten(treedef, leaves)
     return out
-
-
-def _events(source: DeciderSource) -> EventLog:
-    return (source if isinstance(source, Decider) else source.decider()).events
 
 
 def _stepped_generator(

@@ -620,3 +620,24 @@ class TestMovingInputs:
         assert moved["a"].committed
         assert moved["n"] == 3
         assert policy.to(moved, "model/layer2")["a"] is moved["a"]
+
+
+class TestEventsFollowTheDecidingPolicy:
+    def test_a_generator_step_reports_to_the_policy_that_decided(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """Activating another policy mid-iteration does not move the generator's events."""
+        quiet = policy_of(default="cpu:1", logging={"level": "error"})
+        loud = policy_of(default="cpu:2", logging={"level": "debug"})
+
+        @devpolicy.place("stream")
+        def stream() -> Iterator[jax.Array]:
+            for _ in range(2):
+                yield jax.device_put(jnp.ones(2), cpus[3])  # elsewhere: a mismatch
+
+        with devpolicy.activate(quiet):
+            steps = stream()
+            next(steps)
+            with devpolicy.activate(loud), capture_logs() as logs:
+                next(steps)
+        assert [e["event"] for e in logs if e["event"] == "placement_mismatch"] == []
