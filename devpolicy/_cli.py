@@ -559,6 +559,13 @@ def _explain(args: argparse.Namespace) -> int:
 # plan ------------------------------------------------------------------------------------
 
 
+def _device_text(target: str) -> str:
+    """`gpu` -> `gpu:0`, `cuda:1` -> `gpu:1`: target text as the inventory writes it."""
+    platform, _, index = target.partition(":")
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    return f"{platform}:{index or 0}"
+
+
 def _plan(args: argparse.Namespace) -> int:
     machine = None
     if args.devices:
@@ -578,6 +585,17 @@ def _plan(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     if args.capacity:
+        # A stated device this machine lacks would silently never be judged: say so.
+        here = devpolicy.inventory().available()
+        unknown = [t for t, _ in args.capacity if _device_text(t) not in here]
+        if unknown:
+            print(
+                f"devpolicy plan: --capacity names {_lit(', '.join(unknown))}, which this "
+                f"machine lacks (devices here: {', '.join(here)}); to plan for another "
+                "machine, describe it with --devices gpu=8x80GiB",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         capacity = devpolicy.StaticCapacity(dict(args.capacity))
         policy = devpolicy.load_policy(args.policy, capacity=capacity)
     else:

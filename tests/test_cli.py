@@ -566,3 +566,11 @@ class TestPlanCapacity:
         assert info.value.code == 2
         assert "--capacity" in err
         assert "Traceback" not in err
+
+    def test_capacity_for_a_device_this_machine_lacks_is_a_usage_error(
+        self, tokens: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A stated device that is not here would never be judged: exit 2, saying so."""
+        assert main(["plan", str(tokens), "--capacity", "cpu:9=1GiB"]) == 2
+        err = capsys.readouterr().err
+        assert "--capacity names cpu:9, which this machine lacks (devices here: cpu:0" in err
