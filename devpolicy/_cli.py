@@ -104,6 +104,21 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIMS",
         help="its shape, e.g. 8,1024: whether it divides over a sharding rule's mesh",
     )
+    explain.add_argument(
+        "--devices",
+        action="append",
+        default=[],
+        type=_devices_item,
+        metavar="BACKEND=COUNTxSIZE",
+        help="decide on a machine you do not have (as plan --devices); repeatable",
+    )
+    explain.add_argument(
+        "--processes",
+        type=_processes,
+        default=None,
+        metavar="N",
+        help="with --devices: N identical processes (default 1)",
+    )
     explain.add_argument("--json", action="store_true", help="print JSON")
 
     plan = commands.add_parser("plan", help="where every tensor of a safetensors file would go")
@@ -480,7 +495,17 @@ def _report_check(
 
 def _explain(args: argparse.Namespace) -> int:
     policy = _load(args.policy)
-    e = policy.explain(args.name, nbytes=args.bytes, shape=args.shape)
+    machine = None
+    if args.devices:
+        machine = devpolicy.VirtualMachine(args.devices, args.processes or 1, option="--devices")
+    elif args.processes is not None:
+        print(
+            "devpolicy explain: --processes describes a machine given by --devices; add "
+            "--devices BACKEND=COUNTxSIZE (e.g. --devices gpu=8x80GiB)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    e = policy.explain(args.name, nbytes=args.bytes, shape=args.shape, machine=machine)
     matched = next((entry for entry, step in e.steps if step.matched), None)
     if args.json:
         payload = {

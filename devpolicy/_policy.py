@@ -155,9 +155,17 @@ class Policy:
         return self.decider.decide(name, nbytes, shape)
 
     def explain(
-        self, name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
-    ) -> Explanation:
+        self,
+        name: str,
+        *,
+        nbytes: int | None = None,
+        shape: tuple[int, ...] | None = None,
+        machine: VirtualMachine | None = None,
+    ) -> Explanation[Any]:
         """Every rule tried for `name` and every fallback step, without logging.
+
+        `machine`: explain the decision on a machine you do not have (a `VirtualMachine`,
+        also the capacity judged by), as `plan(..., machine=...)` does.
 
         Example:
             >>> import devpolicy
@@ -165,8 +173,19 @@ class Policy:
             >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
             >>> [step.matched for _, step in p.explain("b/x").steps]
             [False]
+            >>> vm = devpolicy.VirtualMachine(["gpu=2x16GiB"])
+            >>> p2 = devpolicy.load_policy({"version": 1, "default": "gpu:1"})
+            >>> p2.explain("w", machine=vm).decision.device_text
+            'gpu:1'
         """
-        return self.decider.explain(name, nbytes, shape)
+        if machine is None:
+            return self.decider.explain(name, nbytes, shape)
+        if not isinstance(machine, VirtualMachine):
+            raise TypeError(
+                f"explain(machine=...) takes a devpolicy.VirtualMachine, got "
+                f"{type(machine).__name__} {machine!r}"
+            )
+        return Decider(self.decider.settings, machine, machine).explain(name, nbytes, shape)
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
         """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""

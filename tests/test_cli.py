@@ -280,6 +280,23 @@ class TestExplain:
         assert "dim 0 of 33 does not divide by axis 'data' (2)" in out
         assert "decision: cpu:0" in out
 
+    def test_explain_on_a_described_machine(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--devices/--processes decide on a machine you do not have, through the same walk."""
+        policy = write(
+            tmp_path / "p.yaml",
+            "version: 1\nfallback: [cpu]\nmeshes:\n  m: {axes: {data: -1}, devices: gpu}\n"
+            "rules:\n  - match: 'w'\n    sharding: {mesh: m, spec: [data]}\n",
+        )
+        args = ["explain", "w", "--bytes", "64MiB", "--shape", "4096,4096", "--policy", str(policy)]
+        assert main([*args, "--devices", "gpu=8x80GiB", "--processes", "2"]) == 0
+        out = capsys.readouterr().out
+        assert "decision: m[data]" in out
+        assert "16 pieces on 16 devices; 4.0 MiB per device" in out
+        assert main([*args, "--processes", "2"]) == 2
+        assert "add --devices" in capsys.readouterr().err
+
     def test_a_bad_shape_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
         """--shape takes whole dimensions; anything else exits 2 naming the form."""
         with pytest.raises(SystemExit) as exit_info:
