@@ -72,6 +72,14 @@ def _aligned_empty(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return raw[start : start + nbytes]
 
 
+def _host_buffer(header: Header, key: str, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """`_aligned_empty`, with running out of memory said as an error naming file and tensor."""
+    try:
+        return _aligned_empty(nbytes)
+    except OSError as e:
+        raise os_error(header.path, e, "cannot allocate a host buffer", tensor=key) from None
+
+
 def _x64() -> bool:
     return bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
 
@@ -323,11 +331,6 @@ class _ShardReader:
     def _read(self, bounds: tuple[tuple[int, int], ...]) -> np.ndarray[Any, Any]:
         entry, shape = self._entry, self._entry.shape
         itemsize = entry.dtype.itemsize
-        if not shape:  # a scalar: one item, held whole by every device
-            buffer = _aligned_empty(max(entry.nbytes, 1))
-            _pread_fully(self._fd, self._header, entry, buffer[: entry.nbytes], entry.offset)
-            self.bytes_read += entry.nbytes
-            return self._narrowed(buffer[: entry.nbytes].view(entry.dtype).reshape(()))
         extents = tuple(stop - start for start, stop in bounds)
         # Dimensions after `split` are spanned whole: each run covers them and dim `split`.
         split = len(shape) - 1
@@ -336,10 +339,9 @@ class _ShardReader:
         inner = math.prod(shape[split + 1 :]) if shape else 1
         run = extents[split] * inner * itemsize if shape else itemsize
         strides = [math.prod(shape[d + 1 :]) * itemsize for d in range(len(shape))]
+        first = bounds[split][0] * inner * itemsize if shape else 0  # a scalar: one item
         starts = [
-            entry.offset
-            + sum(i * strides[d] for d, i in enumerate(outer))
-            + bounds[split][0] * inner * itemsize
+            entry.offset + sum(i * strides[d] for d, i in enumerate(outer)) + first
             for outer in itertools.product(*(range(a, b) for a, b in bounds[:split]))
         ]
         count = math.prod(extents)
@@ -348,7 +350,7 @@ class _ShardReader:
             self.bytes_read += run
             view = np.frombuffer(self._region, entry.dtype, count=count, offset=starts[0])
             return view.reshape(extents)
-        buffer = _aligned_empty(max(run * len(starts), 1))
+        buffer = _host_buffer(self._header, entry.key, max(run * len(starts), 1))
         for n, start in enumerate(starts):
             _pread_fully(self._fd, self._header, entry, buffer[n * run : (n + 1) * run], start)
         self.bytes_read += run * len(starts)
@@ -376,8 +378,11 @@ def _pread_fully(
         except OSError as e:
             raise os_error(header.path, e, "cannot read", tensor=entry.key) from None
         if count <= 0:
+            reached = offset + done - entry.offset  # bytes of the tensor the file holds
             raise SafetensorsFileError(
-                header.path, f"file ended inside tensor {entry.key!r}: truncated?", tensor=entry.key
+                header.path,
+                f"file ended after {reached} of {entry.nbytes} bytes: truncated?",
+                tensor=entry.key,
             )
         done += count
 
@@ -436,12 +441,7 @@ def _read_run(fd: int, header: Header, run: list[int]) -> list[np.ndarray[Any, A
     for entry in entries:
         starts.append(size)
         size += -(-entry.nbytes // ALIGN) * ALIGN
-    try:
-        buffer = _aligned_empty(max(size, 1))
-    except OSError as e:
-        raise os_error(
-            header.path, e, "cannot allocate a host buffer", tensor=entries[0].key
-        ) from None
+    buffer = _host_buffer(header, entries[0].key, max(size, 1))
     whole = memoryview(buffer)  # type: ignore[arg-type]
     views = [whole[s : s + e.nbytes] for s, e in zip(starts, entries, strict=True)]
     offset, done, total = entries[0].offset, 0, sum(e.nbytes for e in entries)
@@ -473,25 +473,12 @@ def _read_run(fd: int, header: Header, run: list[int]) -> list[np.ndarray[Any, A
 def _read(
     fd: int, header: Header, entry: TensorEntry, advance: Callable[[int], None]
 ) -> np.ndarray[Any, Any]:
-    try:
-        buffer = _aligned_empty(entry.nbytes)
-    except OSError as e:
-        raise os_error(header.path, e, "cannot allocate a host buffer", tensor=entry.key) from None
-    view = memoryview(buffer)  # type: ignore[arg-type]
-    done = 0
-    while done < entry.nbytes:
-        try:
-            count = os.preadv(fd, [view[done : done + CHUNK_BYTES]], entry.offset + done)
-        except OSError as e:
-            raise os_error(header.path, e, "cannot read", tensor=entry.key) from None
-        if count <= 0:
-            raise SafetensorsFileError(
-                header.path,
-                f"file ended after {done} of {entry.nbytes} bytes: truncated?",
-                tensor=entry.key,
-            )
-        done += count
-        advance(count)
+    buffer = _host_buffer(header, entry.key, entry.nbytes)
+    # Chunk by chunk, so the progress bar moves within a large tensor.
+    for start in range(0, entry.nbytes, CHUNK_BYTES):
+        chunk = buffer[start : start + CHUNK_BYTES]
+        _pread_fully(fd, header, entry, chunk, entry.offset + start)
+        advance(len(chunk))
     return buffer.view(entry.dtype).reshape(entry.shape)
 
 
