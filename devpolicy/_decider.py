@@ -275,16 +275,22 @@ def _unpacked(item: Item) -> tuple[str, int | None, Shape | None, int]:
     return item
 
 
-def _claim(claimed: dict[Hashable, int], decision: Decision[DeviceT], fit: Fit[DeviceT]) -> None:
-    """Count a decision's bytes against the memory pools of the devices that will hold them."""
+def _claim(
+    claimed: dict[Hashable, int], decision: Decision[DeviceT], fit: Fit[DeviceT], maps: int
+) -> None:
+    """Count a decision's bytes against the memory pools of the devices that will hold them
+    (none when the loader maps the array from its file)."""
+    if maps_from_file(decision, maps):
+        return
     share = decision.bytes_per_device() or 0
     for device in decision.local_devices:
         pool = fit.pool(device)
         claimed[pool] = claimed.get(pool, 0) + share
 
 
-def _mapped(decision: Decision[Any], maps: int) -> bool:
-    """Whether a loader maps this decision's array from its file (no memory taken)."""
+def maps_from_file(decision: Decision[Any], maps: int) -> bool:
+    """Whether a loader maps this decision's array from its file (no memory taken), given
+    what the loader said of it (`maps`: `_routing.NEVER_MAPPED`, ...)."""
     if maps == NEVER_MAPPED or decision.mesh is not None:
         return False
     on_host = getattr(decision.device, "platform", None) == "cpu"
@@ -486,8 +492,7 @@ class Decider(Generic[DeviceT]):
         for item in items:
             name, nbytes, shape, maps = _unpacked(item)
             decision = self._resolve(name, nbytes, shape, claimed, first_level, maps)
-            if not _mapped(decision, maps):
-                _claim(claimed, decision, self._fit)
+            _claim(claimed, decision, self._fit, maps)
             decisions.append(decision)
         return decisions
 
@@ -508,8 +513,7 @@ class Decider(Generic[DeviceT]):
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            if not _mapped(decision, maps):
-                _claim(claimed, decision, self._fit)
+            _claim(claimed, decision, self._fit, maps)
             results.append(decision)
         return results
 

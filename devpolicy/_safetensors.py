@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from ._capacity import pool_of, pool_text
-from ._decider import Decider, Decision, DeviceT
+from ._decider import Decider, Decision, DeviceT, maps_from_file
 from ._errors import NarrowingError, SafetensorsFileError
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
@@ -810,25 +810,21 @@ def _plan(
     entries = [(header, entry) for header in headers for entry in header.tensors]
     names = [n for header in headers for n in _names(header, stem)]
     x64 = _x64()
+    hints = [_maps(e, mmap, x64) for _, e in entries]
     outcomes = decider.decide_many(
         [
-            (n, e.nbytes, e.shape, _maps(e, mmap, x64))
-            for n, (_, e) in zip(names, entries, strict=True)
+            (n, e.nbytes, e.shape, hint)
+            for n, (_, e), hint in zip(names, entries, hints, strict=True)
         ]
     )
     tensors = []
     # Per device: [bytes, tensors or shards, file-backed bytes].
     loads: dict[DeviceT, list[int]] = {}
-    for name, (header, entry), outcome in zip(names, entries, outcomes, strict=True):
+    for name, (header, entry), outcome, hint in zip(names, entries, outcomes, hints, strict=True):
         decision, error = (outcome, None) if isinstance(outcome, Decision) else (None, str(outcome))
         if decision is not None:
             share = decision.bytes_per_device() or 0
-            mapped = (
-                decision.device.platform == "cpu"  # mapped to an accelerator is still copied
-                and not decision.is_sharded
-                and (x64 or entry.dtype_name not in _NARROW)
-                and _may_map(entry, decision, mmap)
-            )
+            mapped = maps_from_file(decision, hint)
             for device in decision.local_devices:
                 totals = loads.setdefault(device, [0, 0, 0])
                 totals[0] += share
