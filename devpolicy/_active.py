@@ -52,8 +52,11 @@ def active_policy() -> Policy:
         True
     """
     policy = _ACTIVE.get()
-    if policy is not None:
-        return policy
+    return policy if policy is not None else _inactive_policy()
+
+
+def _inactive_policy() -> Policy:
+    """The policy for a context that activated nothing (see `active_policy`)."""
     for earliest in _outermost[:1]:  # a slice: another thread may empty the list meanwhile
         return earliest.policy
     return _discovered_checked()
@@ -61,9 +64,7 @@ def active_policy() -> Policy:
 
 def _inactive_decider() -> Decider:
     """The decider for a context that activated nothing (see `active_policy`)."""
-    for earliest in _outermost[:1]:  # a slice: another thread may empty the list meanwhile
-        return earliest.policy.decider
-    return _discovered_checked().decider
+    return _inactive_policy().decider
 
 
 def _discovered_checked() -> Policy:
