@@ -473,6 +473,33 @@ def _config_value(option: str, text: str) -> Any:
     return text
 
 
+def _set_options(knobs: list[RuntimeKnob]) -> None:
+    """Set each knob's `jax.config` option, all or none.
+
+    Raises:
+        PolicyError: at the line of the first value JAX refuses; the options set before
+            it are put back.
+    """
+    import jax
+
+    applied: list[tuple[str, Any]] = []
+    try:
+        for k in knobs:
+            option = str(k.config)
+            before = getattr(jax.config, option)
+            try:
+                value = _config_value(option, k.text)
+                if before != value:
+                    _update(option, value)
+                    applied.append((option, before))
+            except Exception as e:  # a value JAX refuses (not a knob set too late)
+                raise _refused(k, e) from None
+    except PolicyError:
+        for option, before in reversed(applied):
+            _update(option, before)
+        raise
+
+
 def _refused(knob: RuntimeKnob, error: Exception) -> PolicyError:
     """A value jax.config refuses, as a PolicyError at the line that gave it."""
     file, _, line = knob.origin.rpartition(":")
@@ -560,30 +587,16 @@ def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> R
     """
     if not _jax_started():
         if "jax" in sys.modules:
-            import jax
-
             # jax.config first: a value it refuses must leave the environment untouched.
-            updated: list[tuple[str, Any]] = []
-            try:
-                for k in plan.knobs:
-                    if _is_config_option(k.config) and k.variable.startswith("JAX_"):
-                        option = str(k.config)
-                        before = getattr(jax.config, option)
-                        try:
-                            value = _config_value(option, k.text)
-                            if before != value:
-                                _update(option, value)
-                                updated.append((option, before))
-                        except Exception as e:
-                            raise _refused(k, e) from None
-            except PolicyError:
-                for option, before in reversed(updated):
-                    _update(option, before)
-                raise
+            _set_options(
+                [
+                    k
+                    for k in plan.knobs
+                    if _is_config_option(k.config) and k.variable.startswith("JAX_")
+                ]
+            )
         environ.update(plan.environment(environ))
         return plan
-    import jax
-
     late: list[tuple[str, str, str, str]] = []
     live: list[RuntimeKnob] = []
     for k in plan.knobs:
@@ -596,19 +609,6 @@ def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> R
             late.append((k.knob, k.text, actual, k.origin))
     if late:
         raise RuntimeTooLateError(late, FIX)
-    applied: list[tuple[str, Any]] = []
-    try:
-        for k in live:
-            option = str(k.config)
-            before = getattr(jax.config, option)
-            try:
-                _update(option, _config_value(option, k.text))
-            except Exception as e:  # not too late: a value JAX refuses
-                raise _refused(k, e) from None
-            applied.append((option, before))
-    except PolicyError:
-        for option, before in reversed(applied):
-            _update(option, before)
-        raise
+    _set_options(live)
     environ.update(RuntimeSettings(tuple(live), ()).environment(environ) if live else {})
     return with_state(plan, environ)
