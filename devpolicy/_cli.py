@@ -104,21 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIMS",
         help="its shape, e.g. 8,1024: whether it divides over a sharding rule's mesh",
     )
-    explain.add_argument(
-        "--devices",
-        action="append",
-        default=[],
-        type=_devices_item,
-        metavar="BACKEND=COUNTxSIZE",
-        help="decide on a machine you do not have (as plan --devices); repeatable",
-    )
-    explain.add_argument(
-        "--processes",
-        type=_processes,
-        default=None,
-        metavar="N",
-        help="with --devices: N identical processes (default 1)",
-    )
+    _machine_options(explain, "decide")
     explain.add_argument("--json", action="store_true", help="print JSON")
 
     plan = commands.add_parser("plan", help="where every tensor of a safetensors file would go")
@@ -133,22 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TARGET=SIZE",
         help="plan for another machine: free memory of a device (gpu:0=24GiB); repeatable",
     )
-    plan.add_argument(
-        "--devices",
-        action="append",
-        default=[],
-        type=_devices_item,
-        metavar="BACKEND=COUNTxSIZE",
-        help="plan for a machine you do not have: its devices in each process, e.g. "
-        "gpu=8x80GiB or cpu=1x512GiB (cpu=1 unless given); repeatable",
-    )
-    plan.add_argument(
-        "--processes",
-        type=_processes,
-        default=None,
-        metavar="N",
-        help="with --devices: N identical processes, each with those devices (default 1)",
-    )
+    _machine_options(plan, "plan")
     plan.add_argument(
         "--all", action="store_true", help=f"list every tensor (default: the first {_PLAN_ROWS})"
     )
@@ -495,16 +466,7 @@ def _report_check(
 
 def _explain(args: argparse.Namespace) -> int:
     policy = _load(args.policy)
-    machine = None
-    if args.devices:
-        machine = devpolicy.VirtualMachine(args.devices, args.processes or 1, option="--devices")
-    elif args.processes is not None:
-        print(
-            "devpolicy explain: --processes describes a machine given by --devices; add "
-            "--devices BACKEND=COUNTxSIZE (e.g. --devices gpu=8x80GiB)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+    machine = _described_machine(args)
     e = policy.explain(args.name, nbytes=args.bytes, shape=args.shape, machine=machine)
     matched = next((entry for entry, step in e.steps if step.matched), None)
     if args.json:
@@ -591,24 +553,51 @@ def _device_text(target: str) -> str:
     return f"{platform}:{index or 0}"
 
 
-def _plan(args: argparse.Namespace) -> int:
-    machine = None
+def _machine_options(parser: argparse.ArgumentParser, verb: str) -> None:
+    """`--devices` and `--processes`: a machine you do not have, for `plan` and `explain`."""
+    parser.add_argument(
+        "--devices",
+        action="append",
+        default=[],
+        type=_devices_item,
+        metavar="BACKEND=COUNTxSIZE",
+        help=f"{verb} for a machine you do not have: its devices in each process, e.g. "
+        "gpu=8x80GiB or cpu=1x512GiB (cpu=1 unless given); repeatable",
+    )
+    parser.add_argument(
+        "--processes",
+        type=_processes,
+        default=None,
+        metavar="N",
+        help="with --devices: N identical processes, each with those devices (default 1)",
+    )
+
+
+def _described_machine(args: argparse.Namespace) -> devpolicy.VirtualMachine | None:
+    """The machine `--devices`/`--processes` describe, or None for this one.
+
+    Raises:
+        ValueError: `--processes` without `--devices` (main reports it as a usage error).
+    """
     if args.devices:
-        if args.capacity:
-            print(
-                "devpolicy plan: --capacity and --devices both describe memory; give each "
-                "device's memory in --devices (gpu=8x80GiB)",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        machine = devpolicy.VirtualMachine(args.devices, args.processes or 1, option="--devices")
-    elif args.processes is not None:
+        return devpolicy.VirtualMachine(args.devices, args.processes or 1, option="--devices")
+    if args.processes is not None:
+        raise ValueError(
+            "--processes plans a machine described by --devices; add "
+            "--devices BACKEND=COUNTxSIZE (e.g. --devices gpu=8x80GiB)"
+        )
+    return None
+
+
+def _plan(args: argparse.Namespace) -> int:
+    if args.devices and args.capacity:
         print(
-            "devpolicy plan: --processes plans a machine described by --devices; add "
-            "--devices BACKEND=COUNTxSIZE (e.g. --devices gpu=8x80GiB)",
+            "devpolicy plan: --capacity and --devices both describe memory; give each "
+            "device's memory in --devices (gpu=8x80GiB)",
             file=sys.stderr,
         )
         return EXIT_USAGE
+    machine = _described_machine(args)
     if args.capacity:
         # A stated device this machine lacks would silently never be judged: say so.
         here = devpolicy.inventory().available()
