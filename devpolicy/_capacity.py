@@ -141,6 +141,16 @@ class StaticCapacity:
             text = f"{parsed.platform}:{parsed.index or 0}"
             self._free[text] = parse_size(size)
 
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The stated devices, as target text (`gpu` reads as `gpu:0`, `cuda:1` as `gpu:1`).
+
+        Example:
+            >>> StaticCapacity({"cuda": "1GiB", "cpu:2": 10}).targets
+            ('gpu:0', 'cpu:2')
+        """
+        return tuple(self._free)
+
     def free_bytes(self, device: jax.Device) -> int | None:
         """The stated free bytes of `device`, or None if not stated."""
         return self._free.get(inventory().text(device))

@@ -546,13 +546,6 @@ def _explain(args: argparse.Namespace) -> int:
 # plan ------------------------------------------------------------------------------------
 
 
-def _device_text(target: str) -> str:
-    """`gpu` -> `gpu:0`, `cuda:1` -> `gpu:1`: target text as the inventory writes it."""
-    platform, _, index = target.partition(":")
-    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
-    return f"{platform}:{index or 0}"
-
-
 def _machine_options(parser: argparse.ArgumentParser, verb: str) -> None:
     """`--devices` and `--processes`: a machine you do not have, for `plan` and `explain`."""
     parser.add_argument(
@@ -599,9 +592,10 @@ def _plan(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     machine = _described_machine(args)
     if args.capacity:
+        capacity = devpolicy.StaticCapacity(dict(args.capacity))
         # A stated device this machine lacks would silently never be judged: say so.
         here = devpolicy.inventory().available()
-        unknown = [t for t, _ in args.capacity if _device_text(t) not in here]
+        unknown = [t for t in capacity.targets if t not in here]
         if unknown:
             print(
                 f"devpolicy plan: --capacity names {_lit(', '.join(unknown))}, which this "
@@ -610,7 +604,6 @@ def _plan(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        capacity = devpolicy.StaticCapacity(dict(args.capacity))
         policy = devpolicy.load_policy(args.policy, capacity=capacity)
     else:
         policy = _load(args.policy)
