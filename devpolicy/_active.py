@@ -242,7 +242,7 @@ def scope(name: str, *, nbytes: int | None = None) -> Scope:
             found = None
         if found is not None:
             return found
-    return _ACTIVE_SCOPES(name, nbytes)
+    return _ACTIVE_SCOPES.make(name, nbytes)
 
 
 @overload

@@ -261,25 +261,14 @@ class Scopes:
         #: keep its `get` for a lookup without a call of ours.
         self.by_name: dict[str, Scope] = {}
 
-    def __call__(self, name: str, nbytes: int | None = None) -> Scope:
-        """The scope for `name` (sized scopes are made afresh: sizes vary per call)."""
-        if nbytes is None:
-            try:
-                scope = self.by_name.get(name)
-            except TypeError:  # an unhashable name: the scope's own check says what is wrong
-                scope = None
-            if scope is not None:
-                return scope
-        return self._made(name, nbytes)
-
-    def _made(self, name: str, nbytes: int | None) -> Scope:
-        if nbytes is not None or type(name) is not str:
-            return Scope(self._source, name, nbytes)
-        scope = self.by_name.get(name)
-        if scope is None:
+    def make(self, name: str, nbytes: int | None) -> Scope:
+        """A new scope for `name`, kept for the next lookup in `by_name` when unsized (sized
+        scopes are made afresh: sizes vary per call). Callers look in `by_name` first."""
+        scope = Scope(self._source, name, nbytes)
+        if nbytes is None and type(name) is str:
             if len(self.by_name) >= CACHE_GENERATION:
                 self.by_name.clear()  # a stream of made-up names: start over, nothing is lost
-            scope = self.by_name[name] = Scope(self._source, name, None)
+            self.by_name[name] = scope
         return scope
 
 

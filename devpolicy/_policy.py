@@ -196,7 +196,7 @@ class Policy:
                 found = None
             if found is not None:
                 return found
-        return self._scopes(name, nbytes)
+        return self._scopes.make(name, nbytes)
 
     @overload
     def place(self, name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
