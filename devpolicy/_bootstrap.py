@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 from ._active import activate, active_policy
 from ._load_policy import PolicyInput, load_policy
-from ._logging import EventLog
 from ._policy import Policy
 from ._runtime import RuntimeSettings, apply_runtime, plan_runtime, with_state
 
@@ -48,7 +47,7 @@ def bootstrap(source: PolicyInput | None = None) -> activate:
     if plan.knobs or plan.conflicts:
         fields = {"policy": settings.file, **plan.event_fields()}
         level = "warning" if plan.conflicts else "info"
-        EventLog(settings.log_level.value, settings.log_format.value).emit(level, "runtime", fields)
+        policy.events.emit(level, "runtime", fields)
     return activate(policy)
 
 
