@@ -396,34 +396,8 @@ def _check(args: argparse.Namespace) -> int:
         {"severity": f.severity, "origin": f.origin, "code": f.code, "message": f.message}
         for f in devpolicy.lint(policy)
     ]
-    findings += _runtime_findings(policy)
     how = f"; found by {policy.found}" if args.policy is None else ""
     return _report_check(args, f"{label} ({len(policy.rules)} rules{how})", findings)
-
-
-def _runtime_findings(policy: devpolicy.Policy) -> list[dict[str, str]]:
-    """Runtime knobs the environment overrides or contradicts (warnings)."""
-    runtime = devpolicy.runtime_settings(policy)
-    findings = [
-        {
-            "severity": "warning",
-            "origin": "env",
-            "code": "runtime-conflict",
-            "message": conflict,
-        }
-        for conflict in runtime.conflicts
-    ]
-    findings += [
-        {
-            "severity": "warning",
-            "origin": k.origin,
-            "code": "runtime-env-wins",
-            "message": f"runtime.{k.knob.removeprefix('env.')}: {k.note}; the environment wins",
-        }
-        for k in runtime.knobs
-        if k.source == "env"
-    ]
-    return findings
 
 
 def _where(problem: devpolicy.Problem) -> str:

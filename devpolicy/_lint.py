@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,6 +14,7 @@ from ._machine import D
 from ._policy import Policy
 from ._prefixes import PrefixIndex
 from ._routing import Fit, Route
+from ._runtime import plan_runtime
 from ._targets import ShardingTarget, Target
 
 Severity = Literal["error", "warning"]
@@ -29,7 +31,8 @@ class Finding:
         severity: `error` (resolving would fail here, or a rule is dead) or `warning`.
         origin: Where: `file:line`, `env:DEVPOLICY_RULES`, ...
         code: A stable short name: `unreachable-rule`, `missing-device`,
-            `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`.
+            `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
+            `runtime-conflict`, `runtime-env-wins`.
         message: What is wrong and what to do.
     """
 
@@ -49,8 +52,9 @@ def lint(policy: Policy) -> list[Finding]:
     would (after a catch-all, an identical pattern, or a glob that covers it), and a
     fallback chain none of whose targets exists on this machine. Warnings: a target whose
     backend, index or memory kind this machine lacks (policies travel between machines),
-    and a non-strict chain that would raise on a machine lacking its targets because it
-    does not end in `cpu` or `auto`.
+    a non-strict chain that would raise on a machine lacking its targets because it
+    does not end in `cpu` or `auto`, a mesh no rule uses, and `runtime:` knobs the
+    environment overrides (`runtime-env-wins`) or contradicts (`runtime-conflict`).
 
     Example:
         >>> import devpolicy
@@ -74,7 +78,7 @@ def lint(policy: Policy) -> list[Finding]:
             "the default", settings.default.origin, decider.default_route, fit, unsafe
         )
     findings += [_no_safe_end(chain, users) for chain, users in unsafe.items()]
-    return findings + _unused_meshes(policy)
+    return findings + _unused_meshes(policy) + _runtime_findings(policy)
 
 
 # How many users of a chain a no-safe-end warning names before "and N more".
@@ -262,6 +266,23 @@ def _everywhere(target: Target | ShardingTarget) -> bool:
     if isinstance(target, ShardingTarget):
         return False  # a mesh needs devices a machine may lack
     return target.is_auto or (target.platform == "cpu" and not target.index)
+
+
+def _runtime_findings(policy: Policy) -> list[Finding]:
+    """Runtime knobs this process's environment overrides or contradicts."""
+    runtime = plan_runtime(policy.settings.runtime, os.environ)
+    findings = [Finding("warning", "env", "runtime-conflict", c) for c in runtime.conflicts]
+    findings += [
+        Finding(
+            "warning",
+            k.origin,
+            "runtime-env-wins",
+            f"runtime.{k.knob.removeprefix('env.')}: {k.note}; the environment wins",
+        )
+        for k in runtime.knobs
+        if k.source == "env"
+    ]
+    return findings
 
 
 def _unused_meshes(policy: Policy) -> list[Finding]:

@@ -260,3 +260,13 @@ def test_a_reported_cover_holds_for_every_sampled_name(
         # there): judge only names the later rule really matches.
         if test_later(name):
             assert test_earlier(name), f"{earlier} said to cover {later}, misses {name!r}"
+
+
+def test_lint_itself_reports_runtime_knobs_the_environment_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not only `devpolicy check`: `lint()` says when a user's variable beats the policy."""
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+    policy = policy_of(runtime={"preallocate": False})
+    codes = [(f.code, f.origin) for f in devpolicy.lint(policy)]
+    assert ("runtime-env-wins", "env:XLA_PYTHON_CLIENT_PREALLOCATE") in codes
