@@ -297,6 +297,13 @@ def maps_from_file(decision: Decision[Any], maps: int) -> bool:
     return on_host and (maps == ALWAYS_MAPPED or decision.mmap)
 
 
+def _checked(nbytes: object, shape: object) -> tuple[int | None, Shape | None]:
+    """A size and a shape as plain ints (a plain int and a tuple of ints pass at once)."""
+    if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
+        nbytes = checked_nbytes(nbytes)
+    return nbytes, None if shape is None else checked_shape(shape)
+
+
 def checked_shape(shape: object) -> Shape:
     """A shape as a tuple of non-negative ints."""
     if type(shape) is tuple:
@@ -438,10 +445,7 @@ class Decider(Generic[DeviceT]):
         first_level: str,
         maps: int = NEVER_MAPPED,
     ) -> Decision[DeviceT]:
-        if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
-            nbytes = checked_nbytes(nbytes)
-        if shape is not None:
-            shape = checked_shape(shape)
+        nbytes, shape = _checked(nbytes, shape)
         key: object = name if nbytes is None and shape is None else (name, nbytes, shape, maps)
         decision = self._cached(key)
         # An `auto` decision follows JAX's default device: still good while that is the same.
@@ -521,10 +525,7 @@ class Decider(Generic[DeviceT]):
         self, name: str, nbytes: int | None = None, shape: Shape | None = None
     ) -> Explanation[DeviceT]:
         """Every rule tried for `name` and every fallback step, from the walk that decides."""
-        if nbytes is not None:
-            nbytes = checked_nbytes(nbytes)
-        if shape is not None:
-            shape = checked_shape(shape)
+        nbytes, shape = _checked(nbytes, shape)
         outcome = self._outcome(name, nbytes, shape, NOTHING_CLAIMED)
         rules = self.settings.rules
         steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes))
@@ -561,10 +562,8 @@ class Decider(Generic[DeviceT]):
     ) -> _Outcome[DeviceT]:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
-        if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
-            nbytes = checked_nbytes(nbytes)
-        if shape is not None:
-            shape = checked_shape(shape)  # `decide` and the `*_many` forms come here directly
+        # `decide` and the `*_many` forms come here directly: every way in is checked.
+        nbytes, shape = _checked(nbytes, shape)
         index = self._matcher.first(name, nbytes)
         route = self._default if index is None else self._routes[index]
         if self.disabled:
