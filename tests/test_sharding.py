@@ -354,6 +354,16 @@ class TestApplying:
         layer(on_second)
         assert seen == [jax.sharding.PartitionSpec("data")]
 
+    def test_a_sharding_rule_applies_its_memory_kind(self) -> None:
+        """`memory: pinned_host` with a sharding: the NamedSharding carries the memory kind."""
+        policy = sharded(["data"], memory="pinned_host")
+        d = policy.resolve("params/w", nbytes=16, shape=(4,))
+        assert d.sharding is not None
+        assert (d.mesh, d.sharding.memory_kind) == ("grid", "pinned_host")
+        out = policy.put("params/w", np.arange(4, dtype=np.float32))
+        assert out.sharding.memory_kind == "pinned_host"
+        assert out.sharding.spec == jax.sharding.PartitionSpec("data")
+
     def test_prefetch_builds_sharded_batches(self) -> None:
         """Batches are sharded by the rule (in one process: local batch == global batch)."""
         policy = sharded(["data"], match="batch")
