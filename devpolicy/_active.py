@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
@@ -448,7 +448,7 @@ def prefetch(
     *,
     policy: Policy | None = None,
     narrow: Literal["exact", "lossy"] = "exact",
-) -> Iterator[T]:
+) -> _prefetch.BatchStream[T]:
     """Yield each element placed by the rule for `name`, with up to `size` transfers in flight.
 
     Each element (an array or pytree) is `put` as `name` (pytree leaves as `name/<path>`).
@@ -457,6 +457,10 @@ def prefetch(
     An error from the source is raised after the batches placed before it are used. The policy is
     the one active when `prefetch` is called, unless given. `narrow` is `put`'s: 64-bit
     batches are narrowed only when exact, else `NarrowingError`.
+
+    The result is a `BatchStream`: an iterator whose `close()` (or the end of a `with`
+    block) drops the batches in flight and closes the source, so a generator reading a
+    file closes it at once.
 
     Raises:
         ValueError: if `size` is less than 1.

@@ -44,6 +44,7 @@ from ._machine import VirtualDevice as VirtualDevice
 from ._machine import VirtualMachine as VirtualMachine
 from ._placement import Scope as Scope
 from ._policy import Policy as Policy
+from ._prefetch import BatchStream as BatchStream
 from ._runtime import RuntimeKnob as RuntimeKnob
 from ._runtime import RuntimeSettings as RuntimeSettings
 from ._safetensors import DeviceLoad as DeviceLoad

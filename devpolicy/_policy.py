@@ -4,7 +4,7 @@ that owns it (the decider, placement, the safetensors loader, prefetch)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 
 import jax
@@ -241,6 +241,6 @@ class Policy:
         size: int = 2,
         *,
         narrow: Literal["exact", "lossy"] = "exact",
-    ) -> Iterator[T]:
+    ) -> _prefetch.BatchStream[T]:
         """Place each element by this policy, ahead of use. See `devpolicy.prefetch`."""
         return _prefetch.prefetch(iterable, self.decider, name, size, narrow)

@@ -83,3 +83,48 @@ def test_a_failing_source_delivers_what_came_before_then_raises() -> None:
     with pytest.raises(OSError, match=r"^disk gone$"):
         consume()
     assert seen == [0, 1, 2, 3]
+
+
+class TestClose:
+    def test_close_closes_the_source_iterator(self) -> None:
+        """Closing the stream closes its source (its `finally` runs: files closed), even
+        while the caller still holds the source."""
+        events: list[str] = []
+
+        def source() -> Iterator[np.ndarray]:
+            try:
+                for i in range(10):
+                    yield np.full(1, i)
+            finally:
+                events.append("source closed")
+
+        held = source()
+        stream = devpolicy.prefetch(held, size=2, policy=POLICY)
+        assert int(next(stream)[0]) == 0
+        stream.close()
+        assert events == ["source closed"]
+        assert list(stream) == []
+
+    def test_close_before_the_first_batch_closes_the_source(self) -> None:
+        """A stream closed before it was read still closes its source."""
+        closed: list[bool] = []
+
+        class Source:
+            def __iter__(self) -> Source:
+                return self
+
+            def __next__(self) -> np.ndarray:
+                return np.zeros(1)
+
+            def close(self) -> None:
+                closed.append(True)
+
+        stream = devpolicy.prefetch(Source(), policy=POLICY)
+        stream.close()
+        assert closed == [True]
+
+    def test_closing_twice_is_harmless(self) -> None:
+        """close() may be called again, and on an exhausted stream; `with` closes it too."""
+        with devpolicy.prefetch([np.zeros(1)], policy=POLICY) as stream:
+            assert len(list(stream)) == 1
+        stream.close()
