@@ -37,7 +37,11 @@ __all__ = [
     "EnvOverrideError",
     "Explanation",
     "Finding",
+    "HostViewError",
     "Inventory",
+    "Ledger",
+    "LedgerDevice",
+    "LedgerEntry",
     "MachineSpecError",
     "NarrowingError",
     "Plan",
@@ -65,6 +69,7 @@ __all__ = [
     "explain",
     "format_size",
     "get_device",
+    "host_view",
     "inventory",
     "lint",
     "load_file",
@@ -76,11 +81,13 @@ __all__ = [
     "prefetch",
     "propagate",
     "put",
+    "report",
     "resolve",
     "runtime_settings",
     "save_file",
     "scope",
     "to",
+    "windows",
 ]
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from . import _placement, _prefetch, _safetensors
+from . import _placement, _prefetch, _safetensors, _windows
 from ._decider import Decider, Decision, Explanation
 from ._load_policy import load_policy, loaded_files
 from ._machine import VirtualMachine
@@ -474,3 +474,78 @@ def prefetch(
         ['cpu:2', 'cpu:2', 'cpu:2']
     """
     return _prefetch.prefetch(iterable, _decider_of(policy), name, size, narrow)
+
+
+def windows(
+    tokens: Any,
+    length: int,
+    batch: int,
+    *,
+    name: str = "batch",
+    order: Literal["sequential", "random"] = "sequential",
+    seed: int | None = None,
+    stride: int | None = None,
+    steps: int | None = None,
+    size: int = 2,
+    policy: Policy | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+) -> _prefetch.BatchStream[Any]:
+    """Batches of windows cut from a host array, each placed as `name` ahead of use.
+
+    The story's loop: a token dataset on the host (`load_file` with a host rule, mapped
+    from its file), the model on the accelerator, and each step a batch of windows sent
+    to the device the policy decides for `name`. The windows are cut from a zero-copy
+    numpy view of `tokens` (`host_view`), so any offset works, past 2**31 included, with
+    x64 disabled; only the batch is copied, never the array. Each batch has shape
+    `(batch, length, *tokens.shape[1:])` and goes through `prefetch`: decided (and
+    logged) like `put(name, ...)`, with up to `size` transfers in flight.
+
+    Args:
+        tokens: A `jax.Array` on one host device, or a numpy array (a memmap is fine).
+            Windows run along its first dimension.
+        length: Rows per window (for a language model, the context length plus one).
+        batch: Windows per batch.
+        name: The name each batch is placed as (its rule decides the device).
+        order: "sequential": windows at 0, stride, 2*stride, ... for one pass, the last
+            batch possibly smaller. "random": each window starts at an offset drawn
+            uniformly, with replacement, from every offset it fits at; endless unless
+            `steps` is given.
+        seed: Seed of the random order (None: fresh entropy).
+        stride: Distance between sequential windows (default `length`: no overlap).
+        steps: Stop after this many batches.
+        size: Batches in flight ahead of use (`prefetch`'s `size`).
+        policy: Policy to decide by (default: the active one at this call).
+        narrow: `put`'s, for 64-bit tokens with x64 disabled.
+
+    Returns:
+        A `BatchStream` of placed batches; `close()` ends it.
+
+    Raises:
+        HostViewError: `tokens` is not on a host device (or sharded): it would be copied.
+        ValueError: a bad `length`, `batch`, `stride`, `steps`, `size` or `order`, or
+            fewer rows than `length`.
+
+    Example:
+        >>> import devpolicy, numpy as np
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "batch", "device": "cpu:1"}]})
+        >>> tokens = np.arange(10, dtype=np.uint16)
+        >>> [b.tolist() for b in devpolicy.windows(tokens, 3, 2, policy=p)]
+        [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8]]]
+        >>> (b,) = devpolicy.windows(tokens, 4, 8, order="random", seed=0, steps=1, policy=p)
+        >>> b.shape, str(next(iter(b.devices())))
+        ((8, 4), 'cpu:1')
+    """
+    return _windows.windows(
+        tokens,
+        _decider_of(policy),
+        name,
+        length,
+        batch,
+        order=order,
+        seed=seed,
+        stride=stride,
+        steps=steps,
+        size=size,
+        narrow=narrow,
+    )

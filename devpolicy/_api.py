@@ -15,6 +15,7 @@ from ._active import put as put
 from ._active import resolve as resolve
 from ._active import scope as scope
 from ._active import to as to
+from ._active import windows as windows
 from ._bootstrap import bootstrap as bootstrap
 from ._bootstrap import runtime_settings as runtime_settings
 from ._capacity import Capacity as Capacity
@@ -25,6 +26,7 @@ from ._decider import Explanation as Explanation
 from ._errors import DevicePolicyError as DevicePolicyError
 from ._errors import DeviceUnavailableError as DeviceUnavailableError
 from ._errors import EnvOverrideError as EnvOverrideError
+from ._errors import HostViewError as HostViewError
 from ._errors import MachineSpecError as MachineSpecError
 from ._errors import NarrowingError as NarrowingError
 from ._errors import PolicyError as PolicyError
@@ -33,10 +35,15 @@ from ._errors import RuntimeTooLateError as RuntimeTooLateError
 from ._errors import SafetensorsFileError as SafetensorsFileError
 from ._errors import ScopeInCoroutineError as ScopeInCoroutineError
 from ._errors import UnmatchedNameError as UnmatchedNameError
+from ._hostview import host_view as host_view
 from ._inventory import Inventory as Inventory
 from ._inventory import available_backends as available_backends
 from ._inventory import get_device as get_device
 from ._inventory import inventory as inventory
+from ._ledger import Ledger as Ledger
+from ._ledger import LedgerDevice as LedgerDevice
+from ._ledger import LedgerEntry as LedgerEntry
+from ._ledger import report as report
 from ._lint import Finding as Finding
 from ._lint import lint as lint
 from ._load_policy import load_policy as load_policy

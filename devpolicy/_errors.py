@@ -277,3 +277,24 @@ class SafetensorsFileError(DevicePolicyError, ValueError):
         self.problem = problem
         where = f"{self.file}: tensor {tensor!r}" if tensor is not None else self.file
         super().__init__(f"{where}: {problem}")
+
+
+class HostViewError(DevicePolicyError, ValueError):
+    """An array cannot be seen as a zero-copy numpy view of host memory (`host_view`).
+
+    Attributes:
+        array: What the array is and where it is (`uint16[10248871837] on gpu:0`).
+        problem: Why no view can be had without a copy.
+        fix: What to do instead.
+
+    Example:
+        >>> e = HostViewError("float32[4] on gpu:0", "not on a host device", "load it to cpu")
+        >>> print(e)
+        float32[4] on gpu:0: not on a host device; load it to cpu
+    """
+
+    def __init__(self, array: str, problem: str, fix: str) -> None:
+        self.array = array
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{array}: {problem}; {fix}")

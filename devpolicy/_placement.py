@@ -21,6 +21,7 @@ import numpy as np
 from ._decider import Decider, Decision
 from ._errors import ScopeInCoroutineError
 from ._inventory import inventory
+from ._ledger import record, record_all
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
 from ._narrowing import Narrow, check_mode, narrow_leaves
@@ -509,6 +510,7 @@ def move_inputs(
     placed = jax.device_put(moving, decision.destination)
     for i, leaf in zip(indices, placed, strict=True):
         leaves[i] = leaf
+    record_all(placed, decision.name, decision.origin, decision.rule)
     _report_moves(events, decision, moving, indices, (args, kwargs), arguments=True)
     moved_args, moved_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
     return moved_args, moved_kwargs
@@ -594,6 +596,7 @@ def move_to(decider: Decider, x: T, name: str) -> T:
     placed = jax.device_put(moving, decision.destination)
     for i, leaf in zip(indices, placed, strict=True):
         leaves[i] = leaf
+    record_all(placed, decision.name, decision.origin, decision.rule)
     committed = [(j, leaf) for j, leaf in zip(indices, moving, strict=True) if leaf.committed]
     if committed:
         _report_moves(
@@ -662,6 +665,7 @@ def commit_result(result: T, decision: Decision, events: EventLog) -> T:
         # One array, the commonest result: no tree to walk.
         if _needs_commit(result, decision, events, ""):
             committed: T = jax.device_put(result, decision.destination)
+            record(committed, decision.name, decision.origin, decision.rule)
             return committed
         return result
     leaves, treedef = jax.tree_util.tree_flatten(result)
@@ -676,6 +680,7 @@ def commit_result(result: T, decision: Decision, events: EventLog) -> T:
     placed = jax.device_put([leaves[i] for i in indices], decision.destination)
     for i, leaf in zip(indices, placed, strict=True):
         leaves[i] = leaf
+    record_all(placed, decision.name, decision.origin, decision.rule)
     out: T = jax.tree_util.tree_unflatten(treedef, leaves)
     return out
 
@@ -695,6 +700,7 @@ def _commit_sharded(result: T, decision: Decision, events: EventLog) -> T:
         except ValueError as e:  # a shape that does not divide over the mesh: say so
             _report_mismatch(events, decision, None, leaf, _leaf_path(result, i), str(e))
             continue
+        record(leaves[i], decision.name, decision.origin, decision.rule)
         changed = True
     if not changed:
         return result
@@ -802,6 +808,8 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
     )
     # Disabled: what JAX does without devpolicy (the default device, uncommitted).
     placed = jax.device_put(leaves) if decider.disabled else _place_leaves(leaves, decisions, local)
+    for array, decision in zip(placed, decisions, strict=True):
+        record(array, decision.name, decision.origin, decision.rule)
     out: T = jax.tree_util.tree_unflatten(treedef, placed)
     return out
 

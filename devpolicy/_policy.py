@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from . import _prefetch, _safetensors
+from . import _prefetch, _safetensors, _windows
 from ._capacity import Capacity, DeviceMemory
 from ._decider import Decider, Decision, Explanation
 from ._errors import DevicePolicyError
@@ -244,3 +244,33 @@ class Policy:
     ) -> _prefetch.BatchStream[T]:
         """Place each element by this policy, ahead of use. See `devpolicy.prefetch`."""
         return _prefetch.prefetch(iterable, self.decider, name, size, narrow)
+
+    def windows(
+        self,
+        tokens: Any,
+        length: int,
+        batch: int,
+        *,
+        name: str = "batch",
+        order: Literal["sequential", "random"] = "sequential",
+        seed: int | None = None,
+        stride: int | None = None,
+        steps: int | None = None,
+        size: int = 2,
+        narrow: Literal["exact", "lossy"] = "exact",
+    ) -> _prefetch.BatchStream[Any]:
+        """Batches of windows of a host array, placed by this policy ahead of use.
+        See `devpolicy.windows`."""
+        return _windows.windows(
+            tokens,
+            self.decider,
+            name,
+            length,
+            batch,
+            order=order,
+            seed=seed,
+            stride=stride,
+            steps=steps,
+            size=size,
+            narrow=narrow,
+        )

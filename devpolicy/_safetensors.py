@@ -20,6 +20,8 @@ import numpy as np
 from ._capacity import pool_of, pool_text
 from ._decider import Decider, Decision, DeviceT, maps_from_file
 from ._errors import NarrowingError, SafetensorsFileError
+from ._hostview import warn_unindexable
+from ._ledger import record
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
 from ._machine import VirtualMachine
@@ -165,7 +167,28 @@ def load_file(
             seconds = time.perf_counter() - started
             _mmap_refused(decider.events, header, mine, mmap, _x64())
             _summary(decider.events, header, mine, seconds, mapped, narrowed, bytes_read)
+        _loaded(decider.events, out, [h for _, h in headers], names, decisions, x64)
     return {t.key: out[t.key] for _, header in headers for t in header.tensors}
+
+
+def _loaded(
+    events: EventLog,
+    out: dict[str, jax.Array],
+    headers: list[Header],
+    names: list[list[str]],
+    decisions: list[Decision],
+    x64: bool,
+) -> None:
+    """Each loaded array into the ledger under its name and rule; the once-per-process
+    warning for an array JAX cannot index (over 2**31 elements with x64 off)."""
+    flat = (
+        (entry, name)
+        for header, file_names in zip(headers, names, strict=True)
+        for entry, name in zip(header.tensors, file_names, strict=True)
+    )
+    for (entry, name), decision in zip(flat, decisions, strict=True):
+        record(out[entry.key], name, decision.origin, decision.rule)
+        warn_unindexable(events, name, entry.shape, decision.device_text, x64)
 
 
 def _load_opened(
