@@ -84,7 +84,11 @@ class TestReport:
         mapped = policy.load_file(path, mmap=True, prefix="mapped")["tokens"]
         read = policy.load_file(path, mmap=False, prefix="read")["tokens"]
         (entry,) = mine(devpolicy.report().by_device["cpu:3"], policy)
-        assert (entry.names, entry.arrays, entry.nbytes) == (("mapped/tokens", "read/tokens"), 2, 16384)
+        assert (entry.names, entry.arrays, entry.nbytes) == (
+            ("mapped/tokens", "read/tokens"),
+            2,
+            16384,
+        )
         assert entry.file_backed == 8192
         device = devpolicy.report().by_device["cpu:3"]
         assert device.file_backed >= 8192
@@ -94,7 +98,9 @@ class TestReport:
     def test_arrays_made_outside_devpolicy_are_unplaced(self) -> None:
         """An array JAX made on its own counts on its device as `unplaced`."""
         before = sum(
-            e.nbytes for e in devpolicy.report().by_device["cpu:0"].entries if e.origin == "unplaced"
+            e.nbytes
+            for e in devpolicy.report().by_device["cpu:0"].entries
+            if e.origin == "unplaced"
         )
         x = jnp.ones(12345, jnp.int8) + 1
         after = devpolicy.report().by_device["cpu:0"]

@@ -161,7 +161,9 @@ class TestWindows:
         tokens = np.arange(100, dtype=np.uint16)
         policy = policy_of(rules=BATCH_RULES)
         with capture_logs() as logs:
-            out = list(devpolicy.windows(tokens, 10, 4, order="random", seed=0, steps=3, policy=policy))
+            out = list(
+                devpolicy.windows(tokens, 10, 4, order="random", seed=0, steps=3, policy=policy)
+            )
         assert {where(b) for b in out} == {"cpu:1"}
         assert all(b.committed for b in out)
         assert any(e["event"] == "placement" and e["name"] == "batch" for e in logs)
@@ -230,7 +232,8 @@ class TestHugeArrays:
         n = STORY_TOKENS
         length = 9
         stride = (n - length) // 4  # windows at 0, 2.56e9, 5.12e9, 7.69e9 and n - 9
-        assert (n - length) % 4 == 0 and stride > 2**31
+        assert (n - length) % 4 == 0
+        assert stride > 2**31
         known = {k * stride: np.arange(k * 10, k * 10 + length) for k in range(5)}
         known[2**31 + 5] = np.array([4242])
         path = tmp_path / "train.safetensors"
@@ -259,7 +262,8 @@ class TestHugeArrays:
         assert where(batch) == "cpu:1"
         assert batch.tolist() == [list(range(k * 10, k * 10 + length)) for k in range(5)]
         random = next(iter(devpolicy.windows(tokens, 4, 64, order="random", seed=1, policy=policy)))
-        assert random.shape == (64, 4) and where(random) == "cpu:1"
+        assert random.shape == (64, 4)
+        assert where(random) == "cpu:1"
 
         entry = next(
             e for e in devpolicy.report().by_device["cpu:0"].entries if "train/tokens" in e.names
