@@ -149,27 +149,36 @@ class Ledger:
             live arrays by device (devpolicy.report):
         """
         labels = _labels(self.devices)
-        rows: list[tuple[str, str, str, str, str]] = []
+        cells = [
+            (
+                labels[e.origin, e.rule],
+                _names_text(e.names),
+                _count(e.arrays),
+                format_size(e.nbytes),
+            )
+            for d in self.devices
+            for e in d.entries
+        ]
+        widths = [max((len(c[i]) for c in cells), default=0) for i in range(4)]
+        lines = ["live arrays by device (devpolicy.report):"]
+        rows = iter(cells)
         for d in self.devices:
             free = "free memory unknown" if d.free is None else f"{format_size(d.free)} free"
             if d.pool and d.pool != d.device and d.free is not None:
-                free += f" ({d.pool}, shared)"
-            rows.append((d.device, "", _count(d.arrays), _bytes(d.nbytes, d.file_backed), free))
+                free += f" ({d.pool})"
+            held = f"{_count(d.arrays)}, {format_size(d.nbytes)}{_backed(d.file_backed)}"
+            lines.append(f"{d.device}: {held}; {free}")
             for e in d.entries:
-                names = _names_text(e.names)
-                size = _bytes(e.nbytes, e.file_backed)
-                rows.append((f"  {labels[e.origin, e.rule]}", names, _count(e.arrays), size, ""))
-        widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else [0] * 4
-        lines = ["live arrays by device (devpolicy.report):"]
-        for where, names, count, size, free in rows:
-            line = (
-                f"{where:{widths[0]}}  {names:{widths[1]}}  {count:>{widths[2]}}  "
-                f"{size:>{widths[3]}}  {free}"
-            )
-            lines.append(line.rstrip())
-        backed = f" ({format_size(self.file_backed)} file-backed)" if self.file_backed else ""
+                label, names, count, size = next(rows)
+                line = (
+                    f"  {label:{widths[0]}}  {names:{widths[1]}}  {count:>{widths[2]}}  "
+                    f"{size:>{widths[3]}}{_backed(e.file_backed)}"
+                )
+                lines.append(line.rstrip())
         arrays = sum(d.arrays for d in self.devices)
-        lines.append(f"total: {_count(arrays)}, {format_size(self.nbytes)}{backed}")
+        lines.append(
+            f"total: {_count(arrays)}, {format_size(self.nbytes)}{_backed(self.file_backed)}"
+        )
         return "\n".join(lines)
 
     def __rich__(self) -> Any:
@@ -183,10 +192,8 @@ def _count(n: int) -> str:
     return f"{n} array{'' if n == 1 else 's'}"
 
 
-def _bytes(nbytes: int, backed: int) -> str:
-    if backed:
-        return f"{format_size(nbytes)} ({format_size(backed)} file-backed)"
-    return format_size(nbytes)
+def _backed(nbytes: int) -> str:
+    return f" ({format_size(nbytes)} file-backed)" if nbytes else ""
 
 
 def _shown(name: str) -> str:

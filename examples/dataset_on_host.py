@@ -1,13 +1,15 @@
 """Keep a token dataset in host memory while the model and batches use the accelerator.
 
-Writes a synthetic uint16 token dataset (and a small model checkpoint) as safetensors,
+Writes a synthetic stream of uint16 tokens (and a small model checkpoint) as safetensors,
 loads both with `devpolicy.load_file` under `policies/dataset-on-host.yaml`, applied by
-`devpolicy.bootstrap` before JAX starts (no GPU preallocation, CPU fallback; tokens stay
-on the host, parameters go to the compute device), then runs a few training-style steps
-whose batches are sliced from the host-resident tokens and moved to the compute device
-ahead of use by `devpolicy.prefetch`. Every decision is logged on stderr; a per-device
-summary is printed at the end. On a machine without a GPU the policy falls back to the
-CPU and each event says why.
+`devpolicy.bootstrap` before JAX starts (no GPU preallocation, CPU fallback; the tokens
+stay on the host, mapped from their file, and the parameters go to the compute device),
+then runs a few training-style steps on batches of random windows that
+`devpolicy.windows` cuts from the host tokens (a zero-copy view: any offset works, past
+2**31 included) and sends to the compute device ahead of use. Every decision is logged
+on stderr; `devpolicy.report()` prints where the live bytes are at the end, by device and
+by rule. On a machine without a GPU the policy falls back to the CPU and each event says
+why.
 
     python examples/dataset_on_host.py --size 64MiB
 """
@@ -17,8 +19,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -34,9 +34,10 @@ WIDTH = 64
 
 
 def write_dataset(path: Path, nbytes: int, seed: int = 0) -> None:
-    """One `tokens` tensor of uint16 token ids, about `nbytes` large, laid out for zero-copy."""
-    rows = max(2, nbytes // (SEQ_LEN * 2))
-    tokens = np.random.default_rng(seed).integers(0, VOCAB, size=(rows, SEQ_LEN), dtype=np.uint16)
+    """One `tokens` tensor: a stream of uint16 token ids, about `nbytes` large, written at a
+    64-byte-aligned offset so that it can be mapped zero-copy."""
+    count = max(2 * SEQ_LEN, nbytes // 2)
+    tokens = np.random.default_rng(seed).integers(0, VOCAB, size=count, dtype=np.uint16)
     devpolicy.save_file({"tokens": tokens}, path)
 
 
@@ -51,23 +52,10 @@ def write_model(path: Path, seed: int = 1) -> None:
     )
 
 
-def batches(tokens: jax.Array, batch: int, steps: int) -> Iterator[jax.Array]:
-    """Slices of the host-resident tokens; prefetch moves each to the compute device."""
-    rows = tokens.shape[0]
-    for i in range(steps):
-        start = (i * batch) % max(1, rows - batch)
-        yield tokens[start : start + batch]
-
-
 @jax.jit
 def step(params: dict[str, jax.Array], batch: jax.Array) -> jax.Array:
     hidden = params["embed"][batch.astype(jnp.int32)]
     return jnp.mean(hidden @ params["out"])
-
-
-def where(x: jax.Array) -> str:
-    (device,) = x.devices()
-    return devpolicy.inventory().text(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,27 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         tokens = devpolicy.load_file(data)["tokens"]  # named dataset/tokens: stays on the host
         params = devpolicy.load_file(model)  # named model/embed, model/out: compute device
 
-        losses, batch_devices, batch_bytes = [], Counter(), Counter()
-        for batch in devpolicy.prefetch(batches(tokens, args.batch, args.steps), name="batch"):
-            batch_devices[where(batch)] += 1
-            batch_bytes[where(batch)] += batch.nbytes
+        # Random windows of the host tokens, each batch placed as "batch" (the compute
+        # device), two transfers in flight ahead of the step that uses them.
+        losses = []
+        stream = devpolicy.windows(
+            tokens, SEQ_LEN, args.batch, order="random", seed=0, steps=args.steps
+        )
+        for batch in stream:
             losses.append(float(step(params, batch)))
 
-        print(f"\n{'array':22} {'device':8} {'size':>10}")
-        per_device: Counter[str] = Counter()
-        for name, array in [
-            ("dataset/tokens", tokens),
-            *[(f"model/{k}", v) for k, v in params.items()],
-        ]:
-            per_device[where(array)] += array.nbytes
-            print(f"{name:22} {where(array):8} {devpolicy.format_size(array.nbytes):>10}")
-        for device, count in sorted(batch_devices.items()):
-            size = devpolicy.format_size(batch_bytes[device])  # all the batches together
-            print(f"{'batch x' + str(count):22} {device:8} {size:>10}")
-        summary = ", ".join(
-            f"{d} {devpolicy.format_size(n)}" for d, n in sorted(per_device.items())
-        )
-        print(f"\nper device: {summary}")
+        # Where the live bytes are now (the last batch is still held), by device and rule.
+        print(devpolicy.report())
         print(f"losses: {', '.join(f'{x:.4f}' for x in losses)}")
     return 0
 

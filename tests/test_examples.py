@@ -15,6 +15,22 @@ from tests.conftest import REPO
 POLICIES = sorted((REPO / "policies").glob("*.yaml"))
 
 
+def placed_on(report: str) -> dict[str, tuple[str, str]]:
+    """From `devpolicy.report()`'s printout: each name placed -> (device, its row)."""
+    found: dict[str, tuple[str, str]] = {}
+    device = ""
+    for line in report.splitlines():
+        header = re.match(r"^(\w+:\d+): ", line)
+        if header:
+            device = header[1]
+        elif line.startswith("  "):
+            cells = re.split(r" {2,}", line.strip())
+            if len(cells) >= 4:  # origin, names, arrays, bytes (unplaced rows have no names)
+                for name in cells[1].split(", "):
+                    found[name] = (device, line)
+    return found
+
+
 class TestExamples:
     def test_dataset_on_host_demo_runs_and_reports_placements(self) -> None:
         """The Quick start demo runs on this machine and logs every decision."""
@@ -36,11 +52,15 @@ class TestExamples:
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        assert "dataset/tokens" in result.stdout
-        assert "per device:" in result.stdout
-        assert re.search(r"^batch x2 +cpu:\d+ +\d+(\.\d+)? (B|KiB)$", result.stdout, re.M), (
-            "the batch row shows its size"
-        )
+        # The final table is devpolicy.report(): each array under its device and rule.
+        assert result.stdout.startswith("live arrays by device (devpolicy.report):\n")
+        placed = placed_on(result.stdout)
+        device, row = placed["dataset/tokens"]
+        assert re.match(r"^  \S*dataset-on-host\.yaml:\d+ ", row), "the rule's file and line"
+        assert row.endswith("1 array  1.0 MiB (1.0 MiB file-backed)"), "mapped, not read"
+        assert placed["model/embed"][1] == placed["model/out"][1]
+        assert re.search(r"  1 array  2\.0 KiB$", placed["batch"][1]), "the last batch: 8 x 128"
+        assert re.search(r"^total: \d+ arrays, ", result.stdout, re.M)
         # bootstrap() applied the policy's runtime: block before JAX started.
         assert "preallocate=False preallocate_source=policy" in result.stderr
         # One summary per file; a fallback's first occurrence is a warning with its name.
@@ -63,9 +83,11 @@ class TestExamples:
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        rows = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines() if line}
-        assert rows["dataset/tokens"] == "cpu:0"
-        assert rows["model/embed"] == "cpu:1"
+        placed = placed_on(result.stdout)
+        assert placed["dataset/tokens"][0] == "cpu:0"
+        assert placed["model/embed"][0] == "cpu:1"
+        assert placed["batch"][0] == "cpu:1"
+        assert placed["model/embed"][1].strip().startswith("env:DEVPOLICY_RULES item 0")
         assert "origin=env:DEVPOLICY_RULES" in result.stderr
 
     def test_demo_rejects_a_bad_size(self) -> None:

@@ -205,8 +205,8 @@ class TestText:
         text = str(devpolicy.report())
         lines = text.splitlines()
         assert lines[0] == "live arrays by device (devpolicy.report):"
-        device_line = next(line for line in lines if line.startswith("cpu:1 "))
-        assert "free (host RAM, shared)" in device_line
+        device_line = next(line for line in lines if line.startswith("cpu:1: "))
+        assert "free (host RAM)" in device_line
         rule_line = next(line for line in lines if "policy.yaml:3" in line)
         assert rule_line.startswith("  ")
         assert rule_line.split()[1:] == ["ckpt/a", "1", "array", "3.9", "KiB"]
