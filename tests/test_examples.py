@@ -56,6 +56,7 @@ class TestExamples:
         assert result.stdout.startswith("live arrays by device (devpolicy.report):\n")
         placed = placed_on(result.stdout)
         device, row = placed["dataset/tokens"]
+        assert device.startswith("cpu:"), "the tokens stay on the host"
         assert re.match(r"^  \S*dataset-on-host\.yaml:\d+ ", row), "the rule's file and line"
         assert row.endswith("1 array  1.0 MiB (1.0 MiB file-backed)"), "mapped, not read"
         assert placed["model/embed"][1] == placed["model/out"][1]
