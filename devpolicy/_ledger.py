@@ -329,9 +329,13 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
     inv = inventory()
     # (device, kind) -> (origin, rule) -> [arrays, bytes, file-backed, names]
     tally: dict[tuple[jax.Device, str | None], dict[tuple[str, int | None], list[Any]]] = {}
+    kinds: dict[tuple[jax.Device, str | None], tuple[jax.Device, str | None]] = {}
     for (device, kind, pointer), (nbytes, entry) in buffers.items():
         by = (entry[2], entry[3]) if entry is not None else (UNPLACED, None)
-        row = tally.setdefault((device, _kind(device, kind)), {}).setdefault(by, [0, 0, 0, set()])
+        slot = kinds.get((device, kind))
+        if slot is None:
+            slot = kinds[device, kind] = (device, _kind(device, kind))
+        row = tally.setdefault(slot, {}).setdefault(by, [0, 0, 0, set()])
         row[0] += 1
         row[1] += nbytes
         row[2] += nbytes if pointer > 0 and _in_file(pointer, files) else 0
