@@ -13,7 +13,7 @@ import bisect
 import weakref
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 
@@ -248,25 +248,32 @@ def _in_file(pointer: int, ranges: tuple[list[int], list[int]]) -> bool:
     return i >= 0 and pointer < ends[i]
 
 
-def _pieces(array: jax.Array) -> list[tuple[jax.Device, str | None, int, int]]:
-    """(device, memory kind, buffer address or a stand-in, bytes) of each local piece."""
+#: A buffer's address, or (id of its array, shard index) where there is none to compare.
+_Buffer: TypeAlias = "int | tuple[int, int]"
+
+
+def _pieces(array: jax.Array) -> list[tuple[jax.Device, str | None, _Buffer, int]]:
+    """(device, memory kind, buffer, bytes) of each local piece of `array`."""
     kind = getattr(array.sharding, "memory_kind", None)
     devices = array.devices()
     if len(devices) == 1:
         (device,) = devices
-        return [(device, kind, _pointer(array), array.nbytes)]
-    out = []
-    for shard in array.addressable_shards:
+        return [(device, kind, _buffer(array, array, 0), array.nbytes)]
+    out: list[tuple[jax.Device, str | None, _Buffer, int]] = []
+    for i, shard in enumerate(array.addressable_shards):
         data = shard.data
-        out.append((shard.device, kind, _pointer(data), data.nbytes))
+        out.append((shard.device, kind, _buffer(data, array, i), data.nbytes))
     return out
 
 
-def _pointer(array: jax.Array) -> int:
+def _buffer(piece: jax.Array, array: jax.Array, index: int) -> _Buffer:
+    """The piece's buffer address; a key no other buffer shares where a backend does not
+    say, or for an empty piece (empty buffers' addresses may coincide)."""
     try:
-        return int(array.unsafe_buffer_pointer())
-    except Exception:  # a backend that does not say: never merged with another array
-        return -id(array)
+        pointer = int(piece.unsafe_buffer_pointer())
+    except Exception:
+        return (id(array), index)
+    return pointer if pointer > 0 and piece.size else (id(array), index)
 
 
 def _live_arrays() -> list[jax.Array]:
@@ -314,7 +321,7 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
     files = _file_ranges()
     # (device, kind, buffer) -> bytes, record: a buffer seen twice is counted once, under
     # the record that names it if either does.
-    buffers: dict[tuple[jax.Device, str | None, int], tuple[int, _Record | None]] = {}
+    buffers: dict[tuple[jax.Device, str | None, _Buffer], tuple[int, _Record | None]] = {}
     for array in _live_arrays():
         if array.is_deleted():
             continue
@@ -338,7 +345,7 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
         row = tally.setdefault(slot, {}).setdefault(by, [0, 0, 0, set()])
         row[0] += 1
         row[1] += nbytes
-        row[2] += nbytes if pointer > 0 and _in_file(pointer, files) else 0
+        row[2] += nbytes if isinstance(pointer, int) and _in_file(pointer, files) else 0
         if entry is not None:
             row[3].add(entry[1])
     slots: list[tuple[jax.Device, str | None]] = [
