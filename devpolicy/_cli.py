@@ -104,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIMS",
         help="its shape, e.g. 8,1024: whether it divides over a sharding rule's mesh",
     )
+    explain.add_argument(
+        "--file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the file it is loaded from: rules with `file:` match only with one",
+    )
     _machine_options(explain, "decide")
     explain.add_argument("--json", action="store_true", help="print JSON")
 
@@ -441,12 +448,15 @@ def _report_check(
 def _explain(args: argparse.Namespace) -> int:
     policy = _load(args.policy)
     machine = _described_machine(args)
-    e = policy.explain(args.name, nbytes=args.bytes, shape=args.shape, machine=machine)
+    e = policy.explain(
+        args.name, nbytes=args.bytes, shape=args.shape, machine=machine, file=args.file
+    )
     matched = next((entry for entry, step in e.steps if step.matched), None)
     if args.json:
         payload = {
             "name": e.name,
             "nbytes": e.nbytes,
+            "file": None if args.file is None else str(args.file),
             "policy": policy.file,
             "rules": [
                 {
@@ -473,7 +483,10 @@ def _explain(args: argparse.Namespace) -> int:
     console = _console()
     size = "size unknown" if e.nbytes is None else devpolicy.format_size(e.nbytes)
     how = f"; found by {policy.found}" if args.policy is None else ""
-    console.print(_lit(f"{e.name} ({size}) under {policy.file or 'no policy file'}{how}"))
+    source = "" if args.file is None else f" from {args.file}"
+    console.print(
+        _lit(f"{e.name} ({size}){source} under {policy.file or 'no policy file'}{how}")
+    )
     table = Table(title="Rules, in the order tried", title_justify="left")
     for column in ("#", "origin", "layer", "result"):
         table.add_column(column)
