@@ -484,9 +484,7 @@ def _explain(args: argparse.Namespace) -> int:
     size = "size unknown" if e.nbytes is None else devpolicy.format_size(e.nbytes)
     how = f"; found by {policy.found}" if args.policy is None else ""
     source = "" if args.file is None else f" from {args.file}"
-    console.print(
-        _lit(f"{e.name} ({size}){source} under {policy.file or 'no policy file'}{how}")
-    )
+    console.print(_lit(f"{e.name} ({size}){source} under {policy.file or 'no policy file'}{how}"))
     table = Table(title="Rules, in the order tried", title_justify="left")
     for column in ("#", "origin", "layer", "result"):
         table.add_column(column)

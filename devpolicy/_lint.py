@@ -287,7 +287,7 @@ def _file_rules(rules: tuple[RuleEntry, ...]) -> list[Finding]:
         why = None
         if "\\" in glob:
             why = "it holds `\\`, but paths are matched with `/` between components"
-        elif glob.endswith("/") or glob.endswith("/."):
+        elif glob.endswith(("/", "/.")):
             why = "it ends in `/`, but paths are matched without a trailing `/`; drop it"
         elif glob.startswith("./"):
             why = "it starts with `./`, but paths are matched normalised; drop the `./`"

@@ -73,7 +73,9 @@ def source_file(file: str | os.PathLike[str] | SourceFile | None) -> SourceFile 
     if file is None or isinstance(file, SourceFile):
         return file
     if not isinstance(file, str | os.PathLike):
-        raise TypeError(f"file must be a path (str or os.PathLike), got {type(file).__name__} {file!r}")
+        raise TypeError(
+            f"file must be a path (str or os.PathLike), got {type(file).__name__} {file!r}"
+        )
     return SourceFile.of(file)
 
 
@@ -264,9 +266,7 @@ class Matcher:
                     break
         return tuple(hits)
 
-    def first(
-        self, name: str, nbytes: int | None, source: SourceFile | None = None
-    ) -> int | None:
+    def first(self, name: str, nbytes: int | None, source: SourceFile | None = None) -> int | None:
         """The first rule matching `name` with size `nbytes` from file `source`, or None."""
         for i in self.candidates(name):
             if self._conditions[i].problem(nbytes, source) is None:

@@ -201,9 +201,7 @@ class Policy:
                 f"explain(machine=...) takes a devpolicy.VirtualMachine, got "
                 f"{type(machine).__name__} {machine!r}"
             )
-        return Decider(self.decider.settings, machine, machine).explain(
-            name, nbytes, shape, source
-        )
+        return Decider(self.decider.settings, machine, machine).explain(name, nbytes, shape, source)
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
         """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""

@@ -114,7 +114,10 @@ class TestFitsRules:
         )
         d = policy.resolve("x", nbytes=10**6)
         assert d.device_text == "cpu:2"
-        assert d.fallback_reason == "cpu:1: needs 976.6 KiB, 1 B free on cpu:1, keeping 10% free; used cpu:2"
+        assert (
+            d.fallback_reason
+            == "cpu:1: needs 976.6 KiB, 1 B free on cpu:1, keeping 10% free; used cpu:2"
+        )
 
     def test_fits_false_takes_the_target_unjudged(self) -> None:
         """`fits: false` is the way out: the rule's target is taken whatever its memory says."""
