@@ -369,6 +369,7 @@ class Decider(Generic[DeviceT]):
         "_rejects",
         "_routes",
         "_singles",
+        "_walked",
         "capacity",
         "disabled",
         "events",
@@ -426,6 +427,10 @@ class Decider(Generic[DeviceT]):
         self._recent: dict[object, Decision[DeviceT]] = {}
         self._old: dict[object, Decision[DeviceT]] = {}
         self._singles: dict[tuple[Any, str | None], SingleDeviceSharding] = {}
+        # Sized decisions: (route, walk's end, decision) by key, checked by walking again.
+        self._walked: dict[
+            object, tuple[Route[DeviceT], Choice[DeviceT], Decision[DeviceT]]
+        ] = {}
 
     @property
     def routes(self) -> tuple[Route[DeviceT], ...]:
@@ -464,6 +469,7 @@ class Decider(Generic[DeviceT]):
         first_level: str,
         maps: int = NEVER_MAPPED,
         source: SourceFile | None = None,
+        fit: Fit[DeviceT] | None = None,
     ) -> Decision[DeviceT]:
         nbytes, shape = _checked(nbytes, shape)
         key: object = (
@@ -478,9 +484,25 @@ class Decider(Generic[DeviceT]):
         ):
             self.events.repeat("placement", decision.event_fields)
             return decision
-        decision, choice = self._decision(name, nbytes, shape, claimed, maps, source)
+        fit = self._fit if fit is None else fit
+        walked = self._walked.get(key)
+        if walked is not None:
+            # Judged by free memory: the rule is the same, but the walk is taken again
+            # (memory changes); when it ends the same way, the decision built is reused.
+            route, before, decision = walked
+            again = route.walk(name, nbytes, fit, claimed, shape, maps)
+            if again == before and (
+                not decision.is_auto or decision.device == self.machine.default_device()
+            ):
+                self.events.repeat("placement", decision.event_fields)
+                return decision
+        decision, choice, route = self._decision(name, nbytes, shape, claimed, maps, source, fit)
         if not choice.sized:
             self._remember(key, decision)
+        else:
+            if len(self._walked) >= CACHE_GENERATION:
+                self._walked.clear()
+            self._walked[key] = (route, choice, decision)
         first = (name, decision.device_text, decision.rule, decision.origin)
         if decision.fallback_reason is not None and self.events.first_time(
             ("fallback", decision.origin, decision.requested, decision.device_text, choice.short)
@@ -544,10 +566,11 @@ class Decider(Generic[DeviceT]):
         claimed: dict[Hashable, int] = {}
         decisions = []
         first_level = "debug" if summarised else "info"
+        fit = self._fit.snapshot()  # one placement: each pool's free memory read once
         for item in items:
             name, nbytes, shape, maps, source = _unpacked(item)
-            decision = self._resolve(name, nbytes, shape, claimed, first_level, maps, source)
-            _claim(claimed, decision, self._fit, maps)
+            decision = self._resolve(name, nbytes, shape, claimed, first_level, maps, source, fit)
+            _claim(claimed, decision, fit, maps)
             decisions.append(decision)
         return decisions
 
@@ -565,14 +588,15 @@ class Decider(Generic[DeviceT]):
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
         claimed: dict[Hashable, int] = {}
         results: list[Decision[DeviceT] | DevicePolicyError] = []
+        fit = self._fit.snapshot()
         for item in items:
             name, nbytes, shape, maps, source = _unpacked(item)
             try:
-                decision = self._decision(name, nbytes, shape, claimed, maps, source)[0]
+                decision = self._decision(name, nbytes, shape, claimed, maps, source, fit)[0]
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            _claim(claimed, decision, self._fit, maps)
+            _claim(claimed, decision, fit, maps)
             results.append(decision)
         return results
 
@@ -603,14 +627,16 @@ class Decider(Generic[DeviceT]):
         claimed: Mapping[Hashable, int],
         maps: int = NEVER_MAPPED,
         source: SourceFile | None = None,
-    ) -> tuple[Decision[DeviceT], Choice[DeviceT]]:
-        """The decision (or its error, raised), and the walk's end (unsized: cacheable)."""
-        outcome = self._outcome(name, nbytes, shape, claimed, maps, source)
+        fit: Fit[DeviceT] | None = None,
+    ) -> tuple[Decision[DeviceT], Choice[DeviceT], Route[DeviceT]]:
+        """The decision (or its error, raised), the walk's end (unsized: cacheable) and
+        the route walked."""
+        outcome = self._outcome(name, nbytes, shape, claimed, maps, source, fit)
         if isinstance(outcome.choice, DevicePolicyError):
             raise outcome.choice
         choice = outcome.choice
         decision = self._build(name, nbytes, outcome.rule, outcome.route, choice)
-        return decision, choice
+        return decision, choice, outcome.route
 
     def _outcome(
         self,
@@ -620,6 +646,7 @@ class Decider(Generic[DeviceT]):
         claimed: Mapping[Hashable, int],
         maps: int = NEVER_MAPPED,
         source: SourceFile | None = None,
+        fit: Fit[DeviceT] | None = None,
     ) -> _Outcome[DeviceT]:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
@@ -636,7 +663,9 @@ class Decider(Generic[DeviceT]):
             error = UnmatchedNameError(name, self.settings.default.origin, patterns)
             return _Outcome(None, route, error)
         try:
-            choice = route.choose(name, nbytes, self._fit, claimed, shape, maps)
+            choice = route.choose(
+                name, nbytes, self._fit if fit is None else fit, claimed, shape, maps
+            )
         except DeviceUnavailableError as e:
             return _Outcome(index, route, e)
         return _Outcome(index, route, choice)

@@ -66,12 +66,36 @@ class _Short:
     platform: str
 
 
+class _Once(Generic[D]):
+    """A capacity that asks its source once per device (and keeps its pools)."""
+
+    __slots__ = ("_free", "_source")
+
+    def __init__(self, source: Capacity[D]) -> None:
+        self._source = source
+        self._free: dict[D, int | None] = {}
+
+    def free_bytes(self, device: D) -> int | None:
+        if device in self._free:
+            return self._free[device]
+        free = self._free[device] = self._source.free_bytes(device)
+        return free
+
+    def pool(self, device: D) -> Hashable:
+        return pool_of(self._source, device)
+
+
 @dataclass(frozen=True, slots=True)
 class Fit(Generic[D]):
     """How memory-aware placement judges a size: by `capacity`, keeping `headroom` free."""
 
     capacity: Capacity[D]
     headroom: float
+
+    def snapshot(self) -> Fit[D]:
+        """This fit with free memory read once per device: for one placement (a file's
+        tensors, a pytree's leaves), whose earlier items are counted as claims instead."""
+        return Fit(_Once(self.capacity), self.headroom)
 
     def pool(self, device: D) -> Hashable:
         """The memory pool `device` draws on (every CPU device shares the host's)."""
