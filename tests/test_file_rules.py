@@ -159,6 +159,24 @@ class TestTheStory:
         assert summary["mapped"] == 1
 
 
+class TestThePlanCommandNamesTheRuleToWrite:
+    def test_a_large_tensor_only_the_default_placed_gets_the_rule(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`plan` of a 19 GiB file no rule names: the rule that would keep it on the host."""
+        path = sparse_tensor_file(tmp_path / "tokens.safetensors", STORY_TOKENS)
+        policy = write(tmp_path / "p.yaml", "version: 1\ndefault: auto\nfallback: [gpu, cpu]\n")
+        status = exit_status(
+            ["plan", str(path), "--policy", str(policy), "--devices", *GPU_MACHINE]
+        )
+        out = capsys.readouterr().out
+        assert status == 0
+        assert (
+            "tokens/tokens: 19.1 GiB placed by the default only (gpu:0); to say where it goes "
+            'on every machine, add a rule:\n  - file: "tokens.safetensors"\n    device: cpu\n'
+        ) in out
+
+
 class TestFileConditions:
     def test_a_file_rule_never_matches_a_name_placed_without_a_file(self) -> None:
         """No file given: the rule is passed over, and explain says why."""

@@ -195,3 +195,21 @@ class TestNothingCanHoldIt:
         unmapped = policy.plan(path, machine=machine, mmap=False)
         assert unmapped.tensors[0].decision is None
         assert not unmapped.fits
+
+    def test_the_plan_command_lists_each_devices_free_memory(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`devpolicy plan` on a machine too small everywhere: every target tried, with
+        its device's memory, and exit 1."""
+        path = sparse_tensor_file(tmp_path / "tokens.safetensors", STORY_TOKENS)
+        policy = write(tmp_path / "p.yaml", "version: 1\ndefault: auto\nfallback: [gpu, cpu]\n")
+        status = exit_status(
+            [
+                "plan", str(path), "--policy", str(policy),
+                "--devices", "gpu=1x16GiB", "--devices", "cpu=1x16GiB",
+            ]
+        )  # fmt: skip
+        out = capsys.readouterr().out
+        assert status == 1
+        assert "    gpu: needs 19.1 GiB, 16.0 GiB free on gpu:0, keeping 10% free\n" in out
+        assert "    cpu: needs 19.1 GiB, 16.0 GiB free on cpu:0, keeping 10% free\n" in out
