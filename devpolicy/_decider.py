@@ -428,9 +428,7 @@ class Decider(Generic[DeviceT]):
         self._old: dict[object, Decision[DeviceT]] = {}
         self._singles: dict[tuple[Any, str | None], SingleDeviceSharding] = {}
         # Sized decisions: (route, walk's end, decision) by key, checked by walking again.
-        self._walked: dict[
-            object, tuple[Route[DeviceT], Choice[DeviceT], Decision[DeviceT]]
-        ] = {}
+        self._walked: dict[object, tuple[Route[DeviceT], Choice[DeviceT], Decision[DeviceT]]] = {}
 
     @property
     def routes(self) -> tuple[Route[DeviceT], ...]:
