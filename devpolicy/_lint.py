@@ -32,7 +32,7 @@ class Finding:
         origin: Where: `file:line`, `env:DEVPOLICY_RULES`, ...
         code: A stable short name: `unreachable-rule`, `missing-device`,
             `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
-            `runtime-conflict`, `runtime-env-wins`.
+            `runtime-conflict`, `runtime-env-wins`, `file-never-matches`.
         message: What is wrong and what to do.
     """
 
@@ -71,13 +71,14 @@ def lint(policy: Policy) -> list[Finding]:
     # per chain, not per rule (five `cpu:N` rules are one concern, not five).
     unsafe: dict[tuple[str, ...], list[tuple[str, str]]] = {}
     for position, (entry, route) in enumerate(zip(policy.rules, decider.routes, strict=True)):
-        label = f"rule {position} ({_pattern(entry)!r})"
+        label = f"rule {position} ({entry.spec.label})"
         findings += _chain(label, entry.origin, route, fit, unsafe)
     if decider.default_route is not None:
         findings += _chain(
             "the default", settings.default.origin, decider.default_route, fit, unsafe
         )
     findings += [_no_safe_end(chain, users) for chain, users in unsafe.items()]
+    findings += _file_rules(policy.rules)
     return findings + _unused_meshes(policy) + _runtime_findings(policy)
 
 
@@ -103,11 +104,11 @@ def _no_safe_end(chain: tuple[str, ...], users: list[tuple[str, str]]) -> Findin
 
 
 def _pattern(entry: RuleEntry) -> str:
-    return entry.spec.match if entry.spec.match is not None else str(entry.spec.regex)
+    return entry.spec.name_pattern[0]
 
 
 def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
-    patterns = [(_pattern(entry), entry.spec.regex is not None) for entry in rules]
+    patterns = [entry.spec.name_pattern for entry in rules]
     # Only an earlier rule whose literal prefix starts this one's (or starts with it) can
     # match its names: compare those, not every pair.
     index = PrefixIndex(patterns)
@@ -130,7 +131,8 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
                 earlier_ones = [i for i in earlier_ones if _related(suffixes.prefix(i), end)]
         # A glob with a wildcard right after its prefix has names that leave any longer
         # prefix there: no earlier rule with a longer prefix can cover it.
-        free = later.spec.match is not None and later.spec.match[len(prefix) : len(prefix) + 1] in (
+        later_glob = _pattern(later) if later.spec.regex is None else None
+        free = later_glob is not None and later_glob[len(prefix) : len(prefix) + 1] in (
             "*",
             "?",
         )
@@ -145,8 +147,8 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
                         "error",
                         later.origin,
                         "unreachable-rule",
-                        f"rule {j} ({_pattern(later)!r}) can never match: rule {i} at "
-                        f"{earlier.origin} ({_pattern(earlier)!r}) {why}; "
+                        f"rule {j} ({later.spec.label}) can never match: rule {i} at "
+                        f"{earlier.origin} ({earlier.spec.label}) {why}; "
                         "move it earlier or remove it",
                     )
                 )
@@ -165,6 +167,8 @@ def _related(a: str, b: str) -> bool:
 def _covers(earlier: RuleEntry, later: RuleEntry, judge: CoverJudge) -> str | None:
     """Why `earlier` matches every name and size `later` would, or None if not (or unknown)."""
     a, b = earlier.spec, later.spec
+    if a.file is not None and a.file != b.file:
+        return None  # `earlier` takes only its file's tensors: `later` may take others
     if a.min_bytes is not None or a.max_bytes is not None:
         if b.min_bytes is None and b.max_bytes is None:
             return None  # `later` also matches unsized names, which `earlier` never does
@@ -266,6 +270,42 @@ def _everywhere(target: Target | ShardingTarget) -> bool:
     if isinstance(target, ShardingTarget):
         return False  # a mesh needs devices a machine may lack
     return target.is_auto or (target.platform == "cpu" and not target.index)
+
+
+# Text a path never holds once normalised (as `file:` globs see paths): each with the fix.
+_UNNORMAL = (("//", "write one `/`"), ("/./", "drop the `./`"), ("/../", "name the directory"))
+
+
+def _file_rules(rules: tuple[RuleEntry, ...]) -> list[Finding]:
+    """`file:` globs no path can match: paths are matched normalised (no `./`, no `//`,
+    no trailing `/`) and with `/` between components."""
+    findings = []
+    for position, entry in enumerate(rules):
+        glob = entry.spec.file
+        if glob is None:
+            continue
+        why = None
+        if "\\" in glob:
+            why = "it holds `\\`, but paths are matched with `/` between components"
+        elif glob.endswith(("/", "/.")):
+            why = "it ends in `/`, but paths are matched without a trailing `/`; drop it"
+        elif glob.startswith("./"):
+            why = "it starts with `./`, but paths are matched normalised; drop the `./`"
+        else:
+            for text, fix in _UNNORMAL:
+                if text in glob.lstrip("./") if text == "/../" else text in glob:
+                    why = f"it holds `{text}`, which a normalised path never does; {fix}"
+                    break
+        if why is not None:
+            findings.append(
+                Finding(
+                    "error",
+                    entry.origin,
+                    "file-never-matches",
+                    f"rule {position} ({entry.spec.label}) can never match a file: {why}",
+                )
+            )
+    return findings
 
 
 def _runtime_findings(policy: Policy) -> list[Finding]:

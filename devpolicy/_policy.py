@@ -17,6 +17,7 @@ from ._inventory import THIS_PROCESS
 from ._layers import RuleEntry, Settings
 from ._logging import EventLog
 from ._machine import VirtualMachine
+from ._matching import source_file
 from ._placement import Inputs, Scope, Scopes, make_place, move_to, put
 from ._safetensors import Plan
 
@@ -96,7 +97,12 @@ class Policy:
         return f"<Policy file={self.file!r} rules={len(self.rules)} default={default!r}>"
 
     def resolve(
-        self, name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+        self,
+        name: str,
+        *,
+        nbytes: int | None = None,
+        shape: tuple[int, ...] | None = None,
+        file: str | os.PathLike[str] | None = None,
     ) -> Decision:
         """Decide where `name` goes, and log the decision.
 
@@ -106,6 +112,8 @@ class Policy:
         Args:
             name: What is being placed (`dataset/train`, `model/layer0/w`).
             nbytes: Its size, if known; rules with `min_bytes`/`max_bytes` match only when given.
+            shape: Its shape, if known: whether it divides over a sharding rule's mesh.
+            file: The file it comes from, if any: rules with `file:` match only then.
 
         Raises:
             DeviceUnavailableError: when neither the target nor its fallbacks can be had,
@@ -118,7 +126,7 @@ class Policy:
             >>> p.resolve("x", nbytes=4096).device_text, p.resolve("x").rule
             ('cpu:2', None)
         """
-        return self.decider.resolve(name, nbytes, shape)
+        return self.decider.resolve(name, nbytes, shape, source_file(file))
 
     def resolve_many(self, items: Iterable[tuple[str, int | None]]) -> list[Decision]:
         """Resolve several (name, nbytes) pairs as one placement, each logged.
@@ -143,7 +151,12 @@ class Policy:
         return self.decider.decide_many(items)
 
     def decide(
-        self, name: str, *, nbytes: int | None = None, shape: tuple[int, ...] | None = None
+        self,
+        name: str,
+        *,
+        nbytes: int | None = None,
+        shape: tuple[int, ...] | None = None,
+        file: str | os.PathLike[str] | None = None,
     ) -> Decision:
         """Like `resolve`, but logs nothing and caches nothing: for plans and tools.
 
@@ -152,7 +165,7 @@ class Policy:
             >>> devpolicy.load_policy({"version": 1, "default": "cpu:3"}).decide("x").device_text
             'cpu:3'
         """
-        return self.decider.decide(name, nbytes, shape)
+        return self.decider.decide(name, nbytes, shape, source_file(file))
 
     def explain(
         self,
@@ -161,11 +174,13 @@ class Policy:
         nbytes: int | None = None,
         shape: tuple[int, ...] | None = None,
         machine: VirtualMachine | None = None,
+        file: str | os.PathLike[str] | None = None,
     ) -> Explanation[Any]:
         """Every rule tried for `name` and every fallback step, without logging.
 
         `machine`: explain the decision on a machine you do not have (a `VirtualMachine`,
-        also the capacity judged by), as `plan(..., machine=...)` does.
+        also the capacity judged by), as `plan(..., machine=...)` does. `file`: the file
+        the array comes from (rules with `file:` match only with one, and say so).
 
         Example:
             >>> import devpolicy
@@ -178,14 +193,15 @@ class Policy:
             >>> p2.explain("w", machine=vm).decision.device_text
             'gpu:1'
         """
+        source = source_file(file)
         if machine is None:
-            return self.decider.explain(name, nbytes, shape)
+            return self.decider.explain(name, nbytes, shape, source)
         if not isinstance(machine, VirtualMachine):
             raise TypeError(
                 f"explain(machine=...) takes a devpolicy.VirtualMachine, got "
                 f"{type(machine).__name__} {machine!r}"
             )
-        return Decider(self.decider.settings, machine, machine).explain(name, nbytes, shape)
+        return Decider(self.decider.settings, machine, machine).explain(name, nbytes, shape, source)
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
         """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""

@@ -44,6 +44,8 @@ class Choice(Generic[D]):
         sharding: The NamedSharding when the target is a sharding (None also on a machine
             whose devices do not exist here), else None.
         mesh: The mesh it shards over, else None.
+        short: Whether a target was passed over because the bytes did not fit its memory.
+        short_accelerator: Whether that happened to an accelerator (not a host device).
     """
 
     device: D | None
@@ -52,6 +54,35 @@ class Choice(Generic[D]):
     sized: bool
     sharding: NamedSharding | None = None
     mesh: BuiltMesh[D] | None = None
+    short: bool = False
+    short_accelerator: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Short:
+    """A sharding passed over because a device's share did not fit: why, and its platform."""
+
+    reason: str
+    platform: str
+
+
+class _Once(Generic[D]):
+    """A capacity that asks its source once per device (and keeps its pools)."""
+
+    __slots__ = ("_free", "_source")
+
+    def __init__(self, source: Capacity[D]) -> None:
+        self._source = source
+        self._free: dict[D, int | None] = {}
+
+    def free_bytes(self, device: D) -> int | None:
+        if device in self._free:
+            return self._free[device]
+        free = self._free[device] = self._source.free_bytes(device)
+        return free
+
+    def pool(self, device: D) -> Hashable:
+        return pool_of(self._source, device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +91,11 @@ class Fit(Generic[D]):
 
     capacity: Capacity[D]
     headroom: float
+
+    def snapshot(self) -> Fit[D]:
+        """This fit with free memory read once per device: for one placement (a file's
+        tensors, a pytree's leaves), whose earlier items are counted as claims instead."""
+        return Fit(_Once(self.capacity), self.headroom)
 
     def pool(self, device: D) -> Hashable:
         """The memory pool `device` draws on (every CPU device shares the host's)."""
@@ -89,7 +125,8 @@ class Route(Generic[D]):
         memory_kind: The memory kind asked for, or None.
         strict: Whether only the first target may be used.
         context: Where the chain was written, for error messages (` (rule x.yaml:4)`).
-        fits: Whether every target is judged by size (the rule's `fits`), not only `auto`.
+        fits: Whether every target is judged by size (the rule's `fits`, true unless it
+            says `false`), not only `auto`.
     """
 
     __slots__ = (
@@ -173,27 +210,36 @@ class Route(Generic[D]):
     ) -> Choice[D] | DeviceUnavailableError:
         """Try each target of the chain in order (only the first under strict).
 
-        With a size known, `auto` targets (and every target of a `fits` rule) are used only
-        if the size fits beside `claimed`; the last target of the chain is used even then,
-        unless strict. A sharding is used only if its mesh can be built here and, with a
-        shape known, the array divides over it; a `fits` rule judges each device's share.
-        An array a loader would map from its file (`maps`) takes no memory on a host device:
-        it is not judged there.
+        With a size known, every target (`auto`, each fallback; a sharding by each
+        device's share) is used only if the bytes fit its free memory beside `claimed`,
+        keeping the headroom; one that cannot hold them is passed over with the reason,
+        and when no target can, the result is the error (nothing is taken "anyway"). A
+        rule's `fits: false` takes its targets unjudged (`auto` is still judged). A
+        sharding is used only if its mesh can be built here and, with a shape known, the
+        array divides over it. An array a loader would map from its file (`maps`) takes
+        no memory on a host device: it is not judged there.
         """
         mapped = maps == ALWAYS_MAPPED or (maps == MAPPED_IF_RULE and self.mmap)
         machine = self.meshes.machine
         tried: list[tuple[str, str]] = []
         chain = self.tried_chain
-        sized = False
-        for position, target in enumerate(chain, start=1):
+        sized = short = accelerator = False
+        for target in chain:
             if isinstance(target, ShardingTarget):
                 sharded = self._sharded(target, nbytes, fit, claimed, shape)
                 if isinstance(sharded, str):
                     tried.append((target.text, sharded))
                     continue
+                if isinstance(sharded, _Short):
+                    tried.append((target.text, sharded.reason))
+                    short = True
+                    accelerator = accelerator or sharded.platform != "cpu"
+                    continue
                 built, sharding, judged = sharded
                 sized = sized or judged
-                return Choice(built.local[0], target, tuple(tried), sized, sharding, built)
+                return Choice(
+                    built.local[0], target, tuple(tried), sized, sharding, built, short, accelerator
+                )
             found: D | str
             found = machine.default_device() if target.is_auto else machine.find(target)
             if not isinstance(found, str) and self.memory_kind is not None:
@@ -202,9 +248,11 @@ class Route(Generic[D]):
                     found = (
                         f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
                     )
+            if isinstance(found, str):
+                tried.append((target.text, found))
+                continue
             if (
-                not isinstance(found, str)
-                and nbytes is not None
+                nbytes is not None
                 and (self.fits or target.is_auto)
                 and not (mapped and getattr(found, "platform", None) == "cpu")
             ):
@@ -213,16 +261,16 @@ class Route(Generic[D]):
                     found, nbytes, claimed.get(fit.pool(found), 0), machine.text
                 )
                 if too_small is not None:
-                    if position < len(chain) or self.strict:
-                        tried.append((target.text, too_small))
-                        continue
-                    tried.append((target.text, f"{too_small}; placed anyway, nothing else to try"))
-            if isinstance(found, str):
-                tried.append((target.text, found))
-                continue
-            return Choice(None if target.is_auto else found, target, tuple(tried), sized)
+                    tried.append((target.text, too_small))
+                    short = True
+                    accelerator = accelerator or getattr(found, "platform", None) != "cpu"
+                    continue
+            device = None if target.is_auto else found
+            return Choice(device, target, tuple(tried), sized, None, None, short, accelerator)
         context = f" for name {name!r}{self.context}"
         platforms = {t.platform for t in chain if not isinstance(t, ShardingTarget)}
+        if short and nbytes is not None:
+            context += f": nothing in the chain can hold {format_size(nbytes)}"
         if self.strict:
             context += " (strict: no fallback)"
         elif len(self.chain) == 1:
@@ -237,7 +285,7 @@ class Route(Generic[D]):
         fit: Fit[D],
         claimed: Mapping[Hashable, int],
         shape: tuple[int, ...] | None,
-    ) -> tuple[BuiltMesh[D], NamedSharding | None, bool] | str:
+    ) -> tuple[BuiltMesh[D], NamedSharding | None, bool] | str | _Short:
         found = self.meshes.sharding(target, self.memory_kind, shape)
         if isinstance(found, str):
             return found
@@ -257,5 +305,5 @@ class Route(Generic[D]):
                 device, pools[pool], claimed.get(pool, 0), self.meshes.machine.text
             )
             if too_small is not None:
-                return f"each device's share: {too_small}"
+                return _Short(f"each device's share: {too_small}", getattr(device, "platform", ""))
         return built, sharding, True

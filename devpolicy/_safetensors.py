@@ -25,6 +25,7 @@ from ._ledger import record
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
 from ._machine import VirtualMachine
+from ._matching import SourceFile
 from ._narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ._sizes import format_size
@@ -52,7 +53,14 @@ _NARROW = {"I64": np.dtype(np.int32), "U64": np.dtype(np.uint32), "F64": np.dtyp
 
 
 def _names(header: Header, stem: str) -> list[str]:
+    """Each tensor's name: `<prefix>/<key>`, or the key alone under an empty prefix."""
     return [f"{stem}/{t.key}" if stem else t.key for t in header.tensors]
+
+
+def _sources(files: tuple[Any, ...], path: PathLike) -> list[SourceFile]:
+    """Each file's source for `file:` rules: its own path and the path it was loaded by
+    (a checkpoint's directory or index; the same file otherwise)."""
+    return [SourceFile.of(file, path) for file in files]
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -145,12 +153,13 @@ def load_file(
         checkpoint.check([h for _, h in headers])
         stem = checkpoint.stem if prefix is None else prefix
         names = [_names(header, stem) for _, header in headers]
+        sources = _sources(checkpoint.files, path)
         x64 = _x64()
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
             [
-                (n, t.nbytes, t.shape, _maps(t, mmap, x64))
-                for (_, header), file_names in zip(headers, names, strict=True)
+                (n, t.nbytes, t.shape, _maps(t, mmap, x64), source)
+                for (_, header), file_names, source in zip(headers, names, sources, strict=True)
                 for n, t in zip(file_names, header.tensors, strict=True)
             ],
             summarised=True,
@@ -832,12 +841,13 @@ def _plan(
     stem = checkpoint.stem if prefix is None else prefix
     entries = [(header, entry) for header in headers for entry in header.tensors]
     names = [n for header in headers for n in _names(header, stem)]
+    by_file = dict(zip(checkpoint.files, _sources(checkpoint.files, path), strict=True))
     x64 = _x64()
     hints = [_maps(e, mmap, x64) for _, e in entries]
     outcomes = decider.decide_many(
         [
-            (n, e.nbytes, e.shape, hint)
-            for n, (_, e), hint in zip(names, entries, hints, strict=True)
+            (n, e.nbytes, e.shape, hint, by_file[header.path])
+            for n, (header, e), hint in zip(names, entries, hints, strict=True)
         ]
     )
     tensors = []

@@ -259,6 +259,15 @@ class RuleSpec(_Strict):
         description="Regular expression that must match the whole name: Python syntax, "
         "matched by RE2 in linear time (no backreferences or lookaround).",
     )
+    file: str | None = Field(
+        None,
+        description="Glob on the file a tensor comes from (load_file, plan; for a checkpoint, "
+        "its member file or the checkpoint's directory or index), tried on the path as "
+        "written and as resolved. Without `/` it matches the file's name "
+        "(`train*.safetensors`); with `/` the whole path or any tail of it after a `/` "
+        "(`data/*.safetensors`). A rule with `file` never matches a name placed without a "
+        "file; alone (no `match`/`regex`) it takes every name of the file.",
+    )
     device: TargetText | None = Field(
         None, description="Where matching names go (give this or `sharding`)."
     )
@@ -280,9 +289,10 @@ class RuleSpec(_Strict):
         True, description="Commit results of @place to the decided device so they cannot migrate."
     )
     fits: StrictBool = Field(
-        False,
+        True,
         description="With a known size, use a target only if the bytes fit in its free memory "
-        "(minus the policy's headroom); else the next in the fallback chain.",
+        "(minus the policy's headroom); else the next in the fallback chain (the default). "
+        "`false` takes the rule's targets without judging memory.",
     )
     mmap: StrictBool = Field(
         False,
@@ -302,6 +312,32 @@ class RuleSpec(_Strict):
             raise _fail("empty pattern matches only the empty name; use '*' to match everything")
         return value
 
+    @field_validator("file")
+    @classmethod
+    def _file_glob_not_empty(cls, value: str | None) -> str | None:
+        if value is not None and value.strip() == "":
+            raise _fail("empty file glob matches no file; e.g. 'train*.safetensors'")
+        if value is not None and "\0" in value:
+            raise _fail(f"a file glob cannot hold a NUL character, got {value!r}")
+        return value
+
+    @property
+    def name_pattern(self) -> tuple[str, bool]:
+        """The name pattern and whether it is a regex: `*` for a rule with `file` alone."""
+        if self.regex is not None:
+            return self.regex, True
+        return ("*" if self.match is None else self.match), False
+
+    @property
+    def label(self) -> str:
+        """How messages name the rule: its pattern, and its file glob if any."""
+        pattern, _ = self.name_pattern
+        if self.file is None:
+            return repr(pattern)
+        if self.match is None and self.regex is None:
+            return f"file {self.file!r}"
+        return f"{pattern!r} file {self.file!r}"
+
     @field_validator("regex")
     @classmethod
     def _regex_compiles(cls, value: str | None) -> str | None:
@@ -315,8 +351,13 @@ class RuleSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_pattern_and_ordered_sizes(self) -> RuleSpec:
-        if (self.match is None) == (self.regex is None):
-            raise _fail("give exactly one of `match` (a glob) or `regex`")
+        if self.match is not None and self.regex is not None:
+            raise _fail("give exactly one of `match` (a glob) or `regex`, not both")
+        if self.match is None and self.regex is None and self.file is None:
+            raise _fail(
+                "give exactly one of `match` (a glob) or `regex` for names, or `file` (a glob) "
+                "for the file tensors come from"
+            )
         if (self.device is None) == (self.sharding is None):
             raise _fail(
                 "give exactly one of `device` (a target such as cpu or gpu:1) or `sharding` "

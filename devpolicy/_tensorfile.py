@@ -683,7 +683,8 @@ class Checkpoint:
 
     Attributes:
         files: The safetensors files, in the order their tensors are listed.
-        stem: The default name prefix: a file's stem, or a checkpoint directory's name.
+        stem: The default name prefix: a file's stem, or a checkpoint directory's name
+            (for a Hugging Face cache snapshot, the repository's name: see `default_prefix`).
         index: The index file, if the checkpoint has one.
         expected: Per file, the tensors the index puts in it (empty without an index).
     """
@@ -742,16 +743,36 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                 given, f"holds several checkpoint indexes ({names}): name one"
             )
         if indexes:
-            return _from_index(indexes[0], given.name)
+            return _from_index(indexes[0], default_prefix(given, given.name))
         files = tuple(sorted(given.glob("*.safetensors")))
         if not files:
             raise SafetensorsFileError(
                 given, "a directory without .safetensors files or a *.safetensors.index.json"
             )
-        return Checkpoint(files, given.name)
+        return Checkpoint(files, default_prefix(given, given.name))
     if given.name.endswith(INDEX_SUFFIX):
-        return _from_index(given, given.parent.resolve().name)
+        return _from_index(given, default_prefix(given.parent, given.parent.resolve().name))
     return Checkpoint((given,), given.name.removesuffix(".safetensors"))
+
+
+def default_prefix(directory: Path, otherwise: str) -> str:
+    """The name prefix of a checkpoint directory's tensors: its name, except in a Hugging
+    Face cache snapshot (`.../models--ORG--NAME/snapshots/<commit>`), whose name is a
+    commit hash: there the repository's `NAME`; elsewhere `otherwise`.
+
+    Example:
+        >>> default_prefix(Path("hub/models--org--tiny-llama/snapshots/0123abcd"), "x")
+        'tiny-llama'
+        >>> default_prefix(Path("checkpoints/step-100"), "step-100")
+        'step-100'
+    """
+    for form in (directory.absolute(), directory.resolve()):
+        parent = form.parent
+        if parent.name == "snapshots" and "--" in parent.parent.name:
+            kind, _, repo = parent.parent.name.partition("--")
+            if kind in ("models", "datasets", "spaces") and repo:
+                return repo.rsplit("--", 1)[-1]
+    return otherwise
 
 
 def _from_index(index: Path, stem: str) -> Checkpoint:

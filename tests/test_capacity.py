@@ -1,4 +1,4 @@
-"""Memory-aware placement: sized `auto` and `fits` rules use a device only if the bytes fit."""
+"""Memory-aware placement: with a size known, a device is used only if the bytes fit."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class TestAuto:
         assert (
             d.fallback_reason
             == "auto: needs 19.1 GiB, 17.8 GiB free on cpu:0, keeping 10% free; used cpu:3"
-        )
+        )  # no "no accelerator can hold it": only a host device was passed over
         assert logs[0]["fallback_reason"] == d.fallback_reason
 
     def test_headroom_is_kept_free(self) -> None:
@@ -64,15 +64,17 @@ class TestAuto:
         free["cpu:0"] = 100
         assert policy.resolve("x", nbytes=500).device_text == "cpu:2"
 
-    def test_last_target_is_used_even_when_too_small(self) -> None:
-        """With nowhere else to go, the last target is used and the reason says so."""
+    def test_no_target_is_taken_when_none_can_hold_the_bytes(self) -> None:
+        """With nowhere that can hold them, resolving raises before anything is allocated,
+        saying each device's free memory (the last target is no longer taken anyway)."""
         policy = with_capacity({}, {"cpu:0": 10})
-        d = policy.resolve("x", nbytes=1000)
-        assert d.device_text == "cpu:0"
-        assert (
-            d.fallback_reason
-            == "auto: needs 1000 B, 10 B free on cpu:0, keeping 10% free; placed anyway, nothing else to try; used auto"
-        )
+        with pytest.raises(
+            devpolicy.DeviceUnavailableError,
+            match=r"^no device for 'auto' for name 'x' \(default, default\): nothing in the chain "
+            r"can hold 1000 B \(no fallback given\)\n  auto: needs 1000 B, 10 B free on cpu:0, "
+            r"keeping 10% free\n",
+        ):
+            policy.resolve("x", nbytes=1000)
 
     def test_strict_raises_when_it_does_not_fit(self) -> None:
         """strict: a size that does not fit is an error, not a fallback."""
@@ -105,10 +107,23 @@ class TestFitsRules:
             policy.resolve("model/w", nbytes=10**7).device_text == "cpu:3"
         )  # cpu:3 unknown: not judged
 
-    def test_rules_without_fits_ignore_capacity(self) -> None:
-        """Only `fits` rules (and auto) consult free memory."""
+    def test_rules_without_fits_are_judged_too(self) -> None:
+        """Every rule's targets are judged by free memory, `fits` written or not."""
         policy = with_capacity(
             {"rules": [{"match": "*", "device": "cpu:1", "fallback": ["cpu:2"]}]}, {"cpu:1": 1}
+        )
+        d = policy.resolve("x", nbytes=10**6)
+        assert d.device_text == "cpu:2"
+        assert (
+            d.fallback_reason
+            == "cpu:1: needs 976.6 KiB, 1 B free on cpu:1, keeping 10% free; used cpu:2"
+        )
+
+    def test_fits_false_takes_the_target_unjudged(self) -> None:
+        """`fits: false` is the way out: the rule's target is taken whatever its memory says."""
+        policy = with_capacity(
+            {"rules": [{"match": "*", "device": "cpu:1", "fits": False, "fallback": ["cpu:2"]}]},
+            {"cpu:1": 1},
         )
         assert policy.resolve("x", nbytes=10**6).device_text == "cpu:1"
 
@@ -175,11 +190,14 @@ class TestSharedHostMemory:
         )
         a, b = policy.decide_many([("a", 600), ("b", 600)])
         assert isinstance(a, devpolicy.Decision)
-        assert isinstance(b, devpolicy.Decision)
-        assert (a.device_text, b.device_text) == ("cpu:1", "cpu:3")
-        assert b.fallback_reason is not None
+        assert a.device_text == "cpu:1"
+        # cpu:3 draws on the same host RAM as cpu:2: nothing in the chain can hold b.
+        assert isinstance(b, devpolicy.DeviceUnavailableError)
         assert "cpu:2: needs 600 B, 1000 B free on cpu:2, 600 B of it taken by earlier items" in (
-            b.fallback_reason
+            str(b)
+        )
+        assert "cpu:3: needs 600 B, 1000 B free on cpu:3, 600 B of it taken by earlier items" in (
+            str(b)
         )
 
     def test_plan_judges_cpu_devices_together(self, tmp_path: Path) -> None:
@@ -189,7 +207,11 @@ class TestSharedHostMemory:
         policy = devpolicy.load_policy(
             {
                 "version": 1,
-                "rules": [{"match": "*/a", "device": "cpu:1"}, {"match": "*", "device": "cpu:2"}],
+                # `fits: false`: the decisions take their targets unjudged; the plan judges.
+                "rules": [
+                    {"match": "*/a", "device": "cpu:1", "fits": False},
+                    {"match": "*", "device": "cpu:2", "fits": False},
+                ],
             },
             capacity=_HostOf1000(),
             environ={},

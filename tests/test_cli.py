@@ -551,8 +551,12 @@ class TestPlanCapacity:
     def test_capacity_plans_for_another_machine(
         self, tokens: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        """`--capacity cpu:0=2KiB`: 8 KiB read into memory does not fit, exit 1."""
-        policy = write(tmp_path / "p.yaml", "version: 1\ndefault: cpu:0\n")
+        """`--capacity cpu:0=2KiB`: 8 KiB read into memory does not fit, exit 1 (taken
+        unjudged by `fits: false`: the device's row says it does not fit)."""
+        policy = write(
+            tmp_path / "p.yaml",
+            "version: 1\nrules:\n  - {match: '*', device: cpu:0, fits: false}\n",
+        )
         args = ["plan", str(tokens), "--policy", str(policy), "--capacity", "cpu:0=2KiB"]
         assert main([*args, "--json"]) == 1
         (device,) = json.loads(capsys.readouterr().out)["devices"]

@@ -104,7 +104,7 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nrules:\n  - match: a\n    devise: cpu\n",
-        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, device, sharding, fallback, min_bytes, max_bytes, memory, commit, fits, mmap, inputs$",
+        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, file, device, sharding, fallback, min_bytes, max_bytes, memory, commit, fits, mmap, inputs$",
     ),
     (
         "version: 1\nrules:\n  - device: cpu\n",
@@ -144,7 +144,7 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nrules:\n  - cpu\n",
-        r"^policy\.yaml:3: rules\[0\]: expected a mapping with fields match, regex, device",
+        r"^policy\.yaml:3: rules\[0\]: expected a mapping with fields match, regex, file, device",
     ),
     ("version: 2\n", r"^policy\.yaml:1: version: unsupported policy version 2; accepted: 1"),
     ("default: cpu\n", r"^policy\.yaml:1: version: missing required field 'version'"),

@@ -382,9 +382,10 @@ class TestPlan:
         ]
 
     def test_plan_flags_a_device_that_is_too_small(self, checkpoint: Path) -> None:
-        """With stated capacities, an over-full device is flagged."""
+        """With stated capacities, an over-full device is flagged (its rule takes it
+        unjudged: `fits: false`; judged, the tensor would have no device instead)."""
         policy = devpolicy.load_policy(
-            {"version": 1, "default": "cpu:1"},
+            {"version": 1, "rules": [{"match": "*", "device": "cpu:1", "fits": False}]},
             environ={},
             capacity=devpolicy.StaticCapacity({"cpu:1": "4KiB"}),
         )

@@ -49,7 +49,7 @@ class TestReadableText:
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({"w": np.zeros(1024, np.float32)}, path)
         policy = devpolicy.load_policy(
-            {"version": 1, "default": "cpu:2"},
+            {"version": 1, "rules": [{"match": "*", "device": "cpu:2", "fits": False}]},
             capacity=devpolicy.StaticCapacity({"cpu:2": "1KiB"}),
             environ={},
         )

@@ -256,7 +256,10 @@ class TestDecisions:
 
     def test_fits_judges_each_devices_share(self) -> None:
         """A sharded `fits` rule compares a device's share, not the whole array, to free memory."""
-        capacity = devpolicy.StaticCapacity({f"cpu:{i}": 1000 for i in range(4)})
+        # cpu:0, the fallback, can hold the whole array; the others only their share of it.
+        capacity = devpolicy.StaticCapacity(
+            {"cpu:0": 10_000, **{f"cpu:{i}": 1000 for i in (1, 2, 3)}}
+        )
         rule = {"match": "*", "sharding": {"mesh": "grid", "spec": ["data", "model"]}, "fits": True}
         policy = devpolicy.load_policy(
             {"version": 1, "meshes": MESH, "rules": [rule], "fallback": ["cpu"], "headroom": 0},

@@ -183,23 +183,25 @@ class TestVirtualPlan:
         )
 
     def test_too_small_devices_do_not_fit(self, checkpoint: Path) -> None:
-        """8 KiB GPUs cannot hold w's 16 KiB share: those devices and the plan do not fit."""
-        p = devpolicy.plan(checkpoint, policy=fsdp_policy(), machine=two_hosts("8KiB"))
+        """Under `fits: false` (taken unjudged), 8 KiB GPUs cannot hold w's 16 KiB share:
+        those devices and the plan do not fit."""
+        p = devpolicy.plan(checkpoint, policy=fsdp_policy(fits=False), machine=two_hosts("8KiB"))
         assert not p.fits
         assert not any(d.fits for d in p.devices if d.device.startswith("gpu"))
         assert "DOES NOT FIT" in str(p)
 
-    def test_a_fits_rule_judges_each_devices_share_against_its_memory(
-        self, checkpoint: Path
+    @pytest.mark.parametrize("fits", [{}, {"fits": True}])
+    def test_a_sharding_judges_each_devices_share_against_its_memory(
+        self, checkpoint: Path, fits: dict[str, bool]
     ) -> None:
-        """With `fits: true`, a share too big for the stated memory takes the fallback."""
-        p = devpolicy.plan(checkpoint, policy=fsdp_policy(fits=True), machine=two_hosts("8KiB"))
+        """`fits` written or not, a share too big for the stated memory takes the fallback."""
+        p = devpolicy.plan(checkpoint, policy=fsdp_policy(**fits), machine=two_hosts("8KiB"))
         w = next(t for t in p.tensors if t.name == "m/w")
         assert w.decision is not None
         assert w.decision.device_text == "cpu:0"
         assert w.decision.fallback_reason == (
             "fsdp[data,model]: each device's share: needs 16.0 KiB, 8.0 KiB free on gpu:0, keeping 10% free; "
-            "used cpu"
+            "used cpu (the host: no accelerator in the chain can hold 256.0 KiB)"
         )
         assert p.fits
 
@@ -310,8 +312,8 @@ class TestPlanCommand:
     def test_too_small_devices_exit_1(
         self, checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        """GPUs of 8 KiB cannot hold a 16 KiB share: fits false, exit 1."""
-        policy = write(tmp_path / "p.yaml", POLICY_YAML)
+        """Under `fits: false`, GPUs of 8 KiB cannot hold a 16 KiB share: fits false, exit 1."""
+        policy = write(tmp_path / "p.yaml", POLICY_YAML + "    fits: false\n")
         status, out, _ = self.run(
             capsys, str(checkpoint), "--policy", str(policy), "--json",
             "--devices", "gpu=8x8KiB", "--processes", "2",
