@@ -321,7 +321,7 @@ def _load_opened(
     return mapped, narrowed, bytes_read
 
 
-Bounds = tuple[tuple[int, int], ...]  # per dimension, [start, stop) of a slice
+_Bounds = tuple[tuple[int, int], ...]  # per dimension, [start, stop) of a slice
 
 
 class _ShardReader:
@@ -353,14 +353,14 @@ class _ShardReader:
         self._region = region
         self._narrow_to = narrow_to
         self._narrow = narrow
-        self._done: dict[Bounds, np.ndarray[Any, Any]] = {}
+        self._done: dict[_Bounds, np.ndarray[Any, Any]] = {}
         # Every distinct slice the process will ask for, so they can be read together.
         self._wanted = list(dict.fromkeys(self._bounds(index) for index in wanted))
         self.bytes_read = 0
         self.mapped = 0
         self.lost = False  # some value changed when narrowed (under "lossy")
 
-    def _bounds(self, index: tuple[slice, ...] | None) -> Bounds:
+    def _bounds(self, index: tuple[slice, ...] | None) -> _Bounds:
         shape = self._entry.shape
         given = tuple(index or ())
         given += (slice(None),) * (len(shape) - len(given))
@@ -377,7 +377,7 @@ class _ShardReader:
             found = self._done[bounds] = self._narrowed(self._read(bounds))
         return found
 
-    def _runs(self, bounds: Bounds) -> tuple[int, int, int]:
+    def _runs(self, bounds: _Bounds) -> tuple[int, int, int]:
         """(split, run bytes, runs): dimensions after `split` are spanned whole, so each run
         covers them and `bounds[split]`, one run per index of the dimensions before it."""
         shape, itemsize = self._entry.shape, self._entry.dtype.itemsize
@@ -389,7 +389,7 @@ class _ShardReader:
             split -= 1
         return split, math.prod(extents[split:]) * itemsize, math.prod(extents[:split])
 
-    def _gather(self, wanted: list[Bounds]) -> None:
+    def _gather(self, wanted: list[_Bounds]) -> None:
         """Read every slice in `wanted` through their covering range, where that is cheaper
         than their runs one by one (see the class); else leave them to `_read`."""
         entry, shape = self._entry, self._entry.shape
@@ -420,7 +420,9 @@ class _ShardReader:
             return
         self._gather_along(wanted, box, best[1], strides)
 
-    def _gather_along(self, wanted: list[Bounds], box: Bounds, d: int, strides: list[int]) -> None:
+    def _gather_along(
+        self, wanted: list[_Bounds], box: _Bounds, d: int, strides: list[int]
+    ) -> None:
         """Read `box` in chunks of whole indices of dimension `d` (one chunk per index of
         the dimensions before it, or several), copying each slice's part out of each."""
         entry, shape = self._entry, self._entry.shape
@@ -464,7 +466,7 @@ class _ShardReader:
         for bounds, out in zip(wanted, outs, strict=True):
             self._done[bounds] = self._narrowed(out)
 
-    def _read(self, bounds: Bounds) -> np.ndarray[Any, Any]:
+    def _read(self, bounds: _Bounds) -> np.ndarray[Any, Any]:
         entry, shape = self._entry, self._entry.shape
         itemsize = entry.dtype.itemsize
         extents = tuple(stop - start for start, stop in bounds)

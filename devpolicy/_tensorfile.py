@@ -16,6 +16,7 @@ import os
 import resource
 import signal
 import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -199,6 +200,9 @@ def map_tensor_file(f: BinaryIO, header: Header) -> mmap.mmap:
             f"read, {size} now): is something rewriting it in place?",
         )
     try:
+        if sys.version_info >= (3, 13):
+            # The map alone keeps the pages: no descriptor held for as long as arrays live.
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ, trackfd=False)
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except ValueError as e:  # "cannot mmap an empty file"
         raise SafetensorsFileError(header.path, f"cannot map: {e}") from None
@@ -762,6 +766,11 @@ def save_file(
     offsets (the format allows no holes between tensors). Any safetensors reader reads it.
     Written to a temporary file and renamed: an error leaves nothing behind.
 
+    Raises:
+        SafetensorsFileError: `path` exists but is not a regular file (a device, a FIFO, a
+            directory), or cannot be written; nothing is written.
+        ValueError: a bad `align`, dtype, name or metadata.
+
     Example:
         >>> import devpolicy, numpy as np, tempfile, os
         >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
@@ -785,6 +794,10 @@ def align_file(
 
     Streams the data, so memory stays flat however large the file. The copy loads
     zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`.
+
+    Raises:
+        SafetensorsFileError: `source` is not a readable safetensors file, or `destination`
+            exists but is not a regular file, or cannot be written; nothing is written.
 
     Example:
         >>> import devpolicy, numpy as np, tempfile, os
