@@ -868,7 +868,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """A safetensors file, a checkpoint directory, or a `*.safetensors.index.json`.
 
     A directory is read through its index when it has one (`model.safetensors.index.json`,
-    as Hugging Face writes large checkpoints), else as every `*.safetensors` in it.
+    as Hugging Face writes large checkpoints), else as every `*.safetensors` regular file
+    in it that is not hidden (see `_checkpoint_files`).
 
     Raises:
         SafetensorsFileError: naming the path and what is wrong with it.

@@ -314,6 +314,25 @@ class TestTrailingDimensionShards:
         read = next(e for e in logs if e["event"] == "load_file")["bytes_read"]
         assert w.nbytes <= read - 3 <= 2 * w.nbytes
 
+    def test_a_process_holding_some_slices_reads_only_their_covering_range(
+        self, tmp_path: Path
+    ) -> None:
+        """As in one process of several: columns 1 and 2 of the first half of the rows are
+        read as the one range covering them (about half the file), not one read per row."""
+        path = tmp_path / "m.safetensors"
+        w = np.arange(4096 * 4, dtype=np.float32).reshape(4096, 4)
+        devpolicy.save_file({"w": w}, path)
+        header = read_header(path)
+        held = [(slice(0, 2048), slice(1, 2)), (slice(0, 2048), slice(2, 3))]
+        with open(path, "rb") as f:
+            reader = _safetensors._ShardReader(
+                f.fileno(), header, header.tensors[0], None, None, "exact", held
+            )
+            slices = [reader(index) for index in held]
+        np.testing.assert_array_equal(slices[0], w[:2048, 1:2])
+        np.testing.assert_array_equal(slices[1], w[:2048, 2:3])
+        assert reader.bytes_read == (2047 * 4 + 2) * 4  # row 0 col 1 .. row 2047 col 2
+
 
 class _NoCopy(list[int]):
     def __getitem__(self, index: Any) -> Any:
