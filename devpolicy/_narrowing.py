@@ -9,7 +9,7 @@ A leaf module: numpy and the errors only; the caller says whether x64 is on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -39,24 +39,77 @@ def check_mode(narrow: object) -> None:
 
 def loss(original: np.ndarray[Any, Any], narrowed: np.ndarray[Any, Any]) -> str | None:
     """Which values of `original` did not survive in `narrowed`, in words; None if all did."""
-    if original.size == 0:
-        return None
-    if original.dtype.kind in "iu":
-        info = np.iinfo(narrowed.dtype)
-        low, high = original.min().item(), original.max().item()
-        if low < info.min or high > info.max:
-            return f"values {low}..{high} do not fit {narrowed.dtype} ({info.min}..{info.max})"
-        return None
-    with np.errstate(over="ignore", invalid="ignore"):
-        widened = narrowed.astype(original.dtype)
-    same = (widened == original) | (np.isnan(widened) & np.isnan(original))
-    if bool(same.all()):
-        return None
-    index = int(np.argmin(same.reshape(-1)))
-    before, after = original.reshape(-1)[index].item(), widened.reshape(-1)[index].item()
-    changed = int((~same).sum())
-    first = f"first at flat index {index}: {before!r} -> {after!r}"
-    return f"{changed} values lose precision in {narrowed.dtype} ({first})"
+    tally = _Loss(narrowed.dtype)
+    tally.add(original, narrowed)
+    return tally.words()
+
+
+def loss_in_pieces(pieces: Iterable[np.ndarray[Any, Any]], target: np.dtype[Any]) -> str | None:
+    """`loss` of a whole array given as consecutive flat pieces, narrowed to `target`.
+
+    Counts, ranges and flat indices are the whole array's, so a tensor read piece by piece
+    (or slice by slice, for its shards) is described as one.
+
+    Example:
+        >>> pieces = [np.array([0.5, 0.1]), np.array([1e-50, 2.0])]
+        >>> loss_in_pieces(pieces, np.dtype(np.float32))
+        '2 values lose precision in float32 (first at flat index 1: 0.1 -> 0.10000000149011612)'
+    """
+    tally = _Loss(target)
+    for piece in pieces:
+        flat = piece.reshape(-1)
+        narrowed = np.empty(flat.shape, target)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(narrowed, flat, casting="unsafe")
+        tally.add(flat, narrowed)
+    return tally.words()
+
+
+class _Loss:
+    """What narrowing lost so far, over consecutive pieces of one array."""
+
+    def __init__(self, target: np.dtype[Any]) -> None:
+        self._target = target
+        self._seen = 0  # items before the next piece
+        self._low: Any = None
+        self._high: Any = None
+        self._changed = 0
+        self._first: tuple[int, Any, Any] | None = None  # flat index, before, after
+
+    def add(self, original: np.ndarray[Any, Any], narrowed: np.ndarray[Any, Any]) -> None:
+        seen, self._seen = self._seen, self._seen + original.size
+        if original.size == 0:
+            return
+        if original.dtype.kind in "iu":
+            low, high = original.min().item(), original.max().item()
+            self._low = low if self._low is None else min(self._low, low)
+            self._high = high if self._high is None else max(self._high, high)
+            return
+        with np.errstate(over="ignore", invalid="ignore"):
+            widened = narrowed.astype(original.dtype)
+        same = (widened == original) | (np.isnan(widened) & np.isnan(original))
+        if bool(same.all()):
+            return
+        self._changed += int((~same).sum())
+        if self._first is None:
+            index = int(np.argmin(same.reshape(-1)))
+            before = original.reshape(-1)[index].item()
+            self._first = (seen + index, before, widened.reshape(-1)[index].item())
+
+    def words(self) -> str | None:
+        if self._low is not None:
+            info = np.iinfo(self._target)
+            if self._low < info.min or self._high > info.max:
+                return (
+                    f"values {self._low}..{self._high} do not fit {self._target} "
+                    f"({info.min}..{info.max})"
+                )
+            return None
+        if self._first is None:
+            return None
+        index, before, after = self._first
+        first = f"first at flat index {index}: {before!r} -> {after!r}"
+        return f"{self._changed} values lose precision in {self._target} ({first})"
 
 
 def narrow_into(

@@ -13,8 +13,10 @@ import json
 import math
 import mmap
 import os
+import resource
 import signal
 import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -26,7 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from ._errors import SafetensorsFileError
-from ._files import FileRefused, open_regular, read_capped
+from ._files import FileRefused, kind, open_regular, read_capped, why_unopenable
 
 #: safetensors dtype names and the numpy dtypes that hold them.
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -98,6 +100,9 @@ class Header:
     data_start: int
     tensors: tuple[TensorEntry, ...]
     metadata: dict[str, str]
+    #: (device, inode, size, mtime in ns) of the file the header was read from: a file
+    #: opened again to read its data must be the same file, unchanged.
+    identity: tuple[int, ...] = ()
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
@@ -130,8 +135,48 @@ def open_tensor_file(path: str | os.PathLike[str]) -> BinaryIO:
     try:
         fd, _ = open_regular(path, "a safetensors file")
     except FileRefused as e:
+        # Out of descriptors is said with the limit and the fix, like every other EMFILE.
+        cause = e.__context__
+        if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE):
+            raise os_error(path, cause, "cannot open") from None
         raise SafetensorsFileError(path, e.reason) from None
     return os.fdopen(fd, "rb")
+
+
+def reopen_tensor_file(header: Header) -> BinaryIO:
+    """Open again the file `header` was read from, to read its data.
+
+    A checkpoint's files are opened one at a time (a checkpoint may hold more files than a
+    process may open), so each is opened twice: once for its header, once for its data.
+    The second must find the same file, unchanged: one replaced in between (as atomic
+    writers do) or rewritten in place is refused, never read against the other's header.
+
+    Raises:
+        SafetensorsFileError: the file cannot be opened, or is not the file it was.
+    """
+    f = open_tensor_file(header.path)
+    try:
+        info = os.fstat(f.fileno())
+        if info.st_size != header.file_size:
+            raise SafetensorsFileError(
+                header.path,
+                f"file changed size while loading ({header.file_size} bytes when its header "
+                f"was read, {info.st_size} now): is something rewriting it in place?",
+            )
+        if header.identity and _identity(info) != header.identity:
+            raise SafetensorsFileError(
+                header.path,
+                "file was replaced or rewritten after its header was read: load it again "
+                "once whatever is writing it has finished",
+            )
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def map_tensor_file(f: BinaryIO, header: Header) -> mmap.mmap:
@@ -155,6 +200,9 @@ def map_tensor_file(f: BinaryIO, header: Header) -> mmap.mmap:
             f"read, {size} now): is something rewriting it in place?",
         )
     try:
+        if sys.version_info >= (3, 13):
+            # The map alone keeps the pages: no descriptor held for as long as arrays live.
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ, trackfd=False)
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except ValueError as e:  # "cannot mmap an empty file"
         raise SafetensorsFileError(header.path, f"cannot map: {e}") from None
@@ -168,13 +216,26 @@ def os_error(
     """An OSError met while reading or placing a tensor, as an error naming file and tensor."""
     hints = {
         errno.ENOMEM: "not enough memory or address space",
-        errno.EMFILE: "too many open files in this process (raise `ulimit -n`, or release "
-        "arrays of earlier loads)",
-        errno.ENFILE: "too many open files on this system",
+        errno.EMFILE: _too_many_open_files(),
+        errno.ENFILE: "too many open files on this system (the kernel's `fs.file-max`)",
         errno.EIO: "input/output error (a failing disk or network filesystem)",
     }
     reason = hints.get(error.errno or 0, error.strerror or str(error))
     return SafetensorsFileError(path, f"{doing}: {reason}", tensor=tensor)
+
+
+def _too_many_open_files() -> str:
+    """EMFILE in words: the limit this process has, and how to raise it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    unlimited = hard == resource.RLIM_INFINITY
+    raised = max(4 * soft, 65536) if unlimited else hard
+    return (
+        f"too many open files: this process may hold {soft} (RLIMIT_NOFILE, hard limit "
+        f"{'unlimited' if unlimited else hard}); raise it with `ulimit -n {raised}` before "
+        f"starting, or resource.setrlimit(resource.RLIMIT_NOFILE, ({raised}, hard)) in the "
+        "program, or drop arrays that earlier loads mapped from files (each map holds its "
+        "file open)"
+    )
 
 
 def read_header_from(f: BinaryIO, path: Path) -> Header:
@@ -203,12 +264,13 @@ def read_header_from(f: BinaryIO, path: Path) -> Header:
                 path, f"header length {length} exceeds the {MAX_HEADER}-byte limit"
             )
         raw = f.read(length)
+        identity = _identity(os.fstat(f.fileno()))
     except OSError as e:
         raise SafetensorsFileError(path, f"cannot read: {e.strerror}") from None
-    return _parse(path, raw, size)
+    return _parse(path, raw, size, identity)
 
 
-def _parse(path: Path, raw: bytes, size: int) -> Header:
+def _parse(path: Path, raw: bytes, size: int, identity: tuple[int, ...]) -> Header:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -241,7 +303,7 @@ def _parse(path: Path, raw: bytes, size: int) -> Header:
     data_start = 8 + len(raw)
     entries = tuple(_entry(path, key, value, data_start) for key, value in document.items())
     _check_tiling(path, entries, size - data_start)
-    return Header(path, size, data_start, entries, metadata)
+    return Header(path, size, data_start, entries, metadata, identity)
 
 
 class _Pairs(dict[str, Any]):
@@ -508,7 +570,11 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
     """Write a new file and rename it over `path`: never truncated or half-written in place.
 
     A symlink is written through (its target is replaced, the link kept), an existing file
-    keeps its permission bits, and the temporary file is removed on any error and on SIGTERM.
+    keeps its permission bits, and anything that exists but is not a regular file (a
+    device, a FIFO, a directory) is refused before anything is written. The data goes to
+    an unnamed file (`O_TMPFILE`) given a name only once complete, so a process killed in
+    any thread, by any signal, leaves nothing; where the filesystem cannot do that, to a
+    named temporary file removed on any error and on SIGTERM.
     """
     target = Path(os.path.realpath(path)) if os.path.islink(path) else path
     directory = target.parent if str(target.parent) else Path(".")
@@ -516,13 +582,21 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
         what = "does not exist" if not os.path.lexists(directory) else "is not a directory"
         raise SafetensorsFileError(path, f"cannot write: the directory {str(directory)!r} {what}")
     try:
-        mode = stat.S_IMODE(os.stat(target).st_mode)
+        info: os.stat_result | None = os.stat(target)
     except OSError:
-        mode = 0o666 & ~_umask()  # a new file gets what a plain open() would give it
-    try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{target.name}.devpolicy-{os.getpid()}-", suffix=".tmp", dir=directory
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        shown = f" (the symlink's target {str(target)!r})" if target != path else ""
+        raise SafetensorsFileError(
+            path,
+            f"cannot write: it is {kind(info.st_mode)}{shown}, not a regular file; "
+            "only a regular file (or a new path) is replaced",
         )
+    # A new file gets what a plain open() would give it.
+    mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
+    prefix = f".{target.name}.devpolicy-{os.getpid()}-"
+    try:
+        fd, tmp = _temporary(directory, prefix)
     except OSError as e:
         raise SafetensorsFileError(
             path, f"cannot write in {str(directory)!r}: {e.strerror}"
@@ -537,16 +611,70 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
                     write_data(out)
                     out.flush()
                     os.fsync(out.fileno())
+                    if tmp is None:  # complete: only now does it get a name
+                        tmp = _named(out.fileno(), directory, prefix)
                 os.replace(tmp, target)
             except OSError as e:
                 raise SafetensorsFileError(path, f"cannot write: {e.strerror or e}") from None
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         if isinstance(e, _Terminated):  # the temporary file is gone: now die as asked
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
         raise
+    finally:
+        if tmp is not None:
+            _in_flight.discard(tmp)
     remove_stale_temp_files(target)
+
+
+#: Named temporary files being written, by any thread: the SIGTERM handler (main thread
+#: only, where Python runs handlers) removes them all. A set's add, discard and copy are
+#: each one step under the GIL, so the handler needs no lock (a lock the interrupted main
+#: thread held would deadlock it).
+_in_flight: set[str] = set()
+
+
+def _temporary(directory: Path, prefix: str) -> tuple[int, str | None]:
+    """A file to write in `directory`: (descriptor, None) for an unnamed one, else its name."""
+    if _TMPFILE:
+        try:
+            return os.open(directory, _TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600), None
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    _in_flight.add(tmp)
+    return fd, tmp
+
+
+def _named(fd: int, directory: Path, prefix: str) -> str:
+    """Give the complete unnamed file `fd` a temporary name beside its target."""
+    # linkat(AT_SYMLINK_FOLLOW) on /proc/self/fd/N: Python calls linkat (not link, which
+    # would link the /proc symlink itself) only when given a directory descriptor.
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for _ in range(100):
+            name = f"{prefix}{os.urandom(6).hex()}.tmp"
+            tmp = str(directory / name)
+            _in_flight.add(tmp)
+            try:
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=directory_fd, follow_symlinks=True)
+            except FileExistsError:
+                _in_flight.discard(tmp)
+                continue
+            except BaseException:
+                _in_flight.discard(tmp)
+                raise
+            return tmp
+    finally:
+        os.close(directory_fd)
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(directory))
+
+
+# Unnamed files need O_TMPFILE (Linux) and /proc to name them by descriptor afterwards.
+_TMPFILE = getattr(os, "O_TMPFILE", 0) if os.path.isdir("/proc/self/fd") else 0
 
 
 def remove_stale_temp_files(target: Path) -> list[Path]:
@@ -600,6 +728,9 @@ def _removed_on_sigterm() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: object) -> None:
+        for tmp in tuple(_in_flight):  # every thread's, not only this one's
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise _Terminated
 
     signal.signal(signal.SIGTERM, handler)
@@ -635,6 +766,11 @@ def save_file(
     offsets (the format allows no holes between tensors). Any safetensors reader reads it.
     Written to a temporary file and renamed: an error leaves nothing behind.
 
+    Raises:
+        SafetensorsFileError: `path` exists but is not a regular file (a device, a FIFO, a
+            directory), or cannot be written; nothing is written.
+        ValueError: a bad `align`, dtype, name or metadata.
+
     Example:
         >>> import devpolicy, numpy as np, tempfile, os
         >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
@@ -658,6 +794,10 @@ def align_file(
 
     Streams the data, so memory stays flat however large the file. The copy loads
     zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`.
+
+    Raises:
+        SafetensorsFileError: `source` is not a readable safetensors file, or `destination`
+            exists but is not a regular file, or cannot be written; nothing is written.
 
     Example:
         >>> import devpolicy, numpy as np, tempfile, os
@@ -707,12 +847,21 @@ class Checkpoint:
                         tensor=entry.key,
                     )
         for header, wanted in zip(headers, self.expected, strict=False):
-            missing = sorted(wanted - {t.key for t in header.tensors})
+            held = {t.key for t in header.tensors}
+            missing = sorted(wanted - held)
             if missing:
                 raise SafetensorsFileError(
                     header.path,
                     f"{self.index} puts {len(missing)} tensor(s) here that the file lacks: "
                     + ", ".join(repr(k) for k in missing[:5]),
+                )
+            unlisted = [t.key for t in header.tensors if t.key not in wanted]
+            if unlisted:
+                raise SafetensorsFileError(
+                    header.path,
+                    f"holds {len(unlisted)} tensor(s) that {self.index} does not list: "
+                    + ", ".join(repr(k) for k in unlisted[:5])
+                    + " (the index and its files must agree: is the index out of date?)",
                 )
 
 
@@ -720,7 +869,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """A safetensors file, a checkpoint directory, or a `*.safetensors.index.json`.
 
     A directory is read through its index when it has one (`model.safetensors.index.json`,
-    as Hugging Face writes large checkpoints), else as every `*.safetensors` in it.
+    as Hugging Face writes large checkpoints), else as every `*.safetensors` regular file
+    in it that is not hidden (see `_checkpoint_files`).
 
     Raises:
         SafetensorsFileError: naming the path and what is wrong with it.
@@ -744,7 +894,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
             )
         if indexes:
             return _from_index(indexes[0], default_prefix(given, given.name))
-        files = tuple(sorted(given.glob("*.safetensors")))
+        files = _checkpoint_files(given)
         if not files:
             raise SafetensorsFileError(
                 given, "a directory without .safetensors files or a *.safetensors.index.json"
@@ -775,13 +925,37 @@ def default_prefix(directory: Path, otherwise: str) -> str:
     return otherwise
 
 
+def _checkpoint_files(directory: Path) -> tuple[Path, ...]:
+    """The checkpoint files of a directory: its `*.safetensors` regular files, not hidden.
+
+    Hidden files (`._model.safetensors`, the resource forks macOS leaves on other disks;
+    a `.name.safetensors` of any tool) are not part of a checkpoint, nor is anything that
+    is not a regular file once symlinks are followed (a directory or FIFO so named). A
+    dangling symlink is an error: a checkpoint missing a file must not load as a smaller one.
+    """
+    files = []
+    for candidate in sorted(directory.glob("*.safetensors")):
+        if candidate.name.startswith("."):
+            continue
+        try:
+            info = os.stat(candidate)
+        except OSError as e:
+            raise SafetensorsFileError(
+                candidate,
+                f"cannot be read as part of the checkpoint: {why_unopenable(candidate, e)}",
+            ) from None
+        if stat.S_ISREG(info.st_mode):
+            files.append(candidate)
+    return tuple(files)
+
+
 def _from_index(index: Path, stem: str) -> Checkpoint:
     try:
         raw = read_capped(index, _MAX_INDEX_BYTES, "a checkpoint index")
     except FileRefused as e:
         raise SafetensorsFileError(index, e.reason) from None
     try:
-        weight_map = json.loads(raw)["weight_map"]
+        weight_map = json.loads(raw, object_pairs_hook=_Pairs)["weight_map"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         raise SafetensorsFileError(
@@ -791,11 +965,20 @@ def _from_index(index: Path, stem: str) -> Checkpoint:
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
     ):
         raise SafetensorsFileError(index, "`weight_map` must map tensor names to file names")
+    if isinstance(weight_map, _Pairs) and weight_map.duplicates:
+        raise SafetensorsFileError(
+            index,
+            "listed twice in `weight_map`: each tensor is in one file",
+            tensor=weight_map.duplicates[0],
+        )
     by_file: dict[str, set[str]] = {}
     for tensor, file in weight_map.items():
-        if Path(file).name != file:
+        if not file or "\0" in file or file in (".", "..") or Path(file).name != file:
             raise SafetensorsFileError(
-                index, f"file {file!r} is not in the index's directory", tensor=tensor
+                index,
+                f"file name {file!r} in `weight_map` is not a file of the index's directory "
+                "(a plain name like 'model-00001-of-00002.safetensors')",
+                tensor=tensor,
             )
         by_file.setdefault(file, set()).add(tensor)
     if not by_file:
