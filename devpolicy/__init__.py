@@ -53,6 +53,7 @@ __all__ = [
     "StaticCapacity",
     "ThreadPoolExecutor",
     "UnmatchedNameError",
+    "UntrustedPolicyError",
     "VirtualDevice",
     "VirtualMachine",
     "__version__",
