@@ -295,9 +295,9 @@ class UntrustedPolicyError(PolicyError):
         owner_name: That user's name, when the system knows it.
 
     Example:
-        >>> e = UntrustedPolicyError("/tmp/devpolicy.yaml", "owned by uid 1001 (eve)", 1001, "eve")
+        >>> e = UntrustedPolicyError("/tmp/devpolicy.yaml", "owned by eve (uid 1001)", 1001, "eve")
         >>> print(str(e).splitlines()[0])
-        /tmp/devpolicy.yaml: refused: owned by uid 1001 (eve)
+        /tmp/devpolicy.yaml: refused: owned by eve (uid 1001)
     """
 
     def __init__(

@@ -20,7 +20,7 @@ import os
 import pkgutil
 import re
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -160,7 +160,10 @@ ALLOW_PATTERN = r"^((XLA|JAX|TF)_[A-Z0-9_]+|--xla_[a-z0-9_]+)$"
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
-def _one_of(*choices: str, fold: bool = False) -> Any:
+Check = Callable[[str], str | None]
+
+
+def _one_of(*choices: str, fold: bool = False) -> Check:
     def check(text: str) -> str | None:
         if (text.upper() if fold else text) in choices:
             return None
@@ -169,7 +172,7 @@ def _one_of(*choices: str, fold: bool = False) -> Any:
     return check
 
 
-def _whole(low: int, high: int | None = None) -> Any:
+def _whole(low: int, high: int | None = None) -> Check:
     def check(text: str) -> str | None:
         digits = text.isascii() and text.isdigit() and len(text) <= 18
         if digits and low <= int(text) <= (high if high is not None else int(text)):
@@ -208,7 +211,7 @@ class EnvVariable:
     """
 
     name: str
-    check: Any
+    check: Check
     needs_allow: str | None
     doc: str
 
@@ -266,7 +269,7 @@ ENV_NAME_FORMS = (
 )
 
 #: XLA flags devpolicy knows, with the check of their value (None: a flag without one).
-XLA_FLAG_CHECKS: dict[str, Any] = {
+XLA_FLAG_CHECKS: dict[str, Check] = {
     "--xla_cpu_multi_thread_eigen": _boolean,
     "--xla_gpu_enable_latency_hiding_scheduler": _boolean,
     "--xla_gpu_memory_limit_slop_factor": _whole(1, 1000),
