@@ -1,4 +1,5 @@
-"""The `devpolicy` command line. Uses only the public API, as any user would."""
+"""The `devpolicy` command line. Uses only the public API, as any user would, except `run`,
+which reads the settings without building a Policy so that it never imports JAX."""
 
 from __future__ import annotations
 
