@@ -150,9 +150,9 @@ OWNED_FLAGS: dict[str, str] = {HOST_DEVICE_COUNT_FLAG: "cpu_devices"}
 
 #: Why a variable or flag needs `runtime.allow`: it names a path (whoever can write
 #: there changes what runs: a compilation cache holds compiled code) or changes results.
-PATH = "names a path: whoever can write there can change what runs, or read what it writes"
-RESULTS = "changes what programs compute"
-UNKNOWN = "is not one devpolicy knows, so it cannot say what it does"
+NAMES_A_PATH = "names a path: whoever can write there can change what runs, or read what it writes"
+CHANGES_RESULTS = "changes what programs compute"
+NOT_KNOWN = "is not one devpolicy knows, so it cannot say what it does"
 ALLOW_FORMS = (
     "a variable name of runtime.env (JAX_COMPILATION_CACHE_DIR) or an XLA flag (--xla_dump_to)"
 )
@@ -206,7 +206,8 @@ class EnvVariable:
     Attributes:
         name: The variable.
         check: The problem with a value's text, or None when it is accepted.
-        needs_allow: Why it must be named in `runtime.allow` (`PATH`, `RESULTS`), or None.
+        needs_allow: Why it must be named in `runtime.allow` (`NAMES_A_PATH`,
+            `CHANGES_RESULTS`), or None.
         doc: What it does.
     """
 
@@ -236,29 +237,38 @@ ENV_VARIABLES: dict[str, EnvVariable] = {
             "implicit transfers: log, refuse",
         ),
         EnvVariable(
-            "JAX_COMPILATION_CACHE_DIR", _any_text, PATH, "persistent cache of compiled code"
+            "JAX_COMPILATION_CACHE_DIR",
+            _any_text,
+            NAMES_A_PATH,
+            "persistent cache of compiled code",
         ),
-        EnvVariable("JAX_DUMP_IR_TO", _any_text, PATH, "directory JAX writes its IR to"),
-        EnvVariable("JAX_DISABLE_JIT", _boolean, RESULTS, "run everything op by op"),
+        EnvVariable("JAX_DUMP_IR_TO", _any_text, NAMES_A_PATH, "directory JAX writes its IR to"),
+        EnvVariable("JAX_DISABLE_JIT", _boolean, CHANGES_RESULTS, "run everything op by op"),
         EnvVariable(
             "JAX_DEFAULT_PRNG_IMPL",
             _one_of(
                 "threefry2x32", "threefry4x32", "rbg", "unsafe_rbg", "philox2x32", "philox4x32"
             ),
-            RESULTS,
+            CHANGES_RESULTS,
             "random number generator (changes every random stream)",
         ),
-        EnvVariable("JAX_THREEFRY_PARTITIONABLE", _boolean, RESULTS, "random streams"),
-        EnvVariable("JAX_RANDOM_SEED_OFFSET", _whole(0), RESULTS, "offset of every seed"),
-        EnvVariable("JAX_ENABLE_CHECKS", _boolean, RESULTS, "JAX's internal checks"),
-        EnvVariable("JAX_DEBUG_NANS", _boolean, RESULTS, "raise at the first NaN"),
-        EnvVariable("JAX_DEBUG_INFS", _boolean, RESULTS, "raise at the first inf"),
-        EnvVariable("JAX_DEFAULT_MATMUL_PRECISION", _any_text, RESULTS, "matmul precision"),
+        EnvVariable("JAX_THREEFRY_PARTITIONABLE", _boolean, CHANGES_RESULTS, "random streams"),
+        EnvVariable("JAX_RANDOM_SEED_OFFSET", _whole(0), CHANGES_RESULTS, "offset of every seed"),
+        EnvVariable("JAX_ENABLE_CHECKS", _boolean, CHANGES_RESULTS, "JAX's internal checks"),
+        EnvVariable("JAX_DEBUG_NANS", _boolean, CHANGES_RESULTS, "raise at the first NaN"),
+        EnvVariable("JAX_DEBUG_INFS", _boolean, CHANGES_RESULTS, "raise at the first inf"),
+        EnvVariable("JAX_DEFAULT_MATMUL_PRECISION", _any_text, CHANGES_RESULTS, "matmul precision"),
         EnvVariable(
-            "JAX_NUMPY_RANK_PROMOTION", _one_of("allow", "warn", "raise"), RESULTS, "broadcasting"
+            "JAX_NUMPY_RANK_PROMOTION",
+            _one_of("allow", "warn", "raise"),
+            CHANGES_RESULTS,
+            "broadcasting",
         ),
         EnvVariable(
-            "JAX_NUMPY_DTYPE_PROMOTION", _one_of("standard", "strict"), RESULTS, "type promotion"
+            "JAX_NUMPY_DTYPE_PROMOTION",
+            _one_of("standard", "strict"),
+            CHANGES_RESULTS,
+            "type promotion",
         ),
     )
 }
@@ -268,7 +278,7 @@ ENV_NAME_FORMS = (
     + "; or another upper-case XLA_*, JAX_* or TF_* variable listed in `runtime.allow`"
 )
 
-#: XLA flags devpolicy knows, with the check of their value (None: a flag without one).
+#: XLA flags devpolicy knows, with the check of their value (the empty text for `--flag`).
 XLA_FLAG_CHECKS: dict[str, Check] = {
     "--xla_cpu_multi_thread_eigen": _boolean,
     "--xla_gpu_enable_latency_hiding_scheduler": _boolean,
@@ -281,7 +291,7 @@ def flag_needs_allow(flag: str) -> str | None:
     """Why an XLA flag must be named in `runtime.allow`, or None."""
     if flag in XLA_FLAG_CHECKS:
         return None
-    return PATH if _PATH_FLAG.search(flag) else UNKNOWN
+    return NAMES_A_PATH if _PATH_FLAG.search(flag) else NOT_KNOWN
 
 
 def env_needs_allow(name: str, text: str) -> list[tuple[str, str]]:
@@ -291,7 +301,7 @@ def env_needs_allow(name: str, text: str) -> list[tuple[str, str]]:
     """
     known = ENV_VARIABLES.get(name)
     if known is None:
-        return [(name, UNKNOWN)]
+        return [(name, NOT_KNOWN)]
     if name == XLA_FLAGS_VAR:
         out = []
         for flag, _ in _flags(text):
