@@ -58,6 +58,7 @@ __all__ = [
     "StaticCapacity",
     "ThreadPoolExecutor",
     "UnmatchedNameError",
+    "UntrustedPolicyError",
     "VirtualDevice",
     "VirtualMachine",
     "__version__",

@@ -35,6 +35,7 @@ from ._errors import RuntimeTooLateError as RuntimeTooLateError
 from ._errors import SafetensorsFileError as SafetensorsFileError
 from ._errors import ScopeInCoroutineError as ScopeInCoroutineError
 from ._errors import UnmatchedNameError as UnmatchedNameError
+from ._errors import UntrustedPolicyError as UntrustedPolicyError
 from ._hostview import host_view as host_view
 from ._inventory import Inventory as Inventory
 from ._inventory import available_backends as available_backends

@@ -17,10 +17,13 @@ def bootstrap(source: PolicyInput | None = None) -> activate:
     JAX reads most runtime knobs once, when its first backend starts (some already at
     `import jax`), so call this before any JAX computation. Environment variables the
     user has set win over the policy (reported with `source=env`). One `runtime` event
-    gives each knob's effective value and source.
+    names the policy file applied and how it was found, every variable set
+    (`set=["JAX_PLATFORMS=cpu", ...]`), and each knob's effective value and source.
 
-    If a backend is already running and a knob differs from what it runs with, this
-    raises and changes nothing; knobs that can still change (`x64`) are applied.
+    All or nothing: if a value cannot be applied (JAX refuses it), or a backend is already
+    running and a knob differs from what it runs with, this raises and the environment
+    and `jax.config` are as they were; knobs that can still change (`x64`) are applied.
+    A discovered policy file must pass the trust check (README, "Trust").
 
     Args:
         source: A policy file or mapping; None discovers as `load_policy` does.
@@ -31,6 +34,7 @@ def bootstrap(source: PolicyInput | None = None) -> activate:
 
     Raises:
         PolicyError, EnvOverrideError: the policy or a `DEVPOLICY_*` variable is malformed.
+        UntrustedPolicyError: discovery found a policy file others could have written.
         RuntimeTooLateError: a backend already runs with other settings; names each knob,
             its wanted and running values, and the fix.
 
@@ -44,10 +48,9 @@ def bootstrap(source: PolicyInput | None = None) -> activate:
     policy = load_policy(source)
     plan = apply_runtime(plan_runtime(policy.settings.runtime, os.environ), os.environ)
     settings = policy.settings
-    if plan.knobs or plan.conflicts:
-        fields = {"policy": settings.file, **plan.event_fields()}
+    if settings.file is not None or plan.knobs or plan.conflicts:
         level = "warning" if plan.conflicts else "info"
-        policy.events.emit(level, "runtime", fields)
+        policy.events.emit(level, "runtime", plan.applied_fields(settings.file, policy.found))
     return activate(policy)
 
 

@@ -1,4 +1,5 @@
-"""The `devpolicy` command line. Uses only the public API, as any user would."""
+"""The `devpolicy` command line. Uses only the public API, as any user would, except `run`,
+which reads the settings without building a Policy so that it never imports JAX."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -383,8 +385,9 @@ def _check(args: argparse.Namespace) -> int:
     try:
         policy = _load(args.policy)
     except devpolicy.PolicyError as e:
+        code = "untrusted-policy" if isinstance(e, devpolicy.UntrustedPolicyError) else "invalid"
         findings = [
-            {"severity": "error", "origin": _where(p), "code": "invalid", "message": _what(p)}
+            {"severity": "error", "origin": _where(p), "code": code, "message": _what(p)}
             for p in e.problems
         ]
         return _report_check(args, label, findings, invalid=True)
@@ -779,32 +782,78 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    policy = _load(args.policy)
-    runtime = devpolicy.runtime_settings(policy)
-    child = runtime.environment(os.environ)
-    if policy.file is not None:
-        path = args.policy if args.policy is not None else Path(policy.file)
+    # Settings only, not a Policy: a Policy needs JAX, and importing JAX would cost 2 s and
+    # change this environment (it sets TF_CPP_MIN_LOG_LEVEL...), which the child inherits.
+    from ._load_policy import load_settings
+    from ._logging import EventLog
+    from ._runtime import plan_runtime
+
+    parent = dict(os.environ)
+    loaded = load_settings(args.policy)
+    settings = loaded.settings
+    runtime = plan_runtime(settings.runtime, parent)
+    child = runtime.environment(parent)
+    if settings.file is not None:
+        path = args.policy if args.policy is not None else Path(settings.file)
         child["DEVPOLICY_FILE"] = str(path.resolve())
+    events = EventLog(settings.log_level.value, settings.log_format.value)
+    if loaded.untrusted is not None:
+        events.emit("warning", "untrusted_policy", loaded.untrusted_fields())
     if args.dry_run:
-        for name in sorted(n for n in child if child[n] != os.environ.get(n)):
-            print(f"{name}={child[name]}")
+        # Every variable the child gets that this process does not have, as shell
+        # assignments: `eval "$(devpolicy run --dry-run)"` sets exactly these.
+        for name in sorted(n for n in child if child[n] != parent.get(n)):
+            print(f"export {name}={_shell_word(child[name])}")
         for k in runtime.knobs:
             if k.source == "env":
-                print(f"# {k.knob}: {k.note}", file=sys.stderr)
+                print(f"# {_one_line(f'{k.knob}: {k.note}')}", file=sys.stderr)
         return EXIT_OK
+    level = "warning" if runtime.conflicts else "info"
+    events.emit(level, "runtime", runtime.applied_fields(settings.file, loaded.how))
     for conflict in runtime.conflicts:
-        print(f"devpolicy run: warning: {conflict}", file=sys.stderr)
+        print(f"devpolicy run: warning: {_one_line(conflict)}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         os.execvpe(argv[0], argv, child)
     except FileNotFoundError:
-        print(f"devpolicy run: command not found: {argv[0]}", file=sys.stderr)
+        print(f"devpolicy run: command not found: {_one_line(argv[0])}", file=sys.stderr)
         return 127
     except PermissionError:
-        print(f"devpolicy run: not executable: {argv[0]}", file=sys.stderr)
+        print(f"devpolicy run: not executable: {_one_line(argv[0])}", file=sys.stderr)
         return 126
     raise AssertionError("unreachable")  # pragma: no cover - execvpe does not return
+
+
+# Printable characters other than these are quoted by shlex.quote; anything not printable
+# (a newline, an escape) is written as a $'...' escape, so one value stays one line.
+_UNPRINTABLE = re.compile(
+    r"[^\x20-\x7e\u00a0-\ud7ff\ue000-\U0010ffff]|[\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def _shell_word(value: str) -> str:
+    """`value` as one shell word on one line: `shlex.quote`, or `$'...'` (bash, zsh, ksh,
+    busybox sh, POSIX.1-2024) when it holds a newline or another control character."""
+    if not _UNPRINTABLE.search(value):
+        return shlex.quote(value)
+    out = []
+    for char in value:
+        if char in "\\'":
+            out.append("\\" + char)
+        elif _UNPRINTABLE.match(char):
+            code = ord(char)
+            if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8 (os.fsdecode's escape)
+                code -= 0xDC00
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "$'" + "".join(out) + "'"
+
+
+def _one_line(text: object) -> str:
+    """`text` with control characters, newlines included, shown as escapes."""
+    return _visible(str(text).replace("\n", "\\n"))
 
 
 # schema and align ------------------------------------------------------------------------

@@ -298,3 +298,34 @@ class HostViewError(DevicePolicyError, ValueError):
         self.problem = problem
         self.fix = fix
         super().__init__(f"{array}: {problem}; {fix}")
+
+
+class UntrustedPolicyError(PolicyError):
+    """A policy file that someone other than you (or root) could have written or put in
+    place was found by discovery, and is refused.
+
+    Discovery reads files nobody named; a file another user could plant (in a
+    world-writable directory above your project, say) must not change your program. This
+    is the class of git's CVE-2022-24765, answered the same way: check who owns it.
+    Naming the file yourself (`DEVPOLICY_FILE`, `--policy`, `load_policy(path)`) uses it,
+    with an `untrusted_policy` warning.
+
+    Attributes:
+        reason: Why it is not trusted (who owns it, or who else can write it).
+        owner: The uid of the owner concerned.
+        owner_name: That user's name, when the system knows it.
+
+    Example:
+        >>> e = UntrustedPolicyError("/tmp/devpolicy.yaml", "owned by eve (uid 1001)", 1001, "eve")
+        >>> print(str(e).splitlines()[0])
+        /tmp/devpolicy.yaml: refused: owned by eve (uid 1001)
+    """
+
+    def __init__(
+        self, file: str, reason: str, owner: int, owner_name: str | None, fix: str = ""
+    ) -> None:
+        self.reason = reason
+        self.owner = owner
+        self.owner_name = owner_name
+        message = f"refused: {reason}" + (f"\n{fix}" if fix else "")
+        super().__init__([Problem(file, None, "", message)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from dataclasses import dataclass
 
 
 class FileRefused(Exception):  # noqa: N818 - internal; callers turn it into their own error
@@ -118,3 +119,143 @@ def read_capped(path: str | os.PathLike[str], limit: int, what: str = "a regular
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+# Who may have chosen a file's contents ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Untrusted:
+    """Why a file is not trusted: `reason` in words, and the user concerned.
+
+    Attributes:
+        reason: `owned by uid 65534 (nobody)`, `its directory /srv/x is world-writable`...
+        uid: The owner concerned (of the file, link or directory the reason names).
+        name: That user's name, or None when the system has no name for the uid.
+        fix: How to make it trusted, in words (with the path).
+    """
+
+    reason: str
+    uid: int
+    name: str | None
+    fix: str
+
+
+def user_name(uid: int) -> str | None:
+    """The login name of `uid`, or None."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return None
+
+
+def _who(uid: int) -> str:
+    name = user_name(uid)
+    return f"{name} (uid {uid})" if name is not None else f"uid {uid} (no user has that id)"
+
+
+def _not_us(me: int) -> str:
+    return "not by you (root)" if me == 0 else f"not by you ({_who(me)}) or root"
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether `gid` is `uid`'s own group (a "user private group", as `useradd` makes:
+    same name, no other members), so group-writable means writable by the owner alone."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+        group = grp.getgrgid(gid)
+    except (KeyError, OverflowError):
+        return False
+    return (
+        gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+    )
+
+
+def _others_can_write(info: os.stat_result) -> str | None:
+    """`world-writable`, `group-writable`, or None when only the owner may write."""
+    if info.st_mode & stat.S_IWOTH:
+        return "world-writable"
+    if info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, info.st_uid):
+        return "group-writable"
+    return None
+
+
+def untrusted(path: str | os.PathLike[str]) -> Untrusted | None:
+    """Why a file could hold contents that neither you nor root chose, or None.
+
+    The reasoning is git's (`safe.directory`, after CVE-2022-24765) carried to one file.
+    Whoever can write the file, or change which file its name refers to, chooses what it
+    says. That is: the file's owner (and its group or everyone, if it is writable by
+    them); for a symlink, the link's owner too; and whoever can write the directory
+    holding the name (and, for a link, the target's directory). Each of those must be
+    you (the effective uid) or root. A directory writable by others is allowed only with
+    the sticky bit (like /tmp, mode 1777): there only an entry's owner, the directory's
+    owner and root can rename or remove it, and both are checked. Group-writable counts
+    as the owner's alone when the group is the owner's private group.
+
+    A path that cannot be examined gives None: reading it reports what is wrong. Systems
+    without POSIX owners (Windows) have nothing to check.
+    """
+    if not hasattr(os, "geteuid"):  # pragma: no cover - not POSIX
+        return None
+    me = os.geteuid()
+    trusted = {me, 0}
+    try:
+        info = os.stat(path)
+        link = os.lstat(path)
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        return None
+    shown = os.path.abspath(path)
+    take_over = f"chown {user_name(me) or me} {shown}"
+    if info.st_uid not in trusted:
+        return Untrusted(
+            f"owned by {_who(info.st_uid)}, {_not_us(me)}",
+            info.st_uid,
+            user_name(info.st_uid),
+            f"take it over if you trust its contents: {take_over}",
+        )
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in trusted:
+        return Untrusted(
+            f"a symlink owned by {_who(link.st_uid)}, {_not_us(me)}",
+            link.st_uid,
+            user_name(link.st_uid),
+            f"replace the link with a link or copy of your own: {shown}",
+        )
+    writable = _others_can_write(info)
+    if writable is not None:
+        return Untrusted(
+            f"{writable} (mode {stat.S_IMODE(info.st_mode):04o}): others can change it",
+            info.st_uid,
+            user_name(info.st_uid),
+            f"chmod go-w {real}",
+        )
+    for directory in dict.fromkeys((os.path.dirname(shown), os.path.dirname(real))):
+        try:
+            held = os.stat(directory)
+        except OSError:
+            return None
+        if held.st_uid not in trusted:
+            return Untrusted(
+                f"its directory {directory} is owned by {_who(held.st_uid)}, {_not_us(me)}, "
+                "and its owner can put another file in its place",
+                held.st_uid,
+                user_name(held.st_uid),
+                "move the policy into a directory of your own",
+            )
+        writable = _others_can_write(held)
+        if writable is not None and not held.st_mode & stat.S_ISVTX:
+            return Untrusted(
+                f"its directory {directory} is {writable} (mode "
+                f"{stat.S_IMODE(held.st_mode):04o}) without the sticky bit: others can put "
+                "another file in its place",
+                held.st_uid,
+                user_name(held.st_uid),
+                f"chmod go-w {directory}, or move the policy into a directory of your own",
+            )
+    return None

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from ._cover import CoverJudge
 from ._errors import DeviceUnavailableError
-from ._layers import RuleEntry
+from ._files import untrusted
+from ._layers import RuleEntry, Setting
 from ._machine import D
 from ._policy import Policy
 from ._prefixes import PrefixIndex
 from ._routing import Fit, Route
-from ._runtime import plan_runtime
+from ._runtime import env_needs_allow, plan_runtime
 from ._targets import ShardingTarget, Target
 
 Severity = Literal["error", "warning"]
@@ -32,7 +34,8 @@ class Finding:
         origin: Where: `file:line`, `env:DEVPOLICY_RULES`, ...
         code: A stable short name: `unreachable-rule`, `missing-device`,
             `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
-            `runtime-conflict`, `runtime-env-wins`, `file-never-matches`.
+            `runtime-conflict`, `runtime-env-wins`, `runtime-opt-in`,
+            `runtime-allow-unused`, `untrusted-policy`, `file-never-matches`.
         message: What is wrong and what to do.
     """
 
@@ -309,7 +312,61 @@ def _file_rules(rules: tuple[RuleEntry, ...]) -> list[Finding]:
 
 
 def _runtime_findings(policy: Policy) -> list[Finding]:
-    """Runtime knobs this process's environment overrides or contradicts."""
+    """Runtime knobs this process's environment overrides or contradicts; powerful `env:`
+    variables the policy opted into (`runtime.allow`), and opt-ins it does not use; a
+    named policy file that fails the trust check."""
+    wanted = policy.settings.runtime
+    findings = _opt_ins(wanted)
+    if policy.file is not None:
+        why = untrusted(policy.file)
+        if why is not None:
+            findings.append(
+                Finding(
+                    "warning",
+                    policy.file,
+                    "untrusted-policy",
+                    f"{why.reason}: used only because it was named; discovery would refuse "
+                    f"it; to trust it, {why.fix}",
+                )
+            )
+    return findings + _runtime_environment(policy)
+
+
+def _opt_ins(wanted: Mapping[str, Setting]) -> list[Finding]:
+    allow = wanted.get("allow")
+    used: set[str] = set()
+    findings = []
+    for key, setting in wanted.items():
+        if not key.startswith("env."):
+            continue
+        name = key.removeprefix("env.")
+        value = setting.value
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        for item, why in env_needs_allow(name, text):
+            used.add(item)
+            findings.append(
+                Finding(
+                    "warning",
+                    setting.origin,
+                    "runtime-opt-in",
+                    f"runtime.env.{name}: {item} {why}; it is set because `runtime.allow` "
+                    "lists it: be sure this policy, and anything it names, is yours",
+                )
+            )
+    for item in allow.value if allow is not None else ():
+        if item not in used:
+            findings.append(
+                Finding(
+                    "warning",
+                    allow.origin if allow is not None else "",
+                    "runtime-allow-unused",
+                    f"runtime.allow lists {item}, which runtime.env does not set: remove it",
+                )
+            )
+    return findings
+
+
+def _runtime_environment(policy: Policy) -> list[Finding]:
     runtime = plan_runtime(policy.settings.runtime, os.environ)
     findings = [Finding("warning", "env", "runtime-conflict", c) for c in runtime.conflicts]
     findings += [

@@ -1,18 +1,26 @@
-"""`load_policy`: read a policy and apply the environment and code layers."""
+"""`load_policy`: read a policy and apply the environment and code layers.
+
+`load_settings` does all of it but build the `Policy`, and imports no JAX: `devpolicy run`
+prepares a child's environment with it.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._capacity import Capacity
 from ._discovery import discover
 from ._documents import display_path, read_document, validate_overrides
 from ._env import read_env
-from ._layers import merge
-from ._policy import Policy
+from ._files import Untrusted, untrusted
+from ._layers import Settings, merge
+
+if TYPE_CHECKING:
+    from ._capacity import Capacity
+    from ._policy import Policy
 
 PolicyInput = str | os.PathLike[str] | Mapping[str, Any]
 
@@ -20,6 +28,63 @@ PolicyInput = str | os.PathLike[str] | Mapping[str, Any]
 #: policy (absolute path, as shown). `_active` drains it to warn when module-level calls
 #: decide by a discovered policy while another file was loaded (and not activated).
 loaded_files: list[tuple[str, str]] = []
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """Settings of every layer, how the policy was found, and the trust check's verdict.
+
+    Attributes:
+        settings: The merged settings.
+        how: How the policy was found (`DEVPOLICY_FILE`, a path, ...).
+        untrusted: Why the file the user named is not trusted, or None. (A file that
+            discovery found untrusted is refused, never loaded.)
+    """
+
+    settings: Settings
+    how: str
+    untrusted: Untrusted | None = None
+
+    def untrusted_fields(self) -> dict[str, Any]:
+        """Fields of the `untrusted_policy` warning event."""
+        assert self.untrusted is not None
+        return {
+            "policy": self.settings.file,
+            "reason": self.untrusted.reason,
+            "owner_uid": self.untrusted.uid,
+            "owner": self.untrusted.name,
+            "fix": self.untrusted.fix,
+        }
+
+
+def load_settings(
+    source: PolicyInput | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Loaded:
+    """Everything `load_policy` does but build the Policy (no JAX is imported).
+
+    Raises:
+        PolicyError, EnvOverrideError: as `load_policy`.
+        UntrustedPolicyError: discovery found a file someone else could have written.
+    """
+    env = read_env(os.environ if environ is None else environ)
+    code = validate_overrides(overrides) if overrides is not None else None
+    named: Path | None = None
+    if source is None:
+        found = discover(env.file, Path.cwd())
+        document = read_document(found.path) if found.path is not None else None
+        how = found.how
+        named = found.path if found.named else None
+    else:
+        document = read_document(source)
+        how = "given to load_policy" if isinstance(source, Mapping) else display_path(Path(source))
+        named = None if isinstance(source, Mapping) else Path(source)
+    # A file the user named is theirs to choose: used, with a warning if others could
+    # have written it. (Discovery refuses such a file.)
+    why = untrusted(named) if named is not None else None
+    return Loaded(merge(document, env, code), how, why)
 
 
 def load_policy(
@@ -36,9 +101,11 @@ def load_policy(
 
     Args:
         source: A YAML file path or a mapping. None discovers: `DEVPOLICY_FILE`, else
-            `devpolicy.yaml` in the working directory or a parent, else
-            `[tool.devpolicy] policy = "..."` in the nearest `pyproject.toml`, else an
-            empty policy (every name goes to JAX's default device).
+            `devpolicy.yaml` in the working directory or a parent up to the project root,
+            else `[tool.devpolicy] policy = "..."` in the project's `pyproject.toml`, else
+            an empty policy (every name goes to JAX's default device). A file discovery
+            finds must pass the trust check (README, "Trust"); a file named here or in
+            `DEVPOLICY_FILE` that fails it is used, with an `untrusted_policy` warning.
         overrides: Settings given in code, highest precedence: `default`, `fallback`,
             `strict`, `disable`, `rules` (tried before all others), `logging_level`,
             `logging_format`.
@@ -49,6 +116,8 @@ def load_policy(
 
     Raises:
         PolicyError: the policy is malformed (file, line, field path, valid choices).
+        UntrustedPolicyError: discovery found a policy file that someone other than you
+            or root could have written or put there (a PolicyError).
         EnvOverrideError: a `DEVPOLICY_*` variable is malformed.
 
     Example:
@@ -59,15 +128,13 @@ def load_policy(
         >>> p.resolve("dataset/train").device_text, p.resolve("dataset/train").origin
         ('cpu:1', 'env:DEVPOLICY_RULES')
     """
-    env = read_env(os.environ if environ is None else environ)
-    code = validate_overrides(overrides) if overrides is not None else None
-    if source is None:
-        found = discover(env.file, Path.cwd())
-        document = read_document(found.path) if found.path is not None else None
-        how = found.how
-    else:
-        document = read_document(source)
-        how = "given to load_policy" if isinstance(source, Mapping) else display_path(Path(source))
-        if not isinstance(source, Mapping):
-            loaded_files.append((os.path.abspath(source), how))
-    return Policy(merge(document, env, code), how, capacity)
+    # Imported here, not above: the Policy brings JAX, which `load_settings` must not.
+    from ._policy import Policy
+
+    loaded = load_settings(source, overrides=overrides, environ=environ)
+    if source is not None and not isinstance(source, Mapping):
+        loaded_files.append((os.path.abspath(source), loaded.how))
+    policy = Policy(loaded.settings, loaded.how, capacity)
+    if loaded.untrusted is not None:
+        policy.events.emit("warning", "untrusted_policy", loaded.untrusted_fields())
+    return policy

@@ -20,7 +20,7 @@ import os
 import pkgutil
 import re
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -29,9 +29,9 @@ from ._errors import PolicyError, Problem, RuntimeTooLateError
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 #: What jaxlib's `generate_pjrt_gpu_plugin_options` accepts for XLA_PYTHON_CLIENT_ALLOCATOR.
 ALLOCATORS = ("default", "platform", "bfc", "cuda_async", "vmm")
-#: Names the `env:` mapping accepts (other knobs of JAX, XLA and TensorFlow's C++ runtime).
+#: Names the `env:` mapping can ever accept (other knobs of JAX, XLA and TensorFlow's C++
+#: runtime); only those in ENV_VARIABLES without `runtime.allow` (see env_problem).
 ENV_NAME_PATTERN = r"^(XLA|JAX|TF)_[A-Z0-9_]+$"
-ENV_NAME_FORMS = "an upper-case XLA_*, JAX_* or TF_* variable name"
 
 PLATFORMS_VAR = "JAX_PLATFORMS"
 CPU_DEVICES_VAR = "JAX_NUM_CPU_DEVICES"
@@ -134,10 +134,256 @@ KNOBS: tuple[Knob, ...] = (
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 _BY_NAME = {k.name: k for k in KNOBS}
-#: Variables a typed knob owns: `env:` may not set them (one knob, one spelling).
+#: Variables a typed knob owns: `env:` may not set them (one knob, one spelling). Besides
+#: the knobs' own variables: JAX's other spellings of the same settings.
 OWNED_VARIABLES: dict[str, str] = {
-    v: k.name for k in KNOBS for v in k.variables if v != XLA_FLAGS_VAR
+    **{v: k.name for k in KNOBS for v in k.variables if v != XLA_FLAGS_VAR},
+    "JAX_PLATFORM_NAME": "platforms",  # jax_platform_name, deprecated for jax_platforms
+    "JAX_CUDA_VISIBLE_DEVICES": "visible_devices",  # jax_cuda_visible_devices
+    "JAX_ROCM_VISIBLE_DEVICES": "visible_devices",  # jax_rocm_visible_devices
 }
+#: XLA flags a typed knob owns (in `env: {XLA_FLAGS: ...}`).
+OWNED_FLAGS: dict[str, str] = {HOST_DEVICE_COUNT_FLAG: "cpu_devices"}
+
+
+# `runtime.env`: the variables devpolicy knows, each validated --------------------------
+
+#: Why a variable or flag needs `runtime.allow`: it names a path (whoever can write
+#: there changes what runs: a compilation cache holds compiled code) or changes results.
+NAMES_A_PATH = "names a path: whoever can write there can change what runs, or read what it writes"
+CHANGES_RESULTS = "changes what programs compute"
+NOT_KNOWN = "is not one devpolicy knows, so it cannot say what it does"
+ALLOW_FORMS = (
+    "a variable name of runtime.env (JAX_COMPILATION_CACHE_DIR) or an XLA flag (--xla_dump_to)"
+)
+ALLOW_PATTERN = r"^((XLA|JAX|TF)_[A-Z0-9_]+|--xla_[a-z0-9_]+)$"
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+Check = Callable[[str], str | None]
+
+
+def _one_of(*choices: str, fold: bool = False) -> Check:
+    def check(text: str) -> str | None:
+        if (text.upper() if fold else text) in choices:
+            return None
+        return f"expected one of {', '.join(choices)}"
+
+    return check
+
+
+def _whole(low: int, high: int | None = None) -> Check:
+    def check(text: str) -> str | None:
+        digits = text.isascii() and text.isdigit() and len(text) <= 18
+        if digits and low <= int(text) <= (high if high is not None else int(text)):
+            return None
+        upper = f"..{high}" if high is not None else " or more"
+        return f"expected a whole number {low}{upper}"
+
+    return check
+
+
+def _boolean(text: str) -> str | None:
+    if text.lower() in ("true", "false", "1", "0"):
+        return None
+    return "expected true or false"
+
+
+def _modules(text: str) -> str | None:
+    if re.fullmatch(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*", text):
+        return None
+    return "expected module names separated by commas (jax._src.dispatch,jax._src.xla_bridge)"
+
+
+def _any_text(text: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVariable:
+    """A variable `runtime.env` may set.
+
+    Attributes:
+        name: The variable.
+        check: The problem with a value's text, or None when it is accepted.
+        needs_allow: Why it must be named in `runtime.allow` (`NAMES_A_PATH`,
+            `CHANGES_RESULTS`), or None.
+        doc: What it does.
+    """
+
+    name: str
+    check: Check
+    needs_allow: str | None
+    doc: str
+
+
+_TRANSFER_GUARDS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
+_LOG_LEVELS = ("NOTSET", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+ENV_VARIABLES: dict[str, EnvVariable] = {
+    v.name: v
+    for v in (
+        EnvVariable("XLA_FLAGS", _any_text, None, "XLA's flags (each flag is checked)"),
+        EnvVariable("TF_CPP_MIN_LOG_LEVEL", _whole(0, 3), None, "C++ log threshold, 0 (all)..3"),
+        EnvVariable("TF_CPP_MAX_VLOG_LEVEL", _whole(0, 10), None, "C++ verbose logging level"),
+        EnvVariable(
+            "JAX_LOGGING_LEVEL", _one_of(*_LOG_LEVELS, fold=True), None, "level of JAX's loggers"
+        ),
+        EnvVariable("JAX_DEBUG_LOG_MODULES", _modules, None, "modules JAX logs at debug"),
+        EnvVariable("JAX_LOG_COMPILES", _boolean, None, "log each compilation"),
+        EnvVariable(
+            "JAX_TRANSFER_GUARD",
+            _one_of(*_TRANSFER_GUARDS),
+            None,
+            "implicit transfers: log, refuse",
+        ),
+        EnvVariable(
+            "JAX_COMPILATION_CACHE_DIR",
+            _any_text,
+            NAMES_A_PATH,
+            "persistent cache of compiled code",
+        ),
+        EnvVariable("JAX_DUMP_IR_TO", _any_text, NAMES_A_PATH, "directory JAX writes its IR to"),
+        EnvVariable("JAX_DISABLE_JIT", _boolean, CHANGES_RESULTS, "run everything op by op"),
+        EnvVariable(
+            "JAX_DEFAULT_PRNG_IMPL",
+            _one_of(
+                "threefry2x32", "threefry4x32", "rbg", "unsafe_rbg", "philox2x32", "philox4x32"
+            ),
+            CHANGES_RESULTS,
+            "random number generator (changes every random stream)",
+        ),
+        EnvVariable("JAX_THREEFRY_PARTITIONABLE", _boolean, CHANGES_RESULTS, "random streams"),
+        EnvVariable("JAX_RANDOM_SEED_OFFSET", _whole(0), CHANGES_RESULTS, "offset of every seed"),
+        EnvVariable("JAX_ENABLE_CHECKS", _boolean, CHANGES_RESULTS, "JAX's internal checks"),
+        EnvVariable("JAX_DEBUG_NANS", _boolean, CHANGES_RESULTS, "raise at the first NaN"),
+        EnvVariable("JAX_DEBUG_INFS", _boolean, CHANGES_RESULTS, "raise at the first inf"),
+        EnvVariable("JAX_DEFAULT_MATMUL_PRECISION", _any_text, CHANGES_RESULTS, "matmul precision"),
+        EnvVariable(
+            "JAX_NUMPY_RANK_PROMOTION",
+            _one_of("allow", "warn", "raise"),
+            CHANGES_RESULTS,
+            "broadcasting",
+        ),
+        EnvVariable(
+            "JAX_NUMPY_DTYPE_PROMOTION",
+            _one_of("standard", "strict"),
+            CHANGES_RESULTS,
+            "type promotion",
+        ),
+    )
+}
+
+ENV_NAME_FORMS = (
+    ", ".join(ENV_VARIABLES)
+    + "; or another upper-case XLA_*, JAX_* or TF_* variable listed in `runtime.allow`"
+)
+
+#: XLA flags devpolicy knows, with the check of their value (the empty text for `--flag`).
+XLA_FLAG_CHECKS: dict[str, Check] = {
+    "--xla_cpu_multi_thread_eigen": _boolean,
+    "--xla_gpu_enable_latency_hiding_scheduler": _boolean,
+    "--xla_gpu_memory_limit_slop_factor": _whole(1, 1000),
+}
+_PATH_FLAG = re.compile(r"dump|_dir$|_to$|_file$|_path$|cache")
+
+
+def flag_needs_allow(flag: str) -> str | None:
+    """Why an XLA flag must be named in `runtime.allow`, or None."""
+    if flag in XLA_FLAG_CHECKS:
+        return None
+    return NAMES_A_PATH if _PATH_FLAG.search(flag) else NOT_KNOWN
+
+
+def env_needs_allow(name: str, text: str) -> list[tuple[str, str]]:
+    """What in `name=text` must be named in `runtime.allow`: (variable or flag, why).
+
+    `text` is assumed valid (`env_problem` says nothing about it).
+    """
+    known = ENV_VARIABLES.get(name)
+    if known is None:
+        return [(name, NOT_KNOWN)]
+    if name == XLA_FLAGS_VAR:
+        out = []
+        for flag, _ in _flags(text):
+            why = flag_needs_allow(flag)
+            if why is not None:
+                out.append((flag, why))
+        return out
+    return [(name, known.needs_allow)] if known.needs_allow else []
+
+
+def _flags(text: str) -> list[tuple[str, str | None]]:
+    out: list[tuple[str, str | None]] = []
+    for token in text.split():
+        flag, eq, value = token.partition("=")
+        out.append((flag, value if eq else None))
+    return out
+
+
+def env_problem(name: str, value: Any, allowed: set[str] | frozenset[str]) -> str | None:
+    """What is wrong with `runtime.env` setting `name` to `value`, or None.
+
+    The value must be one the OS can hold (no NUL, encodable) with no control characters
+    (no variable devpolicy knows takes them, and they would forge lines in `run --dry-run`),
+    and what that variable accepts; a variable or XLA flag that names a path or changes
+    results, or that devpolicy does not know, must be named in `allowed`.
+    """
+    if isinstance(value, bool):
+        text = _bool_text(value)
+    elif isinstance(value, str | int | float):
+        text = str(value)
+    else:
+        names = {dict: "mapping", list: "list", type(None): "null"}
+        kind = names.get(type(value), type(value).__name__)
+        return f"expected a string, number or boolean, got a {kind} {value!r}"
+    problem = holdable_problem(text)
+    if problem is not None:
+        return problem
+    known = ENV_VARIABLES.get(name)
+    if known is not None:
+        problem = known.check(text)
+        if problem is not None:
+            return f"{problem}, got {value!r}"
+    if name == XLA_FLAGS_VAR:
+        problem = _flags_problem(text)
+        if problem is not None:
+            return problem
+    missing = [(item, why) for item, why in env_needs_allow(name, text) if item not in allowed]
+    if missing:
+        item, why = missing[0]
+        return (
+            f"{item} {why}; a policy may set it only when it also says so: add "
+            f"`allow: [{item}]` under `runtime:` (devpolicy check then warns about it)"
+        )
+    return None
+
+
+def _flags_problem(text: str) -> str | None:
+    for flag, value in _flags(text):
+        if re.fullmatch(r"--xla_[a-z0-9_]+", flag) is None:
+            return f"not an XLA flag: {flag!r}; accepted: --xla_name or --xla_name=value"
+        knob = OWNED_FLAGS.get(flag)
+        if knob is not None:
+            return f"{flag} is what `runtime.{knob}` sets: write `{knob}:` instead"
+        check = XLA_FLAG_CHECKS.get(flag)
+        if check is not None:
+            problem = check(value if value is not None else "")
+            if problem is not None:
+                return f"{flag}: {problem}, got {value!r}"
+    return None
+
+
+def holdable_problem(text: str) -> str | None:
+    """Why an environment value cannot be held by the OS or safely shown, or None."""
+    if "\x00" in text:
+        return "contains a NUL byte, which no environment variable can hold"
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        return f"cannot be encoded for the environment: {text!r}"
+    if _CONTROL.search(text):
+        return f"contains a control character (newline, tab...): {text!r}"
+    return None
 
 
 class Wanted(Protocol):
@@ -242,6 +488,25 @@ class RuntimeSettings:
         if self.conflicts:
             fields["conflicts"] = list(self.conflicts)
         return fields
+
+    def applied_fields(self, file: str | None, found: str) -> dict[str, Any]:
+        """Fields of the `runtime` event of `bootstrap()` and `devpolicy run`: the policy
+        file applied, how it was found, every variable set (`NAME=value`), what of it
+        needed `runtime.allow`, and each knob's fields (`event_fields`)."""
+        opted = [
+            item
+            for k in self.knobs
+            if k.source == "policy" and k.knob.startswith("env.")
+            for item, _ in env_needs_allow(k.variable, k.text)
+        ]
+        fields: dict[str, Any] = {
+            "policy": file,
+            "found": found,
+            "set": [f"{name}={text}" for name, text in self.assignments().items()],
+        }
+        if opted:
+            fields["opted_in"] = opted
+        return fields | self.event_fields()
 
 
 # Reading the installed jax and its plugins, without starting (or importing) JAX ----------
@@ -473,13 +738,15 @@ def _config_value(option: str, text: str) -> Any:
     return text
 
 
-def _set_options(knobs: list[RuntimeKnob]) -> None:
-    """Set each knob's `jax.config` option, all or none.
+def _set_options(knobs: list[RuntimeKnob]) -> list[tuple[str, Any]]:
+    """Set each knob's `jax.config` option, all or none; return what to put back to undo.
 
     Raises:
         PolicyError: at the line of the first value JAX refuses; the options set before
             it are put back.
     """
+    if not knobs:
+        return []
     import jax
 
     applied: list[tuple[str, Any]] = []
@@ -495,19 +762,58 @@ def _set_options(knobs: list[RuntimeKnob]) -> None:
             except Exception as e:  # a value JAX refuses (not a knob set too late)
                 raise _refused(k, e) from None
     except PolicyError:
-        for option, before in reversed(applied):
-            _update(option, before)
+        _restore_options(applied)
+        raise
+    return applied
+
+
+def _restore_options(applied: list[tuple[str, Any]]) -> None:
+    for option, before in reversed(applied):
+        _update(option, before)
+
+
+def _check_holdable(plan: RuntimeSettings) -> None:
+    """Every value the plan would set can be held by the environment (no NUL...).
+
+    Validation refuses such values when a policy is loaded; this keeps a plan made some
+    other way from stopping half-way through setting variables.
+
+    Raises:
+        PolicyError: at the knob's line.
+    """
+    for k in plan.knobs:
+        problem = holdable_problem(k.text) if k.source == "policy" else None
+        if problem is not None:
+            raise _refused(k, ValueError(problem), "cannot be set")
+
+
+def _set_environ(
+    environ: MutableMapping[str, str], new: Mapping[str, str], undo: list[tuple[str, Any]]
+) -> None:
+    """Set the variables of `new` that differ, all or none (and undo `jax.config` options
+    set before them if one fails)."""
+    before = {name: environ.get(name) for name in new if environ.get(name) != new[name]}
+    try:
+        for name in before:
+            environ[name] = new[name]
+    except BaseException:
+        for name, value in before.items():
+            if value is None:
+                environ.pop(name, None)
+            else:
+                environ[name] = value
+        _restore_options(undo)
         raise
 
 
-def _refused(knob: RuntimeKnob, error: Exception) -> PolicyError:
+def _refused(knob: RuntimeKnob, error: Exception, what: str = "JAX refuses") -> PolicyError:
     """A value jax.config refuses, as a PolicyError at the line that gave it."""
     file, _, line = knob.origin.rpartition(":")
     # `file:line`, or `<mapping>:runtime.x` for a policy given as a mapping.
     where = (file, int(line)) if line.isdigit() else (knob.origin.split(":", 1)[0], None)
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
     return PolicyError.single(
-        where[0], where[1], f"runtime.{knob.knob}", f"JAX refuses {knob.text!r}: {reason}"
+        where[0], where[1], f"runtime.{knob.knob}", f"{what} {knob.text!r}: {reason}"
     )
 
 
@@ -585,17 +891,19 @@ def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> R
     Raises:
         RuntimeTooLateError: naming each knob, its wanted and its running value.
     """
+    _check_holdable(plan)
     if not _jax_started():
+        undo: list[tuple[str, Any]] = []
         if "jax" in sys.modules:
             # jax.config first: a value it refuses must leave the environment untouched.
-            _set_options(
+            undo = _set_options(
                 [
                     k
                     for k in plan.knobs
                     if _is_config_option(k.config) and k.variable.startswith("JAX_")
                 ]
             )
-        environ.update(plan.environment(environ))
+        _set_environ(environ, plan.environment(environ), undo)
         return plan
     late: list[tuple[str, str, str, str]] = []
     live: list[RuntimeKnob] = []
@@ -609,6 +917,7 @@ def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> R
             late.append((k.knob, k.text, actual, k.origin))
     if late:
         raise RuntimeTooLateError(late, FIX)
-    _set_options(live)
-    environ.update(RuntimeSettings(tuple(live), ()).environment(environ) if live else {})
+    undo = _set_options(live)
+    if live:
+        _set_environ(environ, RuntimeSettings(tuple(live), ()).environment(environ), undo)
     return with_state(plan, environ)

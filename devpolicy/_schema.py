@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -26,11 +27,15 @@ from ._errors import did_you_mean
 from ._matching import compile_regex
 from ._runtime import (
     ALLOCATORS,
+    ALLOW_FORMS,
+    ALLOW_PATTERN,
     ENV_NAME_FORMS,
     ENV_NAME_PATTERN,
+    ENV_VARIABLES,
     GIB,
     OWNED_VARIABLES,
     PLATFORMS,
+    env_problem,
 )
 from ._sizes import SIZE_FORMS, SIZE_PATTERN, format_size, parse_size
 from ._targets import (
@@ -472,12 +477,38 @@ def _env_name(value: Any) -> str:
     return value
 
 
-def _env_value(value: Any) -> Any:
-    if isinstance(value, str | bool | int | float):
+@dataclass(frozen=True, slots=True)
+class _EnvEntry:
+    """An `env:` value with its name and the policy's `allow:` list, so that the value's
+    check (which depends on both) reports at the entry's own line."""
+
+    name: Any
+    value: Any
+    allowed: frozenset[str]
+
+
+def _env_value(entry: Any) -> Any:
+    if not isinstance(entry, _EnvEntry):
+        return entry
+    if not isinstance(entry.name, str) or re.fullmatch(ENV_NAME_PATTERN, entry.name) is None:
+        # The name's own error says it; the value is not judged against a wrong name.
+        return entry.value if isinstance(entry.value, str | bool | int | float) else ""
+    if entry.name in OWNED_VARIABLES:
+        return entry.value if isinstance(entry.value, str | bool | int | float) else ""
+    problem = env_problem(entry.name, entry.value, entry.allowed)
+    if problem is not None:
+        raise _fail(problem)
+    return entry.value
+
+
+def _listed_once(value: Any) -> Any:
+    return _distinct("variable or flag")(value) if value != [] else value
+
+
+def _allow_item(value: Any) -> str:
+    if isinstance(value, str) and re.fullmatch(ALLOW_PATTERN, value):
         return value
-    names = {dict: "mapping", list: "list", type(None): "null"}
-    kind = names.get(type(value), type(value).__name__)
-    raise _fail(f"expected a string, number or boolean, got a {kind} {value!r}")
+    raise _fail(f"not a variable or XLA flag: {value!r}; accepted: {ALLOW_FORMS}")
 
 
 Platform = Annotated[
@@ -531,6 +562,11 @@ EnvValue = Annotated[
     BeforeValidator(_env_value),
     WithJsonSchema({"type": ["string", "number", "boolean"]}),
 ]
+AllowItem = Annotated[
+    str,
+    BeforeValidator(_allow_item),
+    WithJsonSchema({"type": "string", "pattern": ALLOW_PATTERN, "description": ALLOW_FORMS}),
+]
 
 
 class RuntimeSpec(_Strict):
@@ -563,10 +599,32 @@ class RuntimeSpec(_Strict):
         description="Cap of the pinned-host staging pool, whole GiB "
         "(XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB).",
     )
+    allow: Annotated[list[AllowItem], BeforeValidator(_listed_once)] = Field(
+        default_factory=list,
+        description="Variables of `env` (and XLA flags of its XLA_FLAGS) that name a path, "
+        "change results, or that devpolicy does not know: each must be listed here to be set.",
+    )
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
-        description="Other XLA_*, JAX_* and TF_* variables, set like the knobs above.",
+        description="Other variables, set like the knobs above: "
+        + ", ".join(sorted(n for n, v in ENV_VARIABLES.items() if v.needs_allow is None))
+        + "; any other XLA_*, JAX_* or TF_* variable only when listed in `allow`.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pair_env_with_allow(cls, data: Any) -> Any:
+        # Each env value is checked knowing its name and `allow` (see _EnvEntry).
+        if not isinstance(data, dict) or not isinstance(data.get("env"), dict):
+            return data
+        allow = data.get("allow")
+        allowed = (
+            frozenset(a for a in allow if isinstance(a, str))
+            if isinstance(allow, list)
+            else frozenset()
+        )
+        env = {name: _EnvEntry(name, value, allowed) for name, value in data["env"].items()}
+        return {**data, "env": env}
 
 
 class PolicySpec(_Strict):

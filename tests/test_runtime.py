@@ -138,7 +138,11 @@ class TestBootstrap:
 
     def test_env_section_reaches_jax_config_options_read_at_import(self, tmp_path: Path) -> None:
         """env: JAX_* options are applied through jax.config (jax is already imported)."""
-        policy_file(tmp_path, "env:\n  JAX_DEFAULT_PRNG_IMPL: rbg\n  TF_CPP_MIN_LOG_LEVEL: 3")
+        policy_file(
+            tmp_path,
+            "allow: [JAX_DEFAULT_PRNG_IMPL]\nenv:\n  JAX_DEFAULT_PRNG_IMPL: rbg\n"
+            "  TF_CPP_MIN_LOG_LEVEL: 3",
+        )
         code = """
             import os, devpolicy, jax
             devpolicy.bootstrap('p.yaml')
@@ -155,7 +159,10 @@ class TestRefusedValues:
     ) -> None:
         """Before or after the backend starts: a PolicyError at the field's line, the
         environment and jax.config as they were."""
-        policy = policy_file(tmp_path, "env:\n  JAX_DEFAULT_MATMUL_PRECISION: bogus")
+        policy = policy_file(
+            tmp_path,
+            "env:\n  JAX_DEFAULT_MATMUL_PRECISION: bogus\nallow: [JAX_DEFAULT_MATMUL_PRECISION]",
+        )
         result = python(
             f"""
             import json, os, jax, devpolicy
@@ -387,7 +394,7 @@ class TestValidation:
             ("preallocate: 'no'", r"p\.yaml:3: runtime\.preallocate: expected true or false"),
             (
                 "env: {foo: 1}",
-                r"p\.yaml:3: runtime\.env\.foo: not a variable runtime\.env may set: 'foo'; accepted: an upper-case XLA_\*",
+                r"p\.yaml:3: runtime\.env\.foo: not a variable runtime\.env may set: 'foo'; accepted: XLA_FLAGS, TF_CPP_MIN_LOG_LEVEL, .*; or another upper-case XLA_\*, JAX_\* or TF_\* variable listed in `runtime\.allow`",
             ),
             (
                 "env: {XLA_PYTHON_CLIENT_PREALLOCATE: 'false'}",
