@@ -23,6 +23,7 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 _PLAN_ROWS = 40
 _MAX_PROCESSES = 65536
+_DIGITS = re.compile("[0-9]+")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,11 +53,20 @@ def _devices_item(text: str) -> str:
 
 
 def _processes(text: str) -> int:
-    if not text.strip().isdigit() or not 1 <= int(text) <= _MAX_PROCESSES:
+    # ASCII digits only, as in --devices (`isdigit`/`int` would also take '٣', '²' and
+    # ' 3'), and never more digits than `int` takes: a 5,000-digit count is out of range.
+    digits = text.lstrip("0")
+    if not _DIGITS.fullmatch(text) or len(digits) > len(str(_MAX_PROCESSES)):
+        count = None
+    else:
+        count = int(digits or "0")
+    if count is None or not 1 <= count <= _MAX_PROCESSES:
+        shown = text if len(text) <= 20 else f"{text[:20]}... ({len(text):,} characters)"
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a process count; accepted: a whole number 1..{_MAX_PROCESSES}"
+            f"{shown!r} is not a process count; accepted: a whole number 1..{_MAX_PROCESSES}, "
+            "in the digits 0-9"
         )
-    return int(text)
+    return count
 
 
 def _size(text: str) -> int:
