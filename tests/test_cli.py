@@ -637,3 +637,32 @@ class TestMachineCounts:
             devpolicy.MachineSpecError, match=r"a count of 5,000 digits of devices \(1\.\.65536\)"
         ):
             devpolicy.VirtualMachine(["gpu=" + "9" * 5000])
+
+
+class TestPlanSaysWhatAndWhy:
+    def test_plan_help_names_directories_and_index_files(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`plan --help` says it takes a checkpoint directory or an index, not only a file."""
+        with pytest.raises(SystemExit):
+            main(["plan", "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "CKPT a .safetensors file, a checkpoint directory or its index" in out
+        assert "(model.safetensors.index.json)" in out
+
+    def test_a_sharding_passed_over_without_fallback_shows_why_in_the_row(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The row says what `explain` says: dim 0 of 10 does not divide by 'data' (8)."""
+        path = tmp_path / "c.safetensors"
+        devpolicy.save_file({"w": np.zeros((10, 4), np.float32)}, path)
+        policy = write(
+            tmp_path / "p.yaml",
+            "version: 1\nmeshes:\n  pod: {axes: {data: 8}, devices: cpu}\n"
+            "rules:\n  - match: c/w\n    sharding: {mesh: pod, spec: [data]}\n",
+        )
+        assert main(["plan", str(path), "--policy", str(policy), "--devices", "cpu=8"]) == 1
+        out = capsys.readouterr().out
+        assert "(no fallback given)" in out
+        assert "pod[data]: dim 0 of 10 does not divide by axis 'data' (8)" in out
+        assert "available:" not in out
