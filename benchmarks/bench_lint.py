@@ -15,7 +15,10 @@ Table 3: linting N regex rules with no literal prefix (`[a-z]+/layer{i}/(w|b)`, 
 share their empty prefix with every rule) plus a copy of rule 7 at the end, which must be
 reported. Every rule used to be compared on automata with every earlier one; now only with
 the earlier rules that match one of its names. `--no-prefix-only` prints this table alone
-(run it with an older checkout's interpreter to compare).
+(run it with an older checkout's interpreter to compare). Measured on a shared 2-core
+machine: 250 rules 0.14 s and 2,000 rules 1.0 s now, both finding the dead rule; comparing
+every pair, 250 rules 47 s with the dead rule missed (the automata budget ran out before
+it), and 2,000 rules unfinished after half an hour.
 
 Medians of --repeat runs, with the spread (min-max). Shared machines are noisy: read the
 ratios, not the absolute numbers.
