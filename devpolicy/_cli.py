@@ -1,9 +1,11 @@
 """The `devpolicy` command line. Uses only the public API, as any user would, except `run`,
-which reads the settings without building a Policy so that it never imports JAX."""
+which reads the settings without building a Policy so that it never imports JAX, and the
+leaf that every output shows untrusted text through."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -19,12 +21,15 @@ from rich.table import Table
 from rich.text import Text
 
 import devpolicy
+from devpolicy._visible import visible as _visible
+from devpolicy._visible import visible_lines as _visible_lines
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 _PLAN_ROWS = 40
 _MAX_PROCESSES = 65536
+_DIGITS = re.compile("[0-9]+")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,11 +59,20 @@ def _devices_item(text: str) -> str:
 
 
 def _processes(text: str) -> int:
-    if not text.strip().isdigit() or not 1 <= int(text) <= _MAX_PROCESSES:
+    # ASCII digits only, as in --devices (`isdigit`/`int` would also take '٣', '²' and
+    # ' 3'), and never more digits than `int` takes: a 5,000-digit count is out of range.
+    digits = text.lstrip("0")
+    if not _DIGITS.fullmatch(text) or len(digits) > len(str(_MAX_PROCESSES)):
+        count = None
+    else:
+        count = int(digits or "0")
+    if count is None or not 1 <= count <= _MAX_PROCESSES:
+        shown = text if len(text) <= 20 else f"{text[:20]}... ({len(text):,} characters)"
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a process count; accepted: a whole number 1..{_MAX_PROCESSES}"
+            f"{shown!r} is not a process count; accepted: a whole number 1..{_MAX_PROCESSES}, "
+            "in the digits 0-9"
         )
-    return int(text)
+    return count
 
 
 def _size(text: str) -> int:
@@ -116,8 +130,16 @@ def _parser() -> argparse.ArgumentParser:
     _machine_options(explain, "decide")
     explain.add_argument("--json", action="store_true", help="print JSON")
 
-    plan = commands.add_parser("plan", help="where every tensor of a safetensors file would go")
-    plan.add_argument("file", type=Path, help="a .safetensors file (only its header is read)")
+    plan = commands.add_parser(
+        "plan", help="where every tensor of a safetensors checkpoint would go"
+    )
+    plan.add_argument(
+        "file",
+        type=Path,
+        metavar="CKPT",
+        help="a .safetensors file, a checkpoint directory or its index "
+        "(model.safetensors.index.json); only headers are read",
+    )
     plan.add_argument("--policy", type=Path, default=None, help="policy file (default: discovery)")
     plan.add_argument("--prefix", default=None, help="name prefix (default: the file's stem)")
     plan.add_argument(
@@ -215,15 +237,6 @@ def _console() -> Console:
     return console
 
 
-# Control characters (C0, DEL, C1) and the bidirectional overrides that reorder text on screen.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def _visible(text: object) -> str:
-    """`text` with every control character shown as an escape (`\\x1b`), never obeyed."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
-
-
 def _lit(text: object, style: str = "") -> Text:
     """Data (names, paths, messages) as rich text shown literally: never read as markup.
 
@@ -231,10 +244,6 @@ def _lit(text: object, style: str = "") -> Text:
     goes through here (or `_visible` where it is printed without rich).
     """
     return Text(_visible(text), style=style)
-
-
-def _visible_lines(text: object) -> str:
-    return "\n".join(_visible(line) for line in str(text).split("\n"))
 
 
 def _load(path: Path | None) -> devpolicy.Policy:
@@ -367,14 +376,14 @@ def _print_runtime(console: Console, runtime: devpolicy.RuntimeSettings) -> None
         for column in ("knob", "value", "source", "from", "variable", "state"):
             table.add_column(column, overflow="fold")
         for k in runtime.knobs:
-            value = Text(k.text)
+            value = _lit(k.text)
             if k.note:
-                value.append(f" ({k.note})", style="dim")
-            state = Text(k.state, style="red" if k.state.startswith("differs") else "")
-            table.add_row(k.knob, value, k.source, k.origin, k.variable, state)
+                value.append_text(_lit(f" ({k.note})", "dim"))
+            state = _lit(k.state, "red" if k.state.startswith("differs") else "")
+            table.add_row(k.knob, value, k.source, _lit(k.origin), k.variable, state)
         console.print(table)
     for conflict in runtime.conflicts:
-        console.print(Text(f"runtime conflict: {conflict}", style="yellow"))
+        console.print(_lit(f"runtime conflict: {conflict}", "yellow"))
 
 
 # check -----------------------------------------------------------------------------------
@@ -612,7 +621,7 @@ def _plan(args: argparse.Namespace) -> int:
         device = _lit(t.decision.device_text) if t.decision else Text("none", style="red")
         if t.decision is not None and t.decision.fallback_reason:
             device.append_text(_lit(f" (asked {t.decision.requested})", "yellow"))
-        rule = t.decision.origin if t.decision else ((t.error or "").splitlines() or [""])[0]
+        rule = _lit(t.decision.origin) if t.decision else _why_not(t.error or "")
         share = t.decision.bytes_per_device() if t.decision else None
         table.add_row(
             _lit(t.name),
@@ -621,7 +630,7 @@ def _plan(args: argparse.Namespace) -> int:
             _size_text(t.nbytes),
             device,
             _size_text(share),
-            _lit(rule),
+            rule,
         )
     console.print(table)
     if len(shown) < len(p.tensors):
@@ -718,6 +727,17 @@ def _plan_notes(console: Console, p: devpolicy.Plan) -> None:
                 "yellow",
             )
         )
+
+
+def _why_not(error: str) -> Text:
+    """An unplaced tensor's error: what was asked, then why each target was passed over.
+
+    Not the devices this process has (the error's `available:` and later lines): they are
+    the same for every row.
+    """
+    lines = error.splitlines() or [""]
+    reasons = itertools.takewhile(lambda line: not line.startswith("  available:"), lines[1:])
+    return Text("\n").join([_lit(lines[0]), *(_lit(line.strip()) for line in reasons)])
 
 
 def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from ._routing import ALWAYS_MAPPED, NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit,
 from ._schema import RuleSpec, Source
 from ._sizes import format_size
 from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
+from ._visible import visible
 
 #: The devices decided between: JAX's, or a planned machine's (`VirtualDevice`).
 DeviceT = TypeVar("DeviceT", bound=DeviceLike, default=jax.Device)
@@ -145,7 +146,7 @@ class Decision(Generic[DeviceT]):
         line = f"{self.name}{size} -> {where} by {self.origin} ({self.source})"
         if self.fallback_reason is not None:
             line += f"; asked {self.requested}: {self.fallback_reason}"
-        return line
+        return visible(line)
 
     def __rich__(self) -> Any:
         """`rich.print(decision)`: the same line, never read as markup."""
@@ -224,7 +225,7 @@ class Explanation(Generic[DeviceT]):
             error = (self.error or "").splitlines()
             lines.append(f"  no device: {error[0] if error else ''}")
             lines += [f"  {line}" for line in error[1:]]
-        return "\n".join(lines)
+        return "\n".join(visible(line) for line in lines)
 
     def __rich__(self) -> Any:
         """`rich.print(explanation)`: the same lines, never read as markup."""
@@ -232,7 +233,8 @@ class Explanation(Generic[DeviceT]):
 
 
 def _rich_text(text: str) -> Any:
-    # rich is a dependency, imported only when something is printed with it.
+    # rich is a dependency, imported only when something is printed with it. `text` is
+    # already visible-safe (`__str__`); Text never reads it as markup.
     from rich.text import Text
 
     return Text(text)

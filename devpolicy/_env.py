@@ -52,6 +52,25 @@ class EnvSettings:
     disable: bool | None = None
     log_level: str | None = None
     log_format: str | None = None
+    #: `DEVPOLICY_RULES` as given, and each of its rules' text, for errors found later
+    #: (a mesh the policy lacks is known only once the policy is read).
+    rules_text: str = ""
+    rule_texts: tuple[str, ...] = ()
+
+    def rule_error(self, index: int, problem: str, accepted: str) -> EnvOverrideError:
+        """An error about rule `index` of `DEVPOLICY_RULES` that shows the value and the rule.
+
+        Example:
+            >>> env = read_env({"DEVPOLICY_RULES": "a=cpu, b=p[x]"})
+            >>> print(env.rule_error(1, "unknown mesh 'p'", "a mesh"))
+            DEVPOLICY_RULES='a=cpu, b=p[x]': item 1 ('b=p[x]'): unknown mesh 'p'; accepted: a mesh
+        """
+        return EnvOverrideError(
+            RULES,
+            self.rules_text,
+            f"item {index} ({self.rule_texts[index]!r}): {problem}",
+            accepted,
+        )
 
 
 def read_env(environ: Mapping[str, str]) -> EnvSettings:
@@ -84,6 +103,8 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
         disable=_bool(DISABLE, values.get(DISABLE)),
         log_level=_choice(LOG_LEVEL, values.get(LOG_LEVEL), LOG_LEVELS),
         log_format=_choice(LOG_FORMAT, values.get(LOG_FORMAT), LOG_FORMATS),
+        rules_text=values.get(RULES, ""),
+        rule_texts=tuple(i.strip() for i in _items(values[RULES])) if RULES in values else (),
     )
 
 

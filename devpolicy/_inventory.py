@@ -135,9 +135,13 @@ def _jax_says(error: Exception) -> str:
 def missing_reason(platform: str, error: Exception, environ: Mapping[str, str]) -> str:
     """Why `platform` is absent, in words a user can act on (with JAX's own text last).
 
+    A backend that `JAX_PLATFORMS` leaves out (often set by a policy's `runtime: platforms`)
+    is also one whose plugin may be missing: that is the reason that would still hold
+    without `JAX_PLATFORMS`, so it is said first.
+
     Example:
-        >>> missing_reason("gpu", RuntimeError("x"), {"JAX_PLATFORMS": "cpu"})
-        'JAX_PLATFORMS=cpu excludes gpu'
+        >>> missing_reason("cpu", RuntimeError("x"), {"JAX_PLATFORMS": "cuda"})
+        'JAX_PLATFORMS=cuda excludes cpu'
     """
     raw = environ.get("JAX_PLATFORMS", "").strip()
     asked = [p.strip().lower() for p in raw.split(",") if p.strip()]
@@ -151,7 +155,12 @@ def missing_reason(platform: str, error: Exception, environ: Mapping[str, str]) 
     prefix = ""
     if asked:
         if platform not in {PLATFORM_ALIASES[p] for p in asked}:
-            return f"JAX_PLATFORMS={raw} excludes {platform}"
+            excluded = f"JAX_PLATFORMS={raw} excludes {platform}"
+            if platform == "gpu" and not _installed(("jax-cuda", "jax-rocm")):
+                return f"no CUDA or ROCm plugin is installed ({excluded} too): {GPU_HINT}"
+            if platform == "tpu" and not _installed(("libtpu",)):
+                return f"no TPU runtime (libtpu) is installed ({excluded} too): {TPU_HINT}"
+            return excluded
         prefix = f"JAX_PLATFORMS={raw} but "
     if platform == "gpu":
         plugins = _installed(("jax-cuda", "jax-rocm"))

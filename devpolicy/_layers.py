@@ -13,7 +13,7 @@ from typing import Any
 
 from ._documents import Document
 from ._env import DEFAULT, DISABLE, LOG_FORMAT, LOG_LEVEL, RULES, STRICT, EnvSettings
-from ._errors import EnvOverrideError, PolicyError, Problem
+from ._errors import PolicyError, Problem
 from ._schema import MeshSpec, OverridesSpec, PolicySpec, RuleSpec, Source, sharding_problems
 from ._yaml import field_path
 
@@ -104,7 +104,7 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
         ]
     fallback = None if code.fallback is None else tuple(code.fallback)
     meshes = dict(document.spec.meshes) if document is not None else {}
-    _check_meshes_named(env.rules, code.rules, meshes)
+    _check_meshes_named(env, code.rules, meshes)
     return Settings(
         default=pick("default", env.default, DEFAULT, code.default, ("default",)),
         fallback=pick("fallback", None, "", fallback, ("fallback",)),
@@ -128,14 +128,14 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
 
 
 def _check_meshes_named(
-    env_rules: tuple[RuleSpec, ...], code_rules: list[RuleSpec], meshes: dict[str, MeshSpec]
+    env: EnvSettings, code_rules: list[RuleSpec], meshes: dict[str, MeshSpec]
 ) -> None:
     """Environment and code rules may shard only over meshes the policy defines."""
-    for problem in sharding_problems(list(env_rules), meshes)[:1]:
+    for problem in sharding_problems(list(env.rules), meshes)[:1]:
         loc, message = problem
-        raise EnvOverrideError(
-            RULES, f"item {loc[1]}", message, "a sharding over a mesh of the policy's `meshes:`"
-        )
+        index = loc[1]
+        assert isinstance(index, int)
+        raise env.rule_error(index, message, "a sharding over a mesh of the policy's `meshes:`")
     found = sharding_problems(code_rules, meshes)
     if found:
         raise PolicyError(

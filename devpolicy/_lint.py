@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from ._cover import CoverJudge
+from ._cover import CoverJudge, guess_example, required_literal
 from ._errors import DeviceUnavailableError
 from ._files import untrusted
 from ._layers import RuleEntry, Setting
 from ._machine import D
+from ._matching import compile_condition
 from ._policy import Policy
 from ._prefixes import PrefixIndex
 from ._routing import Fit, Route
@@ -121,17 +123,41 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
         "" if is_regex else _literal_suffix(text)[::-1] for text, is_regex in patterns
     )
     judge = CoverJudge()
+    literals = _LiteralIndex(required_literal(text, is_regex) for text, is_regex in patterns)
+    tests: dict[int, Callable[[str], object]] = {}
+
+    def matches(i: int, name: str) -> bool:
+        test = tests.get(i)
+        if test is None:
+            test = tests[i] = compile_condition(*patterns[i]).test
+        return bool(test(name))
+
+    def matching_example(j: int) -> list[int] | None:
+        """Earlier rules that match a name rule `j` matches; None without such a name.
+
+        Only those can cover it: they alone are compared on automata (the costly step),
+        and they are found by the literal text each requires, not by trying every one.
+        """
+        example = guess_example(*patterns[j])
+        if example is None or not matches(j, example):
+            example = judge.example(patterns[j])  # exact, and ten times the cost
+            if example is None or not matches(j, example):
+                return None
+        return [i for i in literals.within(example, j) if matches(i, example)]
+
     findings = []
     for j, later in enumerate(rules):
         prefix = index.prefix(j)
-        earlier_ones = index.overlapping(j)
-        if len(earlier_ones) > _FEW:
-            ends = suffixes.overlapping(j)  # keep the shorter list, test the other relation
-            if len(ends) < len(earlier_ones):
-                earlier_ones = [i for i in ends if _related(index.prefix(i), prefix)]
-            else:
-                end = suffixes.prefix(j)
-                earlier_ones = [i for i in earlier_ones if _related(suffixes.prefix(i), end)]
+        # A rule without a literal prefix (`.*/layer3/w`) shares its prefix with every
+        # earlier rule, and some rules share prefix and suffix with many: those are
+        # compared only with the rules that match their example, when they have one.
+        earlier_ones = _overlapping(j, index, suffixes) if prefix else None
+        if earlier_ones is None or len(earlier_ones) > _FEW:
+            by_example = matching_example(j)
+            if by_example is not None:
+                earlier_ones = by_example
+            elif earlier_ones is None:
+                earlier_ones = _overlapping(j, index, suffixes)
         # A glob with a wildcard right after its prefix has names that leave any longer
         # prefix there: no earlier rule with a longer prefix can cover it.
         later_glob = _pattern(later) if later.spec.regex is None else None
@@ -157,6 +183,49 @@ def _unreachable(rules: tuple[RuleEntry, ...]) -> list[Finding]:
                 )
                 break
     return findings
+
+
+def _overlapping(j: int, index: PrefixIndex, suffixes: PrefixIndex) -> list[int]:
+    """Earlier rules whose literal prefix and (for globs) suffix may meet rule `j`'s."""
+    prefix = index.prefix(j)
+    earlier_ones = index.overlapping(j)
+    if len(earlier_ones) > _FEW:
+        ends = suffixes.overlapping(j)  # keep the shorter list, test the other relation
+        if len(ends) < len(earlier_ones):
+            earlier_ones = [i for i in ends if _related(index.prefix(i), prefix)]
+        else:
+            end = suffixes.prefix(j)
+            earlier_ones = [i for i in earlier_ones if _related(suffixes.prefix(i), end)]
+    return earlier_ones
+
+
+class _LiteralIndex:
+    """Rules by the literal text every name they match contains (`required_literal`)."""
+
+    def __init__(self, literals: Iterable[str]) -> None:
+        self._by_literal: dict[str, list[int]] = {}
+        # Rules with no literal (`*`, `[a-z]+`): a candidate for any name.
+        self._any: list[int] = []
+        for i, literal in enumerate(literals):
+            if literal:
+                self._by_literal.setdefault(literal, []).append(i)
+            else:
+                self._any.append(i)
+        self._lengths = sorted({len(literal) for literal in self._by_literal})
+
+    def within(self, name: str, before: int) -> list[int]:
+        """Rules before `before` whose literal occurs in `name` (or that have none), in order.
+
+        Every rule that matches `name` is among them. Costs a lookup per substring of
+        `name` of each literal length (at most `LITERAL_CHARS`), not one per rule.
+        """
+        found = self._any[: bisect_left(self._any, before)]
+        for length in self._lengths:
+            for start in range(len(name) - length + 1):
+                ids = self._by_literal.get(name[start : start + length])
+                if ids:
+                    found += ids[: bisect_left(ids, before)]
+        return sorted(set(found))
 
 
 # Past this many candidates by prefix, narrow them by suffix too.

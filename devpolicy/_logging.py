@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._limits import SEEN_LIMIT
+from ._visible import visible
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -27,6 +28,35 @@ LOGGER_NAME = "devpolicy"
 
 
 _reported: set[tuple[type[BaseException], str]] = set()
+# This process's index in a multi-process run, once a backend has started (it cannot
+# change after that); None until then.
+_started_index: int | None = None
+
+
+def process_index() -> int:
+    """This process's index (0 unless `jax.distributed` says otherwise); never starts JAX.
+
+    An event can come before any backend has started (`bootstrap`'s `runtime` event must:
+    the knobs it reports take effect at start), so the index is read without starting
+    one: from `jax.distributed`'s state until a backend runs, then from the backend once
+    and kept.
+
+    Example:
+        >>> process_index()
+        0
+    """
+    global _started_index
+    if _started_index is not None:
+        return _started_index
+    jax = sys.modules.get("jax")
+    if jax is None:  # no process of a multi-process job gets here: it imported JAX
+        return 0
+    from jax._src import distributed, xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        _started_index = int(jax.process_index())
+        return _started_index
+    return int(distributed.global_state.process_id or 0)
 
 
 class _StderrLogger:
@@ -43,6 +73,14 @@ def _drop_none(_logger: Any, _method: str, event_dict: Any) -> Any:
     return {k: v for k, v in event_dict.items() if v is not None}
 
 
+def _visible_fields(_logger: Any, _method: str, event_dict: Any) -> Any:
+    # Names, files and metadata come from files anyone may have written: an escape
+    # sequence, `\r` or newline in one must not rewrite the terminal or forge a log line.
+    # JSON needs none of this: its encoder writes every control character as `\u001b`.
+    # Other values are rendered by `repr`, which escapes them already.
+    return {k: visible(v) if isinstance(v, str) else v for k, v in event_dict.items()}
+
+
 def _structlog() -> Any:
     # Imported when the first event is emitted, not with devpolicy: structlog brings rich
     # and pygments (about 0.1 s), which a program that logs nothing never needs.
@@ -56,7 +94,10 @@ def _own_logger(level: str, fmt: str) -> Any:
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     wrapper = structlog.make_filtering_bound_logger(LEVELS[level])
     if fmt == "stdlib":
-        processors: list[Any] = [structlog.processors.LogfmtRenderer(key_order=["event"])]
+        processors: list[Any] = [
+            _visible_fields,
+            structlog.processors.LogfmtRenderer(key_order=["event"]),
+        ]
         target: Any = logging.getLogger(LOGGER_NAME)
     elif fmt == "json":
         processors = [
@@ -69,6 +110,7 @@ def _own_logger(level: str, fmt: str) -> Any:
         colors = sys.stderr.isatty()
         processors = [
             _drop_none,
+            _visible_fields,
             structlog.processors.add_log_level,
             timestamper,
             structlog.dev.ConsoleRenderer(colors=colors),
@@ -175,6 +217,8 @@ class EventLog:
     def emit(self, level: str, event: str, fields: Mapping[str, Any]) -> None:
         """Emit one event with flat fields, if `level` is at or above devpolicy's level.
 
+        Every event carries `process_index` (added here unless the fields have it).
+
         A logging set-up that cannot take an event (stdlib's `extra` refuses a field called
         `name`, for one) must not break placement: like stdlib's own handlers, the failure
         is reported on stderr, once per kind, and the program goes on.
@@ -185,6 +229,8 @@ class EventLog:
             logger = self._logger(level)
             if logger is None:
                 return
+            if "process_index" not in fields:
+                fields = {**fields, "process_index": process_index()}
             getattr(logger, level)(event, **fields)
         except Exception as e:
             kind = (type(e), event)

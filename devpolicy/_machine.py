@@ -61,8 +61,11 @@ MAX_DEVICES = 65536
 VIRTUAL_MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
 # The order JAX prefers backends in: the default is the first one present.
 _PREFERENCE = ("tpu", "gpu", "cpu")
-_BACKEND = re.compile(r"\s*([A-Za-z][A-Za-z0-9_]*)\s*=\s*(.*?)\s*")
-_COUNT = re.compile(r"([0-9]+)\s*(?:[xX]\s*(.*))?")
+# ASCII only, with nothing around the parts: `str.isdigit` and `int` also take '٣', '²'
+# (isdigit only) and ' 3', which a count written on a command line never means.
+_BACKEND = re.compile(r"([A-Za-z][A-Za-z0-9_]*)=(.*)", re.ASCII | re.DOTALL)
+_COUNT = re.compile(r"([^xX]*)(?:[xX](.*))?", re.DOTALL)
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 
 
 class Machine(Protocol[D]):
@@ -325,13 +328,23 @@ def parse_backend(text: object, option: str = "devices") -> tuple[str, _Backend]
         hint = did_you_mean(name, PLATFORM_ALIASES)
         raise MachineSpecError(option, text, f"unknown backend {name!r}{hint}", DEVICES_FORMS)
     counted = _COUNT.fullmatch(rest)
-    if counted is None:
-        raise MachineSpecError(option, text, f"{rest!r} is not COUNT or COUNTxSIZE", DEVICES_FORMS)
-    count_text, size_text = counted.groups()
-    count = int(count_text)
-    if not 1 <= count <= MAX_DEVICES:
+    if counted is None or not _DIGITS.fullmatch(counted.group(1)):
         raise MachineSpecError(
-            option, text, f"a count of {count} devices (1..{MAX_DEVICES})", DEVICES_FORMS
+            option,
+            text,
+            f"{rest!r} is not COUNT or COUNTxSIZE (COUNT: the digits 0-9, nothing else)",
+            DEVICES_FORMS,
+        )
+    count_text, size_text = counted.groups()
+    count = parse_count(count_text, MAX_DEVICES)
+    if count is None:
+        shown = (
+            f"{count_text} devices"
+            if len(count_text) <= 20
+            else f"{len(count_text):,} digits of devices"
+        )
+        raise MachineSpecError(
+            option, text, f"a count of {shown} (1..{MAX_DEVICES})", DEVICES_FORMS
         )
     memory = None
     if size_text is not None:
@@ -342,6 +355,27 @@ def parse_backend(text: object, option: str = "devices") -> tuple[str, _Backend]
             accepted = f"{DEVICES_FORMS}; SIZE: {SIZE_FORMS}"
             raise MachineSpecError(option, text, problem, accepted) from None
     return platform, _Backend(count, memory)
+
+
+def parse_count(text: str, limit: int) -> int | None:
+    """`text` as a count 1..`limit` if it is only ASCII digits and in range, else None.
+
+    Never hands `int` more digits than it takes (a 5,000-digit count is out of range, not
+    `int`'s digit-limit ValueError).
+
+    Example:
+        >>> parse_count("8", 16), parse_count("008", 16), parse_count("٣", 16), parse_count(" 3", 9)
+        (8, 8, None, None)
+        >>> parse_count("9" * 5000, 16) is None
+        True
+    """
+    if not _DIGITS.fullmatch(text):
+        return None
+    significant = text.lstrip("0")
+    if len(significant) > len(str(limit)):
+        return None
+    count = int(significant or "0")
+    return count if 1 <= count <= limit else None
 
 
 def check_processes(value: object, option: str = "processes") -> int:

@@ -39,6 +39,7 @@ from ._tensorfile import (
     read_header_from,
     reopen_tensor_file,
 )
+from ._visible import visible
 
 PathLike = str | os.PathLike[str]
 
@@ -914,6 +915,7 @@ class Plan:
             lines[0] += f" on {self.machine}"
         for t in self.tensors:
             shape = "x".join(map(str, t.shape)) or "()"
+            reasons: list[str] = []
             if t.decision is not None:
                 where = f"-> {t.decision.device_text} by {t.decision.origin} ({t.decision.source})"
                 if t.decision.is_sharded:
@@ -922,8 +924,14 @@ class Plan:
                 if t.decision.fallback_reason is not None:
                     where += f"; asked {t.decision.requested}: {t.decision.fallback_reason}"
             else:
-                where = f"-> no device: {(t.error or '').splitlines()[0]}"
+                error = (t.error or "").splitlines() or [""]
+                where = f"-> no device: {error[0]}"
+                # Why each target was passed over (a sharding that does not divide, a device
+                # too small), not the devices this process has: that list is the same for all.
+                tried = itertools.takewhile(lambda s: not s.startswith("  available:"), error[1:])
+                reasons = [f"    {reason.strip()}" for reason in tried]
             lines.append(f"  {t.name}  {t.dtype} {shape}  {format_size(t.nbytes)}  {where}")
+            lines += reasons
         for d in self.devices:
             size = format_size(d.nbytes)
             backed = f" ({format_size(d.file_backed)} file-backed)" if d.file_backed else ""
@@ -939,10 +947,10 @@ class Plan:
             lines.append(
                 f"each of {self.processes} processes: {format_size(self.bytes_per_process)}"
             )
-        return "\n".join(lines)
+        return "\n".join(visible(line) for line in lines)
 
     def __rich__(self) -> Any:
-        """`rich.print(plan)`: the same text, never read as markup."""
+        """`rich.print(plan)`: the same text (visible-safe), never read as markup."""
         from rich.text import Text
 
         return Text(str(self))

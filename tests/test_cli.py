@@ -595,3 +595,78 @@ class TestPlanCapacity:
         assert main(["plan", str(tokens), "--capacity", "cpu:9=1GiB"]) == 2
         err = capsys.readouterr().err
         assert "--capacity names cpu:9, which this machine lacks (devices here: cpu:0" in err
+
+
+NOT_COUNTS = ["٣", "²", "+3", " 3", "3 ", "-1", "0", "9" * 5000]
+
+
+class TestMachineCounts:
+    """`--devices` and `--processes` read counts alike: ASCII digits, nothing around them."""
+
+    @pytest.mark.parametrize("count", NOT_COUNTS)
+    def test_processes_takes_ascii_digits_only(
+        self, count: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """'٣', '²', '+3', ' 3' and a 5,000-digit count are usage errors naming the form."""
+        with pytest.raises(SystemExit) as exit_info:
+            main(["explain", "x", "--devices", "gpu=1", "--processes", count])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "is not a process count; accepted: a whole number 1..65536, in the digits 0-9" in err
+        assert len(err) < 1000
+
+    @pytest.mark.parametrize("count", NOT_COUNTS)
+    def test_devices_takes_ascii_digits_only(
+        self, count: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The same counts in `--devices gpu=COUNT` are usage errors too."""
+        with pytest.raises(SystemExit) as exit_info:
+            main(["explain", "x", "--devices", f"gpu={count}x8GiB"])
+        assert exit_info.value.code == 2
+        assert "accepted: BACKEND=COUNTxSIZE" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("count", NOT_COUNTS)
+    def test_virtual_machine_raises_machine_spec_error_for_each(self, count: str) -> None:
+        """The Python API parses the same text the same way, never with a raw ValueError."""
+        with pytest.raises(
+            devpolicy.MachineSpecError,
+            match=r"^devices 'gpu=.*': .*(COUNT: the digits 0-9, nothing else|a count of .*devices \(1\.\.65536\))",
+        ) as info:
+            devpolicy.VirtualMachine([f"gpu={count}"])
+        assert type(info.value) is devpolicy.MachineSpecError
+
+    def test_a_5000_digit_count_names_its_length(self) -> None:
+        """A count too long for `int` is out of range, said in a line a person can read."""
+        with pytest.raises(
+            devpolicy.MachineSpecError, match=r"a count of 5,000 digits of devices \(1\.\.65536\)"
+        ):
+            devpolicy.VirtualMachine(["gpu=" + "9" * 5000])
+
+
+class TestPlanSaysWhatAndWhy:
+    def test_plan_help_names_directories_and_index_files(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`plan --help` says it takes a checkpoint directory or an index, not only a file."""
+        with pytest.raises(SystemExit):
+            main(["plan", "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "CKPT a .safetensors file, a checkpoint directory or its index" in out
+        assert "(model.safetensors.index.json)" in out
+
+    def test_a_sharding_passed_over_without_fallback_shows_why_in_the_row(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The row says what `explain` says: dim 0 of 10 does not divide by 'data' (8)."""
+        path = tmp_path / "c.safetensors"
+        devpolicy.save_file({"w": np.zeros((10, 4), np.float32)}, path)
+        policy = write(
+            tmp_path / "p.yaml",
+            "version: 1\nmeshes:\n  pod: {axes: {data: 8}, devices: cpu}\n"
+            "rules:\n  - match: c/w\n    sharding: {mesh: pod, spec: [data]}\n",
+        )
+        assert main(["plan", str(path), "--policy", str(policy), "--devices", "cpu=8"]) == 1
+        out = capsys.readouterr().out
+        assert "(no fallback given)" in out
+        assert "pod[data]: dim 0 of 10 does not divide by axis 'data' (8)" in out
+        assert "available:" not in out

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devpolicy._cover import CoverJudge, UndecidedError
+from devpolicy._cover import CoverJudge, UndecidedError, required_literal
 from devpolicy._matching import compile_condition
 from tests.strategies import PATTERNS, names_matching
 
@@ -106,3 +106,49 @@ def test_decisions_agree_with_pythons_matching(
         # Names are drawn by Python's semantics (Unicode \s); rules match by RE2's (ASCII).
         if _matches(later, name):
             assert _matches(earlier, name), f"{earlier} said to cover {later}, misses {name!r}"
+
+
+class TestLintHelpers:
+    """What lint asks of every rule before comparing automata: sound, or the filter loses findings."""
+
+    @settings(max_examples=200, deadline=None)
+    @given(PATTERNS, st.data())
+    def test_the_required_literal_is_in_every_name_matched(
+        self, pattern: tuple[str, bool], data: st.DataObject
+    ) -> None:
+        """`required_literal` never names text a matched name lacks."""
+        literal = required_literal(*pattern)
+        test = compile_condition(*pattern).test
+        for name in data.draw(st.lists(names_matching(*pattern), min_size=1, max_size=10)):
+            if test(name):
+                assert literal in name, f"{pattern}: {literal!r} not in {name!r}"
+
+    @settings(max_examples=200, deadline=None)
+    @given(PATTERNS)
+    def test_an_example_is_a_name_the_rule_matches(self, pattern: tuple[str, bool]) -> None:
+        """The exact example always matches; a guess, when it matches, is used (else not)."""
+        test = compile_condition(*pattern).test
+        example = CoverJudge().example(pattern)
+        if example is not None:
+            # The model reads `\\s` as RE2 does; Python's test here may differ only there.
+            assert test(example) or "\\s" in pattern[0] or "\\S" in pattern[0], example
+
+    @pytest.mark.parametrize(
+        ("pattern", "literal"),
+        [
+            (("[a-z]+/layer12/(w|b)", REGEX), "/layer12/"),
+            ((".*/layer3/w", REGEX), "/layer3/w"),
+            (("(model|opt)/layer7/w", REGEX), "/layer7/w"),
+            (("a|bcd", REGEX), ""),
+            (("ab?c", REGEX), "a"),
+            (("(?:a){0,2}bc", REGEX), "bc"),
+            (("(?i)model", REGEX), ""),
+            ((r"\x41bc", REGEX), ""),
+            (("a[bc]d", GLOB), "a"),
+            (("*/layer3/*", GLOB), "/layer3/"),
+            (("model/layer_0123456789/w", GLOB), "model/layer_"),
+        ],
+    )
+    def test_required_literals(self, pattern: tuple[str, bool], literal: str) -> None:
+        """The longest run of fixed characters, cut at 12; none where it could mislead."""
+        assert required_literal(*pattern) == literal

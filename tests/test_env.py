@@ -190,3 +190,34 @@ class TestMessages:
             match=r"default: .*; or reject \(names no rule matches raise\) \(did you mean 'reject'\?\)",
         ):
             devpolicy.load_policy({"version": 1, "default": "rejct"}, environ={})
+
+
+MESHED = {"version": 1, "meshes": {"pod": {"axes": {"data": 2}}}, "rules": []}
+
+
+class TestMeshEntryMessages:
+    @pytest.mark.parametrize(
+        ("rules", "said"),
+        [
+            (
+                "x=pod[data,data]",
+                r"^DEVPOLICY_RULES='x=pod\[data,data\]': item 0 \('x=pod\[data,data\]'\): "
+                r"axis 'data' is used twice in one spec",
+            ),
+            (
+                "a=cpu, w=pod[nope]",
+                r"^DEVPOLICY_RULES='a=cpu, w=pod\[nope\]': item 1 \('w=pod\[nope\]'\): "
+                r"mesh 'pod' has no axis 'nope'",
+            ),
+            (
+                "w=pdo[data]",
+                r"^DEVPOLICY_RULES='w=pdo\[data\]': item 0 \('w=pdo\[data\]'\): "
+                r"unknown mesh 'pdo' \(did you mean 'pod'\?\)",
+            ),
+        ],
+    )
+    def test_a_bad_mesh_entry_shows_the_value_and_the_rule(self, rules: str, said: str) -> None:
+        """A sharding the policy's meshes contradict names the variable's value, not 'item 0'."""
+        with pytest.raises(devpolicy.EnvOverrideError, match=said) as info:
+            devpolicy.load_policy(MESHED, environ={"DEVPOLICY_RULES": rules})
+        assert info.value.value == rules

@@ -12,6 +12,7 @@ import jax
 import pytest
 
 import devpolicy
+from devpolicy import _inventory
 from devpolicy._inventory import missing_reason
 
 
@@ -148,12 +149,31 @@ class TestBackendsThatCannotStart:
             assert cli.returncode in (0, 1, 2)
             assert "JAX_PLATFORMS=" in cli.stdout + cli.stderr
 
-    def test_a_platform_left_out_of_jax_platforms_is_named_so(self) -> None:
+    def test_a_platform_left_out_of_jax_platforms_is_named_so(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """The reason says JAX_PLATFORMS excludes it, not JAX's raw text."""
+        monkeypatch.setattr(_inventory, "_installed", lambda prefixes: ["jax-cuda12-plugin"])
         assert (
             missing_reason("gpu", RuntimeError("Unknown backend"), {"JAX_PLATFORMS": "cpu"})
             == "JAX_PLATFORMS=cpu excludes gpu"
         )
+
+    @pytest.mark.parametrize(
+        ("platform", "said"),
+        [
+            ("gpu", "no CUDA or ROCm plugin is installed (JAX_PLATFORMS=cpu excludes gpu too): "),
+            ("tpu", "no TPU runtime (libtpu) is installed (JAX_PLATFORMS=cpu excludes tpu too): "),
+        ],
+    )
+    def test_a_platform_left_out_without_its_plugin_says_the_plugin_is_missing(
+        self, monkeypatch: pytest.MonkeyPatch, platform: str, said: str
+    ) -> None:
+        """Under `runtime: platforms: [cpu]` the reason that holds without it comes first."""
+        monkeypatch.setattr(_inventory, "_installed", lambda prefixes: [])
+        reason = missing_reason(platform, RuntimeError("Unknown backend"), {"JAX_PLATFORMS": "cpu"})
+        assert reason.startswith(said)
+        assert "pip install" in reason
 
     def test_a_missing_gpu_plugin_gets_the_install_hint(self) -> None:
         """Without JAX_PLATFORMS, an absent GPU says what to install (when no plugin is)."""

@@ -270,3 +270,38 @@ def test_lint_itself_reports_runtime_knobs_the_environment_overrides(
     policy = policy_of(runtime={"preallocate": False})
     codes = [(f.code, f.origin) for f in devpolicy.lint(policy)]
     assert ("runtime-env-wins", "env:XLA_PYTHON_CLIENT_PREALLOCATE") in codes
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(PATTERNS, min_size=2, max_size=8))
+def test_lint_finds_what_comparing_every_pair_finds(patterns: list[tuple[str, bool]]) -> None:
+    """Narrowing by example and literal loses no finding: the same as every earlier rule."""
+    from devpolicy import _lint
+    from devpolicy._cover import CoverJudge
+
+    assume(all(text for text, _ in patterns))
+    specs = [rule(None, regex=t) if is_regex else rule(t) for t, is_regex in patterns]
+    rules = policy_of(rules=specs).rules
+    judge = CoverJudge()
+    expected = []
+    for j, later in enumerate(rules):
+        for i in range(j):
+            if _lint._covers(rules[i], later, judge) is not None:
+                expected.append((j, i))
+                break
+    found = [
+        (int(f.message.split()[1]), int(f.message.split(": rule ")[1].split()[0]))
+        for f in _lint._unreachable(rules)
+    ]
+    assert found == expected
+
+
+def test_many_rules_without_a_literal_prefix_still_find_the_dead_one() -> None:
+    """300 regex rules that start with a class: the copy of rule 7 at the end is reported."""
+    specs = [rule(None, regex=f"[a-z]+/layer{i}/(w|b)") for i in range(300)]
+    specs.append(rule(None, regex="[a-z]+/layer7/w"))
+    found = [f for f in devpolicy.lint(policy_of(rules=specs)) if f.code == "unreachable-rule"]
+    assert [f.message.split(":")[0] for f in found] == [
+        "rule 300 ('[a-z]+/layer7/w') can never match"
+    ]
+    assert "rule 7 at <mapping>:rules[7]" in found[0].message

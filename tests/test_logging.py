@@ -268,3 +268,99 @@ class TestRobustness:
             )
             == 1
         )
+
+
+HOSTILE = "w\x1b[2J\x1b[31mred\rforged\nnext=line\u202etxt"
+# Nothing a renderer would quote for its own reasons (space, =, quotes, \r, \n).
+BARE = "w\x1b[2J\x1b[31mred\u202etxt"
+
+
+class TestEveryEventCarriesProcessIndex:
+    def test_load_file_and_narrowing_events_carry_process_index(self, tmp_path: Path) -> None:
+        """Not only `placement`: every event says which process of a job emitted it."""
+        import numpy as np
+
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.zeros(4, np.float32)}, path)
+        policy = policy_of(default="cpu:1", logging={"level": "debug"})
+        with capture_logs() as logs:
+            policy.load_file(path)
+        events = {e["event"] for e in logs}
+        assert "load_file" in events
+        assert all(e["process_index"] == 0 for e in logs), logs
+
+    def test_an_event_without_the_field_gets_it(self) -> None:
+        """EventLog adds it; fields that carry their own (a device's) keep theirs."""
+        from devpolicy._logging import EventLog
+
+        with capture_logs() as logs:
+            EventLog("info", "console").emit("info", "anything", {"a": 1})
+            EventLog("info", "console").emit("info", "placed", {"process_index": 3})
+        assert [e["process_index"] for e in logs] == [0, 3]
+
+    def test_the_index_is_asked_of_jax_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Once a backend runs the index cannot change: it is read once, not per event."""
+        import jax
+
+        from devpolicy import _logging
+        from devpolicy._logging import EventLog
+
+        jax.devices()  # a backend runs
+        calls: list[int] = []
+
+        def counted() -> int:
+            calls.append(1)
+            return 0
+
+        monkeypatch.setattr(_logging, "_started_index", None)
+        monkeypatch.setattr(jax, "process_index", counted)
+        events = EventLog("info", "console")
+        with capture_logs() as logs:
+            for i in range(5):
+                events.emit("info", "anything", {"i": i})
+        assert [e["process_index"] for e in logs] == [0] * 5
+        assert len(calls) == 1
+
+
+class TestOwnOutputIsVisibleSafe:
+    """A name from a file someone else wrote cannot rewrite the terminal or forge a line."""
+
+    @pytest.mark.parametrize("name", [HOSTILE, BARE], ids=["with-newline", "bare"])
+    @pytest.mark.parametrize("fmt", ["console", "stdlib"])
+    def test_control_characters_in_fields_are_escaped(
+        self,
+        fmt: str,
+        name: str,
+        capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """ESC, `\\r`, newline and bidi overrides in a name reach the log as escapes."""
+        if fmt == "console":
+            monkeypatch.setattr(logging.root, "handlers", [])
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:1", "logging": {"format": fmt}}, environ={}
+        )
+        with caplog.at_level(logging.INFO, logger="devpolicy"):
+            policy.resolve(name)
+        out = capsys.readouterr().err if fmt == "console" else caplog.records[0].getMessage()
+        for raw in ("\x1b", "\r", "\u202e"):
+            assert raw not in out
+        assert out.count("\n") <= 1
+        # Escaped once by devpolicy; a renderer that quotes the value escapes the backslashes.
+        shown = name.encode("unicode_escape").decode("ascii")
+        assert shown in out or shown.replace("\\", "\\\\") in out
+
+    def test_json_stays_exact_and_carries_no_raw_control_characters(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """json: one line, its encoder's own escapes (\\u001b), the name intact when parsed."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:1", "logging": {"format": "json"}}, environ={}
+        )
+        policy.resolve(HOSTILE)
+        err = capsys.readouterr().err
+        for raw in ("\x1b", "\r", "\u202e"):
+            assert raw not in err
+        assert err.count("\n") == 1
+        assert json.loads(err)["name"] == HOSTILE

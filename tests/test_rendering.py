@@ -63,3 +63,62 @@ class TestReadableText:
         assert rich_text(decision).strip() == str(decision)
         explanation = policy_of().explain("[red]y")
         assert rich_text(explanation).rstrip("\n") == str(explanation)
+
+
+HOSTILE = "w\x1b[2J\x1b[31m[red]red\rforged\nline\u202etxt"
+# Newlines are counted apart: the renderer makes some of its own.
+RAW = ("\x1b", "\r", "\u202e")
+
+
+def assert_visible(text: str, lines: int = 1) -> None:
+    """No raw control character; only the renderer's own line breaks."""
+    assert text.count("\n") == lines - 1
+    for raw in RAW:
+        assert raw not in text
+    assert r"w\x1b[2J\x1b[31m[red]red\rforged\nline\u202etxt" in text
+
+
+class TestUntrustedTextIsVisible:
+    """Names and paths from files anyone may have written are shown, never obeyed."""
+
+    def test_a_decision_escapes_control_characters(self) -> None:
+        """print and rich.print of a decision: escapes shown, `[red]` kept as written."""
+        decision = policy_of(default="cpu:1").decide(HOSTILE)
+        assert_visible(str(decision))
+        assert_visible(rich_text(decision).rstrip("\n"))
+
+    def test_an_explanation_escapes_control_characters(self) -> None:
+        """Every line of an explanation, the name's included, is visible-safe."""
+        explanation = policy_of(rules=[{"match": "a/*", "device": "cpu:1"}]).explain(HOSTILE)
+        text = str(explanation)
+        assert_visible(text, lines=len(text.split("\n")))
+        assert text.split("\n")[0] == HOSTILE.encode("unicode_escape").decode("ascii")
+        assert rich_text(explanation).rstrip("\n") == text
+
+    def test_a_plan_escapes_tensor_and_file_names(self, tmp_path: Path) -> None:
+        """A checkpoint whose file and tensor names hold escape sequences prints them escaped."""
+        path = tmp_path / "m\x1b[2J.safetensors"
+        devpolicy.save_file({HOSTILE: np.zeros(4, np.float32)}, path)
+        plan = policy_of(default="cpu:1").plan(path)
+        text = str(plan)
+        for raw in RAW:
+            assert raw not in text
+        assert r"m\x1b[2J.safetensors" in text
+        assert len(text.split("\n")) == 3  # the header, the tensor, the device
+        assert rich_text(plan).rstrip("\n") == text
+
+
+class TestPlanShowsWhyNot:
+    def test_a_sharding_passed_over_without_fallback_says_why(self, tmp_path: Path) -> None:
+        """The reason `explain` gives (does not divide) is on the plan's line too."""
+        path = tmp_path / "c.safetensors"
+        devpolicy.save_file({"w": np.zeros((10, 4), np.float32)}, path)
+        policy = policy_of(
+            meshes={"pod": {"axes": {"data": 8}, "devices": "cpu"}},
+            rules=[{"match": "c/w", "sharding": {"mesh": "pod", "spec": ["data"]}}],
+        )
+        lines = str(policy.plan(path, machine=devpolicy.VirtualMachine(["cpu=8"]))).splitlines()
+        assert lines[1].startswith(
+            "  c/w  F32 10x4  160 B  -> no device: no device for 'pod[data]'"
+        )
+        assert lines[2] == "    pod[data]: dim 0 of 10 does not divide by axis 'data' (8)"
