@@ -706,7 +706,9 @@ def _plan_notes(console: Console, p: devpolicy.Plan) -> None:
     for error, names in errors.items():
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
         console.print(_lit(f"no device for {', '.join(names[:3])}{more}:", "red"))
-        console.print(Text("\n").join(_lit(f"  {line}") for line in error.splitlines()))
+        # Not the devices this process has (`available:` on): the same for every tensor.
+        lines = itertools.takewhile(lambda x: not x.startswith("  available:"), error.splitlines())
+        console.print(Text("\n").join(_lit(f"  {line}") for line in lines))
     large = [
         t
         for t in p.tensors
@@ -719,14 +721,12 @@ def _plan_notes(console: Console, p: devpolicy.Plan) -> None:
         first = large[0]
         name = Path(first.file or p.file).name
         more = f" and {len(large) - 1} more" if len(large) > 1 else ""
-        console.print(
-            _lit(
-                f"{first.name}{more}: {devpolicy.format_size(first.nbytes)} placed by the "
-                f"default only ({first.decision.device_text if first.decision else ''}); to say "
-                f'where it goes on every machine, add a rule:\n  - file: "{name}"\n    device: cpu',
-                "yellow",
-            )
+        text = (
+            f"{first.name}{more}: {devpolicy.format_size(first.nbytes)} placed by the "
+            f"default only ({first.decision.device_text if first.decision else ''}); to say "
+            f'where it goes on every machine, add a rule:\n  - file: "{name}"\n    device: cpu'
         )
+        console.print(Text("\n").join(_lit(line, "yellow") for line in text.split("\n")))
 
 
 def _why_not(error: str) -> Text:
