@@ -25,7 +25,8 @@ from ._machine import DeviceLike, Machine
 from ._matching import Matcher, SourceFile, Step, compile_condition
 from ._meshes import Meshes, shards
 from ._routing import ALWAYS_MAPPED, NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
-from ._schema import RuleSpec, Source
+from ._axes import logical_text, resolve_axes
+from ._schema import MeshSpec, RuleSpec, Source
 from ._sizes import format_size
 from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
 
@@ -65,6 +66,8 @@ class Decision(Generic[DeviceT]):
             device to `device` before the call (the rule's `inputs: move`).
         local_devices: This process's devices that hold the array: `device`, or the
             mesh's devices of this process for a sharded decision.
+        axes: The logical axis names the spec was resolved from (a rule's `axes`), else
+            None.
 
     Example:
         >>> import devpolicy
@@ -95,6 +98,7 @@ class Decision(Generic[DeviceT]):
     mesh_devices: int = 1
     shards: int = 1
     local_devices: tuple[DeviceT, ...] = ()
+    axes: tuple[str | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.local_devices:
@@ -140,6 +144,8 @@ class Decision(Generic[DeviceT]):
         if self.memory_kind is not None:
             where += f" [{self.memory_kind}]"
         share = self.bytes_per_device()
+        if self.axes is not None:
+            where += f" from axes {logical_text(self.axes)}"
         if self.mesh is not None and share is not None:
             where += f" ({format_size(share)} per device, {self.mesh_devices} devices)"
         line = f"{self.name}{size} -> {where} by {self.origin} ({self.source})"
@@ -160,6 +166,8 @@ class Decision(Generic[DeviceT]):
                 "spec": self.device_text.removeprefix(self.mesh),
                 "bytes_per_device": self.bytes_per_device(),
             }
+            if self.axes is not None:
+                sharded["axes"] = logical_text(self.axes)
         return {
             "name": self.name,
             "device": self.device_text,
@@ -247,10 +255,17 @@ class _Outcome(Generic[DeviceT]):
     choice: Choice[DeviceT] | DevicePolicyError
 
 
-def _first_target(rule: RuleSpec) -> Target | ShardingTarget:
-    if rule.sharding is not None:
-        spec = tuple(tuple(e) if isinstance(e, list) else e for e in rule.sharding.spec)
-        return ShardingTarget(rule.sharding.mesh, spec)
+def _first_target(rule: RuleSpec, meshes: Mapping[str, MeshSpec]) -> Target | ShardingTarget:
+    sharding = rule.sharding
+    if sharding is not None:
+        if sharding.axes is not None:
+            # Resolved once, here: the table and the names do not change while deciding.
+            rules = meshes[sharding.mesh].axis_rules or ()
+            logical = tuple(sharding.axes)
+            resolved = resolve_axes(logical, rules)
+            return ShardingTarget(sharding.mesh, resolved, logical, sharding.indivisible)
+        spec = tuple(tuple(e) if isinstance(e, list) else e for e in sharding.spec)
+        return ShardingTarget(sharding.mesh, spec, None, sharding.indivisible)
     assert rule.device is not None  # the schema requires one of the two
     return parse_target(rule.device)
 
@@ -403,7 +418,7 @@ class Decider(Generic[DeviceT]):
         self.meshes = Meshes(settings.meshes, machine)
         self._routes = tuple(
             Route(
-                _first_target(r.spec),
+                _first_target(r.spec, settings.meshes),
                 tuple(r.spec.fallback) if r.spec.fallback is not None else fallback,
                 r.spec.memory,
                 strict,
@@ -701,6 +716,7 @@ class Decider(Generic[DeviceT]):
                 "mesh_devices": choice.mesh.size,
                 "shards": shards(target, choice.mesh.shape),
                 "local_devices": choice.mesh.local,
+                "axes": target.logical,
             }
         elif isinstance(device, jax.Device):
             # One sharding object per device and memory kind, shared by its decisions.
