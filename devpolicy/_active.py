@@ -366,14 +366,15 @@ def shardings(name: str, tree: T) -> T:
         >>> p = devpolicy.load_policy({"version": 1,
         ...     "meshes": {"tp": {"axes": {"fsdp": 2, "tensor": 2}, "devices": "cpu"}},
         ...     "axis_rules": [["vocab", "tensor"], ["embed", "fsdp"]],
-        ...     "rules": [{"match": "params/embed", "sharding": {"mesh": "tp",
-        ...                "axes": ["vocab", "embed"]}, "fallback": ["replicate"]}]})
+        ...     "rules": [
+        ...         {"match": "params/embed", "sharding": {"mesh": "tp", "axes": ["vocab", "embed"]}},
+        ...         {"match": "params/*", "sharding": {"mesh": "tp", "spec": [None]}}]})
         >>> def init():
         ...     return {"embed": jnp.ones((32000, 64)), "step": jnp.zeros((), jnp.int32)}
         >>> with devpolicy.activate(p):
         ...     out = devpolicy.shardings("params", jax.eval_shape(init))
-        >>> tuple(out["embed"].spec)
-        ('tensor', 'fsdp')
+        >>> tuple(out["embed"].spec), tuple(out["step"].spec)  # a 0-d leaf: replicated
+        (('tensor', 'fsdp'), ())
         >>> params = jax.jit(init, out_shardings=out)()
         >>> params["embed"].addressable_shards[0].data.shape
         (16000, 32)

@@ -228,35 +228,36 @@ def _axis_rules(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     for name, mesh_axes in value.items():
-        if isinstance(mesh_axes, list | tuple):
+        if isinstance(mesh_axes, list | tuple) and len(mesh_axes) > 1:
+            a, b = str(mesh_axes[0]), str(mesh_axes[1])
             raise _fail(
-                f"axis_rules as a mapping takes one mesh axis or null per logical name; for "
-                f"{name!r}: {mesh_axes!r} write pairs in order: `[{name}, [a, b]]` shards over "
-                f"a and b together, `[{name}, a], [{name}, b]` takes a, or b when a is taken"
+                f"axis_rules as a mapping takes one mesh axis or null per logical name, got "
+                f"{name}: {list(mesh_axes)!r}; write pairs in order: `[{name}, [{a}, {b}]]` "
+                f"shards over {a} and {b} together, `[{name}, {a}], [{name}, {b}]` takes {a}, "
+                f"or {b} when {a} is taken"
             )
     return [[name, mesh_axes] for name, mesh_axes in value.items()]
 
 
+_AXIS_RULE_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "prefixItems": [
+        {"type": "string", "pattern": AXIS_NAME_PATTERN},
+        {
+            "anyOf": [
+                {"type": "string", "pattern": AXIS_NAME_PATTERN},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string", "pattern": AXIS_NAME_PATTERN}},
+            ]
+        },
+    ],
+    "minItems": 2,
+    "maxItems": 2,
+}
 AxisRule = Annotated[
     tuple[str, str | tuple[str, ...] | None],
     BeforeValidator(_axis_rule),
-    WithJsonSchema(
-        {
-            "type": "array",
-            "prefixItems": [
-                {"type": "string", "pattern": AXIS_NAME_PATTERN},
-                {
-                    "anyOf": [
-                        {"type": "string", "pattern": AXIS_NAME_PATTERN},
-                        {"type": "null"},
-                        {"type": "array", "items": {"type": "string"}},
-                    ]
-                },
-            ],
-            "minItems": 2,
-            "maxItems": 2,
-        }
-    ),
+    WithJsonSchema(_AXIS_RULE_SCHEMA),
 ]
 AxisRules = Annotated[
     list[AxisRule],
@@ -264,7 +265,7 @@ AxisRules = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "array", "items": {"$ref": "#/$defs/AxisRule"}},
+                {"type": "array", "items": _AXIS_RULE_SCHEMA},
                 {
                     "type": "object",
                     "additionalProperties": {
