@@ -367,7 +367,8 @@ def shardings(name: str, tree: T) -> T:
         ...     "meshes": {"tp": {"axes": {"fsdp": 2, "tensor": 2}, "devices": "cpu"}},
         ...     "axis_rules": [["vocab", "tensor"], ["embed", "fsdp"]],
         ...     "rules": [
-        ...         {"match": "params/embed", "sharding": {"mesh": "tp", "axes": ["vocab", "embed"]}},
+        ...         {"match": "params/embed",
+        ...          "sharding": {"mesh": "tp", "axes": ["vocab", "embed"]}},
         ...         {"match": "params/*", "sharding": {"mesh": "tp", "spec": [None]}}]})
         >>> def init():
         ...     return {"embed": jnp.ones((32000, 64)), "step": jnp.zeros((), jnp.int32)}

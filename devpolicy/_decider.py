@@ -16,6 +16,7 @@ import jax
 from jax.sharding import SingleDeviceSharding
 from typing_extensions import TypeVar
 
+from ._axes import logical_text, resolve_axes
 from ._capacity import Capacity
 from ._errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameError
 from ._layers import RuleEntry, Settings
@@ -25,7 +26,6 @@ from ._machine import DeviceLike, Machine
 from ._matching import Matcher, SourceFile, Step, compile_condition
 from ._meshes import Meshes, shards
 from ._routing import ALWAYS_MAPPED, NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
-from ._axes import logical_text, resolve_axes
 from ._schema import MeshSpec, RuleSpec, Source
 from ._sizes import format_size
 from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ._axes import resolve_axes
 from ._errors import did_you_mean
 from ._matching import compile_regex
 from ._runtime import (
@@ -38,15 +39,14 @@ from ._runtime import (
     env_problem,
 )
 from ._sizes import SIZE_FORMS, SIZE_PATTERN, format_size, parse_size
-from ._axes import resolve_axes
 from ._targets import (
     AXIS_NAME_PATTERN,
     CHAIN_FORMS,
     INDIVISIBLE,
-    REPLICATE,
-    SHARDING_PATTERN,
     PLATFORM_ALIASES,
     REJECT,
+    REPLICATE,
+    SHARDING_PATTERN,
     TARGET_FORMS,
     TARGET_PATTERN,
     check_chain_item,
@@ -269,7 +269,10 @@ AxisRules = Annotated[
                 {
                     "type": "object",
                     "additionalProperties": {
-                        "anyOf": [{"type": "string", "pattern": AXIS_NAME_PATTERN}, {"type": "null"}]
+                        "anyOf": [
+                            {"type": "string", "pattern": AXIS_NAME_PATTERN},
+                            {"type": "null"},
+                        ]
                     },
                 },
             ],
@@ -815,7 +818,6 @@ class PolicySpec(_Strict):
         description="JAX's process settings (platforms, GPU memory), applied before JAX starts.",
     )
 
-
     @model_validator(mode="after")
     def _meshes_carry_axis_rules(self) -> PolicySpec:
         # Each mesh carries the table its `axes` rules resolve by: its own, else the policy's.
@@ -895,7 +897,7 @@ def _sharding_problems(
     if mesh is None:
         hint = did_you_mean(sharding.mesh, meshes)
         listed = ", ".join(meshes) or "none (add a `meshes:` section)"
-        return [(where + ("mesh",), f"unknown mesh {sharding.mesh!r}{hint}; meshes: {listed}")]
+        return [((*where, "mesh"), f"unknown mesh {sharding.mesh!r}{hint}; meshes: {listed}")]
     if sharding.axes is not None:
         return _logical_problems(where, sharding, mesh)
     found: list[tuple[tuple[str | int, ...], str]] = []
@@ -906,7 +908,7 @@ def _sharding_problems(
                 hint = did_you_mean(axis, mesh.axes)
                 found.append(
                     (
-                        where + ("spec", j),
+                        (*where, "spec", j),
                         f"mesh {sharding.mesh!r} has no axis {axis!r}{hint}; "
                         f"axes: {', '.join(mesh.axes)}",
                     )
@@ -914,7 +916,7 @@ def _sharding_problems(
             elif axis in used:
                 found.append(
                     (
-                        where + ("spec", j),
+                        (*where, "spec", j),
                         f"axis {axis!r} is used twice in one spec; an axis shards one "
                         "dimension at most",
                     )
@@ -931,7 +933,7 @@ def _logical_problems(
     if not mesh.axis_rules:
         return [
             (
-                where + ("axes",),
+                (*where, "axes"),
                 f"logical axes {sharding.axes} but neither mesh {sharding.mesh!r} nor the policy "
                 "has `axis_rules` to turn them into mesh axes, e.g. "
                 "`axis_rules: [[embed, fsdp], [mlp, tensor]]`",
@@ -945,7 +947,7 @@ def _logical_problems(
                 hint = did_you_mean(axis, mesh.axes)
                 found.append(
                     (
-                        where + ("axes", j),
+                        (*where, "axes", j),
                         f"logical axis {sharding.axes[j]!r} resolves by axis_rules to mesh axis "
                         f"{axis!r}, which mesh {sharding.mesh!r} lacks{hint}; "
                         f"axes: {', '.join(mesh.axes)}",

@@ -228,6 +228,9 @@ def parse_chain_item(text: str, mesh: str | None) -> Target | ShardingTarget | N
     try:
         return parse_target(text)
     except ValueError as e:
+        hint = did_you_mean(text, [REPLICATE])
+        if hint:
+            raise ValueError(f"not a target: {text!r}{hint}; accepted: {CHAIN_FORMS}") from None
         raise ValueError(f"{e}; or {REPLICATE}, or a sharding {SHARDING_FORMS}") from None
 
 
