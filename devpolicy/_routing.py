@@ -227,10 +227,15 @@ class Route(Generic[D]):
         tried: list[tuple[str, str]] = []
         chain = self.tried_chain
         sized = short = accelerator = False
+        unbuilt = ""  # a mesh this machine cannot build: said once, not for each spec on it
         for target in chain:
             if isinstance(target, ShardingTarget):
+                if target.mesh == unbuilt:
+                    continue
                 sharded = self._sharded(target, nbytes, fit, claimed, shape)
                 if isinstance(sharded, str):
+                    if isinstance(self.meshes.build(target.mesh), str):
+                        unbuilt = target.mesh
                     tried.append((target.described, sharded))
                     continue
                 if isinstance(sharded, _Short):

@@ -229,3 +229,27 @@ class TestScalars:
         p = devpolicy.load_policy({"version": 1})
         with pytest.raises(TypeError, match=r"^shardings\('p'\): leaf 'p/name' is a str"):
             p.shardings("p", {"name": "x"})
+
+
+class TestShippedPolicy:
+    def test_fsdp_sharded_keeps_an_indivisible_embedding_and_step_counters_on_the_mesh(
+        self,
+    ) -> None:
+        """policies/fsdp-sharded.yaml planned for 8 GPUs: a 32,001-row embedding gives up
+        only `data`, a 0-d step counter is replicated, an odd-sized state replicates over
+        the mesh; nothing goes to the host."""
+        from tests.conftest import REPO
+
+        p = devpolicy.load_policy(REPO / "policies" / "fsdp-sharded.yaml", environ={})
+        vm = devpolicy.VirtualMachine(["gpu=8x80GiB"])
+
+        def where(name: str, shape: tuple[int, ...]) -> str:
+            nbytes = int(np.prod(shape)) * 2
+            decision = p.explain(name, nbytes=nbytes, shape=shape, machine=vm).decision
+            assert decision is not None
+            return decision.device_text
+
+        assert where("params/embed/embedding", (VOCAB, EMBED)) == "fsdp[-,model]"
+        assert where("params/layer0/kernel", (EMBED, EMBED)) == "fsdp[data,model]"
+        assert where("train_state/step", ()) == "fsdp[]"
+        assert where("train_state/odd", (7,)) == "fsdp[]"
