@@ -113,6 +113,14 @@ class Decision(Generic[DeviceT]):
         return not self.is_auto
 
     @property
+    def described(self) -> str:
+        """`device_text`, with the logical axes a sharded spec came from (`mt[tensor,fsdp]
+        from axes (vocab, embed)`)."""
+        if self.axes is None:
+            return self.device_text
+        return f"{self.device_text} from axes {logical_text(self.axes)}"
+
+    @property
     def is_sharded(self) -> bool:
         """Whether arrays are sharded over a mesh (a `NamedSharding`)."""
         return self.mesh is not None
@@ -140,12 +148,10 @@ class Decision(Generic[DeviceT]):
             data/x (2.0 KiB) -> cpu:1 by <mapping>:rules[0] (policy)
         """
         size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
-        where = f"{self.device_text} (auto)" if self.is_auto else self.device_text
+        where = f"{self.device_text} (auto)" if self.is_auto else self.described
         if self.memory_kind is not None:
             where += f" [{self.memory_kind}]"
         share = self.bytes_per_device()
-        if self.axes is not None:
-            where += f" from axes {logical_text(self.axes)}"
         if self.mesh is not None and share is not None:
             where += f" ({format_size(share)} per device, {self.mesh_devices} devices)"
         line = f"{self.name}{size} -> {where} by {self.origin} ({self.source})"

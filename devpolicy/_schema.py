@@ -854,7 +854,7 @@ def policy_schema() -> dict[str, Any]:
     Example:
         >>> schema = policy_schema()
         >>> schema["required"], sorted(schema["properties"])[:3]
-        (['version'], ['default', 'fallback', 'headroom'])
+        (['version'], ['axis_rules', 'default', 'fallback'])
     """
     schema = PolicySpec.model_json_schema()
     return {

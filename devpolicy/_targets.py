@@ -177,8 +177,8 @@ def parse_sharding(text: str) -> ShardingTarget:
         ValueError: naming the bad text and the accepted form.
 
     Example:
-        >>> parse_sharding("fsdp[data+model,-]")
-        ShardingTarget(mesh='fsdp', spec=(('data', 'model'), None))
+        >>> parse_sharding("fsdp[data+model,-]").spec
+        (('data', 'model'), None)
     """
     m = _SHARDING.fullmatch(text.strip())
     if m is None:

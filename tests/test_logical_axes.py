@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 
 import devpolicy
 from devpolicy._axes import resolve_axes
+from devpolicy._cli import main
 
 # ---------------------------------------------------------------------------------------
 # flax's `_logical_to_mesh_axes` re-implemented from its documented algorithm, written
@@ -270,6 +271,26 @@ class TestMaxTextPort:
         text = "maxtext[tensor+autoregressive,fsdp+fsdp_transpose+sequence]"
         assert embedding.decision.device_text == text
         assert embedding.decision.shards == 8
+        assert (
+            f"params/token_embedder/embedding  F32 32000x4096  500.0 MiB  -> {text} from axes (vocab, embed) "
+            in str(plan)
+        )
+
+    def test_plan_on_the_command_line_shows_both_levels(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`devpolicy plan --json` gives each tensor's logical axes beside its spec."""
+        tree = llama_tree(vocab=256, embed=64, heads=4, head_dim=16, mlp=128, layers=1)
+        checkpoint = tmp_path / "small.safetensors"
+        write_header_only(checkpoint, {k: shape for k, (shape, _) in tree.items()})
+        policy = tmp_path / "p.yaml"
+        policy.write_text(yaml.safe_dump(maxtext_policy({"fsdp": 4}, devices="gpu")))
+        argv = ["plan", str(checkpoint), "--policy", str(policy), "--devices", "gpu=4x1GiB"]
+        assert main([*argv, "--json"]) == 0
+        rows = {t["name"]: t for t in json.loads(capsys.readouterr().out)["tensors"]}
+        wo = rows["small/decoder/layers_0/mlp/wo/kernel"]
+        assert wo["axes"] == ["mlp", "embed"]
+        assert wo["spec"] == [["fsdp_transpose", "tensor", "autoregressive"], ["fsdp", "sequence"]]
 
 
 def write_header_only(path: Path, shapes: dict[str, tuple[int, ...]]) -> int:
