@@ -253,3 +253,10 @@ class TestShippedPolicy:
         assert where("params/layer0/kernel", (EMBED, EMBED)) == "fsdp[data,model]"
         assert where("train_state/step", ()) == "fsdp[]"
         assert where("train_state/odd", (7,)) == "fsdp[]"
+
+    def test_a_mesh_used_only_by_a_fallback_is_not_reported_unused(self) -> None:
+        """`check` counts a chain's sharding as a use of its mesh."""
+        p = policy(
+            {"match": "x", "sharding": {"mesh": "tp", "spec": ["tensor"]}}, fallback=["dp[data]"]
+        )
+        assert not [f for f in devpolicy.lint(p) if f.code == "unused-mesh"]
