@@ -87,6 +87,7 @@ __all__ = [
     "runtime_settings",
     "save_file",
     "scope",
+    "shardings",
     "to",
     "windows",
 ]

@@ -347,6 +347,42 @@ def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
     return _placement.put(_ACTIVE_DECIDER.decider(), name, x, narrow)
 
 
+def shardings(name: str, tree: T) -> T:
+    """The tree of shardings the active policy decides for `put(name, tree)`'s leaves.
+
+    Leaves may be arrays or `jax.ShapeDtypeStruct`s (only shape and dtype are read), so a
+    model can be created sharded from the start: `jax.jit(init, out_shardings=...)` with
+    the tree from `jax.eval_shape(init)`. Leaves are named as `put` names them
+    (`params/layer0/w`) and decided as one placement (sizes, shapes, memory), exactly as
+    `put` would; a sharding rule's leaf gets its `NamedSharding`, any other a
+    `SingleDeviceSharding`. Nothing is created or moved.
+
+    Raises:
+        DeviceUnavailableError: a leaf's target and fallbacks cannot be had.
+        UnmatchedNameError: under `default: reject`, a leaf no rule matches.
+
+    Example:
+        >>> import devpolicy, jax, jax.numpy as jnp
+        >>> p = devpolicy.load_policy({"version": 1,
+        ...     "meshes": {"tp": {"axes": {"fsdp": 2, "tensor": 2}, "devices": "cpu"}},
+        ...     "axis_rules": [["vocab", "tensor"], ["embed", "fsdp"]],
+        ...     "rules": [
+        ...         {"match": "params/embed",
+        ...          "sharding": {"mesh": "tp", "axes": ["vocab", "embed"]}},
+        ...         {"match": "params/*", "sharding": {"mesh": "tp", "spec": [None]}}]})
+        >>> def init():
+        ...     return {"embed": jnp.ones((32000, 64)), "step": jnp.zeros((), jnp.int32)}
+        >>> with devpolicy.activate(p):
+        ...     out = devpolicy.shardings("params", jax.eval_shape(init))
+        >>> tuple(out["embed"].spec), tuple(out["step"].spec)  # a 0-d leaf: replicated
+        (('tensor', 'fsdp'), ())
+        >>> params = jax.jit(init, out_shardings=out)()
+        >>> params["embed"].addressable_shards[0].data.shape
+        (16000, 32)
+    """
+    return _placement.shardings(_ACTIVE_DECIDER.decider(), name, tree)
+
+
 def _decider_of(policy: Policy | None) -> Decider:
     if policy is None:
         return _ACTIVE_DECIDER.decider()

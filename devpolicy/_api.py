@@ -14,6 +14,7 @@ from ._active import prefetch as prefetch
 from ._active import put as put
 from ._active import resolve as resolve
 from ._active import scope as scope
+from ._active import shardings as shardings
 from ._active import to as to
 from ._active import windows as windows
 from ._bootstrap import bootstrap as bootstrap

@@ -618,7 +618,7 @@ def _plan(args: argparse.Namespace) -> int:
             column, justify="right" if column in ("size", "per device") else "left", overflow="fold"
         )
     for t in shown:
-        device = _lit(t.decision.device_text) if t.decision else Text("none", style="red")
+        device = _lit(t.decision.described) if t.decision else Text("none", style="red")
         if t.decision is not None and t.decision.fallback_reason:
             device.append_text(_lit(f" (asked {t.decision.requested})", "yellow"))
         rule = _lit(t.decision.origin) if t.decision else _why_not(t.error or "")
@@ -755,6 +755,7 @@ def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:
                 "device": t.decision.device_text if t.decision else None,
                 "mesh": t.decision.mesh if t.decision else None,
                 "spec": _spec_json(t.decision.spec) if t.decision else None,
+                "axes": list(t.decision.axes) if t.decision and t.decision.axes else None,
                 "shards": t.decision.shards if t.decision else None,
                 "mesh_devices": t.decision.mesh_devices if t.decision else None,
                 "bytes_per_device": t.decision.bytes_per_device() if t.decision else None,

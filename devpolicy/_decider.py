@@ -16,6 +16,7 @@ import jax
 from jax.sharding import SingleDeviceSharding
 from typing_extensions import TypeVar
 
+from ._axes import logical_text, resolve_axes
 from ._capacity import Capacity
 from ._errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameError
 from ._layers import RuleEntry, Settings
@@ -25,7 +26,7 @@ from ._machine import DeviceLike, Machine
 from ._matching import Matcher, SourceFile, Step, compile_condition
 from ._meshes import Meshes, shards
 from ._routing import ALWAYS_MAPPED, NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
-from ._schema import RuleSpec, Source
+from ._schema import MeshSpec, RuleSpec, Source
 from ._sizes import format_size
 from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
 from ._visible import visible
@@ -66,6 +67,8 @@ class Decision(Generic[DeviceT]):
             device to `device` before the call (the rule's `inputs: move`).
         local_devices: This process's devices that hold the array: `device`, or the
             mesh's devices of this process for a sharded decision.
+        axes: The logical axis names the spec was resolved from (a rule's `axes`), else
+            None.
 
     Example:
         >>> import devpolicy
@@ -96,6 +99,7 @@ class Decision(Generic[DeviceT]):
     mesh_devices: int = 1
     shards: int = 1
     local_devices: tuple[DeviceT, ...] = ()
+    axes: tuple[str | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.local_devices:
@@ -108,6 +112,14 @@ class Decision(Generic[DeviceT]):
     def applies(self) -> bool:
         """Whether a scope for this decision changes JAX's default device."""
         return not self.is_auto
+
+    @property
+    def described(self) -> str:
+        """`device_text`, with the logical axes a sharded spec came from (`mt[tensor,fsdp]
+        from axes (vocab, embed)`)."""
+        if self.axes is None:
+            return self.device_text
+        return f"{self.device_text} from axes {logical_text(self.axes)}"
 
     @property
     def is_sharded(self) -> bool:
@@ -137,7 +149,7 @@ class Decision(Generic[DeviceT]):
             data/x (2.0 KiB) -> cpu:1 by <mapping>:rules[0] (policy)
         """
         size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
-        where = f"{self.device_text} (auto)" if self.is_auto else self.device_text
+        where = f"{self.device_text} (auto)" if self.is_auto else self.described
         if self.memory_kind is not None:
             where += f" [{self.memory_kind}]"
         share = self.bytes_per_device()
@@ -161,6 +173,8 @@ class Decision(Generic[DeviceT]):
                 "spec": self.device_text.removeprefix(self.mesh),
                 "bytes_per_device": self.bytes_per_device(),
             }
+            if self.axes is not None:
+                sharded["axes"] = logical_text(self.axes)
         return {
             "name": self.name,
             "device": self.device_text,
@@ -249,10 +263,17 @@ class _Outcome(Generic[DeviceT]):
     choice: Choice[DeviceT] | DevicePolicyError
 
 
-def _first_target(rule: RuleSpec) -> Target | ShardingTarget:
-    if rule.sharding is not None:
-        spec = tuple(tuple(e) if isinstance(e, list) else e for e in rule.sharding.spec)
-        return ShardingTarget(rule.sharding.mesh, spec)
+def _first_target(rule: RuleSpec, meshes: Mapping[str, MeshSpec]) -> Target | ShardingTarget:
+    sharding = rule.sharding
+    if sharding is not None:
+        if sharding.axes is not None:
+            # Resolved once, here: the table and the names do not change while deciding.
+            rules = meshes[sharding.mesh].axis_rules or ()
+            logical = tuple(sharding.axes)
+            resolved = resolve_axes(logical, rules)
+            return ShardingTarget(sharding.mesh, resolved, logical, sharding.indivisible)
+        spec = tuple(tuple(e) if isinstance(e, list) else e for e in sharding.spec)
+        return ShardingTarget(sharding.mesh, spec, None, sharding.indivisible)
     assert rule.device is not None  # the schema requires one of the two
     return parse_target(rule.device)
 
@@ -405,7 +426,7 @@ class Decider(Generic[DeviceT]):
         self.meshes = Meshes(settings.meshes, machine)
         self._routes = tuple(
             Route(
-                _first_target(r.spec),
+                _first_target(r.spec, settings.meshes),
                 tuple(r.spec.fallback) if r.spec.fallback is not None else fallback,
                 r.spec.memory,
                 strict,
@@ -703,6 +724,7 @@ class Decider(Generic[DeviceT]):
                 "mesh_devices": choice.mesh.size,
                 "shards": shards(target, choice.mesh.shape),
                 "local_devices": choice.mesh.local,
+                "axes": target.logical,
             }
         elif isinstance(device, jax.Device):
             # One sharding object per device and memory kind, shared by its decisions.

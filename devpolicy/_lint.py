@@ -452,7 +452,15 @@ def _runtime_environment(policy: Policy) -> list[Finding]:
 
 
 def _unused_meshes(policy: Policy) -> list[Finding]:
-    used = {r.spec.sharding.mesh for r in policy.rules if r.spec.sharding is not None}
+    # A mesh a chain falls back to (`dp[data]`, `replicate`) is used too.
+    routes = [*policy.decider.routes, policy.decider.default_route]
+    used = {
+        t.mesh
+        for route in routes
+        if route is not None
+        for t in route.chain
+        if isinstance(t, ShardingTarget)
+    }
     return [
         Finding(
             "warning",

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._machine import D, Machine
 from ._schema import MeshSpec
-from ._targets import AUTO, PLATFORM_ALIASES, ShardingTarget, parse_target
+from ._targets import AUTO, PLATFORM_ALIASES, ShardingTarget, SpecEntry, parse_target
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,11 @@ class Meshes(Generic[D]):
         """The mesh called `name` on this machine, or why it cannot be built there."""
         built = self._built.get(name)
         if built is None:
-            built = self._built[name] = _build(name, self._specs[name], self.machine)
+            spec = self._specs.get(name)
+            if spec is None:  # a sharding in the policy's `fallback` naming no mesh
+                listed = ", ".join(self._specs) or "none"
+                return f"no mesh {name!r} in the policy's meshes ({listed})"
+            built = self._built[name] = _build(name, spec, self.machine)
         return built
 
     def sharding(
@@ -68,23 +72,78 @@ class Meshes(Generic[D]):
         target: ShardingTarget,
         memory_kind: str | None,
         shape: Sequence[int] | None,
-    ) -> tuple[BuiltMesh[D], NamedSharding | None] | str:
+    ) -> Sharded[D] | str:
         """The mesh for `target` (an array of `shape`, when known) and its NamedSharding
-        (None where the mesh has no JAX mesh), or why not."""
+        (None where the mesh has no JAX mesh), or why not.
+
+        A 0-d array is replicated over the mesh (a spec has nothing to cut in it). Under
+        `indivisible: replicate`, a dimension that does not divide gives up the axes that
+        do not divide it (see `divisible`) and the rest of the spec holds.
+        """
         built = self.build(target.mesh)
         if isinstance(built, str):
             return built
+        used, note = target, None
         if shape is not None:
-            problem = divides(target, built.shape, shape)
+            if len(shape) == 0 and target.spec:
+                used = target.replicated()
+            elif target.indivisible == "replicate":
+                used, note = divisible(target, built.shape, shape)
+            problem = divides(used, built.shape, shape)
             if problem is not None:
                 return problem
         if built.mesh is None:
-            return built, None
-        spec = PartitionSpec(*target.spec)  # type: ignore[no-untyped-call]
+            return Sharded(built, None, used, note)
+        spec = PartitionSpec(*used.spec)  # type: ignore[no-untyped-call]
         try:
-            return built, NamedSharding(built.mesh, spec, memory_kind=memory_kind)
+            sharding = NamedSharding(built.mesh, spec, memory_kind=memory_kind)
         except ValueError as e:  # a memory kind these devices lack, in JAX's words
             return f"mesh {target.mesh!r}: {e}"
+        return Sharded(built, sharding, used, note)
+
+
+@dataclass(frozen=True, slots=True)
+class Sharded(Generic[D]):
+    """A sharding that can be had: its mesh, its NamedSharding (None where the mesh has
+    no JAX mesh), the target as used, and why that differs from the one asked (or None)."""
+
+    built: BuiltMesh[D]
+    sharding: NamedSharding | None
+    target: ShardingTarget
+    note: str | None
+
+
+def divisible(
+    target: ShardingTarget, axis_sizes: Mapping[str, int], shape: Sequence[int]
+) -> tuple[ShardingTarget, str | None]:
+    """`target` with each dimension that does not divide keeping only the longest leading
+    run of its axes that does (none: the dimension is replicated), and why; unchanged
+    (reason None) when every dimension divides or the spec does not fit the rank.
+
+    Example:
+        >>> t = ShardingTarget("tp", (("tensor", "data"), "data"), indivisible="replicate")
+        >>> used, why = divisible(t, {"tensor": 2, "data": 4}, (32001, 8))
+        >>> used.text, why
+        ('tp[-,data]', "dim 0 of 32001 does not divide by axes 'tensor' (2) x 'data' (4)")
+    """
+    if len(target.spec) > len(shape):
+        return target, None
+    spec: list[SpecEntry] = []
+    reasons = []
+    for dim, entry in enumerate(target.spec):
+        axes = [] if entry is None else [entry] if isinstance(entry, str) else list(entry)
+        kept = list(axes)
+        while kept and shape[dim] % math.prod(axis_sizes[a] for a in kept):
+            kept.pop()
+        if kept != axes:
+            named = " x ".join(f"{a!r} ({axis_sizes[a]})" for a in axes)
+            what = "axis" if len(axes) == 1 else "axes"
+            reasons.append(f"dim {dim} of {shape[dim]} does not divide by {what} {named}")
+        spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    if not reasons:
+        return target, None
+    used = ShardingTarget(target.mesh, tuple(spec), target.logical, target.indivisible)
+    return used, "; ".join(reasons)
 
 
 def shards(target: ShardingTarget, axis_sizes: Mapping[str, int]) -> int:

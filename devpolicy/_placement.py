@@ -770,6 +770,48 @@ def _nbytes(leaf: Any) -> int:
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
+def leaf_names(name: str, pairs: list[tuple[Any, Any]]) -> list[str]:
+    """The names `put` gives the leaves of a flattened tree (`tree_flatten_with_path`)."""
+    if len(pairs) == 1 and pairs[0][0] == ():
+        return [name]
+    return [f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}" for path, _ in pairs]
+
+
+def shardings(decider: Decider, name: str, tree: T) -> T:
+    """The sharding each leaf of `tree` would be placed with by `put(name, tree)`: its
+    leaves arrays or `jax.ShapeDtypeStruct`s (shape and dtype are all that is read), all
+    decided as one placement. Nothing moves and nothing is created."""
+    if not isinstance(name, str):
+        raise TypeError(f"shardings() takes a name (str) first, got {type(name).__name__} {name!r}")
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    names = leaf_names(name, pairs)
+    items: list[tuple[str, int | None, tuple[int, ...]]] = []
+    for leaf_name, (_, leaf) in zip(names, pairs, strict=True):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is None or dtype is None:
+            if not isinstance(leaf, _ARRAY_LIKE):
+                raise TypeError(
+                    f"shardings({name!r}): leaf {leaf_name!r} is a {type(leaf).__name__}, not an "
+                    "array, jax.ShapeDtypeStruct or number"
+                )
+            shape, dtype = np.shape(leaf), np.asarray(leaf).dtype
+        shape = tuple(int(d) for d in shape)
+        # What JAX will hold: 64-bit types narrowed when x64 is off.
+        itemsize = np.dtype(jax.dtypes.canonicalize_dtype(dtype)).itemsize
+        items.append((leaf_name, int(np.prod(shape, dtype=np.int64)) * itemsize, shape))
+    decisions = decider.resolve_many(items)
+    found: list[Any] = []
+    for decision in decisions:
+        if decision.sharding is None:
+            raise ValueError(
+                f"shardings({name!r}): {decision.name!r} has no sharding on this machine "
+                f"({decision.device_text})"
+            )
+        found.append(decision.sharding)
+    out: T = jax.tree_util.tree_unflatten(treedef, found)
+    return out
+
+
 def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: bool = False) -> T:
     """Place each leaf of `x` by `decider`, every decision made before anything moves.
 
@@ -783,12 +825,7 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
         raise TypeError(f"put() takes a name (str) first, got {type(name).__name__} {name!r}")
     check_mode(narrow)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(x)
-    if len(pairs) == 1 and pairs[0][0] == ():
-        names = [name]
-    else:
-        names = [
-            f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}" for path, _ in pairs
-        ]
+    names = leaf_names(name, pairs)
     leaves = [leaf for _, leaf in pairs]
     for leaf_name, leaf in zip(names, leaves, strict=True):
         if not isinstance(leaf, _ARRAY_LIKE):

@@ -18,7 +18,7 @@ from ._layers import RuleEntry, Settings
 from ._logging import EventLog
 from ._machine import VirtualMachine
 from ._matching import source_file
-from ._placement import Inputs, Scope, Scopes, make_place, move_to, put
+from ._placement import Inputs, Scope, Scopes, make_place, move_to, put, shardings
 from ._safetensors import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -233,6 +233,11 @@ class Policy:
     def put(self, name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         """Place an array or pytree by this policy. See `devpolicy.put`."""
         return put(self.decider, name, x, narrow)
+
+    def shardings(self, name: str, tree: T) -> T:
+        """The sharding `put(name, ...)` would give each leaf, by this policy. See
+        `devpolicy.shardings`."""
+        return shardings(self.decider, name, tree)
 
     def load_file(self, path: str | os.PathLike[str], **options: Any) -> dict[str, jax.Array]:
         """Load a safetensors file by this policy. See `devpolicy.load_file`."""

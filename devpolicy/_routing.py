@@ -17,9 +17,9 @@ from jax.sharding import NamedSharding
 from ._capacity import Capacity, pool_of
 from ._errors import DeviceUnavailableError
 from ._machine import D
-from ._meshes import BuiltMesh, Meshes, shards
+from ._meshes import BuiltMesh, Meshes, Sharded, shards
 from ._sizes import format_size
-from ._targets import ShardingTarget, Target, parse_target
+from ._targets import ShardingTarget, Target, parse_chain_item
 
 #: Whether a loader would map an item from its file instead of reading it, were it placed
 #: on a host device: never (not aligned, narrowed, or `mmap=False`), if its rule says
@@ -155,7 +155,10 @@ class Route(Generic[D]):
         mmap: bool = False,
     ) -> None:
         self.requested = requested.text
-        self.chain = (requested, *(parse_target(t) for t in fallback))
+        # `replicate` is over the rule's own mesh; a device rule has none, so it skips it.
+        mesh = requested.mesh if isinstance(requested, ShardingTarget) else None
+        items = (parse_chain_item(t, mesh) for t in fallback)
+        self.chain = (requested, *(t for t in items if t is not None))
         self.memory_kind = memory_kind
         self.strict = strict
         self.context = context
@@ -224,21 +227,37 @@ class Route(Generic[D]):
         tried: list[tuple[str, str]] = []
         chain = self.tried_chain
         sized = short = accelerator = False
+        unbuilt = ""  # a mesh this machine cannot build: said once, not for each spec on it
         for target in chain:
             if isinstance(target, ShardingTarget):
+                if target.mesh == unbuilt:
+                    continue
                 sharded = self._sharded(target, nbytes, fit, claimed, shape)
                 if isinstance(sharded, str):
-                    tried.append((target.text, sharded))
+                    if isinstance(self.meshes.build(target.mesh), str):
+                        unbuilt = target.mesh
+                    tried.append((target.described, sharded))
                     continue
                 if isinstance(sharded, _Short):
-                    tried.append((target.text, sharded.reason))
+                    tried.append((target.described, sharded.reason))
                     short = True
                     accelerator = accelerator or sharded.platform != "cpu"
                     continue
-                built, sharding, judged = sharded
+                found_sharding, judged = sharded
                 sized = sized or judged
+                built, used = found_sharding.built, found_sharding.target
+                if found_sharding.note is not None:
+                    # Degraded, not refused (`indivisible: replicate`): said like a fallback.
+                    tried.append((target.described, found_sharding.note))
                 return Choice(
-                    built.local[0], target, tuple(tried), sized, sharding, built, short, accelerator
+                    built.local[0],
+                    used,
+                    tuple(tried),
+                    sized,
+                    found_sharding.sharding,
+                    built,
+                    short,
+                    accelerator,
                 )
             found: D | str
             found = machine.default_device() if target.is_auto else machine.find(target)
@@ -285,18 +304,18 @@ class Route(Generic[D]):
         fit: Fit[D],
         claimed: Mapping[Hashable, int],
         shape: tuple[int, ...] | None,
-    ) -> tuple[BuiltMesh[D], NamedSharding | None, bool] | str | _Short:
+    ) -> tuple[Sharded[D], bool] | str | _Short:
         found = self.meshes.sharding(target, self.memory_kind, shape)
         if isinstance(found, str):
             return found
-        built, sharding = found
+        built = found.built
         if self.memory_kind is not None:
             kinds = self.meshes.machine.memory_kinds(built.local[0])
             if self.memory_kind not in kinds:
                 return f"no memory kind {self.memory_kind!r} (has: {', '.join(kinds) or 'none'})"
         if nbytes is None or not self.fits:
-            return built, sharding, False
-        share = -(-nbytes // shards(target, built.shape))
+            return found, False
+        share = -(-nbytes // shards(found.target, built.shape))
         pools: dict[Hashable, int] = {}  # devices sharing one memory hold their shares together
         for device in built.local:
             pool = fit.pool(device)
@@ -306,4 +325,4 @@ class Route(Generic[D]):
             )
             if too_small is not None:
                 return _Short(f"each device's share: {too_small}", getattr(device, "platform", ""))
-        return built, sharding, True
+        return found, True

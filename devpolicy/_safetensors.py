@@ -917,7 +917,7 @@ class Plan:
             shape = "x".join(map(str, t.shape)) or "()"
             reasons: list[str] = []
             if t.decision is not None:
-                where = f"-> {t.decision.device_text} by {t.decision.origin} ({t.decision.source})"
+                where = f"-> {t.decision.described} by {t.decision.origin} ({t.decision.source})"
                 if t.decision.is_sharded:
                     share = format_size(t.decision.bytes_per_device() or 0)
                     where += f", {share} on each of {t.decision.mesh_devices} devices"

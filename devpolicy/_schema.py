@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ._axes import resolve_axes
 from ._errors import did_you_mean
 from ._matching import compile_regex
 from ._runtime import (
@@ -40,11 +41,17 @@ from ._runtime import (
 from ._sizes import SIZE_FORMS, SIZE_PATTERN, format_size, parse_size
 from ._targets import (
     AXIS_NAME_PATTERN,
+    CHAIN_FORMS,
+    INDIVISIBLE,
     PLATFORM_ALIASES,
     REJECT,
+    REPLICATE,
+    SHARDING_PATTERN,
     TARGET_FORMS,
     TARGET_PATTERN,
+    check_chain_item,
     check_default,
+    parse_sharding,
     parse_target,
 )
 
@@ -94,6 +101,20 @@ TargetText = Annotated[
     str,
     BeforeValidator(_checked(parse_target)),
     WithJsonSchema({"type": "string", "pattern": TARGET_PATTERN, "description": TARGET_FORMS}),
+]
+ChainText = Annotated[
+    str,
+    BeforeValidator(_checked(check_chain_item)),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": TARGET_PATTERN},
+                {"const": REPLICATE},
+                {"type": "string", "pattern": SHARDING_PATTERN},
+            ],
+            "description": CHAIN_FORMS,
+        }
+    ),
 ]
 ByteCount = Annotated[
     int,
@@ -182,6 +203,92 @@ AxisSize = Annotated[
 ]
 
 
+def _axis_rule(value: Any) -> tuple[str, str | tuple[str, ...] | None]:
+    if isinstance(value, list | tuple) and len(value) == 2:
+        logical, mesh_axes = value
+        name = _axis_name(logical)
+        if mesh_axes is None:
+            return name, None
+        if isinstance(mesh_axes, str):
+            return name, _axis_name(mesh_axes)
+        if isinstance(mesh_axes, list | tuple) and all(isinstance(a, str) for a in mesh_axes):
+            axes = tuple(_axis_name(a) for a in mesh_axes)
+            if len(set(axes)) != len(axes):
+                raise _fail(f"a mesh axis is listed twice in {list(value)!r}")
+            return name, axes
+    raise _fail(
+        f"an axis rule is a pair [logical name, mesh axes], the mesh axes an axis, a list of "
+        f"axes (sharded over their product), or null/[] (replicated); got {value!r}"
+    )
+
+
+def _axis_rules(value: Any) -> Any:
+    """A mapping `{logical: mesh axis or null}` is the pairs in its order; a list value
+    there would be ambiguous (product or candidates?), so pairs must say which."""
+    if not isinstance(value, dict):
+        return value
+    for name, mesh_axes in value.items():
+        if isinstance(mesh_axes, list | tuple) and len(mesh_axes) > 1:
+            a, b = str(mesh_axes[0]), str(mesh_axes[1])
+            raise _fail(
+                f"axis_rules as a mapping takes one mesh axis or null per logical name, got "
+                f"{name}: {list(mesh_axes)!r}; write pairs in order: `[{name}, [{a}, {b}]]` "
+                f"shards over {a} and {b} together, `[{name}, {a}], [{name}, {b}]` takes {a}, "
+                f"or {b} when {a} is taken"
+            )
+    return [[name, mesh_axes] for name, mesh_axes in value.items()]
+
+
+_AXIS_RULE_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "prefixItems": [
+        {"type": "string", "pattern": AXIS_NAME_PATTERN},
+        {
+            "anyOf": [
+                {"type": "string", "pattern": AXIS_NAME_PATTERN},
+                {"type": "null"},
+                {"type": "array", "items": {"type": "string", "pattern": AXIS_NAME_PATTERN}},
+            ]
+        },
+    ],
+    "minItems": 2,
+    "maxItems": 2,
+}
+AxisRule = Annotated[
+    tuple[str, str | tuple[str, ...] | None],
+    BeforeValidator(_axis_rule),
+    WithJsonSchema(_AXIS_RULE_SCHEMA),
+]
+AxisRules = Annotated[
+    list[AxisRule],
+    BeforeValidator(_axis_rules),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "array", "items": _AXIS_RULE_SCHEMA},
+                {
+                    "type": "object",
+                    "additionalProperties": {
+                        "anyOf": [
+                            {"type": "string", "pattern": AXIS_NAME_PATTERN},
+                            {"type": "null"},
+                        ]
+                    },
+                },
+            ],
+            "description": "Logical axis name to mesh axes, tried in order as flax's "
+            "logical_to_mesh_axes: [[embed, fsdp], [mlp, [tensor, fsdp]], [kv, null]], or "
+            "{embed: fsdp, kv: null}.",
+        }
+    ),
+]
+AXIS_RULES_DESCRIPTION = (
+    "Pairs [logical name, mesh axes] tried in order (flax's logical_to_mesh_axes): a "
+    "dimension takes the first pair for its name whose mesh axes no other dimension uses; "
+    "null or [] replicates it. A mapping {name: axis or null} is the pairs in its order."
+)
+
+
 def _mesh_devices(value: Any) -> Any:
     if isinstance(value, str):
         if value == "auto" or value in PLATFORM_ALIASES:
@@ -204,6 +311,11 @@ class MeshSpec(_Strict):
         "auto",
         description="A backend (every device of it, across all processes of a "
         "jax.distributed job; `auto`: the default backend), or a list of targets.",
+    )
+    axis_rules: AxisRules | None = Field(
+        None,
+        description="This mesh's logical axis rules, for rules giving `axes`; else the "
+        "policy's `axis_rules`. " + AXIS_RULES_DESCRIPTION,
     )
 
     @model_validator(mode="after")
@@ -242,8 +354,20 @@ SpecEntry = Annotated[
 ]
 
 
+def _logical_name(value: Any) -> Any:
+    return None if value is None else _axis_name(value)
+
+
+LogicalName = Annotated[
+    str | None,
+    BeforeValidator(_logical_name),
+    WithJsonSchema({"anyOf": [{"type": "string", "pattern": AXIS_NAME_PATTERN}, {"type": "null"}]}),
+]
+
+
 class ShardingSpec(_Strict):
-    """How a rule shards: a mesh of `meshes`, and one spec entry per array dimension."""
+    """How a rule shards: a mesh of `meshes`, and one spec entry (or logical axis name)
+    per array dimension."""
 
     mesh: str = Field(description="The name of a mesh in `meshes`.")
     spec: list[SpecEntry] = Field(
@@ -251,6 +375,35 @@ class ShardingSpec(_Strict):
         description="Per dimension: an axis, null (not sharded) or a list of axes; "
         "[] replicates over the mesh.",
     )
+    axes: list[LogicalName] | None = Field(
+        None,
+        description="Instead of `spec`: a logical axis name per dimension (null: not sharded), "
+        "turned into mesh axes by the mesh's or policy's `axis_rules`.",
+    )
+    indivisible: Annotated[
+        str,
+        BeforeValidator(_choice(INDIVISIBLE, "indivisible")),
+        WithJsonSchema({"enum": list(INDIVISIBLE)}),
+    ] = Field(
+        "fallback",
+        description="A dimension that does not divide over its axes: `fallback` passes the "
+        "sharding over for the next target of the chain; `replicate` drops only the axes "
+        "that do not divide it (that dimension is replicated), keeping the rest of the spec.",
+    )
+
+    @model_validator(mode="after")
+    def _spec_or_axes(self) -> ShardingSpec:
+        if self.axes is not None and "spec" in self.model_fields_set:
+            raise _fail("give `spec` (mesh axes) or `axes` (logical names), not both")
+        if self.axes is not None:
+            named = [a for a in self.axes if a is not None]
+            repeated = sorted({a for a in named if named.count(a) > 1})
+            if repeated:
+                raise _fail(
+                    f"logical axis {repeated[0]!r} names more than one dimension; each "
+                    "dimension needs its own name"
+                )
+        return self
 
 
 class RuleSpec(_Strict):
@@ -280,8 +433,11 @@ class RuleSpec(_Strict):
         None,
         description="Shard matching names over a mesh of `meshes` (give this or `device`).",
     )
-    fallback: list[TargetText] | None = Field(
-        None, description="Targets tried in order when `device` cannot be had; else the policy's."
+    fallback: list[ChainText] | None = Field(
+        None,
+        description="Targets tried in order when `device` or `sharding` cannot be had; else the "
+        "policy's. Each is a target, `replicate` (the rule's mesh, replicated) or a sharding "
+        "`MESH[axis,-,a+b]`.",
     )
     min_bytes: ByteCount | None = Field(
         None, description="Match only arrays of at least this size (inclusive); needs a known size."
@@ -636,8 +792,10 @@ class PolicySpec(_Strict):
     default: DefaultText = Field(
         "auto", description="Where names no rule matches go; `reject` makes them an error."
     )
-    fallback: list[TargetText] = Field(
-        default_factory=list, description="Targets tried in order when a target cannot be had."
+    fallback: list[ChainText] = Field(
+        default_factory=list,
+        description="Targets tried in order when a target cannot be had: targets, `replicate` "
+        "(over a sharding rule's mesh; skipped for device rules) or shardings `MESH[axis,-]`.",
     )
     strict: StrictBool = Field(False, description="Raise instead of falling back.")
     headroom: Headroom = Field(
@@ -649,18 +807,36 @@ class PolicySpec(_Strict):
     meshes: dict[str, MeshSpec] = Field(
         default_factory=dict, description="Named device meshes that `sharding` rules use."
     )
+    axis_rules: AxisRules = Field(
+        default_factory=list,
+        description="Logical axis rules of every mesh without its own, for sharding rules "
+        "giving `axes`. " + AXIS_RULES_DESCRIPTION,
+    )
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     runtime: RuntimeSpec = Field(
         default_factory=RuntimeSpec,
         description="JAX's process settings (platforms, GPU memory), applied before JAX starts.",
     )
 
+    @model_validator(mode="after")
+    def _meshes_carry_axis_rules(self) -> PolicySpec:
+        # Each mesh carries the table its `axes` rules resolve by: its own, else the policy's.
+        if self.axis_rules:
+            meshes = {
+                name: mesh
+                if mesh.axis_rules is not None
+                else mesh.model_copy(update={"axis_rules": self.axis_rules})
+                for name, mesh in self.meshes.items()
+            }
+            object.__setattr__(self, "meshes", meshes)
+        return self
+
 
 class OverridesSpec(_Strict):
     """Settings given in code to `load_policy(overrides=...)`: every field optional."""
 
     default: DefaultText | None = None
-    fallback: list[TargetText] | None = None
+    fallback: list[ChainText] | None = None
     strict: StrictBool | None = None
     disable: StrictBool | None = None
     headroom: Headroom | None = None
@@ -678,7 +854,7 @@ def policy_schema() -> dict[str, Any]:
     Example:
         >>> schema = policy_schema()
         >>> schema["required"], sorted(schema["properties"])[:3]
-        (['version'], ['default', 'fallback', 'headroom'])
+        (['version'], ['axis_rules', 'default', 'fallback'])
     """
     schema = PolicySpec.model_json_schema()
     return {
@@ -691,45 +867,90 @@ def policy_schema() -> dict[str, Any]:
 def sharding_problems(
     rules: list[RuleSpec], meshes: dict[str, MeshSpec]
 ) -> list[tuple[tuple[str | int, ...], str]]:
-    """What a rule's `sharding` says that its mesh contradicts, as (field location, message).
+    """What a rule's `sharding` (or a sharding in its `fallback`) says that its mesh
+    contradicts, as (field location, message).
 
     Checked once every part of a document is known: an unknown mesh, an axis the mesh
-    lacks, one axis used twice in a spec.
+    lacks, one axis used twice in a spec, logical `axes` with no `axis_rules` to resolve
+    them or resolving to an axis the mesh lacks.
     """
     found: list[tuple[tuple[str | int, ...], str]] = []
     for i, rule in enumerate(rules):
-        if rule.sharding is None:
-            continue
-        mesh = meshes.get(rule.sharding.mesh)
-        if mesh is None:
-            hint = did_you_mean(rule.sharding.mesh, meshes)
-            listed = ", ".join(meshes) or "none (add a `meshes:` section)"
-            found.append(
-                (
-                    ("rules", i, "sharding", "mesh"),
-                    f"unknown mesh {rule.sharding.mesh!r}{hint}; meshes: {listed}",
+        if rule.sharding is not None:
+            found += _sharding_problems(("rules", i, "sharding"), rule.sharding, meshes)
+        for j, item in enumerate(rule.fallback or []):
+            if "[" in item:
+                target = parse_sharding(item)
+                entries = [list(e) if isinstance(e, tuple) else e for e in target.spec]
+                fallback = ShardingSpec(mesh=target.mesh, spec=entries)
+                found += [
+                    (("rules", i, "fallback", j), message)
+                    for _, message in _sharding_problems((), fallback, meshes)
+                ]
+    return found
+
+
+def _sharding_problems(
+    where: tuple[str | int, ...], sharding: ShardingSpec, meshes: dict[str, MeshSpec]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    mesh = meshes.get(sharding.mesh)
+    if mesh is None:
+        hint = did_you_mean(sharding.mesh, meshes)
+        listed = ", ".join(meshes) or "none (add a `meshes:` section)"
+        return [((*where, "mesh"), f"unknown mesh {sharding.mesh!r}{hint}; meshes: {listed}")]
+    if sharding.axes is not None:
+        return _logical_problems(where, sharding, mesh)
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    used: list[str] = []
+    for j, entry in enumerate(sharding.spec):
+        for axis in [entry] if isinstance(entry, str) else entry or []:
+            if axis not in mesh.axes:
+                hint = did_you_mean(axis, mesh.axes)
+                found.append(
+                    (
+                        (*where, "spec", j),
+                        f"mesh {sharding.mesh!r} has no axis {axis!r}{hint}; "
+                        f"axes: {', '.join(mesh.axes)}",
+                    )
                 )
+            elif axis in used:
+                found.append(
+                    (
+                        (*where, "spec", j),
+                        f"axis {axis!r} is used twice in one spec; an axis shards one "
+                        "dimension at most",
+                    )
+                )
+            used.append(axis)
+    return found
+
+
+def _logical_problems(
+    where: tuple[str | int, ...], sharding: ShardingSpec, mesh: MeshSpec
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """Logical axes need a table, and the table must name only axes the mesh has."""
+    assert sharding.axes is not None
+    if not mesh.axis_rules:
+        return [
+            (
+                (*where, "axes"),
+                f"logical axes {sharding.axes} but neither mesh {sharding.mesh!r} nor the policy "
+                "has `axis_rules` to turn them into mesh axes, e.g. "
+                "`axis_rules: [[embed, fsdp], [mlp, tensor]]`",
             )
-            continue
-        used: list[str] = []
-        for j, entry in enumerate(rule.sharding.spec):
-            for axis in [entry] if isinstance(entry, str) else entry or []:
-                if axis not in mesh.axes:
-                    hint = did_you_mean(axis, mesh.axes)
-                    found.append(
-                        (
-                            ("rules", i, "sharding", "spec", j),
-                            f"mesh {rule.sharding.mesh!r} has no axis {axis!r}{hint}; "
-                            f"axes: {', '.join(mesh.axes)}",
-                        )
+        ]
+    spec = resolve_axes(sharding.axes, mesh.axis_rules)
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    for j, entry in enumerate(spec):
+        for axis in [entry] if isinstance(entry, str) else entry or []:
+            if axis not in mesh.axes:
+                hint = did_you_mean(axis, mesh.axes)
+                found.append(
+                    (
+                        (*where, "axes", j),
+                        f"logical axis {sharding.axes[j]!r} resolves by axis_rules to mesh axis "
+                        f"{axis!r}, which mesh {sharding.mesh!r} lacks{hint}; "
+                        f"axes: {', '.join(mesh.axes)}",
                     )
-                elif axis in used:
-                    found.append(
-                        (
-                            ("rules", i, "sharding", "spec", j),
-                            f"axis {axis!r} is used twice in one spec; an axis shards one "
-                            "dimension at most",
-                        )
-                    )
-                used.append(axis)
+                )
     return found

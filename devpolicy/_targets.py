@@ -107,6 +107,8 @@ def check_default(text: object) -> str:
 SpecEntry = str | tuple[str, ...] | None
 SHARDING_FORMS = "MESH[ENTRY,...] where ENTRY is an axis, axis+axis, or - (e.g. fsdp[data,-])"
 _SHARDING = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[([^\]]*)\]")
+#: Sharding text, for the JSON schema (the parser says what is wrong inside the brackets).
+SHARDING_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*\[[^\]]*\]$"
 _AXIS = re.compile(AXIS_NAME_PATTERN)
 
 
@@ -117,15 +119,35 @@ class ShardingTarget:
     Attributes:
         mesh: The mesh's name in the policy's `meshes`.
         spec: Per dimension: an axis, a tuple of axes, or None (not sharded).
+        logical: The logical axis names the spec was resolved from (a rule's `axes`), or
+            None for a spec written as mesh axes.
+        indivisible: What a dimension that does not divide over its axes does:
+            `fallback` (the whole sharding is passed over for the next target of the
+            chain) or `replicate` (only that dimension gives up axes, see `divisible`).
     """
 
     mesh: str
     spec: tuple[SpecEntry, ...]
+    logical: tuple[str | None, ...] | None = None
+    indivisible: str = "fallback"
 
     @property
     def text(self) -> str:
         """`fsdp[data,model]`; `-` for an unsharded dimension, `a+b` for several axes."""
         return f"{self.mesh}[{','.join(spec_entry_text(e) for e in self.spec)}]"
+
+    @property
+    def described(self) -> str:
+        """The text, with the logical axes it was resolved from (`tp[-,data] from axes
+        (vocab, embed)`)."""
+        if self.logical is None:
+            return self.text
+        names = ", ".join("-" if n is None else n for n in self.logical)
+        return f"{self.text} from axes ({names})"
+
+    def replicated(self) -> ShardingTarget:
+        """The same mesh, every dimension replicated (`mesh[]`)."""
+        return ShardingTarget(self.mesh, (), None, self.indivisible)
 
     @property
     def is_auto(self) -> bool:
@@ -155,8 +177,8 @@ def parse_sharding(text: str) -> ShardingTarget:
         ValueError: naming the bad text and the accepted form.
 
     Example:
-        >>> parse_sharding("fsdp[data+model,-]")
-        ShardingTarget(mesh='fsdp', spec=(('data', 'model'), None))
+        >>> parse_sharding("fsdp[data+model,-]").spec
+        (('data', 'model'), None)
     """
     m = _SHARDING.fullmatch(text.strip())
     if m is None:
@@ -176,3 +198,55 @@ def parse_sharding(text: str) -> ShardingTarget:
             )
         spec.append(axes[0] if len(axes) == 1 else axes)
     return ShardingTarget(mesh, tuple(spec))
+
+
+#: A chain item meaning "the rule's own mesh, every dimension replicated".
+REPLICATE = "replicate"
+#: What a dimension that does not divide may do (`sharding.indivisible`).
+INDIVISIBLE = ("fallback", "replicate")
+CHAIN_FORMS = f"{TARGET_FORMS}; replicate (over the rule's mesh); or {SHARDING_FORMS}"
+
+
+def parse_chain_item(text: str, mesh: str | None) -> Target | ShardingTarget | None:
+    """One item of a fallback chain: a target, a sharding, or `replicate` over `mesh` (the
+    mesh of the chain's sharding rule); None for `replicate` in a chain with no mesh (a
+    rule that places on a device: there is nothing to replicate over, the item is skipped).
+
+    Raises:
+        ValueError: naming the bad text and the accepted forms.
+
+    Example:
+        >>> parse_chain_item("replicate", "tp")
+        ShardingTarget(mesh='tp', spec=(), logical=None, indivisible='fallback')
+        >>> parse_chain_item("tp[-,data]", None).text
+        'tp[-,data]'
+    """
+    if text == REPLICATE:
+        return None if mesh is None else ShardingTarget(mesh, ())
+    if "[" in text:
+        return parse_sharding(text)
+    try:
+        return parse_target(text)
+    except ValueError as e:
+        hint = did_you_mean(text, [REPLICATE])
+        if hint:
+            raise ValueError(f"not a target: {text!r}{hint}; accepted: {CHAIN_FORMS}") from None
+        raise ValueError(f"{e}; or {REPLICATE}, or a sharding {SHARDING_FORMS}") from None
+
+
+def check_chain_item(text: object) -> str:
+    """Check one item of a `fallback` list: a target, `replicate`, or sharding text.
+
+    Raises:
+        ValueError: naming the bad text and every accepted form.
+
+    Example:
+        >>> check_chain_item("replicate"), check_chain_item("fsdp[data]")
+        ('replicate', 'fsdp[data]')
+    """
+    if not isinstance(text, str):
+        raise ValueError(
+            f"expected a target string, got {type(text).__name__} {text!r}; accepted: {CHAIN_FORMS}"
+        )
+    parse_chain_item(text, "")
+    return text
