@@ -1,0 +1,408 @@
+"""The documentation site builds strictly, every code block in it runs, and its links resolve.
+
+The site is built with `mkdocs build --strict` (the `docs` extra). Code blocks are run in a
+small project like the one a reader has after Getting started: the story's policy as
+`devpolicy.yaml`, an aligned `train.safetensors` of 2**31 + 2**20 uint16 tokens (sparse on
+disk, so windows past 2**31 are real), a `model.safetensors`, and `policies/` and
+`examples/` as in this repository. Per page, `python` blocks run in order in one process
+(four CPU devices, as in the test suite), after a prelude that stands in for the reader's
+own training code (`train_step`, `init_params`); `yaml` blocks load with
+`devpolicy.load_policy` (a fragment without `version:` as part of a policy); `bash` blocks
+run in `bash -eo pipefail` with this environment's `python` and `devpolicy` first on PATH.
+Markers, an HTML comment on the line before a block:
+
+- `<!-- not-run: why -->`: the block cannot run here (it installs packages, or needs a
+  second process); kept to a few.
+- `<!-- save-as: NAME -->`: the block is also written to NAME in the project before the
+  page's blocks run (a policy the page's code loads).
+- `<!-- exit: N -->`: the bash block's expected exit status (default 0).
+"""
+
+from __future__ import annotations
+
+import functools
+import html.parser
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import devpolicy
+from tests.conftest import REPO
+
+DOCS = REPO / "docs"
+PAGES = sorted(p.name for p in DOCS.glob("*.md"))
+#: Languages a block may have: the first three run, the others are output or data.
+RUN_LANGUAGES = ("python", "yaml", "bash")
+SHOWN_LANGUAGES = ("text", "json", "")
+#: Blocks that may not run here; each says why. Kept to a few.
+MAX_NOT_RUN = 5
+TOKENS = 2**31 + 2**20
+
+PRELUDE = '''
+import numpy as np
+
+
+def train_step(params, batch):
+    """Stands in for the reader's training step."""
+    return 0.0
+
+
+def init_params():
+    """Stands in for the reader's model initialisation."""
+    return {"w": np.ones((16, 16), np.float32), "b": np.zeros(16, np.float32)}
+'''
+
+RUNNER = """
+import json, sys
+ns = {"__name__": "__main__"}
+exec(compile(sys.argv[2], "<prelude>", "exec"), ns)
+for block in json.loads(open(sys.argv[1], encoding="utf-8").read()):
+    exec(compile(block["code"], block["where"], "exec"), ns)
+"""
+
+
+def require_mkdocs() -> None:
+    """The docs tests need the `docs` extra; without it they fail, saying how to install it."""
+    try:
+        import material  # noqa: F401
+        import mkdocs  # noqa: F401
+        import mkdocstrings  # noqa: F401
+    except ImportError as e:
+        pytest.fail(
+            f"the documentation tests need the docs extra ({e}): pip install -e '.[test,docs]'",
+            pytrace=False,
+        )
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    language: str
+    code: str
+    marker: dict[str, str]
+
+    @property
+    def where(self) -> str:
+        return f"docs/{self.page}:{self.line}"
+
+
+_FENCE = re.compile(r"^(\s*)(```+)([\w-]*)\s*$")
+_MARKER = re.compile(r"^\s*<!-- ([a-z-]+): (.+?) -->\s*$")
+
+
+def blocks(page: str) -> list[Block]:
+    """The fenced blocks of a page (indented ones in lists too), each with its markers."""
+    lines = (DOCS / page).read_text(encoding="utf-8").splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if opening is None:
+            i += 1
+            continue
+        indent, fence, language = opening.groups()
+        marker: dict[str, str] = {}
+        j = i - 1
+        while j >= 0 and (m := _MARKER.match(lines[j])):
+            marker[m.group(1)] = m.group(2)
+            j -= 1
+        body: list[str] = []
+        i += 1
+        while not (lines[i].strip() == fence and lines[i].startswith(indent)):
+            body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        found.append(Block(page, i - len(body), language, "\n".join(body) + "\n", marker))
+        i += 1
+    return found
+
+
+ALL_BLOCKS = [b for page in PAGES for b in blocks(page)]
+
+
+def runnable(language: str) -> list[Block]:
+    return [b for b in ALL_BLOCKS if b.language == language and "not-run" not in b.marker]
+
+
+def write_tokens(path: Path, count: int) -> None:
+    """One `tokens` tensor of `count` uint16 zeros at a 64-byte-aligned offset, sparse on disk."""
+    header = json.dumps(
+        {"tokens": {"dtype": "U16", "shape": [count], "data_offsets": [0, 2 * count]}},
+        separators=(",", ":"),
+    ).encode()
+    header += b" " * (-(8 + len(header)) % 64)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + 2 * count)
+
+
+def make_project(path: Path, page: str | None = None) -> Path:
+    """The project a reader has after Getting started, plus the files `page` saves."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "pyproject.toml").write_text('[project]\nname = "demo"\n', encoding="utf-8")
+    shutil.copytree(REPO / "policies", path / "policies")
+    shutil.copytree(REPO / "examples", path / "examples")
+    write_tokens(path / "train.safetensors", TOKENS)
+    rng = np.random.default_rng(0)
+    devpolicy.save_file(
+        {
+            "embed": rng.normal(size=(512, 16)).astype(np.float32),
+            "out": rng.normal(size=(16,)).astype(np.float32),
+        },
+        path / "model.safetensors",
+    )
+    for block in [b for b in ALL_BLOCKS if "save-as" in b.marker and b.page in ("index.md", page)]:
+        (path / block.marker["save-as"]).write_text(block.code, encoding="utf-8")
+    return path
+
+
+def block_env(*, cpu_devices: int | None) -> dict[str, str]:
+    """This environment without devpolicy's or JAX's settings; the venv's scripts first."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DEVPOLICY_", "JAX_", "XLA_", "CUDA_VISIBLE"))
+    }
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if cpu_devices is not None:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cpu_devices}"
+    return env
+
+
+class TestBlocks:
+    def test_every_block_runs_or_says_why_not(self) -> None:
+        """Each block is python, yaml or bash (run) or text/json (shown); a block that
+        cannot run says why, and such blocks stay few."""
+        for block in ALL_BLOCKS:
+            assert block.language in RUN_LANGUAGES + SHOWN_LANGUAGES, (
+                f"{block.where}: block language {block.language!r}; "
+                f"use one of {RUN_LANGUAGES + SHOWN_LANGUAGES}"
+            )
+            if "not-run" in block.marker:
+                assert block.language in RUN_LANGUAGES, f"{block.where}: not-run on shown text"
+                assert len(block.marker["not-run"]) > 10, f"{block.where}: say why it cannot run"
+        not_run = [b.where for b in ALL_BLOCKS if "not-run" in b.marker]
+        assert len(not_run) <= MAX_NOT_RUN, not_run
+
+    def test_the_pages_have_code_of_each_kind(self) -> None:
+        """The parser finds the blocks (a broken parser would make every run test vacuous)."""
+        assert len(runnable("python")) >= 6
+        assert len(runnable("yaml")) >= 4
+        assert len(runnable("bash")) >= 8
+
+    @pytest.mark.parametrize("block", runnable("yaml"), ids=lambda b: b.where)
+    def test_yaml_block_is_a_valid_policy(self, block: Block, tmp_path: Path) -> None:
+        """Every YAML block loads as a policy (a fragment as part of one)."""
+        text = (
+            block.code if re.search(r"^version:", block.code, re.M) else "version: 1\n" + block.code
+        )
+        path = tmp_path / "policy.yaml"
+        path.write_text(text, encoding="utf-8")
+        devpolicy.load_policy(path, environ={})
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("page", sorted({b.page for b in runnable("python")}), ids=lambda p: p)
+    def test_python_blocks_of_page_run(self, page: str, tmp_path: Path) -> None:
+        """A page's python blocks run in order, in one process, in the reader's project."""
+        project = make_project(tmp_path / "project", page)
+        code = [{"code": b.code, "where": b.where} for b in runnable("python") if b.page == page]
+        (tmp_path / "blocks.json").write_text(json.dumps(code), encoding="utf-8")
+        result = subprocess.run(
+            [sys.executable, "-c", RUNNER, str(tmp_path / "blocks.json"), PRELUDE],
+            cwd=project,
+            env=block_env(cpu_devices=4),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-6000:]
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("block", runnable("bash"), ids=lambda b: b.where)
+    def test_bash_block_runs(self, block: Block, tmp_path: Path) -> None:
+        """Every shell block (devpolicy's commands, the demo) exits as the page says."""
+        project = make_project(tmp_path / "project", block.page)
+        result = subprocess.run(
+            ["bash", "-eo", "pipefail", "-c", block.code],
+            cwd=project,
+            env=block_env(cpu_devices=None),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        expected = int(block.marker.get("exit", "0"))
+        assert result.returncode == expected, (
+            f"{block.where}: exit {result.returncode}, expected {expected}\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built with `mkdocs build --strict` (warnings are errors)."""
+    require_mkdocs()
+    out = tmp_path_factory.mktemp("site")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "--site-dir", str(out)],
+        cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-6000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(site: Path) -> Iterator[str]:
+    """The built site served on 127.0.0.1 at an ephemeral port; yields its base URL."""
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class _Links(html.parser.HTMLParser):
+    """The ids of a page and the URLs it links to or loads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if found.get("id"):
+            self.ids.add(found["id"] or "")
+        for attribute in ("href", "src"):
+            value = found.get(attribute)
+            if value and not (tag == "link" and found.get("rel") in ("canonical",)):
+                self.links.append(value)
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        body: bytes = response.read()
+        return body
+
+
+def page_url(base: str, page: str) -> str:
+    """Where mkdocs puts a page (directory URLs): `policies.md` -> `<base>policies/`."""
+    return base if page == "index.md" else f"{base}{page.removesuffix('.md')}/"
+
+
+def crawl(base: str) -> tuple[dict[str, _Links], list[str]]:
+    """Every HTML page reachable from the home page; the other internal URLs it found."""
+    pages: dict[str, _Links] = {}
+    assets: set[str] = set()
+    todo = [base]
+    while todo:
+        url = todo.pop()
+        if url in pages:
+            continue
+        parsed = _Links()
+        parsed.feed(fetch(url).decode("utf-8"))
+        pages[url] = parsed
+        for link in parsed.links:
+            target = urllib.parse.urljoin(url, link)
+            if not target.startswith(base):
+                continue
+            target = urllib.parse.urldefrag(target).url
+            if target.endswith(("/", ".html")):
+                todo.append(target)
+            else:
+                assets.add(target)
+    return pages, sorted(assets)
+
+
+class TestSite:
+    def test_the_site_builds_strictly(self, site: Path) -> None:
+        """`mkdocs build --strict` makes one HTML page per Markdown page."""
+        for page in PAGES:
+            built = site / ("index.html" if page == "index.md" else f"{page[:-3]}/index.html")
+            assert built.is_file(), page
+
+    def test_every_internal_link_and_anchor_resolves(self, served: str) -> None:
+        """Served over HTTP, every internal link (pages, anchors, styles, scripts) resolves,
+        and every page of the docs is reachable from the home page."""
+        pages, assets = crawl(served)
+        for page in PAGES:
+            assert page_url(served, page) in pages, f"{page} is not linked from the site"
+        for url, parsed in pages.items():
+            for link in parsed.links:
+                target = urllib.parse.urljoin(url, link)
+                if not target.startswith(served):
+                    continue
+                where, fragment = urllib.parse.urldefrag(target)
+                if fragment:
+                    assert where in pages, f"{url}: {link} points into a page that is not HTML"
+                    assert urllib.parse.unquote(fragment) in pages[where].ids, (
+                        f"{url}: {link}: no id {fragment!r} on {where}"
+                    )
+        for asset in assets:
+            try:
+                fetch(asset)
+            except urllib.error.HTTPError as e:
+                pytest.fail(f"{asset}: {e}")
+
+    def test_the_search_index_lists_every_page(self, served: str) -> None:
+        """search/search_index.json has an entry for every page, with its text."""
+        index = json.loads(fetch(served + "search/search_index.json"))
+        locations = {doc["location"] for doc in index["docs"]}
+        for page in PAGES:
+            location = "" if page == "index.md" else f"{page[:-3]}/"
+            assert location in locations, f"{page} is not in the search index"
+        texts = " ".join(doc["text"] for doc in index["docs"])
+        assert "host_view" in texts
+        assert "RESOURCE_EXHAUSTED" in texts
+
+
+class TestApiReference:
+    def test_every_public_name_is_documented_with_its_example(self, site: Path) -> None:
+        """Each name of devpolicy.__all__ has its own entry on the API page, and an entry
+        whose docstring has an example shows it as code."""
+        page = (site / "api" / "index.html").read_text(encoding="utf-8")
+        assert "devpolicy.__version__" in page
+        starts = {}
+        for name in devpolicy.__all__:
+            if name == "__version__":
+                continue
+            found = page.find(f'id="devpolicy.{name}"')
+            assert found >= 0, f"devpolicy.{name} is not in the API reference"
+            starts[name] = found
+        ordered = [*sorted(starts.values()), len(page)]
+        for name, start in starts.items():
+            entry = page[start : ordered[ordered.index(start) + 1]]
+            if ">>>" in (getattr(devpolicy, name).__doc__ or ""):
+                assert '<span class="gp">&gt;&gt;&gt; </span>' in entry, (
+                    f"devpolicy.{name}: its example is not rendered as code"
+                )
