@@ -84,7 +84,7 @@ def require_mkdocs() -> None:
         import mkdocstrings  # noqa: F401
     except ImportError as e:
         pytest.fail(
-            f"the documentation tests need the docs extra ({e}): pip install -e '.[test,docs]'",
+            f"the documentation tests need the docs extra ({e}): pip install -e '.[test]' (it includes the docs extra)",
             pytrace=False,
         )
 
