@@ -5,6 +5,8 @@ paused only while a file loads, the ledger filled for a whole file at once."""
 from __future__ import annotations
 
 import gc
+import os
+import threading
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,10 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy import _safetensors
 from devpolicy._decider import Decider, Decision, _claim, _unpacked
+from devpolicy._errors import SafetensorsFileError
 from devpolicy._inventory import _distribution_names, _installed
 from devpolicy._routing import NEVER_MAPPED, Route
+from devpolicy._tensorfile import read_header
 
 QUIET = {"level": "debug"}
 FOUR = {"four": {"axes": {"data": 4}, "devices": "cpu"}}
@@ -58,7 +62,7 @@ class TestRunsOfNamesAreDecidedOncePerRule:
         walks = []
         walk = Route.walk
 
-        def counted(self: Route, *args: Any, **kwargs: Any) -> Any:
+        def counted(self: Route[Any], *args: Any, **kwargs: Any) -> Any:
             walks.append(args[0])
             return walk(self, *args, **kwargs)
 
@@ -235,3 +239,105 @@ class TestInstalledDistributions:
         expected = {d.metadata["Name"] for d in importlib.metadata.distributions()}
         assert _distribution_names() == expected
         assert "jaxlib" in _installed(("jaxlib",))
+
+
+def big_file(tmp_path: Path, nbytes: int = 40 * 2**20) -> tuple[Path, np.ndarray]:
+    tokens = np.arange(nbytes // 2, dtype=np.uint16)
+    path = tmp_path / "big.safetensors"
+    devpolicy.save_file({"tokens": tokens}, path)
+    return path, tokens
+
+
+def reading_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that read, one per read."""
+    names: list[str] = []
+    read = _safetensors._pread_fully
+
+    def spying(*args: Any) -> None:
+        names.append(threading.current_thread().name)
+        read(*args)
+
+    monkeypatch.setattr(_safetensors, "_pread_fully", spying)
+    return names
+
+
+class TestLargeReadsOnSeveralThreads:
+    def test_a_large_host_tensor_is_read_in_pieces_on_reader_threads(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_safetensors, "_READERS", 2)
+        path, tokens = big_file(tmp_path)
+        names = reading_threads(monkeypatch)
+        policy = devpolicy.load_policy({"version": 1, "default": "cpu:1"}, environ={})
+        with capture_logs() as events:
+            out = devpolicy.load_file(path, policy=policy, mmap=False, progress=False)
+        np.testing.assert_array_equal(np.asarray(out["tokens"]), tokens)
+        assert len(names) == 3  # 40 MiB in 16 MiB pieces
+        assert all(n.startswith("devpolicy-read") for n in names)
+        (summary,) = [e for e in events if e["event"] == "load_file"]
+        assert summary["bytes_read"] == tokens.nbytes
+
+    def test_the_progress_bar_moves_by_every_piece_in_order(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_safetensors, "_READERS", 2)
+        path, tokens = big_file(tmp_path)
+        header = read_header(path)
+        moved: list[int] = []
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            array = _safetensors._read(fd, header, header.tensors[0], moved.append)
+        finally:
+            os.close(fd)
+        assert moved == [16 * 2**20, 16 * 2**20, 8 * 2**20]
+        np.testing.assert_array_equal(array, tokens)
+
+    def test_a_truncated_large_tensor_is_an_error_naming_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_safetensors, "_READERS", 2)
+        path, _ = big_file(tmp_path)
+        header = read_header(path)  # read whole, then the file shrinks under it
+        os.truncate(path, path.stat().st_size - 20 * 2**20)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(
+                SafetensorsFileError, match=r"file ended after .* 'tokens'|truncated"
+            ):
+                _safetensors._read(fd, header, header.tensors[0], lambda _n: None)
+        finally:
+            os.close(fd)
+
+    @pytest.mark.parametrize("mmap", [False, True])
+    def test_sharded_slices_are_read_together_on_reader_threads(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mmap: bool
+    ) -> None:
+        """Four 10 MiB slices: read on reader threads (mapped instead where the file
+        is aligned and mmap asked); each device holds its own slice."""
+        monkeypatch.setattr(_safetensors, "_READERS", 2)
+        path, tokens = big_file(tmp_path)
+        names = reading_threads(monkeypatch)
+        policy = devpolicy.load_policy(
+            {
+                "version": 1,
+                "meshes": FOUR,
+                "rules": [{"match": "*", "sharding": {"mesh": "four", "spec": ["data"]}}],
+            },
+            environ={},
+        )
+        with capture_logs() as events:
+            out = devpolicy.load_file(path, policy=policy, mmap=mmap, progress=False)
+        placed = out["tokens"]
+        np.testing.assert_array_equal(np.asarray(placed), tokens)
+        quarter = tokens.size // 4
+        for shard in placed.addressable_shards:
+            start = shard.index[0].start or 0
+            np.testing.assert_array_equal(np.asarray(shard.data), tokens[start : start + quarter])
+        (summary,) = [e for e in events if e["event"] == "load_file"]
+        assert summary["bytes_read"] == tokens.nbytes
+        if mmap:
+            assert names == []
+            assert summary["mapped"] == 4
+        else:
+            assert len(names) == 4
+            assert all(n.startswith("devpolicy-read") for n in names)
