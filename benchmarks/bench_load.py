@@ -213,7 +213,7 @@ def main() -> int:
     import devpolicy
 
     report = Report()
-    report.say(f"`python benchmarks/bench_load.py {' '.join(sys.argv[1:])}`")
+    report.say(f"`python benchmarks/bench_load.py {' '.join(_shown(sys.argv[1:]))}`")
     report.say()
     for line in machine_state():
         report.say(line)
@@ -345,6 +345,21 @@ def main() -> int:
         args.out.write_text("\n".join(report.lines) + "\n", encoding="utf-8")
         print(f"\nwritten to {args.out}")
     return 0
+
+
+def _shown(argv: list[str]) -> list[str]:
+    """The arguments that shape the results: not where the files were written (`--dir`),
+    nor where the results go (a path of this machine)."""
+    shown: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--dir", "--out"):
+            skip = True
+        elif not arg.startswith(("--dir=", "--out=")):
+            shown.append(arg)
+    return shown
 
 
 def _verdict(met: bool) -> str:
