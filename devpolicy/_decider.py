@@ -366,6 +366,46 @@ def checked_nbytes(nbytes: object) -> int:
     raise ValueError(f"nbytes must be None or a non-negative int, got {nbytes!r}")
 
 
+class _Alike(Generic[DeviceT]):
+    """One placement's decisions so far by (route, maps, shape where judged), with the
+    placement's memory snapshot and claims: what `Decider._alike` decides runs by."""
+
+    __slots__ = ("claimed", "fit", "made")
+
+    def __init__(self, fit: Fit[DeviceT], claimed: Mapping[Hashable, int]) -> None:
+        self.fit = fit
+        self.claimed = claimed
+        self.made: dict[
+            tuple[Route[DeviceT], int, Shape | None], tuple[Choice[DeviceT], Decision[DeviceT]]
+        ] = {}
+
+
+def _renamed(like: Decision[DeviceT], name: str, nbytes: int) -> Decision[DeviceT]:
+    """`like` for another name and size: every other field is the same walk's outcome."""
+    return Decision(
+        name=name,
+        device=like.device,
+        device_text=like.device_text,
+        memory_kind=like.memory_kind,
+        requested=like.requested,
+        rule=like.rule,
+        origin=like.origin,
+        source=like.source,
+        fallback_reason=like.fallback_reason,
+        nbytes=nbytes,
+        commit=like.commit,
+        is_auto=like.is_auto,
+        mmap=like.mmap,
+        move_inputs=like.move_inputs,
+        sharding=like.sharding,
+        mesh=like.mesh,
+        spec=like.spec,
+        mesh_devices=like.mesh_devices,
+        shards=like.shards,
+        local_devices=like.local_devices,
+    )
+
+
 class Decider(Generic[DeviceT]):
     """Decides where names go by one policy's settings; logs each decision once at info.
 
@@ -491,6 +531,7 @@ class Decider(Generic[DeviceT]):
         maps: int = NEVER_MAPPED,
         source: SourceFile | None = None,
         fit: Fit[DeviceT] | None = None,
+        alike: _Alike[DeviceT] | None = None,
     ) -> Decision[DeviceT]:
         nbytes, shape = _checked(nbytes, shape)
         key: object = (
@@ -511,13 +552,20 @@ class Decider(Generic[DeviceT]):
             # Judged by free memory: the rule is the same, but the walk is taken again
             # (memory changes); when it ends the same way, the decision built is reused.
             route, before, decision = walked
-            again = route.walk(name, nbytes, fit, claimed, shape, maps)
-            if again == before and (
-                not decision.is_auto or decision.device == self.machine.default_device()
-            ):
+            same = (
+                nbytes is not None and route.ends_again(before, nbytes, fit, claimed)
+            ) or route.walk(name, nbytes, fit, claimed, shape, maps) == before
+            if same and (not decision.is_auto or decision.device == self.machine.default_device()):
                 self.events.repeat("placement", decision.event_fields)
                 return decision
-        decision, choice, route = self._decision(name, nbytes, shape, claimed, maps, source, fit)
+        made = None if alike is None else self._alike(alike, name, nbytes, shape, maps, source)
+        if made is None:
+            made = self._decision(name, nbytes, shape, claimed, maps, source, fit)
+            if alike is not None and nbytes is not None and not self.disabled:
+                decision, choice, route = made
+                shaped = shape if route.judges_shape() else None
+                alike.made[(route, maps, shaped)] = (choice, decision)
+        decision, choice, route = made
         if not choice.sized:
             self._remember(key, decision)
         else:
@@ -588,12 +636,47 @@ class Decider(Generic[DeviceT]):
         decisions = []
         first_level = "debug" if summarised else "info"
         fit = self._fit.snapshot()  # one placement: each pool's free memory read once
+        alike = _Alike(fit, claimed)
         for item in items:
             name, nbytes, shape, maps, source = _unpacked(item)
-            decision = self._resolve(name, nbytes, shape, claimed, first_level, maps, source, fit)
+            decision = self._resolve(
+                name, nbytes, shape, claimed, first_level, maps, source, fit, alike
+            )
             _claim(claimed, decision, fit, maps)
             decisions.append(decision)
         return decisions
+
+    def _alike(
+        self,
+        alike: _Alike[DeviceT],
+        name: str,
+        nbytes: int | None,
+        shape: Shape | None,
+        maps: int,
+        source: SourceFile | None,
+    ) -> tuple[Decision[DeviceT], Choice[DeviceT], Route[DeviceT]] | None:
+        """The decision for `name` made like an earlier one of this placement by the same
+        rule (same `maps`, shape where the rule judges it), where its route says the walk
+        would end the same way (`Route.ends_again`); None: decide it in full.
+
+        Why: a file's tensors are mostly decided by a few rules, and a walk with its
+        memory judgement and a `Decision` built from it cost most of a small tensor's
+        load (10,000 tensors: 10,000 walks). The rule is still matched per name.
+        """
+        if nbytes is None or self.disabled or type(name) is not str:
+            return None
+        index = self._matcher.first(name, nbytes, source)
+        if index is None and self._rejects:
+            return None
+        route = self._default if index is None else self._routes[index]
+        shaped = shape if route.judges_shape() else None
+        found = alike.made.get((route, maps, shaped))
+        if found is None:
+            return None
+        choice, like = found
+        if not route.ends_again(choice, nbytes, alike.fit, alike.claimed):
+            return None
+        return _renamed(like, name, nbytes), choice, route
 
     def decide(
         self,

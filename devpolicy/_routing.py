@@ -69,11 +69,12 @@ class _Short:
 class _Once(Generic[D]):
     """A capacity that asks its source once per device (and keeps its pools)."""
 
-    __slots__ = ("_free", "_source")
+    __slots__ = ("_free", "_pools", "_source")
 
     def __init__(self, source: Capacity[D]) -> None:
         self._source = source
         self._free: dict[D, int | None] = {}
+        self._pools: dict[D, Hashable] = {}
 
     def free_bytes(self, device: D) -> int | None:
         if device in self._free:
@@ -82,7 +83,11 @@ class _Once(Generic[D]):
         return free
 
     def pool(self, device: D) -> Hashable:
-        return pool_of(self._source, device)
+        # Asked for every sized item of a placement (its claim, its judgement).
+        pool = self._pools.get(device)
+        if pool is None:
+            pool = self._pools[device] = pool_of(self._source, device)
+        return pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +104,10 @@ class Fit(Generic[D]):
 
     def pool(self, device: D) -> Hashable:
         """The memory pool `device` draws on (every CPU device shares the host's)."""
-        return pool_of(self.capacity, device)
+        capacity = self.capacity
+        if isinstance(capacity, _Once):
+            return capacity.pool(device)
+        return pool_of(capacity, device)
 
     def problem(self, device: D, nbytes: int, claimed: int, text: Callable[[D], str]) -> str | None:
         """Why `nbytes` does not fit `device` with `claimed` bytes already given, or None;
@@ -201,6 +209,30 @@ class Route(Generic[D]):
             # Devices do not come and go in a process: the same walk ends the same way.
             self._fixed = choice
         return choice
+
+    def judges_shape(self) -> bool:
+        """Whether a known shape can change where this chain ends (it has a sharding)."""
+        return self._judges_shape
+
+    def ends_again(
+        self, choice: Choice[D], nbytes: int, fit: Fit[D], claimed: Mapping[Hashable, int]
+    ) -> bool:
+        """Whether `walk` for `nbytes` would end at `choice` again, sure without walking:
+        `choice` is where a walk of this route ended for a known size (any) with the same
+        `maps` and shape. False means "walk to know", never "it would not".
+
+        Nothing judged by memory ends the same way for any size (devices do not come and
+        go). A first target taken unpassed ends the same way while the bytes still fit
+        it: the one judgement the walk would make again. Anything passed over (a smaller
+        size might fit it now) or a sharding is walked again.
+        """
+        if not choice.sized:
+            return True
+        device = choice.device
+        if choice.tried or choice.mesh is not None or device is None:
+            return False
+        taken = claimed.get(fit.pool(device), 0) if claimed else 0
+        return fit.problem(device, nbytes, taken, self.meshes.machine.text) is None
 
     def walk(
         self,
