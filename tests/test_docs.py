@@ -67,21 +67,56 @@ class TestReadme:
         assert test_command in (REPO / ".ci" / "run").read_text(encoding="utf-8")
 
     def test_every_env_variable_is_documented(self) -> None:
-        """The README's environment reference names every DEVPOLICY_* variable."""
+        """The docs' environment reference (Policies, Environment overrides) names every
+        DEVPOLICY_* variable."""
         from devpolicy._env import VARIABLES
 
-        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        page = (REPO / "docs" / "policies.md").read_text(encoding="utf-8")
+        section = re.search(r"^## Environment overrides\n(.*?)(?=^## |\Z)", page, re.S | re.M)
+        assert section is not None, "docs/policies.md has no Environment overrides section"
         for variable in VARIABLES:
-            assert f"`{variable}`" in readme
+            assert f"`{variable}`" in section.group(1), variable
+
+    def test_readme_is_the_short_front_door(self) -> None:
+        """The README stays under 200 lines; the rest lives in docs/."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        assert len(readme.splitlines()) < 200
+
+
+def _slugs(markdown: str) -> set[str]:
+    """Anchors of a page's headings, as GitHub and mkdocs' toc make them (ASCII headings)."""
+    headings = re.findall(r"^#+ (.+)$", _without_fences(markdown), re.M)
+    return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def _without_fences(markdown: str) -> str:
+    """The text outside fenced code blocks (a `# comment` in a block is no heading)."""
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
 
 
 class TestReadmeLinks:
     def test_every_internal_link_has_a_heading(self) -> None:
-        """Links like [x](#threads-async-and-multi-process) point at a section that exists."""
+        """Links like [x](#quick-start) point at a section of the README that exists."""
         readme = (REPO / "README.md").read_text(encoding="utf-8")
-        slugs = {
-            re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
-            for heading in re.findall(r"^#+ (.+)$", readme, re.M)
-        }
+        slugs = _slugs(readme)
         for anchor in re.findall(r"\]\(#([^)]+)\)", readme):
             assert anchor in slugs, anchor
+
+    def test_every_link_into_the_docs_resolves(self) -> None:
+        """Relative links like [x](docs/loading.md#64-bit-data) name a file that exists
+        and, with an anchor, a heading of that page."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        links = re.findall(r"\]\(((?!https?:|#)[^)#\s]+)(?:#([^)\s]+))?\)", readme)
+        pages = {path for path, _ in links if path.startswith("docs/")}
+        assert len(pages) >= 10, f"the README links to only {sorted(pages)}"
+        for path, anchor in links:
+            target = REPO / path
+            assert target.is_file(), path
+            if anchor:
+                assert anchor in _slugs(target.read_text(encoding="utf-8")), f"{path}#{anchor}"
+
+    def test_every_docs_page_is_linked_from_the_readme(self) -> None:
+        """The README's list reaches every page of the site."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        for page in sorted((REPO / "docs").glob("*.md")):
+            assert f"(docs/{page.name}" in readme, page.name

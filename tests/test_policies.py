@@ -15,7 +15,7 @@ NAMES = [p.name for p in POLICIES]
 
 
 def test_the_promised_policies_exist() -> None:
-    """Every ready policy the README lists is there."""
+    """Every ready policy the docs list is there."""
     assert set(NAMES) >= {
         "cpu-only.yaml",
         "dataset-on-host.yaml",
