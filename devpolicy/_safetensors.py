@@ -8,9 +8,9 @@ import mmap as _mmap
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import jax
@@ -29,8 +29,10 @@ from ._narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowe
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ._sizes import format_size
 from ._tensorfile import (
+    Checkpoint,
     Header,
     TensorEntry,
+    as_array,
     map_tensor_file,
     open_checkpoint,
     open_tensor_file,
@@ -148,6 +150,7 @@ def load_file(
     """Load a safetensors file or checkpoint by `decider`'s rules. See `devpolicy.load_file`."""
     check_mode(narrow)
     checkpoint = open_checkpoint(path)
+    _left_out(decider.events, path, checkpoint)
     # Files are opened one at a time (a checkpoint may have more files than a process may
     # open): once for the header, again only while read, and refused if replaced between.
     with _OneFileOpen() as opened:
@@ -261,6 +264,15 @@ def _load_opened(
             entry, decision = header.tensors[i], decisions[i]
             target = _NARROW.get(entry.dtype_name) if not x64 else None
             if problems and target is None:
+                position += 1
+                continue
+            if entry.packed:
+                # Packed in the file (F4, two values a byte): read whole and unpacked to
+                # one value a byte, as JAX holds them; never mapped, sharded after reading.
+                transfers.flush()
+                unpacked = jax.device_put(_read(fd, header, entry, advance), decision.destination)
+                unpacked.block_until_ready()
+                out[entry.key] = unpacked
                 position += 1
                 continue
             if decision.mesh is not None:
@@ -567,7 +579,7 @@ def _pread_fully(
 
 def _maps(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
     """Whether this tensor would be mapped, were it placed on a host device (for `fits`)."""
-    if mmap is False or not entry.nbytes or entry.offset % ALIGN:
+    if mmap is False or not entry.nbytes or entry.offset % ALIGN or entry.packed:
         return NEVER_MAPPED
     if not x64 and entry.dtype_name in _NARROW:
         return NEVER_MAPPED  # narrowed: read into a new buffer
@@ -576,7 +588,7 @@ def _maps(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
 
 def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
     wanted = decision.mmap if mmap is None else mmap
-    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0
+    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0 and not entry.packed
 
 
 def _small_run(
@@ -601,6 +613,7 @@ def _small_run(
         if (
             entry.nbytes >= _MAP_THRESHOLD
             or decisions[i].mesh is not None  # sharded: read slice by slice, never whole
+            or entry.packed  # unpacked on its own
             or entry.offset != end
             or mappable
             or len(run) >= _READ_BATCH
@@ -660,7 +673,7 @@ def _read(
         chunk = buffer[start : start + CHUNK_BYTES]
         _pread_fully(fd, header, entry, chunk, entry.offset + start)
         advance(len(chunk))
-    return buffer.view(entry.dtype).reshape(entry.shape)
+    return as_array(entry, buffer)
 
 
 def _narrowed(
@@ -804,8 +817,19 @@ def _summary(
             "narrowed": narrowed,
             "bytes_read": bytes_read,
             "seconds": round(seconds, 4),
+            "metadata": dict(header.metadata or {}),
         },
     )
+
+
+def _left_out(events: EventLog, path: PathLike, checkpoint: Checkpoint) -> None:
+    """One info event per file of a checkpoint directory that is not loaded, and why."""
+    for file, reason in checkpoint.left_out:
+        events.emit(
+            "info",
+            "checkpoint_file_left_out",
+            {"checkpoint": str(path), "file": str(file), "reason": reason},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -877,6 +901,10 @@ class Plan:
             description (`cpu=1 (memory unknown), gpu=8x80GiB; 2 processes`).
         processes: How many processes load it, each alike (a `VirtualMachine`'s
             `processes`; 1 for this process).
+        metadata: Each file's `__metadata__` (`{}` when it has none), by the file's
+            path: for one file, `plan.metadata[plan.file]`.
+        left_out: For a checkpoint directory, each of its `*.safetensors` files that is
+            not part of the checkpoint, as (file, why); see `devpolicy.load_file`.
     """
 
     file: str
@@ -884,6 +912,8 @@ class Plan:
     devices: tuple[DeviceLoad, ...]
     machine: str = "this process"
     processes: int = 1
+    metadata: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    left_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def bytes_per_process(self) -> int:
@@ -939,6 +969,7 @@ class Plan:
             lines.append(
                 f"each of {self.processes} processes: {format_size(self.bytes_per_process)}"
             )
+        lines += [f"left out: {file}: {why}" for file, why in self.left_out]
         return "\n".join(lines)
 
     def __rich__(self) -> Any:
@@ -1050,7 +1081,15 @@ def _plan(
                 taken,
             )
         )
-    return Plan(str(path), tuple(tensors), tuple(devices), machine, processes)
+    return Plan(
+        str(path),
+        tuple(tensors),
+        tuple(devices),
+        machine,
+        processes,
+        {str(header.path): dict(header.metadata or {}) for header in headers},
+        tuple((str(file), why) for file, why in checkpoint.left_out),
+    )
 
 
 def _in_order(text: str) -> tuple[str, int]:
