@@ -431,7 +431,7 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
         # Other fields are ignored, as the reference reader does, if it could read them.
         _check_extra(path, key, {k: v for k, v in value.items() if k not in _FIELDS})
     dtype_name = value["dtype"]
-    if dtype_name in UNHOLDABLE:
+    if isinstance(dtype_name, str) and dtype_name in UNHOLDABLE:
         raise SafetensorsFileError(path, f"{dtype_name}: {UNHOLDABLE[dtype_name]}", tensor=key)
     if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
         raise SafetensorsFileError(
