@@ -901,8 +901,8 @@ class Plan:
             description (`cpu=1 (memory unknown), gpu=8x80GiB; 2 processes`).
         processes: How many processes load it, each alike (a `VirtualMachine`'s
             `processes`; 1 for this process).
-        metadata: Each file's `__metadata__` (`{}` when it has none), by the file's
-            path: for one file, `plan.metadata[plan.file]`.
+        metadata: Each file's `__metadata__` (`{}` when it has none), keyed by the
+            file's path as the `load_file` event's `file` gives it.
         left_out: For a checkpoint directory, each of its `*.safetensors` files that is
             not part of the checkpoint, as (file, why); see `devpolicy.load_file`.
     """

@@ -377,7 +377,7 @@ def _check_unicode(path: Path, document: dict[str, Any]) -> None:
             raise SafetensorsFileError(
                 path,
                 "header holds a lone UTF-16 surrogate escape (like \\ud800): not Unicode text",
-                tensor=tensor if _encodable(key) else ascii(key)[1:-1],
+                tensor=tensor,
             )
 
 
@@ -650,7 +650,7 @@ def _slots(tensors: Mapping[str, np.ndarray[Any, Any]], path: Path) -> list[_Slo
                 path,
                 "name holds a lone UTF-16 surrogate, which UTF-8 cannot encode: no safetensors "
                 "reader could read it back; nothing written",
-                tensor=ascii(key)[1:-1],
+                tensor=key,  # shown by repr, which escapes it
             )
         name = dtype_name(array.dtype)
         nbytes = array.nbytes

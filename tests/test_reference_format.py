@@ -26,7 +26,7 @@ import devpolicy
 from devpolicy._tensorfile import (
     DTYPES,
     UNHOLDABLE,
-    Header,
+    TensorEntry,
     as_array,
     pack,
     read_header,
@@ -498,7 +498,7 @@ class TestHeaders:
         path = _written(tmp_path, framed(f'{{"ok\\ud800":{json.dumps(U8)}}}', b"\1"))
         with pytest.raises(
             devpolicy.SafetensorsFileError,
-            match=r"case\.safetensors: tensor 'ok\\\\ud800': header holds a lone UTF-16 surrogate",
+            match=r"case\.safetensors: tensor 'ok\\ud800': header holds a lone UTF-16 surrogate",
         ):
             read_header(path)
 
@@ -593,7 +593,7 @@ class TestWriter:
         path = tmp_path / "bad.safetensors"
         with pytest.raises(
             devpolicy.SafetensorsFileError,
-            match=r"bad\.safetensors: tensor 'w\\\\ud800': name holds a lone UTF-16 surrogate",
+            match=r"bad\.safetensors: tensor 'w\\ud800': name holds a lone UTF-16 surrogate",
         ):
             devpolicy.save_file({"w\ud800": np.zeros(2)}, path)
         assert list(tmp_path.iterdir()) == []
@@ -807,24 +807,19 @@ class TestCheckpointDirectories:
         assert _loaded_from(ckpt) == (["train.safetensors.w0", "valid.safetensors.w1"], [])
 
 
-def test_header_type_keeps_none_for_absent_metadata(tmp_path: Path) -> None:
-    """A file without `__metadata__` keeps none when aligned; one with `{}` keeps `{}`."""
+def test_align_file_keeps_metadata_as_it_was(tmp_path: Path) -> None:
+    """A file without `__metadata__` gets none when aligned; one with `{}` keeps `{}`."""
     given: dict[str, str] | None
     for given in (None, {}):
         path, copy = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
         devpolicy.save_file({"t": np.zeros(2)}, path, metadata=given)
         devpolicy.align_file(path, copy)
-        header: Header = read_header(copy)
-        assert header.metadata == given
+        assert read_header(copy).metadata == given
 
 
-def test_as_array_unpacks_f4_into_a_new_array() -> None:
-    entry_ = read_entry_f4()
-    data = np.array([0x21, 0xC6], np.uint8)
-    assert as_array(entry_, data).astype(np.float32).tolist() == [0.5, 1.0, 4.0, -2.0]
-
-
-def read_entry_f4() -> Any:
-    from devpolicy._tensorfile import TensorEntry
-
-    return TensorEntry("t", "F4", DTYPES["F4"], (4,), 0, 2, 64)
+def test_as_array_unpacks_f4_into_one_value_a_byte() -> None:
+    """Element 0 from the low four bits, element 1 from the high four."""
+    f4 = TensorEntry("t", "F4", DTYPES["F4"], (4,), 0, 2, 64)
+    unpacked = as_array(f4, np.array([0x21, 0xC6], np.uint8))
+    assert unpacked.dtype == ml_dtypes.float4_e2m1fn
+    assert unpacked.astype(np.float32).tolist() == [0.5, 1.0, 4.0, -2.0]
