@@ -418,26 +418,34 @@ _FIELDS = ("dtype", "shape", "data_offsets")
 
 
 def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
-    if not isinstance(value, dict) or not all(field in value for field in _FIELDS):
+    # The common case first and cheaply (headers may list hundreds of thousands).
+    try:
+        dtype_name, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
+    except (KeyError, TypeError):
         missing = [f for f in _FIELDS if f not in value] if isinstance(value, dict) else []
         lacks = f" (it lacks {', '.join(missing)})" if missing else ""
         raise SafetensorsFileError(
             path, f"entry must be an object with dtype, shape and data_offsets{lacks}", tensor=key
+        ) from None
+    if not isinstance(value, dict):  # a list or string indexed by a string fails above
+        raise SafetensorsFileError(
+            path, "entry must be an object with dtype, shape and data_offsets", tensor=key
         )
-    repeated = [f for f in value.duplicates if f in _FIELDS] if isinstance(value, _Pairs) else []
-    if repeated:
-        raise SafetensorsFileError(path, f"entry gives {repeated[0]!r} more than once", tensor=key)
-    if len(value) > len(_FIELDS):
+    if isinstance(value, _Pairs) and value.duplicates:
+        repeated = [f for f in value.duplicates if f in _FIELDS]
+        if repeated:
+            raise SafetensorsFileError(
+                path, f"entry gives {repeated[0]!r} more than once", tensor=key
+            )
+    if len(value) > 3:
         # Other fields are ignored, as the reference reader does, if it could read them.
         _check_extra(path, key, {k: v for k, v in value.items() if k not in _FIELDS})
-    dtype_name = value["dtype"]
     if isinstance(dtype_name, str) and dtype_name in UNHOLDABLE:
         raise SafetensorsFileError(path, f"{dtype_name}: {UNHOLDABLE[dtype_name]}", tensor=key)
     if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
         raise SafetensorsFileError(
             path, f"unknown dtype {dtype_name!r}; supported: {', '.join(DTYPES)}", tensor=key
         )
-    shape = value["shape"]
     if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
         raise SafetensorsFileError(
             path,
@@ -445,7 +453,6 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
             "(each below 2**64)",
             tensor=key,
         )
-    offsets = value["data_offsets"]
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
@@ -458,14 +465,13 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
             tensor=key,
         )
     # The element count and bit size as the reference reader computes them: in unsigned
-    # 64-bit arithmetic, left to right, any overflow an error (even before a 0).
-    count = 1
-    for n in shape:
-        count *= n
-        if count >= _U64:
-            raise SafetensorsFileError(
-                path, f"shape {shape} overflows 64 bits counting its elements", tensor=key
-            )
+    # 64-bit arithmetic, left to right, any overflow an error (even before a 0, so an
+    # empty tensor's running products are checked one by one).
+    count = math.prod(shape)
+    if count >= _U64 or (count == 0 and _overflows(shape)):
+        raise SafetensorsFileError(
+            path, f"shape {shape} overflows 64 bits counting its elements", tensor=key
+        )
     dtype = DTYPES[dtype_name]
     bits = count * PACKED.get(dtype_name, dtype.itemsize * 8)
     if bits >= _U64:
@@ -506,6 +512,15 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
     return TensorEntry(key, dtype_name, dtype, tuple(shape), begin, end, data_start + begin)
 
 
+def _overflows(shape: list[int]) -> bool:
+    running = 1
+    for n in shape:
+        running *= n
+        if running >= _U64:
+            return True
+    return False
+
+
 def _shown(value: object) -> str:
     """A JSON value as the header wrote it (-0.0 was `-0`)."""
     return json.dumps(value).replace("-0.0", "-0") if isinstance(value, list) else repr(value)
@@ -531,7 +546,8 @@ def _check_extra(path: Path, key: str, extra: dict[str, Any]) -> None:
 
 
 def _is_count(n: object) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n < _U64
+    # `type(n) is int`: a bool is no count, nor an int subclass json never makes.
+    return type(n) is int and 0 <= n < _U64
 
 
 def _check_tiling(path: Path, entries: tuple[TensorEntry, ...], data_len: int) -> None:
