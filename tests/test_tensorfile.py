@@ -155,7 +155,9 @@ class TestReadHeader:
         ]
         assert header.metadata == {"k": "v"}
 
-    @settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
     @given(st.binary(max_size=200))
     def test_random_bytes_parse_or_raise_cleanly(self, tmp_path: Path, data: bytes) -> None:
         """No byte string makes the reader raise anything but SafetensorsFileError."""
@@ -163,7 +165,9 @@ class TestReadHeader:
         with contextlib.suppress(devpolicy.SafetensorsFileError):
             read_header(tmp_path / "r.safetensors")
 
-    @settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
     @given(st.binary(min_size=1, max_size=100))
     def test_random_headers_after_a_valid_length_raise_cleanly(
         self, tmp_path: Path, header: bytes
