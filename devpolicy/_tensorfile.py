@@ -734,14 +734,16 @@ def write_file(
     }
     if metadata is not None and not (
         isinstance(metadata, Mapping)
-        and all(
-            isinstance(k, str) and isinstance(v, str) and _encodable(k) and _encodable(v)
-            for k, v in metadata.items()
-        )
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
-        raise ValueError(
-            f"metadata must map strings to strings (UTF-8 encodable), got {metadata!r}"
-        )
+        raise ValueError(f"metadata must map strings to strings, got {metadata!r}")
+    for k, v in (metadata or {}).items():
+        if not (_encodable(k) and _encodable(v)):
+            raise SafetensorsFileError(
+                path,
+                f"metadata {k!r} holds a lone UTF-16 surrogate, which UTF-8 cannot encode: no "
+                "safetensors reader could read it back; nothing written",
+            )
     header, order = plan_layout(_slots(arrays, Path(path)), metadata, align)
 
     def write_data(out: Any) -> None:
