@@ -166,7 +166,7 @@ def load_file(
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
             [
-                (n, t.nbytes, t.shape, _maps(t, mmap, x64), source)
+                (n, t.array_nbytes, t.shape, _maps(t, mmap, x64), source)
                 for (_, header), file_names, source in zip(headers, names, sources, strict=True)
                 for n, t in zip(file_names, header.tensors, strict=True)
             ],
@@ -841,7 +841,7 @@ class PlannedTensor:
         key: Its key in the file.
         dtype: safetensors dtype name.
         shape: Its shape.
-        nbytes: Its size.
+        nbytes: Its size as an array (F4, two values a byte in the file, one in memory).
         offset: Its absolute file offset (64-aligned ones can be mapped zero-copy).
         decision: The decision, or None when no device could be had (its device a
             `VirtualDevice` in a plan for a `VirtualMachine`).
@@ -1026,7 +1026,7 @@ def _plan(
     hints = [_maps(e, mmap, x64) for _, e in entries]
     outcomes = decider.decide_many(
         [
-            (n, e.nbytes, e.shape, hint, by_file[header.path])
+            (n, e.array_nbytes, e.shape, hint, by_file[header.path])
             for n, (header, e), hint in zip(names, entries, hints, strict=True)
         ]
     )
@@ -1049,7 +1049,7 @@ def _plan(
                 entry.key,
                 entry.dtype_name,
                 entry.shape,
-                entry.nbytes,
+                entry.array_nbytes,
                 entry.offset,
                 decision,
                 error,

@@ -117,6 +117,11 @@ class TensorEntry:
         return self.end - self.begin
 
     @property
+    def array_nbytes(self) -> int:
+        """Its size in bytes as an array: twice `nbytes` for F4, held one value a byte."""
+        return 2 * self.nbytes if self.packed else self.nbytes
+
+    @property
     def packed(self) -> bool:
         """Whether the file packs its values tighter than its array holds them (F4)."""
         return self.dtype_name in PACKED

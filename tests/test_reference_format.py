@@ -181,6 +181,9 @@ class TestDtypes:
         assert reference_read(path.read_bytes()) == {"t": ("F4", [4], b"\x21\xc6")}
         loaded = devpolicy.load_file(path, policy=policy_of())["t"]
         assert np.asarray(loaded).astype(np.float32).tolist() == [0.5, 1.0, 4.0, -2.0]
+        planned = devpolicy.plan(path, policy=policy_of()).tensors[0]
+        assert (planned.nbytes, planned.decision.nbytes) == (4, 4)  # type: ignore[union-attr]
+        assert loaded.nbytes == 4  # one value a byte in memory, as planned
 
     def test_f4_with_an_odd_count_is_refused_by_both(self, tmp_path: Path) -> None:
         """Three F4 values do not fill whole bytes: no file can hold them."""
