@@ -708,14 +708,17 @@ def _mmap_refused(
     """Once per file: why tensors that were to be mapped were read instead, and the fix."""
     unaligned: list[TensorEntry] = []
     wide: list[TensorEntry] = []
+    packed: list[TensorEntry] = []
     for entry, decision in zip(header.tensors, decisions, strict=True):
         if not (decision.mmap if mmap is None else mmap) or entry.nbytes == 0:
             continue
-        if not x64 and entry.dtype_name in _NARROW:
+        if entry.packed:
+            packed.append(entry)
+        elif not x64 and entry.dtype_name in _NARROW:
             wide.append(entry)
         elif entry.offset % ALIGN:
             unaligned.append(entry)
-    if not unaligned and not wide:
+    if not unaligned and not wide and not packed:
         return
     reasons = []
     if unaligned:
@@ -731,13 +734,18 @@ def _mmap_refused(
             f"{len(wide)} 64-bit tensor{'s' if len(wide) > 1 else ''} narrowed to 32 bits "
             f"(first: {wide[0].key!r}); enable x64 to map them"
         )
+    if packed:
+        reasons.append(
+            f"{len(packed)} F4 tensor{'s' if len(packed) > 1 else ''} unpacked from two values "
+            f"a byte to one (first: {packed[0].key!r}); JAX holds F4 one value a byte"
+        )
     events.emit(
         "warning",
         "mmap_refused",
         {
             "file": str(header.path),
-            "tensors": len(unaligned) + len(wide),
-            "nbytes": sum(e.nbytes for e in (*unaligned, *wide)),
+            "tensors": len(unaligned) + len(wide) + len(packed),
+            "nbytes": sum(e.nbytes for e in (*unaligned, *wide, *packed)),
             "reason": "; ".join(reasons),
         },
     )

@@ -184,6 +184,13 @@ class TestDtypes:
         planned = devpolicy.plan(path, policy=policy_of()).tensors[0]
         assert (planned.nbytes, planned.decision.nbytes) == (4, 4)  # type: ignore[union-attr]
         assert loaded.nbytes == 4  # one value a byte in memory, as planned
+        with structlog.testing.capture_logs() as logs:
+            devpolicy.load_file(path, policy=policy_of(), mmap=True)
+        (refused,) = [e for e in logs if e["event"] == "mmap_refused"]
+        assert refused["reason"] == (
+            "1 F4 tensor unpacked from two values a byte to one (first: 't'); JAX holds F4 "
+            "one value a byte"
+        )
 
     def test_f4_with_an_odd_count_is_refused_by_both(self, tmp_path: Path) -> None:
         """Three F4 values do not fill whole bytes: no file can hold them."""
