@@ -82,6 +82,7 @@ __all__ = [
     "prefetch",
     "propagate",
     "put",
+    "read_metadata",
     "report",
     "resolve",
     "runtime_settings",

@@ -10,10 +10,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import jax
@@ -32,8 +32,10 @@ from ._narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowe
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ._sizes import format_size
 from ._tensorfile import (
+    Checkpoint,
     Header,
     TensorEntry,
+    as_array,
     map_tensor_file,
     open_checkpoint,
     open_tensor_file,
@@ -196,6 +198,7 @@ def _load_file(
     progress: bool | None,
 ) -> dict[str, jax.Array]:
     checkpoint = open_checkpoint(path)
+    _left_out(decider.events, path, checkpoint)
     # Files are opened one at a time (a checkpoint may have more files than a process may
     # open): once for the header, again only while read, and refused if replaced between.
     with _OneFileOpen() as opened:
@@ -211,7 +214,7 @@ def _load_file(
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
             [
-                (n, t.nbytes, t.shape, _maps(t, mmap, x64), source)
+                (n, t.array_nbytes, t.shape, _maps(t, mmap, x64), source)
                 for (_, header), file_names, source in zip(headers, names, sources, strict=True)
                 for n, t in zip(file_names, header.tensors, strict=True)
             ],
@@ -313,6 +316,15 @@ def _load_opened(
             entry, decision = header.tensors[i], decisions[i]
             target = _NARROW.get(entry.dtype_name) if not x64 else None
             if problems and target is None:
+                position += 1
+                continue
+            if entry.packed:
+                # Packed in the file (F4, two values a byte): read whole and unpacked to
+                # one value a byte, as JAX holds them; never mapped, sharded after reading.
+                transfers.flush()
+                unpacked = jax.device_put(_read(fd, header, entry, advance), decision.destination)
+                unpacked.block_until_ready()
+                out[entry.key] = unpacked
                 position += 1
                 continue
             if decision.mesh is not None:
@@ -651,7 +663,7 @@ def _pread_fully(
 
 def _maps(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
     """Whether this tensor would be mapped, were it placed on a host device (for `fits`)."""
-    if mmap is False or not entry.nbytes or entry.offset % ALIGN:
+    if mmap is False or not entry.nbytes or entry.offset % ALIGN or entry.packed:
         return NEVER_MAPPED
     if not x64 and entry.dtype_name in _NARROW:
         return NEVER_MAPPED  # narrowed: read into a new buffer
@@ -660,7 +672,7 @@ def _maps(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
 
 def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
     wanted = decision.mmap if mmap is None else mmap
-    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0
+    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0 and not entry.packed
 
 
 def _small_run(
@@ -685,6 +697,7 @@ def _small_run(
         if (
             entry.nbytes >= _MAP_THRESHOLD
             or decisions[i].mesh is not None  # sharded: read slice by slice, never whole
+            or entry.packed  # unpacked on its own
             or entry.offset != end
             or mappable
             or len(run) >= _READ_BATCH
@@ -746,7 +759,7 @@ def _read(
         for start in range(0, entry.nbytes, step)
     ]
     _pread_pieces(fd, header, entry, pieces, advance)
-    return buffer.view(entry.dtype).reshape(entry.shape)
+    return as_array(entry, buffer)
 
 
 # Threads reading one large tensor (or a sharded tensor's slices) at once. A read into
@@ -817,14 +830,17 @@ def _mmap_refused(
     """Once per file: why tensors that were to be mapped were read instead, and the fix."""
     unaligned: list[TensorEntry] = []
     wide: list[TensorEntry] = []
+    packed: list[TensorEntry] = []
     for entry, decision in zip(header.tensors, decisions, strict=True):
         if not (decision.mmap if mmap is None else mmap) or entry.nbytes == 0:
             continue
-        if not x64 and entry.dtype_name in _NARROW:
+        if entry.packed:
+            packed.append(entry)
+        elif not x64 and entry.dtype_name in _NARROW:
             wide.append(entry)
         elif entry.offset % ALIGN:
             unaligned.append(entry)
-    if not unaligned and not wide:
+    if not unaligned and not wide and not packed:
         return
     reasons = []
     if unaligned:
@@ -840,13 +856,18 @@ def _mmap_refused(
             f"{len(wide)} 64-bit tensor{'s' if len(wide) > 1 else ''} narrowed to 32 bits "
             f"(first: {wide[0].key!r}); enable x64 to map them"
         )
+    if packed:
+        reasons.append(
+            f"{len(packed)} F4 tensor{'s' if len(packed) > 1 else ''} unpacked from two values "
+            f"a byte to one (first: {packed[0].key!r}); JAX holds F4 one value a byte"
+        )
     events.emit(
         "warning",
         "mmap_refused",
         {
             "file": str(header.path),
-            "tensors": len(unaligned) + len(wide),
-            "nbytes": sum(e.nbytes for e in (*unaligned, *wide)),
+            "tensors": len(unaligned) + len(wide) + len(packed),
+            "nbytes": sum(e.nbytes for e in (*unaligned, *wide, *packed)),
             "reason": "; ".join(reasons),
         },
     )
@@ -926,8 +947,19 @@ def _summary(
             "narrowed": narrowed,
             "bytes_read": bytes_read,
             "seconds": round(seconds, 4),
+            "metadata": dict(header.metadata or {}),
         },
     )
+
+
+def _left_out(events: EventLog, path: PathLike, checkpoint: Checkpoint) -> None:
+    """One info event per file of a checkpoint directory that is not loaded, and why."""
+    for file, reason in checkpoint.left_out:
+        events.emit(
+            "info",
+            "checkpoint_file_left_out",
+            {"checkpoint": str(path), "file": str(file), "reason": reason},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -939,7 +971,7 @@ class PlannedTensor:
         key: Its key in the file.
         dtype: safetensors dtype name.
         shape: Its shape.
-        nbytes: Its size.
+        nbytes: Its size as an array (F4, two values a byte in the file, one in memory).
         offset: Its absolute file offset (64-aligned ones can be mapped zero-copy).
         decision: The decision, or None when no device could be had (its device a
             `VirtualDevice` in a plan for a `VirtualMachine`).
@@ -999,6 +1031,10 @@ class Plan:
             description (`cpu=1 (memory unknown), gpu=8x80GiB; 2 processes`).
         processes: How many processes load it, each alike (a `VirtualMachine`'s
             `processes`; 1 for this process).
+        metadata: Each file's `__metadata__` (`{}` when it has none), keyed by the
+            file's path as the `load_file` event's `file` gives it.
+        left_out: For a checkpoint directory, each of its `*.safetensors` files that is
+            not part of the checkpoint, as (file, why); see `devpolicy.load_file`.
     """
 
     file: str
@@ -1006,6 +1042,8 @@ class Plan:
     devices: tuple[DeviceLoad, ...]
     machine: str = "this process"
     processes: int = 1
+    metadata: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    left_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def bytes_per_process(self) -> int:
@@ -1068,6 +1106,7 @@ class Plan:
             lines.append(
                 f"each of {self.processes} processes: {format_size(self.bytes_per_process)}"
             )
+        lines += [f"left out: {file}: {why}" for file, why in self.left_out]
         return "\n".join(visible(line) for line in lines)
 
     def __rich__(self) -> Any:
@@ -1124,7 +1163,7 @@ def _plan(
     hints = [_maps(e, mmap, x64) for _, e in entries]
     outcomes = decider.decide_many(
         [
-            (n, e.nbytes, e.shape, hint, by_file[header.path])
+            (n, e.array_nbytes, e.shape, hint, by_file[header.path])
             for n, (header, e), hint in zip(names, entries, hints, strict=True)
         ]
     )
@@ -1147,7 +1186,7 @@ def _plan(
                 entry.key,
                 entry.dtype_name,
                 entry.shape,
-                entry.nbytes,
+                entry.array_nbytes,
                 entry.offset,
                 decision,
                 error,
@@ -1179,7 +1218,15 @@ def _plan(
                 taken,
             )
         )
-    return Plan(str(path), tuple(tensors), tuple(devices), machine, processes)
+    return Plan(
+        str(path),
+        tuple(tensors),
+        tuple(devices),
+        machine,
+        processes,
+        {str(header.path): dict(header.metadata or {}) for header in headers},
+        tuple((str(file), why) for file, why in checkpoint.left_out),
+    )
 
 
 def _in_order(text: str) -> tuple[str, int]:
