@@ -393,7 +393,12 @@ class Decider(Generic[DeviceT]):
         self._matcher = Matcher(
             [
                 compile_condition(
-                    *r.spec.name_pattern, r.spec.min_bytes, r.spec.max_bytes, r.spec.file
+                    *r.spec.name_pattern,
+                    r.spec.min_bytes,
+                    r.spec.max_bytes,
+                    r.spec.file,
+                    search=r.spec.search,
+                    shape_test=r.spec.shape_test,
                 )
                 for r in settings.rules
             ]
@@ -609,7 +614,7 @@ class Decider(Generic[DeviceT]):
         nbytes, shape = _checked(nbytes, shape)
         outcome = self._outcome(name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source)
         rules = self.settings.rules
-        steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes, source))
+        steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes, source, shape))
         error = outcome.choice
         if isinstance(error, DevicePolicyError):
             tried = error.tried if isinstance(error, DeviceUnavailableError) else ()
@@ -650,7 +655,7 @@ class Decider(Generic[DeviceT]):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
         # `decide` and the `*_many` forms come here directly: every way in is checked.
         nbytes, shape = _checked(nbytes, shape)
-        index = self._matcher.first(name, nbytes, source)
+        index = self._matcher.first(name, nbytes, source, shape)
         route = self._default if index is None else self._routes[index]
         if self.disabled:
             # The kill switch works where the policy cannot: nothing is looked up, and
