@@ -112,8 +112,8 @@ class ShapeTest:
 
     Example:
         >>> t = ShapeTest(ndim=(0, 1), max_elements=1)
-        >>> t.problem((1,)), t.problem((2, 3)), t.problem(None)
-        (None, 'ndim 2 is not 0 or 1', 'shape unknown, and the rule has a rank or element condition')
+        >>> t.problem((1,)), t.problem((2, 3)), t.problem((3,))
+        (None, 'ndim 2 is not 0 or 1', '3 elements > max_elements 1')
     """
 
     ndim: tuple[int, ...] | None = None

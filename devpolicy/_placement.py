@@ -25,6 +25,7 @@ from ._ledger import record, record_all
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
 from ._narrowing import Narrow, check_mode, narrow_leaves
+from ._sizes import format_size
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -782,14 +783,8 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
     if not isinstance(name, str):
         raise TypeError(f"put() takes a name (str) first, got {type(name).__name__} {name!r}")
     check_mode(narrow)
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(x)
-    if len(pairs) == 1 and pairs[0][0] == ():
-        names = [name]
-    else:
-        names = [
-            f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}" for path, _ in pairs
-        ]
-    leaves = [leaf for _, leaf in pairs]
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    names = leaf_names(name, x)
     for leaf_name, leaf in zip(names, leaves, strict=True):
         if not isinstance(leaf, _ARRAY_LIKE):
             raise TypeError(
@@ -800,18 +795,110 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
         leaves = narrow_leaves(names, leaves, narrow, decider.events)
     # A process-local part's shape says nothing of the global one across processes.
     shapes = local and jax.process_count() > 1
+    # A tree is one placement with one summary event; each leaf's decision is debug.
+    many = len(leaves) > 1
     decisions = decider.resolve_many(
         [
             (n, _nbytes(leaf), None if shapes else np.shape(leaf))
             for n, leaf in zip(names, leaves, strict=True)
-        ]
+        ],
+        summarised=many,
     )
+    if many:
+        _put_summary(decider.events, name, decisions)
     # Disabled: what JAX does without devpolicy (the default device, uncommitted).
     placed = jax.device_put(leaves) if decider.disabled else _place_leaves(leaves, decisions, local)
     for array, decision in zip(placed, decisions, strict=True):
         record(array, decision.name, decision.origin, decision.rule)
     out: T = jax.tree_util.tree_unflatten(treedef, placed)
     return out
+
+
+def _put_summary(events: EventLog, name: str, decisions: list[Decision]) -> None:
+    """One `put` event per call: info the first time a tree is placed this way, debug
+    after (a training loop's batches do not flood the log)."""
+    per_device: dict[str, list[int]] = {}
+    per_rule: dict[str, int] = {}
+    for decision in decisions:
+        totals = per_device.setdefault(decision.device_text, [0, 0])
+        totals[0] += 1
+        totals[1] += decision.nbytes or 0
+        per_rule[decision.origin] = per_rule.get(decision.origin, 0) + 1
+    devices = ", ".join(
+        f"{d} {format_size(n)} ({count} lea{'f' if count == 1 else 'ves'})"
+        for d, (count, n) in sorted(per_device.items())
+    )
+    rules = ", ".join(f"{origin} x{count}" for origin, count in per_rule.items())
+    first = events.first_time(("put", name, devices, rules))
+    if not events.enabled("info" if first else "debug"):
+        return
+    events.emit(
+        "info" if first else "debug",
+        "put",
+        {
+            "name": name,
+            "leaves": len(decisions),
+            "nbytes": sum(n for _, n in per_device.values()),
+            "devices": devices,
+            "rules": rules,
+            "fallbacks": sum(d.fallback_reason is not None for d in decisions),
+        },
+    )
+
+
+# Boxes around one array that a framework prints as the array itself: flax's
+# `AxisMetadata` (`Partitioned`, `LogicallyPartitioned`), nnx's `Variable` (`Param`...)
+# and `VariableState`, haliax's `NamedArray`. Recognised by class name and module, so
+# neither library is imported.
+_FLAX_BOXES = frozenset({"AxisMetadata", "Variable", "VariableState"})
+
+
+def _is_box(node: Any) -> bool:
+    for cls in type(node).__mro__:
+        module = cls.__module__
+        if cls.__name__ in _FLAX_BOXES and module.startswith("flax."):
+            return True
+        if cls.__name__ == "NamedArray" and (module == "haliax" or module.startswith("haliax.")):
+            return True
+    return False
+
+
+def leaf_names(name: str, tree: Any) -> list[str]:
+    """Each leaf's name, in `jax.tree_util.tree_leaves(tree)` order: `name/` and the
+    leaf's path with `/` between its parts, as the framework prints the tree.
+
+    Dict keys, attribute names and list indices are written as they print (`layers/0/w`);
+    a box that holds one array is not a part of the name: nnx's `Param`/`Variable` and
+    flax's `Partitioned` (no `/value`), haliax's `NamedArray` (no `/0`). A tree that is one
+    leaf is named `name`.
+
+    Example:
+        >>> import numpy as np
+        >>> leaf_names("params", {"dense": {"kernel": np.zeros(2)}, "layers": [np.zeros(1)]})
+        ['params/dense/kernel', 'params/layers/0']
+    """
+    names: list[str] = []
+
+    def walk(prefix: tuple[Any, ...], node: Any, boxed: bool) -> None:
+        def inner_box(n: Any) -> bool:
+            return n is not node and _is_box(n)
+
+        for sub, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=inner_box)[0]:
+            # A box's own key (`value`, haliax's flat index 0) is not part of the name.
+            path = prefix + (sub[1:] if boxed else sub)
+            if inner_box(leaf):
+                walk(path, leaf, True)
+            else:
+                names.append(_joined(name, path))
+
+    walk((), tree, _is_box(tree))
+    return names
+
+
+def _joined(name: str, path: tuple[Any, ...]) -> str:
+    if not path:
+        return name
+    return f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}"
 
 
 def _place_leaves(leaves: list[Any], decisions: list[Decision], local: bool) -> list[Any]:

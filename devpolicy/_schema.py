@@ -476,6 +476,44 @@ class RuleSpec(_Strict):
         return self
 
 
+def _separator(value: Any) -> str:
+    if isinstance(value, str) and len(value) == 1 and value not in "*?[]\0":
+        return value
+    raise _fail(
+        f"a separator is one character that is not a glob character, such as '.'; got {value!r}"
+    )
+
+
+Separator = Annotated[
+    str,
+    BeforeValidator(_separator),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 1}),
+]
+
+
+class NamesSpec(_Strict):
+    """How a checkpoint's tensor keys become the names rules see."""
+
+    separator: Separator = Field(
+        "/",
+        description="The character between the parts of a checkpoint's tensor keys: with "
+        "`.`, the key `model.layers.0.mlp.up_proj.weight` is matched as "
+        "`<prefix>/model/layers/0/mlp/up_proj/weight` (the keys loaded keep their form).",
+    )
+    prefix: str | None = Field(
+        None,
+        description="What checkpoint tensor names start with instead of the file's or "
+        'directory\'s name (`""`: nothing, the key alone); a `prefix=` argument wins.',
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_plain(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or value.endswith("/")):
+            raise _fail(f"a prefix has no leading or trailing '/', got {value!r}")
+        return value
+
+
 class LoggingSpec(_Strict):
     """Where devpolicy's own events go when the application has not configured structlog."""
 
@@ -747,6 +785,10 @@ class PolicySpec(_Strict):
     )
     meshes: dict[str, MeshSpec] = Field(
         default_factory=dict, description="Named device meshes that `sharding` rules use."
+    )
+    names: NamesSpec = Field(
+        default_factory=NamesSpec,
+        description="How checkpoint tensor keys are named for rules (separator, prefix).",
     )
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     runtime: RuntimeSpec = Field(
