@@ -587,6 +587,18 @@ class Decider(Generic[DeviceT]):
         """Like `resolve`, but nothing is logged or cached."""
         return self._decision(name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source)[0]
 
+    def rule_for(
+        self,
+        name: str,
+        nbytes: int | None = None,
+        shape: Shape | None = None,
+        source: SourceFile | None = None,
+    ) -> int | None:
+        """The position in `settings.rules` of the rule that takes `name`, or None for
+        the default: matching only, no device looked up (lint against real names)."""
+        nbytes, shape = _checked(nbytes, shape)
+        return self._matcher.first(name, nbytes, source, shape)
+
     def decide_many(self, items: Iterable[Item]) -> list[Decision[DeviceT] | DevicePolicyError]:
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
         claimed: dict[Hashable, int] = {}
