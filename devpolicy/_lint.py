@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
+import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -19,8 +21,9 @@ from ._policy import Policy
 from ._prefixes import PrefixIndex
 from ._routing import Fit, Route
 from ._runtime import env_needs_allow, plan_runtime
-from ._safetensors import RuleUse, rule_uses, silent_rules
+from ._safetensors import RuleUse, checkpoint_names, rule_uses, silent_rules
 from ._targets import ShardingTarget, Target
+from ._tensorfile import DTYPES
 
 Severity = Literal["error", "warning"]
 _WILDCARDS = "*?["
@@ -161,9 +164,9 @@ def lint_names(
     count = f"{len(names)} name{'' if len(names) == 1 else 's'}"
     example = names[0][0] if names else ""
     for position, (entry, use) in enumerate(zip(rules, uses, strict=False)):
-        if use.tensors or not use.applies:
+        if use.tensors:
             continue
-        hint = ""
+        hint = "" if use.applies else " (no name holds its first word: written for other names?)"
         if entry.spec.regex is not None:
             searched = compile_search(entry.spec.regex)  # RE2: linear, whatever the names
             found = sum(searched(n) is not None for n, *_ in names)
@@ -499,3 +502,78 @@ def _unused_meshes(policy: Policy) -> list[Finding]:
         for name in policy.settings.meshes
         if name not in used
     ]
+
+
+NameItem = tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]
+NAMES_FORMS = (
+    "a safetensors file, checkpoint directory or index (its tensors' names, as load_file "
+    "names them), or a .json file: a list of names, or an object of name -> "
+    '{"shape": [4096, 32000], "dtype": "bfloat16"} (both optional; dtype a numpy or '
+    "safetensors name: float32, F32)"
+)
+
+
+def read_names(
+    path: str | os.PathLike[str], policy: Policy, prefix: str | None = None
+) -> list[NameItem]:
+    """The names `check --names` lints against (see `NAMES_FORMS`).
+
+    Raises:
+        ValueError: the JSON is not one of the accepted forms (naming the entry).
+        SafetensorsFileError: the checkpoint cannot be read.
+    """
+    text = os.fspath(path)
+    if not text.endswith(".json") or text.endswith(".safetensors.index.json"):
+        return checkpoint_names(path, policy.settings, prefix)
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{text}: not JSON ({e}); accepted: {NAMES_FORMS}") from None
+    if isinstance(data, list) and all(isinstance(n, str) for n in data):
+        return [(n, None, None, None) for n in data]
+    if not isinstance(data, dict):
+        raise ValueError(f"{text}: a {type(data).__name__} of names is not accepted; {NAMES_FORMS}")
+    items: list[NameItem] = []
+    for name, info in data.items():
+        if info is None:
+            info = {}
+        if not isinstance(info, dict) or set(info) - {"shape", "dtype"}:
+            raise ValueError(
+                f'{text}: entry {name!r}: {info!r} is not {{"shape": [...], "dtype": ...}}'
+            )
+        shape = info.get("shape")
+        if shape is not None and (
+            not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise ValueError(
+                f"{text}: entry {name!r}: shape {shape!r} is not a list of whole numbers >= 0"
+            )
+        nbytes = None
+        if info.get("dtype") is not None:
+            itemsize = _itemsize(info["dtype"])
+            if itemsize is None:
+                raise ValueError(
+                    f"{text}: entry {name!r}: unknown dtype {info['dtype']!r}; accepted: "
+                    f"numpy names (float32, bfloat16) or safetensors names ({', '.join(DTYPES)})"
+                )
+            if shape is not None:
+                nbytes = itemsize * math.prod(shape)
+        items.append((name, nbytes, None if shape is None else tuple(shape), None))
+    return items
+
+
+def _itemsize(dtype: object) -> int | None:
+    if not isinstance(dtype, str):
+        return None
+    if dtype in DTYPES:
+        return DTYPES[dtype].itemsize
+    import ml_dtypes
+    import numpy as np
+
+    found = getattr(ml_dtypes, dtype, None)
+    try:
+        return int(np.dtype(found if found is not None else dtype).itemsize)
+    except TypeError:
+        return None

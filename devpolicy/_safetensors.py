@@ -6,6 +6,7 @@ import itertools
 import math
 import mmap as _mmap
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +28,7 @@ from ._logging import EventLog
 from ._machine import VirtualMachine
 from ._matching import SourceFile, compile_file_glob
 from ._narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowed_event
+from ._prefixes import literal_prefix
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ._schema import NamesSpec
 from ._sizes import format_size
@@ -825,12 +827,7 @@ def _summary(
 
 
 #: Patterns that take every name: a rule written with one is a catch-all.
-_CATCH_ALL = {
-    (False, "*"),
-    (True, ".*"),
-    (True, "(?s).*"),
-    (True, "(?s:.*)"),
-}
+_CATCH_ALL = {("*", False), (".*", True), ("(?s).*", True), ("(?s:.*)", True)}
 _SEARCH_ALL = ("", ".*", "(?s).*", "^", "(?s:.*)")
 
 
@@ -846,8 +843,9 @@ class RuleUse:
         shards: Whether it asks for a sharding.
         sharded: Tensors it sharded (a sharding that fell back to a device is not).
         catch_all: Whether it takes every name (`*`, `.*`; the default too).
-        applies: False for a rule whose `file:` matches none of the files: it could not
-            have taken anything here.
+        applies: False for a rule that could not have taken anything here: its `file:`
+            matches none of the files, or its pattern starts with a word (`dataset` of
+            `dataset/*`) that is no part of any name.
         example: The first name it took, or "".
     """
 
@@ -890,37 +888,46 @@ def rule_uses(
     """
     rules = settings.rules
     files = list(sources)
-    counts = [[0, 0, 0, ""] for _ in range(len(rules) + 1)]
-    for name, position, nbytes, sharded in taken:
-        row = counts[len(rules) if position is None else position]
-        if not row[0]:
-            row[3] = name
-        row[0] += 1  # type: ignore[operator]
-        row[1] += nbytes  # type: ignore[operator]
-        row[2] += sharded  # type: ignore[operator]
+    tensors = [0] * (len(rules) + 1)
+    nbytes = [0] * (len(rules) + 1)
+    sharded = [0] * (len(rules) + 1)
+    examples = [""] * (len(rules) + 1)
+    parts: set[str] = set()  # every part of every name, split at `/` and `.`
+    for name, position, size, was_sharded in taken:
+        parts.update(name.replace(".", "/").split("/"))
+        i = len(rules) if position is None else position
+        if not tensors[i]:
+            examples[i] = name
+        tensors[i] += 1
+        nbytes[i] += size
+        sharded[i] += was_sharded
     uses = []
-    for entry, (tensors, nbytes, sharded, example) in zip(rules, counts, strict=False):
+    for i, entry in enumerate(rules):
         applies = True
         if entry.spec.file is not None and files:
             glob = compile_file_glob(entry.spec.file)
             applies = any(glob(f) for f in files)
+        if applies and not tensors[i]:
+            # A rule whose names start with a word no name holds (`dataset/*` in a model's
+            # load) was written for other names, not misspelt for these.
+            lead = re.split(r"[/.]", literal_prefix(*entry.spec.name_pattern), maxsplit=1)[0]
+            applies = not lead or lead in parts
         uses.append(
             RuleUse(
                 entry.origin,
                 entry.spec.label,
-                int(tensors),
-                int(nbytes),
+                tensors[i],
+                nbytes[i],
                 entry.spec.sharding is not None,
-                int(sharded),
+                sharded[i],
                 _catch_all(entry),
                 applies,
-                str(example),
+                examples[i],
             )
         )
-    tensors, nbytes, _, example = counts[-1]
     # The default is a device target (never a sharding) and takes every name.
-    default = RuleUse(settings.default.origin, "default", int(tensors), int(nbytes), False)
-    uses.append(replace(default, catch_all=True, example=str(example)))
+    default = RuleUse(settings.default.origin, "default", tensors[-1], nbytes[-1], False)
+    uses.append(replace(default, catch_all=True, example=examples[-1]))
     return tuple(uses)
 
 
@@ -941,9 +948,9 @@ def silent_rules(uses: tuple[RuleUse, ...]) -> list[tuple[str, str]]:
     fell = [u for u in uses if u.catch_all and u.tensors]
     found: list[tuple[str, str]] = []
     if fell:
-        took = ", ".join(
+        took = " and ".join(
             f"{'the default' if u.label == 'default' else f'rule {u.origin} ({u.label})'} "
-            f"{u.tensors}"
+            f"took {u.tensors}"
             for u in fell
         )
         example = fell[0].example
@@ -952,8 +959,8 @@ def silent_rules(uses: tuple[RuleUse, ...]) -> list[tuple[str, str]]:
                 found.append(
                     (
                         "rule-matched-nothing",
-                        f"rule {u.origin} ({u.label}) took no tensor, while {took} took "
-                        f"the rest; names look like {example!r}: check the rule against them "
+                        f"rule {u.origin} ({u.label}) took no tensor, while {took}; names "
+                        f"look like {example!r}: check the rule against them "
                         "(devpolicy check --names), or set the policy's `names:` (separator, "
                         "prefix)",
                     )
@@ -975,6 +982,23 @@ def silent_rules(uses: tuple[RuleUse, ...]) -> list[tuple[str, str]]:
                 )
             )
     return found
+
+
+def checkpoint_names(
+    path: PathLike, settings: Settings, prefix: str | None = None
+) -> list[tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]]:
+    """Every tensor of a checkpoint as `load_file` and `plan` name it (prefix, the
+    policy's `names:`), with its size, shape and file; only headers are read."""
+    checkpoint = open_checkpoint(path)
+    headers = [read_header(file) for file in checkpoint.files]
+    checkpoint.check(headers)
+    stem = _stem(checkpoint.stem, prefix, settings.names)
+    sources = _sources(checkpoint.files, path)
+    return [
+        (name, t.nbytes, t.shape, source)
+        for header, source in zip(headers, sources, strict=True)
+        for name, t in zip(_names(header, stem, settings.names), header.tensors, strict=True)
+    ]
 
 
 def _uses_of_decisions(
@@ -1160,8 +1184,8 @@ class Plan:
         if len(self.rules) > 1:  # the default alone says nothing the tensors do not
             lines.append("rules:")
             for u in self.rules:
-                count = f"{u.tensors} tensor{'' if u.tensors == 1 else 's'}"
-                lines.append(f"  {u.origin} {u.label}: {count}, {format_size(u.nbytes)}")
+                took = f"{u.tensors} tensor{'' if u.tensors == 1 else 's'}"
+                lines.append(f"  {u.origin} {u.label}: {took}, {format_size(u.nbytes)}")
         lines += [f"warning: {message} [{code}]" for code, message in self.warnings]
         if self.sharded_nothing:
             lines.append(
