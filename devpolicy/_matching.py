@@ -305,8 +305,9 @@ def compile_search(pattern: str) -> Callable[[str], object]:
         >>> bool(test("params/transformer/h/0/attention/wq/kernel")), bool(test("wq/kernel"))
         (True, False)
     """
+    search = _re2(pattern).search  # errors name the pattern as written
     _re2(search_as_regex(pattern))  # the form lint and the prefix index see must compile too
-    return _re2(pattern).search  # type: ignore[no-any-return]
+    return search  # type: ignore[no-any-return]
 
 
 def compile_condition(
