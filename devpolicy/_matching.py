@@ -278,8 +278,8 @@ _LEADING_FLAGS = re.compile(r"\A((?:\(\?[aiLmsux]+\))*)")
 def search_as_regex(pattern: str) -> str:
     """The full-match regex equivalent to `re.search(pattern, name)`: any text, the
     pattern, any text. Anchors keep their meaning (`^` and `\\A` still match only where
-    the name starts; `$` at its end or before a final newline), so a name matches one
-    exactly when it matches the other.
+    the name starts, `$` only where it ends: RE2's `$`, unlike Python's, never matches
+    before a final newline), so a name matches one exactly when it matches the other.
 
     Example:
         >>> search_as_regex("attention/(wq|wk)/kernel")
