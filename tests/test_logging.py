@@ -197,7 +197,13 @@ class TestAutoFormat:
             return original(self, *args)  # type: ignore[arg-type]
 
         monkeypatch.setattr(structlog.processors.LogfmtRenderer, "__call__", counting)
-        monkeypatch.setattr(structlog.dev.ConsoleRenderer, "__call__", counting)
+        console = structlog.dev.ConsoleRenderer.__call__
+
+        def counting_console(self: object, *args: object) -> object:
+            rendered.append(args)
+            return console(self, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(structlog.dev.ConsoleRenderer, "__call__", counting_console)
         monkeypatch.setattr(logging.getLogger("devpolicy"), "level", logging.WARNING)
         handler = logging.FileHandler(tmp_path / "app.log")
         monkeypatch.setattr(logging.root, "handlers", [handler])
