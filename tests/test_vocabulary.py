@@ -514,3 +514,25 @@ class TestEasyLMTable:
         fragments = [f for f in devpolicy.lint(policy) if f.code == "regex-is-a-fragment"]
         assert len(fragments) == 10
         assert "write `search: 'attention/(wq|wk|wv)/kernel'`" in fragments[1].message
+
+
+def test_the_readme_easylm_policy_is_the_one_tested() -> None:
+    """README's "Porting rules from other systems" shows the table this file checks."""
+    import yaml
+
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Porting rules from other systems") :]
+    block = section[section.index("```yaml\nversion: 1") + len("```yaml\n") :]
+    document = yaml.safe_load(block[: block.index("```")])
+    assert document["rules"][0] == {
+        "match": "*",
+        "max_elements": 1,
+        "sharding": {"mesh": "easylm", "spec": []},
+    }
+    assert document["rules"][1:] == [_as_rule(p, s) for p, s in EASYLM_LLAMA_RULES]
+    assert document["meshes"]["easylm"]["axes"] == {"dp": 1, "mp1": 2, "mp2": 2}
+    assert (
+        devpolicy.load_policy(document, environ={}).rules[1].spec.search == EASYLM_LLAMA_RULES[0][0]
+    )
