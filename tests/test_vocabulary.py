@@ -536,3 +536,27 @@ def test_the_readme_easylm_policy_is_the_one_tested() -> None:
     assert (
         devpolicy.load_policy(document, environ={}).rules[1].spec.search == EASYLM_LLAMA_RULES[0][0]
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.text(alphabet="abz019_-", min_size=1, max_size=5), min_size=1, max_size=6),
+    st.sampled_from([".", ":", "|"]),
+    st.sampled_from(["", "ckpt", "a/b"]),
+)
+def test_a_separated_key_is_named_as_its_slashed_path(
+    parts: list[str], separator: str, prefix: str
+) -> None:
+    """Any key of parts joined by the policy's separator is matched as the same parts
+    joined by `/`, after the prefix; the default `/` leaves keys as they are."""
+    from types import SimpleNamespace
+
+    from devpolicy._safetensors import _names
+    from devpolicy._schema import NamesSpec
+
+    header: Any = SimpleNamespace(tensors=[SimpleNamespace(key=separator.join(parts))])
+    slashed = "/".join(parts)
+    expected = f"{prefix}/{slashed}" if prefix else slashed
+    assert _names(header, prefix, NamesSpec(separator=separator)) == [expected]
+    plain = _names(header, prefix, NamesSpec())
+    assert plain == [f"{prefix}/{separator.join(parts)}" if prefix else separator.join(parts)]
