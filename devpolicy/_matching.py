@@ -202,9 +202,7 @@ class Condition:
     ) -> str | None:
         """Why a matching name fails this rule's other conditions, or None."""
         return (
-            self.file_problem(source)
-            or self.size_problem(nbytes)
-            or self.shape_test.problem(shape)
+            self.file_problem(source) or self.size_problem(nbytes) or self.shape_test.problem(shape)
         )
 
     def size_problem(self, nbytes: int | None) -> str | None:
@@ -289,7 +287,7 @@ def search_as_regex(pattern: str) -> str:
     """
     flags = _LEADING_FLAGS.match(pattern)
     lead = flags.group(1) if flags else ""
-    return f"{lead}(?s:.*)(?:{pattern[len(lead):]})(?s:.*)"
+    return f"{lead}(?s:.*)(?:{pattern[len(lead) :]})(?s:.*)"
 
 
 def compile_search(pattern: str) -> Callable[[str], object]:
