@@ -1102,6 +1102,8 @@ class Plan:
             description (`cpu=1 (memory unknown), gpu=8x80GiB; 2 processes`).
         processes: How many processes load it, each alike (a `VirtualMachine`'s
             `processes`; 1 for this process).
+        rules: What each rule of the policy took, in order, then the default
+            (`RuleUse`: tensors, bytes, how many sharded); see `warnings`.
     """
 
     file: str
