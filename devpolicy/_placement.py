@@ -853,14 +853,25 @@ def _put_summary(events: EventLog, name: str, decisions: list[Decision]) -> None
 _FLAX_BOXES = frozenset({"AxisMetadata", "Variable", "VariableState"})
 
 
+_BOX_TYPES: dict[type, bool] = {}  # by type: the test runs once per node of every tree
+
+
 def _is_box(node: Any) -> bool:
-    for cls in type(node).__mro__:
-        module = cls.__module__
-        if cls.__name__ in _FLAX_BOXES and module.startswith("flax."):
-            return True
-        if cls.__name__ == "NamedArray" and (module == "haliax" or module.startswith("haliax.")):
-            return True
-    return False
+    kind = type(node)
+    known = _BOX_TYPES.get(kind)
+    if known is None:
+        known = False
+        for cls in kind.__mro__:
+            module = cls.__module__
+            if (cls.__name__ in _FLAX_BOXES and module.startswith("flax.")) or (
+                cls.__name__ == "NamedArray"
+                and (module == "haliax" or module.startswith("haliax."))
+            ):
+                known = True
+                break
+        if len(_BOX_TYPES) < 4096:
+            _BOX_TYPES[kind] = known
+    return known
 
 
 def leaf_names(name: str, tree: Any) -> list[str]:
@@ -895,10 +906,22 @@ def leaf_names(name: str, tree: Any) -> list[str]:
     return names
 
 
+def _part(key: Any) -> str:
+    """One path entry as `jax.tree_util.keystr(..., simple=True)` writes it."""
+    kind = type(key)
+    if kind is jax.tree_util.DictKey:
+        return str(key.key)
+    if kind is jax.tree_util.GetAttrKey:
+        return str(key.name)
+    if kind is jax.tree_util.SequenceKey:
+        return str(key.idx)
+    return jax.tree_util.keystr((key,), simple=True, separator="/")
+
+
 def _joined(name: str, path: tuple[Any, ...]) -> str:
     if not path:
         return name
-    return f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}"
+    return "/".join([name, *map(_part, path)])
 
 
 def _place_leaves(leaves: list[Any], decisions: list[Decision], local: bool) -> list[Any]:
