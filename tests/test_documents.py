@@ -108,7 +108,7 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nrules:\n  - device: cpu\n",
-        r"^policy\.yaml:3: rules\[0\]: give exactly one of `match` \(a glob\) or `regex`",
+        r"^policy\.yaml:3: rules\[0\]: give exactly one of `match` \(a glob\), `regex` or `search`",
     ),
     (
         "version: 1\nrules:\n  - {match: a, regex: b, device: cpu}\n",
