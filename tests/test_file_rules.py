@@ -292,7 +292,7 @@ class TestSchema:
         [
             (
                 {"device": "cpu"},
-                r"rules\[0\]: give exactly one of `match` \(a glob\) or `regex` for names, "
+                r"rules\[0\]: give exactly one of `match` \(a glob\), `regex` or `search` for names, "
                 r"or `file` \(a glob\) for the file tensors come from$",
             ),
             ({"file": "", "device": "cpu"}, r"rules\[0\]\.file: empty file glob matches no file"),

@@ -318,10 +318,14 @@ class TestPut:
     def test_pytree_leaves_are_named_by_path(
         self, policy: devpolicy.Policy, cpus: list[jax.Device]
     ) -> None:
-        """Leaves are decided as name/<path>."""
+        """Leaves are decided as name/<path> (each decision a debug event; one `put` summary)."""
+        policy = policy_of(
+            rules=[{"match": "model/*", "device": "cpu:2"}], logging={"level": "debug"}
+        )
         with capture_logs() as logs:
             tree = policy.put("model", {"layers": [np.zeros(2), np.ones(2)], "b": np.zeros(1)})
-        assert {e["name"] for e in logs} == {"model/layers/0", "model/layers/1", "model/b"}
+        placed = {e["name"] for e in logs if e["event"] == "placement"}
+        assert placed == {"model/layers/0", "model/layers/1", "model/b"}
         assert {where(x) for x in jax.tree.leaves(tree)} == {cpus[2]}
 
     def test_memory_kind_is_applied(self) -> None:
