@@ -102,8 +102,10 @@ class Inventory:
         """A JAX mesh of `devices` and this process's devices of it, in mesh order."""
         # Auto axes: the classic sharding propagation a device_put or jit user expects;
         # Explicit axes would change how every computation under the mesh is typed.
+        # axis_types by keyword (keyword-only before jax 0.7.0); sizes by position (the
+        # parameter is `axis_shapes` before jax 0.11.1, `axis_sizes` from it).
         auto = (AxisType.Auto,) * len(names)
-        mesh = jax.make_mesh(sizes, names, auto, devices=devices)
+        mesh = jax.make_mesh(sizes, names, axis_types=auto, devices=devices)
         index = self.process_index
         return mesh, tuple(d for d in mesh.devices.flat if d.process_index == index)
 
