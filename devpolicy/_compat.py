@@ -48,5 +48,6 @@ def mesh_context() -> Callable[[Any], AbstractContextManager[Any]]:
     set_mesh: Callable[[Any], AbstractContextManager[Any]] | None = getattr(jax, "set_mesh", None)
     if set_mesh is not None:
         return set_mesh
-    use_mesh: Callable[[Any], AbstractContextManager[Any]] = getattr(jax.sharding, "use_mesh")
+    sharding: Any = jax.sharding  # Any: not every jax has `use_mesh` for the type checker
+    use_mesh: Callable[[Any], AbstractContextManager[Any]] = sharding.use_mesh
     return use_mesh

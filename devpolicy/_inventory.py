@@ -55,7 +55,7 @@ class Inventory:
 
         Example:
             >>> import devpolicy
-            >>> "device" in devpolicy.inventory().memory_kinds(devpolicy.get_device("cpu"))
+            >>> "unpinned_host" in devpolicy.inventory().memory_kinds(devpolicy.get_device("cpu"))
             True
         """
         return memory_kinds(device)

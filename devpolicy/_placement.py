@@ -114,8 +114,9 @@ class _MeshToken:
 def enter(decision: Decision) -> Any:
     """Apply `decision` to this thread; the token says what to undo (see `leave`).
 
-    A sharded decision runs under its mesh (`jax.set_mesh`, or `use_mesh` before jax 0.7.1, so `jax.jit` and sharding
-    constraints see it) with the mesh's first local device as the default device.
+    A sharded decision runs under its mesh (`jax.set_mesh`, or `use_mesh` before jax 0.7.1,
+    so `jax.jit` and sharding constraints see it) with the mesh's first local device as the
+    default device.
     """
     if decision.is_auto:
         return _NOT_SWAPPED

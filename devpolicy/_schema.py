@@ -27,6 +27,7 @@ from ._errors import did_you_mean
 from ._matching import compile_regex
 from ._runtime import (
     ALLOCATORS,
+    ALLOCATORS_OF_ANY_JAXLIB,
     ALLOW_FORMS,
     ALLOW_PATTERN,
     ENV_NAME_FORMS,
@@ -519,7 +520,7 @@ Platform = Annotated[
 Allocator = Annotated[
     str,
     BeforeValidator(_choice(ALLOCATORS, "allocator")),
-    WithJsonSchema({"enum": list(ALLOCATORS)}),
+    WithJsonSchema({"enum": list(ALLOCATORS_OF_ANY_JAXLIB)}),
 ]
 PoolFraction = Annotated[
     float,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import re._constants as sre  # noqa: PLC2701
-import re._parser as sre_parse  # noqa: PLC2701
+import re._constants as sre
+import re._parser as sre_parse
 from typing import Any
 
 from hypothesis import given
