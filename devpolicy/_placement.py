@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol, TypeAlias, TypeVar
 import jax
 import numpy as np
 
+from ._compat import mesh_context
 from ._decider import Decider, Decision
 from ._errors import ScopeInCoroutineError
 from ._inventory import inventory
@@ -29,6 +30,8 @@ from ._sizes import format_size
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+#: Makes a mesh current (looked up once: which function depends on the jax version).
+_mesh_context = mesh_context()
 #: `@place(inputs=...)`: move committed array arguments, keep them, or None (the rule's).
 Inputs: TypeAlias = 'Literal["keep", "move"] | None'
 
@@ -112,14 +115,15 @@ class _MeshToken:
 def enter(decision: Decision) -> Any:
     """Apply `decision` to this thread; the token says what to undo (see `leave`).
 
-    A sharded decision runs under its mesh (`jax.set_mesh`, so `jax.jit` and sharding
-    constraints see it) with the mesh's first local device as the default device.
+    A sharded decision runs under its mesh (`jax.set_mesh`, or `use_mesh` before jax 0.7.1,
+    so `jax.jit` and sharding constraints see it) with the mesh's first local device as the
+    default device.
     """
     if decision.is_auto:
         return _NOT_SWAPPED
     if decision.mesh is None:
         return swap_device(decision.device)
-    mesh_scope: Any = jax.set_mesh(decision.sharding.mesh)  # type: ignore[union-attr]
+    mesh_scope: Any = _mesh_context(decision.sharding.mesh)  # type: ignore[union-attr]
     mesh_scope.__enter__()
     return _MeshToken(mesh_scope, swap_device(decision.device))
 

@@ -28,6 +28,7 @@ from ._errors import did_you_mean
 from ._matching import ShapeTest, compile_regex, compile_search, search_as_regex
 from ._runtime import (
     ALLOCATORS,
+    ALLOCATORS_OF_ANY_JAXLIB,
     ALLOW_FORMS,
     ALLOW_PATTERN,
     ENV_NAME_FORMS,
@@ -812,7 +813,7 @@ Platform = Annotated[
 Allocator = Annotated[
     str,
     BeforeValidator(_choice(ALLOCATORS, "allocator")),
-    WithJsonSchema({"enum": list(ALLOCATORS)}),
+    WithJsonSchema({"enum": list(ALLOCATORS_OF_ANY_JAXLIB)}),
 ]
 PoolFraction = Annotated[
     float,
