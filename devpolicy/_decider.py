@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic
 
 import jax
@@ -382,28 +382,7 @@ class _Alike(Generic[DeviceT]):
 
 def _renamed(like: Decision[DeviceT], name: str, nbytes: int) -> Decision[DeviceT]:
     """`like` for another name and size: every other field is the same walk's outcome."""
-    return Decision(
-        name=name,
-        device=like.device,
-        device_text=like.device_text,
-        memory_kind=like.memory_kind,
-        requested=like.requested,
-        rule=like.rule,
-        origin=like.origin,
-        source=like.source,
-        fallback_reason=like.fallback_reason,
-        nbytes=nbytes,
-        commit=like.commit,
-        is_auto=like.is_auto,
-        mmap=like.mmap,
-        move_inputs=like.move_inputs,
-        sharding=like.sharding,
-        mesh=like.mesh,
-        spec=like.spec,
-        mesh_devices=like.mesh_devices,
-        shards=like.shards,
-        local_devices=like.local_devices,
-    )
+    return replace(like, name=name, nbytes=nbytes)
 
 
 class Decider(Generic[DeviceT]):
