@@ -10,7 +10,7 @@ Example:
     >>> policy = devpolicy.load_policy({"version": 1, "rules": rules})
     >>> with devpolicy.activate(policy), devpolicy.scope("dataset/train") as decision:
     ...     tokens = jnp.zeros(8)
-    >>> decision.device_text, str(next(iter(tokens.devices())))
+    >>> decision.device_text, devpolicy.inventory().text(*tokens.devices())
     ('cpu:1', 'cpu:1')
 """
 
@@ -82,6 +82,7 @@ __all__ = [
     "prefetch",
     "propagate",
     "put",
+    "read_metadata",
     "report",
     "resolve",
     "runtime_settings",

@@ -288,7 +288,7 @@ def place(name: Any = None, /, *, commit: bool | None = None, inputs: Inputs = N
         ...     return jnp.arange(4)
         >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:1"})):
         ...     x = load()
-        >>> str(next(iter(x.devices()))), x.committed
+        >>> devpolicy.inventory().text(*x.devices()), x.committed
         ('cpu:1', True)
     """
     return make_place(_ACTIVE_DECIDER, name, commit, inputs)
@@ -308,7 +308,7 @@ def to(x: T, name: str) -> T:
         >>> h = jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:1"))
         >>> with devpolicy.activate(p):
         ...     h2 = devpolicy.to(h, "model/layer2")
-        >>> str(next(iter(h2.devices()))), h2.committed
+        >>> devpolicy.inventory().text(*h2.devices()), h2.committed
         ('cpu:2', True)
     """
     return move_to(_ACTIVE_DECIDER.decider(), x, name)
@@ -336,8 +336,8 @@ def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         ...     {"match": "params/*", "min_bytes": 1024, "device": "cpu:3"}]})
         >>> with devpolicy.activate(p):
         ...     tree = devpolicy.put("params", {"big": np.zeros(1024), "small": np.zeros(2)})
-        >>> str(next(iter(tree["big"].devices()))), str(next(iter(tree["small"].devices())))
-        ('cpu:3', 'cpu:0')
+        >>> [devpolicy.inventory().text(*tree[key].devices()) for key in ("big", "small")]
+        ['cpu:3', 'cpu:0']
         >>> try:
         ...     p.put("ids", np.array([2**40, 7]))
         ... except devpolicy.NarrowingError as e:
@@ -435,7 +435,7 @@ def load_file(
         >>> rules = [{"match": "*/tokens", "device": "cpu:1"}]
         >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
         >>> out = devpolicy.load_file(path, policy=p)
-        >>> str(next(iter(out["tokens"].devices()))), out["tokens"].committed
+        >>> devpolicy.inventory().text(*out["tokens"].devices()), out["tokens"].committed
         ('cpu:1', True)
     """
     return _safetensors.load_file(
@@ -518,7 +518,8 @@ def prefetch(
         >>> rules = [{"match": "batch", "device": "cpu:2"}]
         >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
         >>> batches = (np.full(4, i) for i in range(3))
-        >>> [str(next(iter(b.devices()))) for b in devpolicy.prefetch(batches, policy=p)]
+        >>> stream = devpolicy.prefetch(batches, policy=p)
+        >>> [devpolicy.inventory().text(*b.devices()) for b in stream]
         ['cpu:2', 'cpu:2', 'cpu:2']
     """
     return _prefetch.prefetch(iterable, _decider_of(policy), name, size, narrow)
@@ -581,7 +582,7 @@ def windows(
         >>> [b.tolist() for b in devpolicy.windows(tokens, 3, 2, policy=p)]
         [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8]]]
         >>> (b,) = devpolicy.windows(tokens, 4, 8, order="random", seed=0, steps=1, policy=p)
-        >>> b.shape, str(next(iter(b.devices())))
+        >>> b.shape, devpolicy.inventory().text(*b.devices())
         ((8, 4), 'cpu:1')
     """
     return _windows.windows(

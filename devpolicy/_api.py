@@ -63,6 +63,7 @@ from ._schema import policy_schema as policy_schema
 from ._sizes import format_size as format_size
 from ._sizes import parse_size as parse_size
 from ._tensorfile import align_file as align_file
+from ._tensorfile import read_metadata as read_metadata
 from ._tensorfile import save_file as save_file
 from ._threads import ThreadPoolExecutor as ThreadPoolExecutor
 from ._threads import propagate as propagate

@@ -27,6 +27,8 @@ from devpolicy._visible import visible_lines as _visible_lines
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
+#: `plan`: the policy shards, but no tensor of the checkpoint is sharded on the machine.
+EXIT_NOT_SHARDED = 3
 _PLAN_ROWS = 40
 _MAX_PROCESSES = 65536
 _DIGITS = re.compile("[0-9]+")
@@ -103,6 +105,17 @@ def _parser() -> argparse.ArgumentParser:
         "policy", nargs="?", type=Path, help="policy file (default: the one discovery finds)"
     )
     check.add_argument("--strict", action="store_true", help="exit 2 when there are warnings")
+    check.add_argument(
+        "--names",
+        type=Path,
+        default=None,
+        metavar="CKPT|TREE.json",
+        help="lint against real names: a safetensors file, checkpoint directory or index "
+        "(header only), or a JSON list of names / object of name -> {shape, dtype}",
+    )
+    check.add_argument(
+        "--prefix", default=None, help="with a checkpoint: name prefix (default: its stem)"
+    )
     check.add_argument("--json", action="store_true", help="print JSON")
 
     explain = commands.add_parser("explain", help="where a name goes, and why, rule by rule")
@@ -182,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit status.
 
     Exit status: 0 success; 1 findings (`check` errors, `explain` without a device,
-    `plan` that does not fit); 2 usage or input errors (and `check --strict` warnings).
+    `plan` that does not fit); 2 usage or input errors (and `check --strict` warnings);
+    3 a `plan` that fits but shards nothing although the policy has sharding rules.
 
     Example:
         >>> main(["schema"]) == 0  # doctest: +ELLIPSIS
@@ -411,12 +425,24 @@ def _check(args: argparse.Namespace) -> int:
         ]
         return _report_check(args, label, findings, invalid=True)
     label = policy.file or label
+    found = devpolicy.lint(policy)
+    uses: tuple[Any, ...] = ()
+    named = ""
+    if args.names is not None:
+        from ._lint import lint_names, read_names
+
+        names = read_names(args.names, policy, args.prefix)
+        by_names, uses = lint_names(policy, names)
+        found += by_names
+        named = f"; against {len(names)} names of {args.names}"
     findings = [
         {"severity": f.severity, "origin": f.origin, "code": f.code, "message": f.message}
-        for f in devpolicy.lint(policy)
+        for f in found
     ]
     how = f"; found by {policy.found}" if args.policy is None else ""
-    return _report_check(args, f"{label} ({len(policy.rules)} rules{how})", findings)
+    return _report_check(
+        args, f"{label} ({len(policy.rules)} rules{how}{named})", findings, uses=uses
+    )
 
 
 def _where(problem: devpolicy.Problem) -> str:
@@ -428,21 +454,32 @@ def _what(problem: devpolicy.Problem) -> str:
 
 
 def _report_check(
-    args: argparse.Namespace, label: str, findings: list[dict[str, str]], invalid: bool = False
+    args: argparse.Namespace,
+    label: str,
+    findings: list[dict[str, str]],
+    invalid: bool = False,
+    uses: tuple[Any, ...] = (),
 ) -> int:
     errors = sum(f["severity"] == "error" for f in findings)
     warnings = len(findings) - errors
     status = EXIT_FINDINGS if errors else (EXIT_USAGE if warnings and args.strict else EXIT_OK)
     if args.json:
-        print(
-            json.dumps(
-                {"policy": label, "valid": not invalid, "findings": findings, "exit": status},
-                indent=2,
-            )
-        )
+        report: dict[str, Any] = {
+            "policy": label,
+            "valid": not invalid,
+            "findings": findings,
+            "exit": status,
+        }
+        if uses:
+            report["rules"] = [_use_json(u) for u in uses]
+        print(json.dumps(report, indent=2))
         return status
     console = _console()
     console.print(_lit(f"policy: {label}"))
+    for u in uses:
+        console.print(
+            _lit(f"  {u.origin} {u.label}: {u.tensors} name{'' if u.tensors == 1 else 's'}")
+        )
     for f in findings:
         style = "bold red" if f["severity"] == "error" else "yellow"
         line = _lit(f"{f['origin']}: ")
@@ -606,6 +643,8 @@ def _plan(args: argparse.Namespace) -> int:
         policy = _load(args.policy)
     p = devpolicy.plan(args.file, prefix=args.prefix, policy=policy, machine=machine)
     status = EXIT_OK if p.fits else EXIT_FINDINGS
+    if status == EXIT_OK and p.sharded_nothing:
+        status = EXIT_NOT_SHARDED
     if args.json:
         print(json.dumps(_plan_json(p), indent=2))
         return status
@@ -691,7 +730,35 @@ def _plan(args: argparse.Namespace) -> int:
     unplaced = sum(t.decision is None for t in p.tensors)
     if unplaced:
         console.print(Text(f"{unplaced} tensor(s) have no device", style="red"))
+    _plan_rules(console, p)
     return status
+
+
+def _plan_rules(console: Console, p: devpolicy.Plan) -> None:
+    """What each rule took, and what should not pass in silence (exit 3's reason too)."""
+    if len(p.rules) > 1:
+        rules = Table(title="Per rule", title_justify="left")
+        for column in ("rule", "pattern", "tensors", "bytes", "sharded"):
+            rules.add_column(column, justify="right" if column in ("tensors", "bytes") else "left")
+        for u in p.rules:
+            rules.add_row(
+                _lit(u.origin),
+                _lit(u.label),
+                Text(str(u.tensors), style="yellow" if not u.tensors and u.applies else ""),
+                _size_text(u.nbytes),
+                f"{u.sharded}" if u.shards else "-",
+            )
+        console.print(rules)
+    for code, message in p.warnings:
+        console.print(_lit(f"warning: {message} [{code}]", "yellow"))
+    if p.sharded_nothing:
+        console.print(
+            _lit(
+                f"the policy shards, but no tensor is sharded on {p.machine} (exit "
+                f"{EXIT_NOT_SHARDED})",
+                "bold yellow",
+            )
+        )
 
 
 def _plan_notes(console: Console, p: devpolicy.Plan) -> None:
@@ -780,6 +847,21 @@ def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:
             for d in p.devices
         ],
         "processes": [{"process": i, "nbytes": p.bytes_per_process} for i in range(p.processes)],
+        "rules": [_use_json(u) for u in p.rules],
+        "warnings": [{"code": code, "message": message} for code, message in p.warnings],
+        "sharded_nothing": p.sharded_nothing,
+    }
+
+
+def _use_json(u: Any) -> dict[str, Any]:
+    return {
+        "origin": u.origin,
+        "pattern": u.label,
+        "tensors": u.tensors,
+        "nbytes": u.nbytes,
+        "shards": u.shards,
+        "sharded": u.sharded,
+        "catch_all": u.catch_all,
     }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic
 
 import jax
@@ -382,28 +382,7 @@ class _Alike(Generic[DeviceT]):
 
 def _renamed(like: Decision[DeviceT], name: str, nbytes: int) -> Decision[DeviceT]:
     """`like` for another name and size: every other field is the same walk's outcome."""
-    return Decision(
-        name=name,
-        device=like.device,
-        device_text=like.device_text,
-        memory_kind=like.memory_kind,
-        requested=like.requested,
-        rule=like.rule,
-        origin=like.origin,
-        source=like.source,
-        fallback_reason=like.fallback_reason,
-        nbytes=nbytes,
-        commit=like.commit,
-        is_auto=like.is_auto,
-        mmap=like.mmap,
-        move_inputs=like.move_inputs,
-        sharding=like.sharding,
-        mesh=like.mesh,
-        spec=like.spec,
-        mesh_devices=like.mesh_devices,
-        shards=like.shards,
-        local_devices=like.local_devices,
-    )
+    return replace(like, name=name, nbytes=nbytes)
 
 
 class Decider(Generic[DeviceT]):
@@ -456,7 +435,12 @@ class Decider(Generic[DeviceT]):
         self._matcher = Matcher(
             [
                 compile_condition(
-                    *r.spec.name_pattern, r.spec.min_bytes, r.spec.max_bytes, r.spec.file
+                    *r.spec.name_pattern,
+                    r.spec.min_bytes,
+                    r.spec.max_bytes,
+                    r.spec.file,
+                    search=r.spec.search,
+                    shape_test=r.spec.shape_test,
                 )
                 for r in settings.rules
             ]
@@ -688,6 +672,18 @@ class Decider(Generic[DeviceT]):
         """Like `resolve`, but nothing is logged or cached."""
         return self._decision(name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source)[0]
 
+    def rule_for(
+        self,
+        name: str,
+        nbytes: int | None = None,
+        shape: Shape | None = None,
+        source: SourceFile | None = None,
+    ) -> int | None:
+        """The position in `settings.rules` of the rule that takes `name`, or None for
+        the default: matching only, no device looked up (lint against real names)."""
+        nbytes, shape = _checked(nbytes, shape)
+        return self._matcher.first(name, nbytes, source, shape)
+
     def decide_many(self, items: Iterable[Item]) -> list[Decision[DeviceT] | DevicePolicyError]:
         """Like `resolve_many`, logging nothing, each failure returned in its place."""
         claimed: dict[Hashable, int] = {}
@@ -715,7 +711,7 @@ class Decider(Generic[DeviceT]):
         nbytes, shape = _checked(nbytes, shape)
         outcome = self._outcome(name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source)
         rules = self.settings.rules
-        steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes, source))
+        steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes, source, shape))
         error = outcome.choice
         if isinstance(error, DevicePolicyError):
             tried = error.tried if isinstance(error, DeviceUnavailableError) else ()
@@ -756,7 +752,7 @@ class Decider(Generic[DeviceT]):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
         # `decide` and the `*_many` forms come here directly: every way in is checked.
         nbytes, shape = _checked(nbytes, shape)
-        index = self._matcher.first(name, nbytes, source)
+        index = self._matcher.first(name, nbytes, source, shape)
         route = self._default if index is None else self._routes[index]
         if self.disabled:
             # The kill switch works where the policy cannot: nothing is looked up, and

@@ -167,6 +167,33 @@ def _rules(value: str | None) -> tuple[RuleSpec, ...]:
     return tuple(rules)
 
 
+#: What `pattern=target` cannot say and an override of a rule keeps from it: how a tensor
+#: is loaded and committed, not where it goes.
+CARRIED = ("mmap", "commit", "inputs", "fits")
+
+
+def carried(env_rules: tuple[RuleSpec, ...], rules: list[RuleSpec]) -> tuple[RuleSpec, ...]:
+    """`DEVPOLICY_RULES` rules with the options (`CARRIED`) of the first rule in `rules`
+    (the policy's) with the same glob: overriding where `dataset/*` goes keeps its
+    `mmap: true`. A sharding keeps only `commit` and `inputs` (it is never mapped).
+
+    Example:
+        >>> env = (RuleSpec(match="data/*", device="cpu:1"),)
+        >>> policy = [RuleSpec(match="data/*", device="cpu", mmap=True)]
+        >>> carried(env, policy)[0].mmap
+        True
+    """
+    out = []
+    for rule in env_rules:
+        same = next((r for r in rules if r.match is not None and r.match == rule.match), None)
+        if same is None:
+            out.append(rule)
+            continue
+        keep = CARRIED if rule.device is not None else ("commit", "inputs")
+        out.append(rule.model_copy(update={k: getattr(same, k) for k in keep}))
+    return tuple(out)
+
+
 def _items(value: str) -> list[str]:
     """Split rules at commas outside brackets (a sharding's spec has commas of its own)."""
     items, depth, start = [], 0, 0

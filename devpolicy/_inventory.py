@@ -56,7 +56,7 @@ class Inventory:
 
         Example:
             >>> import devpolicy
-            >>> "device" in devpolicy.inventory().memory_kinds(devpolicy.get_device("cpu"))
+            >>> "unpinned_host" in devpolicy.inventory().memory_kinds(devpolicy.get_device("cpu"))
             True
         """
         return memory_kinds(device)
@@ -103,8 +103,10 @@ class Inventory:
         """A JAX mesh of `devices` and this process's devices of it, in mesh order."""
         # Auto axes: the classic sharding propagation a device_put or jit user expects;
         # Explicit axes would change how every computation under the mesh is typed.
+        # axis_types by keyword (keyword-only before jax 0.7.0); sizes by position (the
+        # parameter is `axis_shapes` before jax 0.11.1, `axis_sizes` from it).
         auto = (AxisType.Auto,) * len(names)
-        mesh = jax.make_mesh(sizes, names, auto, devices=devices)
+        mesh = jax.make_mesh(sizes, names, axis_types=auto, devices=devices)
         index = self.process_index
         return mesh, tuple(d for d in mesh.devices.flat if d.process_index == index)
 

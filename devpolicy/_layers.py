@@ -12,9 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._documents import Document
-from ._env import DEFAULT, DISABLE, LOG_FORMAT, LOG_LEVEL, RULES, STRICT, EnvSettings
+from ._env import DEFAULT, DISABLE, LOG_FORMAT, LOG_LEVEL, RULES, STRICT, EnvSettings, carried
 from ._errors import PolicyError, Problem
-from ._schema import MeshSpec, OverridesSpec, PolicySpec, RuleSpec, Source, sharding_problems
+from ._schema import (
+    MeshSpec,
+    NamesSpec,
+    OverridesSpec,
+    PolicySpec,
+    RuleSpec,
+    Source,
+    sharding_problems,
+)
 from ._yaml import field_path
 
 #: Lowest precedence first.
@@ -73,6 +81,8 @@ class Settings:
     meshes: Mapping[str, MeshSpec] = field(default_factory=dict)
     #: Where each mesh was written (`file:line`).
     mesh_origins: Mapping[str, str] = field(default_factory=dict)
+    #: How checkpoint tensor keys are named for rules (the policy's `names:`).
+    names: NamesSpec = field(default_factory=NamesSpec)
 
 
 def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | None) -> Settings:
@@ -96,7 +106,9 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
     rules: list[RuleEntry] = [
         RuleEntry(rule, i, f"code:rules[{i}]", "code") for i, rule in enumerate(code.rules)
     ]
-    rules += [RuleEntry(rule, i, f"env:{RULES}", "env") for i, rule in enumerate(env.rules)]
+    # An override of a policy rule keeps how that rule loads (`mmap`...): see `carried`.
+    env_rules = carried(env.rules, list(document.spec.rules) if document is not None else [])
+    rules += [RuleEntry(rule, i, f"env:{RULES}", "env") for i, rule in enumerate(env_rules)]
     if document is not None:
         rules += [
             RuleEntry(rule, i, document.origin("rules", i), "policy")
@@ -124,6 +136,7 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
         mesh_origins={name: document.origin("meshes", name) for name in meshes}
         if document is not None
         else {},
+        names=document.spec.names if document is not None else NamesSpec(),
     )
 
 

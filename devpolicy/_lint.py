@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import fnmatch
+import json
+import math
 import os
+import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -14,12 +17,14 @@ from ._errors import DeviceUnavailableError
 from ._files import untrusted
 from ._layers import RuleEntry, Setting
 from ._machine import D
-from ._matching import compile_condition
+from ._matching import SourceFile, compile_condition, compile_search
 from ._policy import Policy
 from ._prefixes import PrefixIndex
 from ._routing import Fit, Route
 from ._runtime import env_needs_allow, plan_runtime
+from ._safetensors import RuleUse, checkpoint_names, rule_uses, silent_rules
 from ._targets import ShardingTarget, Target
+from ._tensorfile import DTYPES
 
 Severity = Literal["error", "warning"]
 _WILDCARDS = "*?["
@@ -37,7 +42,9 @@ class Finding:
         code: A stable short name: `unreachable-rule`, `missing-device`,
             `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
             `runtime-conflict`, `runtime-env-wins`, `runtime-opt-in`,
-            `runtime-allow-unused`, `untrusted-policy`, `file-never-matches`.
+            `runtime-allow-unused`, `untrusted-policy`, `file-never-matches`,
+            `regex-is-a-fragment`; against real names (`lint_names`):
+            `rule-matched-nothing`, `not-sharded`.
         message: What is wrong and what to do.
     """
 
@@ -84,7 +91,106 @@ def lint(policy: Policy) -> list[Finding]:
         )
     findings += [_no_safe_end(chain, users) for chain, users in unsafe.items()]
     findings += _file_rules(policy.rules)
+    findings += _path_fragments(policy.rules)
     return findings + _unused_meshes(policy) + _runtime_findings(policy)
+
+
+# A regex that starts and ends with plain text (after any inline flags): a path fragment.
+_PLAIN_START = re.compile(r"(?:\(\?[aiLmsux]+\))*[A-Za-z0-9_-]")
+_PLAIN_END = re.compile(r"[A-Za-z0-9_-]\Z")
+
+
+def _path_fragments(rules: tuple[RuleEntry, ...]) -> list[Finding]:
+    """`regex:` rules written like a fragment of a path (`attention/(wq|wk)/kernel`): a
+    regex must match the whole name, so such a rule takes only names that start and end
+    as it does, never `params/h/0/attention/wq/kernel`. Tables from EasyLM or EasyDeL are
+    searched (`re.search`): `search:` reads them as written. `^` (or `\\A`) at the start
+    says the whole name is meant, and silences this."""
+    findings = []
+    for position, entry in enumerate(rules):
+        regex = entry.spec.regex
+        if (
+            regex is None
+            or "/" not in regex
+            or _PLAIN_START.match(regex) is None
+            or _PLAIN_END.search(regex) is None
+        ):
+            continue
+        findings.append(
+            Finding(
+                "warning",
+                entry.origin,
+                "regex-is-a-fragment",
+                f"rule {position} ({entry.spec.label}): a regex matches whole names, so this "
+                f"one takes only names that are exactly such a path, not ones with more "
+                f"parts before or after (a regex copied from EasyLM or EasyDeL is searched "
+                f"for): write `search: {regex!r}` to find it anywhere in a name, or "
+                f"`regex: {'^' + regex!r}` if the whole name is meant",
+            )
+        )
+    return findings
+
+
+def lint_names(
+    policy: Policy, names: list[tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]]
+) -> tuple[list[Finding], tuple[RuleUse, ...]]:
+    """Check a policy against real names (a checkpoint's tensors, a dumped tree): every
+    rule that takes none of them (`rule-matched-nothing`; with a hint where a `regex:`
+    would take some as `search:`), and tensors placed whole by the default or a catch-all
+    beside sharding rules (`not-sharded`). Returns the findings and what each rule took.
+
+    Only names are matched (with sizes and shapes where known): no device is looked up.
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"regex": "attention/wq/kernel", "device": "cpu"}]})
+        >>> findings, uses = lint_names(p, [("params/h/0/attention/wq/kernel", 64, (4, 4), None)])
+        >>> [f.code for f in findings], [(u.label, u.tensors) for u in uses]
+        (['rule-matched-nothing'], [("'attention/wq/kernel'", 0), ('default', 1)])
+    """
+    decider = policy.decider
+    rules = policy.settings.rules
+    positions = [decider.rule_for(n, nbytes, shape, source) for n, nbytes, shape, source in names]
+    sources = list(dict.fromkeys(s for *_, s in names if s is not None))
+    uses = rule_uses(
+        policy.settings,
+        (
+            (n, position, nbytes or 0, False)
+            for (n, nbytes, _, _), position in zip(names, positions, strict=True)
+        ),
+        sources,
+    )
+    findings = []
+    count = f"{len(names)} name{'' if len(names) == 1 else 's'}"
+    example = names[0][0] if names else ""
+    for position, (entry, use) in enumerate(zip(rules, uses, strict=False)):
+        if use.tensors:
+            continue
+        hint = "" if use.applies else " (no name holds its first word: written for other names?)"
+        if entry.spec.regex is not None:
+            searched = compile_search(entry.spec.regex)  # RE2: linear, whatever the names
+            found = sum(searched(n) is not None for n, *_ in names)
+            if found:
+                hint = (
+                    f"; as `search: {entry.spec.regex!r}` it would be found in {found} of them "
+                    "(a regex matches whole names)"
+                )
+        findings.append(
+            Finding(
+                "warning",
+                entry.origin,
+                "rule-matched-nothing",
+                f"rule {position} ({entry.spec.label}) matches none of the {count} "
+                f"(e.g. {example!r}){hint}",
+            )
+        )
+    findings += [
+        Finding("warning", policy.settings.default.origin, code, message)
+        for code, message in silent_rules(uses)
+        if code == "not-sharded"
+    ]
+    return findings, uses
 
 
 # How many users of a chain a no-safe-end warning names before "and N more".
@@ -472,3 +578,78 @@ def _unused_meshes(policy: Policy) -> list[Finding]:
         for name in policy.settings.meshes
         if name not in used
     ]
+
+
+NameItem = tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]
+NAMES_FORMS = (
+    "a safetensors file, checkpoint directory or index (its tensors' names, as load_file "
+    "names them), or a .json file: a list of names, or an object of name -> "
+    '{"shape": [4096, 32000], "dtype": "bfloat16"} (both optional; dtype a numpy or '
+    "safetensors name: float32, F32)"
+)
+
+
+def read_names(
+    path: str | os.PathLike[str], policy: Policy, prefix: str | None = None
+) -> list[NameItem]:
+    """The names `check --names` lints against (see `NAMES_FORMS`).
+
+    Raises:
+        ValueError: the JSON is not one of the accepted forms (naming the entry).
+        SafetensorsFileError: the checkpoint cannot be read.
+    """
+    text = os.fspath(path)
+    if not text.endswith(".json") or text.endswith(".safetensors.index.json"):
+        return checkpoint_names(path, policy.settings, prefix)
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{text}: not JSON ({e}); accepted: {NAMES_FORMS}") from None
+    if isinstance(data, list) and all(isinstance(n, str) for n in data):
+        return [(n, None, None, None) for n in data]
+    if not isinstance(data, dict):
+        raise ValueError(f"{text}: a {type(data).__name__} of names is not accepted; {NAMES_FORMS}")
+    items: list[NameItem] = []
+    for name, info in data.items():
+        if info is None:
+            info = {}
+        if not isinstance(info, dict) or set(info) - {"shape", "dtype"}:
+            raise ValueError(
+                f'{text}: entry {name!r}: {info!r} is not {{"shape": [...], "dtype": ...}}'
+            )
+        shape = info.get("shape")
+        if shape is not None and (
+            not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise ValueError(
+                f"{text}: entry {name!r}: shape {shape!r} is not a list of whole numbers >= 0"
+            )
+        nbytes = None
+        if info.get("dtype") is not None:
+            itemsize = _itemsize(info["dtype"])
+            if itemsize is None:
+                raise ValueError(
+                    f"{text}: entry {name!r}: unknown dtype {info['dtype']!r}; accepted: "
+                    f"numpy names (float32, bfloat16) or safetensors names ({', '.join(DTYPES)})"
+                )
+            if shape is not None:
+                nbytes = itemsize * math.prod(shape)
+        items.append((name, nbytes, None if shape is None else tuple(shape), None))
+    return items
+
+
+def _itemsize(dtype: object) -> int | None:
+    if not isinstance(dtype, str):
+        return None
+    if dtype in DTYPES:
+        return DTYPES[dtype].itemsize
+    import ml_dtypes
+    import numpy as np
+
+    found = getattr(ml_dtypes, dtype, None)
+    try:
+        return int(np.dtype(found if found is not None else dtype).itemsize)
+    except TypeError:
+        return None

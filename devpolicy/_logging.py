@@ -127,6 +127,26 @@ _NO_HANDLER_NOTE = (
 _noted: set[str] = set()
 
 
+def _level_chosen(logger: logging.Logger) -> bool:
+    """Whether the `devpolicy` logger or an ancestor below the root has a level set."""
+    current: logging.Logger | None = logger
+    while current is not None and current.parent is not None:
+        if current.level != logging.NOTSET:
+            return True
+        current = current.parent
+    return False
+
+
+def _inherited_note(logger: logging.Logger, level: str) -> str:
+    root = logging.getLevelName(logger.getEffectiveLevel())
+    return (
+        f"devpolicy: stdlib logging has handlers, but the root logger's level ({root}) would "
+        f"drop devpolicy's {level} events; those below {root} go to stderr instead. To keep "
+        "them in stdlib logging: logging.getLogger('devpolicy').setLevel(logging.INFO); to "
+        "drop them: set that logger's level yourself, or devpolicy's `logging.level`."
+    )
+
+
 class EventLog:
     """Emits a policy's events at or above its level; set-up is done once, not per event.
 
@@ -165,8 +185,17 @@ class EventLog:
         if fmt in ("auto", "stdlib"):
             stdlib = logging.getLogger(LOGGER_NAME)
             if stdlib.hasHandlers():
-                # Rendering an event stdlib then drops would cost for nothing.
-                return self._own_for("stdlib") if stdlib.isEnabledFor(LEVELS[level]) else None
+                if stdlib.isEnabledFor(LEVELS[level]):
+                    return self._own_for("stdlib")
+                if fmt == "stdlib" or _level_chosen(stdlib):
+                    # The application chose this level for devpolicy's logger (or asked
+                    # for stdlib): its choice. Rendering what stdlib drops costs for nothing.
+                    return None
+                # Only an inherited level (the root's WARNING, left by a bare
+                # `logging.basicConfig()` such as absl's) would drop it: to stderr instead.
+                if "inherited" not in _noted:
+                    _noted.add("inherited")
+                    print(_inherited_note(stdlib, level), file=sys.stderr)
             if fmt == "stdlib" and "stdlib" not in _noted:
                 _noted.add("stdlib")
                 print(_NO_HANDLER_NOTE, file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol, TypeAlias, TypeVar
 import jax
 import numpy as np
 
+from ._compat import mesh_context
 from ._decider import Decider, Decision
 from ._errors import ScopeInCoroutineError
 from ._inventory import inventory
@@ -25,9 +26,12 @@ from ._ledger import record, record_all
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
 from ._narrowing import Narrow, check_mode, narrow_leaves
+from ._sizes import format_size
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+#: Makes a mesh current (looked up once: which function depends on the jax version).
+_mesh_context = mesh_context()
 #: `@place(inputs=...)`: move committed array arguments, keep them, or None (the rule's).
 Inputs: TypeAlias = 'Literal["keep", "move"] | None'
 
@@ -111,14 +115,15 @@ class _MeshToken:
 def enter(decision: Decision) -> Any:
     """Apply `decision` to this thread; the token says what to undo (see `leave`).
 
-    A sharded decision runs under its mesh (`jax.set_mesh`, so `jax.jit` and sharding
-    constraints see it) with the mesh's first local device as the default device.
+    A sharded decision runs under its mesh (`jax.set_mesh`, or `use_mesh` before jax 0.7.1,
+    so `jax.jit` and sharding constraints see it) with the mesh's first local device as the
+    default device.
     """
     if decision.is_auto:
         return _NOT_SWAPPED
     if decision.mesh is None:
         return swap_device(decision.device)
-    mesh_scope: Any = jax.set_mesh(decision.sharding.mesh)  # type: ignore[union-attr]
+    mesh_scope: Any = _mesh_context(decision.sharding.mesh)  # type: ignore[union-attr]
     mesh_scope.__enter__()
     return _MeshToken(mesh_scope, swap_device(decision.device))
 
@@ -770,23 +775,16 @@ def _nbytes(leaf: Any) -> int:
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
-def leaf_names(name: str, pairs: list[tuple[Any, Any]]) -> list[str]:
-    """The names `put` gives the leaves of a flattened tree (`tree_flatten_with_path`)."""
-    if len(pairs) == 1 and pairs[0][0] == ():
-        return [name]
-    return [f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}" for path, _ in pairs]
-
-
 def shardings(decider: Decider, name: str, tree: T) -> T:
     """The sharding each leaf of `tree` would be placed with by `put(name, tree)`: its
     leaves arrays or `jax.ShapeDtypeStruct`s (shape and dtype are all that is read), all
     decided as one placement. Nothing moves and nothing is created."""
     if not isinstance(name, str):
         raise TypeError(f"shardings() takes a name (str) first, got {type(name).__name__} {name!r}")
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    names = leaf_names(name, pairs)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    names = leaf_names(name, tree)
     items: list[tuple[str, int | None, tuple[int, ...]]] = []
-    for leaf_name, (_, leaf) in zip(names, pairs, strict=True):
+    for leaf_name, leaf in zip(names, leaves, strict=True):
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape is None or dtype is None:
             if not isinstance(leaf, _ARRAY_LIKE):
@@ -824,9 +822,8 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
     if not isinstance(name, str):
         raise TypeError(f"put() takes a name (str) first, got {type(name).__name__} {name!r}")
     check_mode(narrow)
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(x)
-    names = leaf_names(name, pairs)
-    leaves = [leaf for _, leaf in pairs]
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    names = leaf_names(name, x)
     for leaf_name, leaf in zip(names, leaves, strict=True):
         if not isinstance(leaf, _ARRAY_LIKE):
             raise TypeError(
@@ -837,18 +834,133 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
         leaves = narrow_leaves(names, leaves, narrow, decider.events)
     # A process-local part's shape says nothing of the global one across processes.
     shapes = local and jax.process_count() > 1
+    # A tree is one placement with one summary event; each leaf's decision is debug.
+    many = len(leaves) > 1
     decisions = decider.resolve_many(
         [
             (n, _nbytes(leaf), None if shapes else np.shape(leaf))
             for n, leaf in zip(names, leaves, strict=True)
-        ]
+        ],
+        summarised=many,
     )
+    if many:
+        _put_summary(decider.events, name, decisions)
     # Disabled: what JAX does without devpolicy (the default device, uncommitted).
     placed = jax.device_put(leaves) if decider.disabled else _place_leaves(leaves, decisions, local)
     for array, decision in zip(placed, decisions, strict=True):
         record(array, decision.name, decision.origin, decision.rule)
     out: T = jax.tree_util.tree_unflatten(treedef, placed)
     return out
+
+
+def _put_summary(events: EventLog, name: str, decisions: list[Decision]) -> None:
+    """One `put` event per call: info the first time a tree is placed this way, debug
+    after (a training loop's batches do not flood the log)."""
+    per_device: dict[str, list[int]] = {}
+    per_rule: dict[str, int] = {}
+    for decision in decisions:
+        totals = per_device.setdefault(decision.device_text, [0, 0])
+        totals[0] += 1
+        totals[1] += decision.nbytes or 0
+        per_rule[decision.origin] = per_rule.get(decision.origin, 0) + 1
+    devices = ", ".join(
+        f"{d} {format_size(n)} ({count} lea{'f' if count == 1 else 'ves'})"
+        for d, (count, n) in sorted(per_device.items())
+    )
+    rules = ", ".join(f"{origin} x{count}" for origin, count in per_rule.items())
+    first = events.first_time(("put", name, devices, rules))
+    if not events.enabled("info" if first else "debug"):
+        return
+    events.emit(
+        "info" if first else "debug",
+        "put",
+        {
+            "name": name,
+            "leaves": len(decisions),
+            "nbytes": sum(n for _, n in per_device.values()),
+            "devices": devices,
+            "rules": rules,
+            "fallbacks": sum(d.fallback_reason is not None for d in decisions),
+        },
+    )
+
+
+# Boxes around one array that a framework prints as the array itself: flax's
+# `AxisMetadata` (`Partitioned`, `LogicallyPartitioned`), nnx's `Variable` (`Param`...)
+# and `VariableState`, haliax's `NamedArray`. Recognised by class name and module, so
+# neither library is imported.
+_FLAX_BOXES = frozenset({"AxisMetadata", "Variable", "VariableState"})
+
+
+_BOX_TYPES: dict[type, bool] = {}  # by type: the test runs once per node of every tree
+
+
+def _is_box(node: Any) -> bool:
+    kind = type(node)
+    known = _BOX_TYPES.get(kind)
+    if known is None:
+        known = False
+        for cls in kind.__mro__:
+            module = cls.__module__
+            if (cls.__name__ in _FLAX_BOXES and module.startswith("flax.")) or (
+                cls.__name__ == "NamedArray"
+                and (module == "haliax" or module.startswith("haliax."))
+            ):
+                known = True
+                break
+        if len(_BOX_TYPES) < 4096:
+            _BOX_TYPES[kind] = known
+    return known
+
+
+def leaf_names(name: str, tree: Any) -> list[str]:
+    """Each leaf's name, in `jax.tree_util.tree_leaves(tree)` order: `name/` and the
+    leaf's path with `/` between its parts, as the framework prints the tree.
+
+    Dict keys, attribute names and list indices are written as they print (`layers/0/w`);
+    a box that holds one array is not a part of the name: nnx's `Param`/`Variable` and
+    flax's `Partitioned` (no `/value`), haliax's `NamedArray` (no `/0`). A tree that is one
+    leaf is named `name`.
+
+    Example:
+        >>> import numpy as np
+        >>> leaf_names("params", {"dense": {"kernel": np.zeros(2)}, "layers": [np.zeros(1)]})
+        ['params/dense/kernel', 'params/layers/0']
+    """
+    names: list[str] = []
+
+    def walk(prefix: tuple[Any, ...], node: Any, boxed: bool) -> None:
+        def inner_box(n: Any) -> bool:
+            return n is not node and _is_box(n)
+
+        for sub, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=inner_box)[0]:
+            # A box's own key (`value`, haliax's flat index 0) is not part of the name.
+            path = prefix + (sub[1:] if boxed else sub)
+            if inner_box(leaf):
+                walk(path, leaf, True)
+            else:
+                names.append(_joined(name, path))
+
+    walk((), tree, _is_box(tree))
+    return names
+
+
+def _part(key: Any) -> str:
+    """One path entry as `jax.tree_util.keystr(..., simple=True)` writes it."""
+    kind = type(key)
+    if kind is jax.tree_util.DictKey:
+        return str(key.key)
+    if kind is jax.tree_util.GetAttrKey:
+        return str(key.name)
+    if kind is jax.tree_util.SequenceKey:
+        return str(key.idx)
+    return jax.tree_util.keystr((key,), simple=True, separator="/")
+
+
+def _joined(name: str, path: tuple[Any, ...]) -> str:
+    if not path:
+        return name
+    return "/".join([name, *map(_part, path)])
 
 
 def _place_leaves(leaves: list[Any], decisions: list[Decision], local: bool) -> list[Any]:

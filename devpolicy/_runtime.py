@@ -24,11 +24,15 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from ._compat import allocators, release
 from ._errors import PolicyError, Problem, RuntimeTooLateError
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
-#: What jaxlib's `generate_pjrt_gpu_plugin_options` accepts for XLA_PYTHON_CLIENT_ALLOCATOR.
-ALLOCATORS = ("default", "platform", "bfc", "cuda_async", "vmm")
+#: What the installed jaxlib's `generate_pjrt_gpu_plugin_options` accepts for
+#: XLA_PYTHON_CLIENT_ALLOCATOR (`vmm` from jaxlib 0.10, `address` from 0.11).
+ALLOCATORS = allocators(release("jaxlib"))
+#: Those of the newest jaxlib: what the published JSON Schema lists, the same on every install.
+ALLOCATORS_OF_ANY_JAXLIB = allocators(None)
 #: Names the `env:` mapping can ever accept (other knobs of JAX, XLA and TensorFlow's C++
 #: runtime); only those in ENV_VARIABLES without `runtime.allow` (see env_problem).
 ENV_NAME_PATTERN = r"^(XLA|JAX|TF)_[A-Z0-9_]+$"

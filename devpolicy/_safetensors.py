@@ -7,13 +7,14 @@ import itertools
 import math
 import mmap as _mmap
 import os
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 import jax
@@ -23,17 +24,22 @@ from ._capacity import pool_of, pool_text
 from ._decider import Decider, Decision, DeviceT, maps_from_file
 from ._errors import NarrowingError, SafetensorsFileError
 from ._hostview import INDEX_LIMIT, warn_unindexable
+from ._layers import RuleEntry, Settings
 from ._ledger import record_each
 from ._limits import ALIGN, CHUNK_BYTES
 from ._logging import EventLog
 from ._machine import VirtualMachine
-from ._matching import SourceFile
+from ._matching import SourceFile, compile_file_glob
 from ._narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowed_event
+from ._prefixes import literal_prefix
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
+from ._schema import NamesSpec
 from ._sizes import format_size
 from ._tensorfile import (
+    Checkpoint,
     Header,
     TensorEntry,
+    as_array,
     map_tensor_file,
     open_checkpoint,
     open_tensor_file,
@@ -61,9 +67,19 @@ PROGRESS_THRESHOLD = 256 * 2**20
 _NARROW = {"I64": np.dtype(np.int32), "U64": np.dtype(np.uint32), "F64": np.dtype(np.float32)}
 
 
-def _names(header: Header, stem: str) -> list[str]:
-    """Each tensor's name: `<prefix>/<key>`, or the key alone under an empty prefix."""
-    return [f"{stem}/{t.key}" if stem else t.key for t in header.tensors]
+def _names(header: Header, stem: str, names: NamesSpec) -> list[str]:
+    """Each tensor's name: `<prefix>/<key>`, or the key alone under an empty prefix, the
+    key's parts separated by `/` whatever the policy's `names.separator` says they are."""
+    sep = names.separator
+    keys = [t.key if sep == "/" else t.key.replace(sep, "/") for t in header.tensors]
+    return [f"{stem}/{key}" if stem else key for key in keys]
+
+
+def _stem(stem: str, prefix: str | None, names: NamesSpec) -> str:
+    """The prefix of a checkpoint's names: the call's, else the policy's, else `stem`."""
+    if prefix is not None:
+        return prefix
+    return stem if names.prefix is None else names.prefix
 
 
 def _sources(files: tuple[Any, ...], path: PathLike) -> list[SourceFile]:
@@ -196,6 +212,7 @@ def _load_file(
     progress: bool | None,
 ) -> dict[str, jax.Array]:
     checkpoint = open_checkpoint(path)
+    _left_out(decider.events, path, checkpoint)
     # Files are opened one at a time (a checkpoint may have more files than a process may
     # open): once for the header, again only while read, and refused if replaced between.
     with _OneFileOpen() as opened:
@@ -204,14 +221,15 @@ def _load_file(
             with open_tensor_file(file) as f:
                 headers.append((file, read_header_from(f, file)))
         checkpoint.check([h for _, h in headers])
-        stem = checkpoint.stem if prefix is None else prefix
-        names = [_names(header, stem) for _, header in headers]
+        naming = decider.settings.names
+        stem = _stem(checkpoint.stem, prefix, naming)
+        names = [_names(header, stem, naming) for _, header in headers]
         sources = _sources(checkpoint.files, path)
         x64 = _x64()
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
             [
-                (n, t.nbytes, t.shape, _maps(t, mmap, x64), source)
+                (n, t.array_nbytes, t.shape, _maps(t, mmap, x64), source)
                 for (_, header), file_names, source in zip(headers, names, sources, strict=True)
                 for n, t in zip(file_names, header.tensors, strict=True)
             ],
@@ -230,6 +248,9 @@ def _load_file(
             _mmap_refused(decider.events, header, mine, mmap, _x64())
             _summary(decider.events, header, mine, seconds, mapped, narrowed, bytes_read)
         _loaded(decider.events, out, [h for _, h in headers], names, decisions, x64)
+        flat = [n for file_names in names for n in file_names]
+        uses = _uses_of_decisions(decider.settings, flat, list(decisions), sources)
+        _silent_events(decider.events, uses, path)
     return {t.key: out[t.key] for _, header in headers for t in header.tensors}
 
 
@@ -313,6 +334,15 @@ def _load_opened(
             entry, decision = header.tensors[i], decisions[i]
             target = _NARROW.get(entry.dtype_name) if not x64 else None
             if problems and target is None:
+                position += 1
+                continue
+            if entry.packed:
+                # Packed in the file (F4, two values a byte): read whole and unpacked to
+                # one value a byte, as JAX holds them; never mapped, sharded after reading.
+                transfers.flush()
+                unpacked = jax.device_put(_read(fd, header, entry, advance), decision.destination)
+                unpacked.block_until_ready()
+                out[entry.key] = unpacked
                 position += 1
                 continue
             if decision.mesh is not None:
@@ -651,7 +681,7 @@ def _pread_fully(
 
 def _maps(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
     """Whether this tensor would be mapped, were it placed on a host device (for `fits`)."""
-    if mmap is False or not entry.nbytes or entry.offset % ALIGN:
+    if mmap is False or not entry.nbytes or entry.offset % ALIGN or entry.packed:
         return NEVER_MAPPED
     if not x64 and entry.dtype_name in _NARROW:
         return NEVER_MAPPED  # narrowed: read into a new buffer
@@ -660,7 +690,7 @@ def _maps(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
 
 def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
     wanted = decision.mmap if mmap is None else mmap
-    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0
+    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0 and not entry.packed
 
 
 def _small_run(
@@ -685,6 +715,7 @@ def _small_run(
         if (
             entry.nbytes >= _MAP_THRESHOLD
             or decisions[i].mesh is not None  # sharded: read slice by slice, never whole
+            or entry.packed  # unpacked on its own
             or entry.offset != end
             or mappable
             or len(run) >= _READ_BATCH
@@ -746,7 +777,7 @@ def _read(
         for start in range(0, entry.nbytes, step)
     ]
     _pread_pieces(fd, header, entry, pieces, advance)
-    return buffer.view(entry.dtype).reshape(entry.shape)
+    return as_array(entry, buffer)
 
 
 # Threads reading one large tensor (or a sharded tensor's slices) at once. A read into
@@ -817,14 +848,17 @@ def _mmap_refused(
     """Once per file: why tensors that were to be mapped were read instead, and the fix."""
     unaligned: list[TensorEntry] = []
     wide: list[TensorEntry] = []
+    packed: list[TensorEntry] = []
     for entry, decision in zip(header.tensors, decisions, strict=True):
         if not (decision.mmap if mmap is None else mmap) or entry.nbytes == 0:
             continue
-        if not x64 and entry.dtype_name in _NARROW:
+        if entry.packed:
+            packed.append(entry)
+        elif not x64 and entry.dtype_name in _NARROW:
             wide.append(entry)
         elif entry.offset % ALIGN:
             unaligned.append(entry)
-    if not unaligned and not wide:
+    if not unaligned and not wide and not packed:
         return
     reasons = []
     if unaligned:
@@ -840,13 +874,18 @@ def _mmap_refused(
             f"{len(wide)} 64-bit tensor{'s' if len(wide) > 1 else ''} narrowed to 32 bits "
             f"(first: {wide[0].key!r}); enable x64 to map them"
         )
+    if packed:
+        reasons.append(
+            f"{len(packed)} F4 tensor{'s' if len(packed) > 1 else ''} unpacked from two values "
+            f"a byte to one (first: {packed[0].key!r}); JAX holds F4 one value a byte"
+        )
     events.emit(
         "warning",
         "mmap_refused",
         {
             "file": str(header.path),
-            "tensors": len(unaligned) + len(wide),
-            "nbytes": sum(e.nbytes for e in (*unaligned, *wide)),
+            "tensors": len(unaligned) + len(wide) + len(packed),
+            "nbytes": sum(e.nbytes for e in (*unaligned, *wide, *packed)),
             "reason": "; ".join(reasons),
         },
     )
@@ -926,8 +965,226 @@ def _summary(
             "narrowed": narrowed,
             "bytes_read": bytes_read,
             "seconds": round(seconds, 4),
+            "metadata": dict(header.metadata or {}),
         },
     )
+
+
+def _left_out(events: EventLog, path: PathLike, checkpoint: Checkpoint) -> None:
+    """One info event per file of a checkpoint directory that is not loaded, and why."""
+    for file, reason in checkpoint.left_out:
+        events.emit(
+            "info",
+            "checkpoint_file_left_out",
+            {"checkpoint": str(path), "file": str(file), "reason": reason},
+        )
+
+
+#: Patterns that take every name: a rule written with one is a catch-all.
+_CATCH_ALL = {("*", False), (".*", True), ("(?s).*", True), ("(?s:.*)", True)}
+_SEARCH_ALL = ("", ".*", "(?s).*", "^", "(?s:.*)")
+
+
+@dataclass(frozen=True, slots=True)
+class RuleUse:
+    """How many tensors one rule (or the default) took in a load, a plan or a name list.
+
+    Attributes:
+        origin: Where the rule is written (`policy.yaml:7`), or the default's origin.
+        label: The rule's pattern (`'model/*'`, `search 'wo/kernel'`), or `default`.
+        tensors: Tensors it took.
+        nbytes: Their bytes.
+        shards: Whether it asks for a sharding.
+        sharded: Tensors it sharded (a sharding that fell back to a device is not).
+        catch_all: Whether it takes every name (`*`, `.*`; the default too).
+        applies: False for a rule that could not have taken anything here: its `file:`
+            matches none of the files, or its pattern starts with a word (`dataset` of
+            `dataset/*`) that is no part of any name.
+        example: The first name it took, or "".
+    """
+
+    origin: str
+    label: str
+    tensors: int
+    nbytes: int
+    shards: bool
+    sharded: int = 0
+    catch_all: bool = False
+    applies: bool = True
+    example: str = ""
+
+
+def _catch_all(entry: RuleEntry) -> bool:
+    spec = entry.spec
+    conditions = (spec.min_bytes, spec.max_bytes, spec.ndim, spec.min_elements, spec.max_elements)
+    if any(c is not None for c in conditions):
+        return False
+    if spec.search is not None:
+        return spec.search in _SEARCH_ALL
+    return spec.name_pattern in _CATCH_ALL
+
+
+def rule_uses(
+    settings: Settings,
+    taken: Iterable[tuple[str, int | None, int, bool]],
+    sources: Iterable[SourceFile] = (),
+) -> tuple[RuleUse, ...]:
+    """Every rule of `settings` in order, then the default, with what it took of `taken`:
+    (name, position of its rule in `settings.rules` or None for the default, bytes,
+    whether it was sharded).
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "a/*", "device": "cpu"}, {"match": "b/*", "device": "cpu"}]})
+        >>> [(u.label, u.tensors) for u in rule_uses(p.settings, [("a/x", 0, 4, False)])]
+        [("'a/*'", 1), ("'b/*'", 0), ('default', 0)]
+    """
+    rules = settings.rules
+    files = list(sources)
+    tensors = [0] * (len(rules) + 1)
+    nbytes = [0] * (len(rules) + 1)
+    sharded = [0] * (len(rules) + 1)
+    examples = [""] * (len(rules) + 1)
+    parts: set[str] = set()  # every part of every name, split at `/` and `.`
+    for name, position, size, was_sharded in taken:
+        parts.update(name.replace(".", "/").split("/"))
+        i = len(rules) if position is None else position
+        if not tensors[i]:
+            examples[i] = name
+        tensors[i] += 1
+        nbytes[i] += size
+        sharded[i] += was_sharded
+    uses = []
+    for i, entry in enumerate(rules):
+        applies = True
+        if entry.spec.file is not None and files:
+            glob = compile_file_glob(entry.spec.file)
+            applies = any(glob(f) for f in files)
+        if applies and not tensors[i]:
+            # A rule whose names start with a word no name holds (`dataset/*` in a model's
+            # load) was written for other names, not misspelt for these.
+            lead = re.split(r"[/.]", literal_prefix(*entry.spec.name_pattern), maxsplit=1)[0]
+            applies = not lead or lead in parts
+        uses.append(
+            RuleUse(
+                entry.origin,
+                entry.spec.label,
+                tensors[i],
+                nbytes[i],
+                entry.spec.sharding is not None,
+                sharded[i],
+                _catch_all(entry),
+                applies,
+                examples[i],
+            )
+        )
+    # The default is a device target (never a sharding) and takes every name.
+    default = RuleUse(settings.default.origin, "default", tensors[-1], nbytes[-1], False)
+    uses.append(replace(default, catch_all=True, example=examples[-1]))
+    return tuple(uses)
+
+
+def silent_rules(uses: tuple[RuleUse, ...]) -> list[tuple[str, str]]:
+    """What a load, plan or name list should not pass over in silence, as (code, message):
+
+    - `rule-matched-nothing`: a rule took no tensor while the default or a catch-all took
+      some (the names it was written for are probably spelled otherwise);
+    - `not-sharded`: the policy shards, yet the default or a catch-all device rule placed
+      tensors whole.
+
+    Example:
+        >>> uses = (RuleUse("p.yaml:3", "'model/*'", 0, 0, True),
+        ...         RuleUse("default", "default", 2, 8, False, catch_all=True, example="m/w"))
+        >>> [code for code, _ in silent_rules(uses)]
+        ['rule-matched-nothing', 'not-sharded']
+    """
+    fell = [u for u in uses if u.catch_all and u.tensors]
+    found: list[tuple[str, str]] = []
+    if fell:
+        took = " and ".join(
+            f"{'the default' if u.label == 'default' else f'rule {u.origin} ({u.label})'} "
+            f"took {u.tensors}"
+            for u in fell
+        )
+        example = fell[0].example
+        for u in uses:
+            if u.tensors == 0 and u.applies and not u.catch_all:
+                found.append(
+                    (
+                        "rule-matched-nothing",
+                        f"rule {u.origin} ({u.label}) took no tensor, while {took}; names "
+                        f"look like {example!r}: check the rule against them "
+                        "(devpolicy check --names), or set the policy's `names:` (separator, "
+                        "prefix)",
+                    )
+                )
+    if any(u.shards for u in uses):
+        whole = [u for u in fell if not u.shards]
+        count = sum(u.tensors for u in whole)
+        if count:
+            nbytes = sum(u.nbytes for u in whole)
+            by = " and ".join(
+                "the default" if u.label == "default" else f"catch-all rule {u.origin}"
+                for u in whole
+            )
+            found.append(
+                (
+                    "not-sharded",
+                    f"{count} tensor{'' if count == 1 else 's'} ({format_size(nbytes)}) placed "
+                    f"whole by {by} (e.g. {whole[0].example!r}), while the policy shards others",
+                )
+            )
+    return found
+
+
+def checkpoint_names(
+    path: PathLike, settings: Settings, prefix: str | None = None
+) -> list[tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]]:
+    """Every tensor of a checkpoint as `load_file` and `plan` name it (prefix, the
+    policy's `names:`), with its size, shape and file; only headers are read."""
+    checkpoint = open_checkpoint(path)
+    headers = [read_header(file) for file in checkpoint.files]
+    checkpoint.check(headers)
+    stem = _stem(checkpoint.stem, prefix, settings.names)
+    sources = _sources(checkpoint.files, path)
+    return [
+        (name, t.nbytes, t.shape, source)
+        for header, source in zip(headers, sources, strict=True)
+        for name, t in zip(_names(header, stem, settings.names), header.tensors, strict=True)
+    ]
+
+
+def _uses_of_decisions(
+    settings: Settings,
+    names: list[str],
+    decisions: list[Decision | None],
+    sources: list[SourceFile],
+) -> tuple[RuleUse, ...]:
+    """`rule_uses` for decided tensors (one without a device counts for no rule)."""
+    position = {(e.source, e.index): i for i, e in enumerate(settings.rules)}
+    return rule_uses(
+        settings,
+        (
+            (
+                name,
+                None if d.rule is None else position.get((d.source, d.rule)),
+                d.nbytes or 0,
+                d.is_sharded,
+            )
+            for name, d in zip(names, decisions, strict=True)
+            if d is not None and d.source != "disabled"
+        ),
+        sources,
+    )
+
+
+def _silent_events(events: EventLog, uses: tuple[RuleUse, ...], path: PathLike) -> None:
+    """The warnings of `silent_rules` for one load, as one event each."""
+    for code, message in silent_rules(uses):
+        events.emit(
+            "warning", code.replace("-", "_"), {"checkpoint": os.fspath(path), "message": message}
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -939,7 +1196,7 @@ class PlannedTensor:
         key: Its key in the file.
         dtype: safetensors dtype name.
         shape: Its shape.
-        nbytes: Its size.
+        nbytes: Its size as an array (F4, two values a byte in the file, one in memory).
         offset: Its absolute file offset (64-aligned ones can be mapped zero-copy).
         decision: The decision, or None when no device could be had (its device a
             `VirtualDevice` in a plan for a `VirtualMachine`).
@@ -969,7 +1226,7 @@ class DeviceLoad:
         free: Free bytes now, or None when unknown (for a shared pool, the pool's); for a
             `VirtualMachine`, the device's stated memory.
         fits: False when the bytes that take memory (`nbytes` less `file_backed`, summed
-            over every device of its pool) exceed `free`.
+            over every device of its pool) exceed `free` less the policy's `headroom`.
         file_backed: Bytes that will be mapped from the file (host devices, `mmap`,
             64-byte-aligned offset): they take no anonymous memory.
         pool: The memory it draws on: `host RAM` (shared by every CPU device of the
@@ -999,6 +1256,12 @@ class Plan:
             description (`cpu=1 (memory unknown), gpu=8x80GiB; 2 processes`).
         processes: How many processes load it, each alike (a `VirtualMachine`'s
             `processes`; 1 for this process).
+        metadata: Each file's `__metadata__` (`{}` when it has none), keyed by the
+            file's path as the `load_file` event's `file` gives it.
+        left_out: For a checkpoint directory, each of its `*.safetensors` files that is
+            not part of the checkpoint, as (file, why); see `devpolicy.load_file`.
+        rules: What each rule of the policy took, in order, then the default
+            (`RuleUse`: tensors, bytes, how many sharded); see `warnings`.
     """
 
     file: str
@@ -1006,6 +1269,25 @@ class Plan:
     devices: tuple[DeviceLoad, ...]
     machine: str = "this process"
     processes: int = 1
+    metadata: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    left_out: tuple[tuple[str, str], ...] = ()
+    rules: tuple[RuleUse, ...] = ()
+
+    @property
+    def warnings(self) -> list[tuple[str, str]]:
+        """What the plan should not pass over in silence (see `silent_rules`), as (code,
+        message): a rule that took no tensor while the default or a catch-all took some; a
+        policy that shards, with tensors placed whole by the default or a catch-all."""
+        return silent_rules(self.rules)
+
+    @property
+    def sharded_nothing(self) -> bool:
+        """Whether the policy has sharding rules and no tensor of this plan is sharded,
+        although some asked for it (a sharding rule's tensors fell back to a device) or
+        fell through to the default or a catch-all (`devpolicy plan` exits 3)."""
+        if not any(u.shards for u in self.rules) or any(u.sharded for u in self.rules):
+            return False
+        return any(u.tensors and (u.shards or u.catch_all) for u in self.rules)
 
     @property
     def bytes_per_process(self) -> int:
@@ -1068,6 +1350,18 @@ class Plan:
             lines.append(
                 f"each of {self.processes} processes: {format_size(self.bytes_per_process)}"
             )
+        if len(self.rules) > 1:  # the default alone says nothing the tensors do not
+            lines.append("rules:")
+            for u in self.rules:
+                took = f"{u.tensors} tensor{'' if u.tensors == 1 else 's'}"
+                lines.append(f"  {u.origin} {u.label}: {took}, {format_size(u.nbytes)}")
+        lines += [f"warning: {message} [{code}]" for code, message in self.warnings]
+        if self.sharded_nothing:
+            lines.append(
+                "warning: the policy shards, but no tensor is sharded on "
+                f"{self.machine} [sharded-nothing]"
+            )
+        lines += [f"left out: {file}: {why}" for file, why in self.left_out]
         return "\n".join(visible(line) for line in lines)
 
     def __rich__(self) -> Any:
@@ -1116,15 +1410,16 @@ def _plan(
     checkpoint = open_checkpoint(path)
     headers = [read_header(file) for file in checkpoint.files]
     checkpoint.check(headers)
-    stem = checkpoint.stem if prefix is None else prefix
+    naming = decider.settings.names
+    stem = _stem(checkpoint.stem, prefix, naming)
     entries = [(header, entry) for header in headers for entry in header.tensors]
-    names = [n for header in headers for n in _names(header, stem)]
+    names = [n for header in headers for n in _names(header, stem, naming)]
     by_file = dict(zip(checkpoint.files, _sources(checkpoint.files, path), strict=True))
     x64 = _x64()
     hints = [_maps(e, mmap, x64) for _, e in entries]
     outcomes = decider.decide_many(
         [
-            (n, e.nbytes, e.shape, hint, by_file[header.path])
+            (n, e.array_nbytes, e.shape, hint, by_file[header.path])
             for n, (header, e), hint in zip(names, entries, hints, strict=True)
         ]
     )
@@ -1147,7 +1442,7 @@ def _plan(
                 entry.key,
                 entry.dtype_name,
                 entry.shape,
-                entry.nbytes,
+                entry.array_nbytes,
                 entry.offset,
                 decision,
                 error,
@@ -1161,6 +1456,8 @@ def _plan(
     for device, (nbytes, _, backed) in loads.items():
         in_pool[pools[device]] = in_pool.get(pools[device], 0) + nbytes - backed
     text = decider.machine.text
+    # The policy's headroom is kept free, as memory-aware placement keeps it.
+    headroom: float = decider.settings.headroom.value
     devices = []
     for device, (nbytes, count, backed) in sorted(
         loads.items(), key=lambda kv: _in_order(text(kv[0]))
@@ -1173,13 +1470,25 @@ def _plan(
                 nbytes,
                 count,
                 free,
-                free is None or taken <= free,
+                free is None or taken <= int(free * (1 - headroom)),
                 backed,
                 pool_text(pools[device]),
                 taken,
             )
         )
-    return Plan(str(path), tuple(tensors), tuple(devices), machine, processes)
+    uses = _uses_of_decisions(
+        decider.settings, names, [t.decision for t in tensors], list(by_file.values())
+    )
+    return Plan(
+        str(path),
+        tuple(tensors),
+        tuple(devices),
+        machine,
+        processes,
+        metadata={str(header.path): dict(header.metadata or {}) for header in headers},
+        left_out=tuple((str(file), why) for file, why in checkpoint.left_out),
+        rules=uses,
+    )
 
 
 def _in_order(text: str) -> tuple[str, int]:

@@ -25,9 +25,10 @@ from pydantic_core import PydanticCustomError
 
 from ._axes import resolve_axes
 from ._errors import did_you_mean
-from ._matching import compile_regex
+from ._matching import ShapeTest, compile_regex, compile_search, search_as_regex
 from ._runtime import (
     ALLOCATORS,
+    ALLOCATORS_OF_ANY_JAXLIB,
     ALLOW_FORMS,
     ALLOW_PATTERN,
     ENV_NAME_FORMS,
@@ -406,6 +407,47 @@ class ShardingSpec(_Strict):
         return self
 
 
+def _ndim(value: Any) -> Any:
+    def rank(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if rank(value):
+        return [value]
+    if isinstance(value, list) and value and all(rank(v) for v in value):
+        if len(set(value)) != len(value):
+            raise _fail(f"a rank is listed more than once in ndim {value!r}")
+        return value
+    raise _fail(
+        f"ndim is a rank (a whole number >= 0, e.g. 0 for scalars) or a list of ranks "
+        f"(e.g. [1, 2]); got {value!r}"
+    )
+
+
+NdimChoice = Annotated[
+    list[int],
+    BeforeValidator(_ndim),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+            ]
+        }
+    ),
+]
+
+
+def _element_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _fail(f"an element count is a whole number >= 0, got {value!r}")
+    return value
+
+
+ElementCount = Annotated[
+    int, BeforeValidator(_element_count), WithJsonSchema({"type": "integer", "minimum": 0})
+]
+
+
 class RuleSpec(_Strict):
     """One rule: names it matches, where they go, and under which conditions."""
 
@@ -465,6 +507,27 @@ class RuleSpec(_Strict):
         description="`move`: @place moves committed array arguments on another device to the "
         "decided device before the call (a model split over devices); `keep` leaves them.",
     )
+    # Names as other systems write them, and conditions on rank and element count.
+    search: str | None = Field(
+        None,
+        description="Regular expression found anywhere in the name (Python's re.search, as "
+        "EasyLM and EasyDeL tables are written): Python syntax, matched by RE2 in linear time.",
+    )
+    ndim: NdimChoice | None = Field(
+        None,
+        description="Match only arrays of this rank, or of one of these ranks (`ndim: 0` for "
+        "scalars, `ndim: [1, 2]`); needs a known shape.",
+    )
+    min_elements: ElementCount | None = Field(
+        None,
+        description="Match only arrays of at least this many elements (inclusive); needs a "
+        "known shape.",
+    )
+    max_elements: ElementCount | None = Field(
+        None,
+        description="Match only arrays of at most this many elements (inclusive; 1 takes "
+        "scalars and one-element arrays); needs a known shape.",
+    )
 
     @field_validator("match")
     @classmethod
@@ -484,20 +547,31 @@ class RuleSpec(_Strict):
 
     @property
     def name_pattern(self) -> tuple[str, bool]:
-        """The name pattern and whether it is a regex: `*` for a rule with `file` alone."""
+        """The name pattern as a glob or full-match regex, and whether it is a regex: `*`
+        for a rule with `file` alone, a `search:` pattern as `search_as_regex` writes it."""
         if self.regex is not None:
             return self.regex, True
+        if self.search is not None:
+            return search_as_regex(self.search), True
         return ("*" if self.match is None else self.match), False
 
     @property
+    def shape_test(self) -> ShapeTest:
+        """The rule's rank and element conditions."""
+        ndim = None if self.ndim is None else tuple(sorted(set(self.ndim)))
+        return ShapeTest(ndim, self.min_elements, self.max_elements)
+
+    @property
     def label(self) -> str:
-        """How messages name the rule: its pattern, and its file glob if any."""
+        """How messages name the rule: its pattern (`search '...'` for a search pattern),
+        and its file glob if any."""
         pattern, _ = self.name_pattern
+        shown = f"search {self.search!r}" if self.search is not None else repr(pattern)
         if self.file is None:
-            return repr(pattern)
-        if self.match is None and self.regex is None:
+            return shown
+        if self.match is None and self.regex is None and self.search is None:
             return f"file {self.file!r}"
-        return f"{pattern!r} file {self.file!r}"
+        return f"{shown} file {self.file!r}"
 
     @field_validator("regex")
     @classmethod
@@ -510,14 +584,40 @@ class RuleSpec(_Strict):
             raise _fail(str(e)) from None
         return value
 
+    @field_validator("search")
+    @classmethod
+    def _search_compiles(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if value == "":
+            raise _fail("an empty search pattern is found in every name; use match: '*'")
+        try:
+            compile_search(value)
+        except ValueError as e:
+            raise _fail(str(e)) from None
+        return value
+
     @model_validator(mode="after")
     def _one_pattern_and_ordered_sizes(self) -> RuleSpec:
-        if self.match is not None and self.regex is not None:
-            raise _fail("give exactly one of `match` (a glob) or `regex`, not both")
-        if self.match is None and self.regex is None and self.file is None:
+        given = [k for k in ("match", "regex", "search") if getattr(self, k) is not None]
+        if len(given) > 1:
             raise _fail(
-                "give exactly one of `match` (a glob) or `regex` for names, or `file` (a glob) "
-                "for the file tensors come from"
+                "give exactly one of `match` (a glob), `regex` (whole name) or `search` "
+                f"(anywhere in the name), not {' and '.join(f'`{k}`' for k in given)}"
+            )
+        if not given and self.file is None:
+            raise _fail(
+                "give exactly one of `match` (a glob), `regex` or `search` for names, or "
+                "`file` (a glob) for the file tensors come from"
+            )
+        if (
+            self.min_elements is not None
+            and self.max_elements is not None
+            and self.min_elements > self.max_elements
+        ):
+            raise _fail(
+                f"min_elements ({self.min_elements}) is larger than max_elements "
+                f"({self.max_elements})"
             )
         if (self.device is None) == (self.sharding is None):
             raise _fail(
@@ -531,6 +631,44 @@ class RuleSpec(_Strict):
         ):
             raise _fail(f"min_bytes ({self.min_bytes}) is larger than max_bytes ({self.max_bytes})")
         return self
+
+
+def _separator(value: Any) -> str:
+    if isinstance(value, str) and len(value) == 1 and value not in "*?[]\0":
+        return value
+    raise _fail(
+        f"a separator is one character that is not a glob character, such as '.'; got {value!r}"
+    )
+
+
+Separator = Annotated[
+    str,
+    BeforeValidator(_separator),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 1}),
+]
+
+
+class NamesSpec(_Strict):
+    """How a checkpoint's tensor keys become the names rules see."""
+
+    separator: Separator = Field(
+        "/",
+        description="The character between the parts of a checkpoint's tensor keys: with "
+        "`.`, the key `model.layers.0.mlp.up_proj.weight` is matched as "
+        "`<prefix>/model/layers/0/mlp/up_proj/weight` (the keys loaded keep their form).",
+    )
+    prefix: str | None = Field(
+        None,
+        description="What checkpoint tensor names start with instead of the file's or "
+        'directory\'s name (`""`: nothing, the key alone); a `prefix=` argument wins.',
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_plain(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or value.endswith("/")):
+            raise _fail(f"a prefix has no leading or trailing '/', got {value!r}")
+        return value
 
 
 class LoggingSpec(_Strict):
@@ -675,7 +813,7 @@ Platform = Annotated[
 Allocator = Annotated[
     str,
     BeforeValidator(_choice(ALLOCATORS, "allocator")),
-    WithJsonSchema({"enum": list(ALLOCATORS)}),
+    WithJsonSchema({"enum": list(ALLOCATORS_OF_ANY_JAXLIB)}),
 ]
 PoolFraction = Annotated[
     float,
@@ -811,6 +949,10 @@ class PolicySpec(_Strict):
         default_factory=list,
         description="Logical axis rules of every mesh without its own, for sharding rules "
         "giving `axes`. " + AXIS_RULES_DESCRIPTION,
+    )
+    names: NamesSpec = Field(
+        default_factory=NamesSpec,
+        description="How checkpoint tensor keys are named for rules (separator, prefix).",
     )
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     runtime: RuntimeSpec = Field(

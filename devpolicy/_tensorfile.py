@@ -13,6 +13,7 @@ import json
 import math
 import mmap
 import os
+import re
 import resource
 import signal
 import stat
@@ -30,7 +31,8 @@ import numpy as np
 from ._errors import SafetensorsFileError
 from ._files import FileRefused, kind, open_regular, read_capped, why_unopenable
 
-#: safetensors dtype names and the numpy dtypes that hold them.
+#: safetensors dtype names and the numpy dtypes that hold them (F4 one value a byte: see
+#: `PACKED`).
 DTYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     "U8": np.dtype(np.uint8),
@@ -47,13 +49,37 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "F64": np.dtype(np.float64),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
     "C64": np.dtype(np.complex64),
 }
+#: safetensors dtypes that no numpy or JAX type here can hold, and why.
+UNHOLDABLE: dict[str, str] = {
+    "F6_E2M3": "a 6-bit float JAX cannot hold",
+    "F6_E3M2": "a 6-bit float JAX cannot hold",
+}
+# Held by ml_dtypes types that came with the version named (and by JAX from 0.6 on).
+for _name, _type, _since in (
+    ("F8_E8M0", "float8_e8m0fnu", "0.5"),
+    ("F8_E4M3FNUZ", "float8_e4m3fnuz", "0.2"),
+    ("F8_E5M2FNUZ", "float8_e5m2fnuz", "0.2"),
+    ("F4", "float4_e2m1fn", "0.5"),
+):
+    if hasattr(ml_dtypes, _type):
+        DTYPES[_name] = np.dtype(getattr(ml_dtypes, _type))
+    else:  # pragma: no cover - only below the declared ml_dtypes bound
+        UNHOLDABLE[_name] = (
+            f"needs ml_dtypes >= {_since} (for {_type}); this is ml_dtypes {ml_dtypes.__version__}"
+        )
+del _name, _type, _since
+#: Bits per value in the file where fewer than the numpy type's: F4 packs two values a
+#: byte (the first in the low four bits), which `float4_e2m1fn` holds one a byte.
+PACKED: dict[str, int] = {"F4": 4}
 # safetensors is little-endian, as is every host JAX runs on: native order is file order.
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 MAX_HEADER = 100_000_000  # safetensors' own limit
-_MAX_DIMS = 32  # what numpy and XLA both handle
+#: The most dimensions numpy holds (64 from numpy 2, 32 before); JAX holds as many.
+MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+_U64 = 2**64  # shape and data_offsets are unsigned 64-bit in the reference reader
+_JSON_DEPTH = 127  # serde_json's nesting limit as the reference reader meets it
 DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
 #: Largest alignment accepted: past the 2 MiB huge page nothing gains, and the header pads to it.
 MAX_ALIGN = 1 << 24
@@ -87,8 +113,18 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
-        """Its size in bytes."""
+        """Its size in bytes in the file."""
         return self.end - self.begin
+
+    @property
+    def array_nbytes(self) -> int:
+        """Its size in bytes as an array: twice `nbytes` for F4, held one value a byte."""
+        return 2 * self.nbytes if self.packed else self.nbytes
+
+    @property
+    def packed(self) -> bool:
+        """Whether the file packs its values tighter than its array holds them (F4)."""
+        return self.dtype_name in PACKED
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +135,29 @@ class Header:
     file_size: int
     data_start: int
     tensors: tuple[TensorEntry, ...]
-    metadata: dict[str, str]
+    #: The file's `__metadata__`; None when it has none.
+    metadata: dict[str, str] | None
     #: (device, inode, size, mtime in ns) of the file the header was read from: a file
     #: opened again to read its data must be the same file, unchanged.
     identity: tuple[int, ...] = ()
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A safetensors file's `__metadata__` (`{}` when it has none), reading its header only.
+
+    For every file of a checkpoint at once, see `Plan.metadata`.
+
+    Raises:
+        SafetensorsFileError: the file is missing, not a regular file, or malformed.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+        >>> devpolicy.save_file({"w": np.zeros(2)}, path, metadata={"format": "pt"})
+        >>> devpolicy.read_metadata(path)
+        {'format': 'pt'}
+    """
+    return dict(read_header(path).metadata or {})
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
@@ -277,6 +332,10 @@ def _parse(path: Path, raw: bytes, size: int, identity: tuple[int, ...]) -> Head
         raise SafetensorsFileError(path, f"header is not UTF-8 (byte {8 + e.start})") from None
     try:
         document = json.loads(text, object_pairs_hook=_Pairs)
+        if "-0" in text:
+            # `-0` parses as the integer 0; the reference reads it as the float -0.0 and
+            # refuses it as a size. Rare, so read again only then, -0 as -0.0.
+            document = json.loads(text, object_pairs_hook=_Pairs, parse_int=_negative_zero)
     except RecursionError:
         raise SafetensorsFileError(path, "header JSON is nested too deeply") from None
     except json.JSONDecodeError as e:
@@ -289,65 +348,116 @@ def _parse(path: Path, raw: bytes, size: int, identity: tuple[int, ...]) -> Head
         raise SafetensorsFileError(
             path, f"header must be a JSON object, got {type(document).__name__}"
         )
-    if isinstance(document, _Pairs) and document.duplicates:
-        raise SafetensorsFileError(
-            path, "tensor listed twice in the header", tensor=document.duplicates[0]
-        )
-    # Inside __metadata__ a repeated key is accepted, the last value winning, as the
-    # reference loader does.
-    metadata = document.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    if "\\u" in text:
+        # Only an escape makes a string UTF-8 cannot encode (a lone surrogate, `\ud800`).
+        _check_unicode(path, document)
+    if isinstance(document, _Pairs) and "__metadata__" in document.duplicates:
+        raise SafetensorsFileError(path, "__metadata__ given more than once")
+    # A tensor given twice is taken from its last entry, and inside __metadata__ a
+    # repeated key's last value wins: both as the reference reader does.
+    metadata = document.pop("__metadata__", None)
+    if metadata is not None and not (
+        isinstance(metadata, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
         raise SafetensorsFileError(path, "__metadata__ must map strings to strings")
     data_start = 8 + len(raw)
+    if isinstance(document, _Pairs):
+        for key, value in document.replaced:  # read, and refused if bad, though replaced
+            _entry(path, key, value, data_start)
     entries = tuple(_entry(path, key, value, data_start) for key, value in document.items())
     _check_tiling(path, entries, size - data_start)
     return Header(path, size, data_start, entries, metadata, identity)
 
 
+def _negative_zero(text: str) -> int | float:
+    return -0.0 if text == "-0" else int(text)
+
+
+def _check_unicode(path: Path, document: dict[str, Any]) -> None:
+    """Refuse a header holding a string UTF-8 cannot encode, naming the tensor it is in."""
+    for key, value in document.items():
+        tensor = None if key == "__metadata__" else key
+        if not _encodable(key) or not _all_encodable(value):
+            raise SafetensorsFileError(
+                path,
+                "header holds a lone UTF-16 surrogate escape (like \\ud800): not Unicode text",
+                tensor=tensor,
+            )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _all_encodable(value: object) -> bool:
+    if isinstance(value, str):
+        return _encodable(value)
+    if isinstance(value, dict):
+        return all(_encodable(k) and _all_encodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_all_encodable(v) for v in value)
+    return True
+
+
 class _Pairs(dict[str, Any]):
-    """A JSON object that remembers keys given more than once (the last value wins)."""
+    """A JSON object that remembers keys given more than once (the last value wins), and
+    the values the later ones replaced."""
 
     def __init__(self, pairs: list[tuple[str, Any]]) -> None:
         super().__init__(pairs)
-        self.duplicates = [] if len(self) == len(pairs) else _repeated(pairs)
+        self.replaced = [] if len(self) == len(pairs) else _replaced(pairs)
+        self.duplicates = [key for key, _ in self.replaced]
 
 
-def _repeated(pairs: list[tuple[str, Any]]) -> list[str]:
-    seen: set[str] = set()
-    repeated = []
-    for key, _ in pairs:
-        if key in seen:
-            repeated.append(key)
-        seen.add(key)
-    return repeated
+def _replaced(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    last = {key: i for i, (key, _) in enumerate(pairs)}
+    return [(key, value) for i, (key, value) in enumerate(pairs) if last[key] != i]
+
+
+_FIELDS = ("dtype", "shape", "data_offsets")
 
 
 def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
+    # The common case first and cheaply (headers may list hundreds of thousands).
+    try:
+        dtype_name, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
+    except (KeyError, TypeError):
+        missing = [f for f in _FIELDS if f not in value] if isinstance(value, dict) else []
+        lacks = f" (it lacks {', '.join(missing)})" if missing else ""
+        raise SafetensorsFileError(
+            path, f"entry must be an object with dtype, shape and data_offsets{lacks}", tensor=key
+        ) from None
+    if not isinstance(value, dict):  # a list or string indexed by a string fails above
+        raise SafetensorsFileError(
+            path, "entry must be an object with dtype, shape and data_offsets", tensor=key
+        )
     if isinstance(value, _Pairs) and value.duplicates:
-        raise SafetensorsFileError(
-            path, f"entry gives {value.duplicates[0]!r} more than once", tensor=key
-        )
-    if not isinstance(value, dict) or set(value) != {"dtype", "shape", "data_offsets"}:
-        raise SafetensorsFileError(
-            path, "entry must be an object with exactly dtype, shape and data_offsets", tensor=key
-        )
-    dtype_name = value["dtype"]
+        repeated = [f for f in value.duplicates if f in _FIELDS]
+        if repeated:
+            raise SafetensorsFileError(
+                path, f"entry gives {repeated[0]!r} more than once", tensor=key
+            )
+    if len(value) > 3:
+        # Other fields are ignored, as the reference reader does, if it could read them.
+        _check_extra(path, key, {k: v for k, v in value.items() if k not in _FIELDS})
+    if isinstance(dtype_name, str) and dtype_name in UNHOLDABLE:
+        raise SafetensorsFileError(path, f"{dtype_name}: {UNHOLDABLE[dtype_name]}", tensor=key)
     if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
         raise SafetensorsFileError(
             path, f"unknown dtype {dtype_name!r}; supported: {', '.join(DTYPES)}", tensor=key
         )
-    shape = value["shape"]
-    if not isinstance(shape, list) or not all(_is_count(n) and n < 2**62 for n in shape):
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
         raise SafetensorsFileError(
-            path, f"shape must be a list of non-negative integers, got {shape!r}", tensor=key
+            path,
+            f"shape must be a list of non-negative integers, got {_shown(shape)} "
+            "(each below 2**64)",
+            tensor=key,
         )
-    if len(shape) > _MAX_DIMS:
-        raise SafetensorsFileError(
-            path, f"{len(shape)} dimensions; at most {_MAX_DIMS} are supported", tensor=key
-        )
-    offsets = value["data_offsets"]
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
@@ -356,16 +466,46 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
     ):
         raise SafetensorsFileError(
             path,
-            f"data_offsets must be [begin, end] with begin <= end, got {offsets!r}",
+            f"data_offsets must be [begin, end] with begin <= end, got {_shown(offsets)}",
             tensor=key,
         )
-    dtype = DTYPES[dtype_name]
-    expected = math.prod(shape) * dtype.itemsize
-    if expected == 0 and math.prod(n for n in shape if n) * dtype.itemsize >= 2**63:
-        # Empty, but numpy (and XLA) still cannot describe an array this shape.
+    # The element count and bit size as the reference reader computes them: in unsigned
+    # 64-bit arithmetic, left to right, any overflow an error (even before a 0, so an
+    # empty tensor's running products are checked one by one).
+    count = math.prod(shape)
+    if count >= _U64 or (count == 0 and _overflows(shape)):
         raise SafetensorsFileError(
-            path, f"shape {shape} is too large for an array, even an empty one", tensor=key
+            path, f"shape {shape} overflows 64 bits counting its elements", tensor=key
         )
+    dtype = DTYPES[dtype_name]
+    bits = count * PACKED.get(dtype_name, dtype.itemsize * 8)
+    if bits >= _U64:
+        raise SafetensorsFileError(
+            path, f"shape {shape} of {dtype_name} overflows 64 bits counting its bits", tensor=key
+        )
+    if bits % 8:
+        raise SafetensorsFileError(
+            path,
+            f"shape {shape} of {dtype_name} is {count} values of {PACKED[dtype_name]} bits: "
+            "not a whole number of bytes",
+            tensor=key,
+        )
+    if len(shape) > MAX_DIMS:
+        raise SafetensorsFileError(
+            path,
+            f"{len(shape)} dimensions; numpy {np.__version__} holds at most {MAX_DIMS}",
+            tensor=key,
+        )
+    if count == 0 and math.prod(n for n in shape if n) * dtype.itemsize >= 2**63:
+        # Empty, but numpy cannot describe an array this shape, and XLA aborts the
+        # process on one (its non-zero dimensions' bytes overflow a signed 64-bit size).
+        raise SafetensorsFileError(
+            path,
+            f"shape {shape} of {dtype_name} is too large for an array, even an empty one "
+            "(its non-zero dimensions reach 2**63 bytes)",
+            tensor=key,
+        )
+    expected = bits // 8
     begin, end = offsets
     if end - begin != expected:
         raise SafetensorsFileError(
@@ -377,8 +517,42 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
     return TensorEntry(key, dtype_name, dtype, tuple(shape), begin, end, data_start + begin)
 
 
+def _overflows(shape: list[int]) -> bool:
+    running = 1
+    for n in shape:
+        running *= n
+        if running >= _U64:
+            return True
+    return False
+
+
+def _shown(value: object) -> str:
+    """A JSON value as the header wrote it (-0.0 was `-0`)."""
+    return json.dumps(value).replace("-0.0", "-0") if isinstance(value, list) else repr(value)
+
+
+def _check_extra(path: Path, key: str, extra: dict[str, Any]) -> None:
+    """Refuse an ignored field the reference reader could not read either: a number out
+    of JSON's range (NaN, Infinity, 1e999) or nesting past its limit."""
+    stack: list[tuple[object, int]] = [(v, 3) for v in extra.values()]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SafetensorsFileError(
+                path, f"entry holds a number JSON cannot hold ({value})", tensor=key
+            )
+        if isinstance(value, dict | list):
+            if depth > _JSON_DEPTH:
+                raise SafetensorsFileError(
+                    path, f"entry nests more than {_JSON_DEPTH} levels deep", tensor=key
+                )
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((v, depth + 1) for v in items)
+
+
 def _is_count(n: object) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+    # `type(n) is int`: a bool is no count, nor an int subclass json never makes.
+    return type(n) is int and 0 <= n < _U64
 
 
 def _check_tiling(path: Path, entries: tuple[TensorEntry, ...], data_len: int) -> None:
@@ -449,7 +623,7 @@ def plan_layout(
     slots = list(slots)
     order = sorted(slots, key=lambda s: (s.nbytes % align != 0, -s.nbytes, s.key))
     header: dict[str, Any] = {}
-    if metadata:
+    if metadata is not None:
         header["__metadata__"] = dict(metadata)
     position = 0
     for slot in order:
@@ -487,13 +661,62 @@ def check_align(align: object) -> int:
     return align
 
 
-def _slots(tensors: Mapping[str, np.ndarray[Any, Any]]) -> list[_Slot]:
+def _slots(tensors: Mapping[str, np.ndarray[Any, Any]], path: Path) -> list[_Slot]:
     slots = []
     for key, array in tensors.items():
         if not isinstance(key, str) or key == "__metadata__":
             raise ValueError(f"tensor names must be strings other than '__metadata__', got {key!r}")
-        slots.append(_Slot(key, dtype_name(array.dtype), tuple(array.shape), array.nbytes))
+        if not _encodable(key):
+            raise SafetensorsFileError(
+                path,
+                "name holds a lone UTF-16 surrogate, which UTF-8 cannot encode: no safetensors "
+                "reader could read it back; nothing written",
+                tensor=key,  # shown by repr, which escapes it
+            )
+        name = dtype_name(array.dtype)
+        nbytes = array.nbytes
+        if name in PACKED:
+            nbytes, odd = divmod(array.size * PACKED[name], 8)
+            if odd:
+                raise SafetensorsFileError(
+                    path,
+                    f"{array.size} values of {name} ({PACKED[name]} bits each) do not fill "
+                    "whole bytes: the format cannot hold them; nothing written",
+                    tensor=key,
+                )
+        slots.append(_Slot(key, name, tuple(array.shape), nbytes))
     return slots
+
+
+def pack(array: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """F4 values held one a byte, packed two a byte as the file holds them (first low).
+
+    Example:
+        >>> import ml_dtypes
+        >>> pack(np.array([1.0, 2.0, 0.5, -0.0], ml_dtypes.float4_e2m1fn)).tolist()
+        [66, 129]
+    """
+    nibbles = array.reshape(-1).view(np.uint8) & np.uint8(0xF)
+    packed: np.ndarray[Any, np.dtype[np.uint8]] = nibbles[0::2] | (nibbles[1::2] << np.uint8(4))
+    return packed
+
+
+def as_array(entry: TensorEntry, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A tensor's file bytes (`entry.nbytes` of them, uint8) as its array: F4 unpacked to
+    one value a byte (a new array), any other dtype a view of `data`.
+
+    Example:
+        >>> entry = TensorEntry("t", "F4", DTYPES["F4"], (2, 2), 0, 2, 64)
+        >>> as_array(entry, np.array([66, 129], np.uint8)).astype(np.float32).tolist()
+        [[1.0, 2.0], [0.5, -0.0]]
+    """
+    if not entry.packed:
+        return data.view(entry.dtype).reshape(entry.shape)
+    packed = data.view(np.uint8)
+    values = np.empty(2 * packed.size, np.uint8)
+    np.bitwise_and(packed, 0xF, out=values[0::2])
+    np.right_shift(packed, 4, out=values[1::2])
+    return values.view(entry.dtype).reshape(entry.shape)
 
 
 def write_file(
@@ -506,7 +729,7 @@ def write_file(
     """Write numpy arrays as a safetensors file whose largest tensors start `align`-aligned.
 
     Written to a temporary file beside `path` and renamed into place: an error leaves no
-    partial file.
+    partial file. `metadata` (even `{}`) is written as the header's `__metadata__`.
     """
     check_align(align)
     # ascontiguousarray would turn 0-d arrays into 1-d ones; big-endian arrays are swapped.
@@ -519,12 +742,21 @@ def write_file(
         and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
         raise ValueError(f"metadata must map strings to strings, got {metadata!r}")
-    header, order = plan_layout(_slots(arrays), metadata, align)
+    for k, v in (metadata or {}).items():
+        if not (_encodable(k) and _encodable(v)):
+            raise SafetensorsFileError(
+                path,
+                f"metadata {k!r} holds a lone UTF-16 surrogate, which UTF-8 cannot encode: no "
+                "safetensors reader could read it back; nothing written",
+            )
+    header, order = plan_layout(_slots(arrays, Path(path)), metadata, align)
 
     def write_data(out: Any) -> None:
         for slot in order:
             array = arrays[slot.key]
-            if array.nbytes:
+            if slot.dtype_name in PACKED:
+                out.write(pack(array).data)
+            elif array.nbytes:
                 out.write(array.reshape(-1).view(np.uint8).data)
 
     _atomic_write(Path(path), header, write_data)
@@ -776,8 +1008,8 @@ def save_file(
         >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
         >>> devpolicy.save_file({"w": np.ones((4, 4), np.float32)}, path)
         >>> from safetensors.numpy import load_file
-        >>> load_file(path)["w"].sum()
-        np.float32(16.0)
+        >>> float(load_file(path)["w"].sum())
+        16.0
     """
     check_align(align)  # before any array is converted or anything written
     arrays = {key: np.asarray(value) for key, value in tensors.items()}
@@ -815,6 +1047,13 @@ def align_file(
 #: The index file of a sharded Hugging Face checkpoint.
 INDEX_SUFFIX = ".safetensors.index.json"
 _MAX_INDEX_BYTES = 64 << 20
+#: Index names: `model.safetensors.index.json`, a variant's `model.safetensors.index.fp16.json`.
+_INDEX = re.compile(r".+\.safetensors\.index(\.[A-Za-z0-9_]+)?\.json")
+#: A shard of a checkpoint without an index: `model-00001-of-00003.safetensors`.
+_SHARD = re.compile(r"(?P<stem>.+)-(?P<number>\d{5})-of-(?P<total>\d{5})\.safetensors")
+#: A variant, as transformers and diffusers name them: `model.fp16.safetensors`,
+#: `model.fp16-00001-of-00002.safetensors`.
+_VARIANT = re.compile(r"(?P<base>[^.]+)\.(?P<variant>[A-Za-z0-9_]+)(-\d{5}-of-\d{5})?\.safetensors")
 
 
 @dataclass(frozen=True, slots=True)
@@ -827,12 +1066,15 @@ class Checkpoint:
             (for a Hugging Face cache snapshot, the repository's name: see `default_prefix`).
         index: The index file, if the checkpoint has one.
         expected: Per file, the tensors the index puts in it (empty without an index).
+        left_out: The directory's other `*.safetensors` files, each with why it is not
+            part of the checkpoint (see `open_checkpoint`).
     """
 
     files: tuple[Path, ...]
     stem: str
     index: Path | None = None
     expected: tuple[frozenset[str], ...] = ()
+    left_out: tuple[tuple[Path, str], ...] = ()
 
     def check(self, headers: list[Header]) -> None:
         """Raise unless the files hold what the index says, each tensor in one file only."""
@@ -866,14 +1108,27 @@ class Checkpoint:
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """A safetensors file, a checkpoint directory, or a `*.safetensors.index.json`.
+    """A safetensors file, a checkpoint directory, or a checkpoint index.
 
-    A directory is read through its index when it has one (`model.safetensors.index.json`,
-    as Hugging Face writes large checkpoints), else as every `*.safetensors` regular file
-    in it that is not hidden (see `_checkpoint_files`).
+    A directory's files are chosen as transformers chooses them, never merged by accident:
+
+    1. its index (`*.safetensors.index.json`, as Hugging Face writes large checkpoints):
+       the files it names;
+    2. else `model.safetensors` alone;
+    3. else its `*.safetensors` files (regular, not hidden: see `_checkpoint_files`)
+       less a PEFT adapter (`adapter_model*.safetensors`) and variants
+       (`model.fp16.safetensors`, and `X.v.safetensors` beside an `X.safetensors`); if
+       shards (`X-00001-of-00003.safetensors`) remain, exactly one complete set of them;
+       else all that remain (one file, or parts such as `train.safetensors` and
+       `valid.safetensors`).
+
+    Every other `*.safetensors` file is in `left_out` with the reason. A variant or an
+    adapter loads when named: the file itself, or a variant's index
+    (`model.safetensors.index.fp16.json`).
 
     Raises:
-        SafetensorsFileError: naming the path and what is wrong with it.
+        SafetensorsFileError: naming the path and what is wrong with it: several
+            indexes, shards of several checkpoints or a shard missing, nothing to load.
 
     Example:
         >>> import numpy as np, tempfile, os
@@ -883,26 +1138,101 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         >>> c = open_checkpoint(d)
         >>> [f.name for f in c.files], c.stem == os.path.basename(d)
         (['part1.safetensors', 'part2.safetensors'], True)
+        >>> save_file({"a": np.zeros(2)}, os.path.join(d, "model.safetensors"))
+        >>> c = open_checkpoint(d)
+        >>> [f.name for f in c.files], [f.name for f, why in c.left_out]
+        (['model.safetensors'], ['part1.safetensors', 'part2.safetensors'])
+        >>> c.left_out[0][1]
+        'model.safetensors is the checkpoint (no index): name the file to load it'
     """
     given = Path(path)
     if given.is_dir():
-        indexes = sorted(given.glob("*" + INDEX_SUFFIX))
-        if len(indexes) > 1:
-            names = ", ".join(i.name for i in indexes)
-            raise SafetensorsFileError(
-                given, f"holds several checkpoint indexes ({names}): name one"
-            )
-        if indexes:
-            return _from_index(indexes[0], default_prefix(given, given.name))
-        files = _checkpoint_files(given)
-        if not files:
-            raise SafetensorsFileError(
-                given, "a directory without .safetensors files or a *.safetensors.index.json"
-            )
-        return Checkpoint(files, default_prefix(given, given.name))
-    if given.name.endswith(INDEX_SUFFIX):
+        return _choose(given, default_prefix(given, given.name))
+    if _INDEX.fullmatch(given.name):
         return _from_index(given, default_prefix(given.parent, given.parent.resolve().name))
     return Checkpoint((given,), given.name.removesuffix(".safetensors"))
+
+
+def _choose(directory: Path, stem: str) -> Checkpoint:
+    """A directory's checkpoint files by the rule `open_checkpoint` gives."""
+    indexes = sorted(directory.glob("*" + INDEX_SUFFIX))
+    if len(indexes) > 1:
+        names = ", ".join(i.name for i in indexes)
+        raise SafetensorsFileError(
+            directory, f"holds several checkpoint indexes ({names}): name one"
+        )
+    files = _checkpoint_files(directory)
+    if indexes:
+        checkpoint = _from_index(indexes[0], stem)
+        named = set(checkpoint.files)
+        why = f"not in {indexes[0].name}, the checkpoint's index: name the file to load it"
+        others = tuple((f, why) for f in files if f not in named)
+        return Checkpoint(checkpoint.files, stem, checkpoint.index, checkpoint.expected, others)
+    model = directory / "model.safetensors"
+    if model in files:
+        why = "model.safetensors is the checkpoint (no index): name the file to load it"
+        return Checkpoint((model,), stem, left_out=tuple((f, why) for f in files if f != model))
+    file_names = {f.name for f in files}
+    bases = {n.removesuffix(".safetensors") for n in file_names} | {
+        m["stem"] for n in file_names if (m := _SHARD.fullmatch(n))
+    }
+    kept: list[Path] = []
+    left_out: list[tuple[Path, str]] = []
+    for f in files:
+        variant = _VARIANT.fullmatch(f.name)
+        if f.name.startswith("adapter_model"):
+            left_out.append(
+                (f, "a PEFT adapter, not the model's weights: name the file to load it")
+            )
+        elif variant and (variant["base"] == "model" or variant["base"] in bases):
+            left_out.append(
+                (
+                    f,
+                    f"variant {variant['variant']!r} of {variant['base']}: name the file (or its "
+                    "index) to load it",
+                )
+            )
+        else:
+            kept.append(f)
+    shards: dict[tuple[str, int], dict[int, Path]] = {}
+    for f in kept:
+        if m := _SHARD.fullmatch(f.name):
+            shards.setdefault((m["stem"], int(m["total"])), {})[int(m["number"])] = f
+    if len(shards) > 1:
+        sets = ", ".join(f"{s}-*-of-{t:05d}" for s, t in sorted(shards))
+        raise SafetensorsFileError(
+            directory, f"holds shards of several checkpoints ({sets}) and no index: name one"
+        )
+    if shards:
+        (((shard_stem, total), numbered),) = shards.items()
+        missing = [n for n in range(1, total + 1) if n not in numbered]
+        if missing or set(numbered) - set(range(1, total + 1)):
+            lacking = ", ".join(
+                f"{shard_stem}-{n:05d}-of-{total:05d}.safetensors" for n in missing[:3]
+            )
+            raise SafetensorsFileError(
+                directory,
+                f"shards of {shard_stem} are not a complete set of {total}"
+                + (f": {len(missing)} missing ({lacking})" if missing else "")
+                + "; a checkpoint missing a file never loads as a smaller one",
+            )
+        chosen = [numbered[n] for n in range(1, total + 1)]
+        why = f"not a shard of {shard_stem}, which is the checkpoint: name the file to load it"
+        left_out += [(f, why) for f in kept if f not in chosen]
+        kept = chosen
+    if not kept:
+        detail = "; ".join(f"{f.name}: {why}" for f, why in left_out)
+        raise SafetensorsFileError(
+            directory,
+            "a directory without a checkpoint: no *.safetensors.index.json, no model.safetensors"
+            + (
+                f", and every other file is left out ({detail})"
+                if detail
+                else ", no .safetensors files"
+            ),
+        )
+    left_out.sort()
+    return Checkpoint(tuple(kept), stem, left_out=tuple(left_out))
 
 
 def default_prefix(directory: Path, otherwise: str) -> str:

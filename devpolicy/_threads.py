@@ -33,7 +33,7 @@ def propagate(fn: Callable[P, R]) -> Callable[P, R]:
         >>> with devpolicy.activate(p), devpolicy.scope("loader"):
         ...     t = threading.Thread(target=devpolicy.propagate(lambda: out.append(jnp.zeros(1))))
         ...     t.start(); t.join()
-        >>> str(next(iter(out[0].devices())))
+        >>> devpolicy.inventory().text(*out[0].devices())
         'cpu:2'
     """
     device = jax.config.jax_default_device  # type: ignore[attr-defined]
@@ -64,7 +64,7 @@ class ThreadPoolExecutor(concurrent.futures.ThreadPoolExecutor):
         >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:1"})):
         ...     with devpolicy.ThreadPoolExecutor(2) as pool, devpolicy.scope("batches"):
         ...         arrays = list(pool.map(lambda i: jnp.full(2, i), range(3)))
-        >>> {str(next(iter(a.devices()))) for a in arrays}
+        >>> {devpolicy.inventory().text(*a.devices()) for a in arrays}
         {'cpu:1'}
     """
 

@@ -13,10 +13,16 @@ jax.config.update("jax_num_cpu_devices", 4)
 
 import pytest  # noqa: E402
 import structlog  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from devpolicy import _active  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+
+# No per-example deadline: speed is measured by benchmarks/, and on a loaded CI machine one
+# example can stall for seconds (then hypothesis reports a flaky failure that says nothing).
+settings.register_profile("devpolicy", deadline=None)
+settings.load_profile("devpolicy")
 
 
 @pytest.fixture(autouse=True)

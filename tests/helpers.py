@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 import devpolicy
 
 
@@ -64,3 +66,33 @@ def within(seconds: float, call: Callable[[], object]) -> object:
     if failure:
         raise failure[0]
     return outcome[0]
+
+
+def schema_form(schema: object) -> object:
+    """A JSON Schema with pydantic's version-dependent spellings made one: pydantic before 2.9
+    wraps a described reference as `{"allOf": [{"$ref": ...}], ...}`, later ones write `$ref`
+    beside the description."""
+    if isinstance(schema, list):
+        return [schema_form(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: schema_form(value) for key, value in schema.items()}
+    wrapped = out.get("allOf")
+    if isinstance(wrapped, list) and len(wrapped) == 1 and list(wrapped[0]) == ["$ref"]:
+        del out["allOf"]
+        out["$ref"] = wrapped[0]["$ref"]
+    return out
+
+
+def _cpu_memory_kinds() -> set[str]:
+    import jax
+
+    return {m.kind for m in jax.local_devices(backend="cpu")[0].addressable_memories()}
+
+
+#: CPU devices have `pinned_host` (and `device`) memory from jaxlib 0.7.1, only
+#: `unpinned_host` before.
+needs_cpu_pinned_host = pytest.mark.skipif(
+    "pinned_host" not in _cpu_memory_kinds(),
+    reason="this jaxlib's CPU devices have no pinned_host memory (from jaxlib 0.7.1)",
+)

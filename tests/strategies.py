@@ -29,33 +29,42 @@ def globs(draw: st.DrawFn) -> str:
     return "".join(parts)
 
 
-def _regex_atoms() -> st.SearchStrategy[str]:
-    return st.sampled_from(
-        [
-            *("a", "b", "/", "0", r"\.", ".", "[ab]", "[^a]", r"\/", "a?", "b+", r"\.*"),
-            *(r"\d", r"\D", "[0-9]", r"\s", "(?s:.)", r"\n", r"[\.-/]"),
-        ]
-    )
+# Each matches exactly one character. Patterns are built so that a quantifier only ever
+# applies to one of these, and at most `_MAX_QUANTIFIERS` times per pattern: `st.from_regex`
+# checks each draw with Python's backtracking `re`, and a quantifier over a group that can
+# itself repeat (`(?:(?:a?)*)+`) takes exponential time on some draws (35 s at 18 characters).
+_REGEX_CHARS = (
+    *("a", "b", "/", "0", r"\.", ".", "[ab]", "[^a]", r"\/"),
+    *(r"\d", r"\D", "[0-9]", r"\s", "(?s:.)", r"\n", r"[\.-/]"),
+)
+_QUANTIFIERS = ("?", "*", "+", "{0,2}", "{1}")
+_MAX_QUANTIFIERS = 3
 
 
 @st.composite
 def regexes(draw: st.DrawFn) -> str:
-    """Small regexes: literals, escapes, classes, groups, alternation, quantifiers."""
-    atom = st.recursive(
-        _regex_atoms(),
-        lambda inner: st.one_of(
-            st.tuples(inner, inner).map(lambda t: f"({t[0]}|{t[1]})"),
-            st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}{t[1]})"),
-            st.tuples(inner, st.sampled_from(["?", "*", "+", "{0,2}", "{1}"])).map(
-                lambda t: f"(?:{t[0]}){t[1]}"
-            ),
-        ),
-        max_leaves=4,
-    )
-    pieces = draw(st.lists(st.tuples(atom, st.sampled_from(["", "", "?", "*", "+"])), max_size=5))
-    body = "".join(f"(?:{a}){q}" if q else a for a, q in pieces)
+    """Small regexes: literals, escapes, classes, groups, alternation, quantified characters;
+    backtracking on any name is polynomial of low degree (no nested quantifiers, few of them)."""
+    quantifiers_left = _MAX_QUANTIFIERS
+
+    def character() -> str:
+        nonlocal quantifiers_left
+        char = draw(st.sampled_from(_REGEX_CHARS))
+        if quantifiers_left == 0 or not draw(st.booleans()):
+            return char
+        quantifiers_left -= 1
+        return char + draw(st.sampled_from(_QUANTIFIERS))
+
+    def group(depth: int) -> str:
+        kind = draw(st.sampled_from(["char", "alternation", "sequence"])) if depth else "char"
+        if kind == "char":
+            return character()
+        first, second = group(depth - 1), group(depth - 1)
+        return f"({first}|{second})" if kind == "alternation" else f"(?:{first}{second})"
+
+    body = "".join(group(2) for _ in range(draw(st.integers(0, 5))))
     if draw(st.booleans()):
-        body = body + "|" + draw(atom)
+        body = body + "|" + group(2)
     return body
 
 

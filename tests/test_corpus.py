@@ -533,7 +533,8 @@ CASES = [
     file_case(
         "st-missing-offsets",
         safetensors_bytes({"t": {"dtype": "U8", "shape": [1]}}),
-        r"tensor 't': entry must be an object with exactly dtype, shape and data_offsets",
+        r"tensor 't': entry must be an object with dtype, shape and data_offsets "
+        r"\(it lacks data_offsets\)$",
     ),
     file_case(
         "st-negative-shape",
@@ -586,13 +587,13 @@ CASES = [
         ),
         r"tensor 'b': overlaps 'a'",
     ),
-    file_case(
-        "st-duplicate-tensor",
+    file_case(  # the last entry of a repeated tensor wins, but each must be valid
+        "st-duplicate-tensor-replaced-entry-bad",
         safetensors_bytes(
-            b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
+            b'{"t": {"dtype": "Q8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
             b"\0",
         ),
-        r"tensor 't': tensor listed twice",
+        r"tensor 't': unknown dtype 'Q8'",
     ),
     file_case(
         "st-bad-metadata",
@@ -619,7 +620,7 @@ CASES = [
     file_case(
         "st-too-many-dims",
         safetensors_bytes(one(shape=[1] * 65), b"\0"),
-        r"tensor 't': 65 dimensions; at most 32 are supported",
+        r"tensor 't': 65 dimensions; numpy .* holds at most 64$",
     ),
     file_case(
         "st-huge-dimension",
@@ -629,7 +630,7 @@ CASES = [
     file_case(
         "st-empty-shape-too-large-for-numpy",
         safetensors_bytes(one(shape=[2**61, 2**61, 0], offsets=[0, 0])),
-        r"tensor 't': shape \[2305843009213693952, 2305843009213693952, 0\] is too large for an array",
+        r"tensor 't': shape \[2305843009213693952, 2305843009213693952, 0\] overflows 64 bits",
     ),
     file_case(
         "st-duplicate-key-inside-an-entry",
@@ -639,12 +640,9 @@ CASES = [
         r"tensor 't': entry gives 'dtype' more than once$",
     ),
     file_case(
-        "st-duplicate-tensor-still-named",
-        safetensors_bytes(
-            b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
-            b"\0",
-        ),
-        r"tensor 't': tensor listed twice in the header$",
+        "st-metadata-twice",
+        safetensors_bytes(b'{"__metadata__": {}, "__metadata__": {}}'),
+        r"safetensors: __metadata__ given more than once$",
     ),
     file_case(
         "st-offsets-bool",

@@ -104,11 +104,11 @@ BAD_DOCUMENTS = [
     ),
     (
         "version: 1\nrules:\n  - match: a\n    devise: cpu\n",
-        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, file, device, sharding, fallback, min_bytes, max_bytes, memory, commit, fits, mmap, inputs$",
+        r"^policy\.yaml:4: rules\[0\]\.devise: unknown field 'devise' \(did you mean 'device'\?\); valid fields: match, regex, file, device, sharding, fallback, min_bytes, max_bytes, memory, commit, fits, mmap, inputs, search, ndim, min_elements, max_elements$",
     ),
     (
         "version: 1\nrules:\n  - device: cpu\n",
-        r"^policy\.yaml:3: rules\[0\]: give exactly one of `match` \(a glob\) or `regex`",
+        r"^policy\.yaml:3: rules\[0\]: give exactly one of `match` \(a glob\), `regex` or `search`",
     ),
     (
         "version: 1\nrules:\n  - {match: a, regex: b, device: cpu}\n",

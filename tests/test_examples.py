@@ -68,7 +68,10 @@ class TestExamples:
         for event in ("load_file", "file_backed=", "name=model/embed", "name=batch"):
             assert event in result.stderr
         if "gpu" not in devpolicy.available_backends():
-            assert "fallback_reason='gpu:0: no gpu backend in this process" in result.stderr
+            # structlog 25's console renderer quotes the value; 24 writes it bare.
+            assert re.search(
+                r"fallback_reason='?gpu:0: no gpu backend in this process", result.stderr
+            )
 
     def test_readme_split_variant_puts_the_model_on_the_second_cpu(self) -> None:
         """The Quick start's one-line XLA_FLAGS variant shows the host/accelerator split."""

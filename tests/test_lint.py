@@ -223,7 +223,8 @@ class TestIssueCases:
         rules = [rule(f"model/layer{i}/*", "cpu") for i in range(4000)]
         rules += [rule(None, regex=f"data/shard{i}/(x|y)") for i in range(400)]
         rules += [rule("model/layer7/w"), rule(None, regex="data/shard3/x"), rule("*")]
-        assert codes(rules=rules) == [
+        # (`data/shard3/x` also reads as a path fragment: `regex-is-a-fragment`, not judged here.)
+        assert [c for c in codes(rules=rules) if c[0] != "regex-is-a-fragment"] == [
             ("unreachable-rule", "<mapping>:rules[4400]"),
             ("unreachable-rule", "<mapping>:rules[4401]"),
         ]

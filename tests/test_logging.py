@@ -186,7 +186,9 @@ class TestAutoFormat:
     def test_stdlib_renders_nothing_stdlib_would_drop(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """The app logs at WARNING: devpolicy's info events are not even rendered."""
+        """The app sets devpolicy's logger to WARNING: its info events are not even rendered
+        (a level only inherited from the root sends them to stderr instead: see
+        test_no_silent_rules)."""
         rendered: list[object] = []
         original = structlog.processors.LogfmtRenderer.__call__
 
@@ -195,6 +197,14 @@ class TestAutoFormat:
             return original(self, *args)  # type: ignore[arg-type]
 
         monkeypatch.setattr(structlog.processors.LogfmtRenderer, "__call__", counting)
+        console = structlog.dev.ConsoleRenderer.__call__
+
+        def counting_console(self: object, *args: object) -> object:
+            rendered.append(args)
+            return console(self, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(structlog.dev.ConsoleRenderer, "__call__", counting_console)
+        monkeypatch.setattr(logging.getLogger("devpolicy"), "level", logging.WARNING)
         handler = logging.FileHandler(tmp_path / "app.log")
         monkeypatch.setattr(logging.root, "handlers", [handler])
         level = logging.root.level

@@ -16,7 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from tests.helpers import policy_of, run_threads
+from tests.helpers import needs_cpu_pinned_host, policy_of, run_threads
 
 
 def where(x: jax.Array) -> jax.Device:
@@ -318,12 +318,17 @@ class TestPut:
     def test_pytree_leaves_are_named_by_path(
         self, policy: devpolicy.Policy, cpus: list[jax.Device]
     ) -> None:
-        """Leaves are decided as name/<path>."""
+        """Leaves are decided as name/<path> (each decision a debug event; one `put` summary)."""
+        policy = policy_of(
+            rules=[{"match": "model/*", "device": "cpu:2"}], logging={"level": "debug"}
+        )
         with capture_logs() as logs:
             tree = policy.put("model", {"layers": [np.zeros(2), np.ones(2)], "b": np.zeros(1)})
-        assert {e["name"] for e in logs} == {"model/layers/0", "model/layers/1", "model/b"}
+        placed = {e["name"] for e in logs if e["event"] == "placement"}
+        assert placed == {"model/layers/0", "model/layers/1", "model/b"}
         assert {where(x) for x in jax.tree.leaves(tree)} == {cpus[2]}
 
+    @needs_cpu_pinned_host
     def test_memory_kind_is_applied(self) -> None:
         """A rule's memory kind reaches the array's sharding."""
         policy = policy_of(rules=[{"match": "*", "device": "cpu:1", "memory": "pinned_host"}])
@@ -557,7 +562,7 @@ class TestMovingInputs:
         layers = [policy.place(f"model/layer{i}", inputs="move")(_jitted_layer) for i in (1, 2, 3)]
         with capture_logs() as logs:
             out = self.forward(layers, params)
-        assert str(where(out)) == "cpu:3"
+        assert devpolicy.inventory().text(where(out)) == "cpu:3"
         expected = np.ones((2, 4), np.float32)
         for _ in range(3):
             expected = np.tanh(expected @ np.full((4, 4), 0.1, np.float32))
@@ -573,14 +578,14 @@ class TestMovingInputs:
         layers = [devpolicy.place(f"model/layer{i}")(_jitted_layer) for i in (1, 2, 3)]
         with devpolicy.activate(policy):
             out = self.forward(layers, self.params(policy))
-        assert str(where(out)) == "cpu:3"
+        assert devpolicy.inventory().text(where(out)) == "cpu:3"
 
     def test_rule_field_inputs_move_works_on_a_fixed_policy(self) -> None:
         """The rule's `inputs: move` is honoured by `Policy.place` too; `inputs="keep"` overrides it."""
         policy = self.split(inputs="move")
         params = self.params(policy)
         layers = [policy.place(f"model/layer{i}")(_jitted_layer) for i in (1, 2, 3)]
-        assert str(where(self.forward(layers, params))) == "cpu:3"
+        assert devpolicy.inventory().text(where(self.forward(layers, params))) == "cpu:3"
         kept = [policy.place(f"model/layer{i}", inputs="keep")(_jitted_layer) for i in (1, 2, 3)]
         with pytest.raises(ValueError, match="incompatible devices"):
             self.forward(kept, params)
@@ -599,7 +604,7 @@ class TestMovingInputs:
         b = {"x": jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:3"))}
         with capture_logs() as logs:
             out = add(a, b)
-        assert str(where(out)) == "cpu:2"
+        assert devpolicy.inventory().text(where(out)) == "cpu:2"
         moved = [(e["leaf"], e["from_device"]) for e in logs if e["event"] == "input_moved"]
         assert moved == [("0", "cpu:1"), ("1/x", "cpu:3")]
 
@@ -616,7 +621,7 @@ class TestMovingInputs:
         h = {"a": jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:1")), "n": 3}
         with devpolicy.activate(policy):
             moved = devpolicy.to(h, "model/layer2")
-        assert str(where(moved["a"])) == "cpu:2"
+        assert devpolicy.inventory().text(where(moved["a"])) == "cpu:2"
         assert moved["a"].committed
         assert moved["n"] == 3
         assert policy.to(moved, "model/layer2")["a"] is moved["a"]

@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from tests.helpers import policy_of, write
+from tests.helpers import needs_cpu_pinned_host, policy_of, write
 
 NO_GPU = "gpu" not in devpolicy.available_backends()
 
@@ -73,6 +73,7 @@ class TestResolve:
         assert policy.resolve("t", nbytes=2**30).device == cpus[1]
         assert policy.resolve("t").device == cpus[1]
 
+    @needs_cpu_pinned_host
     def test_memory_kind_is_part_of_the_decision(self) -> None:
         """A rule's memory kind is carried to the decision and its sharding."""
         d = policy_of(rules=[{"match": "*", "device": "cpu:1", "memory": "pinned_host"}]).resolve(
@@ -133,6 +134,7 @@ class TestFallback:
         ):
             policy.resolve("m/w")
 
+    @needs_cpu_pinned_host
     def test_memory_kind_the_device_lacks_falls_back(self, cpus: list[jax.Device]) -> None:
         """A device without the asked memory kind counts as unavailable."""
         original = devpolicy._inventory.memory_kinds  # type: ignore[attr-defined]

@@ -55,7 +55,9 @@ class TestReadableText:
         )
         lines = str(policy.plan(path)).splitlines()
         assert lines[0].endswith("m.safetensors: 1 tensor, DOES NOT FIT")
-        assert lines[-1] == "cpu:2: 1 tensor, 4.0 KiB, 1.0 KiB free (400%): DOES NOT FIT"
+        assert "cpu:2: 1 tensor, 4.0 KiB, 1.0 KiB free (400%): DOES NOT FIT" in lines
+        # Then what each rule took.
+        assert lines[lines.index("rules:") + 1] == "  <mapping>:rules[0] '*': 1 tensor, 4.0 KiB"
 
     def test_rich_renders_the_same_text_without_reading_markup(self) -> None:
         """rich.print of a decision with `[bold]` in its name prints the name literally."""

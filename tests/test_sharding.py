@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from tests.conftest import REPO
-from tests.helpers import policy_of, write
+from tests.helpers import needs_cpu_pinned_host, policy_of, write
 
 MESH = {"grid": {"axes": {"data": 2, "model": 2}, "devices": "cpu"}}
 
@@ -357,6 +357,7 @@ class TestApplying:
         layer(on_second)
         assert seen == [jax.sharding.PartitionSpec("data")]
 
+    @needs_cpu_pinned_host
     def test_a_sharding_rule_applies_its_memory_kind(self) -> None:
         """`memory: pinned_host` with a sharding: the NamedSharding carries the memory kind."""
         policy = sharded(["data"], memory="pinned_host")
@@ -488,7 +489,7 @@ class TestShardLocalLoading:
         with capture_logs() as logs:
             out = devpolicy.load_file(ckpt, policy=policy)
         assert list(out) == list(tensors)
-        assert str(next(iter(out["layer0.w"].devices()))) == "cpu:2"
+        assert devpolicy.inventory().text(next(iter(out["layer0.w"].devices()))) == "cpu:2"
         assert out["layer5.w"].sharding.spec == jax.sharding.PartitionSpec("data")
         for key, value in tensors.items():
             np.testing.assert_array_equal(np.asarray(out[key]), value)
@@ -571,7 +572,8 @@ def test_the_same_policy_on_one_device_falls_back_and_says_why() -> None:
             strict = "no error"
         except devpolicy.DeviceUnavailableError as e:
             strict = str(e)
-        print(json.dumps({"device": str(next(iter(out["w"].devices()))), "reason": d.fallback_reason,
+        print(json.dumps({"device": devpolicy.inventory().text(next(iter(out["w"].devices()))),
+                          "reason": d.fallback_reason,
                           "strict": strict}))
         """,
         devices=1,

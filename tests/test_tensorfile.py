@@ -83,15 +83,16 @@ CORRUPT = [
     (
         {"t": {"dtype": "U8", "shape": [1]}},
         b"",
-        r"tensor 't': entry must be an object with exactly dtype, shape and data_offsets",
+        r"tensor 't': entry must be an object with dtype, shape and data_offsets "
+        r"\(it lacks data_offsets\)$",
     ),
     ({"t": [1, 2]}, b"", r"tensor 't': entry must be an object"),
     ([1, 2], b"", r": header must be a JSON object, got list"),
     ({"__metadata__": {"a": 1}}, b"", r": __metadata__ must map strings to strings"),
     (
-        b'{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
+        b'{"t": {"dtype": "U8", "dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
         b"\0",
-        r"tensor 't': tensor listed twice in the header",
+        r"tensor 't': entry gives 'dtype' more than once$",
     ),
     (
         b"{not json",
@@ -154,7 +155,9 @@ class TestReadHeader:
         ]
         assert header.metadata == {"k": "v"}
 
-    @settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
     @given(st.binary(max_size=200))
     def test_random_bytes_parse_or_raise_cleanly(self, tmp_path: Path, data: bytes) -> None:
         """No byte string makes the reader raise anything but SafetensorsFileError."""
@@ -162,7 +165,9 @@ class TestReadHeader:
         with contextlib.suppress(devpolicy.SafetensorsFileError):
             read_header(tmp_path / "r.safetensors")
 
-    @settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
     @given(st.binary(min_size=1, max_size=100))
     def test_random_headers_after_a_valid_length_raise_cleanly(
         self, tmp_path: Path, header: bytes

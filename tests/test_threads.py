@@ -231,7 +231,10 @@ class TestSharedScopeObjects:
             barrier.wait()
             with shared:
                 inside = next(iter(jnp.zeros(1).devices()))
-            results[i] = (str(inside), jax.config.jax_default_device == before)
+            results[i] = (
+                devpolicy.inventory().text(inside),
+                jax.config.jax_default_device == before,
+            )
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
         for t in threads:

@@ -84,7 +84,9 @@ class TestHostView:
     def test_a_sharded_array_is_refused(self) -> None:
         """An array over several devices is not one buffer: a HostViewError says so."""
         mesh = jax.make_mesh((2,), ("d",), devices=jax.local_devices(backend="cpu")[:2])
-        x = jax.device_put(np.zeros(4), jax.NamedSharding(mesh, jax.P("d")))
+        x = jax.device_put(
+            np.zeros(4), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+        )
         with pytest.raises(
             devpolicy.HostViewError,
             match=r"^float32\[4\] over 2 devices: sharded over 2 devices, so its memory is "
