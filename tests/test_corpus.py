@@ -620,7 +620,7 @@ CASES = [
     file_case(
         "st-too-many-dims",
         safetensors_bytes(one(shape=[1] * 65), b"\0"),
-        r"tensor 't': 65 dimensions; numpy .* holds at most 64$",
+        r"tensor 't': 65 dimensions; numpy .* holds at most (64|32)$",  # numpy 2 | numpy 1
     ),
     file_case(
         "st-huge-dimension",
