@@ -348,8 +348,16 @@ CASES: list[tuple[str, bytes]] = [
     ("metadata_empty", framed('{"__metadata__":{}}')),
     ("metadata_a_list", framed('{"__metadata__":[]}')),
     ("metadata_a_number_value", framed('{"__metadata__":{"a":1}}')),
-    ("33_dimensions", framed(json.dumps({"t": entry("U8", [1] * 33, [0, 1])}), b"\1")),
-    ("64_dimensions", framed(json.dumps({"t": entry("U8", [1] * 64, [0, 1])}), b"\1")),
+    # numpy 1 holds at most 32 dimensions: there devpolicy refuses these, saying so
+    # (`TestHeaders::test_more_dimensions_than_numpy_holds_are_refused_saying_so`).
+    *(
+        [
+            ("33_dimensions", framed(json.dumps({"t": entry("U8", [1] * 33, [0, 1])}), b"\1")),
+            ("64_dimensions", framed(json.dumps({"t": entry("U8", [1] * 64, [0, 1])}), b"\1")),
+        ]
+        if int(np.__version__.split(".")[0]) >= 2
+        else []
+    ),
     ("empty_with_a_dimension_of_2_62", framed(json.dumps({"t": entry("U8", [2**62, 0], [0, 0])}))),
     (
         "empty_with_a_dimension_of_2_63_less_1",
