@@ -29,6 +29,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 __all__ = [
     "BatchStream",
     "Capacity",
+    "CheckpointMismatchError",
     "Decision",
     "DeviceLoad",
     "DeviceMemory",

@@ -391,6 +391,7 @@ def _decider_of(policy: Policy | None) -> Decider:
     return policy.decider
 
 
+@overload
 def load_file(
     path: str | os.PathLike[str],
     *,
@@ -399,7 +400,39 @@ def load_file(
     mmap: bool | None = None,
     narrow: Literal["exact", "lossy"] = "exact",
     progress: bool | None = None,
-) -> dict[str, jax.Array]:
+    into: None = None,
+    strict: bool = True,
+    separator: str | None = None,
+) -> dict[str, jax.Array]: ...
+
+
+@overload
+def load_file(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+    progress: bool | None = None,
+    into: T,
+    strict: bool = True,
+    separator: str | None = None,
+) -> T: ...
+
+
+def load_file(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+    progress: bool | None = None,
+    into: Any = None,
+    strict: bool = True,
+    separator: str | None = None,
+) -> Any:
     """Load a safetensors file, each tensor sent straight to the device its rule names.
 
     Every tensor is named `<prefix>/<key>` (prefix defaults to the file's stem) and resolved
@@ -419,12 +452,26 @@ def load_file(
             when every value survives (and logs it), else raises NarrowingError; "lossy"
             always narrows.
         progress: A progress bar on a terminal; None shows one for files over 256 MiB.
+        into: A tree to fill (`nnx.state(model)`, flax params, `jax.eval_shape(init)`):
+            its leaves arrays or `jax.ShapeDtypeStruct`s, each filled from the tensor
+            whose key is the leaf's name as `put` names it less the first part
+            (`layers/0/kernel`, what `save_file(tree, path)` writes), of the same shape
+            and dtype. Names given to rules are `<prefix>/<leaf name>`: pass
+            `prefix="params"` to place them by the rules written for `put("params", tree)`.
+        strict: With `into`, whether tensors no leaf takes are an error (True) or left
+            unread (False, counted in an `into_skipped` event).
+        separator: The character between the parts of the file's keys (`.` for
+            `model.layers.0.mlp.up_proj.weight`), in place of the policy's
+            `names.separator` for this call.
 
     Returns:
-        Tensor keys (not prefixed) to committed arrays, in header order.
+        Tensor keys (not prefixed) to committed arrays, in header order; with `into`, a
+        tree of the same structure holding the committed arrays.
 
     Raises:
         SafetensorsFileError: the file is missing, truncated or malformed.
+        CheckpointMismatchError: with `into`, leaves no tensor fills, tensors no leaf takes
+            (with `strict`), shapes or dtypes that differ: all listed, nothing loaded.
         NarrowingError: a 64-bit tensor would change.
         DeviceUnavailableError: a tensor's target and fallbacks cannot be had.
 
@@ -437,9 +484,29 @@ def load_file(
         >>> out = devpolicy.load_file(path, policy=p)
         >>> devpolicy.inventory().text(*out["tokens"].devices()), out["tokens"].committed
         ('cpu:1', True)
+
+        A tree saved with `save_file` and filled back, placed by the rules for its names:
+
+        >>> import jax
+        >>> params = {"dense": {"kernel": np.ones((2, 3), np.float32)}, "step": np.int32(7)}
+        >>> devpolicy.save_file(params, path)
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "params/dense/*", "device": "cpu:2"}]})
+        >>> shapes = jax.eval_shape(lambda: params)
+        >>> out = devpolicy.load_file(path, into=shapes, prefix="params", policy=p)
+        >>> devpolicy.inventory().text(*out["dense"]["kernel"].devices()), int(out["step"])
+        ('cpu:2', 7)
     """
     return _safetensors.load_file(
-        path, _decider_of(policy), prefix=prefix, mmap=mmap, narrow=narrow, progress=progress
+        path,
+        _decider_of(policy),
+        prefix=prefix,
+        mmap=mmap,
+        narrow=narrow,
+        progress=progress,
+        into=into,
+        strict=strict,
+        separator=separator,
     )
 
 
@@ -450,8 +517,11 @@ def plan(
     policy: Policy | None = None,
     mmap: bool | None = None,
     machine: VirtualMachine | None = None,
+    separator: str | None = None,
 ) -> Plan:
     """Where every tensor of a file would go, reading only its header; nothing is logged.
+
+    `prefix` and `separator` name the tensors as `load_file` does.
 
     Per device: the bytes planned, of them the bytes `load_file` would map from the file
     (`file_backed`: host devices, the rule's `mmap` or `mmap=True`, 64-byte-aligned offset;
@@ -486,7 +556,9 @@ def plan(
         >>> t.decision.device_text, t.decision.mesh_devices, t.decision.bytes_per_device()
         ('fsdp[data+model]', 16, 64)
     """
-    return _safetensors.plan(path, _decider_of(policy), prefix=prefix, mmap=mmap, machine=machine)
+    return _safetensors.plan(
+        path, _decider_of(policy), prefix=prefix, mmap=mmap, machine=machine, separator=separator
+    )
 
 
 def prefetch(

@@ -24,6 +24,7 @@ from ._capacity import DeviceMemory as DeviceMemory
 from ._capacity import StaticCapacity as StaticCapacity
 from ._decider import Decision as Decision
 from ._decider import Explanation as Explanation
+from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import DevicePolicyError as DevicePolicyError
 from ._errors import DeviceUnavailableError as DeviceUnavailableError
 from ._errors import EnvOverrideError as EnvOverrideError
@@ -59,11 +60,11 @@ from ._runtime import RuntimeSettings as RuntimeSettings
 from ._safetensors import DeviceLoad as DeviceLoad
 from ._safetensors import Plan as Plan
 from ._safetensors import PlannedTensor as PlannedTensor
+from ._safetensors import save_file as save_file
 from ._schema import policy_schema as policy_schema
 from ._sizes import format_size as format_size
 from ._sizes import parse_size as parse_size
 from ._tensorfile import align_file as align_file
 from ._tensorfile import read_metadata as read_metadata
-from ._tensorfile import save_file as save_file
 from ._threads import ThreadPoolExecutor as ThreadPoolExecutor
 from ._threads import propagate as propagate

@@ -329,3 +329,71 @@ class UntrustedPolicyError(PolicyError):
         self.owner_name = owner_name
         message = f"refused: {reason}" + (f"\n{fix}" if fix else "")
         super().__init__([Problem(file, None, "", message)])
+
+
+class CheckpointMismatchError(DevicePolicyError, ValueError):
+    """A checkpoint does not fit the tree given to `load_file(path, into=tree)`.
+
+    Every difference is listed at once (the message shows the first 20 of each kind, the
+    attributes hold all); nothing has been loaded.
+
+    Attributes:
+        file: The file, directory or index loaded.
+        missing: Each leaf name (its path in the tree) that no tensor fills.
+        unexpected: Each tensor key no leaf takes (an error only with `strict=True`).
+        mismatched: (leaf name, what differs) for each leaf whose tensor has another
+            shape or dtype, or that shares its name with another leaf or tensor.
+
+    Example:
+        >>> e = CheckpointMismatchError("m.safetensors", missing=["w"], unexpected=["v"])
+        >>> e.missing, e.unexpected
+        (('w',), ('v',))
+        >>> print(str(e).splitlines()[1])
+          missing: 'w'
+    """
+
+    _SHOWN = 20
+
+    def __init__(
+        self,
+        file: str | os.PathLike[str],
+        *,
+        missing: Sequence[str] = (),
+        unexpected: Sequence[str] = (),
+        mismatched: Sequence[tuple[str, str]] = (),
+        hint: str | None = None,
+    ) -> None:
+        self.file = str(file)
+        self.missing = tuple(missing)
+        self.unexpected = tuple(unexpected)
+        self.mismatched = tuple(mismatched)
+        counts = []
+        if self.missing:
+            counts.append(_counted(len(self.missing), "leaf has", "leaves have") + " no tensor")
+        if self.unexpected:
+            counts.append(_counted(len(self.unexpected), "tensor has", "tensors have") + " no leaf")
+        if self.mismatched:
+            counts.append(
+                _counted(len(self.mismatched), "leaf differs", "leaves differ")
+                + " in shape or dtype"
+            )
+        lines = [f"{self.file} does not fit the tree given as into=: " + ", ".join(counts)]
+        lines += self._listed("missing", [repr(name) for name in self.missing])
+        lines += self._listed("unexpected", [repr(key) for key in self.unexpected])
+        lines += self._listed("mismatched", [f"{name!r}: {what}" for name, what in self.mismatched])
+        if self.unexpected:
+            lines.append("  (strict=False leaves tensors no leaf takes unread)")
+        if hint:
+            lines.append(hint)
+        super().__init__("\n".join(lines))
+
+    @classmethod
+    def _listed(cls, kind: str, items: list[str]) -> list[str]:
+        shown = [f"  {kind}: {item}" for item in items[: cls._SHOWN]]
+        if len(items) > cls._SHOWN:
+            shown.append(f"  ...and {len(items) - cls._SHOWN} more {kind}")
+        return shown
+
+
+def _counted(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"

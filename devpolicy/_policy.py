@@ -239,9 +239,18 @@ class Policy:
         `devpolicy.shardings`."""
         return shardings(self.decider, name, tree)
 
-    def load_file(self, path: str | os.PathLike[str], **options: Any) -> dict[str, jax.Array]:
-        """Load a safetensors file by this policy. See `devpolicy.load_file`."""
-        return _safetensors.load_file(path, self.decider, **options)
+    @overload
+    def load_file(
+        self, path: str | os.PathLike[str], *, into: None = None, **options: Any
+    ) -> dict[str, jax.Array]: ...
+
+    @overload
+    def load_file(self, path: str | os.PathLike[str], *, into: T, **options: Any) -> T: ...
+
+    def load_file(self, path: str | os.PathLike[str], *, into: Any = None, **options: Any) -> Any:
+        """Load a safetensors file by this policy (with `into`, filling that tree). See
+        `devpolicy.load_file`."""
+        return _safetensors.load_file(path, self.decider, into=into, **options)
 
     def plan(
         self,
@@ -250,10 +259,13 @@ class Policy:
         prefix: str | None = None,
         mmap: bool | None = None,
         machine: VirtualMachine | None = None,
+        separator: str | None = None,
     ) -> Plan:
         """Where each tensor of a file would go by this policy (on `machine`, if given).
         See `devpolicy.plan`."""
-        return _safetensors.plan(path, self.decider, prefix=prefix, mmap=mmap, machine=machine)
+        return _safetensors.plan(
+            path, self.decider, prefix=prefix, mmap=mmap, machine=machine, separator=separator
+        )
 
     def prefetch(
         self,

@@ -22,7 +22,7 @@ import numpy as np
 
 from ._capacity import pool_of, pool_text
 from ._decider import Decider, Decision, DeviceT, maps_from_file
-from ._errors import NarrowingError, SafetensorsFileError
+from ._errors import CheckpointMismatchError, NarrowingError, SafetensorsFileError
 from ._hostview import INDEX_LIMIT, warn_unindexable
 from ._layers import RuleEntry, Settings
 from ._ledger import record_each
@@ -31,15 +31,18 @@ from ._logging import EventLog
 from ._machine import VirtualMachine
 from ._matching import SourceFile, compile_file_glob
 from ._narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowed_event
+from ._placement import leaf_names
 from ._prefixes import literal_prefix
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ._schema import NamesSpec
 from ._sizes import format_size
 from ._tensorfile import (
+    DEFAULT_ALIGN,
     Checkpoint,
     Header,
     TensorEntry,
     as_array,
+    check_align,
     map_tensor_file,
     open_checkpoint,
     open_tensor_file,
@@ -47,6 +50,7 @@ from ._tensorfile import (
     read_header,
     read_header_from,
     reopen_tensor_file,
+    save_arrays,
 )
 from ._visible import visible
 
@@ -164,11 +168,30 @@ def load_file(
     mmap: bool | None = None,
     narrow: Narrow = "exact",
     progress: bool | None = None,
-) -> dict[str, jax.Array]:
-    """Load a safetensors file or checkpoint by `decider`'s rules. See `devpolicy.load_file`."""
+    into: Any = None,
+    strict: bool = True,
+    separator: str | None = None,
+) -> Any:
+    """Load a safetensors file or checkpoint by `decider`'s rules: a dict of its tensors,
+    or with `into`, that tree filled. See `devpolicy.load_file`."""
     check_mode(narrow)
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict= takes True or False, got {strict!r}")
+    naming = _naming(decider.settings.names, separator)
     with _collector_paused():
-        return _load_file(path, decider, prefix, mmap, narrow, progress)
+        return _load_file(path, decider, prefix, mmap, narrow, progress, naming, into, strict)
+
+
+def _naming(names: NamesSpec, separator: str | None) -> NamesSpec:
+    """The policy's `names`, with the call's separator where one is given."""
+    if separator is None:
+        return names
+    if not isinstance(separator, str) or len(separator) != 1 or separator in "\x00":
+        raise ValueError(
+            f"separator= takes one character (the one between the parts of the file's "
+            f"tensor keys, such as '.' or '/'), got {separator!r}"
+        )
+    return names.model_copy(update={"separator": separator})
 
 
 # Loads in progress that paused the cyclic collector (several threads may load at once:
@@ -210,7 +233,10 @@ def _load_file(
     mmap: bool | None,
     narrow: Narrow,
     progress: bool | None,
-) -> dict[str, jax.Array]:
+    naming: NamesSpec,
+    into: Any,
+    strict: bool,
+) -> Any:
     checkpoint = open_checkpoint(path)
     _left_out(decider.events, path, checkpoint)
     # Files are opened one at a time (a checkpoint may have more files than a process may
@@ -221,10 +247,14 @@ def _load_file(
             with open_tensor_file(file) as f:
                 headers.append((file, read_header_from(f, file)))
         checkpoint.check([h for _, h in headers])
-        naming = decider.settings.names
+        fitted = None
+        if into is not None:
+            fitted = _fit_into(into, headers, naming, strict, path)
+            headers = fitted.headers
+            _skipped_event(decider.events, path, fitted.skipped)
         stem = _stem(checkpoint.stem, prefix, naming)
         names = [_names(header, stem, naming) for _, header in headers]
-        sources = _sources(checkpoint.files, path)
+        sources = _sources(tuple(file for file, _ in headers), path)
         x64 = _x64()
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
@@ -251,7 +281,219 @@ def _load_file(
         flat = [n for file_names in names for n in file_names]
         uses = _uses_of_decisions(decider.settings, flat, list(decisions), sources)
         _silent_events(decider.events, uses, path)
+    if fitted is not None:
+        return jax.tree_util.tree_unflatten(fitted.treedef, [out[key] for key in fitted.keys])
     return {t.key: out[t.key] for _, header in headers for t in header.tensors}
+
+
+@dataclass(frozen=True, slots=True)
+class _Fitted:
+    """A checkpoint matched to an `into=` tree: what to read, and which tensor fills
+    each leaf."""
+
+    #: The files and headers to read, each header holding only the tensors leaves take.
+    headers: list[tuple[Any, Header]]
+    #: Per leaf, in `tree_leaves` order, the key of the tensor that fills it.
+    keys: list[str]
+    treedef: Any
+    #: Tensors no leaf takes, left unread (`strict=False`).
+    skipped: list[str]
+
+
+def _fit_into(
+    into: Any,
+    headers: list[tuple[Any, Header]],
+    naming: NamesSpec,
+    strict: bool,
+    path: PathLike,
+) -> _Fitted:
+    """Match each leaf of `into` to the tensor of the same name, every difference found
+    before anything is read (`CheckpointMismatchError` lists them all)."""
+    leaves, treedef = jax.tree_util.tree_flatten(into)
+    # Named as `put` names them, less its first part: `layers/0/kernel`.
+    paths = [name[1:] for name in leaf_names("", into)]
+    if not leaves or paths == [""]:
+        raise TypeError(
+            "load_file(into=...) takes a tree whose leaves have names (a dict, nnx.State, "
+            f"flax params; their paths are matched to tensor keys), got {type(into).__name__}"
+        )
+    separator = naming.separator
+    by_name: dict[str, TensorEntry] = {}
+    mismatched: list[tuple[str, str]] = []
+    for _, header in headers:
+        for entry in header.tensors:
+            name = entry.key if separator == "/" else entry.key.replace(separator, "/")
+            other = by_name.setdefault(name, entry)
+            if other is not entry:
+                mismatched.append(
+                    (name, f"both tensors {other.key!r} and {entry.key!r} are named so")
+                )
+    x64 = _x64()
+    keys: list[str] = []
+    missing: list[str] = []
+    taken: set[str] = set()
+    for leaf_path, leaf in zip(paths, leaves, strict=True):
+        found = by_name.get(leaf_path)
+        if found is None:
+            missing.append(leaf_path)
+            continue
+        if leaf_path in taken:
+            mismatched.append((leaf_path, "another leaf of the tree has the same name"))
+            continue
+        taken.add(leaf_path)
+        shape, dtype = _leaf_shape_dtype(leaf, leaf_path)
+        held, wanted = _held(found.dtype, x64), _held(dtype, x64)
+        if found.shape != shape or held != wanted:
+            mismatched.append(
+                (
+                    leaf_path,
+                    f"the file's {found.key!r} is {_typed(held, found.shape)}, "
+                    f"the leaf is {_typed(wanted, shape)}",
+                )
+            )
+        keys.append(found.key)
+    unexpected = [entry.key for name, entry in by_name.items() if name not in taken]
+    if missing or mismatched or (unexpected and strict):
+        raise CheckpointMismatchError(
+            os.fspath(path),
+            missing=missing,
+            unexpected=unexpected if strict else (),
+            mismatched=mismatched,
+            hint=None if taken else _naming_hint(missing, unexpected, separator),
+        )
+    if not unexpected:
+        return _Fitted(headers, keys, treedef, [])
+    wanted_keys = set(keys)
+    kept = []
+    for file, header in headers:
+        tensors = tuple(t for t in header.tensors if t.key in wanted_keys)
+        if tensors:  # a file no leaf takes from is not opened again
+            kept.append((file, replace(header, tensors=tensors)))
+    return _Fitted(kept, keys, treedef, unexpected)
+
+
+def _leaf_shape_dtype(leaf: Any, leaf_path: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is None or dtype is None:
+        if not isinstance(leaf, _SCALARS):
+            raise TypeError(
+                f"load_file(into=...): leaf {leaf_path!r} ({type(leaf).__name__}) is not an "
+                "array, jax.ShapeDtypeStruct or number"
+            )
+        value = np.asarray(leaf)
+        shape, dtype = value.shape, value.dtype
+    return tuple(int(d) for d in shape), np.dtype(dtype)
+
+
+def _held(dtype: np.dtype[Any], x64: bool) -> np.dtype[Any]:
+    """The dtype JAX holds for `dtype`: 64-bit types in 32 bits with x64 disabled."""
+    return dtype if x64 else np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+def _typed(dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
+    return f"{dtype.name}[{', '.join(map(str, shape))}]"
+
+
+def _naming_hint(missing: list[str], unexpected: list[str], separator: str) -> str | None:
+    """When no leaf found its tensor, the two namings side by side."""
+    if not missing or not unexpected:
+        return None
+    return (
+        f"leaves are named by their path, parts joined by '/' (first: {missing[0]!r}); "
+        f"the file's keys are split at {separator!r} (first unmatched: {unexpected[0]!r}). "
+        "Where they differ in separator, pass separator= (or set names.separator in the "
+        "policy); where the file's keys carry an extra first part, load into a tree that "
+        "has it ({'model': tree})."
+    )
+
+
+def _skipped_event(events: EventLog, path: PathLike, skipped: list[str]) -> None:
+    if skipped and events.enabled("info"):
+        events.emit(
+            "info",
+            "into_skipped",
+            {
+                "file": visible(os.fspath(path)),
+                "count": len(skipped),
+                "first": [visible(key) for key in skipped[:5]],
+                "reason": "strict=False: tensors no leaf of the tree takes are not read",
+            },
+        )
+
+
+_SCALARS = (np.generic, bool, int, float, complex)
+_TENSORS = (np.ndarray, jax.Array, *_SCALARS)
+
+
+def _flat_tensors(tensors: Any) -> bool:
+    """A mapping of arrays (keys as written), not a tree to be named leaf by leaf: its
+    values arrays, numbers, or lists of numbers (one tensor each, as `np.asarray` makes)."""
+    return isinstance(tensors, Mapping) and all(
+        isinstance(value, _TENSORS)
+        or (
+            isinstance(value, (list, tuple))
+            and all(isinstance(x, _SCALARS) for x in jax.tree_util.tree_leaves(value))
+        )
+        for value in tensors.values()
+    )
+
+
+def save_file(
+    tensors: Any,
+    path: PathLike,
+    *,
+    align: int = DEFAULT_ALIGN,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write arrays (numpy or JAX) as a safetensors file laid out for zero-copy loading.
+
+    `tensors` is a mapping of keys to arrays (written under those keys), or any pytree:
+    nested dicts, flax params, `nnx.state(model)`, each leaf written under its name as
+    `put` names it, less the first part (`layers/0/kernel`; no `/value`), so that
+    `load_file(path, into=tree)` fills the same tree back.
+
+    The header is padded and tensors ordered so the largest start at `align`-byte file
+    offsets (the format allows no holes between tensors). Any safetensors reader reads it.
+    Written to a temporary file and renamed: an error leaves nothing behind.
+
+    Raises:
+        SafetensorsFileError: `path` exists but is not a regular file (a device, a FIFO, a
+            directory), or cannot be written; nothing is written.
+        ValueError: a bad `align`, dtype, name or metadata; two leaves of the same name.
+        TypeError: a leaf that is not an array or number.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+        >>> devpolicy.save_file({"w": np.ones((4, 4), np.float32)}, path)
+        >>> from safetensors.numpy import load_file
+        >>> float(load_file(path)["w"].sum())
+        16.0
+        >>> devpolicy.save_file({"layers": [{"w": np.ones(2)}], "step": np.int32(3)}, path)
+        >>> sorted(load_file(path))
+        ['layers/0/w', 'step']
+    """
+    check_align(align)  # before any array is converted or anything written
+    if _flat_tensors(tensors):
+        save_arrays(dict(tensors), path, align=align, metadata=metadata)
+        return
+    leaves = jax.tree_util.tree_leaves(tensors)
+    names = [name[1:] for name in leaf_names("", tensors)]
+    if names == [""]:
+        raise TypeError(
+            "save_file() takes a mapping of names to arrays or a tree whose leaves have "
+            f"names, got one {type(tensors).__name__}"
+        )
+    arrays: dict[str, Any] = {}
+    for name, leaf in zip(names, leaves, strict=True):
+        if name in arrays:
+            raise ValueError(f"save_file(): two leaves of the tree are named {name!r}")
+        if not isinstance(leaf, _TENSORS):
+            raise TypeError(
+                f"save_file(): leaf {name!r} ({type(leaf).__name__}) is not an array or number"
+            )
+        arrays[name] = leaf
+    save_arrays(arrays, path, align=align, metadata=metadata)
 
 
 def _loaded(
@@ -1385,9 +1627,11 @@ def plan(
     prefix: str | None = None,
     mmap: bool | None = None,
     machine: VirtualMachine | None = None,
+    separator: str | None = None,
 ) -> Plan:
     """Where every tensor of a file or checkpoint would go by `decider`, or by its settings
     on `machine` (which is then also the capacity judged by). See `devpolicy.plan`."""
+    naming = _naming(decider.settings.names, separator)
     if machine is not None:
         if not isinstance(machine, VirtualMachine):
             raise TypeError(
@@ -1395,8 +1639,8 @@ def plan(
                 f"{type(machine).__name__} {machine!r}"
             )
         virtual = Decider(decider.settings, machine, machine)
-        return _plan(path, virtual, prefix, mmap, str(machine), machine.processes)
-    return _plan(path, decider, prefix, mmap, "this process", 1)
+        return _plan(path, virtual, prefix, mmap, str(machine), machine.processes, naming)
+    return _plan(path, decider, prefix, mmap, "this process", 1, naming)
 
 
 def _plan(
@@ -1406,11 +1650,11 @@ def _plan(
     mmap: bool | None,
     machine: str,
     processes: int,
+    naming: NamesSpec,
 ) -> Plan:
     checkpoint = open_checkpoint(path)
     headers = [read_header(file) for file in checkpoint.files]
     checkpoint.check(headers)
-    naming = decider.settings.names
     stem = _stem(checkpoint.stem, prefix, naming)
     entries = [(header, entry) for header in headers for entry in header.tensors]
     names = [n for header in headers for n in _names(header, stem, naming)]

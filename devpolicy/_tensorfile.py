@@ -83,7 +83,7 @@ _JSON_DEPTH = 127  # serde_json's nesting limit as the reference reader meets it
 DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
 #: Largest alignment accepted: past the 2 MiB huge page nothing gains, and the header pads to it.
 MAX_ALIGN = 1 << 24
-#: Temporary files of `save_file`/`align_file` are `.<name>.devpolicy-<pid>-<random>.tmp`
+#: Temporary files of `save_arrays`/`align_file` are `.<name>.devpolicy-<pid>-<random>.tmp`
 #: beside the target (so a rename replaces it atomically). One left by a killed process is
 #: removed by the next successful save of the same target.
 TEMP_PATTERN = ".{name}.devpolicy-*.tmp"
@@ -985,32 +985,15 @@ def _umask() -> int:
     return current
 
 
-def save_file(
+def save_arrays(
     tensors: Mapping[str, Any],
     path: str | os.PathLike[str],
     *,
     align: int = DEFAULT_ALIGN,
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write arrays (numpy or JAX) as a safetensors file laid out for zero-copy loading.
-
-    The header is padded and tensors ordered so the largest start at `align`-byte file
-    offsets (the format allows no holes between tensors). Any safetensors reader reads it.
-    Written to a temporary file and renamed: an error leaves nothing behind.
-
-    Raises:
-        SafetensorsFileError: `path` exists but is not a regular file (a device, a FIFO, a
-            directory), or cannot be written; nothing is written.
-        ValueError: a bad `align`, dtype, name or metadata.
-
-    Example:
-        >>> import devpolicy, numpy as np, tempfile, os
-        >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
-        >>> devpolicy.save_file({"w": np.ones((4, 4), np.float32)}, path)
-        >>> from safetensors.numpy import load_file
-        >>> float(load_file(path)["w"].sum())
-        16.0
-    """
+    """Write a mapping of keys to arrays (numpy, JAX, or what `np.asarray` takes) as an
+    aligned safetensors file; `devpolicy.save_file` also names a tree's leaves first."""
     check_align(align)  # before any array is converted or anything written
     arrays = {key: np.asarray(value) for key, value in tensors.items()}
     write_file(arrays, path, align=align, metadata=metadata)
@@ -1133,12 +1116,12 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     Example:
         >>> import numpy as np, tempfile, os
         >>> d = tempfile.mkdtemp()
-        >>> save_file({"a": np.zeros(2)}, os.path.join(d, "part1.safetensors"))
-        >>> save_file({"b": np.zeros(2)}, os.path.join(d, "part2.safetensors"))
+        >>> save_arrays({"a": np.zeros(2)}, os.path.join(d, "part1.safetensors"))
+        >>> save_arrays({"b": np.zeros(2)}, os.path.join(d, "part2.safetensors"))
         >>> c = open_checkpoint(d)
         >>> [f.name for f in c.files], c.stem == os.path.basename(d)
         (['part1.safetensors', 'part2.safetensors'], True)
-        >>> save_file({"a": np.zeros(2)}, os.path.join(d, "model.safetensors"))
+        >>> save_arrays({"a": np.zeros(2)}, os.path.join(d, "model.safetensors"))
         >>> c = open_checkpoint(d)
         >>> [f.name for f in c.files], [f.name for f, why in c.left_out]
         (['model.safetensors'], ['part1.safetensors', 'part2.safetensors'])
