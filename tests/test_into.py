@@ -246,6 +246,8 @@ def test_any_tree_saved_comes_back_equal_through_into(tmp_path_factory: Any, tre
     devpolicy.save_file(tree, path)
     out = devpolicy.load_file(path, into=jax.eval_shape(lambda: tree))
     assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree)
-    for got, want in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(tree)):
+    for got, want in zip(
+        jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(tree), strict=True
+    ):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), want)
