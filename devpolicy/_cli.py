@@ -730,9 +730,9 @@ def _plan(args: argparse.Namespace) -> int:
                 f"{devpolicy.format_size(p.bytes_per_process)} on {len(p.devices)} devices"
             )
         )
-    unplaced = sum(t.decision is None for t in p.tensors)
-    if unplaced:
-        console.print(Text(f"{unplaced} tensor(s) have no device", style="red"))
+    missing = sum(map(len, unplaced.values()))
+    if missing:
+        console.print(Text(f"{missing} tensor(s) have no device", style="red"))
     _plan_rules(console, p)
     return status
 
