@@ -656,11 +656,14 @@ def _plan(args: argparse.Namespace) -> int:
         table.add_column(
             column, justify="right" if column in ("size", "per device") else "left", overflow="fold"
         )
+    unplaced = _unplaced(p)
+    note = {name: n for n, names in enumerate(unplaced.values(), 1) for name in names}
     for t in shown:
         device = _lit(t.decision.described) if t.decision else Text("none", style="red")
         if t.decision is not None and t.decision.fallback_reason:
             device.append_text(_lit(f" (asked {t.decision.requested})", "yellow"))
-        rule = _lit(t.decision.origin) if t.decision else _why_not(t.error or "")
+        # An unplaced tensor's reasons are said once, in its numbered note below the table.
+        rule = _lit(t.decision.origin) if t.decision else Text(f"no device [{note[t.name]}]", "red")
         share = t.decision.bytes_per_device() if t.decision else None
         table.add_row(
             _lit(t.name),
@@ -684,7 +687,7 @@ def _plan(args: argparse.Namespace) -> int:
         line = _lit(f"fallback for {', '.join(names[:3])}{more}: ", "yellow")
         line.append_text(_lit(reason))
         console.print(line)
-    _plan_notes(console, p)
+    _plan_notes(console, p, unplaced)
     memory = "free" if machine is None else "memory"
     per_device = Table(
         title=f"Per device{'' if machine is None else ' (of each process)'}: planned against "
@@ -727,9 +730,9 @@ def _plan(args: argparse.Namespace) -> int:
                 f"{devpolicy.format_size(p.bytes_per_process)} on {len(p.devices)} devices"
             )
         )
-    unplaced = sum(t.decision is None for t in p.tensors)
-    if unplaced:
-        console.print(Text(f"{unplaced} tensor(s) have no device", style="red"))
+    missing = sum(map(len, unplaced.values()))
+    if missing:
+        console.print(Text(f"{missing} tensor(s) have no device", style="red"))
     _plan_rules(console, p)
     return status
 
@@ -761,20 +764,28 @@ def _plan_rules(console: Console, p: devpolicy.Plan) -> None:
         )
 
 
-def _plan_notes(console: Console, p: devpolicy.Plan) -> None:
-    """Why each tensor without a device has none (every target tried, once per reason),
-    and the rule to write for large tensors only the default placed."""
+def _unplaced(p: devpolicy.Plan) -> dict[str, list[str]]:
+    """The tensors without a device, by reason (the error without the tensor's own name,
+    so a layer of tensors that fail alike shares one), in order of first appearance."""
+    found: dict[str, list[str]] = {}
+    for t in p.tensors:
+        if t.decision is None:
+            reason = (t.error or "").replace(f" for name {t.name!r}", "", 1)
+            found.setdefault(reason, []).append(t.name)
+    return found
+
+
+def _plan_notes(console: Console, p: devpolicy.Plan, unplaced: dict[str, list[str]]) -> None:
+    """Why the tensors without a device have none, once per reason, numbered as their rows
+    refer to them (every target tried, as `explain` says), and the rule to write for large
+    tensors only the default placed."""
     from ._decider import LARGE_BY_DEFAULT  # JAX is up by now: `--help` stays light
 
-    errors: dict[str, list[str]] = {}
-    for t in p.tensors:
-        if t.decision is None and t.error:
-            errors.setdefault(t.error, []).append(t.name)
-    for error, names in errors.items():
+    for n, (reason, names) in enumerate(unplaced.items(), 1):
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-        console.print(_lit(f"no device for {', '.join(names[:3])}{more}:", "red"))
+        console.print(_lit(f"[{n}] {', '.join(names[:3])}{more}:", "red"))
         # Not the devices this process has (`available:` on): the same for every tensor.
-        lines = itertools.takewhile(lambda x: not x.startswith("  available:"), error.splitlines())
+        lines = itertools.takewhile(lambda x: not x.startswith("  available:"), reason.splitlines())
         console.print(Text("\n").join(_lit(f"  {line}") for line in lines))
     large = [
         t
@@ -794,17 +805,6 @@ def _plan_notes(console: Console, p: devpolicy.Plan) -> None:
             f'where it goes on every machine, add a rule:\n  - file: "{name}"\n    device: cpu'
         )
         console.print(Text("\n").join(_lit(line, "yellow") for line in text.split("\n")))
-
-
-def _why_not(error: str) -> Text:
-    """An unplaced tensor's error: what was asked, then why each target was passed over.
-
-    Not the devices this process has (the error's `available:` and later lines): they are
-    the same for every row.
-    """
-    lines = error.splitlines() or [""]
-    reasons = itertools.takewhile(lambda line: not line.startswith("  available:"), lines[1:])
-    return Text("\n").join([_lit(lines[0]), *(_lit(line.strip()) for line in reasons)])
 
 
 def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:

@@ -24,6 +24,8 @@ from typing import Any
 import interegular
 from interegular import patterns as _ip
 
+from ._prefixes import group_end, top_level_bar
+
 # The most NFA states one pattern may have once its counted repeats are written out.
 _MAX_NFA_STATES = 2_000
 # The most (later, earlier) state-set pairs one inclusion check may visit.
@@ -346,7 +348,7 @@ def required_literal(pattern: str, is_regex: bool) -> str:
                 runs += [head, tail[tail.rindex("]") + 1 :] if "]" in tail else ""]
             else:
                 runs.append(part)
-    elif _top_level_bar(pattern) or any(
+    elif top_level_bar(pattern) or any(
         set(m.group(1)) - set("sm") for m in _FLAGS.finditer(pattern)
     ):
         return ""
@@ -385,7 +387,7 @@ def _regex_runs(pattern: str) -> list[str]:
             i = counted.end() if counted else i + 1
         elif c in "([":
             end_run()
-            i = _skip_group(pattern, i)
+            i = group_end(pattern, i)
         elif c in ".^$|)]}":
             end_run()
             i += 1
@@ -394,47 +396,6 @@ def _regex_runs(pattern: str) -> list[str]:
             i += 1
     end_run()
     return runs
-
-
-def _top_level_bar(pattern: str) -> bool:
-    """Whether `pattern` has a `|` outside every group and class."""
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "|":
-            return True
-        i = _skip_group(pattern, i) if c in "([" else i + (2 if c == "\\" else 1)
-    return False
-
-
-def _skip_group(pattern: str, i: int) -> int:
-    """The index after the group or class that starts at `i` (or the end of `pattern`)."""
-    depth, in_class, n = 0, False, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            if c == "]":
-                in_class = False
-                if depth == 0:
-                    return i + 1
-        elif c == "[":
-            in_class = True
-            # A `]` right after `[` or `[^` is a member, not the end.
-            if pattern[i + 1 : i + 2] == "^":
-                i += 1
-            if pattern[i + 1 : i + 2] == "]":
-                i += 1
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return n
 
 
 def guess_example(pattern: str, is_regex: bool) -> str | None:

@@ -17,7 +17,7 @@ from ._errors import DeviceUnavailableError
 from ._files import untrusted
 from ._layers import RuleEntry, Setting
 from ._machine import D
-from ._matching import SourceFile, compile_condition, compile_search
+from ._matching import ShapeTest, SourceFile, compile_condition, compile_search
 from ._policy import Policy
 from ._prefixes import PrefixIndex
 from ._routing import Fit, Route
@@ -354,6 +354,8 @@ def _covers(earlier: RuleEntry, later: RuleEntry, judge: CoverJudge) -> str | No
         high_ok = a.max_bytes is None or (b.max_bytes is not None and b.max_bytes <= a.max_bytes)
         if not (low_ok and high_ok):
             return None
+    if a.shape_test.active and not _shapes_within(a.shape_test, b.shape_test):
+        return None  # `earlier` takes only some shapes (never an unknown one): `later` more
     if (a.match is not None and a.match.strip("*") == "") or a.regex in _CATCH_ALL_REGEXES:
         return "matches every name"
     if (a.match, a.regex) == (b.match, b.regex):
@@ -370,6 +372,19 @@ def _covers(earlier: RuleEntry, later: RuleEntry, judge: CoverJudge) -> str | No
     if judge.covers(earlier_pattern, (_pattern(later), b.regex is not None)):
         return "matches every name it matches"
     return None
+
+
+def _shapes_within(outer: ShapeTest, inner: ShapeTest) -> bool:
+    """Whether every shape `inner` admits passes `outer` (False when unsure)."""
+    if not inner.active:
+        return False  # `inner` also takes arrays of unknown shape, which `outer` never does
+    if outer.ndim is not None and (inner.ndim is None or not set(inner.ndim) <= set(outer.ndim)):
+        return False
+    if outer.min_elements is not None and (inner.min_elements or 0) < outer.min_elements:
+        return False
+    return outer.max_elements is None or (
+        inner.max_elements is not None and inner.max_elements <= outer.max_elements
+    )
 
 
 def _literal_suffix(glob: str) -> str:

@@ -40,7 +40,7 @@ def literal_prefix(pattern: str, is_regex: bool) -> str:
     if not is_regex:
         cut = min((pattern.index(c) for c in _GLOB_WILDCARDS if c in pattern), default=None)
         return pattern if cut is None else pattern[:cut]
-    if _has_top_level_alternation(pattern):
+    if top_level_bar(pattern):
         return ""
     out: list[str] = []
     i = 0
@@ -64,9 +64,32 @@ def literal_prefix(pattern: str, is_regex: bool) -> str:
     return "".join(out)
 
 
-def _has_top_level_alternation(pattern: str) -> bool:
-    depth, i, in_class = 0, 0, False
-    while i < len(pattern):
+def top_level_bar(pattern: str) -> bool:
+    """Whether regex `pattern` has a `|` outside every group and class.
+
+    Example:
+        >>> top_level_bar("a/b|c"), top_level_bar("a/(b|c)"), top_level_bar("a[|]")
+        (True, False, False)
+    """
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "|":
+            return True
+        i = group_end(pattern, i) if c in "([" else i + (2 if c == "\\" else 1)
+    return False
+
+
+def group_end(pattern: str, i: int) -> int:
+    """The index after the group or class of regex `pattern` that starts at `i` (or the
+    end of `pattern` when it is not closed). Escapes and classes inside are skipped whole.
+
+    Example:
+        >>> group_end("(a(b)[)])c", 0), group_end("[]a]b", 0), group_end("(a", 0)
+        (9, 4, 2)
+    """
+    depth, in_class, n = 0, False, len(pattern)
+    while i < n:
         c = pattern[i]
         if c == "\\":
             i += 2
@@ -74,9 +97,11 @@ def _has_top_level_alternation(pattern: str) -> bool:
         if in_class:
             if c == "]":
                 in_class = False
+                if depth == 0:
+                    return i + 1
         elif c == "[":
             in_class = True
-            # A `]` right after `[` or `[^` is a literal member, not the end.
+            # A `]` right after `[` or `[^` is a member, not the end.
             if pattern[i + 1 : i + 2] == "^":
                 i += 1
             if pattern[i + 1 : i + 2] == "]":
@@ -84,11 +109,11 @@ def _has_top_level_alternation(pattern: str) -> bool:
         elif c == "(":
             depth += 1
         elif c == ")":
-            depth = max(depth - 1, 0)
-        elif c == "|" and depth == 0:
-            return True
+            depth -= 1
+            if depth == 0:
+                return i + 1
         i += 1
-    return False
+    return n
 
 
 class _Node:

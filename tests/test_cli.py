@@ -653,10 +653,11 @@ class TestPlanSaysWhatAndWhy:
         assert "CKPT a .safetensors file, a checkpoint directory or its index" in out
         assert "(model.safetensors.index.json)" in out
 
-    def test_a_sharding_passed_over_without_fallback_shows_why_in_the_row(
+    def test_a_sharding_passed_over_without_fallback_says_why_in_its_note(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        """The row says what `explain` says: dim 0 of 10 does not divide by 'data' (8)."""
+        """The row points to a note that says what `explain` says: dim 0 of 10 does not
+        divide by 'data' (8)."""
         path = tmp_path / "c.safetensors"
         devpolicy.save_file({"w": np.zeros((10, 4), np.float32)}, path)
         policy = write(
@@ -666,6 +667,35 @@ class TestPlanSaysWhatAndWhy:
         )
         assert main(["plan", str(path), "--policy", str(policy), "--devices", "cpu=8"]) == 1
         out = capsys.readouterr().out
+        assert "no device [1]" in out
+        assert "[1] c/w:\n  no device for 'pod[data]' (rule " in out
         assert "(no fallback given)" in out
         assert "pod[data]: dim 0 of 10 does not divide by axis 'data' (8)" in out
         assert "available:" not in out
+
+    def test_tensors_that_fail_alike_share_one_note_and_keep_their_rows_short(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """50 of 100 tensors that no mesh divides: each reason once, in a numbered note
+        naming a few of them; each of their rows one line, pointing to it."""
+        path = tmp_path / "c.safetensors"
+        rows = {
+            f"layers.{i:03d}.w": np.zeros((10 if i % 2 else 16, 4), np.float32) for i in range(100)
+        }
+        rows["odd"] = np.zeros((3,), np.float32)
+        devpolicy.save_file(rows, path)
+        policy = write(
+            tmp_path / "p.yaml",
+            "version: 1\nstrict: true\nmeshes:\n  pod: {axes: {data: 8}, devices: cpu}\n"
+            "rules:\n  - match: '*'\n    sharding: {mesh: pod, spec: [data]}\n",
+        )
+        argv = ["plan", str(path), "--policy", str(policy), "--devices", "cpu=8", "--all"]
+        assert main(argv) == 1
+        out = capsys.readouterr().out
+        assert out.count("dim 0 of 10 does not divide by axis 'data' (8)") == 1
+        assert out.count("dim 0 of 3 does not divide by axis 'data' (8)") == 1
+        assert "[1] c/layers.001.w, c/layers.003.w, c/layers.005.w and 47 more:\n" in out
+        assert "[2] c/odd:\n" in out
+        assert out.count("no device [1]") == 50
+        assert out.count("no device [2]") == 1
+        assert "for name" not in out

@@ -40,6 +40,8 @@ class TestUnreachable:
             (rule("a?c"), rule("abc")),
             (rule("*", min_bytes=1), rule("x", min_bytes=10, max_bytes=20)),
             (rule(None, regex="a.*"), rule("abc")),
+            (rule("*", ndim=[0, 1]), rule("x", ndim=1, max_elements=8)),
+            (rule("*", max_elements=10), rule("x", min_elements=2, max_elements=10)),
         ],
     )
     def test_rules_an_earlier_rule_covers_are_errors(
@@ -58,6 +60,11 @@ class TestUnreachable:
             (rule("*/w"), rule("model/w/*")),
             (rule("a*b*"), rule("a*")),
             (rule(None, regex=".*"), rule(None, regex="a\nb")),  # `.` does not match a newline
+            (rule("*", ndim=[0, 1]), rule("x")),  # the later also takes matrices
+            (rule("*", ndim=1), rule("x", ndim=[1, 2])),
+            (rule("*", max_elements=1), rule("x", ndim=0)),  # exact would say covered: unsure
+            (rule("*", min_elements=2), rule("x", max_elements=9)),
+            (rule("*", max_elements=10), rule("x", min_elements=2)),
         ],
     )
     def test_rules_that_can_still_match_are_not_reported(

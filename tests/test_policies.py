@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import devpolicy
+from devpolicy._cli import main
 from tests.conftest import REPO
 
 POLICIES = sorted((REPO / "policies").glob("*.yaml"))
@@ -99,9 +102,79 @@ class TestBehaviour:
             assert "mesh 'fsdp'" in (d.fallback_reason or "")
         assert policy.resolve("dataset/train", nbytes=8).device.platform == "cpu"
 
+    def test_fsdp_sharded_shards_every_matrix_of_a_hugging_face_llama_checkpoint(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`devpolicy plan llama-2-7b/` (two shards and an index, Hugging Face names) for
+        2 processes of 8 GPUs: every weight matrix sharded on `data` x `model`, every norm
+        and rotary table replicated over the mesh, nothing left to the default, exit 0."""
+        checkpoint = hf_llama_checkpoint(tmp_path / "llama-2-7b")
+        policy = REPO / "policies" / "fsdp-sharded.yaml"
+        argv = ["plan", str(checkpoint), "--policy", str(policy), "--devices", "gpu=8x80GiB"]
+        assert main([*argv, "--processes", "2", "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        tensors = plan["tensors"]
+        assert len(tensors) == 3 + 32 * 10
+        assert sum(t["nbytes"] for t in tensors) == pytest.approx(12.55 * 2**30, rel=1e-3)
+        for t in tensors:
+            assert (t["error"], t["fallback_reason"]) == (None, None), t["name"]
+            assert t["mesh_devices"] == 16, t["name"]
+            assert t["spec"] == (["data", "model"] if len(t["shape"]) == 2 else []), t["name"]
+        up = "llama-2-7b/model/layers/0/mlp/up_proj/weight"
+        assert next(t for t in tensors if t["name"] == up)["bytes_per_device"] == 11008 * 256 * 2
+        assert plan["rules"][-1]["tensors"] == 0  # the default took nothing
+        assert plan["warnings"] == []
+        assert all(d["nbytes"] < 2**30 for d in plan["devices"])
+
     def test_strict_debug_rejects_unplanned_names(self) -> None:
         """Anything not listed is an error."""
         policy = devpolicy.load_policy(REPO / "policies" / "strict-debug.yaml", environ={})
         with pytest.raises(devpolicy.UnmatchedNameError):
             policy.resolve("surprise")
         assert policy.resolve("dataset/x").device.platform == "cpu"
+
+
+def hf_llama_checkpoint(
+    folder: Path, vocab: int = 32000, hidden: int = 4096, inter: int = 11008, layers: int = 32
+) -> Path:
+    """A Hugging Face LLaMA-2 checkpoint folder as `save_pretrained` writes it: two
+    float16 shards (headers only, sparse) and `model.safetensors.index.json`; each layer
+    keeps its `rotary_emb.inv_freq` buffer, as the published 7B checkpoint does (323 tensors)."""
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        layer = f"model.layers.{i}"
+        for proj in ("q", "k", "v", "o"):
+            shapes[f"{layer}.self_attn.{proj}_proj.weight"] = (hidden, hidden)
+        shapes[f"{layer}.self_attn.rotary_emb.inv_freq"] = (64,)
+        shapes[f"{layer}.mlp.gate_proj.weight"] = (inter, hidden)
+        shapes[f"{layer}.mlp.up_proj.weight"] = (inter, hidden)
+        shapes[f"{layer}.mlp.down_proj.weight"] = (hidden, inter)
+        shapes[f"{layer}.input_layernorm.weight"] = (hidden,)
+        shapes[f"{layer}.post_attention_layernorm.weight"] = (hidden,)
+    shapes["model.norm.weight"] = (hidden,)
+    shapes["lm_head.weight"] = (vocab, hidden)
+    folder.mkdir()
+    keys = list(shapes)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for n, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2 :]), 1):
+        file = f"model-{n:05d}-of-00002.safetensors"
+        header: dict[str, object] = {}
+        offset = 0
+        for key in part:
+            nbytes = 2 * int(np.prod(shapes[key]))
+            header[key] = {
+                "dtype": "F16",
+                "shape": list(shapes[key]),
+                "data_offsets": [offset, offset + nbytes],
+            }
+            offset += nbytes
+            weight_map[key] = file
+        text = json.dumps(header).encode()
+        with open(folder / file, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text)
+            f.truncate(8 + len(text) + offset)
+        total += offset
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
