@@ -97,8 +97,7 @@ def run_child(method: str, path: Path) -> dict[str, float]:
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, method, str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         env=env,
         check=False,
     )
