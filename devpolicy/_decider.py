@@ -965,8 +965,6 @@ class Decider(Generic[DeviceT]):
                 "local_devices": choice.mesh.local,
                 "axes": target.logical,
             }
-        if route.attached is not None and not self.disabled:
-            sharded["attached"] = True
         elif isinstance(device, jax.Device):
             # One sharding object per device and memory kind, shared by its decisions.
             key = (device, route.memory_kind)
@@ -975,6 +973,8 @@ class Decider(Generic[DeviceT]):
                 single = SingleDeviceSharding(device, memory_kind=route.memory_kind)
                 self._singles[key] = single
             sharded["sharding"] = single
+        if route.attached is not None and not self.disabled:
+            sharded["attached"] = True
         return Decision(
             name=name,
             device=device,

@@ -437,11 +437,16 @@ def _chain(
     """Findings about one chain, from the decider's own walk; a chain without a safe end is
     added to `unsafe` instead."""
     findings = []
-    walked = route.walk(label, None, fit)
+    # Under `axes: attached` a leaf's names are not known here: walked as a leaf that needs
+    # none (0-d, replicated), so the mesh alone is judged, with no note about names.
+    walked = route.walk(label, None, fit, shape=() if route.attached is not None else None)
     # A target the chain names twice (a rule's device again in the fallback) is said once.
     missing = list(dict.fromkeys(f"{target} ({why})" for target, why in walked.tried))
     here = None if isinstance(walked, DeviceUnavailableError) else walked.target.text
     targets = list(dict.fromkeys(route.tried_chain))
+    texts = [t.text for t in targets]
+    if route.attached is not None:
+        texts[0] = route.requested  # `mesh[attached]`, as written
     if missing and here is not None:
         findings.append(
             Finding(
@@ -452,7 +457,7 @@ def _chain(
             )
         )
     if here is None:
-        names = ", ".join(t.text for t in targets)
+        names = ", ".join(texts)
         if route.strict:
             consequence, fix = (
                 "strict, so no fallback is tried",
@@ -471,7 +476,7 @@ def _chain(
             )
         )
     elif not route.strict and not any(_everywhere(t) for t in targets):
-        unsafe.setdefault(tuple(t.text for t in targets), []).append((label, origin))
+        unsafe.setdefault(tuple(texts), []).append((label, origin))
     return findings
 
 

@@ -282,12 +282,14 @@ class Route(Generic[D]):
         unbuilt = ""  # a mesh this machine cannot build: said once, not for each spec on it
         unnamed = None  # why a leaf under `axes: attached` is replicated
         for position, target in enumerate(chain):
+            shown = None  # the target as a reason names it, where not its own text
             if position == 0 and self.attached is not None:
                 found_target = self._attached_target(attached, shape)
                 if isinstance(found_target, str):
                     tried.append((self.requested, found_target))
                     continue
                 if found_target is None:
+                    shown = self.requested
                     if shape != ():
                         unnamed = "the leaf carries no axis names of its own"
                 else:
@@ -299,10 +301,10 @@ class Route(Generic[D]):
                 if isinstance(sharded, str):
                     if isinstance(self.meshes.build(target.mesh), str):
                         unbuilt = target.mesh
-                    tried.append((target.described, sharded))
+                    tried.append((shown or target.described, sharded))
                     continue
                 if isinstance(sharded, _Short):
-                    tried.append((target.described, sharded.reason))
+                    tried.append((shown or target.described, sharded.reason))
                     short = True
                     accelerator = accelerator or sharded.platform != "cpu"
                     continue
