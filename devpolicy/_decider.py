@@ -608,8 +608,14 @@ class Decider(Generic[DeviceT]):
         if (
             decision.fallback_reason is not None
             # A leaf without names of its own under `axes: attached` is said by the
-            # `no_attached_axes` warning of its placement, with the count and the fix.
-            and not (decision.attached and attached is None and decision.mesh is not None)
+            # `no_attached_axes` warning of its placement (`resolve_many`), with the count
+            # and the fix; a name resolved alone gets the fallback warning.
+            and not (
+                alike is not None
+                and decision.attached
+                and attached is None
+                and decision.mesh is not None
+            )
             and self.events.first_time(
                 (
                     "fallback",

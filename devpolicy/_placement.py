@@ -780,7 +780,8 @@ _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 def shardings(decider: Decider, name: str, tree: T) -> T:
     """The sharding each leaf of `tree` would be placed with by `put(name, tree)`: its
     leaves arrays or `jax.ShapeDtypeStruct`s (shape and dtype are all that is read), all
-    decided as one placement. Nothing moves and nothing is created."""
+    decided as one placement. Nothing moves and nothing is created. The axis names a
+    framework attached to a leaf (`leaf_axes`) go with it, for rules with `axes: attached`."""
     if not isinstance(name, str):
         raise TypeError(f"shardings() takes a name (str) first, got {type(name).__name__} {name!r}")
     leaves, treedef = jax.tree_util.tree_flatten(tree)

@@ -336,6 +336,16 @@ class TestNothingSilent:
         assert spec_of(placed["step"].sharding) == ()
         assert not [e for e in logs if e["log_level"] == "warning"]
 
+    def test_a_name_resolved_alone_under_attached_warns_as_a_fallback(self) -> None:
+        """Outside a placement (a scope's name) there is no per-rule summary: the
+        replication is the `placement` warning, with the reason."""
+        with capture_logs() as logs:
+            decision = attached_policy().resolve("params/w")
+        assert decision.device_text == "mt[]"
+        (event,) = [e for e in logs if e["event"] == "placement"]
+        assert event["log_level"] == "warning"
+        assert "the leaf carries no axis names of its own" in event["fallback_reason"]
+
     def test_a_name_the_table_lacks_is_reported_once_and_not_sharded(self, boxes: Any) -> None:
         tree = {
             "a": boxes((16, 8), ("embed", "experts")),
@@ -404,6 +414,19 @@ class TestDecisions:
         assert first.spec == ("fsdp", "tensor")
         assert other.spec == ("tensor", "fsdp")
         assert again is first
+
+    def test_leaves_of_one_shape_with_other_names_in_one_placement_differ(self) -> None:
+        """Leaves of one rule and shape in one placement are each decided by their own
+        names (a placement reuses decisions for alike leaves: names make them unalike)."""
+        decider = attached_policy().decider
+        decisions = decider.resolve_many(
+            [
+                ("params/a", 2048, (32, 16), 0, None, Attached(("mlp", "embed"))),
+                ("params/b", 2048, (32, 16), 0, None, Attached(("embed", "mlp"))),
+                ("params/c", 2048, (32, 16), 0, None, None),
+            ]
+        )
+        assert [d.spec for d in decisions] == [("tensor", "fsdp"), ("fsdp", "tensor"), ()]
 
     def test_older_item_forms_still_decide(self) -> None:
         decider = policy_of(rules=[{"match": "*", "device": "cpu:2"}]).decider
