@@ -219,6 +219,15 @@ class TestNnx:
         (warning,) = [e for e in logs if e["event"] == "no_attached_axes"]
         assert warning["examples"] == ["params/up/bias"]
 
+    def test_shardings_of_an_abstract_nnx_state(self) -> None:
+        """`nnx.eval_shape` makes Variables of `ShapeDtypeStruct`s: their shardings are
+        decided by the same names, nothing created."""
+        with nnx.use_eager_sharding(False):
+            abstract = nnx.eval_shape(nnx_model)
+        shardings = attached_policy().shardings("params", nnx.state(abstract))
+        assert spec_of(shardings["up"]["kernel"].get_value()) == ("fsdp", "tensor")
+        assert spec_of(shardings["down"].get_value()) == ("tensor", "fsdp")
+
     def test_a_partitionspec_in_the_metadata_is_read_as_its_entries(self) -> None:
         with nnx.use_eager_sharding(False):
             variable = nnx.Param(jnp.zeros((16, 32)), out_sharding=PartitionSpec("embed", "mlp"))
