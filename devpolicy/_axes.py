@@ -89,3 +89,100 @@ def logical_text(logical: Sequence[str | None]) -> str:
         '(vocab, -)'
     """
     return "(" + ", ".join("-" if n is None else n for n in logical) + ")"
+
+
+#: `sharding: {axes: attached}`: each leaf's own names, as its framework attached them.
+ATTACHED = "attached"
+
+
+class Attached:
+    """The axis names a framework attached to one leaf (flax `LogicallyPartitioned` or
+    `Partitioned`, nnx sharding metadata, haliax axes), one entry per dimension.
+
+    Hashable and compared by value: decisions are cached by it.
+
+    Attributes:
+        names: Per dimension: a name, None (not named), or for mesh axes a tuple of axes.
+        mesh_axes: Whether the names are mesh axes already (flax `Partitioned`), used as the
+            spec as they are; else logical names, resolved by `axis_rules`.
+    """
+
+    __slots__ = ("_hash", "mesh_axes", "names")
+
+    def __init__(self, names: Sequence[Entry], mesh_axes: bool = False) -> None:
+        self.names: tuple[Entry, ...] = tuple(names)
+        self.mesh_axes = mesh_axes
+        self._hash = hash((self.names, mesh_axes))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is Attached
+            and self.names == other.names
+            and self.mesh_axes == other.mesh_axes
+        )
+
+    def __repr__(self) -> str:
+        kind = ", mesh_axes=True" if self.mesh_axes else ""
+        return f"Attached({self.names!r}{kind})"
+
+    @property
+    def text(self) -> str:
+        """`(embed, mlp)`: the names as `explain` shows them (`a+b` for several axes)."""
+        parts = ["-" if n is None else n if isinstance(n, str) else "+".join(n) for n in self.names]
+        return "(" + ", ".join(parts) + ")"
+
+
+def resolve_attached(
+    attached: Attached, rules: Sequence[AxisRule], mesh_axes: Sequence[str]
+) -> tuple[tuple[Entry, ...], tuple[str | None, ...] | None] | str:
+    """The spec for a leaf's attached names on a mesh with `mesh_axes`, and the logical
+    names it was resolved from (None for mesh axes), or why there is none.
+
+    Logical names resolve by `rules` as `resolve_axes` does; mesh axes are the spec.
+
+    Example:
+        >>> rules = [("embed", "fsdp"), ("mlp", "tensor")]
+        >>> resolve_attached(Attached(("embed", "mlp")), rules, ["fsdp", "tensor"])
+        (('fsdp', 'tensor'), ('embed', 'mlp'))
+        >>> resolve_attached(Attached(("data", None), mesh_axes=True), rules, ["data"])
+        (('data', None), None)
+        >>> resolve_attached(Attached(("embed", "embed")), rules, ["fsdp"])
+        "attached axes (embed, embed): logical axis 'embed' names more than one dimension"
+    """
+    if attached.mesh_axes:
+        spec = tuple(normalised(n) for n in attached.names)
+        logical: tuple[str | None, ...] | None = None
+        named = [a for e in spec for a in axes_of(e)]
+        if len(set(named)) != len(named):
+            return f"attached mesh axes {attached.text}: an axis shards one dimension at most"
+    else:
+        names: list[str | None] = []
+        for entry in attached.names:
+            one = axes_of(entry)
+            if len(one) > 1:
+                return (
+                    f"attached axes {attached.text}: a dimension holds several names "
+                    f"({', '.join(one)}); logical axes name one per dimension"
+                )
+            names.append(one[0] if one else None)
+        logical = tuple(names)
+        named = [n for n in logical if n is not None]
+        repeated = sorted({n for n in named if named.count(n) > 1})
+        if repeated:
+            return (
+                f"attached axes {attached.text}: logical axis {repeated[0]!r} names more than "
+                "one dimension"
+            )
+        spec = resolve_axes(logical, rules)
+    for position, entry in enumerate(spec):
+        for axis in axes_of(entry):
+            if axis not in mesh_axes:
+                via = "" if logical is None else f" ({logical[position]!r} by axis_rules)"
+                return (
+                    f"attached axes {attached.text}: mesh axis {axis!r}{via} is not an axis of "
+                    f"the mesh ({', '.join(mesh_axes)})"
+                )
+    return spec, logical

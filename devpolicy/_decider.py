@@ -16,7 +16,7 @@ import jax
 from jax.sharding import SingleDeviceSharding
 from typing_extensions import TypeVar
 
-from ._axes import logical_text, resolve_axes
+from ._axes import ATTACHED, Attached, logical_text, resolve_axes
 from ._capacity import Capacity
 from ._errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameError
 from ._layers import RuleEntry, Settings
@@ -28,7 +28,14 @@ from ._meshes import Meshes, shards
 from ._routing import ALWAYS_MAPPED, NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
 from ._schema import MeshSpec, RuleSpec, Source
 from ._sizes import format_size
-from ._targets import REJECT, ShardingTarget, SpecEntry, Target, parse_target
+from ._targets import (
+    REJECT,
+    AttachedTarget,
+    ShardingTarget,
+    SpecEntry,
+    Target,
+    parse_target,
+)
 from ._visible import visible
 
 #: The devices decided between: JAX's, or a planned machine's (`VirtualDevice`).
@@ -67,8 +74,11 @@ class Decision(Generic[DeviceT]):
             device to `device` before the call (the rule's `inputs: move`).
         local_devices: This process's devices that hold the array: `device`, or the
             mesh's devices of this process for a sharded decision.
-        axes: The logical axis names the spec was resolved from (a rule's `axes`), else
-            None.
+        axes: The logical axis names the spec was resolved from (a rule's `axes`, or the
+            leaf's own under `axes: attached`), else None.
+        attached: Whether the deciding rule shards by each leaf's own names (`axes:
+            attached`); then `axes` are the names the leaf carried (None: mesh axes, as
+            flax's `Partitioned` attaches, or no names at all, see `fallback_reason`).
 
     Example:
         >>> import devpolicy
@@ -100,6 +110,7 @@ class Decision(Generic[DeviceT]):
     shards: int = 1
     local_devices: tuple[DeviceT, ...] = ()
     axes: tuple[str | None, ...] | None = None
+    attached: bool = False
 
     def __post_init__(self) -> None:
         if not self.local_devices:
@@ -116,10 +127,13 @@ class Decision(Generic[DeviceT]):
     @property
     def described(self) -> str:
         """`device_text`, with the logical axes a sharded spec came from (`mt[tensor,fsdp]
-        from axes (vocab, embed)`)."""
+        from axes (vocab, embed)`; `from attached axes` where the leaf carried them)."""
         if self.axes is None:
+            if self.attached and self.mesh is not None and self.fallback_reason is None:
+                return f"{self.device_text} from attached mesh axes"
             return self.device_text
-        return f"{self.device_text} from axes {logical_text(self.axes)}"
+        whose = "attached axes" if self.attached else "axes"
+        return f"{self.device_text} from {whose} {logical_text(self.axes)}"
 
     @property
     def is_sharded(self) -> bool:
@@ -175,6 +189,8 @@ class Decision(Generic[DeviceT]):
             }
             if self.axes is not None:
                 sharded["axes"] = logical_text(self.axes)
+            if self.attached:
+                sharded["attached"] = True
         return {
             "name": self.name,
             "device": self.device_text,
@@ -263,9 +279,16 @@ class _Outcome(Generic[DeviceT]):
     choice: Choice[DeviceT] | DevicePolicyError
 
 
-def _first_target(rule: RuleSpec, meshes: Mapping[str, MeshSpec]) -> Target | ShardingTarget:
+def _first_target(
+    rule: RuleSpec, meshes: Mapping[str, MeshSpec]
+) -> Target | ShardingTarget | AttachedTarget:
     sharding = rule.sharding
     if sharding is not None:
+        if sharding.axes == ATTACHED:
+            mesh = meshes[sharding.mesh]
+            return AttachedTarget(
+                sharding.mesh, tuple(mesh.axis_rules or ()), tuple(mesh.axes), sharding.indivisible
+            )
         if sharding.axes is not None:
             # Resolved once, here: the table and the names do not change while deciding.
             rules = meshes[sharding.mesh].axis_rules or ()
@@ -282,24 +305,33 @@ def _first_target(rule: RuleSpec, meshes: Mapping[str, MeshSpec]) -> Target | Sh
 Shape = tuple[int, ...]
 #: One item of a placement: (name, nbytes), (name, nbytes, shape), with a fourth
 #: element saying whether a loader would map it from its file (`_routing.NEVER_MAPPED`...),
-#: and a fifth naming the file it comes from (for `file:` rules).
+#: a fifth naming the file it comes from (for `file:` rules), and a sixth holding the axis
+#: names its framework attached to it (`_placement.leaf_names_and_axes`; for rules with
+#: `axes: attached`).
 Item = (
     tuple[str, int | None]
     | tuple[str, int | None, Shape | None]
     | tuple[str, int | None, Shape | None, int]
     | tuple[str, int | None, Shape | None, int, SourceFile | None]
+    | tuple[str, int | None, Shape | None, int, SourceFile | None, Attached | None]
 )
+_Unpacked = tuple[str, int | None, Shape | None, int, SourceFile | None, Attached | None]
 
 
-def _unpacked(item: Item) -> tuple[str, int | None, Shape | None, int, SourceFile | None]:
+def _unpacked(item: Item) -> _Unpacked:
+    if len(item) == 6:
+        return item
     if len(item) == 2:
-        return item[0], item[1], None, NEVER_MAPPED, None
+        return item[0], item[1], None, NEVER_MAPPED, None, None
     if len(item) == 3:
-        return item[0], item[1], item[2], NEVER_MAPPED, None
+        return item[0], item[1], item[2], NEVER_MAPPED, None, None
     if len(item) == 4:
-        return item[0], item[1], item[2], item[3], None
-    return item
+        return item[0], item[1], item[2], item[3], None, None
+    return item[0], item[1], item[2], item[3], item[4], None
 
+
+#: How many leaf names a warning about many leaves gives as examples.
+_EXAMPLES = 3
 
 #: A tensor at least this large decided only by the default gets a warning naming the
 #: rule to write: 1 GiB is past what any accelerator holds without noticing, and below
@@ -376,7 +408,8 @@ class _Alike(Generic[DeviceT]):
         self.fit = fit
         self.claimed = claimed
         self.made: dict[
-            tuple[Route[DeviceT], int, Shape | None], tuple[Choice[DeviceT], Decision[DeviceT]]
+            tuple[Route[DeviceT], int, Shape | None, Attached | None],
+            tuple[Choice[DeviceT], Decision[DeviceT]],
         ] = {}
 
 
@@ -402,6 +435,8 @@ class Decider(Generic[DeviceT]):
     """
 
     __slots__ = (
+        "_attached",
+        "_attached_origin",
         "_default",
         "_fit",
         "_matcher",
@@ -461,6 +496,13 @@ class Decider(Generic[DeviceT]):
             )
             for r in settings.rules
         )
+        # Rules with `axes: attached`, by (source, index) as their decisions name them.
+        self._attached: dict[tuple[Source, int | None], AttachedTarget] = {}
+        self._attached_origin: dict[tuple[Source, int | None], str] = {}
+        for r, route in zip(settings.rules, self._routes, strict=True):
+            if route.attached is not None:
+                self._attached[(r.source, r.index)] = route.attached
+                self._attached_origin[(r.source, r.index)] = r.origin
         self._rejects = settings.default.value == REJECT
         self._default = Route(
             parse_target("auto" if self._rejects else settings.default.value),
@@ -516,12 +558,13 @@ class Decider(Generic[DeviceT]):
         source: SourceFile | None = None,
         fit: Fit[DeviceT] | None = None,
         alike: _Alike[DeviceT] | None = None,
+        attached: Attached | None = None,
     ) -> Decision[DeviceT]:
         nbytes, shape = _checked(nbytes, shape)
         key: object = (
             name
-            if nbytes is None and shape is None and source is None
-            else (name, nbytes, shape, maps, source)
+            if nbytes is None and shape is None and source is None and attached is None
+            else (name, nbytes, shape, maps, source, attached)
         )
         decision = self._cached(key)
         # An `auto` decision follows JAX's default device: still good while that is the same.
@@ -538,17 +581,22 @@ class Decider(Generic[DeviceT]):
             route, before, decision = walked
             same = (
                 nbytes is not None and route.ends_again(before, nbytes, fit, claimed)
-            ) or route.walk(name, nbytes, fit, claimed, shape, maps) == before
+            ) or route.walk(name, nbytes, fit, claimed, shape, maps, attached) == before
             if same and (not decision.is_auto or decision.device == self.machine.default_device()):
                 self.events.repeat("placement", decision.event_fields)
                 return decision
-        made = None if alike is None else self._alike(alike, name, nbytes, shape, maps, source)
+        made = (
+            None
+            if alike is None
+            else self._alike(alike, name, nbytes, shape, maps, source, attached)
+        )
         if made is None:
-            made = self._decision(name, nbytes, shape, claimed, maps, source, fit)
+            made = self._decision(name, nbytes, shape, claimed, maps, source, fit, attached)
             if alike is not None and nbytes is not None and not self.disabled:
                 decision, choice, route = made
                 shaped = shape if route.judges_shape() else None
-                alike.made[(route, maps, shaped)] = (choice, decision)
+                named = attached if route.attached is not None else None
+                alike.made[(route, maps, shaped, named)] = (choice, decision)
         decision, choice, route = made
         if not choice.sized:
             self._remember(key, decision)
@@ -557,8 +605,26 @@ class Decider(Generic[DeviceT]):
                 self._walked.clear()
             self._walked[key] = (route, choice, decision)
         first = (name, decision.device_text, decision.rule, decision.origin)
-        if decision.fallback_reason is not None and self.events.first_time(
-            ("fallback", decision.origin, decision.requested, decision.device_text, choice.short)
+        if (
+            decision.fallback_reason is not None
+            # A leaf without names of its own under `axes: attached` is said by the
+            # `no_attached_axes` warning of its placement (`resolve_many`), with the count
+            # and the fix; a name resolved alone gets the fallback warning.
+            and not (
+                alike is not None
+                and decision.attached
+                and attached is None
+                and decision.mesh is not None
+            )
+            and self.events.first_time(
+                (
+                    "fallback",
+                    decision.origin,
+                    decision.requested,
+                    decision.device_text,
+                    choice.short,
+                )
+            )
         ):
             # The event a user most needs: their rule's device was not had (or could not
             # hold the bytes). Once per rule and outcome at warning, however many names
@@ -621,14 +687,101 @@ class Decider(Generic[DeviceT]):
         first_level = "debug" if summarised else "info"
         fit = self._fit.snapshot()  # one placement: each pool's free memory read once
         alike = _Alike(fit, claimed)
+        # What leaves carried, for rules with `axes: attached` (only where there are any).
+        carried: list[tuple[Attached | None, Shape | None]] | None = (
+            [] if self._attached and not self.disabled else None
+        )
         for item in items:
-            name, nbytes, shape, maps, source = _unpacked(item)
+            name, nbytes, shape, maps, source, attached = _unpacked(item)
             decision = self._resolve(
-                name, nbytes, shape, claimed, first_level, maps, source, fit, alike
+                name, nbytes, shape, claimed, first_level, maps, source, fit, alike, attached
             )
             _claim(claimed, decision, fit, maps)
             decisions.append(decision)
+            if carried is not None:
+                carried.append((attached, shape))
+        if carried:
+            self._report_attached(decisions, carried)
         return decisions
+
+    def _report_attached(
+        self,
+        decisions: list[Decision[DeviceT]],
+        carried: list[tuple[Attached | None, Shape | None]],
+    ) -> None:
+        """One placement's warnings for rules with `axes: attached`: per rule, the leaves
+        that carried no names (replicated), and each logical name its table lacks (that
+        dimension is not sharded, as flax does)."""
+        unnamed: dict[tuple[Source, int | None], list[str]] = {}
+        unknown: dict[tuple[tuple[Source, int | None], str], list[str]] = {}
+        for decision, (attached, shape) in zip(decisions, carried, strict=True):
+            if not decision.attached:
+                continue
+            rule = (decision.source, decision.rule)
+            if attached is None:
+                if shape != ():
+                    unnamed.setdefault(rule, []).append(decision.name)
+                continue
+            if attached.mesh_axes:
+                continue
+            target = self._attached[rule]
+            known = target.known
+            for n in attached.names:
+                if isinstance(n, str) and n not in known:
+                    unknown.setdefault((rule, n), []).append(decision.name)
+        for rule, names in unnamed.items():
+            target = self._attached[rule]
+            origin = self._attached_origin[rule]
+            count = len(names)
+            level = (
+                "warning"
+                if self.events.first_time(("no_attached_axes", origin, count, names[0]))
+                else "debug"
+            )
+            self.events.emit(
+                level,
+                "no_attached_axes",
+                {
+                    "rule": origin,
+                    "mesh": target.mesh,
+                    "leaves": count,
+                    "examples": names[:_EXAMPLES],
+                    "hint": f"`axes: attached` shards a leaf by the axis names its framework "
+                    f"attached to it, and {'this leaf carries' if count == 1 else 'these carry'}"
+                    f" none, so {'it is' if count == 1 else 'they are'} replicated over mesh "
+                    f"{target.mesh!r}: name the axes in the model (flax "
+                    "nn.with_logical_partitioning, nnx.with_partitioning, haliax axes), or give "
+                    f"{'it a rule of its own' if count == 1 else 'them a rule of their own'} "
+                    "before this one "
+                    f'(e.g. `- match: "{names[0]}"` with `sharding: {{mesh: {target.mesh}, '
+                    "spec: []}`)",
+                },
+            )
+        for (rule, axis), names in unknown.items():
+            target = self._attached[rule]
+            origin = self._attached_origin[rule]
+            level = (
+                "warning"
+                if self.events.first_time(("unknown_logical_axis", origin, axis))
+                else "debug"
+            )
+            listed = ", ".join(sorted(target.known)) or "none"
+            self.events.emit(
+                level,
+                "unknown_logical_axis",
+                {
+                    "rule": origin,
+                    "axis": axis,
+                    "mesh": target.mesh,
+                    "leaves": len(names),
+                    "examples": names[:_EXAMPLES],
+                    "axis_rules": listed,
+                    "hint": f"logical axis {axis!r} is not in the axis_rules of mesh "
+                    f"{target.mesh!r} ({listed}), so that dimension is not sharded (as flax's "
+                    f"logical_to_mesh_axes does); add a pair `[{axis}, MESH_AXIS]` to "
+                    f"axis_rules, or `[{axis}, null]` to replicate it on purpose",
+                },
+            )
 
     def _alike(
         self,
@@ -638,6 +791,7 @@ class Decider(Generic[DeviceT]):
         shape: Shape | None,
         maps: int,
         source: SourceFile | None,
+        attached: Attached | None = None,
     ) -> tuple[Decision[DeviceT], Choice[DeviceT], Route[DeviceT]] | None:
         """The decision for `name` made like an earlier one of this placement by the same
         rule (same `maps`, shape where the rule judges it), where its route says the walk
@@ -654,7 +808,8 @@ class Decider(Generic[DeviceT]):
             return None
         route = self._default if index is None else self._routes[index]
         shaped = shape if route.judges_shape() else None
-        found = alike.made.get((route, maps, shaped))
+        named = attached if route.attached is not None else None
+        found = alike.made.get((route, maps, shaped, named))
         if found is None:
             return None
         choice, like = found
@@ -668,9 +823,13 @@ class Decider(Generic[DeviceT]):
         nbytes: int | None = None,
         shape: Shape | None = None,
         source: SourceFile | None = None,
+        attached: Attached | None = None,
     ) -> Decision[DeviceT]:
-        """Like `resolve`, but nothing is logged or cached."""
-        return self._decision(name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source)[0]
+        """Like `resolve`, but nothing is logged or cached. `attached`: the axis names the
+        leaf carries, for rules with `axes: attached`."""
+        return self._decision(
+            name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source, None, attached
+        )[0]
 
     def rule_for(
         self,
@@ -690,9 +849,11 @@ class Decider(Generic[DeviceT]):
         results: list[Decision[DeviceT] | DevicePolicyError] = []
         fit = self._fit.snapshot()
         for item in items:
-            name, nbytes, shape, maps, source = _unpacked(item)
+            name, nbytes, shape, maps, source, attached = _unpacked(item)
             try:
-                decision = self._decision(name, nbytes, shape, claimed, maps, source, fit)[0]
+                decision = self._decision(
+                    name, nbytes, shape, claimed, maps, source, fit, attached
+                )[0]
             except DevicePolicyError as e:
                 results.append(e)
                 continue
@@ -706,10 +867,13 @@ class Decider(Generic[DeviceT]):
         nbytes: int | None = None,
         shape: Shape | None = None,
         source: SourceFile | None = None,
+        attached: Attached | None = None,
     ) -> Explanation[DeviceT]:
         """Every rule tried for `name` and every fallback step, from the walk that decides."""
         nbytes, shape = _checked(nbytes, shape)
-        outcome = self._outcome(name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source)
+        outcome = self._outcome(
+            name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source, None, attached
+        )
         rules = self.settings.rules
         steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes, source, shape))
         error = outcome.choice
@@ -728,10 +892,11 @@ class Decider(Generic[DeviceT]):
         maps: int = NEVER_MAPPED,
         source: SourceFile | None = None,
         fit: Fit[DeviceT] | None = None,
+        attached: Attached | None = None,
     ) -> tuple[Decision[DeviceT], Choice[DeviceT], Route[DeviceT]]:
         """The decision (or its error, raised), the walk's end (unsized: cacheable) and
         the route walked."""
-        outcome = self._outcome(name, nbytes, shape, claimed, maps, source, fit)
+        outcome = self._outcome(name, nbytes, shape, claimed, maps, source, fit, attached)
         if isinstance(outcome.choice, DevicePolicyError):
             raise outcome.choice
         choice = outcome.choice
@@ -747,6 +912,7 @@ class Decider(Generic[DeviceT]):
         maps: int = NEVER_MAPPED,
         source: SourceFile | None = None,
         fit: Fit[DeviceT] | None = None,
+        attached: Attached | None = None,
     ) -> _Outcome[DeviceT]:
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
@@ -764,7 +930,7 @@ class Decider(Generic[DeviceT]):
             return _Outcome(None, route, error)
         try:
             choice = route.choose(
-                name, nbytes, self._fit if fit is None else fit, claimed, shape, maps
+                name, nbytes, self._fit if fit is None else fit, claimed, shape, maps, attached
             )
         except DeviceUnavailableError as e:
             return _Outcome(index, route, e)
@@ -813,6 +979,8 @@ class Decider(Generic[DeviceT]):
                 single = SingleDeviceSharding(device, memory_kind=route.memory_kind)
                 self._singles[key] = single
             sharded["sharding"] = single
+        if route.attached is not None and not self.disabled:
+            sharded["attached"] = True
         return Decision(
             name=name,
             device=device,

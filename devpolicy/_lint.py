@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from ._axes import ATTACHED
 from ._cover import CoverJudge, guess_example, required_literal
 from ._errors import DeviceUnavailableError
 from ._files import untrusted
@@ -23,6 +24,7 @@ from ._prefixes import PrefixIndex
 from ._routing import Fit, Route
 from ._runtime import env_needs_allow, plan_runtime
 from ._safetensors import RuleUse, checkpoint_names, rule_uses, silent_rules
+from ._schema import MeshSpec
 from ._targets import ShardingTarget, Target
 from ._tensorfile import DTYPES
 
@@ -43,7 +45,7 @@ class Finding:
             `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
             `runtime-conflict`, `runtime-env-wins`, `runtime-opt-in`,
             `runtime-allow-unused`, `untrusted-policy`, `file-never-matches`,
-            `regex-is-a-fragment`; against real names (`lint_names`):
+            `regex-is-a-fragment`, `attached-without-axis-rules`; against real names (`lint_names`):
             `rule-matched-nothing`, `not-sharded`.
         message: What is wrong and what to do.
     """
@@ -92,6 +94,7 @@ def lint(policy: Policy) -> list[Finding]:
     findings += [_no_safe_end(chain, users) for chain, users in unsafe.items()]
     findings += _file_rules(policy.rules)
     findings += _path_fragments(policy.rules)
+    findings += _attached_without_table(policy.rules, settings.meshes)
     return findings + _unused_meshes(policy) + _runtime_findings(policy)
 
 
@@ -126,6 +129,35 @@ def _path_fragments(rules: tuple[RuleEntry, ...]) -> list[Finding]:
                 f"parts before or after (a regex copied from EasyLM or EasyDeL is searched "
                 f"for): write `search: {regex!r}` to find it anywhere in a name, or "
                 f"`regex: {'^' + regex!r}` if the whole name is meant",
+            )
+        )
+    return findings
+
+
+def _attached_without_table(
+    rules: tuple[RuleEntry, ...], meshes: Mapping[str, MeshSpec]
+) -> list[Finding]:
+    """`axes: attached` with no `axis_rules` for its mesh: every logical name a leaf
+    carries would be left unsharded (only flax `Partitioned` mesh axes would shard)."""
+    findings = []
+    for position, entry in enumerate(rules):
+        sharding = entry.spec.sharding
+        if sharding is None or sharding.axes != ATTACHED:
+            continue
+        mesh = meshes.get(sharding.mesh)
+        if mesh is None or mesh.axis_rules:
+            continue
+        findings.append(
+            Finding(
+                "warning",
+                entry.origin,
+                "attached-without-axis-rules",
+                f"rule {position} ({entry.spec.label}): `axes: attached` but neither mesh "
+                f"{sharding.mesh!r} nor the policy has `axis_rules`, so every logical name a "
+                "leaf carries (flax nn.with_logical_partitioning, nnx sharding, haliax axes) "
+                "is left unsharded and the leaves are replicated; add the table, e.g. "
+                "`axis_rules: [[embed, fsdp], [mlp, tensor]]` (flax `Partitioned` names are "
+                "mesh axes and need none)",
             )
         )
     return findings
@@ -420,11 +452,16 @@ def _chain(
     """Findings about one chain, from the decider's own walk; a chain without a safe end is
     added to `unsafe` instead."""
     findings = []
-    walked = route.walk(label, None, fit)
+    # Under `axes: attached` a leaf's names are not known here: walked as a leaf that needs
+    # none (0-d, replicated), so the mesh alone is judged, with no note about names.
+    walked = route.walk(label, None, fit, shape=() if route.attached is not None else None)
     # A target the chain names twice (a rule's device again in the fallback) is said once.
     missing = list(dict.fromkeys(f"{target} ({why})" for target, why in walked.tried))
     here = None if isinstance(walked, DeviceUnavailableError) else walked.target.text
     targets = list(dict.fromkeys(route.tried_chain))
+    texts = [t.text for t in targets]
+    if route.attached is not None:
+        texts[0] = route.requested  # `mesh[attached]`, as written
     if missing and here is not None:
         findings.append(
             Finding(
@@ -435,7 +472,7 @@ def _chain(
             )
         )
     if here is None:
-        names = ", ".join(t.text for t in targets)
+        names = ", ".join(texts)
         if route.strict:
             consequence, fix = (
                 "strict, so no fallback is tried",
@@ -454,7 +491,7 @@ def _chain(
             )
         )
     elif not route.strict and not any(_everywhere(t) for t in targets):
-        unsafe.setdefault(tuple(t.text for t in targets), []).append((label, origin))
+        unsafe.setdefault(tuple(texts), []).append((label, origin))
     return findings
 
 

@@ -18,14 +18,16 @@ from typing import Any, Literal, Protocol, TypeAlias, TypeVar
 import jax
 import numpy as np
 
+from ._axes import Attached
 from ._compat import mesh_context
-from ._decider import Decider, Decision
+from ._decider import Decider, Decision, Item
 from ._errors import ScopeInCoroutineError
 from ._inventory import inventory
 from ._ledger import record, record_all
 from ._limits import CACHE_GENERATION
 from ._logging import EventLog
 from ._narrowing import Narrow, check_mode, narrow_leaves
+from ._routing import NEVER_MAPPED
 from ._sizes import format_size
 
 T = TypeVar("T")
@@ -778,13 +780,14 @@ _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 def shardings(decider: Decider, name: str, tree: T) -> T:
     """The sharding each leaf of `tree` would be placed with by `put(name, tree)`: its
     leaves arrays or `jax.ShapeDtypeStruct`s (shape and dtype are all that is read), all
-    decided as one placement. Nothing moves and nothing is created."""
+    decided as one placement. Nothing moves and nothing is created. The axis names a
+    framework attached to a leaf (`leaf_axes`) go with it, for rules with `axes: attached`."""
     if not isinstance(name, str):
         raise TypeError(f"shardings() takes a name (str) first, got {type(name).__name__} {name!r}")
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    names = leaf_names(name, tree)
-    items: list[tuple[str, int | None, tuple[int, ...]]] = []
-    for leaf_name, leaf in zip(names, leaves, strict=True):
+    names, axes = leaf_names_and_axes(name, tree)
+    items: list[Item] = []
+    for leaf_name, leaf, attached in zip(names, leaves, axes, strict=True):
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape is None or dtype is None:
             if not isinstance(leaf, _ARRAY_LIKE):
@@ -796,7 +799,8 @@ def shardings(decider: Decider, name: str, tree: T) -> T:
         shape = tuple(int(d) for d in shape)
         # What JAX will hold: 64-bit types narrowed when x64 is off.
         itemsize = np.dtype(jax.dtypes.canonicalize_dtype(dtype)).itemsize
-        items.append((leaf_name, int(np.prod(shape, dtype=np.int64)) * itemsize, shape))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        items.append((leaf_name, nbytes, shape, NEVER_MAPPED, None, attached))
     decisions = decider.resolve_many(items)
     found: list[Any] = []
     for decision in decisions:
@@ -823,7 +827,7 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
         raise TypeError(f"put() takes a name (str) first, got {type(name).__name__} {name!r}")
     check_mode(narrow)
     leaves, treedef = jax.tree_util.tree_flatten(x)
-    names = leaf_names(name, x)
+    names, axes = leaf_names_and_axes(name, x)
     for leaf_name, leaf in zip(names, leaves, strict=True):
         if not isinstance(leaf, _ARRAY_LIKE):
             raise TypeError(
@@ -838,8 +842,8 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
     many = len(leaves) > 1
     decisions = decider.resolve_many(
         [
-            (n, _nbytes(leaf), None if shapes else np.shape(leaf))
-            for n, leaf in zip(names, leaves, strict=True)
+            (n, _nbytes(leaf), None if shapes else np.shape(leaf), NEVER_MAPPED, None, attached)
+            for n, leaf, attached in zip(names, leaves, axes, strict=True)
         ],
         summarised=many,
     )
@@ -927,9 +931,41 @@ def leaf_names(name: str, tree: Any) -> list[str]:
         >>> leaf_names("params", {"dense": {"kernel": np.zeros(2)}, "layers": [np.zeros(1)]})
         ['params/dense/kernel', 'params/layers/0']
     """
-    names: list[str] = []
+    return leaf_names_and_axes(name, tree)[0]
 
-    def walk(prefix: tuple[Any, ...], node: Any, boxed: bool) -> None:
+
+def leaf_axes(tree: Any) -> list[Attached | None]:
+    """The axis names each leaf's framework attached to it, in `tree_leaves` order (None
+    for a leaf that carries none): what rules with `axes: attached` shard by.
+
+    Read from the box around the array: flax's `LogicallyPartitioned.names` (logical
+    names) and `Partitioned.names` (mesh axes, `mesh_axes=True`), nnx Variables' sharding
+    metadata (`out_sharding`, `sharding_names` before flax 0.12, `sharding` before 0.11;
+    a `PartitionSpec` as its entries), haliax `NamedArray` axis names. Neither library is
+    imported.
+
+    Example:
+        >>> import numpy as np
+        >>> leaf_axes({"w": np.zeros(2)})
+        [None]
+    """
+    return leaf_names_and_axes("", tree)[1]
+
+
+def leaf_names_and_axes(name: str, tree: Any) -> tuple[list[str], list[Attached | None]]:
+    """`leaf_names(name, tree)` and `leaf_axes(tree)` from one walk of the tree: what a
+    placement passes its decider (items' sixth element).
+
+    Example:
+        >>> import numpy as np
+        >>> leaf_names_and_axes("params", {"w": np.zeros(2)})
+        (['params/w'], [None])
+    """
+    names: list[str] = []
+    axes: list[Attached | None] = []
+    interned: dict[tuple[Any, bool], Attached] = {}
+
+    def walk(prefix: tuple[Any, ...], node: Any, boxed: bool, carried: Attached | None) -> None:
         def inner_box(n: Any) -> bool:
             return n is not node and _is_box(n)
 
@@ -937,12 +973,81 @@ def leaf_names(name: str, tree: Any) -> list[str]:
             # A box's own key (`value`, haliax's flat index 0) is not part of the name.
             path = prefix + (sub[1:] if boxed else sub)
             if inner_box(leaf):
-                walk(path, leaf, True)
+                walk(path, leaf, True, _attached(leaf, interned) or carried)
             else:
                 names.append(_joined(name, path))
+                axes.append(carried)
 
-    walk((), tree, _is_box(tree))
-    return names
+    walk((), tree, _is_box(tree), _attached(tree, interned) if _is_box(tree) else None)
+    return names, axes
+
+
+# The metadata keys nnx Variables keep their axis names under, newest first: flax 0.12
+# `out_sharding`, 0.11 `sharding_names`, 0.10 `sharding`.
+_NNX_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
+
+
+def _attached(box: Any, interned: dict[tuple[Any, bool], Attached]) -> Attached | None:
+    """The axis names a framework box carries, or None. One `Attached` per distinct names
+    (`interned`): equal names are one object, so decisions cached by them compare fast."""
+    how = _box_kind(type(box))
+    names: Any = None
+    mesh_axes = False
+    if how == "logical":
+        names = getattr(box, "names", None)
+    elif how == "mesh":
+        names, mesh_axes = getattr(box, "names", None), True
+    elif how == "named":
+        names = tuple(getattr(a, "name", None) for a in getattr(box, "axes", ()) or ())
+    else:  # nnx Variable / VariableState
+        get = getattr(box, "get_metadata", None)
+        metadata = get() if callable(get) else None
+        if isinstance(metadata, dict):
+            for key in _NNX_SHARDING_KEYS:
+                if metadata.get(key) is not None:
+                    names = metadata[key]
+                    break
+    if names is None or isinstance(names, str):
+        return None
+    try:
+        entries = tuple(_entry(n) for n in names)
+    except (TypeError, ValueError):
+        return None  # not names (a Sharding object, say): nothing a rule can read
+    found = interned.get((entries, mesh_axes))
+    if found is None:
+        found = interned[(entries, mesh_axes)] = Attached(entries, mesh_axes)
+    return found
+
+
+_BOX_KINDS: dict[type, str] = {}
+
+
+def _box_kind(kind: type) -> str:
+    """How a box type carries names: flax `logical` or `mesh` axes, haliax `named`, else
+    `metadata` (nnx). Worked out once per type."""
+    found = _BOX_KINDS.get(kind)
+    if found is None:
+        names = {cls.__name__ for cls in kind.__mro__}
+        if "LogicallyPartitioned" in names:
+            found = "logical"
+        elif "Partitioned" in names:
+            found = "mesh"
+        elif "NamedArray" in names:
+            found = "named"
+        else:
+            found = "metadata"
+        if len(_BOX_KINDS) < 4096:
+            _BOX_KINDS[kind] = found
+    return found
+
+
+def _entry(name: Any) -> str | tuple[str, ...] | None:
+    """One dimension's entry: a name, None, or several names (a tuple of strings)."""
+    if name is None or isinstance(name, str):
+        return name
+    if isinstance(name, tuple | list) and all(isinstance(n, str) for n in name):
+        return tuple(name)
+    raise ValueError(f"not an axis name: {name!r}")
 
 
 def _part(key: Any) -> str:

@@ -14,12 +14,13 @@ from typing import Generic
 
 from jax.sharding import NamedSharding
 
+from ._axes import Attached
 from ._capacity import Capacity, pool_of
 from ._errors import DeviceUnavailableError
 from ._machine import D
 from ._meshes import BuiltMesh, Meshes, Sharded, shards
 from ._sizes import format_size
-from ._targets import ShardingTarget, Target, parse_chain_item
+from ._targets import AttachedTarget, ShardingTarget, Target, parse_chain_item
 
 #: Whether a loader would map an item from its file instead of reading it, were it placed
 #: on a host device: never (not aligned, narrowed, or `mmap=False`), if its rule says
@@ -135,12 +136,16 @@ class Route(Generic[D]):
         context: Where the chain was written, for error messages (` (rule x.yaml:4)`).
         fits: Whether every target is judged by size (the rule's `fits`, true unless it
             says `false`), not only `auto`.
+        attached: The rule's sharding by each leaf's own names (`axes: attached`), else
+            None. Its chain starts with what a leaf that carries none gets (the mesh,
+            replicated); a leaf's names put their own sharding there (see `walk`).
     """
 
     __slots__ = (
         "_fixed",
         "_judges_shape",
         "_judges_size",
+        "attached",
         "chain",
         "context",
         "fits",
@@ -153,7 +158,7 @@ class Route(Generic[D]):
 
     def __init__(
         self,
-        requested: Target | ShardingTarget,
+        requested: Target | ShardingTarget | AttachedTarget,
         fallback: tuple[str, ...],
         memory_kind: str | None,
         strict: bool,
@@ -164,9 +169,14 @@ class Route(Generic[D]):
     ) -> None:
         self.requested = requested.text
         # `replicate` is over the rule's own mesh; a device rule has none, so it skips it.
-        mesh = requested.mesh if isinstance(requested, ShardingTarget) else None
+        mesh = requested.mesh if not isinstance(requested, Target) else None
         items = (parse_chain_item(t, mesh) for t in fallback)
-        self.chain = (requested, *(t for t in items if t is not None))
+        self.attached = requested if isinstance(requested, AttachedTarget) else None
+        first = requested.unnamed() if isinstance(requested, AttachedTarget) else requested
+        self.chain: tuple[Target | ShardingTarget, ...] = (
+            first,
+            *(t for t in items if t is not None),
+        )
         self.memory_kind = memory_kind
         self.strict = strict
         self.context = context
@@ -195,14 +205,17 @@ class Route(Generic[D]):
         claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
         shape: tuple[int, ...] | None = None,
         maps: int = NEVER_MAPPED,
+        attached: Attached | None = None,
     ) -> Choice[D]:
         """`walk`, raising when no device can be had; a size-blind result is kept."""
-        blind = (nbytes is None or not self._judges_size) and (
-            shape is None or not self._judges_shape
+        blind = (
+            (nbytes is None or not self._judges_size)
+            and (shape is None or not self._judges_shape)
+            and self.attached is None  # each leaf's names make their own sharding
         )
         if self._fixed is not None and blind:
             return self._fixed
-        choice = self.walk(name, nbytes, fit, claimed, shape, maps)
+        choice = self.walk(name, nbytes, fit, claimed, shape, maps, attached)
         if isinstance(choice, DeviceUnavailableError):
             raise choice
         if choice.device is not None and not choice.sized and blind:
@@ -242,6 +255,7 @@ class Route(Generic[D]):
         claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
         shape: tuple[int, ...] | None = None,
         maps: int = NEVER_MAPPED,
+        attached: Attached | None = None,
     ) -> Choice[D] | DeviceUnavailableError:
         """Try each target of the chain in order (only the first under strict).
 
@@ -253,6 +267,12 @@ class Route(Generic[D]):
         sharding is used only if its mesh can be built here and, with a shape known, the
         array divides over it. An array a loader would map from its file (`maps`) takes
         no memory on a host device: it is not judged there.
+
+        Under `axes: attached` the first target is the sharding the leaf's own names
+        (`attached`) resolve to; names that cannot be had (one per dimension of another
+        rank, a mesh axis the mesh lacks) pass it over with the reason. A leaf that
+        carries no names is replicated over the mesh, said like a fallback (0-d leaves
+        have nothing to name: they are replicated without a word).
         """
         mapped = maps == ALWAYS_MAPPED or (maps == MAPPED_IF_RULE and self.mmap)
         machine = self.meshes.machine
@@ -260,7 +280,20 @@ class Route(Generic[D]):
         chain = self.tried_chain
         sized = short = accelerator = False
         unbuilt = ""  # a mesh this machine cannot build: said once, not for each spec on it
-        for target in chain:
+        unnamed = None  # why a leaf under `axes: attached` is replicated
+        for position, target in enumerate(chain):
+            shown = None  # the target as a reason names it, where not its own text
+            if position == 0 and self.attached is not None:
+                found_target = self._attached_target(attached, shape)
+                if isinstance(found_target, str):
+                    tried.append((self.requested, found_target))
+                    continue
+                if found_target is None:
+                    shown = self.requested
+                    if shape != ():
+                        unnamed = "the leaf carries no axis names of its own"
+                else:
+                    target = found_target
             if isinstance(target, ShardingTarget):
                 if target.mesh == unbuilt:
                     continue
@@ -268,16 +301,18 @@ class Route(Generic[D]):
                 if isinstance(sharded, str):
                     if isinstance(self.meshes.build(target.mesh), str):
                         unbuilt = target.mesh
-                    tried.append((target.described, sharded))
+                    tried.append((shown or target.described, sharded))
                     continue
                 if isinstance(sharded, _Short):
-                    tried.append((target.described, sharded.reason))
+                    tried.append((shown or target.described, sharded.reason))
                     short = True
                     accelerator = accelerator or sharded.platform != "cpu"
                     continue
                 found_sharding, judged = sharded
                 sized = sized or judged
                 built, used = found_sharding.built, found_sharding.target
+                if unnamed is not None and position == 0:
+                    tried.append((self.requested, unnamed))
                 if found_sharding.note is not None:
                     # Degraded, not refused (`indivisible: replicate`): said like a fallback.
                     tried.append((target.described, found_sharding.note))
@@ -328,6 +363,23 @@ class Route(Generic[D]):
             context += " (no fallback given)"
         missing = machine.missing_for(platforms)
         return DeviceUnavailableError(self.requested, tried, machine.available(), missing, context)
+
+    def _attached_target(
+        self, attached: Attached | None, shape: tuple[int, ...] | None
+    ) -> ShardingTarget | str | None:
+        """The sharding a leaf's attached names ask for, why they cannot, or None when
+        the leaf carries none."""
+        assert self.attached is not None
+        if attached is None:
+            return None
+        found = self.attached.resolved(attached)
+        if isinstance(found, str) or shape is None or len(attached.names) == len(shape):
+            return found
+        count = len(attached.names)
+        return (
+            f"attached axes {attached.text} name {count} dimension{'' if count == 1 else 's'} "
+            f"but the array has {len(shape)} {tuple(shape)}"
+        )
 
     def _sharded(
         self,

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ._axes import resolve_axes
+from ._axes import ATTACHED, resolve_axes
 from ._errors import did_you_mean
 from ._matching import ShapeTest, compile_regex, compile_search, search_as_regex
 from ._runtime import (
@@ -366,6 +366,43 @@ LogicalName = Annotated[
 ]
 
 
+AXES_FORMS = (
+    "a list of logical axis names, one per dimension (null: not sharded), e.g. "
+    "[embed, mlp]; or `attached`: each leaf's own names, as its framework attached them "
+    "(flax nn.with_logical_partitioning, nnx sharding metadata, haliax axes)"
+)
+
+
+def _logical_axes(value: Any) -> Any:
+    if value is None or isinstance(value, list) or value == ATTACHED:
+        return value
+    hint = did_you_mean(value, [ATTACHED]) if isinstance(value, str) else ""
+    raise _fail(f"`axes` is {AXES_FORMS}; got {value!r}{hint}")
+
+
+LogicalAxes = Annotated[
+    list[LogicalName] | Literal["attached"] | None,
+    BeforeValidator(_logical_axes),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {
+                    "type": "array",
+                    "items": {
+                        "anyOf": [
+                            {"type": "string", "pattern": AXIS_NAME_PATTERN},
+                            {"type": "null"},
+                        ]
+                    },
+                },
+                {"const": ATTACHED},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+
+
 class ShardingSpec(_Strict):
     """How a rule shards: a mesh of `meshes`, and one spec entry (or logical axis name)
     per array dimension."""
@@ -376,10 +413,14 @@ class ShardingSpec(_Strict):
         description="Per dimension: an axis, null (not sharded) or a list of axes; "
         "[] replicates over the mesh.",
     )
-    axes: list[LogicalName] | None = Field(
+    axes: LogicalAxes = Field(
         None,
         description="Instead of `spec`: a logical axis name per dimension (null: not sharded), "
-        "turned into mesh axes by the mesh's or policy's `axis_rules`.",
+        "turned into mesh axes by the mesh's or policy's `axis_rules`; or `attached`: each "
+        "leaf's own names as its framework attached them (flax LogicallyPartitioned, nnx "
+        "sharding metadata, haliax axes), resolved the same way (flax Partitioned names are "
+        "mesh axes: the spec as they are); a leaf that carries none is replicated over the "
+        "mesh, with a warning.",
     )
     indivisible: Annotated[
         str,
@@ -395,8 +436,10 @@ class ShardingSpec(_Strict):
     @model_validator(mode="after")
     def _spec_or_axes(self) -> ShardingSpec:
         if self.axes is not None and "spec" in self.model_fields_set:
-            raise _fail("give `spec` (mesh axes) or `axes` (logical names), not both")
-        if self.axes is not None:
+            raise _fail(
+                "give `spec` (mesh axes) or `axes` (logical names, or `attached`), not both"
+            )
+        if isinstance(self.axes, list):
             named = [a for a in self.axes if a is not None]
             repeated = sorted({a for a in named if named.count(a) > 1})
             if repeated:
@@ -1040,6 +1083,10 @@ def _sharding_problems(
         hint = did_you_mean(sharding.mesh, meshes)
         listed = ", ".join(meshes) or "none (add a `meshes:` section)"
         return [((*where, "mesh"), f"unknown mesh {sharding.mesh!r}{hint}; meshes: {listed}")]
+    if sharding.axes == ATTACHED:
+        # Names are known per leaf: one the table lacks, or resolving to an axis the mesh
+        # lacks, is a reason when placing (lint warns about a missing table).
+        return []
     if sharding.axes is not None:
         return _logical_problems(where, sharding, mesh)
     found: list[tuple[tuple[str | int, ...], str]] = []
@@ -1071,7 +1118,7 @@ def _logical_problems(
     where: tuple[str | int, ...], sharding: ShardingSpec, mesh: MeshSpec
 ) -> list[tuple[tuple[str | int, ...], str]]:
     """Logical axes need a table, and the table must name only axes the mesh has."""
-    assert sharding.axes is not None
+    assert isinstance(sharding.axes, list)
     if not mesh.axis_rules:
         return [
             (

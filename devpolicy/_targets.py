@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ._axes import Attached, AxisRule, resolve_attached
 from ._errors import did_you_mean
 
 #: Platforms devpolicy knows, in the order `devpolicy devices` lists them.
@@ -161,6 +162,81 @@ class ShardingTarget:
 
     def __str__(self) -> str:
         return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedTarget:
+    """A rule's sharding by each leaf's own axis names (`axes: attached`): what to shard
+    over is known only per leaf, so the walk asks `resolved` for each leaf's names.
+
+    Attributes:
+        mesh: The mesh's name in the policy's `meshes`.
+        rules: The mesh's (or policy's) `axis_rules`, in order.
+        mesh_axes: The mesh's axis names, in order.
+        indivisible: As `ShardingTarget.indivisible`.
+
+    Example:
+        >>> from devpolicy._axes import Attached
+        >>> t = AttachedTarget("mt", (("embed", "fsdp"),), ("fsdp", "tensor"))
+        >>> t.text, t.resolved(Attached(("embed", "vocab"))).described
+        ('mt[attached]', 'mt[fsdp,-] from axes (embed, vocab)')
+    """
+
+    mesh: str
+    rules: tuple[AxisRule, ...]
+    mesh_axes: tuple[str, ...]
+    indivisible: str = "fallback"
+    _resolved: dict[Attached, ShardingTarget | str] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @property
+    def text(self) -> str:
+        """`mt[attached]`."""
+        return f"{self.mesh}[attached]"
+
+    described = text
+
+    @property
+    def known(self) -> frozenset[str]:
+        """The logical names `rules` gives mesh axes (or `null`) to."""
+        return frozenset(name for name, _ in self.rules)
+
+    @property
+    def is_auto(self) -> bool:
+        """Never: a sharding names its devices."""
+        return False
+
+    @property
+    def platform(self) -> str:
+        """Not a platform: the mesh decides."""
+        return "mesh"
+
+    def unnamed(self) -> ShardingTarget:
+        """What a leaf that carries no names gets: replicated over the mesh (`mt[]`)."""
+        return ShardingTarget(self.mesh, (), None, self.indivisible)
+
+    def resolved(self, attached: Attached) -> ShardingTarget | str:
+        """The sharding for a leaf carrying `attached` names, or why there is none (a
+        name on two dimensions, a mesh axis the mesh lacks); worked out once per names."""
+        found = self._resolved.get(attached)
+        if found is None:
+            spec = resolve_attached(attached, self.rules, self.mesh_axes)
+            if isinstance(spec, str):
+                found = spec
+            else:
+                found = ShardingTarget(self.mesh, spec[0], spec[1], self.indivisible)
+            if len(self._resolved) >= _RESOLVED_KEPT:
+                self._resolved.clear()  # made-up names without end: start over
+            self._resolved[attached] = found
+        return found
+
+    def __str__(self) -> str:
+        return self.text
+
+
+#: How many distinct sets of attached names one rule keeps resolved (a model has a few).
+_RESOLVED_KEPT = 4096
 
 
 def spec_entry_text(entry: SpecEntry) -> str:

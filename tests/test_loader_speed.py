@@ -34,8 +34,10 @@ def per_name(decider: Decider, items: list[Any]) -> list[Decision]:
     fit = decider._fit.snapshot()
     decisions = []
     for item in items:
-        name, nbytes, shape, maps, source = _unpacked(item)
-        decision = decider._resolve(name, nbytes, shape, claimed, "debug", maps, source, fit)
+        name, nbytes, shape, maps, source, attached = _unpacked(item)
+        decision = decider._resolve(
+            name, nbytes, shape, claimed, "debug", maps, source, fit, attached=attached
+        )
         _claim(claimed, decision, fit, maps)
         decisions.append(decision)
     return decisions

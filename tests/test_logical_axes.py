@@ -370,7 +370,7 @@ class TestPolicyForms:
                     ]
                 },
                 r"^<mapping>: rules\[0\]\.sharding: give `spec` \(mesh axes\) or `axes` "
-                r"\(logical names\), not both$",
+                r"\(logical names, or `attached`\), not both$",
             ),
             (
                 {"axis_rules": {"mlp": ["tensor", "fsdp"]}},
