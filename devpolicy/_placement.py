@@ -801,7 +801,11 @@ def shardings(decider: Decider, name: str, tree: T) -> T:
         itemsize = np.dtype(jax.dtypes.canonicalize_dtype(dtype)).itemsize
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
         items.append((leaf_name, nbytes, shape, NEVER_MAPPED, None, attached))
-    decisions = decider.resolve_many(items)
+    # As `put`: a tree is one summary event, each leaf's decision debug.
+    many = len(items) > 1
+    decisions = decider.resolve_many(items, summarised=many)
+    if many:
+        _put_summary(decider.events, name, decisions, "shardings")
     found: list[Any] = []
     for decision in decisions:
         if decision.sharding is None:
@@ -857,9 +861,11 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
     return out
 
 
-def _put_summary(events: EventLog, name: str, decisions: list[Decision]) -> None:
-    """One `put` event per call: info the first time a tree is placed this way, debug
-    after (a training loop's batches do not flood the log)."""
+def _put_summary(
+    events: EventLog, name: str, decisions: list[Decision], event: str = "put"
+) -> None:
+    """One `put` (or `shardings`) event per call: info the first time a tree is placed
+    this way, debug after (a training loop's batches do not flood the log)."""
     per_device: dict[str, list[int]] = {}
     per_rule: dict[str, int] = {}
     for decision in decisions:
@@ -872,12 +878,12 @@ def _put_summary(events: EventLog, name: str, decisions: list[Decision]) -> None
         for d, (count, n) in sorted(per_device.items())
     )
     rules = ", ".join(f"{origin} x{count}" for origin, count in per_rule.items())
-    first = events.first_time(("put", name, devices, rules))
+    first = events.first_time((event, name, devices, rules))
     if not events.enabled("info" if first else "debug"):
         return
     events.emit(
         "info" if first else "debug",
-        "put",
+        event,
         {
             "name": name,
             "leaves": len(decisions),

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import jax
 import numpy as np
 
+from ._axes import Attached
 from ._capacity import pool_of, pool_text
 from ._decider import Decider, Decision, DeviceT, maps_from_file
 from ._errors import CheckpointMismatchError, NarrowingError, SafetensorsFileError
@@ -31,7 +32,7 @@ from ._logging import EventLog
 from ._machine import VirtualMachine
 from ._matching import SourceFile, compile_file_glob
 from ._narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowed_event
-from ._placement import leaf_names
+from ._placement import leaf_names, leaf_names_and_axes
 from ._prefixes import literal_prefix
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ._schema import NamesSpec
@@ -259,7 +260,14 @@ def _load_file(
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
             [
-                (n, t.array_nbytes, t.shape, _maps(t, mmap, x64), source)
+                (
+                    n,
+                    t.array_nbytes,
+                    t.shape,
+                    _maps(t, mmap, x64),
+                    source,
+                    None if fitted is None else fitted.attached.get(t.key),
+                )
                 for (_, header), file_names, source in zip(headers, names, sources, strict=True)
                 for n, t in zip(file_names, header.tensors, strict=True)
             ],
@@ -298,6 +306,8 @@ class _Fitted:
     treedef: Any
     #: Tensors no leaf takes, left unread (`strict=False`).
     skipped: list[str]
+    #: By tensor key, the axis names its leaf's framework attached (`axes: attached`).
+    attached: dict[str, Attached | None]
 
 
 def _fit_into(
@@ -311,7 +321,9 @@ def _fit_into(
     before anything is read (`CheckpointMismatchError` lists them all)."""
     leaves, treedef = jax.tree_util.tree_flatten(into)
     # Named as `put` names them, less its first part: `layers/0/kernel`.
-    paths = [name[1:] for name in leaf_names("", into)]
+    full_names, axes = leaf_names_and_axes("", into)
+    paths = [name[1:] for name in full_names]
+    attached: dict[str, Attached | None] = {}
     if not leaves or paths == [""]:
         raise TypeError(
             "load_file(into=...) takes a tree whose leaves have names (a dict, nnx.State, "
@@ -332,7 +344,7 @@ def _fit_into(
     keys: list[str] = []
     missing: list[str] = []
     taken: set[str] = set()
-    for leaf_path, leaf in zip(paths, leaves, strict=True):
+    for leaf_path, leaf, leaf_axes in zip(paths, leaves, axes, strict=True):
         found = by_name.get(leaf_path)
         if found is None:
             missing.append(leaf_path)
@@ -352,6 +364,7 @@ def _fit_into(
                 )
             )
         keys.append(found.key)
+        attached[found.key] = leaf_axes
     unexpected = [entry.key for name, entry in by_name.items() if name not in taken]
     if missing or mismatched or (unexpected and strict):
         raise CheckpointMismatchError(
@@ -362,14 +375,14 @@ def _fit_into(
             hint=None if taken else _naming_hint(missing, unexpected, separator),
         )
     if not unexpected:
-        return _Fitted(headers, keys, treedef, [])
+        return _Fitted(headers, keys, treedef, [], attached)
     wanted_keys = set(keys)
     kept = []
     for file, header in headers:
         tensors = tuple(t for t in header.tensors if t.key in wanted_keys)
         if tensors:  # a file no leaf takes from is not opened again
             kept.append((file, replace(header, tensors=tensors)))
-    return _Fitted(kept, keys, treedef, unexpected)
+    return _Fitted(kept, keys, treedef, unexpected, attached)
 
 
 def _leaf_shape_dtype(leaf: Any, leaf_path: str) -> tuple[tuple[int, ...], np.dtype[Any]]:

@@ -497,3 +497,30 @@ class TestPolicy:
         assert finding.origin == "<mapping>:rules[0]"
         assert "every logical name a leaf carries" in finding.message
         assert "axis_rules" not in str(devpolicy.lint(attached_policy()))
+
+
+def test_load_file_into_a_linen_tree_shards_each_leaf_by_its_attached_names(
+    tmp_path: Any,
+) -> None:
+    """A checkpoint of boxed linen params, loaded into the abstract boxed tree: each leaf
+    sharded by the names its box carries, the boxes kept around the arrays."""
+    params = init_decoder(jax.random.key(0))
+    path = tmp_path / "decoder.safetensors"
+    devpolicy.save_file(params, path)
+    abstract = jax.eval_shape(init_decoder, jax.random.key(1))
+    policy = attached_policy()
+    loaded = policy.load_file(path, into=abstract, prefix="params")
+    expected = policy.shardings("params", abstract)
+    is_box = lambda node: isinstance(node, nn.LogicallyPartitioned)  # noqa: E731
+    got = jax.tree_util.tree_leaves(loaded, is_leaf=is_box)
+    assert any(isinstance(leaf, nn.LogicallyPartitioned) for leaf in got)
+    for array, want in zip(
+        jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(expected), strict=True
+    ):
+        assert spec_of(array.sharding) == spec_of(want)
+    sharded = [a for a in jax.tree_util.tree_leaves(loaded) if spec_of(a.sharding)]
+    assert sharded, "some leaf is sharded by its names"
+    for array, original in zip(
+        jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(params), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(array), np.asarray(original))

@@ -251,3 +251,13 @@ def test_any_tree_saved_comes_back_equal_through_into(tmp_path_factory: Any, tre
     ):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_shardings_of_a_tree_logs_one_summary_not_a_line_per_leaf() -> None:
+    policy = devpolicy.load_policy(RULES)
+    with capture_logs() as events:
+        policy.shardings("params", jax.eval_shape(_tree))
+    assert [e["event"] for e in events if e["log_level"] == "info"] == ["shardings"]
+    (summary,) = [e for e in events if e["event"] == "shardings"]
+    assert summary["leaves"] == 6
+    assert summary["devices"] == "cpu:1 16 B (4 leaves), cpu:2 36 B (2 leaves)"
