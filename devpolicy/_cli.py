@@ -156,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--policy", type=Path, default=None, help="policy file (default: discovery)")
     plan.add_argument("--prefix", default=None, help="name prefix (default: the file's stem)")
     plan.add_argument(
+        "--separator",
+        default=None,
+        help="the character between the parts of the file's tensor keys ('.' for Hugging "
+        "Face keys; default: the policy's names.separator)",
+    )
+    plan.add_argument(
         "--capacity",
         action="append",
         default=[],
@@ -641,7 +647,16 @@ def _plan(args: argparse.Namespace) -> int:
         policy = devpolicy.load_policy(args.policy, capacity=capacity)
     else:
         policy = _load(args.policy)
-    p = devpolicy.plan(args.file, prefix=args.prefix, policy=policy, machine=machine)
+    if args.separator is not None and len(args.separator) != 1:
+        print(
+            f"devpolicy plan: --separator takes one character ('.' or '/'), got "
+            f"{_lit(args.separator)}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    p = devpolicy.plan(
+        args.file, prefix=args.prefix, policy=policy, machine=machine, separator=args.separator
+    )
     status = EXIT_OK if p.fits else EXIT_FINDINGS
     if status == EXIT_OK and p.sharded_nothing:
         status = EXIT_NOT_SHARDED

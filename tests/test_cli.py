@@ -332,6 +332,22 @@ class TestPlan:
         assert "2.0 KiB" in out
         assert "Per device" in out
 
+    def test_plan_separator_names_dotted_keys_in_parts(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`--separator .` reads `model.layers.0.w` as `<prefix>/model/layers/0/w`."""
+        path = tmp_path / "llama.safetensors"
+        devpolicy.save_file({"model.layers.0.w": np.zeros(4, np.float32)}, path)
+        policy = write(
+            tmp_path / "p.yaml", "version: 1\nrules:\n  - {match: '*/layers/*', device: cpu:3}\n"
+        )
+        args = ["plan", str(path), "--policy", str(policy), "--json"]
+        assert main([*args, "--separator", "."]) == 0
+        (tensor,) = json.loads(capsys.readouterr().out)["tensors"]
+        assert (tensor["name"], tensor["device"]) == ("llama/model/layers/0/w", "cpu:3")
+        assert main([*args, "--separator", "::"]) == 2
+        assert "--separator takes one character" in capsys.readouterr().err
+
     def test_plan_json_flags_what_does_not_fit(self, checkpoint: Path, tmp_path: Path) -> None:
         """JSON has per-tensor decisions and per-device fit; an unplaceable tensor exits 1."""
         policy = write(
