@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Any, Generic
 
 import jax
@@ -414,8 +414,27 @@ class _Alike(Generic[DeviceT]):
 
 
 def _renamed(like: Decision[DeviceT], name: str, nbytes: int) -> Decision[DeviceT]:
-    """`like` for another name and size: every other field is the same walk's outcome."""
-    return replace(like, name=name, nbytes=nbytes)
+    """`like` for another name and size: every other field is the same walk's outcome.
+
+    Slot by slot rather than `dataclasses.replace`, which runs `__init__` and
+    `__post_init__` again: made once per tensor of a load, `replace` was a fifth of
+    deciding 10,000 small tensors (20 us a copy against 9 us). Every field is copied
+    (the slots are read from the class), so a new field cannot be dropped.
+    """
+    made: Decision[DeviceT] = object.__new__(Decision)
+    for slot in _KEPT_SLOTS:
+        slot.__set__(made, slot.__get__(like))
+    _NAME_SLOT.__set__(made, name)
+    _NBYTES_SLOT.__set__(made, nbytes)
+    return made
+
+
+# The member descriptors of Decision's slots: what `_renamed` copies.
+_NAME_SLOT = Decision.__dict__["name"]
+_NBYTES_SLOT = Decision.__dict__["nbytes"]
+_KEPT_SLOTS = tuple(
+    Decision.__dict__[f.name] for f in fields(Decision) if f.name not in ("name", "nbytes")
+)
 
 
 class Decider(Generic[DeviceT]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import math
@@ -12,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
@@ -581,7 +582,10 @@ def _load_opened(
     total = sum(t.nbytes for t in header.tensors)
     fd = f.fileno()
     region: _mmap.mmap | None = None
-    with _progress(header, total, progress) as advance:
+    with (
+        _progress(header, total, progress) as advance,
+        _ReadAhead(fd, header, decisions, order, mmap, x64) as ahead,
+    ):
         transfers = _Transfers(out, advance)
         position = 0
         while position < len(order):
@@ -647,8 +651,8 @@ def _load_opened(
                 position += 1
                 continue
             if entry.nbytes < _MAP_THRESHOLD:
-                run = _small_run(header, decisions, order, position, mmap, x64)
-                for j, array in zip(run, _read_run(fd, header, run), strict=True):
+                run, arrays = ahead.run_at(position)
+                for j, array in zip(run, arrays, strict=True):
                     small = header.tensors[j]
                     wanted = _NARROW.get(small.dtype_name) if not x64 else None
                     if wanted is not None:
@@ -981,6 +985,87 @@ def _small_run(
         end += entry.nbytes
         nbytes += entry.nbytes
     return run
+
+
+class _ReadAhead:
+    """Runs of small tensors, each read while the run before it is placed: the next run's
+    read is started on a second thread as a run is handed out.
+
+    A read into fresh memory is mostly the kernel faulting in pages (the GIL released);
+    placing is JAX's per-array work in Python. On two cores they overlap: measured on
+    10,000 tensors of 1-64 KiB, <ratio> of the load without it. At most one run is read
+    ahead, so host staging stays bounded by two runs.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        header: Header,
+        decisions: list[Decision],
+        order: list[int],
+        mmap: bool | None,
+        x64: bool,
+    ) -> None:
+        self._fd, self._header, self._decisions = fd, header, decisions
+        self._order, self._mmap, self._x64 = order, mmap, x64
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: tuple[int, Future[_Run]] | None = None
+
+    def run_at(self, position: int) -> _Run:
+        """The run of small tensors starting at `order[position]`, read."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == position:
+            found = pending[1].result()  # a read error is raised here, where it belongs
+        else:
+            if pending is not None:
+                _settled(pending[1])
+            found = self._read(position)
+        following = position + len(found[0])
+        if following < len(self._order) and self._starts_run(following):
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, "devpolicy-read-ahead")
+            self._pending = (following, self._pool.submit(self._read, following))
+        return found
+
+    def _read(self, position: int) -> _Run:
+        header, order = self._header, self._order
+        run = _small_run(header, self._decisions, order, position, self._mmap, self._x64)
+        return run, _read_run(self._fd, header, run)
+
+    def _starts_run(self, position: int) -> bool:
+        """Whether `_load_opened` reads `order[position]` as a run of small tensors (its
+        branches in order: packed, sharded, mapped, small)."""
+        i = self._order[position]
+        entry, decision = self._header.tensors[i], self._decisions[i]
+        narrowed = not self._x64 and entry.dtype_name in _NARROW
+        return (
+            not entry.packed
+            and decision.mesh is None
+            and not (not narrowed and _may_map(entry, decision, self._mmap))
+            and entry.nbytes < _MAP_THRESHOLD
+        )
+
+    def __enter__(self) -> _ReadAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # The file is closed after this: no read may still be running on it.
+        if self._pending is not None:
+            _settled(self._pending[1])
+            self._pending = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+#: A run of small tensors: their positions in the header, and their arrays.
+_Run = tuple[list[int], list[np.ndarray[Any, Any]]]
+
+
+def _settled(future: Future[Any]) -> None:
+    """Wait for a read ahead that is no longer wanted; its error, if any, is not ours."""
+    if not future.cancel():
+        with contextlib.suppress(Exception):
+            future.result()
 
 
 def _read_run(fd: int, header: Header, run: list[int]) -> list[np.ndarray[Any, Any]]:

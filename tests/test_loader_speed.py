@@ -343,3 +343,53 @@ class TestLargeReadsOnSeveralThreads:
         else:
             assert len(names) == 4
             assert all(n.startswith("devpolicy-read") for n in names)
+
+
+def many_small(tmp_path: Path, count: int = 3000) -> tuple[Path, dict[str, np.ndarray[Any, Any]]]:
+    """`count` float32 tensors of 4 KiB: three runs of at most 1,024 (`_READ_BATCH`)."""
+    tensors = {f"t{i:05d}": np.full(1024, i, np.float32) for i in range(count)}
+    path = tmp_path / "small.safetensors"
+    devpolicy.save_file(tensors, path)
+    return path, tensors
+
+
+class TestSmallRunsReadAhead:
+    def test_each_run_after_the_first_is_read_on_the_read_ahead_thread(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        path, tensors = many_small(tmp_path)
+        threads: list[str] = []
+        read_run = _safetensors._read_run
+
+        def spying(*args: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return read_run(*args)
+
+        monkeypatch.setattr(_safetensors, "_read_run", spying)
+        policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"}, environ={})
+        out = devpolicy.load_file(path, policy=policy, mmap=False, progress=False)
+        assert threads[0] == threading.current_thread().name
+        assert len(threads) == 3
+        assert all(name.startswith("devpolicy-read-ahead") for name in threads[1:])
+        assert list(out) == list(tensors)
+        for key in ("t00000", "t01500", "t02999"):
+            np.testing.assert_array_equal(np.asarray(out[key]), tensors[key])
+        assert not [t for t in threading.enumerate() if t.name.startswith("devpolicy-read-ahead")]
+
+    def test_a_run_truncated_under_the_read_ahead_is_an_error_and_no_thread_is_left(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        path, _ = many_small(tmp_path)
+        read_header_from = _safetensors.read_header_from
+
+        def then_truncate(f: Any, where: Path) -> Any:
+            header = read_header_from(f, where)
+            os.truncate(path, path.stat().st_size - 4096 * 1500)  # the last runs' bytes
+            return header
+
+        monkeypatch.setattr(_safetensors, "read_header_from", then_truncate)
+        # The identity check would refuse the shrunk file first; the read is what is tested.
+        monkeypatch.setattr(_safetensors, "reopen_tensor_file", lambda header: path.open("rb"))
+        with pytest.raises(SafetensorsFileError, match=r"file ended after .* bytes of a run"):
+            devpolicy.load_file(path, mmap=False, progress=False)
+        assert not [t for t in threading.enumerate() if t.name.startswith("devpolicy-read-ahead")]
