@@ -992,9 +992,9 @@ class _ReadAhead:
     read is started on a second thread as a run is handed out.
 
     A read into fresh memory is mostly the kernel faulting in pages (the GIL released);
-    placing is JAX's per-array work in Python. On two cores they overlap: measured on
-    10,000 tensors of 1-64 KiB, <ratio> of the load without it. At most one run is read
-    ahead, so host staging stays bounded by two runs.
+    placing is JAX's per-array work in Python. On two cores they overlap: 10,000 tensors
+    of 1-64 KiB loaded in 1.10-1.36 s against 1.62-1.93 s without (interleaved runs). At
+    most one run is read ahead, so host staging stays bounded by two runs.
     """
 
     def __init__(
