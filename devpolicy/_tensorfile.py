@@ -331,11 +331,11 @@ def _parse(path: Path, raw: bytes, size: int, identity: tuple[int, ...]) -> Head
     except UnicodeDecodeError as e:
         raise SafetensorsFileError(path, f"header is not UTF-8 (byte {8 + e.start})") from None
     try:
-        document = json.loads(text, object_pairs_hook=_Pairs)
+        document = json.loads(text, object_pairs_hook=_object)
         if "-0" in text:
             # `-0` parses as the integer 0; the reference reads it as the float -0.0 and
             # refuses it as a size. Rare, so read again only then, -0 as -0.0.
-            document = json.loads(text, object_pairs_hook=_Pairs, parse_int=_negative_zero)
+            document = json.loads(text, object_pairs_hook=_object, parse_int=_negative_zero)
     except RecursionError:
         raise SafetensorsFileError(path, "header JSON is nested too deeply") from None
     except json.JSONDecodeError as e:
@@ -414,6 +414,13 @@ class _Pairs(dict[str, Any]):
         self.duplicates = [key for key, _ in self.replaced]
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object: a plain dict, or `_Pairs` where a key is repeated. The common case
+    stays in C (a header may list hundreds of thousands of entries)."""
+    made = dict(pairs)
+    return made if len(made) == len(pairs) else _Pairs(pairs)
+
+
 def _replaced(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     last = {key: i for i, (key, _) in enumerate(pairs)}
     return [(key, value) for i, (key, value) in enumerate(pairs) if last[key] != i]
@@ -451,7 +458,7 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
         raise SafetensorsFileError(
             path, f"unknown dtype {dtype_name!r}; supported: {', '.join(DTYPES)}", tensor=key
         )
-    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+    if not isinstance(shape, list) or not all(map(_is_count, shape)):
         raise SafetensorsFileError(
             path,
             f"shape must be a list of non-negative integers, got {_shown(shape)} "
@@ -461,7 +468,7 @@ def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
-        or not all(_is_count(n) for n in offsets)
+        or not all(map(_is_count, offsets))
         or offsets[0] > offsets[1]
     ):
         raise SafetensorsFileError(
@@ -1268,7 +1275,7 @@ def _from_index(index: Path, stem: str) -> Checkpoint:
     except FileRefused as e:
         raise SafetensorsFileError(index, e.reason) from None
     try:
-        weight_map = json.loads(raw, object_pairs_hook=_Pairs)["weight_map"]
+        weight_map = json.loads(raw, object_pairs_hook=_object)["weight_map"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         raise SafetensorsFileError(
