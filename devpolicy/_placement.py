@@ -777,6 +777,21 @@ def _nbytes(leaf: Any) -> int:
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
+def leaf_shape_dtype(leaf: Any, call: str, leaf_name: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """The shape and dtype of a leaf that is an array, a `jax.ShapeDtypeStruct` or a
+    number (only these are read); TypeError naming `call` and the leaf otherwise."""
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is None or dtype is None:
+        if not isinstance(leaf, _ARRAY_LIKE):
+            raise TypeError(
+                f"{call}: leaf {leaf_name!r} ({type(leaf).__name__}) is not an array, "
+                "jax.ShapeDtypeStruct or number"
+            )
+        value = np.asarray(leaf)
+        shape, dtype = value.shape, value.dtype
+    return tuple(int(d) for d in shape), np.dtype(dtype)
+
+
 def shardings(decider: Decider, name: str, tree: T) -> T:
     """The sharding each leaf of `tree` would be placed with by `put(name, tree)`: its
     leaves arrays or `jax.ShapeDtypeStruct`s (shape and dtype are all that is read), all
@@ -788,15 +803,7 @@ def shardings(decider: Decider, name: str, tree: T) -> T:
     names, axes = leaf_names_and_axes(name, tree)
     items: list[Item] = []
     for leaf_name, leaf, attached in zip(names, leaves, axes, strict=True):
-        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-        if shape is None or dtype is None:
-            if not isinstance(leaf, _ARRAY_LIKE):
-                raise TypeError(
-                    f"shardings({name!r}): leaf {leaf_name!r} is a {type(leaf).__name__}, not an "
-                    "array, jax.ShapeDtypeStruct or number"
-                )
-            shape, dtype = np.shape(leaf), np.asarray(leaf).dtype
-        shape = tuple(int(d) for d in shape)
+        shape, dtype = leaf_shape_dtype(leaf, f"shardings({name!r})", leaf_name)
         # What JAX will hold: 64-bit types narrowed when x64 is off.
         itemsize = np.dtype(jax.dtypes.canonicalize_dtype(dtype)).itemsize
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize

@@ -33,7 +33,7 @@ from ._logging import EventLog
 from ._machine import VirtualMachine
 from ._matching import SourceFile, compile_file_glob
 from ._narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowed_event
-from ._placement import leaf_names, leaf_names_and_axes
+from ._placement import leaf_names, leaf_names_and_axes, leaf_shape_dtype
 from ._prefixes import literal_prefix
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ._schema import NamesSpec
@@ -354,7 +354,7 @@ def _fit_into(
             mismatched.append((leaf_path, "another leaf of the tree has the same name"))
             continue
         taken.add(leaf_path)
-        shape, dtype = _leaf_shape_dtype(leaf, leaf_path)
+        shape, dtype = leaf_shape_dtype(leaf, "load_file(into=...)", leaf_path)
         held, wanted = _held(found.dtype, x64), _held(dtype, x64)
         if found.shape != shape or held != wanted:
             mismatched.append(
@@ -384,19 +384,6 @@ def _fit_into(
         if tensors:  # a file no leaf takes from is not opened again
             kept.append((file, replace(header, tensors=tensors)))
     return _Fitted(kept, keys, treedef, unexpected, attached)
-
-
-def _leaf_shape_dtype(leaf: Any, leaf_path: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-    if shape is None or dtype is None:
-        if not isinstance(leaf, _SCALARS):
-            raise TypeError(
-                f"load_file(into=...): leaf {leaf_path!r} ({type(leaf).__name__}) is not an "
-                "array, jax.ShapeDtypeStruct or number"
-            )
-        value = np.asarray(leaf)
-        shape, dtype = value.shape, value.dtype
-    return tuple(int(d) for d in shape), np.dtype(dtype)
 
 
 def _held(dtype: np.dtype[Any], x64: bool) -> np.dtype[Any]:
