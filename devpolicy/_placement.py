@@ -784,7 +784,7 @@ def leaf_shape_dtype(leaf: Any, call: str, leaf_name: str) -> tuple[tuple[int, .
     if shape is None or dtype is None:
         if not isinstance(leaf, _ARRAY_LIKE):
             raise TypeError(
-                f"{call}: leaf {leaf_name!r} ({type(leaf).__name__}) is not an array, "
+                f"{call}: leaf {leaf_name!r} is a {type(leaf).__name__}, not an array, "
                 "jax.ShapeDtypeStruct or number"
             )
         value = np.asarray(leaf)

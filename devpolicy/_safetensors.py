@@ -491,7 +491,7 @@ def save_file(
             raise ValueError(f"save_file(): two leaves of the tree are named {name!r}")
         if not isinstance(leaf, _TENSORS):
             raise TypeError(
-                f"save_file(): leaf {name!r} ({type(leaf).__name__}) is not an array or number"
+                f"save_file(): leaf {name!r} is a {type(leaf).__name__}, not an array or number"
             )
         arrays[name] = leaf
     save_arrays(arrays, path, align=align, metadata=metadata)

@@ -73,7 +73,7 @@ def test_save_file_refuses_a_leaf_that_is_not_an_array_and_writes_nothing(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "m.safetensors"
-    with pytest.raises(TypeError, match=r"^save_file\(\): leaf 'b/name' \(str\) is not an array"):
+    with pytest.raises(TypeError, match=r"^save_file\(\): leaf 'b/name' is a str, not an array"):
         devpolicy.save_file({"a": {"w": np.ones(2)}, "b": {"name": "x"}}, path)
     assert not path.exists()
     with pytest.raises(TypeError, match=r"a tree whose leaves have names, got one ndarray"):
