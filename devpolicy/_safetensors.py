@@ -346,14 +346,17 @@ def _fit_into(
     missing: list[str] = []
     taken: set[str] = set()
     for leaf_path, leaf, leaf_axes in zip(paths, leaves, axes, strict=True):
-        found = by_name.get(leaf_path)
+        # Split as the file's keys are: a leaf named `model.layers.0.w` (a flat dict of
+        # Hugging Face keys) finds `model.layers.0.w` under separator '.'.
+        name = leaf_path if separator == "/" else leaf_path.replace(separator, "/")
+        found = by_name.get(name)
         if found is None:
             missing.append(leaf_path)
             continue
-        if leaf_path in taken:
+        if name in taken:
             mismatched.append((leaf_path, "another leaf of the tree has the same name"))
             continue
-        taken.add(leaf_path)
+        taken.add(name)
         shape, dtype = leaf_shape_dtype(leaf, "load_file(into=...)", leaf_path)
         held, wanted = _held(found.dtype, x64), _held(dtype, x64)
         if found.shape != shape or held != wanted:

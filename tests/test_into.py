@@ -184,6 +184,13 @@ def test_load_file_into_matches_dotted_keys_with_a_per_call_separator(tmp_path: 
     out = devpolicy.load_file(path, into=tree, separator=".", policy=policy)
     assert _text(out["model"]["layers"][0]["mlp"]["up_proj"]["weight"]) == "cpu:3"
     assert _text(out["model"]["embed_tokens"]["weight"]) == "cpu:0"
+    # A flat dict of the file's own keys is split the same way, so it fits too.
+    flat_tree = {
+        "model.layers.0.mlp.up_proj.weight": np.zeros((4, 2), np.float32),
+        "model.embed_tokens.weight": np.zeros((8, 2), np.float32),
+    }
+    filled = devpolicy.load_file(path, into=flat_tree, separator=".", policy=policy)
+    assert _text(filled["model.layers.0.mlp.up_proj.weight"]) == "cpu:3"
     # Without into=, the call's separator names tensors for rules alike; keys keep their form.
     flat = devpolicy.load_file(path, separator=".", policy=policy)
     assert _text(flat["model.layers.0.mlp.up_proj.weight"]) == "cpu:3"
