@@ -5,6 +5,7 @@ flax's own partitioning."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -47,6 +48,25 @@ MAXTEXT_AXES = {
 #: The simple case most tests use: one mesh axis per name, on fsdp=2 x tensor=2.
 SIMPLE_RULES = {"embed": "fsdp", "mlp": "tensor", "norm": "tensor"}
 MT = {"mt": {"axes": {"fsdp": 2, "tensor": 2}, "devices": "cpu"}}
+
+
+# What differs between the flax versions tested (0.10 in the oldest environment, 0.12 in
+# the newest): the metadata key nnx keeps the names under, eager sharding (0.12 only: a
+# Variable with names made outside a mesh needs it off), `nnx.List`, `get_value`.
+_FLAX = tuple(int(part) for part in flax.__version__.split(".")[:2])
+NAMES_KEY = (
+    "out_sharding" if _FLAX >= (0, 12) else "sharding_names" if _FLAX >= (0, 11) else "sharding"
+)
+_ModuleList: Any = getattr(nnx, "List", list)
+
+
+def no_eager_sharding() -> Any:
+    off = getattr(nnx, "use_eager_sharding", None)
+    return off(False) if off is not None else contextlib.nullcontext()
+
+
+def value_of(variable: Any) -> Any:
+    return variable.get_value() if hasattr(variable, "get_value") else variable.value
 
 
 def attached_policy(**fields: Any) -> devpolicy.Policy:
@@ -186,11 +206,13 @@ def nnx_model() -> Any:
         def __init__(self, rngs: nnx.Rngs) -> None:
             kernel = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
             self.up = nnx.Linear(16, 32, kernel_init=kernel, rngs=rngs)
-            self.down = nnx.Param(jnp.zeros((32, 16)), out_sharding=("mlp", "embed"))
-            self.norm = nnx.Param(jnp.ones((16,)), out_sharding=("norm",))
-            self.layers = nnx.List([nnx.Param(jnp.zeros((4, 16)), out_sharding=(None, "embed"))])
+            self.down = nnx.Param(jnp.zeros((32, 16)), **{NAMES_KEY: ("mlp", "embed")})
+            self.norm = nnx.Param(jnp.ones((16,)), **{NAMES_KEY: ("norm",)})
+            self.layers = _ModuleList(
+                [nnx.Param(jnp.zeros((4, 16)), **{NAMES_KEY: (None, "embed")})]
+            )
 
-    with nnx.use_eager_sharding(False):
+    with no_eager_sharding():
         return Mlp(nnx.Rngs(0))
 
 
@@ -222,17 +244,17 @@ class TestNnx:
     def test_shardings_of_an_abstract_nnx_state(self) -> None:
         """`nnx.eval_shape` makes Variables of `ShapeDtypeStruct`s: their shardings are
         decided by the same names, nothing created."""
-        with nnx.use_eager_sharding(False):
+        with no_eager_sharding():
             abstract = nnx.eval_shape(nnx_model)
         shardings = attached_policy().shardings("params", nnx.state(abstract))
-        assert spec_of(shardings["up"]["kernel"].get_value()) == ("fsdp", "tensor")
-        assert spec_of(shardings["down"].get_value()) == ("tensor", "fsdp")
+        assert spec_of(value_of(shardings["up"]["kernel"])) == ("fsdp", "tensor")
+        assert spec_of(value_of(shardings["down"])) == ("tensor", "fsdp")
 
     def test_a_partitionspec_in_the_metadata_is_read_as_its_entries(self) -> None:
-        with nnx.use_eager_sharding(False):
-            variable = nnx.Param(jnp.zeros((16, 32)), out_sharding=PartitionSpec("embed", "mlp"))
+        with no_eager_sharding():
+            variable = nnx.Param(jnp.zeros((16, 32)), **{NAMES_KEY: PartitionSpec("embed", "mlp")})
         placed = attached_policy().put("params", {"w": variable})
-        assert spec_of(placed["w"].sharding) == ("fsdp", "tensor")
+        assert spec_of(value_of(placed["w"]).sharding) == ("fsdp", "tensor")
 
     @pytest.mark.parametrize("key", ["out_sharding", "sharding_names", "sharding"])
     def test_each_flax_versions_metadata_key_is_read(self, key: str) -> None:
