@@ -113,8 +113,24 @@ SHARDING_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*\[[^\]]*\]$"
 _AXIS = re.compile(AXIS_NAME_PATTERN)
 
 
+class _OnAMesh:
+    """What every mesh target answers alike."""
+
+    __slots__ = ()
+
+    @property
+    def is_auto(self) -> bool:
+        """Never: a sharding names its devices."""
+        return False
+
+    @property
+    def platform(self) -> str:
+        """Not a platform: the mesh decides."""
+        return "mesh"
+
+
 @dataclass(frozen=True, slots=True)
-class ShardingTarget:
+class ShardingTarget(_OnAMesh):
     """A rule's sharding: a mesh by name and one spec entry per array dimension.
 
     Attributes:
@@ -150,22 +166,12 @@ class ShardingTarget:
         """The same mesh, every dimension replicated (`mesh[]`)."""
         return ShardingTarget(self.mesh, (), None, self.indivisible)
 
-    @property
-    def is_auto(self) -> bool:
-        """Never: a sharding names its devices."""
-        return False
-
-    @property
-    def platform(self) -> str:
-        """Not a platform: the mesh decides."""
-        return "mesh"
-
     def __str__(self) -> str:
         return self.text
 
 
 @dataclass(frozen=True, slots=True)
-class AttachedTarget:
+class AttachedTarget(_OnAMesh):
     """A rule's sharding by each leaf's own axis names (`axes: attached`): what to shard
     over is known only per leaf, so the walk asks `resolved` for each leaf's names.
 
@@ -201,16 +207,6 @@ class AttachedTarget:
     def known(self) -> frozenset[str]:
         """The logical names `rules` gives mesh axes (or `null`) to."""
         return frozenset(name for name, _ in self.rules)
-
-    @property
-    def is_auto(self) -> bool:
-        """Never: a sharding names its devices."""
-        return False
-
-    @property
-    def platform(self) -> str:
-        """Not a platform: the mesh decides."""
-        return "mesh"
 
     def unnamed(self) -> ShardingTarget:
         """What a leaf that carries no names gets: replicated over the mesh (`mt[]`)."""
