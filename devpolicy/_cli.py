@@ -647,12 +647,11 @@ def _plan(args: argparse.Namespace) -> int:
         policy = devpolicy.load_policy(args.policy, capacity=capacity)
     else:
         policy = _load(args.policy)
-    if args.separator is not None and len(args.separator) != 1:
-        print(
-            f"devpolicy plan: --separator takes one character ('.' or '/'), got "
-            f"{_lit(args.separator)}",
-            file=sys.stderr,
-        )
+    from devpolicy._schema import separator_problem  # the policy's own rule, loaded here
+
+    problem = None if args.separator is None else separator_problem(args.separator)
+    if problem is not None:
+        print(f"devpolicy plan: --separator takes {_lit(problem)}", file=sys.stderr)
         return EXIT_USAGE
     p = devpolicy.plan(
         args.file, prefix=args.prefix, policy=policy, machine=machine, separator=args.separator

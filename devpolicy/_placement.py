@@ -774,7 +774,8 @@ def _nbytes(leaf: Any) -> int:
     return nbytes if isinstance(nbytes, int) else int(np.asarray(leaf).nbytes)
 
 
-_ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+#: What a leaf may be to be placed: an array or a number.
+ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
 def leaf_shape_dtype(leaf: Any, call: str, leaf_name: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
@@ -782,7 +783,7 @@ def leaf_shape_dtype(leaf: Any, call: str, leaf_name: str) -> tuple[tuple[int, .
     number (only these are read); TypeError naming `call` and the leaf otherwise."""
     shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
     if shape is None or dtype is None:
-        if not isinstance(leaf, _ARRAY_LIKE):
+        if not isinstance(leaf, ARRAY_LIKE):
             raise TypeError(
                 f"{call}: leaf {leaf_name!r} is a {type(leaf).__name__}, not an array, "
                 "jax.ShapeDtypeStruct or number"
@@ -840,7 +841,7 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
     leaves, treedef = jax.tree_util.tree_flatten(x)
     names, axes = leaf_names_and_axes(name, x)
     for leaf_name, leaf in zip(names, leaves, strict=True):
-        if not isinstance(leaf, _ARRAY_LIKE):
+        if not isinstance(leaf, ARRAY_LIKE):
             raise TypeError(
                 f"put({name!r}): leaf {leaf_name!r} is a {type(leaf).__name__}, not an array "
                 "or number; JAX cannot place it (keep such values out of the tree)"

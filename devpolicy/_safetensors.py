@@ -33,10 +33,10 @@ from ._logging import EventLog
 from ._machine import VirtualMachine
 from ._matching import SourceFile, compile_file_glob
 from ._narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowed_event
-from ._placement import leaf_names, leaf_names_and_axes, leaf_shape_dtype
+from ._placement import ARRAY_LIKE, leaf_names, leaf_names_and_axes, leaf_shape_dtype
 from ._prefixes import literal_prefix
 from ._routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
-from ._schema import NamesSpec
+from ._schema import NamesSpec, separator_problem
 from ._sizes import format_size
 from ._tensorfile import (
     DEFAULT_ALIGN,
@@ -188,11 +188,9 @@ def _naming(names: NamesSpec, separator: str | None) -> NamesSpec:
     """The policy's `names`, with the call's separator where one is given."""
     if separator is None:
         return names
-    if not isinstance(separator, str) or len(separator) != 1 or separator in "\x00":
-        raise ValueError(
-            f"separator= takes one character (the one between the parts of the file's "
-            f"tensor keys, such as '.' or '/'), got {separator!r}"
-        )
+    problem = separator_problem(separator)
+    if problem is not None:
+        raise ValueError(f"separator= takes {problem}")
     return names.model_copy(update={"separator": separator})
 
 
@@ -334,8 +332,8 @@ def _fit_into(
     by_name: dict[str, TensorEntry] = {}
     mismatched: list[tuple[str, str]] = []
     for _, header in headers:
-        for entry in header.tensors:
-            name = entry.key if separator == "/" else entry.key.replace(separator, "/")
+        # Named as a load names them, without the prefix: the leaf's own name.
+        for name, entry in zip(_names(header, "", naming), header.tensors, strict=True):
             other = by_name.setdefault(name, entry)
             if other is not entry:
                 mismatched.append(
@@ -426,14 +424,13 @@ def _skipped_event(events: EventLog, path: PathLike, skipped: list[str]) -> None
 
 
 _SCALARS = (np.generic, bool, int, float, complex)
-_TENSORS = (np.ndarray, jax.Array, *_SCALARS)
 
 
 def _flat_tensors(tensors: Any) -> bool:
     """A mapping of arrays (keys as written), not a tree to be named leaf by leaf: its
     values arrays, numbers, or lists of numbers (one tensor each, as `np.asarray` makes)."""
     return isinstance(tensors, Mapping) and all(
-        isinstance(value, _TENSORS)
+        isinstance(value, ARRAY_LIKE)
         or (
             isinstance(value, (list, tuple))
             and all(isinstance(x, _SCALARS) for x in jax.tree_util.tree_leaves(value))
@@ -492,7 +489,7 @@ def save_file(
     for name, leaf in zip(names, leaves, strict=True):
         if name in arrays:
             raise ValueError(f"save_file(): two leaves of the tree are named {name!r}")
-        if not isinstance(leaf, _TENSORS):
+        if not isinstance(leaf, ARRAY_LIKE):
             raise TypeError(
                 f"save_file(): leaf {name!r} is a {type(leaf).__name__}, not an array or number"
             )
@@ -942,6 +939,18 @@ def _may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
     return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0 and not entry.packed
 
 
+def _read_in_runs(entry: TensorEntry, decision: Decision, mmap: bool | None, x64: bool) -> bool:
+    """Whether `_load_opened` reads a tensor as part of a run of small ones: small, and
+    neither packed (unpacked on its own), sharded (read slice by slice) nor mapped."""
+    narrowed = not x64 and entry.dtype_name in _NARROW  # narrowing reads, never maps
+    return (
+        entry.nbytes < _MAP_THRESHOLD
+        and not entry.packed
+        and decision.mesh is None
+        and (narrowed or not _may_map(entry, decision, mmap))
+    )
+
+
 def _small_run(
     header: Header,
     decisions: list[Decision],
@@ -960,13 +969,9 @@ def _small_run(
     for position in range(start + 1, len(order)):
         i = order[position]
         entry = header.tensors[i]
-        mappable = (x64 or entry.dtype_name not in _NARROW) and _may_map(entry, decisions[i], mmap)
         if (
-            entry.nbytes >= _MAP_THRESHOLD
-            or decisions[i].mesh is not None  # sharded: read slice by slice, never whole
-            or entry.packed  # unpacked on its own
+            not _read_in_runs(entry, decisions[i], mmap, x64)
             or entry.offset != end
-            or mappable
             or len(run) >= _READ_BATCH
             or nbytes + entry.nbytes > CHUNK_BYTES
         ):
@@ -1023,17 +1028,8 @@ class _ReadAhead:
         return run, _read_run(self._fd, header, run)
 
     def _starts_run(self, position: int) -> bool:
-        """Whether `_load_opened` reads `order[position]` as a run of small tensors (its
-        branches in order: packed, sharded, mapped, small)."""
         i = self._order[position]
-        entry, decision = self._header.tensors[i], self._decisions[i]
-        narrowed = not self._x64 and entry.dtype_name in _NARROW
-        return (
-            not entry.packed
-            and decision.mesh is None
-            and not (not narrowed and _may_map(entry, decision, self._mmap))
-            and entry.nbytes < _MAP_THRESHOLD
-        )
+        return _read_in_runs(self._header.tensors[i], self._decisions[i], self._mmap, self._x64)
 
     def __enter__(self) -> _ReadAhead:
         return self

@@ -676,12 +676,19 @@ class RuleSpec(_Strict):
         return self
 
 
-def _separator(value: Any) -> str:
+def separator_problem(value: object) -> str | None:
+    """Why `value` cannot separate the parts of tensor keys (None: it can). One rule for
+    the policy's `names.separator`, `load_file(separator=...)` and `plan --separator`."""
     if isinstance(value, str) and len(value) == 1 and value not in "*?[]\0":
-        return value
-    raise _fail(
-        f"a separator is one character that is not a glob character, such as '.'; got {value!r}"
-    )
+        return None
+    return f"one character that is not a glob character, such as '.'; got {value!r}"
+
+
+def _separator(value: Any) -> str:
+    problem = separator_problem(value)
+    if problem is not None:
+        raise _fail(f"a separator is {problem}")
+    return str(value)
 
 
 Separator = Annotated[

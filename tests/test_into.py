@@ -201,7 +201,7 @@ def test_load_file_into_matches_dotted_keys_with_a_per_call_separator(tmp_path: 
     ]
 
 
-@pytest.mark.parametrize("separator", ["", "ab", "\x00", 7])
+@pytest.mark.parametrize("separator", ["", "ab", "\x00", 7, "*"])
 def test_a_separator_that_is_not_one_character_is_refused_naming_the_argument(
     tmp_path: Path, separator: Any
 ) -> None:
