@@ -910,25 +910,8 @@ def _put_summary(
 _FLAX_BOXES = frozenset({"AxisMetadata", "Variable", "VariableState"})
 
 
-_BOX_TYPES: dict[type, bool] = {}  # by type: the test runs once per node of every tree
-
-
 def _is_box(node: Any) -> bool:
-    kind = type(node)
-    known = _BOX_TYPES.get(kind)
-    if known is None:
-        known = False
-        for cls in kind.__mro__:
-            module = cls.__module__
-            if (cls.__name__ in _FLAX_BOXES and module.startswith("flax.")) or (
-                cls.__name__ == "NamedArray"
-                and (module == "haliax" or module.startswith("haliax."))
-            ):
-                known = True
-                break
-        if len(_BOX_TYPES) < 4096:
-            _BOX_TYPES[kind] = known
-    return known
+    return _box_kind(type(node)) is not None
 
 
 def leaf_names(name: str, tree: Any) -> list[str]:
@@ -1033,25 +1016,36 @@ def _attached(box: Any, interned: dict[tuple[Any, bool], Attached]) -> Attached 
     return found
 
 
-_BOX_KINDS: dict[type, str] = {}
+# By type: the test runs once per node of every tree.
+_BOX_KINDS: dict[type, str | None] = {}
+_UNSEEN = object()
 
 
-def _box_kind(kind: type) -> str:
-    """How a box type carries names: flax `logical` or `mesh` axes, haliax `named`, else
-    `metadata` (nnx). Worked out once per type."""
-    found = _BOX_KINDS.get(kind)
-    if found is None:
-        names = {cls.__name__ for cls in kind.__mro__}
-        if "LogicallyPartitioned" in names:
-            found = "logical"
-        elif "Partitioned" in names:
-            found = "mesh"
-        elif "NamedArray" in names:
-            found = "named"
-        else:
-            found = "metadata"
-        if len(_BOX_KINDS) < 4096:
-            _BOX_KINDS[kind] = found
+def _box_kind(kind: type) -> str | None:
+    """Whether a type is a box around one array, and how it carries axis names: flax
+    `logical` or `mesh` axes, haliax `named`, nnx `metadata`; None for no box. Worked out
+    once per type."""
+    known = _BOX_KINDS.get(kind, _UNSEEN)
+    if known is not _UNSEEN:
+        return known  # type: ignore[return-value]
+    found: str | None = None
+    for cls in kind.__mro__:
+        module = cls.__module__
+        if (cls.__name__ in _FLAX_BOXES and module.startswith("flax.")) or (
+            cls.__name__ == "NamedArray" and (module == "haliax" or module.startswith("haliax."))
+        ):
+            names = {c.__name__ for c in kind.__mro__}
+            if "LogicallyPartitioned" in names:
+                found = "logical"
+            elif "Partitioned" in names:
+                found = "mesh"
+            elif "NamedArray" in names:
+                found = "named"
+            else:
+                found = "metadata"
+            break
+    if len(_BOX_KINDS) < 4096:
+        _BOX_KINDS[kind] = found
     return found
 
 
