@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import devpolicy  # noqa: E402
-from devpolicy import _placement  # noqa: E402
+from devpolicy._apply import placement as _placement  # noqa: E402
 
 try:
     from flax.core.meta import Partitioned  # noqa: F401

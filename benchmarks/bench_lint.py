@@ -39,10 +39,10 @@ for name in [n for n in os.environ if n.startswith("DEVPOLICY_")]:
     del os.environ[name]
 
 import devpolicy  # noqa: E402
-from devpolicy import _lint  # noqa: E402
-from devpolicy._layers import RuleEntry  # noqa: E402
-from devpolicy._matching import compile_condition  # noqa: E402
-from devpolicy._prefixes import PrefixIndex  # noqa: E402
+from devpolicy._document.layers import RuleEntry  # noqa: E402
+from devpolicy._names.matching import compile_condition  # noqa: E402
+from devpolicy._names.prefixes import PrefixIndex  # noqa: E402
+from devpolicy._policy import lint as _lint  # noqa: E402
 
 
 def policy_of_size(n: int) -> devpolicy.Policy:

@@ -1,5 +1,5 @@
 """`python -m devpolicy` runs the command line."""
 
-from ._cli import main
+from ._cli.main import main
 
 raise SystemExit(main())

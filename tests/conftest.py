@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import structlog  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from devpolicy import _active  # noqa: E402
+from devpolicy._policy import active as _active  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,125 @@
+"""Batches to the compute device, transferred ahead of use."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+from typing import Generic, TypeVar
+
+from .._decide.decider import Decider
+from .narrowing import Narrow, check_mode
+from .placement import put
+
+T = TypeVar("T")
+
+
+def prefetch(
+    iterable: Iterable[T], decider: Decider, name: str, size: int, narrow: Narrow = "exact"
+) -> BatchStream[T]:
+    """Place each element by `decider`, `size` transfers ahead. See `devpolicy.prefetch`."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
+    if not isinstance(name, str):
+        raise TypeError(f"prefetch name must be a str, got {type(name).__name__} {name!r}")
+    check_mode(narrow)
+    return BatchStream(iter(iterable), name, size, decider, narrow)
+
+
+class BatchStream(Iterator[T], Generic[T]):
+    """The placed batches of `devpolicy.prefetch` (and `devpolicy.windows`): an iterator
+    that closes its source when closed.
+
+    `close()` (or leaving a `with` block) drops the batches in flight and calls the
+    source's `close()` if it has one, so a generator source runs its `finally` (closing
+    its files) at once, not whenever it is collected. Nothing is pulled from the source
+    before the first `next`.
+
+    Example:
+        >>> import devpolicy, numpy as np
+        >>> p = devpolicy.load_policy({"version": 1})
+        >>> def source():
+        ...     try:
+        ...         while True:
+        ...             yield np.zeros(2)
+        ...     finally:
+        ...         print("source closed")
+        >>> with devpolicy.prefetch(source(), policy=p) as stream:
+        ...     first = next(stream)
+        source closed
+    """
+
+    __slots__ = (
+        "_decider",
+        "_failure",
+        "_in_flight",
+        "_name",
+        "_narrow",
+        "_pulling",
+        "_size",
+        "_source",
+    )
+
+    def __init__(
+        self, source: Iterator[T], name: str, size: int, decider: Decider, narrow: Narrow
+    ) -> None:
+        self._source: Iterator[T] | None = source  # until closed
+        self._pulling = True  # until the source ends, fails or is closed
+        self._name = name
+        self._size = size
+        self._decider = decider
+        self._narrow: Narrow = narrow
+        self._in_flight: deque[T] | None = None  # None until the first `next`
+        self._failure: Exception | None = None
+
+    def _fill(self, in_flight: deque[T]) -> None:
+        source = self._source
+        while source is not None and self._pulling and len(in_flight) < self._size:
+            try:
+                item = next(source)
+            except StopIteration:
+                self._pulling = False
+                return
+            except Exception as e:
+                # Raised only once the batches already placed have been used, where
+                # plain iteration over the source would have raised it.
+                self._failure = e
+                self._pulling = False
+                return
+            in_flight.append(put(self._decider, self._name, item, self._narrow, local=True))
+
+    def __next__(self) -> T:
+        in_flight = self._in_flight
+        if in_flight is None:
+            in_flight = self._in_flight = deque()
+            self._fill(in_flight)
+        if in_flight:
+            current = in_flight.popleft()
+            self._fill(in_flight)
+            return current
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+        raise StopIteration
+
+    def close(self) -> None:
+        """Drop the batches in flight and close the source (its `close()`, if it has one).
+        Closing again does nothing; the stream then yields nothing more."""
+        source, self._source = self._source, None
+        self._pulling = False
+        self._in_flight = deque()
+        self._failure = None
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> BatchStream[T]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

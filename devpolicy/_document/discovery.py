@@ -1,0 +1,153 @@
+"""Finding the policy when none is given: DEVPOLICY_FILE, devpolicy.yaml, pyproject.toml.
+
+The search stays inside the project (it stops at the first directory holding
+`pyproject.toml` or `.git`, and at a filesystem boundary), and a file it finds is used only
+if neither it nor its directory could have been written by someone other than you or root.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._base.errors import PolicyError, UntrustedPolicyError, did_you_mean
+from .._base.files import FileRefused, check_regular, read_capped, untrusted
+from .documents import display_path
+
+POLICY_FILENAME = "devpolicy.yaml"
+MAX_PYPROJECT_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A discovered policy file and how it was found (for `devpolicy check` and logs).
+
+    Attributes:
+        path: The policy file, or None when there is none.
+        how: How it was found, in words.
+        named: Whether the user named it (`DEVPOLICY_FILE`) rather than discovery finding it.
+    """
+
+    path: Path | None
+    how: str
+    named: bool = False
+
+
+#: Files whose presence marks a project's root: discovery never looks above it.
+ROOT_MARKERS = ("pyproject.toml", ".git")
+
+
+def search_directories(cwd: Path) -> list[Path]:
+    """`cwd` and its parents up to the project root, nearest first.
+
+    The project root is the first directory holding `pyproject.toml` or `.git`, and is
+    included. Like git (without GIT_DISCOVERY_ACROSS_FILESYSTEM) the walk never crosses
+    into another filesystem. Without a project root it ends at `/`.
+    """
+    device = _device(cwd)
+    found = []
+    for directory in (cwd, *cwd.parents):
+        if device is None or _device(directory) != device:
+            break
+        found.append(directory)
+        if any(os.path.lexists(directory / marker) for marker in ROOT_MARKERS):
+            break
+    return found
+
+
+def _device(directory: Path) -> int | None:
+    """The filesystem a directory is on, or None if it cannot be examined."""
+    try:
+        return os.stat(directory).st_dev
+    except OSError:
+        return None
+
+
+def discover(env_file: Path | None, cwd: Path) -> Found:
+    """Find the policy file, in order: DEVPOLICY_FILE, `devpolicy.yaml` in `cwd` or a parent
+    up to the project root, `[tool.devpolicy] policy` in the root's `pyproject.toml`; else
+    none.
+
+    A file found (not named) must pass the trust check (`_files.untrusted`).
+
+    Raises:
+        PolicyError: if the project's `pyproject.toml` cannot be read or its
+            `[tool.devpolicy]` table is malformed.
+        UntrustedPolicyError: a file found could have been written or placed by someone
+            other than you or root.
+    """
+    if env_file is not None:
+        return Found(env_file, "DEVPOLICY_FILE", named=True)
+    directories = search_directories(cwd) or [cwd]
+    for directory in directories:
+        candidate = directory / POLICY_FILENAME
+        # Anything by that name (a dangling link, a loop, a directory, a FIFO) is the policy:
+        # reading it reports what is wrong, rather than a parent's policy being used instead.
+        if os.path.lexists(candidate):
+            _refuse_untrusted(candidate, "found")
+            return Found(candidate, f"{POLICY_FILENAME} in the working directory or a parent")
+    pyproject = directories[-1] / "pyproject.toml"
+    if os.path.lexists(pyproject):
+        return _from_pyproject(pyproject)
+    return Found(None, "no policy file (every name goes to JAX's default device)")
+
+
+def _refuse_untrusted(path: Path, how: str, policy: Path | None = None) -> None:
+    """Raise UntrustedPolicyError if `path` (the policy, or the pyproject.toml naming
+    `policy`) fails the trust check."""
+    why = untrusted(path)
+    if why is None:
+        return
+    shown = os.path.abspath(policy if policy is not None else path)
+    fix = (
+        f"devpolicy {how} this file without being told to use it, and does not trust it. "
+        f"To use it anyway, name the policy yourself: DEVPOLICY_FILE={shlex.quote(shown)} "
+        f"(or --policy, or load_policy(path)); to trust it from now on, {why.fix}"
+    )
+    raise UntrustedPolicyError(display_path(path), why.reason, why.uid, why.name, fix)
+
+
+def _from_pyproject(pyproject: Path) -> Found:
+    label = display_path(pyproject)
+    try:
+        text = read_capped(pyproject, MAX_PYPROJECT_BYTES, "a pyproject.toml file").decode("utf-8")
+        data = tomllib.loads(text)
+    except FileRefused as e:
+        raise PolicyError.single(
+            label, None, "", f"cannot read pyproject.toml: {e.reason}"
+        ) from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
+        raise PolicyError.single(label, None, "", f"cannot read pyproject.toml: {e}") from None
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise PolicyError.single(label, None, "tool", "must be a table")
+    table = tool.get("devpolicy")
+    if table is None:
+        return Found(None, f"no policy file ({label} has no [tool.devpolicy] table)")
+    if not isinstance(table, dict):
+        raise PolicyError.single(label, None, "tool.devpolicy", "must be a table")
+    unknown = sorted(set(table) - {"policy"})
+    if unknown:
+        hint = did_you_mean(unknown[0], ["policy"])
+        raise PolicyError.single(
+            label, None, f"tool.devpolicy.{unknown[0]}", f"unknown key{hint}; valid keys: policy"
+        )
+    policy = table.get("policy")
+    if not isinstance(policy, str) or not policy:
+        raise PolicyError.single(
+            label, None, "tool.devpolicy.policy", f"must be a path to a policy file, got {policy!r}"
+        )
+    # The table decides which file is read: it must be trusted like the file itself.
+    path = pyproject.parent / policy
+    _refuse_untrusted(pyproject, "read [tool.devpolicy] from", path)
+    why = check_regular(path, "a policy file")
+    if why is not None:
+        why = "policy file not found" if why == "no such file" else why
+        raise PolicyError.single(
+            label, None, "tool.devpolicy.policy", f"{why}: {display_path(path)}"
+        )
+    _refuse_untrusted(path, "found")
+    return Found(path, f"[tool.devpolicy] in {label}")

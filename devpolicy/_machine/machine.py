@@ -1,0 +1,391 @@
+"""The machine decisions are made for: the devices a walk may find and meshes may span.
+
+The fallback walk and the mesh builder ask a `Machine`, never JAX directly, so that one
+walk serves both this process (`Inventory`, over JAX) and a machine described in words
+(`VirtualMachine`: `gpu=8x80GiB` in each of 2 processes) that `plan` can plan for
+without having it. No JAX here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from typing_extensions import TypeVar
+
+from .._base.errors import MachineSpecError, did_you_mean
+from .._base.sizes import SIZE_FORMS, format_size, parse_size
+from .._document.targets import KNOWN_PLATFORMS, PLATFORM_ALIASES, Target
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+
+class DeviceLike(Protocol):
+    """What devpolicy reads of a device: a `jax.Device`, or a `VirtualDevice`."""
+
+    @property
+    def platform(self) -> str:
+        """`cpu`, `gpu`, `tpu`."""
+        ...
+
+    @property
+    def id(self) -> int:
+        """Its id across every process."""
+        ...
+
+    @property
+    def process_index(self) -> int:
+        """The process it belongs to."""
+        ...
+
+
+D = TypeVar("D", bound=DeviceLike)
+
+#: How `--devices` (and `VirtualMachine`) describe one backend.
+DEVICES_FORMS = (
+    "BACKEND=COUNTxSIZE such as gpu=8x80GiB or cpu=1x512GiB (BACKEND: "
+    + ", ".join(PLATFORM_ALIASES)
+    + "; COUNT devices in each process, SIZE the memory of each; xSIZE may be left out: "
+    "memory unknown)"
+)
+PROCESSES_FORMS = "a whole number of processes, 1 or more"
+#: Devices of a described machine, all processes together: a large pod is a few tens of
+#: thousands; past this a typo (`--processes 65536`) would build billions of objects.
+MAX_PLANNED_DEVICES = 1 << 20
+MAX_DEVICES = 65536
+#: What JAX 0.10 offers on every backend; a described machine is assumed to offer the same.
+VIRTUAL_MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
+# The order JAX prefers backends in: the default is the first one present.
+_PREFERENCE = ("tpu", "gpu", "cpu")
+# ASCII only, with nothing around the parts: `str.isdigit` and `int` also take '٣', '²'
+# (isdigit only) and ' 3', which a count written on a command line never means.
+_BACKEND = re.compile(r"([A-Za-z][A-Za-z0-9_]*)=(.*)", re.ASCII | re.DOTALL)
+_COUNT = re.compile(r"([^xX]*)(?:[xX](.*))?", re.DOTALL)
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+
+
+class Machine(Protocol[D]):
+    """What the fallback walk and the mesh builder need to know about a machine.
+
+    Device indices in targets (`gpu:1`) are process-local; a mesh spans every process.
+    """
+
+    @property
+    def process_index(self) -> int:
+        """The process decisions are made in."""
+        ...
+
+    @property
+    def default_platform(self) -> str:
+        """The platform `devices: auto` meshes use."""
+        ...
+
+    def find(self, target: Target) -> D | str:
+        """The device a (non-auto) target names in this process, or why it cannot be had."""
+        ...
+
+    def default_device(self) -> D:
+        """The device `auto` stands for now."""
+        ...
+
+    def backend_devices(self, platform: str) -> list[D] | str:
+        """Every process's devices of `platform`, in mesh order, or why there are none."""
+        ...
+
+    def text(self, device: D) -> str:
+        """Target text of a device (`gpu:1`), by its process-local index."""
+        ...
+
+    def available(self) -> list[str]:
+        """Target text of every device of this process."""
+        ...
+
+    def missing_for(self, platforms: set[str]) -> dict[str, str]:
+        """Why each of `platforms` is absent, for those that are."""
+        ...
+
+    def memory_kinds(self, device: D) -> tuple[str, ...]:
+        """The memory kinds a device offers."""
+        ...
+
+    def make_mesh(
+        self, sizes: tuple[int, ...], names: tuple[str, ...], devices: list[D]
+    ) -> tuple[Mesh | None, tuple[D, ...]]:
+        """A mesh of `devices` (None where no JAX mesh can exist) and this process's
+        devices of it, in mesh order. May raise: the caller turns that into a reason."""
+        ...
+
+
+def out_of_range(target: Target, count: int) -> str:
+    """Why `target`'s index is not one of `count` local devices."""
+    platform = target.platform
+    have = f"{platform}:0..{platform}:{count - 1}"
+    return f"index {target.index} out of range ({count} local {platform} devices: {have})"
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualDevice:
+    """One device of a `VirtualMachine`: enough of a `jax.Device` to plan with.
+
+    Attributes:
+        platform: `cpu`, `gpu` or `tpu`.
+        id: Its id across every process (process-major, like JAX's).
+        process_index: The process it belongs to.
+        index: Its index among its process's devices of its platform (`gpu:3` has 3).
+    """
+
+    platform: str
+    id: int
+    process_index: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.platform}:{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Backend:
+    count: int
+    memory: int | None
+
+
+class VirtualMachine:
+    """A machine described in words, for planning where a checkpoint would go on it.
+
+    Each item describes one backend in every process: `gpu=8x80GiB` is 8 GPUs of 80 GiB;
+    `cpu=1x512GiB` one CPU device with 512 GiB (the memory may be left out: `cpu=1`, then
+    it is unknown and never judged too small). `cpu` is always present (`cpu=1` unless
+    given). `processes` identical processes each have these devices: a mesh over `gpu`
+    spans processes x 8 devices, and targets such as `gpu:3` name each process's own.
+    Decisions are made in process 0; every process decides alike. It is also the capacity
+    placement judges sizes by: each device has its stated memory, all of it free.
+
+    Args:
+        devices: One `BACKEND=COUNTxSIZE` text per backend.
+        processes: How many identical processes.
+
+    Raises:
+        MachineSpecError: naming the bad text and the accepted form.
+
+    Example:
+        >>> vm = VirtualMachine(["gpu=8x80GiB"], processes=2)
+        >>> str(vm), len(vm.backend_devices("gpu"))
+        ('cpu=1 (memory unknown), gpu=8x80GiB; 2 processes', 16)
+    """
+
+    def __init__(
+        self, devices: Iterable[str], processes: int = 1, *, option: str = "devices"
+    ) -> None:
+        if isinstance(devices, str):
+            devices = [devices]
+        backends: dict[str, _Backend] = {}
+        for text in devices:
+            platform, backend = parse_backend(text, option)
+            if platform in backends:
+                raise MachineSpecError(
+                    option, text, f"{platform} is described twice", DEVICES_FORMS
+                )
+            backends[platform] = backend
+        backends.setdefault("cpu", _Backend(1, None))
+        self.processes = check_processes(processes, "processes")
+        total = self.processes * sum(b.count for b in backends.values())
+        if total > MAX_PLANNED_DEVICES:
+            raise MachineSpecError(
+                "processes",
+                self.processes,
+                f"{total:,} devices in all; a plan describes at most {MAX_PLANNED_DEVICES:,}",
+                f"{PROCESSES_FORMS}, with processes x devices at most {MAX_PLANNED_DEVICES:,}",
+            )
+        # Listed in the order `devpolicy devices` lists backends.
+        self._backends = {p: backends[p] for p in sorted(backends, key=_rank)}
+        self._devices = {
+            platform: [
+                VirtualDevice(platform, process * b.count + i, process, i)
+                for process in range(self.processes)
+                for i in range(b.count)
+            ]
+            for platform, b in self._backends.items()
+        }
+        self.default_platform = next(p for p in _PREFERENCE if p in self._backends)
+
+    @property
+    def process_index(self) -> int:
+        """Decisions are made in process 0 (every process decides alike)."""
+        return 0
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        """The platforms described."""
+        return tuple(self._backends)
+
+    def local(self, platform: str) -> list[VirtualDevice]:
+        """Process 0's devices of `platform` (none if absent)."""
+        return [d for d in self._devices.get(platform, []) if d.process_index == 0]
+
+    def find(self, target: Target) -> VirtualDevice | str:
+        """The device a (non-auto) target names in process 0, or why it cannot be had."""
+        local = self.local(target.platform)
+        if not local:
+            return f"no {target.platform} backend on the planned machine ({self})"
+        index = target.index or 0
+        if index >= len(local):
+            return out_of_range(target, len(local))
+        return local[index]
+
+    def default_device(self) -> VirtualDevice:
+        """Process 0's first device of the preferred backend."""
+        return self.local(self.default_platform)[0]
+
+    def backend_devices(self, platform: str) -> list[VirtualDevice] | str:
+        """Every process's devices of `platform`, process by process."""
+        devices = self._devices.get(platform)
+        if devices is None:
+            return f"no {platform} backend on the planned machine ({self})"
+        return list(devices)
+
+    def text(self, device: VirtualDevice) -> str:
+        """`gpu:3`: the device's process-local target text."""
+        return str(device)
+
+    def available(self) -> list[str]:
+        """Target text of every device of process 0."""
+        return [str(d) for p in self._backends for d in self.local(p)]
+
+    def missing_for(self, platforms: set[str]) -> dict[str, str]:
+        """Each of `platforms` the description lacks."""
+        return {
+            p: f"not on the planned machine ({self})"
+            for p in KNOWN_PLATFORMS
+            if p in platforms and p not in self._backends
+        }
+
+    def memory_kinds(self, device: VirtualDevice) -> tuple[str, ...]:
+        """The memory kinds JAX offers on every backend."""
+        return VIRTUAL_MEMORY_KINDS
+
+    def make_mesh(
+        self, sizes: tuple[int, ...], names: tuple[str, ...], devices: list[VirtualDevice]
+    ) -> tuple[Mesh | None, tuple[VirtualDevice, ...]]:
+        """No JAX mesh (its devices do not exist); process 0's devices in mesh order."""
+        if math.prod(sizes) != len(devices):  # pragma: no cover - the sizing checks this
+            raise ValueError(f"{len(devices)} devices for a mesh of {math.prod(sizes)}")
+        return None, tuple(d for d in devices if d.process_index == 0)
+
+    def free_bytes(self, device: VirtualDevice) -> int | None:
+        """The device's stated memory (all of it free), or None when not given."""
+        return self._backends[device.platform].memory
+
+    def memory(self, platform: str) -> int | None:
+        """The stated memory of each `platform` device, or None."""
+        backend = self._backends.get(platform)
+        return None if backend is None else backend.memory
+
+    def pool(self, device: VirtualDevice) -> Hashable:
+        """Each device has its own stated memory."""
+        return device
+
+    def __str__(self) -> str:
+        parts = [
+            f"{p}={b.count}x{_compact(b.memory)}"
+            if b.memory is not None
+            else f"{p}={b.count} (memory unknown)"
+            for p, b in self._backends.items()
+        ]
+        count = f"{self.processes} process{'' if self.processes == 1 else 'es'}"
+        return f"{', '.join(parts)}; {count}"
+
+    def __repr__(self) -> str:
+        return f"<devpolicy.VirtualMachine {self}>"
+
+
+def _compact(nbytes: int) -> str:
+    """`80GiB`, `1.5GiB`: a size as `--devices` writes it."""
+    return format_size(nbytes).replace(".0 ", "").replace(" ", "")
+
+
+def _rank(platform: str) -> int:
+    return KNOWN_PLATFORMS.index(platform)
+
+
+def parse_backend(text: object, option: str = "devices") -> tuple[str, _Backend]:
+    """One `BACKEND=COUNTxSIZE` text as (platform, its count and memory).
+
+    Raises:
+        MachineSpecError: naming `option`, the text and the accepted form.
+    """
+    if not isinstance(text, str):
+        raise MachineSpecError(option, text, f"not text but {type(text).__name__}", DEVICES_FORMS)
+    m = _BACKEND.fullmatch(text)
+    if m is None:
+        raise MachineSpecError(option, text, "not BACKEND=COUNTxSIZE", DEVICES_FORMS)
+    name, rest = m.groups()
+    platform = PLATFORM_ALIASES.get(name.lower())
+    if platform is None:
+        hint = did_you_mean(name, PLATFORM_ALIASES)
+        raise MachineSpecError(option, text, f"unknown backend {name!r}{hint}", DEVICES_FORMS)
+    counted = _COUNT.fullmatch(rest)
+    if counted is None or not _DIGITS.fullmatch(counted.group(1)):
+        raise MachineSpecError(
+            option,
+            text,
+            f"{rest!r} is not COUNT or COUNTxSIZE (COUNT: the digits 0-9, nothing else)",
+            DEVICES_FORMS,
+        )
+    count_text, size_text = counted.groups()
+    count = parse_count(count_text, MAX_DEVICES)
+    if count is None:
+        shown = (
+            f"{count_text} devices"
+            if len(count_text) <= 20
+            else f"{len(count_text):,} digits of devices"
+        )
+        raise MachineSpecError(
+            option, text, f"a count of {shown} (1..{MAX_DEVICES})", DEVICES_FORMS
+        )
+    memory = None
+    if size_text is not None:
+        try:
+            memory = parse_size(size_text)
+        except ValueError as e:  # its own "accepted:" would come twice: SIZE_FORMS says it
+            problem = str(e).split("; accepted", 1)[0]
+            accepted = f"{DEVICES_FORMS}; SIZE: {SIZE_FORMS}"
+            raise MachineSpecError(option, text, problem, accepted) from None
+    return platform, _Backend(count, memory)
+
+
+def parse_count(text: str, limit: int) -> int | None:
+    """`text` as a count 1..`limit` if it is only ASCII digits and in range, else None.
+
+    Never hands `int` more digits than it takes (a 5,000-digit count is out of range, not
+    `int`'s digit-limit ValueError).
+
+    Example:
+        >>> parse_count("8", 16), parse_count("008", 16), parse_count("٣", 16), parse_count(" 3", 9)
+        (8, 8, None, None)
+        >>> parse_count("9" * 5000, 16) is None
+        True
+    """
+    if not _DIGITS.fullmatch(text):
+        return None
+    significant = text.lstrip("0")
+    if len(significant) > len(str(limit)):
+        return None
+    count = int(significant or "0")
+    return count if 1 <= count <= limit else None
+
+
+def check_processes(value: object, option: str = "processes") -> int:
+    """A process count: an int of at least 1.
+
+    Raises:
+        MachineSpecError: naming `option`, the value and the accepted form.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MachineSpecError(option, value, "not a whole number", PROCESSES_FORMS)
+    if not 1 <= value <= MAX_DEVICES:
+        raise MachineSpecError(option, value, "out of range", PROCESSES_FORMS)
+    return value

@@ -1,0 +1,311 @@
+"""`Policy`: the public front of one loaded policy. Each verb is one call into the layer
+that owns it (the decider, placement, the safetensors loader, prefetch)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypeVar, overload
+
+import jax
+
+from .._apply import prefetch as _prefetch
+from .._apply import windows as _windows
+from .._apply.placement import Inputs, Scope, Scopes, make_place, move_to, put, shardings
+from .._base.errors import DevicePolicyError
+from .._base.events import EventLog
+from .._decide.decider import Decider, Decision, Explanation
+from .._document.layers import RuleEntry, Settings
+from .._io import load as _safetensors
+from .._io.load import Plan
+from .._machine.capacity import Capacity, DeviceMemory
+from .._machine.inventory import THIS_PROCESS
+from .._machine.machine import VirtualMachine
+from .._names.matching import source_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+
+class Policy:
+    """A loaded policy: ordered rules, a default, fallbacks, and settings from every layer.
+
+    Make one with `devpolicy.load_policy`. Every module-level function of devpolicy is
+    also a method here, deciding by this policy instead of the active one.
+
+    Example:
+        >>> import devpolicy
+        >>> rules = [{"match": "dataset/*", "device": "cpu:1"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> p.resolve("dataset/train").device_text
+        'cpu:1'
+    """
+
+    __slots__ = ("_found", "_scope_of", "_scopes", "decider")
+
+    def __init__(
+        self, settings: Settings, found: str = "", capacity: Capacity | None = None
+    ) -> None:
+        #: The decision engine: what every verb of this policy decides with.
+        self.decider: Decider = Decider(
+            settings, capacity if capacity is not None else DeviceMemory(), THIS_PROCESS
+        )
+        self._found = found
+        self._scopes = Scopes(self.decider)
+        self._scope_of = self._scopes.by_name.get
+
+    @property
+    def settings(self) -> Settings:
+        """The merged settings of every layer."""
+        return self.decider.settings
+
+    @property
+    def found(self) -> str:
+        """How the policy was found (`DEVPOLICY_FILE`, a path, `given to load_policy`)."""
+        return self._found
+
+    @property
+    def file(self) -> str | None:
+        """The policy file, or None for a mapping or no file."""
+        return self.decider.settings.file
+
+    @property
+    def strict(self) -> bool:
+        """Whether fallbacks are refused (`strict: true`)."""
+        return bool(self.decider.settings.strict.value)
+
+    @property
+    def disabled(self) -> bool:
+        """Whether DEVPOLICY_DISABLE is in force (nothing is placed, nothing fails)."""
+        return self.decider.disabled
+
+    @property
+    def capacity(self) -> Capacity:
+        """Where memory-aware rules learn free memory."""
+        return self.decider.capacity
+
+    @property
+    def events(self) -> EventLog:
+        """Where this policy's events go."""
+        return self.decider.events
+
+    @property
+    def rules(self) -> tuple[RuleEntry, ...]:
+        """Every rule, in the order tried: code, then environment, then the policy file."""
+        return self.decider.settings.rules
+
+    def __repr__(self) -> str:
+        default = self.settings.default.value
+        return f"<Policy file={self.file!r} rules={len(self.rules)} default={default!r}>"
+
+    def resolve(
+        self,
+        name: str,
+        *,
+        nbytes: int | None = None,
+        shape: tuple[int, ...] | None = None,
+        file: str | os.PathLike[str] | None = None,
+    ) -> Decision:
+        """Decide where `name` goes, and log the decision.
+
+        The first decision for a (name, device, rule) is logged at info, repeats at debug.
+        A repeated name is a cached lookup.
+
+        Args:
+            name: What is being placed (`dataset/train`, `model/layer0/w`).
+            nbytes: Its size, if known; rules with `min_bytes`/`max_bytes` match only when given.
+            shape: Its shape, if known: whether it divides over a sharding rule's mesh.
+            file: The file it comes from, if any: rules with `file:` match only then.
+
+        Raises:
+            DeviceUnavailableError: when neither the target nor its fallbacks can be had,
+                or at once under `strict: true`.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "rules": [
+            ...     {"match": "*", "min_bytes": "1KiB", "device": "cpu:2"}]})
+            >>> p.resolve("x", nbytes=4096).device_text, p.resolve("x").rule
+            ('cpu:2', None)
+        """
+        return self.decider.resolve(name, nbytes, shape, source_file(file))
+
+    def resolve_many(self, items: Iterable[tuple[str, int | None]]) -> list[Decision]:
+        """Resolve several (name, nbytes) pairs as one placement, each logged.
+
+        Memory-aware checks (`fits`, sized `auto`) count the bytes earlier items were
+        given on each device, so the tensors of one file cannot overfill a device
+        together. `load_file` and `put` decide this way. Raises like `resolve`.
+
+        Example:
+            >>> import devpolicy
+            >>> p = devpolicy.load_policy({"version": 1, "fallback": ["cpu:1"]},
+            ...     capacity=devpolicy.StaticCapacity({"cpu:0": 1000}), environ={})
+            >>> [d.device_text for d in p.resolve_many([("a", 600), ("b", 600)])]
+            ['cpu:0', 'cpu:1']
+        """
+        return self.decider.resolve_many(items)
+
+    def decide_many(
+        self, items: Iterable[tuple[str, int | None]]
+    ) -> list[Decision | DevicePolicyError]:
+        """Like `resolve_many`, logging nothing, with each failure returned in its place."""
+        return self.decider.decide_many(items)
+
+    def decide(
+        self,
+        name: str,
+        *,
+        nbytes: int | None = None,
+        shape: tuple[int, ...] | None = None,
+        file: str | os.PathLike[str] | None = None,
+    ) -> Decision:
+        """Like `resolve`, but logs nothing and caches nothing: for plans and tools.
+
+        Example:
+            >>> import devpolicy
+            >>> devpolicy.load_policy({"version": 1, "default": "cpu:3"}).decide("x").device_text
+            'cpu:3'
+        """
+        return self.decider.decide(name, nbytes, shape, source_file(file))
+
+    def explain(
+        self,
+        name: str,
+        *,
+        nbytes: int | None = None,
+        shape: tuple[int, ...] | None = None,
+        machine: VirtualMachine | None = None,
+        file: str | os.PathLike[str] | None = None,
+    ) -> Explanation[Any]:
+        """Every rule tried for `name` and every fallback step, without logging.
+
+        `machine`: explain the decision on a machine you do not have (a `VirtualMachine`,
+        also the capacity judged by), as `plan(..., machine=...)` does. `file`: the file
+        the array comes from (rules with `file:` match only with one, and say so).
+
+        Example:
+            >>> import devpolicy
+            >>> rules = [{"match": "a/*", "device": "cpu"}]
+            >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+            >>> [step.matched for _, step in p.explain("b/x").steps]
+            [False]
+            >>> vm = devpolicy.VirtualMachine(["gpu=2x16GiB"])
+            >>> p2 = devpolicy.load_policy({"version": 1, "default": "gpu:1"})
+            >>> p2.explain("w", machine=vm).decision.device_text
+            'gpu:1'
+        """
+        source = source_file(file)
+        if machine is None:
+            return self.decider.explain(name, nbytes, shape, source)
+        if not isinstance(machine, VirtualMachine):
+            raise TypeError(
+                f"explain(machine=...) takes a devpolicy.VirtualMachine, got "
+                f"{type(machine).__name__} {machine!r}"
+            )
+        return Decider(self.decider.settings, machine, machine).explain(name, nbytes, shape, source)
+
+    def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
+        """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""
+        if nbytes is None:
+            try:
+                found = self._scope_of(name)  # the repeat: one lookup, no further call
+            except TypeError:  # unhashable: the scope made below says what is wrong
+                found = None
+            if found is not None:
+                return found
+        return self._scopes.make(name, nbytes)
+
+    @overload
+    def place(self, name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
+    @overload
+    def place(
+        self, name: str | None = None, /, *, commit: bool | None = None, inputs: Inputs = None
+    ) -> Callable[[F], F]: ...
+    def place(
+        self, name: Any = None, /, *, commit: bool | None = None, inputs: Inputs = None
+    ) -> Any:
+        """Decorator: run the function in this policy's scope for `name`. See `devpolicy.place`."""
+        return make_place(self.decider, name, commit, inputs)
+
+    def to(self, x: T, name: str) -> T:
+        """Move `x`'s arrays to where `name` goes by this policy. See `devpolicy.to`."""
+        return move_to(self.decider, x, name)
+
+    def put(self, name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
+        """Place an array or pytree by this policy. See `devpolicy.put`."""
+        return put(self.decider, name, x, narrow)
+
+    def shardings(self, name: str, tree: T) -> T:
+        """The sharding `put(name, ...)` would give each leaf, by this policy. See
+        `devpolicy.shardings`."""
+        return shardings(self.decider, name, tree)
+
+    @overload
+    def load_file(
+        self, path: str | os.PathLike[str], *, into: None = None, **options: Any
+    ) -> dict[str, jax.Array]: ...
+
+    @overload
+    def load_file(self, path: str | os.PathLike[str], *, into: T, **options: Any) -> T: ...
+
+    def load_file(self, path: str | os.PathLike[str], *, into: Any = None, **options: Any) -> Any:
+        """Load a safetensors file by this policy (with `into`, filling that tree). See
+        `devpolicy.load_file`."""
+        return _safetensors.load_file(path, self.decider, into=into, **options)
+
+    def plan(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        prefix: str | None = None,
+        mmap: bool | None = None,
+        machine: VirtualMachine | None = None,
+        separator: str | None = None,
+    ) -> Plan:
+        """Where each tensor of a file would go by this policy (on `machine`, if given).
+        See `devpolicy.plan`."""
+        return _safetensors.plan(
+            path, self.decider, prefix=prefix, mmap=mmap, machine=machine, separator=separator
+        )
+
+    def prefetch(
+        self,
+        iterable: Iterable[T],
+        name: str = "batch",
+        size: int = 2,
+        *,
+        narrow: Literal["exact", "lossy"] = "exact",
+    ) -> _prefetch.BatchStream[T]:
+        """Place each element by this policy, ahead of use. See `devpolicy.prefetch`."""
+        return _prefetch.prefetch(iterable, self.decider, name, size, narrow)
+
+    def windows(
+        self,
+        tokens: Any,
+        length: int,
+        batch: int,
+        *,
+        name: str = "batch",
+        order: Literal["sequential", "random"] = "sequential",
+        seed: int | None = None,
+        stride: int | None = None,
+        steps: int | None = None,
+        size: int = 2,
+        narrow: Literal["exact", "lossy"] = "exact",
+    ) -> _prefetch.BatchStream[Any]:
+        """Batches of windows of a host array, placed by this policy ahead of use.
+        See `devpolicy.windows`."""
+        return _windows.windows(
+            tokens,
+            self.decider,
+            name,
+            length,
+            batch,
+            order=order,
+            seed=seed,
+            stride=stride,
+            steps=steps,
+            size=size,
+            narrow=narrow,
+        )

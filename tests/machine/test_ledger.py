@@ -1,0 +1,238 @@
+"""The live ledger: `report()` shows where the bytes of live arrays are, by device and rule."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import devpolicy
+from devpolicy._machine import ledger as _ledger
+from tests.helpers import policy_of, write
+
+POLICY_YAML = """\
+version: 1
+rules:
+  - match: "ckpt/a"
+    device: cpu:1
+  - match: "ckpt/b"
+    device: cpu:2
+  - match: "ckpt/c"
+    device: cpu:2
+"""
+
+
+def mine(device: devpolicy.LedgerDevice, policy: devpolicy.Policy) -> list[devpolicy.LedgerEntry]:
+    """The entries of `device` placed by `policy`'s rules (other tests' arrays may still be
+    alive in this process)."""
+    origins = {rule.origin for rule in policy.rules}
+    return [e for e in device.entries if e.origin in origins]
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> devpolicy.Policy:
+    return devpolicy.load_policy(write(tmp_path / "policy.yaml", POLICY_YAML), environ={})
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    path = tmp_path / "ckpt.safetensors"
+    devpolicy.save_file(
+        {
+            "a": np.ones(1000, np.float32),
+            "b": np.ones((16, 16), np.int16),
+            "c": np.ones(3, np.uint8),
+        },
+        path,
+    )
+    return path
+
+
+class TestReport:
+    def test_live_bytes_by_device_and_rule_after_one_array_is_freed(
+        self, policy: devpolicy.Policy, ckpt: Path, tmp_path: Path
+    ) -> None:
+        """Loaded to two devices, one array freed: exactly the live bytes remain, each
+        under the rule (file:line) that placed it, and the freed one is gone."""
+        out = policy.load_file(ckpt)
+        del out["c"]
+        gc.collect()
+        ledger = devpolicy.report()
+        cpu1 = mine(ledger.by_device["cpu:1"], policy)
+        cpu2 = mine(ledger.by_device["cpu:2"], policy)
+        assert [(e.origin, e.names, e.arrays, e.nbytes) for e in cpu1] == [
+            ("policy.yaml:3", ("ckpt/a",), 1, 4000)
+        ]
+        assert [(e.origin, e.names, e.arrays, e.nbytes) for e in cpu2] == [
+            ("policy.yaml:5", ("ckpt/b",), 1, 512)
+        ]
+        assert mine(ledger.by_device["cpu:0"], policy) == []
+
+    def test_mapped_bytes_are_reported_apart(self, tmp_path: Path) -> None:
+        """A tensor mapped from its file is file-backed; the same tensor read is not."""
+        path = tmp_path / "data.safetensors"
+        devpolicy.save_file({"tokens": np.arange(4096, dtype=np.uint16)}, path)
+        policy = devpolicy.load_policy(
+            write(tmp_path / "p.yaml", 'version: 1\nrules:\n  - match: "*"\n    device: cpu:3\n'),
+            environ={},
+        )
+        mapped = policy.load_file(path, mmap=True, prefix="mapped")["tokens"]
+        read = policy.load_file(path, mmap=False, prefix="read")["tokens"]
+        (entry,) = mine(devpolicy.report().by_device["cpu:3"], policy)
+        assert (entry.names, entry.arrays, entry.nbytes) == (
+            ("mapped/tokens", "read/tokens"),
+            2,
+            16384,
+        )
+        assert entry.file_backed == 8192
+        device = devpolicy.report().by_device["cpu:3"]
+        assert device.file_backed >= 8192
+        assert "file-backed" in str(devpolicy.report())
+        del mapped, read
+
+    def test_arrays_made_outside_devpolicy_are_unplaced(self) -> None:
+        """An array JAX made on its own counts on its device as `unplaced`."""
+        before = sum(
+            e.nbytes
+            for e in devpolicy.report().by_device["cpu:0"].entries
+            if e.origin == "unplaced"
+        )
+        x = jnp.ones(12345, jnp.int8) + 1
+        after = devpolicy.report().by_device["cpu:0"]
+        unplaced = [e for e in after.entries if e.origin == "unplaced"]
+        assert [e.names for e in unplaced] == [()]
+        assert unplaced[0].nbytes - before == x.nbytes
+
+    def test_every_placing_verb_is_recorded_under_its_name(self, tmp_path: Path) -> None:
+        """put, to, a committed @place result and prefetch batches are each found under
+        their name and rule."""
+        rules = [{"match": f"verb/{v}*", "device": "cpu:3"} for v in ("put", "to", "place")]
+        rules.append({"match": "verbbatch", "device": "cpu:3"})
+        policy = policy_of(rules=rules)
+
+        @policy.place("verb/place")
+        def made() -> jax.Array:
+            return jnp.zeros(10, jnp.float32)
+
+        kept = [
+            policy.put("verb/put", np.zeros(8, np.float32)),
+            policy.to(jnp.zeros(4, jnp.float32), "verb/to"),
+            made(),
+            *policy.prefetch([np.zeros(2, np.float32)], name="verbbatch"),
+        ]
+        names = {
+            n: e.nbytes
+            for e in devpolicy.report().by_device["cpu:3"].entries
+            for n in e.names
+            if n.startswith("verb")
+        }
+        assert names == {"verb/put": 32, "verb/to": 16, "verb/place": 40, "verbbatch": 8}
+        assert len(kept) == 4
+
+    def test_a_sharded_array_counts_its_shard_on_each_device(self) -> None:
+        """Sharded over a 2x2 mesh by data: each device holds half, counted there."""
+        mesh = {"grid": {"axes": {"data": 2, "model": 2}, "devices": "cpu"}}
+        rule = {"match": "shardme", "sharding": {"mesh": "grid", "spec": ["data"]}}
+        policy = policy_of(meshes=mesh, rules=[rule])
+        x = policy.put("shardme", np.zeros((8, 4), np.float32))
+        ledger = devpolicy.report()
+        per_device = {
+            d.device: sum(e.nbytes for e in d.entries if e.names == ("shardme",))
+            for d in ledger.devices
+        }
+        assert per_device == {"cpu:0": 64, "cpu:1": 64, "cpu:2": 64, "cpu:3": 64}
+        assert x.nbytes == 128  # replicated over `model`: 2 x 64 bytes per data half
+
+    def test_one_buffer_held_by_two_arrays_counts_once(self) -> None:
+        """An uncommitted array and its committed twin share a buffer: counted once,
+        under the rule that committed it."""
+        policy = policy_of(rules=[{"match": "twin", "device": "cpu:2"}])
+        with jax.default_device(devpolicy.get_device("cpu:2")):
+            loose = jnp.arange(777, dtype=jnp.int32)
+        committed = policy.to(loose, "twin")
+        assert committed.unsafe_buffer_pointer() == loose.unsafe_buffer_pointer()
+        device = devpolicy.report().by_device["cpu:2"]
+        twins = [e for e in device.entries if e.names == ("twin",)]
+        assert [(e.arrays, e.nbytes) for e in twins] == [(1, 3108)]
+        pointers = [
+            a.unsafe_buffer_pointer()
+            for a in jax.live_arrays()
+            if a.devices() == {devpolicy.get_device("cpu:2")} and a.nbytes == 3108
+        ]
+        assert pointers.count(loose.unsafe_buffer_pointer()) >= 2  # JAX holds both
+
+    def test_free_memory_comes_from_the_capacity(self) -> None:
+        """Each device's free memory is the capacity's (host RAM by default)."""
+        caps = devpolicy.StaticCapacity({"cpu:1": "1GiB"})
+        ledger = devpolicy.report(capacity=caps)
+        assert ledger.by_device["cpu:1"].free == 2**30
+        assert ledger.by_device["cpu:0"].free is None
+        assert devpolicy.report().by_device["cpu:0"].pool == "host RAM"
+        assert devpolicy.report().by_device["cpu:0"].free > 0  # type: ignore[operator]
+
+
+class TestRecords:
+    def test_the_ledger_never_keeps_an_array_alive(self) -> None:
+        """Recording holds a weak reference: a placed array goes when its user drops it."""
+        policy = policy_of(default="cpu:1")
+        x = policy.put("alive", np.zeros(5))
+        gone = weakref.ref(x)
+        del x
+        gc.collect()
+        assert gone() is None
+        assert all("alive" not in e.names for d in devpolicy.report().devices for e in d.entries)
+
+    def test_dead_records_are_pruned_as_the_table_grows(self) -> None:
+        """Placing many short-lived arrays does not grow the table without bound."""
+        _ledger._prune()  # from a table as it stands, whatever earlier tests left in it
+        policy = policy_of(default="cpu:1")
+        for _ in range(3000):
+            policy.put("churn", np.zeros(1, np.float32))
+        assert len(_ledger._placed) < 2 * 1024 + 100
+
+
+class TestText:
+    def test_print_shows_devices_rules_names_and_free_memory(
+        self, policy: devpolicy.Policy, ckpt: Path, tmp_path: Path
+    ) -> None:
+        """The table names each device with its free memory, then each rule with its
+        names, arrays and bytes; rich prints the same text, never as markup."""
+        out = policy.load_file(ckpt)
+        text = str(devpolicy.report())
+        lines = text.splitlines()
+        assert lines[0] == "live arrays by device (devpolicy.report):"
+        device_line = next(line for line in lines if line.startswith("cpu:1: "))
+        assert "free (host RAM)" in device_line
+        rule_line = next(line for line in lines if "policy.yaml:3" in line)
+        assert rule_line.startswith("  ")
+        assert rule_line.split()[1:] == ["ckpt/a", "1", "array", "3.9", "KiB"]
+        assert lines[-1].startswith("total: ")
+        rich = devpolicy.report().__rich__()
+        assert rich.plain.splitlines()[0] == lines[0]
+        assert not rich.spans
+        del out
+
+    def test_control_characters_in_names_are_shown_escaped(self) -> None:
+        """A name from a file cannot move the cursor or forge a line."""
+        policy = policy_of(default="cpu:1")
+        x = policy.put("evil\x1b[2J\nname", np.zeros(1, np.float32))
+        text = str(devpolicy.report())
+        assert "evil\\x1b[2J\\nname" in text
+        assert "\x1b" not in text
+        del x
+
+    def test_rules_sharing_one_origin_text_are_told_apart(self) -> None:
+        """Two DEVPOLICY_RULES items both read `env:DEVPOLICY_RULES`: shown with their index."""
+        policy = devpolicy.load_policy(
+            {"version": 1}, environ={"DEVPOLICY_RULES": "envone=cpu:1,envtwo=cpu:1"}
+        )
+        kept = [policy.put("envone", np.zeros(1)), policy.put("envtwo", np.zeros(1))]
+        text = str(devpolicy.report())
+        assert "env:DEVPOLICY_RULES item 0  envone" in text
+        assert "env:DEVPOLICY_RULES item 1  envtwo" in text
+        del kept

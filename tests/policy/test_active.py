@@ -1,0 +1,183 @@
+"""The active policy: activation, discovery on first use, and module-level functions."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+import devpolicy
+from tests.helpers import policy_of, write
+
+
+class TestActivation:
+    def test_activate_as_context_manager_restores_the_previous(self) -> None:
+        """`with activate(p)` makes p active and restores the previous policy after."""
+        outer, inner = policy_of(default="cpu:1"), policy_of(default="cpu:2")
+        with devpolicy.activate(outer):
+            with devpolicy.activate(inner):
+                assert devpolicy.resolve("x").device_text == "cpu:2"
+            assert devpolicy.resolve("x").device_text == "cpu:1"
+
+    def test_activate_as_a_call_takes_effect_at_once(self) -> None:
+        """activate(p) without `with` keeps p active for this context."""
+        activation = devpolicy.activate(policy_of(default="cpu:3"))
+        try:
+            assert devpolicy.active_policy() is activation.policy
+        finally:
+            activation.__exit__(None, None, None)
+
+    def test_without_activation_the_discovered_policy_is_used(self, tmp_path: Path) -> None:
+        """Module-level calls load devpolicy.yaml once, lazily."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        assert devpolicy.resolve("x").device_text == "cpu:2"
+        (tmp_path / "devpolicy.yaml").write_text("version: 1\ndefault: cpu:3\n")
+        assert devpolicy.resolve("x").device_text == "cpu:2"
+
+    def test_outermost_activation_serves_other_threads(self) -> None:
+        """Worker threads started after activate() use it too."""
+        seen = []
+        with devpolicy.activate(policy_of(default="cpu:3")):
+            t = threading.Thread(target=lambda: seen.append(devpolicy.resolve("x").device_text))
+            t.start()
+            t.join()
+        assert seen == ["cpu:3"]
+
+    def test_tasks_activate_independently(self) -> None:
+        """asyncio tasks copy the context, so each task's activation is its own."""
+
+        async def one(default: str) -> str:
+            with devpolicy.activate(policy_of(default=default)):
+                await asyncio.sleep(0)
+                return devpolicy.resolve("x").device_text
+
+        async def main() -> list[str]:
+            return list(await asyncio.gather(one("cpu:1"), one("cpu:2")))
+
+        assert asyncio.run(main()) == ["cpu:1", "cpu:2"]
+
+    def test_activate_rejects_non_policies(self) -> None:
+        """Passing a path or mapping is a clear TypeError pointing to load_policy."""
+        with pytest.raises(
+            TypeError,
+            match=r"^activate\(\) takes a Policy \(from devpolicy\.load_policy\), got dict",
+        ):
+            devpolicy.activate({"version": 1})  # type: ignore[arg-type]
+
+
+class TestModuleLevelFunctions:
+    def test_place_looks_up_the_policy_at_call_time(self, cpus: list[jax.Device]) -> None:
+        """Decorate at import, activate later: the later policy applies."""
+
+        @devpolicy.place("dataset/train")
+        def load() -> jax.Array:
+            return jnp.zeros(2)
+
+        with devpolicy.activate(policy_of(default="cpu:1")):
+            first = load()
+        with devpolicy.activate(policy_of(default="cpu:2")):
+            second = load()
+        assert (first.devices(), second.devices()) == ({cpus[1]}, {cpus[2]})
+
+    def test_scope_put_and_explain_use_the_active_policy(self, cpus: list[jax.Device]) -> None:
+        """Every module-level function decides by the active policy."""
+        with devpolicy.activate(policy_of(rules=[{"match": "d*", "device": "cpu:3"}])):
+            with devpolicy.scope("data") as d:
+                assert jnp.zeros(1).devices() == {cpus[3]}
+            assert devpolicy.put("data", np.zeros(1)).devices() == {cpus[3]}
+            assert devpolicy.explain("data").decision == d
+
+    def test_a_broken_discovered_policy_raises_at_first_use(self, tmp_path: Path) -> None:
+        """A bad devpolicy.yaml fails loudly, naming the file and line."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: gpuu\n")
+        with pytest.raises(
+            devpolicy.PolicyError, match=r"^devpolicy\.yaml:2: default: unknown platform 'gpuu'"
+        ):
+            devpolicy.resolve("x")
+
+    def test_every_module_function_is_a_policy_method(self) -> None:
+        """The module-level API and the Policy methods match."""
+        for name in ("resolve", "scope", "place", "put", "explain"):
+            assert callable(getattr(devpolicy.Policy, name))
+
+
+class TestActivationRegressions:
+    def test_earliest_activation_serves_unrelated_threads(self) -> None:
+        """A worker's own activation does not become every other thread's policy."""
+        seen: list[str] = []
+        main_policy, worker_policy = policy_of(default="cpu:1"), policy_of(default="cpu:3")
+        worker_in, worker_out = threading.Event(), threading.Event()
+
+        def worker() -> None:
+            with devpolicy.activate(worker_policy):
+                worker_in.set()
+                worker_out.wait(5)
+
+        with devpolicy.activate(main_policy):
+            w = threading.Thread(target=worker)
+            w.start()
+            worker_in.wait(5)
+            other = threading.Thread(target=lambda: seen.append(devpolicy.resolve("x").device_text))
+            other.start()
+            other.join()
+            worker_out.set()
+            w.join()
+        assert seen == ["cpu:1"]
+
+    def test_exit_in_another_context_is_a_clear_error_and_leaks_nothing(self) -> None:
+        """Exiting an activation from another task raises and still removes it."""
+        import contextvars
+
+        activation = devpolicy.activate(policy_of(default="cpu:2"))
+        with pytest.raises(
+            RuntimeError, match=r"exited in a different context than it was entered"
+        ):
+            contextvars.Context().run(activation.__exit__, None, None, None)
+        from devpolicy._policy import active as _active
+
+        assert activation not in _active._outermost
+        _active._ACTIVE.reset(activation._token)
+
+    def test_bad_overrides_type(self) -> None:
+        """overrides must be a mapping."""
+        with pytest.raises(TypeError, match=r"^overrides must be a mapping of settings, got str$"):
+            devpolicy.load_policy({"version": 1}, environ={}, overrides="abc")  # type: ignore[arg-type]
+
+
+class TestPolicyNotActive:
+    def test_loaded_but_not_activated_policy_is_warned_about_once(self, tmp_path: Path) -> None:
+        """`load_policy("minilm.yaml")` then `devpolicy.resolve`: one warning naming both files."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        write(tmp_path / "minilm.yaml", "version: 1\ndefault: cpu:1\n")
+        devpolicy.load_policy("minilm.yaml")
+        with capture_logs() as logs:
+            first = devpolicy.resolve("x")
+            devpolicy.resolve("y")
+        assert first.device_text == "cpu:2"  # still the discovered one: nothing silently changes
+        (event,) = [e for e in logs if e["event"] == "policy_not_active"]
+        assert event["log_level"] == "warning"
+        assert (event["loaded"], event["deciding"]) == ("minilm.yaml", "devpolicy.yaml")
+        assert "devpolicy.activate(policy)" in event["fix"]
+
+    def test_activated_policy_gives_no_warning(self, tmp_path: Path) -> None:
+        """Activating the loaded policy is the fix: no warning."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        write(tmp_path / "minilm.yaml", "version: 1\ndefault: cpu:1\n")
+        policy = devpolicy.load_policy("minilm.yaml")
+        with capture_logs() as logs, devpolicy.activate(policy):
+            assert devpolicy.resolve("x").device_text == "cpu:1"
+        assert not [e for e in logs if e["event"] == "policy_not_active"]
+
+    def test_loading_the_discovered_file_itself_gives_no_warning(self, tmp_path: Path) -> None:
+        """The loaded file is the one discovered: nothing to warn about."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        devpolicy.load_policy("devpolicy.yaml")
+        with capture_logs() as logs:
+            devpolicy.resolve("x")
+        assert not [e for e in logs if e["event"] == "policy_not_active"]

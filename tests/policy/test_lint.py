@@ -1,0 +1,315 @@
+"""Lints: dead rules, missing devices, chains that end nowhere."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import devpolicy
+from devpolicy._names.matching import compile_condition
+from tests.helpers import policy_of, run_threads
+from tests.strategies import PATTERNS, names_matching
+
+NO_GPU = "gpu" not in devpolicy.available_backends()
+
+
+def codes(**fields: object) -> list[tuple[str, str]]:
+    return [(f.code, f.origin) for f in devpolicy.lint(policy_of(**fields))]
+
+
+def rule(match: str | None = None, device: str = "cpu", **extra: object) -> dict[str, object]:
+    spec: dict[str, object] = {"device": device, **extra}
+    if match is not None:
+        spec["match"] = match
+    return spec
+
+
+class TestUnreachable:
+    @pytest.mark.parametrize(
+        ("earlier", "later"),
+        [
+            (rule("*"), rule("model/*")),
+            (rule("**"), rule("x")),
+            (rule(None, regex="(?s).*"), rule("x")),
+            (rule("model/*"), rule("model/*")),
+            (rule(None, regex="a+"), rule(None, regex="a+")),
+            (rule("model/*"), rule("model/layers/*")),
+            (rule("model/*"), rule("model/[ab]")),
+            (rule("*/w"), rule("model/*/w")),
+            (rule("a?c"), rule("abc")),
+            (rule("*", min_bytes=1), rule("x", min_bytes=10, max_bytes=20)),
+            (rule(None, regex="a.*"), rule("abc")),
+            (rule("*", ndim=[0, 1]), rule("x", ndim=1, max_elements=8)),
+            (rule("*", max_elements=10), rule("x", min_elements=2, max_elements=10)),
+        ],
+    )
+    def test_rules_an_earlier_rule_covers_are_errors(
+        self, earlier: dict[str, object], later: dict[str, object]
+    ) -> None:
+        """A later rule whose every match an earlier rule takes is reported at the later rule."""
+        assert codes(rules=[earlier, later]) == [("unreachable-rule", "<mapping>:rules[1]")]
+
+    @pytest.mark.parametrize(
+        ("earlier", "later"),
+        [
+            (rule("model/*"), rule("data/*")),
+            (rule("model/w"), rule("model/*")),
+            (rule("*", min_bytes=100), rule("x")),  # the later also matches unsized names
+            (rule("*", max_bytes=10), rule("x", max_bytes=20)),
+            (rule("*/w"), rule("model/w/*")),
+            (rule("a*b*"), rule("a*")),
+            (rule(None, regex=".*"), rule(None, regex="a\nb")),  # `.` does not match a newline
+            (rule("*", ndim=[0, 1]), rule("x")),  # the later also takes matrices
+            (rule("*", ndim=1), rule("x", ndim=[1, 2])),
+            (rule("*", max_elements=1), rule("x", ndim=0)),  # exact would say covered: unsure
+            (rule("*", min_elements=2), rule("x", max_elements=9)),
+            (rule("*", max_elements=10), rule("x", min_elements=2)),
+        ],
+    )
+    def test_rules_that_can_still_match_are_not_reported(
+        self, earlier: dict[str, object], later: dict[str, object]
+    ) -> None:
+        """No false alarms where the later rule still gets names (or it cannot be decided)."""
+        assert codes(rules=[earlier, later]) == []
+
+
+class TestDevices:
+    def test_index_this_machine_lacks_warns_and_names_the_fallback(self) -> None:
+        """cpu:9 with a fallback is a warning saying where names go here."""
+        (finding,) = devpolicy.lint(policy_of(fallback=["cpu"], rules=[rule("x", "cpu:9")]))
+        assert (finding.severity, finding.code) == ("warning", "missing-device")
+        assert finding.message.endswith("here it falls back to cpu")
+
+    def test_chain_with_nothing_available_is_an_error(self) -> None:
+        """A rule none of whose targets exists here would raise: error."""
+        findings = devpolicy.lint(policy_of(rules=[rule("x", "cpu:9", fallback=["cpu:8"])]))
+        assert [(f.severity, f.code) for f in findings] == [("error", "chain-ends-nowhere")]
+
+    def test_strict_ignores_the_fallback(self) -> None:
+        """Under strict only the first target counts."""
+        findings = devpolicy.lint(
+            policy_of(strict=True, rules=[rule("x", "cpu:9", fallback=["cpu"])])
+        )
+        assert [f.code for f in findings] == ["chain-ends-nowhere"]
+        assert "strict, so no fallback is tried" in findings[0].message
+
+    @pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+    def test_chain_that_would_raise_elsewhere_warns(self) -> None:
+        """gpu:0 then cpu:1 exists here, but would raise on a one-CPU machine without a GPU."""
+        findings = devpolicy.lint(policy_of(rules=[rule("x", "gpu:0", fallback=["cpu:1"])]))
+        assert [f.code for f in findings] == ["missing-device", "no-safe-end"]
+
+    def test_missing_memory_kind_warns(self) -> None:
+        """A memory kind the device lacks here is reported like a missing device."""
+        original = devpolicy._machine.inventory.memory_kinds
+        try:
+            devpolicy._machine.inventory.memory_kinds = lambda d: ("device",)
+            findings = devpolicy.lint(
+                policy_of(rules=[rule("x", "cpu:1", memory="pinned_host", fallback=["cpu"])])
+            )
+        finally:
+            devpolicy._machine.inventory.memory_kinds = original
+        assert "cpu:1 (no memory kind 'pinned_host' (has: device))" in findings[0].message
+
+    def test_reject_default_is_not_a_target(self) -> None:
+        """`default: reject` has no chain to lint."""
+        assert devpolicy.lint(policy_of(default="reject", rules=[rule("x")])) == []
+
+    def test_findings_read_as_file_line_severity_message(self) -> None:
+        """str(Finding) is the line `devpolicy check` prints."""
+        (finding,) = devpolicy.lint(policy_of(rules=[rule("*"), rule("x")]))
+        assert str(finding).startswith("<mapping>:rules[1]: error: rule 1 ('x') can never match")
+        assert str(finding).endswith("[unreachable-rule]")
+
+
+class TestReject:
+    def test_unmatched_names_raise_under_default_reject(self) -> None:
+        """`default: reject` makes every unplanned name an error naming the rules tried."""
+        policy = policy_of(default="reject", rules=[rule("dataset/*")])
+        assert policy.resolve("dataset/x").device_text == "cpu:0"
+        with pytest.raises(
+            devpolicy.UnmatchedNameError,
+            match=r"^no rule matches 'model/w' and the default is `reject` \(<mapping>:default\); add a rule for it \(rules tried: 'dataset/\*'\)$",
+        ):
+            policy.resolve("model/w")
+
+    def test_reject_from_the_environment(self) -> None:
+        """DEVPOLICY_DEFAULT=reject works without editing the policy."""
+        policy = devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_DEFAULT": "reject"})
+        with pytest.raises(devpolicy.UnmatchedNameError):
+            policy.resolve("x")
+        assert policy.explain("x").error is not None
+
+
+def test_strict_dead_end_suggests_turning_strict_off() -> None:
+    """Under strict, adding a fallback would not help: the advice says so."""
+    (finding,) = devpolicy.lint(
+        policy_of(strict=True, fallback=["cpu"], rules=[rule("x", "cpu:9")])
+    )
+    assert "set `strict: false` to allow the fallback" in finding.message
+    assert "add `fallback" not in finding.message
+
+
+class TestIssueCases:
+    def test_a_regex_shadows_a_later_glob(self) -> None:
+        """`regex: model/.*` before `match: model/layer1`: the glob can never match."""
+        findings = devpolicy.lint(
+            policy_of(rules=[rule(None, regex="model/.*"), rule("model/layer1")])
+        )
+        assert [(f.code, f.origin) for f in findings] == [
+            ("unreachable-rule", "<mapping>:rules[1]")
+        ]
+        assert "rule 0 at <mapping>:rules[0] ('model/.*') matches every name it matches" in (
+            findings[0].message
+        )
+
+    def test_a_regex_shadows_a_later_regex(self) -> None:
+        """`model/.*` takes every name of `model/layer[0-9]+/(w|b)`."""
+        assert codes(
+            rules=[rule(None, regex="model/.*"), rule(None, regex="model/layer[0-9]+/(w|b)")]
+        ) == [("unreachable-rule", "<mapping>:rules[1]")]
+
+    def test_the_issues_policy_reports_each_dead_rule(self) -> None:
+        """regex model/.*, model/layer1, model/*, model/*: the glob and the duplicate."""
+        assert codes(
+            rules=[
+                rule(None, regex="model/.*"),
+                rule("model/layer1"),
+                rule("model/*"),  # still gets names with a newline, which `.` skips
+                rule("model/*"),
+            ]
+        ) == [
+            ("unreachable-rule", "<mapping>:rules[1]"),
+            ("unreachable-rule", "<mapping>:rules[3]"),
+        ]
+
+    def test_a_sized_regex_does_not_cover_an_unsized_glob(self) -> None:
+        """Size conditions still count: the later rule gets the names of unknown size."""
+        assert codes(rules=[rule(None, regex="model/.*", min_bytes=1), rule("model/w")]) == []
+
+    def test_python_only_regex_features_are_never_reported(self) -> None:
+        """`\\w` is Unicode in Python: undecided, so no error (never a guess)."""
+        assert codes(rules=[rule(None, regex=r"\w+"), rule("x")]) == []
+
+    def test_a_huge_automaton_is_undecided_not_slow(self) -> None:
+        """(a|b)*a(a|b){20} would need 2**21 states: lint gives up on it and moves on."""
+        found: list[list[tuple[str, str]]] = []
+        policy = policy_of(
+            rules=[rule(None, regex="(a|b)*"), rule(None, regex="(a|b)*a(a|b){20}"), rule("x")]
+        )
+        # A hang guard, not a timing assertion: the check must end at all.
+        run_threads(lambda: found.append([(f.code, f.origin) for f in devpolicy.lint(policy)]))
+        assert found == [[]]
+
+    def test_no_safe_end_is_reported_once_per_chain(self) -> None:
+        """Five rules on cpu:1 and two on cpu:2 are two warnings, each naming its rules."""
+        rules = [rule(f"r{i}", "cpu:1") for i in range(5)] + [
+            rule(f"s{i}", "cpu:2") for i in range(2)
+        ]
+        findings = [f for f in devpolicy.lint(policy_of(rules=rules)) if f.code == "no-safe-end"]
+        assert [f.origin for f in findings] == ["<mapping>:rules[0]", "<mapping>:rules[5]"]
+        assert findings[0].message.startswith(
+            "rule 0 ('r0') (and rule 1 ('r1') at <mapping>:rules[1], "
+        )
+        assert "rule 4 ('r4') at <mapping>:rules[4]): the chain (cpu:1) does not end" in (
+            findings[0].message
+        )
+
+    def test_a_long_list_of_rules_sharing_a_chain_is_cut_short(self) -> None:
+        """Twenty rules on one chain: one warning naming eight others and a count."""
+        (finding,) = [
+            f
+            for f in devpolicy.lint(policy_of(rules=[rule(f"r{i}", "cpu:1") for i in range(20)]))
+            if f.code == "no-safe-end"
+        ]
+        assert ", 11 more): the chain (cpu:1)" in finding.message
+
+    def test_lint_compares_only_rules_whose_prefixes_meet(self) -> None:
+        """4,000 distinct-prefix rules and a catch-all: each rule meets only its own kind."""
+        rules = [rule(f"model/layer{i}/*", "cpu") for i in range(4000)]
+        rules += [rule(None, regex=f"data/shard{i}/(x|y)") for i in range(400)]
+        rules += [rule("model/layer7/w"), rule(None, regex="data/shard3/x"), rule("*")]
+        # (`data/shard3/x` also reads as a path fragment: `regex-is-a-fragment`, not judged here.)
+        assert [c for c in codes(rules=rules) if c[0] != "regex-is-a-fragment"] == [
+            ("unreachable-rule", "<mapping>:rules[4400]"),
+            ("unreachable-rule", "<mapping>:rules[4401]"),
+        ]
+
+    def test_rules_sharing_no_prefix_are_narrowed_by_suffix(self) -> None:
+        """`*/layer{i}/w` rules all have the empty prefix; their ends still tell them apart."""
+        rules = [rule(f"*/layer{i}/w") for i in range(2000)]
+        rules += [rule("*/layer7/w"), rule("model/*/layer9/w"), rule("*/layer9/b")]
+        assert codes(rules=rules) == [
+            ("unreachable-rule", "<mapping>:rules[2000]"),
+            ("unreachable-rule", "<mapping>:rules[2001]"),
+        ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(PATTERNS, PATTERNS, st.data())
+def test_a_reported_cover_holds_for_every_sampled_name(
+    earlier: tuple[str, bool], later: tuple[str, bool], data: st.DataObject
+) -> None:
+    """Whenever lint says rule 0 covers rule 1, each sampled name of rule 1 matches rule 0."""
+
+    def spec(pattern: tuple[str, bool]) -> dict[str, object]:
+        text, is_regex = pattern
+        return rule(None, regex=text) if is_regex else rule(text)
+
+    assume(earlier[0] and later[0])  # an empty pattern is a validation error
+    findings = devpolicy.lint(policy_of(rules=[spec(earlier), spec(later)]))
+    if not any(f.code == "unreachable-rule" for f in findings):
+        return
+    test_earlier = compile_condition(*earlier).test
+    test_later = compile_condition(*later).test
+    for name in data.draw(st.lists(names_matching(*later), min_size=1, max_size=10)):
+        # Names are drawn by Python's regex semantics; rules match by RE2's (`\s` is ASCII
+        # there): judge only names the later rule really matches.
+        if test_later(name):
+            assert test_earlier(name), f"{earlier} said to cover {later}, misses {name!r}"
+
+
+def test_lint_itself_reports_runtime_knobs_the_environment_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not only `devpolicy check`: `lint()` says when a user's variable beats the policy."""
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+    policy = policy_of(runtime={"preallocate": False})
+    codes = [(f.code, f.origin) for f in devpolicy.lint(policy)]
+    assert ("runtime-env-wins", "env:XLA_PYTHON_CLIENT_PREALLOCATE") in codes
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(PATTERNS, min_size=2, max_size=8))
+def test_lint_finds_what_comparing_every_pair_finds(patterns: list[tuple[str, bool]]) -> None:
+    """Narrowing by example and literal loses no finding: the same as every earlier rule."""
+    from devpolicy._names.cover import CoverJudge
+    from devpolicy._policy import lint as _lint
+
+    assume(all(text for text, _ in patterns))
+    specs = [rule(None, regex=t) if is_regex else rule(t) for t, is_regex in patterns]
+    rules = policy_of(rules=specs).rules
+    judge = CoverJudge()
+    expected = []
+    for j, later in enumerate(rules):
+        for i in range(j):
+            if _lint._covers(rules[i], later, judge) is not None:
+                expected.append((j, i))
+                break
+    found = [
+        (int(f.message.split()[1]), int(f.message.split(": rule ")[1].split()[0]))
+        for f in _lint._unreachable(rules)
+    ]
+    assert found == expected
+
+
+def test_many_rules_without_a_literal_prefix_still_find_the_dead_one() -> None:
+    """300 regex rules that start with a class: the copy of rule 7 at the end is reported."""
+    specs = [rule(None, regex=f"[a-z]+/layer{i}/(w|b)") for i in range(300)]
+    specs.append(rule(None, regex="[a-z]+/layer7/w"))
+    found = [f for f in devpolicy.lint(policy_of(rules=specs)) if f.code == "unreachable-rule"]
+    assert [f.message.split(":")[0] for f in found] == [
+        "rule 300 ('[a-z]+/layer7/w') can never match"
+    ]
+    assert "rule 7 at <mapping>:rules[7]" in found[0].message

@@ -1,0 +1,122 @@
+"""Docstring examples run, the README's commands and references stay true."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+import re
+
+import pytest
+
+import devpolicy
+from tests.conftest import REPO
+
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(devpolicy.__path__, "devpolicy.")
+    if m.name != "devpolicy.__main__"
+)
+
+
+class TestDocstrings:
+    @pytest.mark.parametrize("module", ["devpolicy", *MODULES])
+    def test_examples_in_docstrings_run(self, module: str) -> None:
+        """Every `>>>` example in the package is correct."""
+        result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0
+
+    def test_every_public_name_is_documented_with_an_example(self) -> None:
+        """Public callables have a docstring; functions and classes show an example."""
+        for name in devpolicy.__all__:
+            obj = getattr(devpolicy, name)
+            if name.startswith("__"):
+                continue
+            assert obj.__doc__, f"{name} has no docstring"
+            if (callable(obj) and not isinstance(obj, type)) or name in (
+                "Policy",
+                "Decision",
+                "activate",
+            ):
+                assert ">>>" in obj.__doc__, f"{name} has no example"
+
+
+class TestReadme:
+    def test_quick_start_is_two_commands(self) -> None:
+        """The Quick start block has exactly two commands: the demo and the tests."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        block = re.search(r"## Quick start\n.*?```(?:bash|sh)?\n(.*?)```", readme, re.S)
+        assert block is not None
+        commands = [
+            line
+            for line in block.group(1).splitlines()
+            if line.strip() and not line.startswith("#")
+        ]
+        assert len(commands) == 2
+        assert "examples/dataset_on_host.py" in commands[0]
+        assert "pytest" in commands[1]
+
+    def test_ci_runs_the_readme_test_command(self) -> None:
+        """.ci/run ends with the README's test command, verbatim."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        block = re.search(r"## Quick start\n.*?```(?:bash|sh)?\n(.*?)```", readme, re.S)
+        assert block is not None
+        test_command = next(
+            line for line in block.group(1).splitlines() if "pytest" in line
+        ).strip()
+        assert test_command in (REPO / ".ci" / "run").read_text(encoding="utf-8")
+
+    def test_every_env_variable_is_documented(self) -> None:
+        """The docs' environment reference (Policies, Environment overrides) names every
+        DEVPOLICY_* variable."""
+        from devpolicy._document.environment import VARIABLES
+
+        page = (REPO / "docs" / "policies.md").read_text(encoding="utf-8")
+        section = re.search(r"^## Environment overrides\n(.*?)(?=^## |\Z)", page, re.S | re.M)
+        assert section is not None, "docs/policies.md has no Environment overrides section"
+        for variable in VARIABLES:
+            assert f"`{variable}`" in section.group(1), variable
+
+    def test_readme_is_the_short_front_door(self) -> None:
+        """The README stays under 200 lines; the rest lives in docs/."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        assert len(readme.splitlines()) < 200
+
+
+def _slugs(markdown: str) -> set[str]:
+    """Anchors of a page's headings, as GitHub and mkdocs' toc make them (ASCII headings)."""
+    headings = re.findall(r"^#+ (.+)$", _without_fences(markdown), re.M)
+    return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def _without_fences(markdown: str) -> str:
+    """The text outside fenced code blocks (a `# comment` in a block is no heading)."""
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+
+
+class TestReadmeLinks:
+    def test_every_internal_link_has_a_heading(self) -> None:
+        """Links like [x](#quick-start) point at a section of the README that exists."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        slugs = _slugs(readme)
+        for anchor in re.findall(r"\]\(#([^)]+)\)", readme):
+            assert anchor in slugs, anchor
+
+    def test_every_link_into_the_docs_resolves(self) -> None:
+        """Relative links like [x](docs/loading.md#64-bit-data) name a file that exists
+        and, with an anchor, a heading of that page."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        links = re.findall(r"\]\(((?!https?:|#)[^)#\s]+)(?:#([^)\s]+))?\)", readme)
+        pages = {path for path, _ in links if path.startswith("docs/")}
+        assert len(pages) >= 10, f"the README links to only {sorted(pages)}"
+        for path, anchor in links:
+            target = REPO / path
+            assert target.is_file(), path
+            if anchor:
+                assert anchor in _slugs(target.read_text(encoding="utf-8")), f"{path}#{anchor}"
+
+    def test_every_docs_page_is_linked_from_the_readme(self) -> None:
+        """The README's list reaches every page of the site."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        for page in sorted((REPO / "docs").glob("*.md")):
+            assert f"(docs/{page.name}" in readme, page.name
