@@ -508,7 +508,8 @@ class TestDataIsShownLiterally:
 
     def test_visible_escapes_control_and_bidi_characters(self) -> None:
         """The CLI's one display helper escapes C0, DEL, C1 and bidi overrides, keeping the rest."""
-        from devpolicy._cli.main import _lit, _visible
+        from devpolicy._base.visible import visible as _visible
+        from devpolicy._cli.common import lit as _lit
 
         assert _visible("a\x1b[1m\x07\x7f\x9b\u202eb[/]é") == r"a\x1b[1m\x07\x7f\x9b\u202eb[/]é"
         assert _lit("[bold]x").plain == "[bold]x"

@@ -14,7 +14,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._cli.main import EXIT_NOT_SHARDED, main
+from devpolicy._cli.common import EXIT_NOT_SHARDED
+from devpolicy._cli.main import main
 from tests.helpers import policy_of, safetensors_bytes, write
 
 MESH = {"m": {"axes": {"data": -1}, "devices": "cpu"}}

@@ -1,0 +1,103 @@
+"""`devpolicy check`: validate and lint a policy, optionally against real names
+(`--names`: a checkpoint's tensors or a JSON list of names)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.text import Text
+
+import devpolicy
+
+from .common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, lit, load, new_console, use_json
+
+
+def command(args: argparse.Namespace) -> int:
+    """Validate and lint the policy (and, with `--names`, lint it against real names)."""
+    label = str(args.policy) if args.policy is not None else "the discovered policy"
+    try:
+        policy = load(args.policy)
+    except devpolicy.PolicyError as e:
+        code = "untrusted-policy" if isinstance(e, devpolicy.UntrustedPolicyError) else "invalid"
+        findings = [
+            {"severity": "error", "origin": _where(p), "code": code, "message": _what(p)}
+            for p in e.problems
+        ]
+        return _report_check(args, label, findings, invalid=True)
+    except devpolicy.EnvOverrideError as e:
+        findings = [
+            {
+                "severity": "error",
+                "origin": f"env:{e.variable}",
+                "code": "invalid-env",
+                "message": str(e),
+            }
+        ]
+        return _report_check(args, label, findings, invalid=True)
+    label = policy.file or label
+    found = devpolicy.lint(policy)
+    uses: tuple[Any, ...] = ()
+    named = ""
+    if args.names is not None:
+        from .._policy.lint import lint_names, read_names
+
+        names = read_names(args.names, policy, args.prefix)
+        by_names, uses = lint_names(policy, names)
+        found += by_names
+        named = f"; against {len(names)} names of {args.names}"
+    findings = [
+        {"severity": f.severity, "origin": f.origin, "code": f.code, "message": f.message}
+        for f in found
+    ]
+    how = f"; found by {policy.found}" if args.policy is None else ""
+    return _report_check(
+        args, f"{label} ({len(policy.rules)} rules{how}{named})", findings, uses=uses
+    )
+
+
+def _where(problem: devpolicy.Problem) -> str:
+    return problem.file if problem.line is None else f"{problem.file}:{problem.line}"
+
+
+def _what(problem: devpolicy.Problem) -> str:
+    return f"{problem.field}: {problem.message}" if problem.field else problem.message
+
+
+def _report_check(
+    args: argparse.Namespace,
+    label: str,
+    findings: list[dict[str, str]],
+    invalid: bool = False,
+    uses: tuple[Any, ...] = (),
+) -> int:
+    errors = sum(f["severity"] == "error" for f in findings)
+    warnings = len(findings) - errors
+    status = EXIT_FINDINGS if errors else (EXIT_USAGE if warnings and args.strict else EXIT_OK)
+    if args.json:
+        report: dict[str, Any] = {
+            "policy": label,
+            "valid": not invalid,
+            "findings": findings,
+            "exit": status,
+        }
+        if uses:
+            report["rules"] = [use_json(u) for u in uses]
+        print(json.dumps(report, indent=2))
+        return status
+    console = new_console()
+    console.print(lit(f"policy: {label}"))
+    for u in uses:
+        console.print(
+            lit(f"  {u.origin} {u.label}: {u.tensors} name{'' if u.tensors == 1 else 's'}")
+        )
+    for f in findings:
+        style = "bold red" if f["severity"] == "error" else "yellow"
+        line = lit(f"{f['origin']}: ")
+        line.append(f["severity"], style=style)
+        line.append_text(lit(f": {f['message']} [{f['code']}]"))
+        console.print(line)
+    summary = "valid, no findings" if not findings else f"{errors} error(s), {warnings} warning(s)"
+    console.print(Text(summary, style="green" if not findings else ("red" if errors else "yellow")))
+    return status
