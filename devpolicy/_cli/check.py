@@ -41,7 +41,7 @@ def command(args: argparse.Namespace) -> int:
     uses: tuple[Any, ...] = ()
     named = ""
     if args.names is not None:
-        from .._policy.lint import lint_names, read_names
+        from .._policy.real_names import lint_names, read_names
 
         names = read_names(args.names, policy, args.prefix)
         by_names, uses = lint_names(policy, names)

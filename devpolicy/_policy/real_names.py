@@ -1,0 +1,150 @@
+"""`check --names`: the real names a policy is linted against (a checkpoint's tensors, or
+a JSON list or object of names), and the lint by them: rules that take none of them,
+tensors placed whole beside sharding rules. The findings are `lint`'s `Finding`s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from .._io.format import DTYPES
+from .._io.load import RuleUse, checkpoint_names, rule_uses, silent_rules
+from .._names.matching import SourceFile, compile_search
+from .lint import Finding
+from .policy import Policy
+
+NameItem = tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]
+NAMES_FORMS = (
+    "a safetensors file, checkpoint directory or index (its tensors' names, as load_file "
+    "names them), or a .json file: a list of names, or an object of name -> "
+    '{"shape": [4096, 32000], "dtype": "bfloat16"} (both optional; dtype a numpy or '
+    "safetensors name: float32, F32)"
+)
+
+
+def read_names(
+    path: str | os.PathLike[str], policy: Policy, prefix: str | None = None
+) -> list[NameItem]:
+    """The names `check --names` lints against (see `NAMES_FORMS`).
+
+    Raises:
+        ValueError: the JSON is not one of the accepted forms (naming the entry).
+        SafetensorsFileError: the checkpoint cannot be read.
+    """
+    text = os.fspath(path)
+    if not text.endswith(".json") or text.endswith(".safetensors.index.json"):
+        return checkpoint_names(path, policy.settings, prefix)
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{text}: not JSON ({e}); accepted: {NAMES_FORMS}") from None
+    if isinstance(data, list) and all(isinstance(n, str) for n in data):
+        return [(n, None, None, None) for n in data]
+    if not isinstance(data, dict):
+        raise ValueError(f"{text}: a {type(data).__name__} of names is not accepted; {NAMES_FORMS}")
+    items: list[NameItem] = []
+    for name, info in data.items():
+        if info is None:
+            info = {}
+        if not isinstance(info, dict) or set(info) - {"shape", "dtype"}:
+            raise ValueError(
+                f'{text}: entry {name!r}: {info!r} is not {{"shape": [...], "dtype": ...}}'
+            )
+        shape = info.get("shape")
+        if shape is not None and (
+            not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise ValueError(
+                f"{text}: entry {name!r}: shape {shape!r} is not a list of whole numbers >= 0"
+            )
+        nbytes = None
+        if info.get("dtype") is not None:
+            itemsize = _itemsize(info["dtype"])
+            if itemsize is None:
+                raise ValueError(
+                    f"{text}: entry {name!r}: unknown dtype {info['dtype']!r}; accepted: "
+                    f"numpy names (float32, bfloat16) or safetensors names ({', '.join(DTYPES)})"
+                )
+            if shape is not None:
+                nbytes = itemsize * math.prod(shape)
+        items.append((name, nbytes, None if shape is None else tuple(shape), None))
+    return items
+
+
+def _itemsize(dtype: object) -> int | None:
+    if not isinstance(dtype, str):
+        return None
+    if dtype in DTYPES:
+        return DTYPES[dtype].itemsize
+    import ml_dtypes
+    import numpy as np
+
+    found = getattr(ml_dtypes, dtype, None)
+    try:
+        return int(np.dtype(found if found is not None else dtype).itemsize)
+    except TypeError:
+        return None
+
+
+def lint_names(policy: Policy, names: list[NameItem]) -> tuple[list[Finding], tuple[RuleUse, ...]]:
+    """Check a policy against real names (a checkpoint's tensors, a dumped tree): every
+    rule that takes none of them (`rule-matched-nothing`; with a hint where a `regex:`
+    would take some as `search:`), and tensors placed whole by the default or a catch-all
+    beside sharding rules (`not-sharded`). Returns the findings and what each rule took.
+
+    Only names are matched (with sizes and shapes where known): no device is looked up.
+
+    Example:
+        >>> import devpolicy
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"regex": "attention/wq/kernel", "device": "cpu"}]})
+        >>> findings, uses = lint_names(p, [("params/h/0/attention/wq/kernel", 64, (4, 4), None)])
+        >>> [f.code for f in findings], [(u.label, u.tensors) for u in uses]
+        (['rule-matched-nothing'], [("'attention/wq/kernel'", 0), ('default', 1)])
+    """
+    decider = policy.decider
+    rules = policy.settings.rules
+    positions = [decider.rule_for(n, nbytes, shape, source) for n, nbytes, shape, source in names]
+    sources = list(dict.fromkeys(s for *_, s in names if s is not None))
+    uses = rule_uses(
+        policy.settings,
+        (
+            (n, position, nbytes or 0, False)
+            for (n, nbytes, _, _), position in zip(names, positions, strict=True)
+        ),
+        sources,
+    )
+    findings = []
+    count = f"{len(names)} name{'' if len(names) == 1 else 's'}"
+    example = names[0][0] if names else ""
+    for position, (entry, use) in enumerate(zip(rules, uses, strict=False)):
+        if use.tensors:
+            continue
+        hint = "" if use.applies else " (no name holds its first word: written for other names?)"
+        if entry.spec.regex is not None:
+            searched = compile_search(entry.spec.regex)  # RE2: linear, whatever the names
+            found = sum(searched(n) is not None for n, *_ in names)
+            if found:
+                hint = (
+                    f"; as `search: {entry.spec.regex!r}` it would be found in {found} of them "
+                    "(a regex matches whole names)"
+                )
+        findings.append(
+            Finding(
+                "warning",
+                entry.origin,
+                "rule-matched-nothing",
+                f"rule {position} ({entry.spec.label}) matches none of the {count} "
+                f"(e.g. {example!r}){hint}",
+            )
+        )
+    findings += [
+        Finding("warning", policy.settings.default.origin, code, message)
+        for code, message in silent_rules(uses)
+        if code == "not-sharded"
+    ]
+    return findings, uses
