@@ -1,0 +1,521 @@
+"""The module-level verbs (`devpolicy.put`, `place`, `scope`, `load_file`, ...): each decides
+by the active policy (`active`), or by its `policy=` argument, and hands the work to the
+layer that does it in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypeVar, overload
+
+import jax
+
+from .._apply import placement as _placement
+from .._apply import prefetch as _prefetch
+from .._apply import windows as _windows
+from .._apply.placement import Inputs, Scope, make_place, move_to
+from .._decide.decider import Decider, Decision, Explanation
+from .._io import load as _safetensors
+from .._io.load import Plan
+from .._machine.machine import VirtualMachine
+from .._names.matching import source_file
+from .active import ACTIVE_DECIDER, ACTIVE_SCOPES
+from .policy import Policy
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+# The repeat `scope(name)`'s one lookup, bound once.
+_SCOPE_OF = ACTIVE_SCOPES.by_name.get
+
+
+def resolve(
+    name: str,
+    *,
+    nbytes: int | None = None,
+    shape: tuple[int, ...] | None = None,
+    file: str | os.PathLike[str] | None = None,
+) -> Decision:
+    """Decide where `name` goes by the active policy, and log the decision.
+
+    Args:
+        name: What is being placed (`dataset/train`).
+        nbytes: Its size, if known; size conditions apply only when given.
+        shape: Its shape, if known: whether it divides over a sharding rule's mesh.
+        file: The file it comes from, if any: rules with `file:` match only then.
+
+    Returns:
+        The Decision: device, rule, origin, source, fallback reason.
+
+    Raises:
+        DeviceUnavailableError: no device for the target or its fallbacks (or strict).
+
+    Example:
+        >>> import devpolicy
+        >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:1"})):
+        ...     devpolicy.resolve("dataset/train").device_text
+        'cpu:1'
+    """
+    return ACTIVE_DECIDER.decider().resolve(name, nbytes, shape, source_file(file))
+
+
+def explain(
+    name: str,
+    *,
+    nbytes: int | None = None,
+    shape: tuple[int, ...] | None = None,
+    file: str | os.PathLike[str] | None = None,
+) -> Explanation:
+    """Every rule tried for `name` by the active policy, and every fallback step; no event.
+
+    `file`: the file the array comes from (rules with `file:` match only with one).
+
+    Example:
+        >>> import devpolicy
+        >>> with devpolicy.activate(devpolicy.load_policy({"version": 1})):
+        ...     devpolicy.explain("x").decision.source
+        'default'
+    """
+    return ACTIVE_DECIDER.decider().explain(name, nbytes, shape, source_file(file))
+
+
+def scope(name: str, *, nbytes: int | None = None) -> Scope:
+    """Context manager: `jax.default_device` set to where `name` goes; yields the Decision.
+
+    The decision is made by the policy active when the scope is entered, before anything
+    changes; the previous default device comes back on exit and on exceptions. Scopes
+    nest, and one scope object may be entered again. `jax.default_device` is
+    thread-local, so the scope holds in the entering thread only.
+
+    Example:
+        >>> import devpolicy, jax.numpy as jnp
+        >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:2"})):
+        ...     with devpolicy.scope("dataset/train") as decision:
+        ...         x = jnp.zeros(3)
+        >>> decision.device_text, x.devices() == {decision.device}
+        ('cpu:2', True)
+    """
+    if nbytes is None:
+        # The repeat `with devpolicy.scope(name)`: one dictionary lookup, no further call.
+        try:
+            found = _SCOPE_OF(name)
+        except TypeError:  # unhashable: Scopes makes a scope whose entry says what is wrong
+            found = None
+        if found is not None:
+            return found
+    return ACTIVE_SCOPES.make(name, nbytes)
+
+
+@overload
+def place(name: F, /, *, commit: bool | None = None, inputs: Inputs = None) -> F: ...
+@overload
+def place(
+    name: str | None = None, /, *, commit: bool | None = None, inputs: Inputs = None
+) -> Callable[[F], F]: ...
+def place(name: Any = None, /, *, commit: bool | None = None, inputs: Inputs = None) -> Any:
+    """Decorator: run the function inside the scope for `name` (default `module.qualname`).
+
+    `@place` and `@place("name")` both work. The policy is looked up at each call, so
+    decorating at import time and activating later is fine. With `commit` (the rule's
+    `commit`, default true; this argument overrides it), single-device `jax.Array` leaves
+    of the result on the decided device are committed to it, without a copy, so they
+    cannot migrate later; leaves on another device give a `placement_mismatch` warning.
+    Generators and coroutines get the scope around each step, never across a pause.
+
+    JAX runs a jitted function where its committed inputs are, and refuses inputs
+    committed to different devices. For a model split over devices, `inputs="move"` (or
+    the rule's `inputs: move`) moves each committed `jax.Array` argument (pytree leaves
+    included) found on another single device to the decided device before the call: the
+    activations of the layer before follow to this layer's device. Each move is a debug
+    `input_moved` event, and each call that moves is an `inputs_moved` event (info the
+    first time). `inputs="keep"` never moves; None (default) does what the rule says.
+
+    Example:
+        >>> import devpolicy, jax.numpy as jnp
+        >>> @devpolicy.place("dataset/train")
+        ... def load():
+        ...     return jnp.arange(4)
+        >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:1"})):
+        ...     x = load()
+        >>> devpolicy.inventory().text(*x.devices()), x.committed
+        ('cpu:1', True)
+    """
+    return make_place(ACTIVE_DECIDER, name, commit, inputs)
+
+
+def to(x: T, name: str) -> T:
+    """`x`'s `jax.Array` leaves moved to the device the active policy decides for `name`.
+
+    The one-line form of `@place(name, inputs="move")`: each array leaf elsewhere (or
+    uncommitted) is put on the decided device, committed, in one transfer; other leaves
+    are returned as they are. Moves of committed arrays are logged like `@place`'s.
+
+    Example:
+        >>> import devpolicy, jax, jax.numpy as jnp
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "model/layer2", "device": "cpu:2"}]})
+        >>> h = jax.device_put(jnp.ones(3), devpolicy.get_device("cpu:1"))
+        >>> with devpolicy.activate(p):
+        ...     h2 = devpolicy.to(h, "model/layer2")
+        >>> devpolicy.inventory().text(*h2.devices()), h2.committed
+        ('cpu:2', True)
+    """
+    return move_to(ACTIVE_DECIDER.decider(), x, name)
+
+
+def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
+    """Place an array or pytree by the active policy, its size known; the result is committed.
+
+    Pytree leaves are named `name/<path>` (`params/layer0/w`); each is decided on its
+    own, and all decisions are made before any array moves.
+
+    With x64 disabled JAX holds 64-bit data in 32 bits. `narrow="exact"` (the default)
+    narrows int64/uint64/float64/complex128 leaves only when every value survives (each
+    with a `narrowed` event), else raises `NarrowingError` listing every leaf that would
+    change, before anything moves; `narrow="lossy"` accepts the change (a `narrowed`
+    warning with `exact=False`).
+
+    Raises:
+        NarrowingError: a 64-bit leaf would change (x64 disabled, `narrow="exact"`).
+        DeviceUnavailableError: a leaf's target and fallbacks cannot be had.
+
+    Example:
+        >>> import devpolicy, numpy as np
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "params/*", "min_bytes": 1024, "device": "cpu:3"}]})
+        >>> with devpolicy.activate(p):
+        ...     tree = devpolicy.put("params", {"big": np.zeros(1024), "small": np.zeros(2)})
+        >>> [devpolicy.inventory().text(*tree[key].devices()) for key in ("big", "small")]
+        ['cpu:3', 'cpu:0']
+        >>> try:
+        ...     p.put("ids", np.array([2**40, 7]))
+        ... except devpolicy.NarrowingError as e:
+        ...     print(e.problems)
+        (('ids', 'values 7..1099511627776 do not fit int32 (-2147483648..2147483647)'),)
+    """
+    return _placement.put(ACTIVE_DECIDER.decider(), name, x, narrow)
+
+
+def shardings(name: str, tree: T) -> T:
+    """The tree of shardings the active policy decides for `put(name, tree)`'s leaves.
+
+    Leaves may be arrays or `jax.ShapeDtypeStruct`s (only shape and dtype are read), so a
+    model can be created sharded from the start: `jax.jit(init, out_shardings=...)` with
+    the tree from `jax.eval_shape(init)`. Leaves are named as `put` names them
+    (`params/layer0/w`) and decided as one placement (sizes, shapes, memory), exactly as
+    `put` would; a sharding rule's leaf gets its `NamedSharding`, any other a
+    `SingleDeviceSharding`. Nothing is created or moved.
+
+    Raises:
+        DeviceUnavailableError: a leaf's target and fallbacks cannot be had.
+        UnmatchedNameError: under `default: reject`, a leaf no rule matches.
+
+    Example:
+        >>> import devpolicy, jax, jax.numpy as jnp
+        >>> p = devpolicy.load_policy({"version": 1,
+        ...     "meshes": {"tp": {"axes": {"fsdp": 2, "tensor": 2}, "devices": "cpu"}},
+        ...     "axis_rules": [["vocab", "tensor"], ["embed", "fsdp"]],
+        ...     "rules": [
+        ...         {"match": "params/embed",
+        ...          "sharding": {"mesh": "tp", "axes": ["vocab", "embed"]}},
+        ...         {"match": "params/*", "sharding": {"mesh": "tp", "spec": [None]}}]})
+        >>> def init():
+        ...     return {"embed": jnp.ones((32000, 64)), "step": jnp.zeros((), jnp.int32)}
+        >>> with devpolicy.activate(p):
+        ...     out = devpolicy.shardings("params", jax.eval_shape(init))
+        >>> tuple(out["embed"].spec), tuple(out["step"].spec)  # a 0-d leaf: replicated
+        (('tensor', 'fsdp'), ())
+        >>> params = jax.jit(init, out_shardings=out)()
+        >>> params["embed"].addressable_shards[0].data.shape
+        (16000, 32)
+    """
+    return _placement.shardings(ACTIVE_DECIDER.decider(), name, tree)
+
+
+def _decider_of(policy: Policy | None) -> Decider:
+    if policy is None:
+        return ACTIVE_DECIDER.decider()
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy= takes a Policy (from devpolicy.load_policy), got {policy!r}")
+    return policy.decider
+
+
+@overload
+def load_file(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+    progress: bool | None = None,
+    into: None = None,
+    strict: bool = True,
+    separator: str | None = None,
+) -> dict[str, jax.Array]: ...
+
+
+@overload
+def load_file(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+    progress: bool | None = None,
+    into: T,
+    strict: bool = True,
+    separator: str | None = None,
+) -> T: ...
+
+
+def load_file(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+    progress: bool | None = None,
+    into: Any = None,
+    strict: bool = True,
+    separator: str | None = None,
+) -> Any:
+    """Load a safetensors file, each tensor sent straight to the device its rule names.
+
+    Every tensor is named `<prefix>/<key>` (prefix defaults to the file's stem) and resolved
+    with its size known, so size rules apply; one file may load to several devices. Nothing
+    is first made on the default device. Host-bound tensors are read into 64-byte-aligned
+    buffers that `device_put` adopts without a copy; accelerator-bound ones are staged one
+    tensor at a time, so host memory does not grow with the file. Results are committed.
+
+    Args:
+        path: The file.
+        prefix: Name prefix (default: the file name without `.safetensors`; "" for none).
+        policy: Policy to decide by (default: the active one).
+        mmap: True maps every tensor whose file offset is 64-byte aligned (zero-copy; the
+            array stays backed by the file), False never maps, None maps where the rule
+            says `mmap: true`.
+        narrow: With x64 disabled, JAX holds I64/U64/F64 in 32 bits. "exact" narrows only
+            when every value survives (and logs it), else raises NarrowingError; "lossy"
+            always narrows.
+        progress: A progress bar on a terminal; None shows one for files over 256 MiB.
+        into: A tree to fill (`nnx.state(model)`, flax params, `jax.eval_shape(init)`):
+            its leaves arrays or `jax.ShapeDtypeStruct`s, each filled from the tensor
+            whose key is the leaf's name as `put` names it less the first part
+            (`layers/0/kernel`, what `save_file(tree, path)` writes), of the same shape
+            and dtype. Names given to rules are `<prefix>/<leaf name>`: pass
+            `prefix="params"` to place them by the rules written for `put("params", tree)`.
+        strict: With `into`, whether tensors no leaf takes are an error (True) or left
+            unread (False, counted in an `into_skipped` event).
+        separator: The character between the parts of the file's keys (`.` for
+            `model.layers.0.mlp.up_proj.weight`), in place of the policy's
+            `names.separator` for this call.
+
+    Returns:
+        Tensor keys (not prefixed) to committed arrays, in header order; with `into`, a
+        tree of the same structure holding the committed arrays.
+
+    Raises:
+        SafetensorsFileError: the file is missing, truncated or malformed.
+        CheckpointMismatchError: with `into`, leaves no tensor fills, tensors no leaf takes
+            (with `strict`), shapes or dtypes that differ: all listed, nothing loaded.
+        NarrowingError: a 64-bit tensor would change.
+        DeviceUnavailableError: a tensor's target and fallbacks cannot be had.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "train.safetensors")
+        >>> devpolicy.save_file({"tokens": np.arange(8, dtype=np.uint16)}, path)
+        >>> rules = [{"match": "*/tokens", "device": "cpu:1"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> out = devpolicy.load_file(path, policy=p)
+        >>> devpolicy.inventory().text(*out["tokens"].devices()), out["tokens"].committed
+        ('cpu:1', True)
+
+        A tree saved with `save_file` and filled back, placed by the rules for its names:
+
+        >>> import jax
+        >>> params = {"dense": {"kernel": np.ones((2, 3), np.float32)}, "step": np.int32(7)}
+        >>> devpolicy.save_file(params, path)
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "params/dense/*", "device": "cpu:2"}]})
+        >>> shapes = jax.eval_shape(lambda: params)
+        >>> out = devpolicy.load_file(path, into=shapes, prefix="params", policy=p)
+        >>> devpolicy.inventory().text(*out["dense"]["kernel"].devices()), int(out["step"])
+        ('cpu:2', 7)
+    """
+    return _safetensors.load_file(
+        path,
+        _decider_of(policy),
+        prefix=prefix,
+        mmap=mmap,
+        narrow=narrow,
+        progress=progress,
+        into=into,
+        strict=strict,
+        separator=separator,
+    )
+
+
+def plan(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    machine: VirtualMachine | None = None,
+    separator: str | None = None,
+) -> Plan:
+    """Where every tensor of a file would go, reading only its header; nothing is logged.
+
+    `prefix` and `separator` name the tensors as `load_file` does.
+
+    Per device: the bytes planned, of them the bytes `load_file` would map from the file
+    (`file_backed`: host devices, the rule's `mmap` or `mmap=True`, 64-byte-aligned offset;
+    they take no anonymous memory), and whether the rest fits its free memory. Devices
+    that share one memory (every CPU device of a process, in host RAM) are judged
+    together: bytes planned for one count against all.
+
+    `machine` plans for a machine you do not have (`VirtualMachine(["gpu=8x80GiB"],
+    processes=2)`): the policy's rules, fallbacks and meshes are walked against its
+    devices, exactly as they would be there, and each device's stated memory is the
+    capacity judged by (in place of the policy's). Its decisions carry the mesh, spec,
+    shards and bytes per device, but no sharding (its devices do not exist here);
+    `Plan.devices` lists process 0's devices, and every process holds alike.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+        >>> devpolicy.save_file({"w": np.zeros(256, np.float32)}, path)
+        >>> policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"})
+        >>> p = devpolicy.plan(path, policy=policy)
+        >>> [(t.name, t.nbytes, t.decision.device_text) for t in p.tensors]
+        [('m/w', 1024, 'cpu:2')]
+
+        The same file on two processes of 8 GPUs each, sharded over all 16:
+
+        >>> meshes = {"fsdp": {"axes": {"data": 2, "model": -1}, "devices": "gpu"}}
+        >>> rules = [{"match": "m/*", "sharding": {"mesh": "fsdp", "spec": [["data", "model"]]},
+        ...           "fallback": ["cpu"]}]
+        >>> policy = devpolicy.load_policy({"version": 1, "meshes": meshes, "rules": rules})
+        >>> vm = devpolicy.VirtualMachine(["gpu=8x80GiB"], processes=2)
+        >>> (t,) = devpolicy.plan(path, policy=policy, machine=vm).tensors
+        >>> t.decision.device_text, t.decision.mesh_devices, t.decision.bytes_per_device()
+        ('fsdp[data+model]', 16, 64)
+    """
+    return _safetensors.plan(
+        path, _decider_of(policy), prefix=prefix, mmap=mmap, machine=machine, separator=separator
+    )
+
+
+def prefetch(
+    iterable: Iterable[T],
+    name: str = "batch",
+    size: int = 2,
+    *,
+    policy: Policy | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+) -> _prefetch.BatchStream[T]:
+    """Yield each element placed by the rule for `name`, with up to `size` transfers in flight.
+
+    Each element (an array or pytree) is `put` as `name` (pytree leaves as `name/<path>`).
+    JAX transfers are asynchronous, so while you compute on one batch the next `size` are
+    already on their way (`size=2` keeps two in flight; memory holds `size + 1` batches).
+    An error from the source is raised after the batches placed before it are used. The policy is
+    the one active when `prefetch` is called, unless given. `narrow` is `put`'s: 64-bit
+    batches are narrowed only when exact, else `NarrowingError`.
+
+    The result is a `BatchStream`: an iterator whose `close()` (or the end of a `with`
+    block) drops the batches in flight and closes the source, so a generator reading a
+    file closes it at once.
+
+    Raises:
+        ValueError: if `size` is less than 1.
+
+    Example:
+        >>> import devpolicy, numpy as np
+        >>> rules = [{"match": "batch", "device": "cpu:2"}]
+        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
+        >>> batches = (np.full(4, i) for i in range(3))
+        >>> stream = devpolicy.prefetch(batches, policy=p)
+        >>> [devpolicy.inventory().text(*b.devices()) for b in stream]
+        ['cpu:2', 'cpu:2', 'cpu:2']
+    """
+    return _prefetch.prefetch(iterable, _decider_of(policy), name, size, narrow)
+
+
+def windows(
+    tokens: Any,
+    length: int,
+    batch: int,
+    *,
+    name: str = "batch",
+    order: Literal["sequential", "random"] = "sequential",
+    seed: int | None = None,
+    stride: int | None = None,
+    steps: int | None = None,
+    size: int = 2,
+    policy: Policy | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+) -> _prefetch.BatchStream[Any]:
+    """Batches of windows cut from a host array, each placed as `name` ahead of use.
+
+    The story's loop: a token dataset on the host (`load_file` with a host rule, mapped
+    from its file), the model on the accelerator, and each step a batch of windows sent
+    to the device the policy decides for `name`. The windows are cut from a zero-copy
+    numpy view of `tokens` (`host_view`), so any offset works, past 2**31 included, with
+    x64 disabled; only the batch is copied, never the array. Each batch has shape
+    `(batch, length, *tokens.shape[1:])` and goes through `prefetch`: decided (and
+    logged) like `put(name, ...)`, with up to `size` transfers in flight.
+
+    Args:
+        tokens: A `jax.Array` on one host device, or a numpy array (a memmap is fine).
+            Windows run along its first dimension.
+        length: Rows per window (for a language model, the context length plus one).
+        batch: Windows per batch.
+        name: The name each batch is placed as (its rule decides the device).
+        order: "sequential": windows at 0, stride, 2*stride, ... for one pass, the last
+            batch possibly smaller. "random": each window starts at an offset drawn
+            uniformly, with replacement, from every offset it fits at; endless unless
+            `steps` is given.
+        seed: Seed of the random order (None: fresh entropy).
+        stride: Distance between sequential windows (default `length`: no overlap).
+        steps: Stop after this many batches.
+        size: Batches in flight ahead of use (`prefetch`'s `size`).
+        policy: Policy to decide by (default: the active one at this call).
+        narrow: `put`'s, for 64-bit tokens with x64 disabled.
+
+    Returns:
+        A `BatchStream` of placed batches; `close()` ends it.
+
+    Raises:
+        HostViewError: `tokens` is not on a host device (or sharded): it would be copied.
+        ValueError: a bad `length`, `batch`, `stride`, `steps`, `size` or `order`, or
+            fewer rows than `length`.
+
+    Example:
+        >>> import devpolicy, numpy as np
+        >>> p = devpolicy.load_policy({"version": 1, "rules": [
+        ...     {"match": "batch", "device": "cpu:1"}]})
+        >>> tokens = np.arange(10, dtype=np.uint16)
+        >>> [b.tolist() for b in devpolicy.windows(tokens, 3, 2, policy=p)]
+        [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8]]]
+        >>> (b,) = devpolicy.windows(tokens, 4, 8, order="random", seed=0, steps=1, policy=p)
+        >>> b.shape, devpolicy.inventory().text(*b.devices())
+        ((8, 4), 'cpu:1')
+    """
+    return _windows.windows(
+        tokens,
+        _decider_of(policy),
+        name,
+        length,
+        batch,
+        order=order,
+        seed=seed,
+        stride=stride,
+        steps=steps,
+        size=size,
+        narrow=narrow,
+    )
