@@ -8,6 +8,10 @@ with a budget: interegular's own `to_fsm` determinises eagerly with no bound (me
 whatever a policy holds. Anything that cannot be modelled exactly (Unicode classes such as
 `\\w`, anchors, lookarounds, case-insensitive matching, a pattern too large) is
 *undecided*, never guessed: a wrong "covers" would be a false error.
+
+The cheap readings of a pattern's text that lint asks of every rule first
+(`required_literal`, `guess_example`) are `hints`'; they share this module's automaton
+(`NFA`, `shortest`) and its reading of regex syntax (`PUNCTUATION`, `BRACES`).
 """
 
 from __future__ import annotations
@@ -16,15 +20,11 @@ import collections
 import fnmatch
 import functools
 import re
-import re._parser as _sre  # type: ignore[import-not-found]  # Python's own parser (was sre_parse)
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import interegular
 from interegular import patterns as _ip
-
-from .prefixes import group_end, top_level_bar
 
 # The most NFA states one pattern may have once its counted repeats are written out.
 _MAX_NFA_STATES = 2_000
@@ -125,7 +125,8 @@ def glob_tree(pattern: str) -> _Tree:
     return _Cat(tuple(parts))
 
 
-_PUNCTUATION = frozenset(chr(c) for c in range(0x21, 0x7F) if not chr(c).isalnum())
+# ASCII punctuation: escaped, each is itself (in Python, interegular and RE2 alike).
+PUNCTUATION = frozenset(chr(c) for c in range(0x21, 0x7F) if not chr(c).isalnum())
 _CONTROL_ESCAPES = frozenset("ntrfv")
 # Rules are matched by RE2, whose `\d` and `\s` are ASCII ([0-9] and [\t\n\f\r ]), not
 # Python's Unicode sets; interegular's differ again (its `\s` has \v). Outside a class
@@ -140,7 +141,8 @@ def _re2_class(letter: str) -> _Chars:
     return _Chars(_points(members), lambda ch: (ch in members) != negated)
 
 
-_BRACES = re.compile(r"\{(?:\d+(?:,\d*)?|,\d+)\}")
+# A counted repeat: `{m}`, `{m,}`, `{m,n}`, `{,n}` (other braces are literal text).
+BRACES = re.compile(r"\{(?:\d+(?:,\d*)?|,\d+)\}")
 _FLAG_GROUP = re.compile(r"\(\?[sm]*(?:-[sm]+)?[:)]")
 _NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
 
@@ -148,7 +150,7 @@ _NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
 def _escape_ok(pattern: str, i: int, in_class: bool = False) -> int:
     """Width of the escape at `i` if interegular reads it as Python does, else raise."""
     c = pattern[i + 1 : i + 2]
-    if c in _PUNCTUATION or c in _CONTROL_ESCAPES:
+    if c in PUNCTUATION or c in _CONTROL_ESCAPES:
         return 2
     if c in _CLASS_ESCAPES and not in_class:
         return 2  # replaced by RE2's set in _convert
@@ -168,7 +170,7 @@ def _check_regex(pattern: str) -> None:
         if c in "^$":
             raise UndecidedError("anchors are not modelled")
         if c == "{":
-            m = _BRACES.match(pattern, i)
+            m = BRACES.match(pattern, i)
             if m is None:
                 raise UndecidedError("a literal brace is read differently")
             i = m.end()
@@ -258,7 +260,7 @@ def _convert(node: object, flags: _ip.REFlags) -> _Tree:
     raise UndecidedError(f"{type(node).__name__} is not modelled")
 
 
-class _NFA:
+class NFA:
     """A Thompson automaton: state 0 starts, `final` accepts."""
 
     def __init__(self, tree: _Tree) -> None:
@@ -318,190 +320,7 @@ class _NFA:
         return frozenset(seen)
 
 
-#: The most characters of a literal run `required_literal` keeps: enough to tell `layer12`
-#: from `layer13`, few enough that looking a name's substrings up stays cheap.
-LITERAL_CHARS = 12
-# Inline flags that change what a literal character matches (case, verbose whitespace,
-# ASCII/Unicode/locale classes); `s` and `m` change only `.`, `^` and `$`.
-_FLAGS = re.compile(r"\(\?([a-zA-Z]*)(?:-[a-zA-Z]*)?[:)]")
-
-
-def required_literal(pattern: str, is_regex: bool) -> str:
-    r"""Text every name `pattern` matches contains: its longest literal run, cut short.
-
-    Read from the pattern's text (no parsing into automata: lint asks this of every
-    rule), so it is conservative: a run ends at anything but a plain character, a
-    character a quantifier follows is dropped, and a regex with a top-level `|` or a flag
-    that changes literals (`(?i)`, `(?x)`) has none. "" when there is none.
-
-    Example:
-        >>> required_literal("[a-z]+/layer12/(w|b)", True), required_literal("*/layer3/*", False)
-        ('/layer12/', '/layer3/')
-        >>> required_literal(r"a\.bc?d", True), required_literal("(?i)model/w", True)
-        ('a.b', '')
-    """
-    if not is_regex:
-        runs = []
-        for part in re.split(r"[*?]", pattern):
-            if "[" in part:  # a bracket is one character of a set: keep what is around it
-                head, tail = part[: part.index("[")], part[part.index("[") :]
-                runs += [head, tail[tail.rindex("]") + 1 :] if "]" in tail else ""]
-            else:
-                runs.append(part)
-    elif top_level_bar(pattern) or any(
-        set(m.group(1)) - set("sm") for m in _FLAGS.finditer(pattern)
-    ):
-        return ""
-    else:
-        runs = _regex_runs(pattern)
-    return max(runs, key=len)[:LITERAL_CHARS]
-
-
-def _regex_runs(pattern: str) -> list[str]:
-    """The runs of plain characters outside groups and classes, each surely in a match."""
-    runs: list[str] = []
-    current: list[str] = []
-
-    def end_run() -> None:
-        runs.append("".join(current))
-        current.clear()
-
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "\\":
-            escaped = pattern[i + 1 : i + 2]
-            if escaped and escaped in _PUNCTUATION:
-                current.append(escaped)
-                i += 2
-                continue
-            if not escaped or escaped not in "dDsSwWbBAzZ":
-                break  # an escape of several characters (\x41, \N{...}): stop, keep what we have
-            end_run()
-            i += 2
-        elif c in "*+?{":
-            if current:
-                current.pop()  # `ab?`, `ab*`, `ab{0,2}`: the `b` may be absent or repeated
-            end_run()
-            counted = _BRACES.match(pattern, i) if c == "{" else None
-            i = counted.end() if counted else i + 1
-        elif c in "([":
-            end_run()
-            i = group_end(pattern, i)
-        elif c in ".^$|)]}":
-            end_run()
-            i += 1
-        else:
-            current.append(c)
-            i += 1
-    end_run()
-    return runs
-
-
-def guess_example(pattern: str, is_regex: bool) -> str | None:
-    """A name `pattern` probably matches, cheaply; the caller checks it with the matcher.
-
-    For a regex, read from Python's own parse of it (a tenth of what `interegular` takes);
-    for a glob, a shortest name of its automaton.
-    None when the pattern holds something this does not spell (a backreference).
-
-    Example:
-        >>> guess_example("[a-z]+/layer12/(w|b)", True), guess_example("*/l[0-9]/w", False)
-        ('a/layer12/w', '/l0/w')
-    """
-    if not is_regex:
-        nfa = _NFA(glob_tree(pattern))
-        return _shortest(nfa)
-    try:
-        return _spell_sre(_sre.parse(pattern))
-    except (re.error, RecursionError, OverflowError, ValueError):
-        return None
-
-
-# One member of each class Python's parser names: `\d`, `\w`, `\s` and their negations.
-_CATEGORY_MEMBERS = {
-    "CATEGORY_DIGIT": "0",
-    "CATEGORY_NOT_DIGIT": "a",
-    "CATEGORY_WORD": "a",
-    "CATEGORY_NOT_WORD": " ",
-    "CATEGORY_SPACE": " ",
-    "CATEGORY_NOT_SPACE": "a",
-}
-_TRIES = "a0_/ .-A\x00"
-
-
-def _spell_sre(parsed: Any) -> str | None:
-    out: list[str] = []
-    for op, arg in parsed:
-        name = str(op)
-        if name == "LITERAL":
-            out.append(chr(arg))
-        elif name in ("NOT_LITERAL", "ANY"):
-            out.append("b" if arg == ord("a") else "a")
-        elif name == "IN":
-            member = _class_member(arg)
-            if member is None:
-                return None
-            out.append(member)
-        elif name == "CATEGORY":
-            out.append(_CATEGORY_MEMBERS.get(str(arg), "a"))
-        elif name == "BRANCH":
-            options = [_spell_sre(option) for option in arg[1]]
-            spelled = [o for o in options if o is not None]
-            if not spelled:
-                return None
-            out.append(min(spelled, key=len))
-        elif name == "SUBPATTERN":
-            inner = _spell_sre(arg[-1])
-            if inner is None:
-                return None
-            out.append(inner)
-        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-            low, _, body = arg
-            inner = _spell_sre(body) if low else ""
-            if inner is None:
-                return None
-            out.append(inner * low)
-        elif name in ("AT", "ASSERT", "ASSERT_NOT"):
-            continue  # takes no characters; the matcher says whether the guess holds
-        else:  # a backreference, a conditional: not spelled
-            return None
-    return "".join(out)
-
-
-def _class_member(items: list[tuple[Any, Any]]) -> str | None:
-    negated = bool(items) and str(items[0][0]) == "NEGATE"
-    if not negated:
-        op, arg = items[0]
-        kind = str(op)
-        if kind == "LITERAL":
-            return chr(arg)
-        if kind == "RANGE":
-            return chr(arg[0])
-        return _CATEGORY_MEMBERS.get(str(arg)) if kind == "CATEGORY" else None
-    excluded: set[str] = set()
-    for op, arg in items[1:]:
-        kind = str(op)
-        if kind == "LITERAL":
-            excluded.add(chr(arg))
-        elif kind == "RANGE":
-            excluded |= {c for c in _TRIES if arg[0] <= ord(c) <= arg[1]}
-        elif kind == "CATEGORY":
-            excluded |= {c for c in _TRIES if re.fullmatch(_CATEGORY_RE[str(arg)], c)}
-    return next((c for c in _TRIES if c not in excluded), None)
-
-
-_CATEGORY_RE = {
-    "CATEGORY_DIGIT": r"\d",
-    "CATEGORY_NOT_DIGIT": r"\D",
-    "CATEGORY_WORD": r"\w",
-    "CATEGORY_NOT_WORD": r"\W",
-    "CATEGORY_SPACE": r"\s",
-    "CATEGORY_NOT_SPACE": r"\S",
-}
-
-
-def _shortest(nfa: _NFA) -> str | None:
+def shortest(nfa: NFA) -> str | None:
     """A shortest name `nfa` accepts, or None when it accepts none.
 
     Breadth first over single states (a 0-1 search: ε moves cost nothing), one character
@@ -550,14 +369,14 @@ class CoverJudge:
     def __init__(self, budget: int = 400_000) -> None:
         """`budget`: state-set pairs all checks together may visit before giving up."""
         self._budget = budget
-        self._nfas: dict[tuple[str, bool], _NFA | UndecidedError] = {}
+        self._nfas: dict[tuple[str, bool], NFA | UndecidedError] = {}
 
-    def _nfa(self, pattern: tuple[str, bool]) -> _NFA:
+    def _nfa(self, pattern: tuple[str, bool]) -> NFA:
         found = self._nfas.get(pattern)
         if found is None:
             text, is_regex = pattern
             try:
-                found = _NFA(regex_tree(text) if is_regex else glob_tree(text))
+                found = NFA(regex_tree(text) if is_regex else glob_tree(text))
             except UndecidedError as e:
                 found = e
             except RecursionError:  # nesting deeper than the stack: not modelled
@@ -581,7 +400,7 @@ class CoverJudge:
             nfa = self._nfa(pattern)
         except UndecidedError:
             return None
-        return _shortest(nfa)
+        return shortest(nfa)
 
     def covers(self, earlier: tuple[str, bool], later: tuple[str, bool]) -> bool | None:
         """Whether `earlier` matches every name `later` does; None when undecided."""
@@ -603,7 +422,7 @@ class CoverJudge:
         b_table = [[t.contains(s) for s in symbols] for t in b.tests]
 
         def step(
-            nfa: _NFA, table: list[list[bool]], states: frozenset[int], k: int
+            nfa: NFA, table: list[list[bool]], states: frozenset[int], k: int
         ) -> frozenset[int]:
             moved = {t for s in states for tid, t in nfa.moves[s] if table[tid][k]}
             return nfa.closure(moved) if moved else frozenset()

@@ -21,7 +21,8 @@ from .._document.layers import RuleEntry, Setting
 from .._document.schema import MeshSpec
 from .._document.targets import ShardingTarget, Target
 from .._machine.machine import D
-from .._names.cover import CoverJudge, guess_example, required_literal
+from .._names.cover import CoverJudge
+from .._names.hints import guess_example, required_literal
 from .._names.matching import ShapeTest, compile_condition
 from .._names.prefixes import PrefixIndex
 from .._runtime.knobs import env_needs_allow

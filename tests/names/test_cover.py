@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devpolicy._names.cover import CoverJudge, UndecidedError, required_literal
+from devpolicy._names.cover import CoverJudge, UndecidedError
+from devpolicy._names.hints import required_literal
 from devpolicy._names.matching import compile_condition
 from tests.strategies import PATTERNS, names_matching
 
