@@ -1,7 +1,26 @@
-"""The policy document's schema: pydantic models and nothing else.
+"""The policy document's schema: its pydantic models, the field types they are made of,
+and the checks across models that pydantic cannot make field by field.
 
-The models validate and normalise; they never touch JAX. `Policy` turns a validated
-document into the matcher and routes the hot path uses.
+One concept, kept whole although it runs past 1,100 lines (the house rule: the pydantic
+schema in one module, and nothing else in it). What a valid policy document is can only
+be read here, and each part is tied to a field:
+
+- each field type (`TargetText`, `ByteCount`, `PoolFraction`, ...) is an `Annotated`
+  triple of the type, its `BeforeValidator` and its `WithJsonSchema`: the check and the
+  JSON Schema of one field, whose message lists that field's valid forms. Cutting the
+  validators away from the models would split every field's definition over two files;
+- the `Field(description=...)` texts are what `policy_schema()` (`devpolicy schema`)
+  gives editors: the format's reference is the models' own text;
+- `sharding_problems` checks a rule's `sharding` and fallbacks against the document's
+  `meshes`, in the models' field locations (`rules[3].sharding.spec[0]`), once every
+  layer is known (`documents` and `layers` call it); `separator_problem` is the one
+  separator rule the model, `load_file(separator=)` and `plan --separator` share.
+
+Text-level parsing is not here: targets, sizes, runtime knobs, axis names and patterns
+are read by the leaves this module imports (`targets`, `sizes`, `knobs`, `axes`,
+`matching`), so what remains is the document's shape. The models validate and
+normalise; they never touch JAX. `Policy` turns a validated document into the matcher
+and routes the hot path uses.
 """
 
 from __future__ import annotations
