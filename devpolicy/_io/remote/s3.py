@@ -37,6 +37,10 @@ class S3Backend(Backend):
         profile = environ.get("AWS_PROFILE")
         if profile:
             session.set_config_variable("profile", profile)
+        # botocore reads os.environ; an `environ` given by the caller is read here instead.
+        key, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+        if key and secret:
+            session.set_credentials(key, secret, environ.get("AWS_SESSION_TOKEN"))
         region = environ.get("AWS_REGION") or session.get_config_variable("region") or "us-east-1"
         endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
         self._signed = session.get_credentials() is not None

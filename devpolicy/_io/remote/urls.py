@@ -43,10 +43,13 @@ def shown(url: str) -> str:
         >>> shown("https://user:secret@example.org/m.safetensors?X-Amz-Signature=abc")
         'https://example.org/m.safetensors'
     """
+    bare = url.split("#", 1)[0].split("?", 1)[0]
+    if not bare.lower().startswith(("http://", "https://")):
+        return bare  # s3, gs, hf: no user information; bucket and key kept as written
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
-        return url.split("?", 1)[0].split("#", 1)[0]
+        return bare
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
