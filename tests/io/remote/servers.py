@@ -41,7 +41,7 @@ HUB_TOKEN = "hf_localTestTokenThatMustNeverBeShown01"
 HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-class Missing(RuntimeError):
+class Missing(RuntimeError):  # noqa: N818 - read as "servers.Missing"
     """A server's binary or package is not installed here."""
 
 

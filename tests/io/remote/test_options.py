@@ -53,16 +53,38 @@ class TestResolve:
     @pytest.mark.parametrize(
         ("variable", "value", "message"),
         [
-            ("DEVPOLICY_REMOTE_CONCURRENCY", "eight", r"^DEVPOLICY_REMOTE_CONCURRENCY='eight': not a whole number; accepted: a whole number from 1 to 256$"),
-            ("DEVPOLICY_REMOTE_CONCURRENCY", "0", r"^DEVPOLICY_REMOTE_CONCURRENCY='0': out of range; accepted: a whole number from 1 to 256$"),
+            (
+                "DEVPOLICY_REMOTE_CONCURRENCY",
+                "eight",
+                r"^DEVPOLICY_REMOTE_CONCURRENCY='eight': not a whole number; accepted: a whole number from 1 to 256$",
+            ),
+            (
+                "DEVPOLICY_REMOTE_CONCURRENCY",
+                "0",
+                r"^DEVPOLICY_REMOTE_CONCURRENCY='0': out of range; accepted: a whole number from 1 to 256$",
+            ),
             ("DEVPOLICY_REMOTE_CONCURRENCY", "4.0", r"not a whole number"),
-            ("DEVPOLICY_REMOTE_CHUNK", "8 MeB", r"^DEVPOLICY_REMOTE_CHUNK='8 MeB': unknown size unit 'MeB'.*; accepted: a non-negative integer of bytes"),
-            ("DEVPOLICY_REMOTE_CHUNK", "1KiB", r"^DEVPOLICY_REMOTE_CHUNK='1KiB': out of range; accepted: .* from 65536 to 1073741824 bytes$"),
-            ("DEVPOLICY_REMOTE_BACKOFF", "1s", r"^DEVPOLICY_REMOTE_BACKOFF='1s': not a plain number of seconds; accepted: a number of seconds from 0 to 60$"),
+            (
+                "DEVPOLICY_REMOTE_CHUNK",
+                "8 MeB",
+                r"^DEVPOLICY_REMOTE_CHUNK='8 MeB': unknown size unit 'MeB'.*; accepted: a non-negative integer of bytes",
+            ),
+            (
+                "DEVPOLICY_REMOTE_CHUNK",
+                "1KiB",
+                r"^DEVPOLICY_REMOTE_CHUNK='1KiB': out of range; accepted: .* from 65536 to 1073741824 bytes$",
+            ),
+            (
+                "DEVPOLICY_REMOTE_BACKOFF",
+                "1s",
+                r"^DEVPOLICY_REMOTE_BACKOFF='1s': not a plain number of seconds; accepted: a number of seconds from 0 to 60$",
+            ),
             ("DEVPOLICY_REMOTE_TIMEOUT", "-1", r"not a plain number of seconds"),
         ],
     )
-    def test_bad_variable_is_named_with_valid_forms(self, variable: str, value: str, message: str) -> None:
+    def test_bad_variable_is_named_with_valid_forms(
+        self, variable: str, value: str, message: str
+    ) -> None:
         """A variable that cannot be read is an error naming it, its value and the forms accepted."""
         with pytest.raises(EnvOverrideError, match=message):
             resolve_options({variable: value})
@@ -70,12 +92,21 @@ class TestResolve:
     @pytest.mark.parametrize(
         ("keywords", "message"),
         [
-            ({"concurency": 4}, r"^concurency=4: unknown option; accepted: attempts, backoff_cap_seconds, backoff_seconds, cache_dir, chunk_bytes, concurrency, inflight_bytes, timeout_seconds, total_seconds$"),
+            (
+                {"concurency": 4},
+                r"^concurency=4: unknown option; accepted: attempts, backoff_cap_seconds, backoff_seconds, cache_dir, chunk_bytes, concurrency, inflight_bytes, timeout_seconds, total_seconds$",
+            ),
             ({"concurrency": True}, r"^concurrency=True: expected a number, got bool"),
             ({"concurrency": 2.5}, r"^concurrency=2\.5: not a whole number"),
-            ({"attempts": 0}, r"^attempts=0: out of range; accepted: a whole number from 1 to 100$"),
+            (
+                {"attempts": 0},
+                r"^attempts=0: out of range; accepted: a whole number from 1 to 100$",
+            ),
             ({"total_seconds": float("nan")}, r"^total_seconds=nan: out of range"),
-            ({"chunk_bytes": "256MiB"}, r"^inflight_bytes=134217728: smaller than chunk_bytes \(268435456\)"),
+            (
+                {"chunk_bytes": "256MiB"},
+                r"^inflight_bytes=134217728: smaller than chunk_bytes \(268435456\)",
+            ),
         ],
     )
     def test_bad_keyword_is_named(self, keywords: dict[str, object], message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from .conftest import BUCKET, Proxied, s3_environ
 
 
 @pytest.fixture(params=["s3", "gs", "hf", "hf-dataset", "https"])
-def opened(request: pytest.FixtureRequest, served_root: Path) -> RemoteObject:
+def opened(request: pytest.FixtureRequest, served_root: Path) -> Iterator[RemoteObject]:
     """An opened source of each scheme, all serving the same payload."""
     scheme = request.param
     if scheme == "s3":
@@ -31,20 +32,29 @@ def opened(request: pytest.FixtureRequest, served_root: Path) -> RemoteObject:
         url, environ = f"gs://{BUCKET}/ckpt/model.bin", {"STORAGE_EMULATOR_HOST": server.url}
     elif scheme.startswith("hf"):
         hub = request.getfixturevalue("hub")
-        environ = {"HF_ENDPOINT": hub.url, "HF_TOKEN": servers.HUB_TOKEN, "HF_HOME": str(served_root / "none")}
-        url = "hf://org/repo/model.bin" if scheme == "hf" else "hf://datasets/org/tokens@main/train/model.bin"
+        environ = {
+            "HF_ENDPOINT": hub.url,
+            "HF_TOKEN": servers.HUB_TOKEN,
+            "HF_HOME": str(served_root / "none"),
+        }
+        url = (
+            "hf://org/repo/model.bin"
+            if scheme == "hf"
+            else "hf://datasets/org/tokens@main/train/model.bin"
+        )
     else:
         url, environ = request.getfixturevalue("rclone").url + "/model.bin", {}
     source = open_remote(url, environ=environ, chunk_bytes=2**20)
     assert isinstance(source, RemoteObject)
-    request.addfinalizer(source.close)
-    return source
+    yield source
+    source.close()
 
 
 class TestEveryScheme:
     def test_whole_object_equals_the_local_file(self, opened: RemoteObject, payload: bytes) -> None:
         """Reading every byte gives the local file's bytes, in chunk-sized requests."""
-        assert opened.size == len(payload) and opened.fileno() is None
+        assert opened.size == len(payload)
+        assert opened.fileno() is None
         buffer = bytearray(len(payload))
         opened.read_into(0, memoryview(buffer))
         assert buffer == payload
@@ -52,12 +62,20 @@ class TestEveryScheme:
 
     def test_scattered_ranges_are_exact(self, opened: RemoteObject, payload: bytes) -> None:
         """Many ranges at once (neighbours joined, far ones apart) each get their own bytes."""
-        ranges = [(0, 8), (8, 1000), (5000, 7000), (2 * 2**20, 2**20 + 4000), (len(payload) - 10, 10)]
+        ranges = [
+            (0, 8),
+            (8, 1000),
+            (5000, 7000),
+            (2 * 2**20, 2**20 + 4000),
+            (len(payload) - 10, 10),
+        ]
         buffers = [bytearray(n) for _, n in ranges]
         opened.read_many([(o, memoryview(b)) for (o, _), b in zip(ranges, buffers, strict=True)])
         assert [bytes(b) for b in buffers] == [payload[o : o + n] for o, n in ranges]
 
-    def test_header_reads_cost_one_small_request(self, opened: RemoteObject, payload: bytes) -> None:
+    def test_header_reads_cost_one_small_request(
+        self, opened: RemoteObject, payload: bytes
+    ) -> None:
         """The header's length and then the header come from one small ranged read."""
         before = opened.counters.as_fields()
         length, header = bytearray(8), bytearray(300)
@@ -75,7 +93,9 @@ class TestEveryScheme:
 
 
 class TestWhatIsFetched:
-    def test_two_readers_of_halves_fetch_half_each(self, s3_proxied: Proxied, payload: bytes) -> None:
+    def test_two_readers_of_halves_fetch_half_each(
+        self, s3_proxied: Proxied, payload: bytes
+    ) -> None:
         """Two readers of disjoint halves each fetch about their half (bytes counted at the proxy)."""
         half = len(payload) // 2
         counted = []
@@ -87,30 +107,45 @@ class TestWhatIsFetched:
             source.close()
             assert buffer == payload[offset : offset + length]
             counted.append(s3_proxied.proxy.body_bytes())
-        assert counted[0] <= half * 1.02 and counted[1] <= (len(payload) - half) * 1.02
+        assert counted[0] <= half * 1.02
+        assert counted[1] <= (len(payload) - half) * 1.02
 
     def test_no_such_object_names_the_url(self, s3: servers.S3Server) -> None:
         """A missing object is an error naming the URL and the status, after one attempt."""
-        with pytest.raises(RemoteReadError, match=r"^s3://devpolicy-tests/nope\.bin: no such object .*\(status 404, 1 attempt\)$"):
+        with pytest.raises(
+            RemoteReadError,
+            match=r"^s3://devpolicy-tests/nope\.bin: no such object .*\(status 404, 1 attempt\)$",
+        ):
             open_remote(f"s3://{BUCKET}/nope.bin", environ=s3_environ(s3.url))
 
     def test_wrong_credentials_are_refused_without_showing_them(self, s3: servers.S3Server) -> None:
         """Refused credentials give an error that says what to check and shows no secret."""
         environ = {**s3_environ(s3.url), "AWS_SECRET_ACCESS_KEY": "not-the-secret-0123456789"}
-        with pytest.raises(RemoteReadError, match=r"access refused; the credentials found were refused") as caught:
+        with pytest.raises(
+            RemoteReadError, match=r"access refused; the credentials found were refused"
+        ) as caught:
             open_remote(f"s3://{BUCKET}/ckpt/model.bin", environ=environ)
-        assert "not-the-secret" not in str(caught.value) and servers.S3_ACCESS_KEY not in str(caught.value)
+        assert "not-the-secret" not in str(caught.value)
+        assert servers.S3_ACCESS_KEY not in str(caught.value)
 
     def test_hub_without_token_says_to_set_it(self, hub: servers.LocalHub, tmp_path: Path) -> None:
         """A Hub that wants a token, asked without one, is an error that says to set HF_TOKEN."""
         with pytest.raises(RemoteReadError, match=r"set HF_TOKEN \(status 401, 1 attempt\)$"):
-            open_remote("hf://org/repo/model.bin", environ={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path)})
+            open_remote(
+                "hf://org/repo/model.bin",
+                environ={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path)},
+            )
 
 
 class TestExtra:
-    def test_s3_without_the_extra_names_the_pip_command(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_s3_without_the_extra_names_the_pip_command(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Without botocore, an s3:// URL is an error naming the package and the pip command."""
         monkeypatch.setitem(sys.modules, "botocore", None)
-        with pytest.raises(RemoteExtraMissingError, match=r"^s3://b-1/k: reading from a URL needs 'botocore'.*: pip install 'devpolicy\[remote\]'$"):
+        with pytest.raises(
+            RemoteExtraMissingError,
+            match=r"^s3://b-1/k: reading from a URL needs 'botocore'.*: pip install 'devpolicy\[remote\]'$",
+        ):
             open_remote("s3://b-1/k", environ={})
         assert INSTALL_HINT in "pip install 'devpolicy[remote]'"

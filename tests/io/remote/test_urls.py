@@ -13,16 +13,39 @@ class TestParse:
         [
             ("s3://bucket/dir/model.safetensors", "s3", "bucket", "dir/model.safetensors", "", ""),
             ("gs://my_bucket/m.safetensors", "gs", "my_bucket", "m.safetensors", "", ""),
-            ("hf://org/repo/model.safetensors", "hf", "org/repo", "model.safetensors", "main", "model"),
+            (
+                "hf://org/repo/model.safetensors",
+                "hf",
+                "org/repo",
+                "model.safetensors",
+                "main",
+                "model",
+            ),
             ("hf://models/org/repo@v1.0/a/b.bin", "hf", "org/repo", "a/b.bin", "v1.0", "model"),
-            ("hf://datasets/org/tokens@refs%2Fpr%2F3/train/x.bin", "hf", "org/tokens", "train/x.bin", "refs/pr/3", "dataset"),
-            ("https://example.org/files/m.safetensors", "https", "example.org", "/files/m.safetensors", "", ""),
+            (
+                "hf://datasets/org/tokens@refs%2Fpr%2F3/train/x.bin",
+                "hf",
+                "org/tokens",
+                "train/x.bin",
+                "refs/pr/3",
+                "dataset",
+            ),
+            (
+                "https://example.org/files/m.safetensors",
+                "https",
+                "example.org",
+                "/files/m.safetensors",
+                "",
+                "",
+            ),
             ("http://127.0.0.1:8000/m.bin", "http", "127.0.0.1", "/m.bin", "", ""),
             ("http://localhost/m.bin", "http", "localhost", "/m.bin", "", ""),
             ("http://[::1]:9/m.bin", "http", "::1", "/m.bin", "", ""),
         ],
     )
-    def test_parts(self, url: str, scheme: str, bucket: str, key: str, revision: str, repo_type: str) -> None:
+    def test_parts(
+        self, url: str, scheme: str, bucket: str, key: str, revision: str, repo_type: str
+    ) -> None:
         """Each scheme's URL splits into its bucket (or repository or host), key and revision."""
         parsed = parse_url(url)
         assert (parsed.scheme, parsed.bucket, parsed.key, parsed.revision, parsed.repo_type) == (
@@ -31,7 +54,10 @@ class TestParse:
 
     def test_unknown_scheme_lists_the_valid_ones(self) -> None:
         """An unknown scheme is an error that lists every scheme read."""
-        with pytest.raises(RemoteURLError, match=r"^ftp://h/m\.bin: scheme: unknown scheme 'ftp'; accepted: gs://, hf://, http://, https://, s3://$"):
+        with pytest.raises(
+            RemoteURLError,
+            match=r"^ftp://h/m\.bin: scheme: unknown scheme 'ftp'; accepted: gs://, hf://, http://, https://, s3://$",
+        ):
             parse_url("ftp://h/m.bin")
 
     @pytest.mark.parametrize(
@@ -45,12 +71,21 @@ class TestParse:
             ("s3://bucket/k?versionId=1", r"^s3://bucket/k: key: a query string"),
             ("hf://org/model.bin", r"^hf://org/model\.bin: repository: write hf://ORG/REPO"),
             ("hf://org/repo@/m.bin", r"^hf://org/repo@/m\.bin: revision: empty after '@'"),
-            ("hf://org/re po/m.bin", r"^hf://org/re po/m\.bin: repository: repository 're po' is not a Hub name"),
-            ("hf://org/repo/a/../b", r"^hf://org/repo/a/\.\./b: path: 'a/\.\./b' is not a file path"),
+            (
+                "hf://org/re po/m.bin",
+                r"^hf://org/re po/m\.bin: repository: repository 're po' is not a Hub name",
+            ),
+            (
+                "hf://org/repo/a/../b",
+                r"^hf://org/repo/a/\.\./b: path: 'a/\.\./b' is not a file path",
+            ),
             ("https:///m.bin", r"^https:///m\.bin: host: missing"),
             ("https://example.org/dir/", r"^https://example\.org/dir/: path: missing a file name"),
             ("https://example.org:99999/m", r"^https://example\.org/m: host: malformed"),
-            ("http://example.org/m.bin", r"^http://example\.org/m\.bin: scheme: plain http:// is read only from a loopback host"),
+            (
+                "http://example.org/m.bin",
+                r"^http://example\.org/m\.bin: scheme: plain http:// is read only from a loopback host",
+            ),
         ],
     )
     def test_malformed_part_is_named(self, url: str, message: str) -> None:
@@ -70,7 +105,10 @@ class TestShown:
         ("url", "expected"),
         [
             ("https://user:pa55@example.org/m.bin", "https://example.org/m.bin"),
-            ("https://example.org/m.bin?X-Amz-Signature=abc&X-Amz-Credential=AKID", "https://example.org/m.bin"),
+            (
+                "https://example.org/m.bin?X-Amz-Signature=abc&X-Amz-Credential=AKID",
+                "https://example.org/m.bin",
+            ),
             ("https://example.org:8443/m.bin#frag", "https://example.org:8443/m.bin"),
             ("s3://bucket/key", "s3://bucket/key"),
         ],
