@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import string
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from devpolicy._io.remote import RemoteURLError, is_url, parse_url, shown
 
@@ -123,3 +127,22 @@ class TestShown:
         with pytest.raises(RemoteURLError) as caught:
             parse_url("https://user:hunter2@example.org/dir/")
         assert "hunter2" not in str(caught.value)
+
+
+class TestShownProperty:
+    @given(
+        user=st.text(alphabet=string.ascii_letters + string.digits, min_size=1, max_size=12),
+        secret=st.text(
+            alphabet=string.ascii_letters + string.digits + "-_.~", min_size=8, max_size=30
+        ),
+        path=st.text(alphabet=string.ascii_lowercase + "/", min_size=1, max_size=20),
+    )
+    def test_no_secret_survives(self, user: str, secret: str, path: str) -> None:
+        """Whatever the URL, a password or query value never appears in the shown form."""
+        secret = "S3CR3T" + secret  # never part of the (lowercase) path
+        for url in (
+            f"https://{user}:{secret}@example.org/{path}",
+            f"https://example.org/{path}?token={secret}",
+            f"s3://bucket/{path}?sig={secret}",
+        ):
+            assert secret not in shown(url)
