@@ -1,0 +1,115 @@
+"""Remote byte sources: checkpoint bytes from s3://, gs://, hf:// and https:// URLs.
+
+`open_remote(url)` opens one object (one metadata request) and returns a byte source for the
+loader's `ByteSource` seam: a `RemoteObject` whose reads are ranged, checked, concurrent and
+retried, or, with a cache directory, a `CachedFile` the loader maps like a local file.
+Needs the `remote` extra for s3:// (botocore) and gs:// off an emulator (google-auth);
+hf:// and https:// need nothing beyond Python.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from .backend import Backend
+from .cache import CachedFile, RemoteCache
+from .errors import (
+    INSTALL_HINT,
+    ObjectChangedError,
+    RangeIgnoredError,
+    RemoteExtraMissingError,
+    RemoteOptionError,
+    RemoteReadError,
+    RemoteURLError,
+)
+from .options import RemoteOptions, resolve_options
+from .source import Counters, Emit, RemoteObject
+from .urls import SCHEMES, RemoteURL, is_url, parse_url, shown
+
+__all__ = [
+    "INSTALL_HINT",
+    "SCHEMES",
+    "CachedFile",
+    "Counters",
+    "ObjectChangedError",
+    "RangeIgnoredError",
+    "RemoteCache",
+    "RemoteExtraMissingError",
+    "RemoteOptionError",
+    "RemoteOptions",
+    "RemoteReadError",
+    "RemoteURL",
+    "RemoteURLError",
+    "backend_for",
+    "is_url",
+    "open_remote",
+    "parse_url",
+    "resolve_options",
+    "shown",
+]
+
+
+def backend_for(url: RemoteURL, environ: Mapping[str, str]) -> Backend:
+    """The backend of `url`'s scheme."""
+    if url.scheme == "s3":
+        from .s3 import S3Backend
+
+        return S3Backend(url, environ)
+    if url.scheme == "gs":
+        from .gcs import GcsBackend
+
+        return GcsBackend(url, environ)
+    if url.scheme == "hf":
+        from .hub import HubBackend
+
+        return HubBackend(url, environ)
+    from .web import WebBackend
+
+    return WebBackend(url, environ)
+
+
+def open_remote(
+    url: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    options: RemoteOptions | None = None,
+    emit: Emit | None = None,
+    **keywords: object,
+) -> RemoteObject | CachedFile:
+    """Open a remote object for reading by ranges.
+
+    Args:
+        url: `s3://bucket/key`, `gs://bucket/key`, `hf://[datasets/]org/repo[@rev]/path`,
+            `https://host/path` (or `http://` on a loopback host).
+        environ: Where credentials, endpoints and `DEVPOLICY_REMOTE_*` are read (default:
+            `os.environ`).
+        options: Options to start from (default: the defaults); the environment and
+            `keywords` (any field of `RemoteOptions`) override them.
+        emit: Where events go (`emit(level, event, fields)`), as `EventLog.emit` takes them.
+
+    Returns:
+        A `RemoteObject`, or with `cache_dir` a `CachedFile` (served from the cache, or
+        fetched into it first).
+
+    Raises:
+        RemoteURLError: the URL cannot be read (unknown scheme, malformed part).
+        RemoteExtraMissingError: the scheme needs a package of the `remote` extra.
+        RemoteReadError: the object cannot be opened (no access, no such object, the server
+            failing past the retries).
+
+    Example:
+        >>> try:
+        ...     open_remote("ftp://host/model.safetensors")
+        ... except RemoteURLError as e:
+        ...     print(e)
+        ftp://host/model.safetensors: scheme: unknown scheme 'ftp'; accepted: gs://, hf://, \
+http://, https://, s3://
+    """
+    environ = os.environ if environ is None else environ
+    parsed = parse_url(url)
+    resolved = resolve_options(environ, options, **keywords)
+    source = RemoteObject(backend_for(parsed, environ), resolved, emit)
+    if resolved.cache_dir is None:
+        return source
+    return RemoteCache(resolved.cache_dir).open(source)

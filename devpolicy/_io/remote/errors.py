@@ -1,0 +1,94 @@
+"""Errors of remote byte sources. Each names the URL as shown (never a credential).
+
+They join devpolicy's base error, so `except DevicePolicyError` catches them; a read error is
+also an `OSError`, as a failed local read is.
+"""
+
+from __future__ import annotations
+
+from ..._base.errors import DevicePolicyError
+
+#: What to run when the remote extra is not installed.
+INSTALL_HINT = "pip install 'devpolicy[remote]'"
+
+
+class RemoteURLError(DevicePolicyError, ValueError):
+    """A URL devpolicy cannot read from: an unknown scheme, or a malformed part.
+
+    Attributes:
+        url: The URL as shown (credentials removed).
+        part: Which part is wrong (`scheme`, `bucket`, `key`, `repository`, `revision`, `host`).
+    """
+
+    def __init__(self, url: str, part: str, problem: str) -> None:
+        self.url = url
+        self.part = part
+        super().__init__(f"{url}: {part}: {problem}")
+
+
+class RemoteOptionError(DevicePolicyError, ValueError):
+    """A remote option given by keyword that cannot be used.
+
+    Attributes:
+        option: The keyword.
+        value: Its value.
+        accepted: The forms that would be accepted.
+    """
+
+    def __init__(self, option: str, value: object, problem: str, accepted: str) -> None:
+        self.option = option
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"{option}={value!r}: {problem}; accepted: {accepted}")
+
+
+class RemoteExtraMissingError(DevicePolicyError, ImportError):
+    """Reading a URL needs a package of the `remote` extra that is not installed."""
+
+    def __init__(self, url: str, package: str) -> None:
+        self.url = url
+        self.package = package
+        super().__init__(
+            f"{url}: reading from a URL needs {package!r}, which is not installed; "
+            f"install devpolicy's remote support: {INSTALL_HINT}"
+        )
+
+
+class RemoteReadError(DevicePolicyError, OSError):
+    """A read from a remote object failed for good (after any retries).
+
+    Attributes:
+        url: The object's URL as shown (credentials removed).
+        range: The byte range asked, `(start, end)` with `end` exclusive, or None (the
+            object's metadata).
+        status: The last HTTP status, or None when no response came.
+        attempts: The attempts made.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        problem: str,
+        *,
+        byte_range: tuple[int, int] | None = None,
+        status: int | None = None,
+        attempts: int = 1,
+    ) -> None:
+        self.url = url
+        self.range = byte_range
+        self.status = status
+        self.attempts = attempts
+        where = url if byte_range is None else f"{url} bytes {byte_range[0]}-{byte_range[1] - 1}"
+        facts = [f"status {status}" if status is not None else "no response"]
+        facts.append(f"{attempts} attempt{'s' if attempts != 1 else ''}")
+        super().__init__(f"{where}: {problem} ({', '.join(facts)})")
+
+
+class RangeIgnoredError(RemoteReadError):
+    """The server answered a ranged read with the whole object (status 200): it ignores
+    `Range`, and devpolicy never takes a whole body as a range."""
+
+
+class ObjectChangedError(RemoteReadError):
+    """The object changed (ETag, generation or size) after it was opened: its bytes would mix
+    two versions."""

