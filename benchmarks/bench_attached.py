@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import devpolicy  # noqa: E402
-from devpolicy._apply import placement as _placement  # noqa: E402
+from devpolicy._apply import leaves as _leaves  # noqa: E402
 
 try:
     from flax.core.meta import Partitioned  # noqa: F401
@@ -73,13 +73,13 @@ def main() -> None:
         {"version": 1, "logging": quiet, "rules": [{"match": "p/**", "device": "cpu"}]}
     )
     rows: list[tuple[str, Callable[[], object]]] = [
-        ("leaf_names, plain tree", lambda: _placement.leaf_names("p", plain)),
+        ("leaf_names, plain tree", lambda: _leaves.leaf_names("p", plain)),
         ("put, plain tree, device rule", lambda: to_cpu.put("p", plain)),
         ("shardings, plain abstract tree, spec rule", lambda: written.shardings("p", abstract)),
     ]
     if boxed is not None:
         rows += [
-            ("leaf_names, boxed tree", lambda: _placement.leaf_names("p", boxed)),
+            ("leaf_names, boxed tree", lambda: _leaves.leaf_names("p", boxed)),
             ("shardings, boxed tree, spec rule", lambda: written.shardings("p", boxed)),
         ]
         try:

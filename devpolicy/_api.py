@@ -5,8 +5,8 @@
 """
 
 from ._apply.hostview import host_view as host_view
-from ._apply.placement import Scope as Scope
 from ._apply.prefetch import BatchStream as BatchStream
+from ._apply.scope import Scope as Scope
 from ._apply.threads import ThreadPoolExecutor as ThreadPoolExecutor
 from ._apply.threads import propagate as propagate
 from ._base.errors import CheckpointMismatchError as CheckpointMismatchError

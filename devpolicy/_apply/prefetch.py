@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 
 from .._decide.decider import Decider
 from .narrowing import Narrow, check_mode
-from .placement import put
+from .put import put
 
 T = TypeVar("T")
 

@@ -306,7 +306,7 @@ Shape = tuple[int, ...]
 #: One item of a placement: (name, nbytes), (name, nbytes, shape), with a fourth
 #: element saying whether a loader would map it from its file (`_routing.NEVER_MAPPED`...),
 #: a fifth naming the file it comes from (for `file:` rules), and a sixth holding the axis
-#: names its framework attached to it (`_placement.leaf_names_and_axes`; for rules with
+#: names its framework attached to it (`_apply.leaves.leaf_names_and_axes`; for rules with
 #: `axes: attached`).
 Item = (
     tuple[str, int | None]

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 
 from .._apply.hostview import INDEX_LIMIT, warn_unindexable
+from .._apply.leaves import ARRAY_LIKE, leaf_names, leaf_names_and_axes, leaf_shape_dtype
 from .._apply.narrowing import Narrow, check_mode, loss_in_pieces, narrow_into, narrowed_event
-from .._apply.placement import ARRAY_LIKE, leaf_names, leaf_names_and_axes, leaf_shape_dtype
 from .._base.errors import CheckpointMismatchError, NarrowingError, SafetensorsFileError
 from .._base.events import EventLog
 from .._base.limits import ALIGN, CHUNK_BYTES

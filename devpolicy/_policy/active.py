@@ -13,7 +13,8 @@ import threading
 from contextvars import ContextVar, Token
 from types import TracebackType
 
-from .._apply.placement import Active, Scopes
+from .._apply.calls import Active
+from .._apply.scope import Scopes
 from .._decide.decider import Decider
 from .loading import load_policy, loaded_files
 from .policy import Policy

@@ -11,7 +11,10 @@ import jax
 
 from .._apply import prefetch as _prefetch
 from .._apply import windows as _windows
-from .._apply.placement import Inputs, Scope, Scopes, make_place, move_to, put, shardings
+from .._apply.calls import Inputs
+from .._apply.moves import move_to
+from .._apply.put import put, shardings
+from .._apply.scope import Scope, Scopes, make_place
 from .._base.errors import DevicePolicyError
 from .._base.events import EventLog
 from .._decide.decider import Decider, Decision, Explanation

@@ -11,10 +11,12 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from .._apply import placement as _placement
 from .._apply import prefetch as _prefetch
+from .._apply import put as _put
 from .._apply import windows as _windows
-from .._apply.placement import Inputs, Scope, make_place, move_to
+from .._apply.calls import Inputs
+from .._apply.moves import move_to
+from .._apply.scope import Scope, make_place
 from .._decide.decider import Decider, Decision, Explanation
 from .._io import load as _safetensors
 from .._io.load import Plan
@@ -193,7 +195,7 @@ def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         ...     print(e.problems)
         (('ids', 'values 7..1099511627776 do not fit int32 (-2147483648..2147483647)'),)
     """
-    return _placement.put(ACTIVE_DECIDER.decider(), name, x, narrow)
+    return _put.put(ACTIVE_DECIDER.decider(), name, x, narrow)
 
 
 def shardings(name: str, tree: T) -> T:
@@ -229,7 +231,7 @@ def shardings(name: str, tree: T) -> T:
         >>> params["embed"].addressable_shards[0].data.shape
         (16000, 32)
     """
-    return _placement.shardings(ACTIVE_DECIDER.decider(), name, tree)
+    return _put.shardings(ACTIVE_DECIDER.decider(), name, tree)
 
 
 def _decider_of(policy: Policy | None) -> Decider:

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply.placement import leaf_axes, leaf_names_and_axes
+from devpolicy._apply.leaves import leaf_axes, leaf_names_and_axes
 from devpolicy._document.axes import Attached
 from devpolicy._document.schema import policy_schema
 from tests.helpers import policy_of

@@ -211,16 +211,16 @@ class TestSharedScopeObjects:
         import jax
         import jax.numpy as jnp
 
-        from devpolicy._apply import placement as _placement
+        from devpolicy._apply import scope as _scope
         from tests.helpers import policy_of
 
-        real = _placement.get_ident
+        real = _scope.get_ident
 
         def slow_ident() -> int:
             time.sleep(0.005)  # give the other thread the GIL here
             return real()
 
-        monkeypatch.setattr(_placement, "get_ident", slow_ident)
+        monkeypatch.setattr(_scope, "get_ident", slow_ident)
         policy = policy_of(default="cpu:1")
         shared = policy.scope("x")
         results: dict[int, object] = {}

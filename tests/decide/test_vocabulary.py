@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as PS  # noqa: N817 (as EasyLM writes it)
 
 import devpolicy
-from devpolicy._apply.placement import leaf_names
+from devpolicy._apply.leaves import leaf_names
 from devpolicy._names.matching import compile_regex, compile_search, search_as_regex
 from tests.helpers import policy_of
 
