@@ -25,8 +25,8 @@ from ._base.errors import UnmatchedNameError as UnmatchedNameError
 from ._base.errors import UntrustedPolicyError as UntrustedPolicyError
 from ._base.sizes import format_size as format_size
 from ._base.sizes import parse_size as parse_size
-from ._decide.decider import Decision as Decision
-from ._decide.decider import Explanation as Explanation
+from ._decide.decision import Decision as Decision
+from ._decide.decision import Explanation as Explanation
 from ._document.schema import policy_schema as policy_schema
 from ._io.format import align_file as align_file
 from ._io.format import read_metadata as read_metadata

@@ -20,7 +20,8 @@ from typing import Any, Literal, Protocol, TypeAlias, TypeVar
 import jax
 
 from .._base.events import EventLog
-from .._decide.decider import Decider, Decision
+from .._decide.decider import Decider
+from .._decide.decision import Decision
 from .._machine.ledger import record, record_all
 from .default_device import device_scope, enter, leave, restore_device, swap_device
 from .moves import commit_sharded, leaf_path, move_inputs, report_mismatch

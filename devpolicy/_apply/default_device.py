@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from .._base.compat import mesh_context
-from .._decide.decider import Decision
+from .._decide.decision import Decision
 
 #: Makes a mesh current (looked up once: which function depends on the jax version).
 _mesh_context = mesh_context()

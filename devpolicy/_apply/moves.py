@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import jax
 
 from .._base.events import EventLog
-from .._decide.decider import Decider, Decision
+from .._decide.decider import Decider
+from .._decide.decision import Decision
 from .._machine.inventory import inventory
 from .._machine.ledger import record, record_all
 

@@ -14,7 +14,9 @@ import numpy as np
 
 from .._base.events import EventLog
 from .._base.sizes import format_size
-from .._decide.decider import Decider, Decision, Item
+from .._decide.decider import Decider
+from .._decide.decision import Decision
+from .._decide.items import Item
 from .._decide.routing import NEVER_MAPPED
 from .._machine.ledger import record
 from .leaves import ARRAY_LIKE, leaf_names_and_axes, leaf_shape_dtype

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from .._base.errors import ScopeInCoroutineError
 from .._base.limits import CACHE_GENERATION
-from .._decide.decider import Decider, Decision
+from .._decide.decider import Decider
+from .._decide.decision import Decision
 from .calls import DeciderSource, Inputs, decorate
 from .default_device import NOT_SWAPPED, MeshToken, enter, leave, restore_device, swap_device
 

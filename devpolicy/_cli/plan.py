@@ -206,7 +206,7 @@ def _plan_notes(console: Console, p: devpolicy.Plan, unplaced: dict[str, list[st
     """Why the tensors without a device have none, once per reason, numbered as their rows
     refer to them (every target tried, as `explain` says), and the rule to write for large
     tensors only the default placed."""
-    from .._decide.decider import LARGE_BY_DEFAULT  # JAX is up by now: `--help` stays light
+    from .._decide.advice import LARGE_BY_DEFAULT  # JAX is up by now: `--help` stays light
 
     for n, (reason, names) in enumerate(unplaced.items(), 1):
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""

@@ -1,273 +1,43 @@
-"""The decision engine: names (and sizes) in, logged `Decision`s out.
+"""The decision engine: names (and sizes) in, logged `Decision`s out, one cache.
 
 Everything that decides goes through `Decider._outcome`: `resolve` (cached and logged),
 `decide` (neither), `explain` (the same walk, reported) and the `*_many` forms (memory
-claimed by earlier items passed along explicitly).
+claimed by earlier items passed along explicitly, `items.claim`). What a decision is lives
+in `decision`, what a placement's items are in `items`, the warnings that name a rule to
+write in `advice`; the fallback walk itself in `routing`.
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Generic
 
 import jax
 from jax.sharding import SingleDeviceSharding
-from typing_extensions import TypeVar
 
 from .._base.errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameError
 from .._base.events import EventLog
 from .._base.limits import CACHE_GENERATION
 from .._base.sizes import format_size
-from .._base.visible import visible
-from .._document.axes import ATTACHED, Attached, logical_text, resolve_axes
-from .._document.layers import RuleEntry, Settings
+from .._document.axes import ATTACHED, Attached, resolve_axes
+from .._document.layers import Settings
 from .._document.schema import MeshSpec, RuleSpec, Source
 from .._document.targets import (
     REJECT,
     AttachedTarget,
     ShardingTarget,
-    SpecEntry,
     Target,
     parse_target,
 )
 from .._machine.capacity import Capacity
-from .._machine.machine import DeviceLike, Machine
+from .._machine.machine import Machine
 from .._machine.meshes import Meshes, shards
-from .._names.matching import Matcher, SourceFile, Step, compile_condition
-from .routing import ALWAYS_MAPPED, NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
-
-#: The devices decided between: JAX's, or a planned machine's (`VirtualDevice`).
-DeviceT = TypeVar("DeviceT", bound=DeviceLike, default=jax.Device)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision(Generic[DeviceT]):
-    """Where one name goes, and why.
-
-    Attributes:
-        name: The name resolved (`dataset/train`, `model/w`).
-        device: The device chosen (for a sharding, the mesh's first device of this
-            process); a `VirtualDevice` in a plan for a `VirtualMachine`.
-        device_text: The device as target text (`cpu:2`, `gpu:0`; process-local index).
-        memory_kind: JAX memory kind asked for, or None for the device's default.
-        requested: The target text the rule (or default) asked for.
-        rule: Index of the matching rule in its layer (YAML `rules[i]`, env item i), or None.
-        origin: Where the deciding rule or setting was written (`policies/x.yaml:9`,
-            `env:DEVPOLICY_RULES`, `default`).
-        source: `code`, `env`, `policy`, `default`, or `disabled` under DEVPOLICY_DISABLE.
-        fallback_reason: None, or why `requested` could not be had and what was used instead.
-        nbytes: The size the decision was made for, when known.
-        commit: Whether `@place` commits results to `device`.
-        is_auto: Whether the decision defers to JAX's own default device (`auto`, and
-            everything under DEVPOLICY_DISABLE).
-        mmap: Whether loaders may map the tensor from its file (the rule's `mmap`).
-        sharding: Where arrays go: a `SingleDeviceSharding` on `device`, or the rule's
-            `NamedSharding` over its mesh; None in a plan for a `VirtualMachine` (no
-            sharding can be made for devices that do not exist).
-        mesh: The mesh's name for a sharded decision, else None.
-        spec: The spec (one entry per dimension) for a sharded decision, else None.
-        mesh_devices: How many devices the mesh spans (all processes), else 1.
-        shards: Into how many pieces the spec cuts an array (the rest replicates), else 1.
-        move_inputs: Whether `@place` moves committed array arguments found on another
-            device to `device` before the call (the rule's `inputs: move`).
-        local_devices: This process's devices that hold the array: `device`, or the
-            mesh's devices of this process for a sharded decision.
-        axes: The logical axis names the spec was resolved from (a rule's `axes`, or the
-            leaf's own under `axes: attached`), else None.
-        attached: Whether the deciding rule shards by each leaf's own names (`axes:
-            attached`); then `axes` are the names the leaf carried (None: mesh axes, as
-            flax's `Partitioned` attaches, or no names at all, see `fallback_reason`).
-
-    Example:
-        >>> import devpolicy
-        >>> rules = [{"match": "data/*", "device": "cpu"}]
-        >>> p = devpolicy.load_policy({"version": 1, "rules": rules})
-        >>> d = p.resolve("data/train")
-        >>> d.device_text, d.rule, d.source
-        ('cpu:0', 0, 'policy')
-    """
-
-    name: str
-    device: DeviceT
-    device_text: str
-    memory_kind: str | None
-    requested: str
-    rule: int | None
-    origin: str
-    source: Source
-    fallback_reason: str | None
-    nbytes: int | None
-    commit: bool
-    is_auto: bool
-    mmap: bool = False
-    move_inputs: bool = False
-    sharding: jax.sharding.Sharding | None = None
-    mesh: str | None = None
-    spec: tuple[SpecEntry, ...] | None = None
-    mesh_devices: int = 1
-    shards: int = 1
-    local_devices: tuple[DeviceT, ...] = ()
-    axes: tuple[str | None, ...] | None = None
-    attached: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.local_devices:
-            object.__setattr__(self, "local_devices", (self.device,))
-        if self.sharding is None and self.mesh is None and isinstance(self.device, jax.Device):
-            sharding = SingleDeviceSharding(self.device, memory_kind=self.memory_kind)
-            object.__setattr__(self, "sharding", sharding)
-
-    @property
-    def applies(self) -> bool:
-        """Whether a scope for this decision changes JAX's default device."""
-        return not self.is_auto
-
-    @property
-    def described(self) -> str:
-        """`device_text`, with the logical axes a sharded spec came from (`mt[tensor,fsdp]
-        from axes (vocab, embed)`; `from attached axes` where the leaf carried them)."""
-        if self.axes is None:
-            if self.attached and self.mesh is not None and self.fallback_reason is None:
-                return f"{self.device_text} from attached mesh axes"
-            return self.device_text
-        whose = "attached axes" if self.attached else "axes"
-        return f"{self.device_text} from {whose} {logical_text(self.axes)}"
-
-    @property
-    def is_sharded(self) -> bool:
-        """Whether arrays are sharded over a mesh (a `NamedSharding`)."""
-        return self.mesh is not None
-
-    @property
-    def destination(self) -> Any:
-        """What `jax.device_put` is given: the bare device where that says it all (the
-        cheaper call, about 17 us against 25 us), else the sharding."""
-        if self.mesh is None and self.memory_kind is None:
-            return self.device
-        return self.sharding
-
-    def bytes_per_device(self) -> int | None:
-        """The bytes each device holds (a shard's share for a sharded decision)."""
-        return None if self.nbytes is None else -(-self.nbytes // self.shards)
-
-    def __str__(self) -> str:
-        """One line a user can read: name, device, by which rule, and any fallback.
-
-        Example:
-            >>> import devpolicy
-            >>> p = devpolicy.load_policy({"version": 1, "rules": [
-            ...     {"match": "data/*", "device": "cpu:1"}]})
-            >>> print(p.decide("data/x", nbytes=2048))
-            data/x (2.0 KiB) -> cpu:1 by <mapping>:rules[0] (policy)
-        """
-        size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
-        where = f"{self.device_text} (auto)" if self.is_auto else self.described
-        if self.memory_kind is not None:
-            where += f" [{self.memory_kind}]"
-        share = self.bytes_per_device()
-        if self.mesh is not None and share is not None:
-            where += f" ({format_size(share)} per device, {self.mesh_devices} devices)"
-        line = f"{self.name}{size} -> {where} by {self.origin} ({self.source})"
-        if self.fallback_reason is not None:
-            line += f"; asked {self.requested}: {self.fallback_reason}"
-        return visible(line)
-
-    def __rich__(self) -> Any:
-        """`rich.print(decision)`: the same line, never read as markup."""
-        return _rich_text(str(self))
-
-    def event_fields(self) -> dict[str, Any]:
-        """The flat fields of this decision's `placement` event."""
-        sharded: dict[str, Any] = {}
-        if self.mesh is not None:
-            sharded = {
-                "mesh": self.mesh,
-                "spec": self.device_text.removeprefix(self.mesh),
-                "bytes_per_device": self.bytes_per_device(),
-            }
-            if self.axes is not None:
-                sharded["axes"] = logical_text(self.axes)
-            if self.attached:
-                sharded["attached"] = True
-        return {
-            "name": self.name,
-            "device": self.device_text,
-            **sharded,
-            "device_id": self.device.id,
-            "requested": self.requested,
-            "rule": self.rule,
-            "origin": self.origin,
-            "source": self.source,
-            "fallback_reason": self.fallback_reason,
-            "nbytes": self.nbytes,
-            "memory_kind": self.memory_kind,
-            "process_index": self.device.process_index,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Explanation(Generic[DeviceT]):
-    """How a name was decided, step by step.
-
-    Attributes:
-        name: The name explained.
-        nbytes: The size given, if any.
-        steps: Each rule tried, in order, with its origin and why it did or did not match.
-        fallback: Each target tried on the way to the device, with why it was passed over.
-        decision: The decision, or None when no device could be had.
-        error: The error resolving would raise, or None.
-    """
-
-    name: str
-    nbytes: int | None
-    steps: tuple[tuple[RuleEntry, Step], ...]
-    fallback: tuple[tuple[str, str], ...]
-    decision: Decision[DeviceT] | None
-    error: str | None
-
-    def __str__(self) -> str:
-        """Each rule tried, each fallback step and the outcome, one per line.
-
-        Example:
-            >>> import devpolicy
-            >>> p = devpolicy.load_policy({"version": 1, "rules": [
-            ...     {"match": "a/*", "device": "cpu:1"}, {"match": "b/*", "device": "cpu:2"}]})
-            >>> print(p.explain("b/x"))
-            b/x
-              rule <mapping>:rules[0] 'a/*': no: glob 'a/*' does not match
-              rule <mapping>:rules[1] 'b/*': matched: glob 'b/*' matches
-              decision: b/x -> cpu:2 by <mapping>:rules[1] (policy)
-        """
-        size = f" ({format_size(self.nbytes)})" if self.nbytes is not None else ""
-        lines = [f"{self.name}{size}"]
-        for entry, step in self.steps:
-            verdict = "matched" if step.matched else "no"
-            lines.append(f"  rule {entry.origin} {entry.spec.label}: {verdict}: {step.reason}")
-        if not self.steps or not self.steps[-1][1].matched:
-            lines.append("  no rule matched: the default applies")
-        for target, why in self.fallback:
-            lines.append(f"  passed over {target}: {why}")
-        if self.decision is not None:
-            lines.append(f"  decision: {self.decision}")
-        else:
-            error = (self.error or "").splitlines()
-            lines.append(f"  no device: {error[0] if error else ''}")
-            lines += [f"  {line}" for line in error[1:]]
-        return "\n".join(visible(line) for line in lines)
-
-    def __rich__(self) -> Any:
-        """`rich.print(explanation)`: the same lines, never read as markup."""
-        return _rich_text(str(self))
-
-
-def _rich_text(text: str) -> Any:
-    # rich is a dependency, imported only when something is printed with it. `text` is
-    # already visible-safe (`__str__`); Text never reads it as markup.
-    from rich.text import Text
-
-    return Text(text)
+from .._names.matching import Matcher, SourceFile, compile_condition
+from .advice import LARGE_BY_DEFAULT, AttachedRules, warn_large_by_default
+from .decision import Decision, DeviceT, Explanation, renamed
+from .items import Alike, Item, Shape, checked, claim, unpacked
+from .routing import NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,142 +71,6 @@ def _first_target(
     return parse_target(rule.device)
 
 
-#: An array's shape, where sharding must know whether it divides.
-Shape = tuple[int, ...]
-#: One item of a placement: (name, nbytes), (name, nbytes, shape), with a fourth
-#: element saying whether a loader would map it from its file (`_routing.NEVER_MAPPED`...),
-#: a fifth naming the file it comes from (for `file:` rules), and a sixth holding the axis
-#: names its framework attached to it (`_apply.leaves.leaf_names_and_axes`; for rules with
-#: `axes: attached`).
-Item = (
-    tuple[str, int | None]
-    | tuple[str, int | None, Shape | None]
-    | tuple[str, int | None, Shape | None, int]
-    | tuple[str, int | None, Shape | None, int, SourceFile | None]
-    | tuple[str, int | None, Shape | None, int, SourceFile | None, Attached | None]
-)
-_Unpacked = tuple[str, int | None, Shape | None, int, SourceFile | None, Attached | None]
-
-
-def _unpacked(item: Item) -> _Unpacked:
-    if len(item) == 6:
-        return item
-    if len(item) == 2:
-        return item[0], item[1], None, NEVER_MAPPED, None, None
-    if len(item) == 3:
-        return item[0], item[1], item[2], NEVER_MAPPED, None, None
-    if len(item) == 4:
-        return item[0], item[1], item[2], item[3], None, None
-    return item[0], item[1], item[2], item[3], item[4], None
-
-
-#: How many leaf names a warning about many leaves gives as examples.
-_EXAMPLES = 3
-
-#: A tensor at least this large decided only by the default gets a warning naming the
-#: rule to write: 1 GiB is past what any accelerator holds without noticing, and below
-#: a token dataset's size.
-LARGE_BY_DEFAULT = 2**30
-
-
-def _rule_to_write(name: str, source: SourceFile | None) -> str:
-    """The rule that would name a tensor's place: by its file where it has one."""
-    if source is not None:
-        return f'- file: "{source.names[0]}"\n  device: cpu'
-    return f'- match: "{name}"\n  device: cpu'
-
-
-def _claim(
-    claimed: dict[Hashable, int], decision: Decision[DeviceT], fit: Fit[DeviceT], maps: int
-) -> None:
-    """Count a decision's bytes against the memory pools of the devices that will hold them
-    (none when the loader maps the array from its file)."""
-    if maps_from_file(decision, maps):
-        return
-    share = decision.bytes_per_device() or 0
-    for device in decision.local_devices:
-        pool = fit.pool(device)
-        claimed[pool] = claimed.get(pool, 0) + share
-
-
-def maps_from_file(decision: Decision[Any], maps: int) -> bool:
-    """Whether a loader maps this decision's array from its file (no memory taken), given
-    what the loader said of it (`maps`: `_routing.NEVER_MAPPED`, ...)."""
-    if maps == NEVER_MAPPED or decision.mesh is not None:
-        return False
-    on_host = getattr(decision.device, "platform", None) == "cpu"
-    return on_host and (maps == ALWAYS_MAPPED or decision.mmap)
-
-
-def _checked(nbytes: object, shape: object) -> tuple[int | None, Shape | None]:
-    """A size and a shape as plain ints (a plain int and a tuple of ints pass at once)."""
-    if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
-        nbytes = checked_nbytes(nbytes)
-    return nbytes, None if shape is None else checked_shape(shape)
-
-
-def checked_shape(shape: object) -> Shape:
-    """A shape as a tuple of non-negative ints."""
-    if type(shape) is tuple:
-        # The common case (file headers, numpy shapes), without the abstract-class checks.
-        for d in shape:
-            if type(d) is not int or d < 0:
-                break
-        else:
-            return shape
-    if isinstance(shape, tuple | list) and all(
-        isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0 for d in shape
-    ):
-        return tuple(int(d) for d in shape)
-    raise ValueError(f"shape must be None or a tuple of non-negative ints, got {shape!r}")
-
-
-def checked_nbytes(nbytes: object) -> int:
-    """A size as a plain int; numpy integers are fine, bools, floats and negatives are not."""
-    if isinstance(nbytes, numbers.Integral) and not isinstance(nbytes, bool) and int(nbytes) >= 0:
-        return int(nbytes)
-    raise ValueError(f"nbytes must be None or a non-negative int, got {nbytes!r}")
-
-
-class _Alike(Generic[DeviceT]):
-    """One placement's decisions so far by (route, maps, shape where judged), with the
-    placement's memory snapshot and claims: what `Decider._alike` decides runs by."""
-
-    __slots__ = ("claimed", "fit", "made")
-
-    def __init__(self, fit: Fit[DeviceT], claimed: Mapping[Hashable, int]) -> None:
-        self.fit = fit
-        self.claimed = claimed
-        self.made: dict[
-            tuple[Route[DeviceT], int, Shape | None, Attached | None],
-            tuple[Choice[DeviceT], Decision[DeviceT]],
-        ] = {}
-
-
-def _renamed(like: Decision[DeviceT], name: str, nbytes: int) -> Decision[DeviceT]:
-    """`like` for another name and size: every other field is the same walk's outcome.
-
-    Slot by slot rather than `dataclasses.replace`, which runs `__init__` and
-    `__post_init__` again: made once per tensor of a load, `replace` was a fifth of
-    deciding 10,000 small tensors (20 us a copy against 9 us). Every field is copied
-    (the slots are read from the class), so a new field cannot be dropped.
-    """
-    made: Decision[DeviceT] = object.__new__(Decision)
-    for slot in _KEPT_SLOTS:
-        slot.__set__(made, slot.__get__(like))
-    _NAME_SLOT.__set__(made, name)
-    _NBYTES_SLOT.__set__(made, nbytes)
-    return made
-
-
-# The member descriptors of Decision's slots: what `_renamed` copies.
-_NAME_SLOT = Decision.__dict__["name"]
-_NBYTES_SLOT = Decision.__dict__["nbytes"]
-_KEPT_SLOTS = tuple(
-    Decision.__dict__[f.name] for f in fields(Decision) if f.name not in ("name", "nbytes")
-)
-
-
 class Decider(Generic[DeviceT]):
     """Decides where names go by one policy's settings; logs each decision once at info.
 
@@ -455,7 +89,6 @@ class Decider(Generic[DeviceT]):
 
     __slots__ = (
         "_attached",
-        "_attached_origin",
         "_default",
         "_fit",
         "_matcher",
@@ -515,13 +148,11 @@ class Decider(Generic[DeviceT]):
             )
             for r in settings.rules
         )
-        # Rules with `axes: attached`, by (source, index) as their decisions name them.
-        self._attached: dict[tuple[Source, int | None], AttachedTarget] = {}
-        self._attached_origin: dict[tuple[Source, int | None], str] = {}
-        for r, route in zip(settings.rules, self._routes, strict=True):
-            if route.attached is not None:
-                self._attached[(r.source, r.index)] = route.attached
-                self._attached_origin[(r.source, r.index)] = r.origin
+        self._attached = AttachedRules(
+            ((r.source, r.index), r.origin, route.attached)
+            for r, route in zip(settings.rules, self._routes, strict=True)
+            if route.attached is not None
+        )
         self._rejects = settings.default.value == REJECT
         self._default = Route(
             parse_target("auto" if self._rejects else settings.default.value),
@@ -576,10 +207,10 @@ class Decider(Generic[DeviceT]):
         maps: int = NEVER_MAPPED,
         source: SourceFile | None = None,
         fit: Fit[DeviceT] | None = None,
-        alike: _Alike[DeviceT] | None = None,
+        alike: Alike[DeviceT] | None = None,
         attached: Attached | None = None,
     ) -> Decision[DeviceT]:
-        nbytes, shape = _checked(nbytes, shape)
+        nbytes, shape = checked(nbytes, shape)
         key: object = (
             name
             if nbytes is None and shape is None and source is None and attached is None
@@ -655,28 +286,9 @@ class Decider(Generic[DeviceT]):
             and nbytes is not None
             and nbytes >= LARGE_BY_DEFAULT
             and not self.disabled
-            and self.events.first_time(("large_by_default", source or name))
         ):
-            self._large_by_default(decision, source)
+            warn_large_by_default(self.events, decision, source)
         return decision
-
-    def _large_by_default(self, decision: Decision[DeviceT], source: SourceFile | None) -> None:
-        """Warn that a large tensor went where no rule said: the default decided it."""
-        fields: dict[str, Any] = {
-            "name": decision.name,
-            "nbytes": decision.nbytes,
-            "device": decision.device_text,
-            "origin": decision.origin,
-        }
-        if source is not None:
-            fields["file"] = source.shown
-        fields["suggested_rule"] = _rule_to_write(decision.name, source)
-        fields["hint"] = (
-            f"no rule names it, so the default put {format_size(decision.nbytes or 0)} on "
-            f"{decision.device_text}, which differs between machines; add this rule "
-            "(device: cpu keeps it on the host; gpu:0 if it belongs on the accelerator)"
-        )
-        self.events.emit("warning", "large_by_default", fields)
 
     def _cached(self, key: object) -> Decision[DeviceT] | None:
         decision = self._recent.get(key)
@@ -705,106 +317,27 @@ class Decider(Generic[DeviceT]):
         decisions = []
         first_level = "debug" if summarised else "info"
         fit = self._fit.snapshot()  # one placement: each pool's free memory read once
-        alike = _Alike(fit, claimed)
+        alike = Alike(fit, claimed)
         # What leaves carried, for rules with `axes: attached` (only where there are any).
         carried: list[tuple[Attached | None, Shape | None]] | None = (
             [] if self._attached and not self.disabled else None
         )
         for item in items:
-            name, nbytes, shape, maps, source, attached = _unpacked(item)
+            name, nbytes, shape, maps, source, attached = unpacked(item)
             decision = self._resolve(
                 name, nbytes, shape, claimed, first_level, maps, source, fit, alike, attached
             )
-            _claim(claimed, decision, fit, maps)
+            claim(claimed, decision, fit, maps)
             decisions.append(decision)
             if carried is not None:
                 carried.append((attached, shape))
         if carried:
-            self._report_attached(decisions, carried)
+            self._attached.report(self.events, decisions, carried)
         return decisions
-
-    def _report_attached(
-        self,
-        decisions: list[Decision[DeviceT]],
-        carried: list[tuple[Attached | None, Shape | None]],
-    ) -> None:
-        """One placement's warnings for rules with `axes: attached`: per rule, the leaves
-        that carried no names (replicated), and each logical name its table lacks (that
-        dimension is not sharded, as flax does)."""
-        unnamed: dict[tuple[Source, int | None], list[str]] = {}
-        unknown: dict[tuple[tuple[Source, int | None], str], list[str]] = {}
-        for decision, (attached, shape) in zip(decisions, carried, strict=True):
-            if not decision.attached:
-                continue
-            rule = (decision.source, decision.rule)
-            if attached is None:
-                if shape != ():
-                    unnamed.setdefault(rule, []).append(decision.name)
-                continue
-            if attached.mesh_axes:
-                continue
-            target = self._attached[rule]
-            known = target.known
-            for n in attached.names:
-                if isinstance(n, str) and n not in known:
-                    unknown.setdefault((rule, n), []).append(decision.name)
-        for rule, names in unnamed.items():
-            target = self._attached[rule]
-            origin = self._attached_origin[rule]
-            count = len(names)
-            level = (
-                "warning"
-                if self.events.first_time(("no_attached_axes", origin, count, names[0]))
-                else "debug"
-            )
-            self.events.emit(
-                level,
-                "no_attached_axes",
-                {
-                    "rule": origin,
-                    "mesh": target.mesh,
-                    "leaves": count,
-                    "examples": names[:_EXAMPLES],
-                    "hint": f"`axes: attached` shards a leaf by the axis names its framework "
-                    f"attached to it, and {'this leaf carries' if count == 1 else 'these carry'}"
-                    f" none, so {'it is' if count == 1 else 'they are'} replicated over mesh "
-                    f"{target.mesh!r}: name the axes in the model (flax "
-                    "nn.with_logical_partitioning, nnx.with_partitioning, haliax axes), or give "
-                    f"{'it a rule of its own' if count == 1 else 'them a rule of their own'} "
-                    "before this one "
-                    f'(e.g. `- match: "{names[0]}"` with `sharding: {{mesh: {target.mesh}, '
-                    "spec: []}`)",
-                },
-            )
-        for (rule, axis), names in unknown.items():
-            target = self._attached[rule]
-            origin = self._attached_origin[rule]
-            level = (
-                "warning"
-                if self.events.first_time(("unknown_logical_axis", origin, axis))
-                else "debug"
-            )
-            listed = ", ".join(sorted(target.known)) or "none"
-            self.events.emit(
-                level,
-                "unknown_logical_axis",
-                {
-                    "rule": origin,
-                    "axis": axis,
-                    "mesh": target.mesh,
-                    "leaves": len(names),
-                    "examples": names[:_EXAMPLES],
-                    "axis_rules": listed,
-                    "hint": f"logical axis {axis!r} is not in the axis_rules of mesh "
-                    f"{target.mesh!r} ({listed}), so that dimension is not sharded (as flax's "
-                    f"logical_to_mesh_axes does); add a pair `[{axis}, MESH_AXIS]` to "
-                    f"axis_rules, or `[{axis}, null]` to replicate it on purpose",
-                },
-            )
 
     def _alike(
         self,
-        alike: _Alike[DeviceT],
+        alike: Alike[DeviceT],
         name: str,
         nbytes: int | None,
         shape: Shape | None,
@@ -834,7 +367,7 @@ class Decider(Generic[DeviceT]):
         choice, like = found
         if not route.ends_again(choice, nbytes, alike.fit, alike.claimed):
             return None
-        return _renamed(like, name, nbytes), choice, route
+        return renamed(like, name, nbytes), choice, route
 
     def decide(
         self,
@@ -859,7 +392,7 @@ class Decider(Generic[DeviceT]):
     ) -> int | None:
         """The position in `settings.rules` of the rule that takes `name`, or None for
         the default: matching only, no device looked up (lint against real names)."""
-        nbytes, shape = _checked(nbytes, shape)
+        nbytes, shape = checked(nbytes, shape)
         return self._matcher.first(name, nbytes, source, shape)
 
     def decide_many(self, items: Iterable[Item]) -> list[Decision[DeviceT] | DevicePolicyError]:
@@ -868,7 +401,7 @@ class Decider(Generic[DeviceT]):
         results: list[Decision[DeviceT] | DevicePolicyError] = []
         fit = self._fit.snapshot()
         for item in items:
-            name, nbytes, shape, maps, source, attached = _unpacked(item)
+            name, nbytes, shape, maps, source, attached = unpacked(item)
             try:
                 decision = self._decision(
                     name, nbytes, shape, claimed, maps, source, fit, attached
@@ -876,7 +409,7 @@ class Decider(Generic[DeviceT]):
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            _claim(claimed, decision, fit, maps)
+            claim(claimed, decision, fit, maps)
             results.append(decision)
         return results
 
@@ -889,7 +422,7 @@ class Decider(Generic[DeviceT]):
         attached: Attached | None = None,
     ) -> Explanation[DeviceT]:
         """Every rule tried for `name` and every fallback step, from the walk that decides."""
-        nbytes, shape = _checked(nbytes, shape)
+        nbytes, shape = checked(nbytes, shape)
         outcome = self._outcome(
             name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source, None, attached
         )
@@ -936,7 +469,7 @@ class Decider(Generic[DeviceT]):
         if not isinstance(name, str):
             raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
         # `decide` and the `*_many` forms come here directly: every way in is checked.
-        nbytes, shape = _checked(nbytes, shape)
+        nbytes, shape = checked(nbytes, shape)
         index = self._matcher.first(name, nbytes, source, shape)
         route = self._default if index is None else self._routes[index]
         if self.disabled:

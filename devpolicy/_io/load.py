@@ -29,7 +29,9 @@ from .._base.events import EventLog
 from .._base.limits import ALIGN, CHUNK_BYTES
 from .._base.sizes import format_size
 from .._base.visible import visible
-from .._decide.decider import Decider, Decision, DeviceT, maps_from_file
+from .._decide.decider import Decider
+from .._decide.decision import Decision, DeviceT
+from .._decide.items import maps_from_file
 from .._decide.routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from .._document.axes import Attached
 from .._document.layers import RuleEntry, Settings

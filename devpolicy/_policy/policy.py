@@ -17,7 +17,8 @@ from .._apply.put import put, shardings
 from .._apply.scope import Scope, Scopes, make_place
 from .._base.errors import DevicePolicyError
 from .._base.events import EventLog
-from .._decide.decider import Decider, Decision, Explanation
+from .._decide.decider import Decider
+from .._decide.decision import Decision, Explanation
 from .._document.layers import RuleEntry, Settings
 from .._io import load as _safetensors
 from .._io.load import Plan

@@ -17,7 +17,8 @@ from .._apply import windows as _windows
 from .._apply.calls import Inputs
 from .._apply.moves import move_to
 from .._apply.scope import Scope, make_place
-from .._decide.decider import Decider, Decision, Explanation
+from .._decide.decider import Decider
+from .._decide.decision import Decision, Explanation
 from .._io import load as _safetensors
 from .._io.load import Plan
 from .._machine.machine import VirtualMachine

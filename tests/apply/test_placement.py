@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import FrameType
 
 import jax
 import jax.numpy as jnp
@@ -646,3 +648,81 @@ class TestEventsFollowTheDecidingPolicy:
             with devpolicy.activate(loud), capture_logs() as logs:
                 next(steps)
         assert [e["event"] for e in logs if e["event"] == "placement_mismatch"] == []
+
+
+def devpolicy_modules_entered(call: Callable[[], object]) -> set[str]:
+    """The devpolicy modules whose Python functions run during one `call()` (after two
+    calls that warm every cache)."""
+    call()
+    call()
+    entered: set[str] = set()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith("devpolicy"):
+                entered.add(module)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+class TestRepeatCallPath:
+    """A repeat call stays shallow: the wrapper's module and the decider's one lookup, and
+    nothing else unless an event is due (issue 24's rule for the hot path)."""
+
+    WRAPPER = "devpolicy._apply.calls"
+    DECIDER = "devpolicy._decide.decider"
+
+    def test_a_repeat_place_call_enters_the_wrapper_and_the_decider_only(self) -> None:
+        """A repeat `@place` call of a fixed policy returning no array enters two modules."""
+        policy = policy_of(rules=[{"match": "x", "device": "cpu:1"}])
+
+        @policy.place("x")
+        def nothing() -> None:
+            return None
+
+        assert devpolicy_modules_entered(nothing) == {self.WRAPPER, self.DECIDER}
+
+    def test_an_activated_repeat_place_call_enters_the_same_two_modules(self) -> None:
+        """The module-level `@place`, under an activated policy, looks the decider up
+        without entering the activation's module."""
+        policy = policy_of(rules=[{"match": "x", "device": "cpu:1"}])
+
+        @devpolicy.place("x")
+        def number() -> int:
+            return 1
+
+        with devpolicy.activate(policy):
+            assert devpolicy_modules_entered(number) == {self.WRAPPER, self.DECIDER}
+
+    def test_committing_an_array_result_adds_only_what_the_commit_reads(self) -> None:
+        """Returning an array commits it in the wrapper's module: besides the lookup, only
+        the decision's `destination` (its own module) and the ledger's record run."""
+        policy = policy_of(rules=[{"match": "x", "device": "cpu:1"}])
+
+        @policy.place("x")
+        def array() -> jax.Array:
+            return jnp.zeros(3)
+
+        assert devpolicy_modules_entered(array) == {
+            self.WRAPPER,
+            self.DECIDER,
+            "devpolicy._decide.decision",
+            "devpolicy._machine.ledger",
+        }
+
+    def test_a_repeat_with_scope_enters_the_scope_and_the_decider_only(self) -> None:
+        """A repeat `with policy.scope(name)` enters the Scope's module and the decider."""
+        policy = policy_of(rules=[{"match": "x", "device": "cpu:1"}])
+        scope = policy.scope("x")
+
+        def block() -> None:
+            with scope:
+                pass
+
+        assert devpolicy_modules_entered(block) == {"devpolicy._apply.scope", self.DECIDER}

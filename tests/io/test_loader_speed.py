@@ -18,7 +18,9 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._base.errors import SafetensorsFileError
-from devpolicy._decide.decider import Decider, Decision, _claim, _unpacked
+from devpolicy._decide.decider import Decider
+from devpolicy._decide.decision import Decision
+from devpolicy._decide.items import claim, unpacked
 from devpolicy._decide.routing import NEVER_MAPPED, Route
 from devpolicy._io import load as _safetensors
 from devpolicy._io.format import read_header
@@ -34,11 +36,11 @@ def per_name(decider: Decider, items: list[Any]) -> list[Decision]:
     fit = decider._fit.snapshot()
     decisions = []
     for item in items:
-        name, nbytes, shape, maps, source, attached = _unpacked(item)
+        name, nbytes, shape, maps, source, attached = unpacked(item)
         decision = decider._resolve(
             name, nbytes, shape, claimed, "debug", maps, source, fit, attached=attached
         )
-        _claim(claimed, decision, fit, maps)
+        claim(claimed, decision, fit, maps)
         decisions.append(decision)
     return decisions
 
