@@ -29,7 +29,7 @@ def put(decider: Decider, name: str, x: T, narrow: Narrow = "exact", *, local: b
     """Place each leaf of `x` by `decider`, every decision made before anything moves.
 
     With x64 disabled, 64-bit host leaves are narrowed first, all or none (see
-    `_narrowing.narrow_leaves`), so the sizes decided by are what JAX will hold.
+    `narrowing.narrow_leaves`), so the sizes decided by are what JAX will hold.
     `local`: each process holds only its own part of the data (a data-parallel batch): a
     sharded leaf becomes a global array made of every process's part
     (`jax.make_array_from_process_local_data`), its size judged by the local part.
