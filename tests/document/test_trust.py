@@ -196,6 +196,24 @@ class TestPlantedPolicy:
         assert f"DEVPOLICY_FILE={planted}" in message
         assert f"chown root {planted}" in message
 
+    @pytest.mark.parametrize("marker", ["pyproject.toml", ".git"])
+    def test_the_documented_fix_a_project_marker_stops_discovery_below_the_planted_file(
+        self, shared: Path, monkeypatch: pytest.MonkeyPatch, marker: str
+    ) -> None:
+        """The Trust page's fix for a planted /tmp/devpolicy.yaml: an empty pyproject.toml
+        (or `git init`) where you work, and discovery never reaches the planted file."""
+        plant(shared / "devpolicy.yaml", ATTACK)
+        scratch = shared / "scratch"
+        scratch.mkdir()
+        monkeypatch.chdir(scratch)
+        with pytest.raises(devpolicy.UntrustedPolicyError):
+            devpolicy.load_policy(environ={})
+        if marker == ".git":
+            (scratch / ".git").mkdir()
+        else:
+            write(scratch / marker, "")
+        assert devpolicy.load_policy(environ={}).file is None
+
     def test_the_attack_cannot_set_a_cache_directory_through_run_or_bootstrap(
         self, shared: Path
     ) -> None:
