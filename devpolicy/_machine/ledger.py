@@ -47,9 +47,20 @@ def record(array: Any, name: str, origin: str, rule: int | None) -> None:
 
 
 def _prune() -> None:
-    for key, entry in list(_placed.items()):
-        if entry[0]() is None:
-            _placed.pop(key, None)
+    """Drop the records whose array has gone. Safe while other threads record.
+
+    It walks a copy taken by one C call (`dict.copy` runs no Python code): walking the
+    table itself, even through `list(_placed.items())`, lets a collection run finalizers
+    half-way, and another thread (or a finalizer) recording then made the walk raise
+    `RuntimeError: dictionary changed size during iteration` out of `put`.
+    """
+    for key, entry in _placed.copy().items():
+        if entry[0]() is not None:
+            continue
+        gone = _placed.pop(key, None)
+        if gone is not None and gone is not entry:
+            # The dead array's id was reused by an array recorded since the copy: keep it.
+            _placed.setdefault(key, gone)
     _prune_at[0] = max(1024, 2 * len(_placed))
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import sys
+import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -13,7 +17,7 @@ import pytest
 
 import devpolicy
 from devpolicy._machine import ledger as _ledger
-from tests.helpers import policy_of, write
+from tests.helpers import policy_of, run_threads, write
 
 POLICY_YAML = """\
 version: 1
@@ -194,6 +198,77 @@ class TestRecords:
         for _ in range(3000):
             policy.put("churn", np.zeros(1, np.float32))
         assert len(_ledger._placed) < 2 * 1024 + 100
+
+
+@contextlib.contextmanager
+def switching_often(gc_threshold: int | None = None) -> Iterator[None]:
+    """Threads switch every microsecond (and the collector runs at `gc_threshold`), restored
+    afterwards: interleavings that are rare at the default 5 ms become common."""
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    if gc_threshold is not None:
+        gc.set_threshold(gc_threshold)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*thresholds)
+
+
+class _Yields:
+    """Garbage whose finalizer lets other threads run, as finalizers that touch a lock, a
+    file or a socket do."""
+
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only the collector frees it
+
+    def __del__(self) -> None:
+        time.sleep(0)
+
+
+class TestThreads:
+    def test_put_from_several_threads_while_the_table_is_pruned_never_fails(self) -> None:
+        """A collection during the pruning runs finalizers that let other threads place
+        arrays: the pruning must not fail (it raised `RuntimeError: dictionary changed size
+        during iteration` out of put()), and every array placed meanwhile stays recorded."""
+        policy = policy_of(default="cpu:1")
+        cpu1 = devpolicy.get_device("cpu:1")
+        # A table of live records one short of its pruning point, which is past 16,384.
+        kept: list[jax.Array] = []
+
+        def fill(count: int) -> None:
+            more = jax.device_put([np.zeros(1, np.float32)] * count, cpu1)
+            _ledger.record_each((a, "fill", "fill", None) for a in more)
+            kept.extend(more)
+
+        fill(8192)
+        _ledger._prune()  # the pruning point becomes twice the live records
+        fill(_ledger._prune_at[0] - 1 - len(_ledger._placed))
+        assert len(_ledger._placed) == _ledger._prune_at[0] - 1 >= 16383
+        errors: list[BaseException] = []
+        placed: list[jax.Array] = []
+
+        def place() -> None:
+            try:
+                for _ in range(100):
+                    placed.append(policy.put("threaded", np.zeros(1, np.float32)))
+            except BaseException as e:
+                errors.append(e)
+
+        gc.collect()
+        # The first collection comes inside the pruning's walk over the table (thousands of
+        # records), when the finalizers of this garbage run.
+        with switching_often(gc_threshold=10_000):
+            garbage = [_Yields() for _ in range(300)]
+            del garbage
+            run_threads(place, place)
+        assert errors == []
+        live = {id(a) for a in placed}
+        recorded = {
+            k for k, e in _ledger._placed.items() if e[1] == "threaded" and e[0]() is not None
+        }
+        assert live <= recorded
+        kept.clear()
 
 
 class TestText:
