@@ -281,14 +281,36 @@ def _in_file(pointer: int, ranges: tuple[list[int], list[int]]) -> bool:
 _Buffer: TypeAlias = "int | tuple[int, int]"
 
 
-def _pieces(array: jax.Array) -> list[tuple[jax.Device, str | None, _Buffer, int]]:
-    """(device, memory kind, buffer, bytes) of each local piece of `array`."""
+_Piece: TypeAlias = "tuple[jax.Device, str | None, _Buffer, int]"
+
+
+def _pieces(array: jax.Array) -> list[_Piece]:
+    """(device, memory kind, buffer, bytes) of each local piece of `array`; none for an
+    array deleted before or while it is read.
+
+    Another thread may donate or delete the array at any moment: reading it then raises
+    (`RuntimeError: Array has been deleted`, or a `TypeError` where `devices()` gave None)
+    or reads a pointer no longer there. An array deleted by the end of the reading is
+    gone, as if freed before the report; an error from an array still alive is raised.
+    """
+    if array.is_deleted():
+        return []
+    try:
+        out = _read_pieces(array)
+    except Exception:
+        if array.is_deleted():
+            return []
+        raise
+    return [] if array.is_deleted() else out
+
+
+def _read_pieces(array: jax.Array) -> list[_Piece]:
     kind = getattr(array.sharding, "memory_kind", None)
     devices = array.devices()
     if len(devices) == 1:
         (device,) = devices
         return [(device, kind, _buffer(array, array, 0), array.nbytes)]
-    out: list[tuple[jax.Device, str | None, _Buffer, int]] = []
+    out: list[_Piece] = []
     for i, shard in enumerate(array.addressable_shards):
         data = shard.data
         out.append((shard.device, kind, _buffer(data, array, i), data.nbytes))
@@ -352,8 +374,6 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
     # the record that names it if either does.
     buffers: dict[tuple[jax.Device, str | None, _Buffer], tuple[int, _Record | None]] = {}
     for array in _live_arrays():
-        if array.is_deleted():
-            continue
         entry = placed.get(id(array))
         if entry is not None and entry[0]() is not array:
             entry = None
