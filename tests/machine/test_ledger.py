@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 import sys
 import threading
 import time
@@ -152,6 +153,28 @@ class TestReport:
         }
         assert per_device == {"cpu:0": 64, "cpu:1": 64, "cpu:2": 64, "cpu:3": 64}
         assert x.nbytes == 128  # replicated over `model`: 2 x 64 bytes per data half
+
+    def test_sharded_arrays_count_once_with_their_shards_as_a_detail(self) -> None:
+        """24 arrays sharded over 4 devices are 24 arrays in 96 shards, not 96 arrays:
+        each device's row counts the 24 as shards, the ledger counts each array once."""
+        mesh = {"grid": {"axes": {"data": 2, "model": 2}, "devices": "cpu"}}
+        rule = {"match": "counted/*", "sharding": {"mesh": "grid", "spec": ["data"]}}
+        policy = policy_of(meshes=mesh, rules=[rule])
+        gc.collect()
+        before = devpolicy.report()
+        layers = [policy.put(f"counted/{i}", np.zeros((8, 4), np.float32)) for i in range(24)]
+        after = devpolicy.report()
+        assert (after.arrays - before.arrays, after.sharded - before.sharded) == (24, 24)
+        assert after.shards - before.shards == 96
+        for device in after.devices:
+            (row,) = [e for e in device.entries if e.names and e.names[0].startswith("counted/")]
+            assert (row.arrays, row.sharded, row.nbytes) == (24, 24, 24 * 64)
+        text = str(after).splitlines()
+        rows = [line for line in text if "counted/0, counted/1" in line]
+        assert len(rows) == 4
+        assert all(" 24 shards " in row for row in rows)
+        assert re.fullmatch(r"total: \d+ arrays? (\(\d+ of them in|in) \d+ shards\)?, .*", text[-1])
+        del layers
 
     def test_one_buffer_held_by_two_arrays_counts_once(self) -> None:
         """An uncommitted array and its committed twin share a buffer: counted once,
