@@ -161,8 +161,14 @@ def _not_us(me: int) -> str:
 
 
 def _private_group(gid: int, uid: int) -> bool:
-    """Whether `gid` is `uid`'s own group (a "user private group", as `useradd` makes:
-    same name, no other members), so group-writable means writable by the owner alone."""
+    """Whether `gid` is `uid`'s own group (a "user private group", as `useradd` makes), so
+    that group-writable means writable by the owner alone.
+
+    It is when the group is the owner's primary group and has the owner's name, lists no
+    other member, and is no other account's primary group: `useradd -g alice bob` makes bob
+    a member of group alice that the group's own entry does not list. Accounts are those
+    the system's account database enumerates (`pwd.getpwall()`, as `getent passwd`).
+    """
     import grp
     import pwd
 
@@ -171,9 +177,11 @@ def _private_group(gid: int, uid: int) -> bool:
         group = grp.getgrgid(gid)
     except (KeyError, OverflowError):
         return False
-    return (
-        gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
-    )
+    if gid != user.pw_gid or group.gr_name != user.pw_name:
+        return False
+    if not set(group.gr_mem) <= {user.pw_name}:
+        return False
+    return not any(other.pw_gid == gid and other.pw_uid != uid for other in pwd.getpwall())
 
 
 def _others_can_write(info: os.stat_result) -> str | None:
@@ -185,18 +193,58 @@ def _others_can_write(info: os.stat_result) -> str | None:
     return None
 
 
+#: The most symlinks one lookup follows (Linux's MAXSYMLINKS): more is a loop to the kernel.
+_MAX_LINKS = 40
+
+
+def _resolve(path: str | os.PathLike[str]) -> tuple[str, list[tuple[str, os.stat_result]]]:
+    """The real path of `path` and every symlink the kernel follows to reach it, in order,
+    each as a real path with its own status (`lstat`): links in the directories on the
+    way included, and links a link leads to.
+
+    Raises:
+        OSError: a component is missing or cannot be examined, or the links loop.
+    """
+    text = os.fspath(path)
+    here = "/" if text.startswith("/") else os.getcwd()
+    todo = text.split("/")[::-1]  # components still to walk, the next one last
+    links: list[tuple[str, os.stat_result]] = []
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            here = os.path.dirname(here)
+            continue
+        step = os.path.join(here, part)
+        info = os.lstat(step)
+        if not stat.S_ISLNK(info.st_mode):
+            here = step
+            continue
+        if len(links) == _MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), text)
+        links.append((step, info))
+        target = os.readlink(step)
+        if target.startswith("/"):
+            here = "/"
+        todo.extend(target.split("/")[::-1])
+    return here, links
+
+
 def untrusted(path: str | os.PathLike[str]) -> Untrusted | None:
     """Why a file could hold contents that neither you nor root chose, or None.
 
     The reasoning is git's (`safe.directory`, after CVE-2022-24765) carried to one file.
     Whoever can write the file, or change which file its name refers to, chooses what it
     says. That is: the file's owner (and its group or everyone, if it is writable by
-    them); for a symlink, the link's owner too; and whoever can write the directory
-    holding the name (and, for a link, the target's directory). Each of those must be
-    you (the effective uid) or root. A directory writable by others is allowed only with
-    the sticky bit (like /tmp, mode 1777): there only an entry's owner, the directory's
-    owner and root can rename or remove it, and both are checked. Group-writable counts
-    as the owner's alone when the group is the owner's private group.
+    them); the owner of every symlink followed on the way to it (the name itself, a link
+    it leads to, a link to a directory of its path: each can be re-pointed by its owner);
+    and whoever can write a directory holding the name or one of those links, or the
+    file. Each of those must be you (the effective uid) or root. A directory writable by
+    others is allowed only with the sticky bit (like /tmp, mode 1777): there only an
+    entry's owner, the directory's owner and root can rename or remove it, and both are
+    checked. Group-writable counts as the owner's alone when the group is the owner's
+    private group (see `_private_group`).
 
     A path that cannot be examined gives None: reading it reports what is wrong. Systems
     without POSIX owners (Windows) have nothing to check.
@@ -207,8 +255,7 @@ def untrusted(path: str | os.PathLike[str]) -> Untrusted | None:
     trusted = {me, 0}
     try:
         info = os.stat(path)
-        link = os.lstat(path)
-        real = os.path.realpath(path)
+        real, links = _resolve(path)
     except (OSError, ValueError):
         return None
     shown = os.path.abspath(path)
@@ -220,12 +267,19 @@ def untrusted(path: str | os.PathLike[str]) -> Untrusted | None:
             user_name(info.st_uid),
             f"take it over if you trust its contents: {take_over}",
         )
-    if stat.S_ISLNK(link.st_mode) and link.st_uid not in trusted:
+    for link, held in links:
+        if held.st_uid in trusted:
+            continue
+        if link == shown:
+            reason, fix = "a symlink", f"replace the link with a link or copy of your own: {shown}"
+        else:
+            reason = f"a symlink on the way to it, {link}, is"
+            fix = f"replace {link} with a link or copy of your own, or name {real} directly"
         return Untrusted(
-            f"a symlink owned by {_who(link.st_uid)}, {_not_us(me)}",
-            link.st_uid,
-            user_name(link.st_uid),
-            f"replace the link with a link or copy of your own: {shown}",
+            f"{reason} owned by {_who(held.st_uid)}, {_not_us(me)}",
+            held.st_uid,
+            user_name(held.st_uid),
+            fix,
         )
     writable = _others_can_write(info)
     if writable is not None:
@@ -235,7 +289,8 @@ def untrusted(path: str | os.PathLike[str]) -> Untrusted | None:
             user_name(info.st_uid),
             f"chmod go-w {real}",
         )
-    for directory in dict.fromkeys((os.path.dirname(shown), os.path.dirname(real))):
+    holding = (shown, *(link for link, _ in links), real)
+    for directory in dict.fromkeys(os.path.dirname(p) for p in holding):
         try:
             held = os.stat(directory)
         except OSError:

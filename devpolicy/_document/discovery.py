@@ -2,7 +2,8 @@
 
 The search stays inside the project (it stops at the first directory holding
 `pyproject.toml` or `.git`, and at a filesystem boundary), and a file it finds is used only
-if neither it nor its directory could have been written by someone other than you or root.
+if neither it, nor a symlink followed on the way to it, nor a directory holding either
+could have been written or re-pointed by someone other than you or root (`untrusted`).
 """
 
 from __future__ import annotations

@@ -518,8 +518,9 @@ class RuleSpec(_Strict):
     )
     regex: str | None = Field(
         None,
-        description="Regular expression that must match the whole name: Python syntax, "
-        "matched by RE2 in linear time (no backreferences or lookaround).",
+        description="Regular expression that must match the whole name: Python's syntax "
+        "and meaning in ASCII mode (re.ASCII), matched by RE2 in linear time (no "
+        "backreferences or lookaround).",
     )
     file: str | None = Field(
         None,
@@ -573,7 +574,8 @@ class RuleSpec(_Strict):
     search: str | None = Field(
         None,
         description="Regular expression found anywhere in the name (Python's re.search, as "
-        "EasyLM and EasyDeL tables are written): Python syntax, matched by RE2 in linear time.",
+        "EasyLM and EasyDeL tables are written): Python's syntax and meaning in ASCII mode "
+        "(re.ASCII), matched by RE2 in linear time.",
     )
     ndim: NdimChoice | None = Field(
         None,

@@ -47,9 +47,20 @@ def record(array: Any, name: str, origin: str, rule: int | None) -> None:
 
 
 def _prune() -> None:
-    for key, entry in list(_placed.items()):
-        if entry[0]() is None:
-            _placed.pop(key, None)
+    """Drop the records whose array has gone. Safe while other threads record.
+
+    It walks a copy taken by one C call (`dict.copy` runs no Python code): walking the
+    table itself, even through `list(_placed.items())`, lets a collection run finalizers
+    half-way, and another thread (or a finalizer) recording then made the walk raise
+    `RuntimeError: dictionary changed size during iteration` out of `put`.
+    """
+    for key, entry in _placed.copy().items():
+        if entry[0]() is not None:
+            continue
+        gone = _placed.pop(key, None)
+        if gone is not None and gone is not entry:
+            # The dead array's id was reused by an array recorded since the copy: keep it.
+            _placed.setdefault(key, gone)
     _prune_at[0] = max(1024, 2 * len(_placed))
 
 
@@ -87,9 +98,12 @@ class LedgerEntry:
             `default`), or `unplaced` for arrays devpolicy did not place.
         rule: The rule's index in its layer, or None (the default, or `unplaced`).
         names: The distinct names the arrays were placed as, sorted.
-        arrays: How many arrays (for a sharded array: its shards on this device).
+        arrays: How many arrays have bytes here (an array sharded over several devices
+            counts on each device it has a shard on).
         nbytes: Their bytes on this device.
         file_backed: Of those, bytes mapped from a file (they take no anonymous memory).
+        sharded: Of the arrays, how many are here as a shard of an array spread over
+            several devices.
     """
 
     origin: str
@@ -98,6 +112,7 @@ class LedgerEntry:
     arrays: int
     nbytes: int
     file_backed: int
+    sharded: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +122,7 @@ class LedgerDevice:
     Attributes:
         device: Target text (`gpu:0`; `cpu:0 [pinned_host]` for a memory kind other than
             the device's default).
-        arrays: How many live arrays (or shards) it holds.
+        arrays: How many live arrays have bytes on it (whole, or a shard).
         nbytes: Their bytes.
         file_backed: Of those, bytes mapped from a file.
         free: Free bytes now (for a device that reports no memory, the host RAM it
@@ -115,6 +130,8 @@ class LedgerDevice:
         pool: The memory it draws on: `host RAM` (shared by every CPU device) or itself.
         entries: The bytes split by the rule that placed them, largest first, `unplaced`
             last.
+        sharded: Of the arrays, how many are here as a shard of an array spread over
+            several devices.
     """
 
     device: str
@@ -124,6 +141,7 @@ class LedgerDevice:
     free: int | None
     pool: str
     entries: tuple[LedgerEntry, ...]
+    sharded: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +151,16 @@ class Ledger:
     Attributes:
         devices: One entry per device of this process (memory kinds apart), in inventory
             order, those holding nothing included.
+        arrays: How many live arrays, each counted once however many devices it spans.
+        sharded: Of those, how many are spread over several devices.
+        shards: How many pieces those are in all (an array split or replicated over 4
+            devices is 4 shards).
     """
 
     devices: tuple[LedgerDevice, ...]
+    arrays: int = 0
+    sharded: int = 0
+    shards: int = 0
 
     @property
     def by_device(self) -> Mapping[str, LedgerDevice]:
@@ -171,7 +196,7 @@ class Ledger:
             (
                 labels[e.origin, e.rule],
                 _names_text(e.names),
-                _count(e.arrays),
+                _count(e.arrays, e.sharded),
                 format_size(e.nbytes),
             )
             for d in self.devices
@@ -184,7 +209,8 @@ class Ledger:
             free = "free memory unknown" if d.free is None else f"{format_size(d.free)} free"
             if d.pool and d.pool != d.device and d.free is not None:
                 free += f" ({d.pool})"
-            held = f"{_count(d.arrays)}, {format_size(d.nbytes)}{_backed(d.file_backed)}"
+            count = _count(d.arrays, d.sharded)
+            held = f"{count}, {format_size(d.nbytes)}{_backed(d.file_backed)}"
             lines.append(f"{d.device}: {held}; {free}")
             for e in d.entries:
                 label, names, count, size = next(rows)
@@ -193,9 +219,9 @@ class Ledger:
                     f"{size:>{widths[3]}}{_backed(e.file_backed)}"
                 )
                 lines.append(line.rstrip())
-        arrays = sum(d.arrays for d in self.devices)
         lines.append(
-            f"total: {_count(arrays)}, {format_size(self.nbytes)}{_backed(self.file_backed)}"
+            f"total: {_total(self.arrays, self.sharded, self.shards)}, "
+            f"{format_size(self.nbytes)}{_backed(self.file_backed)}"
         )
         return "\n".join(lines)
 
@@ -206,8 +232,28 @@ class Ledger:
         return Text(str(self))
 
 
-def _count(n: int) -> str:
-    return f"{n} array{'' if n == 1 else 's'}"
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _count(arrays: int, sharded: int = 0) -> str:
+    """Arrays on one device: `3 arrays`, `24 shards` (each a shard of an array spread over
+    several devices), `26 arrays (24 as shards)`."""
+    if not sharded:
+        return _plural(arrays, "array")
+    if sharded == arrays:
+        return _plural(arrays, "shard")
+    return f"{_plural(arrays, 'array')} ({sharded} as shards)"
+
+
+def _total(arrays: int, sharded: int, shards: int) -> str:
+    """Every array once: `4 arrays`, `24 arrays in 96 shards`, `28 arrays (24 of them in
+    96 shards)`."""
+    if not sharded:
+        return _plural(arrays, "array")
+    if sharded == arrays:
+        return f"{_plural(arrays, 'array')} in {_plural(shards, 'shard')}"
+    return f"{_plural(arrays, 'array')} ({sharded} of them in {_plural(shards, 'shard')})"
 
 
 def _backed(nbytes: int) -> str:
@@ -270,18 +316,41 @@ def _in_file(pointer: int, ranges: tuple[list[int], list[int]]) -> bool:
 _Buffer: TypeAlias = "int | tuple[int, int]"
 
 
-def _pieces(array: jax.Array) -> list[tuple[jax.Device, str | None, _Buffer, int]]:
-    """(device, memory kind, buffer, bytes) of each local piece of `array`."""
+_Piece: TypeAlias = "tuple[jax.Device, str | None, _Buffer, int]"
+
+
+def _pieces(array: jax.Array) -> tuple[list[_Piece], bool]:
+    """(device, memory kind, buffer, bytes) of each local piece of `array`, and whether it
+    is spread over several devices (here or in other processes); no pieces for an array
+    deleted before or while it is read.
+
+    Another thread may donate or delete the array at any moment: reading it then raises
+    (`RuntimeError: Array has been deleted`, or a `TypeError` where `devices()` gave None)
+    or reads a pointer no longer there. An array deleted by the end of the reading is
+    gone, as if freed before the report; an error from an array still alive is raised.
+    """
+    if array.is_deleted():
+        return [], False
+    try:
+        out = _read_pieces(array)
+    except Exception:
+        if array.is_deleted():
+            return [], False
+        raise
+    return ([], False) if array.is_deleted() else out
+
+
+def _read_pieces(array: jax.Array) -> tuple[list[_Piece], bool]:
     kind = getattr(array.sharding, "memory_kind", None)
     devices = array.devices()
     if len(devices) == 1:
         (device,) = devices
-        return [(device, kind, _buffer(array, array, 0), array.nbytes)]
-    out: list[tuple[jax.Device, str | None, _Buffer, int]] = []
+        return [(device, kind, _buffer(array, array, 0), array.nbytes)], False
+    out: list[_Piece] = []
     for i, shard in enumerate(array.addressable_shards):
         data = shard.data
         out.append((shard.device, kind, _buffer(data, array, i), data.nbytes))
-    return out
+    return out, True
 
 
 def _buffer(piece: jax.Array, array: jax.Array, index: int) -> _Buffer:
@@ -315,8 +384,11 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
     its live arrays and bytes, the bytes mapped from files apart (found in
     `/proc/self/maps`; 0 where the system does not say), its free memory, and the bytes
     split by the rule (its origin, `policy.yaml:9`) that placed them, with the names
-    placed. A sharded array counts its shard on each device; arrays sharing one buffer
-    (an array and its committed copy of the same memory) count once.
+    placed. An array counts once in the ledger's `arrays`; one spread over several
+    devices (sharded or replicated) counts on each device it has a shard on, as a shard,
+    and the ledger's `shards` counts those pieces. Arrays sharing one buffer (an array
+    and its committed copy of the same memory) count once. An array donated or deleted
+    by another thread while the report reads it is gone.
 
     Args:
         capacity: Where free memory is read (default: the devices' own statistics, and
@@ -337,35 +409,43 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
     memory: Capacity = capacity if capacity is not None else DeviceMemory()
     placed = _placed.copy()  # one C call: safe against other threads recording
     files = _file_ranges()
-    # (device, kind, buffer) -> bytes, record: a buffer seen twice is counted once, under
-    # the record that names it if either does.
-    buffers: dict[tuple[jax.Device, str | None, _Buffer], tuple[int, _Record | None]] = {}
+    # (device, kind, buffer) -> bytes, record, (id of its array, whether that array is
+    # spread over several devices): a buffer seen twice is counted once, under the record
+    # that names it if either does.
+    buffers: dict[
+        tuple[jax.Device, str | None, _Buffer], tuple[int, _Record | None, tuple[int, bool]]
+    ] = {}
     for array in _live_arrays():
-        if array.is_deleted():
-            continue
         entry = placed.get(id(array))
         if entry is not None and entry[0]() is not array:
             entry = None
-        for device, kind, pointer, nbytes in _pieces(array):
+        pieces, spread = _pieces(array)
+        for device, kind, pointer, nbytes in pieces:
             key = (device, kind, pointer)
             found = buffers.get(key)
             if found is None or (found[1] is None and entry is not None):
-                buffers[key] = (nbytes, entry)
+                buffers[key] = (nbytes, entry, (id(array), spread))
     inv = inventory()
-    # (device, kind) -> (origin, rule) -> [arrays, bytes, file-backed, names]
+    # (device, kind) -> (origin, rule) -> [arrays, bytes, file-backed, names, sharded]
     tally: dict[tuple[jax.Device, str | None], dict[tuple[str, int | None], list[Any]]] = {}
     kinds: dict[tuple[jax.Device, str | None], tuple[jax.Device, str | None]] = {}
-    for (device, kind, pointer), (nbytes, entry) in buffers.items():
+    owners: set[tuple[int, bool]] = set()
+    shards = 0
+    for (device, kind, pointer), (nbytes, entry, owner) in buffers.items():
         by = (entry[2], entry[3]) if entry is not None else (UNPLACED, None)
         slot = kinds.get((device, kind))
         if slot is None:
             slot = kinds[device, kind] = (device, _kind(device, kind))
-        row = tally.setdefault(slot, {}).setdefault(by, [0, 0, 0, set()])
-        row[0] += 1
+        row = tally.setdefault(slot, {}).setdefault(by, [set(), 0, 0, set(), set()])
+        row[0].add(owner)
         row[1] += nbytes
         row[2] += nbytes if isinstance(pointer, int) and _in_file(pointer, files) else 0
         if entry is not None:
             row[3].add(entry[1])
+        owners.add(owner)
+        if owner[1]:
+            row[4].add(owner)
+            shards += 1
     slots: list[tuple[jax.Device, str | None]] = [
         (d, None) for devices in inv.devices.values() for d in devices
     ]
@@ -376,8 +456,10 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
         rows = tally.get((device, kind), {})
         entries = sorted(
             (
-                LedgerEntry(origin, rule, tuple(sorted(names)), arrays, nbytes, backed)
-                for (origin, rule), (arrays, nbytes, backed, names) in rows.items()
+                LedgerEntry(
+                    origin, rule, tuple(sorted(names)), len(arrays), nbytes, backed, len(sharded)
+                )
+                for (origin, rule), (arrays, nbytes, backed, names, sharded) in rows.items()
             ),
             key=lambda e: (e.origin == UNPLACED, -e.nbytes, e.origin),
         )
@@ -392,9 +474,10 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
                 free,
                 pool,
                 tuple(entries),
+                sum(e.sharded for e in entries),
             )
         )
-    return Ledger(tuple(devices))
+    return Ledger(tuple(devices), len(owners), sum(spread for _, spread in owners), shards)
 
 
 def _kind(device: jax.Device, kind: str | None) -> str | None:

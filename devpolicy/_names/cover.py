@@ -128,15 +128,16 @@ def glob_tree(pattern: str) -> _Tree:
 # ASCII punctuation: escaped, each is itself (in Python, interegular and RE2 alike).
 PUNCTUATION = frozenset(chr(c) for c in range(0x21, 0x7F) if not chr(c).isalnum())
 _CONTROL_ESCAPES = frozenset("ntrfv")
-# Rules are matched by RE2, whose `\d` and `\s` are ASCII ([0-9] and [\t\n\f\r ]), not
-# Python's Unicode sets; interegular's differ again (its `\s` has \v). Outside a class
-# interegular returns one shared object per escape, so `_convert` swaps in RE2's set.
-_RE2_CLASSES = {"d": frozenset("0123456789"), "s": frozenset("\t\n\f\r ")}
+# Rules mean what Python's `re` means in ASCII mode (see `dialect`): `\d` and `\s` are
+# [0-9] and [\t\n\v\f\r ], not Python's Unicode sets, which interegular follows. Outside a
+# class interegular returns one shared object per escape, so `_convert` swaps in the
+# dialect's set.
+_DIALECT_CLASSES = {"d": frozenset("0123456789"), "s": frozenset("\t\n\v\f\r ")}
 _CLASS_ESCAPES = frozenset("dDsS")
 
 
-def _re2_class(letter: str) -> _Chars:
-    members = _RE2_CLASSES[letter.lower()]
+def _dialect_class(letter: str) -> _Chars:
+    members = _DIALECT_CLASSES[letter.lower()]
     negated = letter.isupper()
     return _Chars(_points(members), lambda ch: (ch in members) != negated)
 
@@ -153,7 +154,7 @@ def _escape_ok(pattern: str, i: int, in_class: bool = False) -> int:
     if c in PUNCTUATION or c in _CONTROL_ESCAPES:
         return 2
     if c in _CLASS_ESCAPES and not in_class:
-        return 2  # replaced by RE2's set in _convert
+        return 2  # replaced by the dialect's set in _convert
     if c == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2 : i + 4]):
         return 4
     raise UndecidedError(f"escape \\{c} is not modelled")
@@ -247,7 +248,7 @@ def _convert(node: object, flags: _ip.REFlags) -> _Tree:
         return _Rep(_convert(node.base, flags), node.min, node.max)
     for letter in _CLASS_ESCAPES:
         if node is _ip._CHAR_GROUPS[letter]:
-            return _re2_class(letter)
+            return _dialect_class(letter)
     if isinstance(node, _ip._CharGroup):
         chars, negated = frozenset(node.chars), node.negated
         return _Chars(_points(chars), lambda ch: (ch in chars) != negated)

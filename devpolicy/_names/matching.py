@@ -12,6 +12,7 @@ from typing import Any
 import re2
 
 from .._base.sizes import format_size
+from .dialect import REGEX_LIMITS, to_re2
 from .prefixes import PrefixIndex
 
 
@@ -218,33 +219,16 @@ class Condition:
         return None
 
 
-REGEX_LIMITS = (
-    "regexes are matched by RE2, in time linear in the name, so no rule can stall a program "
-    "(Python's `re` can take seconds or years on patterns like '(a+)+$'); RE2 has no "
-    "backreferences (\\1, (?P=name)), lookaround ((?=...), (?!...), (?<=...), (?<!...)), "
-    "atomic groups, possessive repeats, conditionals or \\Z (write \\z or $), repeat counts "
-    "above 1000, and \\d, \\w, \\s match ASCII only"
-)
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # RE2 would print every rejected pattern to stderr
 
 
 def _re2(pattern: str) -> Any:
-    """`pattern` compiled by RE2 after Python's `re` accepts it (see `compile_regex`)."""
+    """`pattern`, read as Python's `re` reads it (ASCII mode), compiled by RE2 with that
+    meaning (see `dialect`)."""
+    translated = to_re2(pattern)
     try:
-        re.compile(pattern)
-    except re.error as e:
-        raise ValueError(f"invalid regular expression {pattern!r}: {e}") from None
-    except OverflowError:
-        raise ValueError(
-            f"invalid regular expression {pattern!r}: a repeat count is too large"
-        ) from None
-    except RecursionError:
-        raise ValueError(
-            f"invalid regular expression {pattern!r}: groups nested too deeply"
-        ) from None
-    try:
-        return re2.compile(pattern, _RE2_OPTIONS)
+        return re2.compile(translated, _RE2_OPTIONS)
     except re2.error as e:
         reason = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
         raise ValueError(
@@ -255,15 +239,17 @@ def _re2(pattern: str) -> Any:
 def compile_regex(pattern: str) -> Callable[[str], object]:
     """Compile a rule's regex for full matching in linear time.
 
-    The pattern must be valid for Python's `re` (the documented syntax, so it means what
-    Python users expect) and for RE2 (the engine that matches it, with no backtracking).
+    The pattern means what it means to Python's `re` in ASCII mode (the documented
+    dialect, see `dialect`), and RE2 matches it, with no backtracking.
 
     Raises:
-        ValueError: saying why the pattern cannot be used, and what RE2 lacks.
+        ValueError: saying why the pattern cannot be used, and what to write instead.
 
     Example:
         >>> compile_regex("(a+)+$")("a" * 10_000 + "b") is None
         True
+        >>> bool(compile_regex("x{,3}")("xx")), bool(compile_regex(r"a\\sb")("a\\x0bb"))
+        (True, True)
     """
     return _re2(pattern).fullmatch  # type: ignore[no-any-return]
 
@@ -276,8 +262,8 @@ _LEADING_FLAGS = re.compile(r"\A((?:\(\?[aiLmsux]+\))*)")
 def search_as_regex(pattern: str) -> str:
     """The full-match regex equivalent to `re.search(pattern, name)`: any text, the
     pattern, any text. Anchors keep their meaning (`^` and `\\A` still match only where
-    the name starts, `$` only where it ends: RE2's `$`, unlike Python's, never matches
-    before a final newline), so a name matches one exactly when it matches the other.
+    the name starts, `$` only where it ends: in the dialect `$` never matches before a
+    final newline), so a name matches one exactly when it matches the other.
 
     Example:
         >>> search_as_regex("attention/(wq|wk)/kernel")
@@ -291,9 +277,9 @@ def search_as_regex(pattern: str) -> str:
 
 
 def compile_search(pattern: str) -> Callable[[str], object]:
-    """Compile a rule's `search:` pattern: true where `re.search(pattern, name)` would
-    find a match anywhere in the name (EasyLM's and EasyDeL's rule tables), in linear
-    time (RE2, with the limits of `compile_regex`).
+    """Compile a rule's `search:` pattern: true where `re.search(pattern, name, re.ASCII)`
+    would find a match anywhere in the name (EasyLM's and EasyDeL's rule tables), in
+    linear time (RE2, in the dialect of `compile_regex`).
 
     Raises:
         ValueError: saying why the pattern cannot be used, and what RE2 lacks.

@@ -151,7 +151,10 @@ ALLOW_FORMS = (
     "a variable name of runtime.env (JAX_COMPILATION_CACHE_DIR) or an XLA flag (--xla_dump_to)"
 )
 ALLOW_PATTERN = r"^((XLA|JAX|TF)_[A-Z0-9_]+|--xla_[a-z0-9_]+)$"
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
+# Control characters: C0 (newline, tab, escape...), DEL and C1 (NEL, CSI...), Unicode's
+# category Cc. No variable devpolicy knows takes one, and `run --dry-run` would have to
+# print them as `$'...'` escapes.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 Check = Callable[[str], str | None]
@@ -368,15 +371,28 @@ def _flags_problem(text: str) -> str | None:
 
 
 def holdable_problem(text: str) -> str | None:
-    """Why an environment value cannot be held by the OS or safely shown, or None."""
+    """Why an environment value cannot be held by the OS or safely shown, or None.
+
+    Refused: a NUL byte, text the file system encoding cannot encode, and any control
+    character (C0, DEL, C1), named by code point and position.
+
+    Example:
+        >>> print(holdable_problem("INFO\\x85").split(";")[0])
+        contains a control character, U+0085 at position 4 of 'INFO\\x85'
+    """
     if "\x00" in text:
         return "contains a NUL byte, which no environment variable can hold"
     try:
         os.fsencode(text)
     except UnicodeError:
         return f"cannot be encoded for the environment: {text!r}"
-    if _CONTROL.search(text):
-        return f"contains a control character (newline, tab...): {text!r}"
+    control = _CONTROL.search(text)
+    if control is not None:
+        return (
+            f"contains a control character, U+{ord(control.group()):04X} at position "
+            f"{control.start()} of {text!r}; control characters (C0 such as newline and tab, "
+            "DEL, and C1 such as U+0085) are refused"
+        )
     return None
 
 

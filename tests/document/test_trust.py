@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
+import re
+import secrets
 import shutil
 import stat
 import subprocess
@@ -41,25 +44,35 @@ def _nobody() -> pwd.struct_passwd:
         pytest.skip("no user `nobody` to plant a file as")
 
 
-def plant(path: Path, text: str) -> Path:
-    """Write `text` to `path` as user `nobody`, from a process that drops to its uid."""
+def as_nobody(code: str, *args: str) -> None:
+    """Run `code` (with `os` and `sys` imported, `sys.argv[1:]` = `args`) as user `nobody`,
+    in a process that drops to its uid first."""
     user = _nobody()
-    code = (
-        "import os, sys\n"
-        f"os.setgid({user.pw_gid}); os.setuid({user.pw_uid})\n"
-        "with open(sys.argv[1], 'w') as f:\n"
-        "    f.write(sys.argv[2])\n"
+    prelude = (
+        f"import os, sys\nos.setgroups([]); os.setgid({user.pw_gid}); os.setuid({user.pw_uid})\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, str(path), text],
+        [sys.executable, "-c", prelude + code, *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert path.stat().st_uid == user.pw_uid
+
+
+def plant(path: Path, text: str) -> Path:
+    """Write `text` to `path` as user `nobody`."""
+    as_nobody("with open(sys.argv[1], 'w') as f:\n    f.write(sys.argv[2])\n", str(path), text)
+    assert path.stat().st_uid == _nobody().pw_uid
     return path
+
+
+def link_as_nobody(link: Path, target: Path) -> Path:
+    """Make `link` a symlink to `target`, owned by user `nobody`."""
+    as_nobody("os.symlink(sys.argv[1], sys.argv[2])", str(target), str(link))
+    assert link.lstat().st_uid == _nobody().pw_uid
+    return link
 
 
 @pytest.fixture
@@ -79,6 +92,67 @@ def shared() -> Iterator[Path]:
         yield base
     finally:
         shutil.rmtree(base)
+
+
+def _account_tool(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+
+
+@pytest.fixture(scope="module")
+def owner() -> Iterator[pwd.struct_passwd]:
+    """A temporary account with its own private group (`useradd -U`), removed afterwards."""
+    if not ROOT or shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.skip("making accounts needs root and useradd/userdel")
+    name = f"dpowner{secrets.token_hex(3)}"
+    made = _account_tool("useradd", "-M", "-U", "-s", "/usr/sbin/nologin", name)
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        _account_tool("userdel", name)
+        _account_tool("groupdel", name)  # if userdel left it
+
+
+@contextlib.contextmanager
+def guest_in_group_of(user: pwd.struct_passwd) -> Iterator[pwd.struct_passwd]:
+    """A temporary account whose primary group is `user`'s group (`useradd -g`): a member
+    of it that /etc/group does not list."""
+    name = f"dpguest{secrets.token_hex(3)}"
+    made = _account_tool(
+        "useradd", "-M", "-N", "-g", str(user.pw_gid), "-s", "/usr/sbin/nologin", name
+    )
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        _account_tool("userdel", name)
+
+
+def discover_as(user: pwd.struct_passwd, cwd: Path) -> str:
+    """What `load_policy()` finds when `user` runs it in `cwd`: `trusted PATH` or
+    `refused FIRST-LINE`.
+
+    Python and devpolicy are installed where only root may read, so the child imports
+    everything (running discovery once as root) before it drops to `user`'s ids.
+    """
+    code = f"""
+        import grp, os, pwd, devpolicy
+        for source in (None, "devpolicy.yaml"):  # imports both ways, as root
+            try:
+                devpolicy.load_policy(source, environ={{}})
+            except devpolicy.PolicyError:
+                pass
+        os.setgroups([]); os.setgid({user.pw_gid}); os.setuid({user.pw_uid})
+        try:
+            print("trusted", devpolicy.load_policy(environ={{}}).file)
+        except devpolicy.UntrustedPolicyError as e:
+            print("refused", str(e).splitlines()[0])
+    """
+    result = python(code, cwd)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
 
 
 def project(directory: Path, policy: str = "version: 1\ndefault: cpu:3\n") -> Path:
@@ -121,6 +195,24 @@ class TestPlantedPolicy:
         )
         assert f"DEVPOLICY_FILE={planted}" in message
         assert f"chown root {planted}" in message
+
+    @pytest.mark.parametrize("marker", ["pyproject.toml", ".git"])
+    def test_the_documented_fix_a_project_marker_stops_discovery_below_the_planted_file(
+        self, shared: Path, monkeypatch: pytest.MonkeyPatch, marker: str
+    ) -> None:
+        """The Trust page's fix for a planted /tmp/devpolicy.yaml: an empty pyproject.toml
+        (or `git init`) where you work, and discovery never reaches the planted file."""
+        plant(shared / "devpolicy.yaml", ATTACK)
+        scratch = shared / "scratch"
+        scratch.mkdir()
+        monkeypatch.chdir(scratch)
+        with pytest.raises(devpolicy.UntrustedPolicyError):
+            devpolicy.load_policy(environ={})
+        if marker == ".git":
+            (scratch / ".git").mkdir()
+        else:
+            write(scratch / marker, "")
+        assert devpolicy.load_policy(environ={}).file is None
 
     def test_the_attack_cannot_set_a_cache_directory_through_run_or_bootstrap(
         self, shared: Path
@@ -242,6 +334,33 @@ class TestWritableByOthers:
             pytest.skip("this user's primary group is shared")
         assert devpolicy.load_policy(environ={}).resolve("x").device_text == "cpu:2"
 
+    def test_a_group_another_account_has_as_primary_group_is_not_private(
+        self, owner: pwd.struct_passwd
+    ) -> None:
+        """A user private group (same name, no listed members) stops being private when
+        another account has it as primary group (`useradd -g owner guest`): /etc/group
+        lists no member, yet the guest can write the owner's group-writable policy. Refused
+        then; trusted again once the guest is gone."""
+        base = Path(tempfile.mkdtemp(prefix="devpolicy-group-")).resolve()
+        try:
+            if any(not d.stat().st_mode & stat.S_IXOTH for d in base.parents):
+                pytest.skip(f"other users cannot reach {base}")
+            (base / ".git").mkdir()
+            policy = write(base / "devpolicy.yaml", POLICY)
+            for path in (base, base / ".git", policy):
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+            base.chmod(0o755)
+            policy.chmod(0o664)
+            assert discover_as(owner, base) == "trusted devpolicy.yaml"
+            with guest_in_group_of(owner):
+                assert discover_as(owner, base) == (
+                    "refused devpolicy.yaml: refused: group-writable (mode 0664): "
+                    "others can change it"
+                )
+            assert discover_as(owner, base) == "trusted devpolicy.yaml"
+        finally:
+            shutil.rmtree(base)
+
     def test_check_names_an_untrusted_discovered_policy(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
@@ -260,6 +379,84 @@ class TestWritableByOthers:
         assert main(["check", "p.yaml", "--json"]) == 0
         codes = [f["code"] for f in json.loads(capsys.readouterr().out)["findings"]]
         assert codes == ["untrusted-policy"]
+
+
+class TestSymlinkChains:
+    def test_another_users_link_on_the_way_is_refused(
+        self, shared: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """devpolicy.yaml (yours) -> a link `nobody` owns in a sticky directory -> your
+        policy: `nobody` can re-point that link at any other file you or root own, so the
+        chain is refused, naming the link and its owner. Every link on the way passes the
+        test the file itself passes."""
+        project = shared / "proj"
+        (project / ".git").mkdir(parents=True)
+        write(project / "real.yaml", POLICY)
+        hop = link_as_nobody(shared / "hop", project / "real.yaml")
+        (project / "devpolicy.yaml").symlink_to(hop)
+        monkeypatch.chdir(project)
+        with pytest.raises(
+            devpolicy.UntrustedPolicyError,
+            match=rf"^devpolicy\.yaml: refused: a symlink on the way to it, {re.escape(str(hop))}, "
+            r"is owned by nobody \(uid \d+\), not by you \(root\)",
+        ) as caught:
+            devpolicy.load_policy(environ={})
+        assert f"replace {hop} with a link or copy of your own" in str(caught.value)
+
+    def test_another_users_link_to_a_directory_on_the_way_is_refused(
+        self, shared: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A directory reached through another user's link (pyproject.toml naming
+        `../lnk/real.yaml`, `lnk` being `nobody`'s): refused as well."""
+        project = shared / "proj"
+        write(project / "pyproject.toml", '[tool.devpolicy]\npolicy = "../lnk/real.yaml"\n')
+        write(project / "conf" / "real.yaml", POLICY)
+        hop = link_as_nobody(shared / "lnk", project / "conf")
+        monkeypatch.chdir(project)
+        with pytest.raises(
+            devpolicy.UntrustedPolicyError,
+            match=rf"^\.\./lnk/real\.yaml: refused: a symlink on the way to it, {re.escape(str(hop))}, "
+            r"is owned by nobody",
+        ):
+            devpolicy.load_policy(environ={})
+
+    def test_a_chain_of_your_own_links_through_a_sticky_directory_is_trusted(
+        self, shared: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The same chain with every link yours: nobody else can change it (the sticky bit
+        keeps others from replacing your link), so it is used."""
+        project = shared / "proj"
+        (project / ".git").mkdir(parents=True)
+        write(project / "real.yaml", POLICY)
+        (shared / "hop").symlink_to(project / "real.yaml")
+        (project / "devpolicy.yaml").symlink_to(shared / "hop")
+        monkeypatch.chdir(project)
+        assert devpolicy.load_policy(environ={}).resolve("x").device_text == "cpu:2"
+
+    def test_every_link_followed_is_found_as_the_kernel_follows_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Links to links, relative targets, a linked directory then `..`: the walk ends
+        where the kernel does (`realpath`) and lists each link it followed, in order."""
+        write(tmp_path / "a" / "b" / "p.yaml", POLICY)
+        (tmp_path / "dir").symlink_to("a/b")
+        # dir is a/b, so `dir/..` is a/ (where the kernel is), not the top directory.
+        (tmp_path / "a" / "up").symlink_to("../dir/../b/p.yaml")
+        (tmp_path / "top").symlink_to(tmp_path / "a" / "up")
+        monkeypatch.chdir(tmp_path)
+        real, links = _files._resolve("top")
+        assert real == os.path.realpath("top") == str(tmp_path / "a" / "b" / "p.yaml")
+        assert [path for path, _ in links] == [
+            str(tmp_path / "top"),
+            str(tmp_path / "a" / "up"),
+            str(tmp_path / "dir"),
+        ]
+
+    def test_a_link_loop_is_left_to_the_reader(self, tmp_path: Path) -> None:
+        """Links that loop cannot be examined: no trust verdict, reading says what is wrong."""
+        (tmp_path / "x").symlink_to("y")
+        (tmp_path / "y").symlink_to("x")
+        assert _files.untrusted(tmp_path / "x") is None
 
 
 class TestProjectRoot:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import re
+import sys
+import threading
+import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -13,7 +19,7 @@ import pytest
 
 import devpolicy
 from devpolicy._machine import ledger as _ledger
-from tests.helpers import policy_of, write
+from tests.helpers import policy_of, run_threads, write
 
 POLICY_YAML = """\
 version: 1
@@ -148,6 +154,28 @@ class TestReport:
         assert per_device == {"cpu:0": 64, "cpu:1": 64, "cpu:2": 64, "cpu:3": 64}
         assert x.nbytes == 128  # replicated over `model`: 2 x 64 bytes per data half
 
+    def test_sharded_arrays_count_once_with_their_shards_as_a_detail(self) -> None:
+        """24 arrays sharded over 4 devices are 24 arrays in 96 shards, not 96 arrays:
+        each device's row counts the 24 as shards, the ledger counts each array once."""
+        mesh = {"grid": {"axes": {"data": 2, "model": 2}, "devices": "cpu"}}
+        rule = {"match": "counted/*", "sharding": {"mesh": "grid", "spec": ["data"]}}
+        policy = policy_of(meshes=mesh, rules=[rule])
+        gc.collect()
+        before = devpolicy.report()
+        layers = [policy.put(f"counted/{i}", np.zeros((8, 4), np.float32)) for i in range(24)]
+        after = devpolicy.report()
+        assert (after.arrays - before.arrays, after.sharded - before.sharded) == (24, 24)
+        assert after.shards - before.shards == 96
+        for device in after.devices:
+            (row,) = [e for e in device.entries if e.names and e.names[0].startswith("counted/")]
+            assert (row.arrays, row.sharded, row.nbytes) == (24, 24, 24 * 64)
+        text = str(after).splitlines()
+        rows = [line for line in text if "counted/0, counted/1" in line]
+        assert len(rows) == 4
+        assert all(" 24 shards " in row for row in rows)
+        assert re.fullmatch(r"total: \d+ arrays? (\(\d+ of them in|in) \d+ shards\)?, .*", text[-1])
+        del layers
+
     def test_one_buffer_held_by_two_arrays_counts_once(self) -> None:
         """An uncommitted array and its committed twin share a buffer: counted once,
         under the rule that committed it."""
@@ -194,6 +222,116 @@ class TestRecords:
         for _ in range(3000):
             policy.put("churn", np.zeros(1, np.float32))
         assert len(_ledger._placed) < 2 * 1024 + 100
+
+
+@contextlib.contextmanager
+def switching_often(gc_threshold: int | None = None) -> Iterator[None]:
+    """Threads switch every microsecond (and the collector runs at `gc_threshold`), restored
+    afterwards: interleavings that are rare at the default 5 ms become common."""
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    if gc_threshold is not None:
+        gc.set_threshold(gc_threshold)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*thresholds)
+
+
+class _Yields:
+    """Garbage whose finalizer lets other threads run, as finalizers that touch a lock, a
+    file or a socket do."""
+
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only the collector frees it
+
+    def __del__(self) -> None:
+        time.sleep(0)
+
+
+class TestThreads:
+    def test_put_from_several_threads_while_the_table_is_pruned_never_fails(self) -> None:
+        """A collection during the pruning runs finalizers that let other threads place
+        arrays: the pruning must not fail (it raised `RuntimeError: dictionary changed size
+        during iteration` out of put()), and every array placed meanwhile stays recorded."""
+        policy = policy_of(default="cpu:1")
+        cpu1 = devpolicy.get_device("cpu:1")
+        # A table of live records one short of its pruning point, which is past 16,384.
+        kept: list[jax.Array] = []
+
+        def fill(count: int) -> None:
+            more = jax.device_put([np.zeros(1, np.float32)] * count, cpu1)
+            _ledger.record_each((a, "fill", "fill", None) for a in more)
+            kept.extend(more)
+
+        fill(8192)
+        _ledger._prune()  # the pruning point becomes twice the live records
+        fill(_ledger._prune_at[0] - 1 - len(_ledger._placed))
+        assert len(_ledger._placed) == _ledger._prune_at[0] - 1 >= 16383
+        errors: list[BaseException] = []
+        placed: list[jax.Array] = []
+
+        def place() -> None:
+            try:
+                for _ in range(100):
+                    placed.append(policy.put("threaded", np.zeros(1, np.float32)))
+            except BaseException as e:
+                errors.append(e)
+
+        gc.collect()
+        # The first collection comes inside the pruning's walk over the table (thousands of
+        # records), when the finalizers of this garbage run.
+        with switching_often(gc_threshold=10_000):
+            garbage = [_Yields() for _ in range(300)]
+            del garbage
+            run_threads(place, place)
+        assert errors == []
+        live = {id(a) for a in placed}
+        recorded = {
+            k for k, e in _ledger._placed.items() if e[1] == "threaded" and e[0]() is not None
+        }
+        assert live <= recorded
+        kept.clear()
+
+    def test_arrays_donated_by_another_thread_during_a_report_are_gone_not_errors(self) -> None:
+        """A thread donating arrays to a jitted step (single-device and sharded) while
+        report() runs: each report succeeds (it raised `RuntimeError: Array has been
+        deleted` or `TypeError: 'NoneType' object is not iterable` in about 1 report in
+        100), counting a deleted array as gone."""
+        mesh = {"row": {"axes": {"data": 4}, "devices": "cpu"}}
+        rule = {"match": "donated/sharded", "sharding": {"mesh": "row", "spec": ["data"]}}
+        policy = policy_of(meshes=mesh, rules=[rule], default="cpu:1")
+        step = jax.jit(lambda x: x + 1, donate_argnums=0)
+        stop = threading.Event()
+        donor_errors: list[BaseException] = []
+
+        def donate() -> None:
+            try:
+                while not stop.is_set():
+                    one = policy.put("donated/one", np.zeros(256, np.float32))
+                    sharded = policy.put("donated/sharded", np.zeros((8, 4), np.float32))
+                    for _ in range(20):
+                        one, sharded = step(one), step(sharded)
+            except BaseException as e:
+                donor_errors.append(e)
+
+        errors: list[str] = []
+        with switching_often():
+            donor = threading.Thread(target=donate)
+            donor.start()
+            try:
+                for _ in range(600):
+                    try:
+                        devpolicy.report()
+                    except Exception as e:
+                        errors.append(repr(e))
+            finally:
+                stop.set()
+                donor.join(60)
+        assert not donor.is_alive()
+        assert donor_errors == []
+        assert errors == []
 
 
 class TestText:

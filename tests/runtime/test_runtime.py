@@ -443,6 +443,40 @@ class TestValidation:
                 devpolicy.load_policy(doc, environ={})
 
 
+class TestControlCharacters:
+    @pytest.mark.parametrize(
+        ("char", "shown"),
+        [("\x85", "U+0085"), ("\x9b", "U+009B"), ("\x80", "U+0080"), ("\x7f", "U+007F")],
+    )
+    def test_c1_controls_and_del_in_an_env_value_are_refused_naming_variable_and_character(
+        self, tmp_path: Path, char: str, shown: str
+    ) -> None:
+        """C1 controls (NEL, CSI...) and DEL are control characters too: a PolicyError at the
+        entry's line naming the variable and the character, as for newline (`run --dry-run`
+        would otherwise print `$'\\x85'`, and `eval` of it sets other bytes)."""
+        path = write(
+            tmp_path / "p.yaml",
+            "version: 1\nruntime:\n  env:\n    JAX_LOGGING_LEVEL: "
+            + json.dumps(f"INFO{char}")
+            + "\n",
+        )
+        with pytest.raises(
+            devpolicy.PolicyError,
+            match=rf"^p\.yaml:4: runtime\.env\.JAX_LOGGING_LEVEL: contains a control character, "
+            rf"{re.escape(shown)} at position 4 of 'INFO\\x[0-9a-f]{{2}}'",
+        ):
+            devpolicy.load_policy(path, environ={})
+
+    @given(st.characters(codec="utf-8"))
+    def test_exactly_c0_del_and_c1_are_refused(self, char: str) -> None:
+        """Every character of Unicode category Cc (C0, DEL, C1), and no other, makes a
+        value unholdable."""
+        import unicodedata
+
+        problem = _runtime.holdable_problem(f"a{char}b")
+        assert (problem is not None) == (unicodedata.category(char) == "Cc")
+
+
 class TestInstalledJax:
     """The knob table agrees with the installed jax/jaxlib source (catches drift on upgrade)."""
 
