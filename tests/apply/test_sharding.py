@@ -417,7 +417,7 @@ class TestShardLocalLoading:
             reads.append(n)
             return n
 
-        monkeypatch.setattr(devpolicy._io.load.os, "preadv", counting)  # type: ignore[attr-defined]
+        monkeypatch.setattr(devpolicy._io.sources.os, "preadv", counting)  # type: ignore[attr-defined]
         out = devpolicy.load_file(path, policy=policy)
         assert sum(reads) == w.nbytes  # each byte once, for both devices' halves
         assert len(reads) == 1
