@@ -167,7 +167,8 @@ def _load_file(
             skipped_event(decider.events, path, fitted.skipped)
         stem = name_prefix(checkpoint.stem, prefix, naming)
         names = [tensor_names(header, stem, naming) for _, header in headers]
-        sources = source_files(tuple(file for file, _ in headers), path)
+        # Each file as `file:` rules see it (not the byte source its tensors are read from).
+        rule_files = source_files(tuple(file for file, _ in headers), path)
         x64 = x64_enabled()
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
         decisions = decider.resolve_many(
@@ -177,10 +178,12 @@ def _load_file(
                     t.array_nbytes,
                     t.shape,
                     map_hint(t, mmap, x64),
-                    source,
+                    rule_file,
                     None if fitted is None else fitted.attached.get(t.key),
                 )
-                for (_, header), file_names, source in zip(headers, names, sources, strict=True)
+                for (_, header), file_names, rule_file in zip(
+                    headers, names, rule_files, strict=True
+                )
                 for n, t in zip(file_names, header.tensors, strict=True)
             ],
             summarised=True,
@@ -199,7 +202,7 @@ def _load_file(
             summary_event(decider.events, header, mine, seconds, mapped, narrowed, bytes_read)
         _loaded(decider.events, out, [h for _, h in headers], names, decisions, x64)
         flat = [n for file_names in names for n in file_names]
-        uses = uses_of_decisions(decider.settings, flat, list(decisions), sources)
+        uses = uses_of_decisions(decider.settings, flat, list(decisions), rule_files)
         silent_events(decider.events, uses, path)
     if fitted is not None:
         return jax.tree_util.tree_unflatten(fitted.treedef, [out[key] for key in fitted.keys])
