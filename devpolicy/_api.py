@@ -28,12 +28,12 @@ from ._base.sizes import parse_size as parse_size
 from ._decide.decision import Decision as Decision
 from ._decide.decision import Explanation as Explanation
 from ._document.schema import policy_schema as policy_schema
-from ._io.format import align_file as align_file
 from ._io.format import read_metadata as read_metadata
-from ._io.load import DeviceLoad as DeviceLoad
-from ._io.load import Plan as Plan
-from ._io.load import PlannedTensor as PlannedTensor
-from ._io.load import save_file as save_file
+from ._io.planning import DeviceLoad as DeviceLoad
+from ._io.planning import Plan as Plan
+from ._io.planning import PlannedTensor as PlannedTensor
+from ._io.saving import save_file as save_file
+from ._io.writing import align_file as align_file
 from ._machine.capacity import Capacity as Capacity
 from ._machine.capacity import DeviceMemory as DeviceMemory
 from ._machine.capacity import StaticCapacity as StaticCapacity

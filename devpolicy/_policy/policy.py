@@ -21,7 +21,8 @@ from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
 from .._document.layers import RuleEntry, Settings
 from .._io import load as _safetensors
-from .._io.load import Plan
+from .._io import planning as _planning
+from .._io.planning import Plan
 from .._machine.capacity import Capacity, DeviceMemory
 from .._machine.inventory import THIS_PROCESS
 from .._machine.machine import VirtualMachine
@@ -269,7 +270,7 @@ class Policy:
     ) -> Plan:
         """Where each tensor of a file would go by this policy (on `machine`, if given).
         See `devpolicy.plan`."""
-        return _safetensors.plan(
+        return _planning.plan(
             path, self.decider, prefix=prefix, mmap=mmap, machine=machine, separator=separator
         )
 

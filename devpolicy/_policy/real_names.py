@@ -9,8 +9,8 @@ import json
 import math
 import os
 
+from .._io.accounting import RuleUse, checkpoint_names, rule_uses, silent_rules
 from .._io.format import DTYPES
-from .._io.load import RuleUse, checkpoint_names, rule_uses, silent_rules
 from .._names.matching import SourceFile, compile_search
 from .lint import Finding
 from .policy import Policy

@@ -20,7 +20,8 @@ from .._apply.scope import Scope, make_place
 from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
 from .._io import load as _safetensors
-from .._io.load import Plan
+from .._io import planning as _planning
+from .._io.planning import Plan
 from .._machine.machine import VirtualMachine
 from .._names.matching import source_file
 from .active import ACTIVE_DECIDER, ACTIVE_SCOPES
@@ -408,7 +409,7 @@ def plan(
         >>> t.decision.device_text, t.decision.mesh_devices, t.decision.bytes_per_device()
         ('fsdp[data+model]', 16, 64)
     """
-    return _safetensors.plan(
+    return _planning.plan(
         path, _decider_of(policy), prefix=prefix, mmap=mmap, machine=machine, separator=separator
     )
 

@@ -292,7 +292,7 @@ class TestFailuresNameTheFile:
         def no_memory(nbytes: int) -> None:
             raise OSError(12, "Cannot allocate memory")
 
-        monkeypatch.setattr(devpolicy._io.load, "_aligned_empty", no_memory)  # type: ignore[attr-defined]
+        monkeypatch.setattr(devpolicy._io.buffers, "aligned_empty", no_memory)  # type: ignore[attr-defined]
         with pytest.raises(
             devpolicy.SafetensorsFileError, match=r"m\.safetensors.*'w'.*not enough memory"
         ):

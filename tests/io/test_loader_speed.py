@@ -23,7 +23,9 @@ from devpolicy._decide.decision import Decision
 from devpolicy._decide.items import claim, unpacked
 from devpolicy._decide.routing import NEVER_MAPPED, Route
 from devpolicy._io import load as _safetensors
+from devpolicy._io import readahead, whole
 from devpolicy._io.format import read_header
+from devpolicy._io.sources import open_tensor_file
 from devpolicy._machine.inventory import _distribution_names, _installed
 
 QUIET = {"level": "debug"}
@@ -255,13 +257,13 @@ def big_file(tmp_path: Path, nbytes: int = 40 * 2**20) -> tuple[Path, np.ndarray
 def reading_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the threads that read, one per read."""
     names: list[str] = []
-    read = _safetensors._pread_fully
+    read = whole.read_range
 
     def spying(*args: Any) -> None:
         names.append(threading.current_thread().name)
         read(*args)
 
-    monkeypatch.setattr(_safetensors, "_pread_fully", spying)
+    monkeypatch.setattr(whole, "read_range", spying)
     return names
 
 
@@ -269,7 +271,7 @@ class TestLargeReadsOnSeveralThreads:
     def test_a_large_host_tensor_is_read_in_pieces_on_reader_threads(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(_safetensors, "_READERS", 2)
+        monkeypatch.setattr(whole, "_READERS", 2)
         path, tokens = big_file(tmp_path)
         names = reading_threads(monkeypatch)
         policy = devpolicy.load_policy({"version": 1, "default": "cpu:1"}, environ={})
@@ -284,33 +286,33 @@ class TestLargeReadsOnSeveralThreads:
     def test_the_progress_bar_moves_by_every_piece_in_order(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(_safetensors, "_READERS", 2)
+        monkeypatch.setattr(whole, "_READERS", 2)
         path, tokens = big_file(tmp_path)
         header = read_header(path)
         moved: list[int] = []
-        fd = os.open(path, os.O_RDONLY)
+        source = open_tensor_file(path)
         try:
-            array = _safetensors._read(fd, header, header.tensors[0], moved.append)
+            array = whole.read_tensor(source, header, header.tensors[0], moved.append)
         finally:
-            os.close(fd)
+            source.close()
         assert moved == [16 * 2**20, 16 * 2**20, 8 * 2**20]
         np.testing.assert_array_equal(array, tokens)
 
     def test_a_truncated_large_tensor_is_an_error_naming_it(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(_safetensors, "_READERS", 2)
+        monkeypatch.setattr(whole, "_READERS", 2)
         path, _ = big_file(tmp_path)
         header = read_header(path)  # read whole, then the file shrinks under it
         os.truncate(path, path.stat().st_size - 20 * 2**20)
-        fd = os.open(path, os.O_RDONLY)
+        source = open_tensor_file(path)
         try:
             with pytest.raises(
                 SafetensorsFileError, match=r"file ended after .* 'tokens'|truncated"
             ):
-                _safetensors._read(fd, header, header.tensors[0], lambda _n: None)
+                whole.read_tensor(source, header, header.tensors[0], lambda _n: None)
         finally:
-            os.close(fd)
+            source.close()
 
     @pytest.mark.parametrize("mmap", [False, True])
     def test_sharded_slices_are_read_together_on_reader_threads(
@@ -318,7 +320,7 @@ class TestLargeReadsOnSeveralThreads:
     ) -> None:
         """Four 10 MiB slices: read on reader threads (mapped instead where the file
         is aligned and mmap asked); each device holds its own slice."""
-        monkeypatch.setattr(_safetensors, "_READERS", 2)
+        monkeypatch.setattr(whole, "_READERS", 2)
         path, tokens = big_file(tmp_path)
         names = reading_threads(monkeypatch)
         policy = devpolicy.load_policy(
@@ -361,13 +363,13 @@ class TestSmallRunsReadAhead:
     ) -> None:
         path, tensors = many_small(tmp_path)
         threads: list[str] = []
-        read_run = _safetensors._read_run
+        read_run = readahead._read_run
 
         def spying(*args: Any) -> Any:
             threads.append(threading.current_thread().name)
             return read_run(*args)
 
-        monkeypatch.setattr(_safetensors, "_read_run", spying)
+        monkeypatch.setattr(readahead, "_read_run", spying)
         policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"}, environ={})
         out = devpolicy.load_file(path, policy=policy, mmap=False, progress=False)
         assert threads[0] == threading.current_thread().name

@@ -1,0 +1,50 @@
+"""The names a checkpoint's tensors are decided under: `<prefix>/<key>`, the key's parts
+joined by `/` whatever separator the file uses; one naming for the load, `into=`, the plan
+and the rule-use accounting. No JAX here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .._document.schema import NamesSpec, separator_problem
+from .._names.matching import SourceFile
+from .format import Header
+
+PathLike = str | os.PathLike[str]
+
+
+def tensor_names(header: Header, stem: str, names: NamesSpec) -> list[str]:
+    """Each tensor's name: `<prefix>/<key>`, or the key alone under an empty prefix, the
+    key's parts separated by `/` whatever the policy's `names.separator` says they are."""
+    sep = names.separator
+    keys = [t.key if sep == "/" else t.key.replace(sep, "/") for t in header.tensors]
+    return [f"{stem}/{key}" if stem else key for key in keys]
+
+
+def name_prefix(stem: str, prefix: str | None, names: NamesSpec) -> str:
+    """The prefix of a checkpoint's names: the call's, else the policy's, else `stem`."""
+    if prefix is not None:
+        return prefix
+    return stem if names.prefix is None else names.prefix
+
+
+def source_files(files: tuple[Any, ...], path: PathLike) -> list[SourceFile]:
+    """Each file's source for `file:` rules: its own path and the path it was loaded by
+    (a checkpoint's directory or index; the same file otherwise)."""
+    return [SourceFile.of(file, path) for file in files]
+
+
+def call_naming(names: NamesSpec, separator: str | None) -> NamesSpec:
+    """The policy's `names`, with the call's separator where one is given.
+
+    Raises:
+        ValueError: a separator the policy's `names.separator` would refuse.
+    """
+    if separator is None:
+        return names
+    problem = separator_problem(separator)
+    if problem is not None:
+        raise ValueError(f"separator= takes {problem}")
+    return names.model_copy(update={"separator": separator})

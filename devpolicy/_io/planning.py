@@ -1,0 +1,336 @@
+"""The plan: where every tensor of a file or checkpoint would go, and whether each device
+has room, reading only headers (`devpolicy.plan`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._base.sizes import format_size
+from .._base.visible import visible
+from .._decide.decider import Decider
+from .._decide.decision import Decision, DeviceT
+from .._decide.items import maps_from_file
+from .._document.schema import NamesSpec
+from .._machine.capacity import pool_of, pool_text
+from .._machine.machine import VirtualMachine
+from .accounting import RuleUse, silent_rules, uses_of_decisions
+from .checkpoints import open_checkpoint
+from .format import read_header
+from .mapping import map_hint, x64_enabled
+from .naming import PathLike, call_naming, name_prefix, source_files, tensor_names
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTensor:
+    """Where one tensor of a file would go.
+
+    Attributes:
+        name: The name it is resolved under (`train/tokens`).
+        key: Its key in the file.
+        dtype: safetensors dtype name.
+        shape: Its shape.
+        nbytes: Its size as an array (F4, two values a byte in the file, one in memory).
+        offset: Its absolute file offset (64-aligned ones can be mapped zero-copy).
+        decision: The decision, or None when no device could be had (its device a
+            `VirtualDevice` in a plan for a `VirtualMachine`).
+        error: Why no device could be had, or None.
+        file: The file holding it, for a checkpoint of several files; else "".
+    """
+
+    name: str
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int
+    decision: Decision[Any] | None
+    error: str | None
+    file: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLoad:
+    """Planned bytes for one device against its free memory.
+
+    Attributes:
+        device: Target text (`gpu:0`), process-local.
+        nbytes: Bytes planned for it (a sharded tensor's share on it).
+        tensors: How many tensors (or shards of them) it holds.
+        free: Free bytes now, or None when unknown (for a shared pool, the pool's); for a
+            `VirtualMachine`, the device's stated memory.
+        fits: False when the bytes that take memory (`nbytes` less `file_backed`, summed
+            over every device of its pool) exceed `free` less the policy's `headroom`.
+        file_backed: Bytes that will be mapped from the file (host devices, `mmap`,
+            64-byte-aligned offset): they take no anonymous memory.
+        pool: The memory it draws on: `host RAM` (shared by every CPU device of the
+            process) or its own target text.
+        pool_nbytes: Bytes that take memory in the whole pool.
+    """
+
+    device: str
+    nbytes: int
+    tensors: int
+    free: int | None
+    fits: bool
+    file_backed: int = 0
+    pool: str = ""
+    pool_nbytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Every tensor of a file with its decision, and totals per device and per process.
+
+    Attributes:
+        file: The file.
+        tensors: One entry per tensor, in header order.
+        devices: One entry per device of the deciding process, by target text.
+        machine: The machine planned for: `this process`, or a `VirtualMachine`'s
+            description (`cpu=1 (memory unknown), gpu=8x80GiB; 2 processes`).
+        processes: How many processes load it, each alike (a `VirtualMachine`'s
+            `processes`; 1 for this process).
+        metadata: Each file's `__metadata__` (`{}` when it has none), keyed by the
+            file's path as the `load_file` event's `file` gives it.
+        left_out: For a checkpoint directory, each of its `*.safetensors` files that is
+            not part of the checkpoint, as (file, why); see `devpolicy.load_file`.
+        rules: What each rule of the policy took, in order, then the default
+            (`RuleUse`: tensors, bytes, how many sharded); see `warnings`.
+    """
+
+    file: str
+    tensors: tuple[PlannedTensor, ...]
+    devices: tuple[DeviceLoad, ...]
+    machine: str = "this process"
+    processes: int = 1
+    metadata: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    left_out: tuple[tuple[str, str], ...] = ()
+    rules: tuple[RuleUse, ...] = ()
+
+    @property
+    def warnings(self) -> list[tuple[str, str]]:
+        """What the plan should not pass over in silence (see `silent_rules`), as (code,
+        message): a rule that took no tensor while the default or a catch-all took some; a
+        policy that shards, with tensors placed whole by the default or a catch-all."""
+        return silent_rules(self.rules)
+
+    @property
+    def sharded_nothing(self) -> bool:
+        """Whether the policy has sharding rules and no tensor of this plan is sharded,
+        although some asked for it (a sharding rule's tensors fell back to a device) or
+        fell through to the default or a catch-all (`devpolicy plan` exits 3)."""
+        if not any(u.shards for u in self.rules) or any(u.sharded for u in self.rules):
+            return False
+        return any(u.tensors and (u.shards or u.catch_all) for u in self.rules)
+
+    @property
+    def bytes_per_process(self) -> int:
+        """The bytes each process holds: the sum over its devices (every process alike)."""
+        return sum(d.nbytes for d in self.devices)
+
+    def __str__(self) -> str:
+        """The plan as text: each tensor's device, then each device against its memory.
+
+        Example:
+            >>> import devpolicy, numpy as np, tempfile, os
+            >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+            >>> devpolicy.save_file({"w": np.zeros(256, np.float32)}, path)
+            >>> policy = devpolicy.load_policy({"version": 1, "default": "cpu:2"},
+            ...     capacity=devpolicy.StaticCapacity({"cpu:2": "1MiB"}))
+            >>> text = str(devpolicy.plan(path, policy=policy))
+            >>> print(text[text.index("m.safetensors"):])
+            m.safetensors: 1 tensor, fits
+              m/w  F32 256  1.0 KiB  -> cpu:2 by <mapping>:default (default)
+            cpu:2: 1 tensor, 1.0 KiB, 1.0 MiB free (0%): fits
+        """
+        count = len(self.tensors)
+        lines = [
+            f"{self.file}: {count} tensor{'' if count == 1 else 's'}, "
+            + ("fits" if self.fits else "DOES NOT FIT")
+        ]
+        if self.machine != "this process":
+            lines[0] += f" on {self.machine}"
+        for t in self.tensors:
+            shape = "x".join(map(str, t.shape)) or "()"
+            reasons: list[str] = []
+            if t.decision is not None:
+                where = f"-> {t.decision.described} by {t.decision.origin} ({t.decision.source})"
+                if t.decision.is_sharded:
+                    share = format_size(t.decision.bytes_per_device() or 0)
+                    where += f", {share} on each of {t.decision.mesh_devices} devices"
+                if t.decision.fallback_reason is not None:
+                    where += f"; asked {t.decision.requested}: {t.decision.fallback_reason}"
+            else:
+                error = (t.error or "").splitlines() or [""]
+                where = f"-> no device: {error[0]}"
+                # Why each target was passed over (a sharding that does not divide, a device
+                # too small), not the devices this process has: that list is the same for all.
+                tried = itertools.takewhile(lambda s: not s.startswith("  available:"), error[1:])
+                reasons = [f"    {reason.strip()}" for reason in tried]
+            lines.append(f"  {t.name}  {t.dtype} {shape}  {format_size(t.nbytes)}  {where}")
+            lines += reasons
+        for d in self.devices:
+            size = format_size(d.nbytes)
+            backed = f" ({format_size(d.file_backed)} file-backed)" if d.file_backed else ""
+            if d.free is None:
+                free = "free memory unknown"
+            else:
+                shared = f" {d.pool}" if d.pool and d.pool != d.device else ""
+                free = f"{format_size(d.free)} free{shared} ({d.pool_nbytes / max(d.free, 1):.0%})"
+            tensors = f"{d.tensors} tensor{'' if d.tensors == 1 else 's'}"
+            verdict = "fits" if d.fits else "DOES NOT FIT"
+            lines.append(f"{d.device}: {tensors}, {size}{backed}, {free}: {verdict}")
+        if self.processes > 1:
+            lines.append(
+                f"each of {self.processes} processes: {format_size(self.bytes_per_process)}"
+            )
+        if len(self.rules) > 1:  # the default alone says nothing the tensors do not
+            lines.append("rules:")
+            for u in self.rules:
+                took = f"{u.tensors} tensor{'' if u.tensors == 1 else 's'}"
+                lines.append(f"  {u.origin} {u.label}: {took}, {format_size(u.nbytes)}")
+        lines += [f"warning: {message} [{code}]" for code, message in self.warnings]
+        if self.sharded_nothing:
+            lines.append(
+                "warning: the policy shards, but no tensor is sharded on "
+                f"{self.machine} [sharded-nothing]"
+            )
+        lines += [f"left out: {file}: {why}" for file, why in self.left_out]
+        return "\n".join(visible(line) for line in lines)
+
+    def __rich__(self) -> Any:
+        """`rich.print(plan)`: the same text (visible-safe), never read as markup."""
+        from rich.text import Text
+
+        return Text(str(self))
+
+    @property
+    def fits(self) -> bool:
+        """Whether every tensor has a device and every device has room."""
+        return all(t.decision is not None for t in self.tensors) and all(
+            d.fits for d in self.devices
+        )
+
+
+def plan(
+    path: PathLike,
+    decider: Decider,
+    *,
+    prefix: str | None = None,
+    mmap: bool | None = None,
+    machine: VirtualMachine | None = None,
+    separator: str | None = None,
+) -> Plan:
+    """Where every tensor of a file or checkpoint would go by `decider`, or by its settings
+    on `machine` (which is then also the capacity judged by). See `devpolicy.plan`."""
+    naming = call_naming(decider.settings.names, separator)
+    if machine is not None:
+        if not isinstance(machine, VirtualMachine):
+            raise TypeError(
+                f"plan(machine=...) takes a devpolicy.VirtualMachine, got "
+                f"{type(machine).__name__} {machine!r}"
+            )
+        virtual = Decider(decider.settings, machine, machine)
+        return _plan(path, virtual, prefix, mmap, str(machine), machine.processes, naming)
+    return _plan(path, decider, prefix, mmap, "this process", 1, naming)
+
+
+def _plan(
+    path: PathLike,
+    decider: Decider[DeviceT],
+    prefix: str | None,
+    mmap: bool | None,
+    machine: str,
+    processes: int,
+    naming: NamesSpec,
+) -> Plan:
+    checkpoint = open_checkpoint(path)
+    headers = [read_header(file) for file in checkpoint.files]
+    checkpoint.check(headers)
+    stem = name_prefix(checkpoint.stem, prefix, naming)
+    entries = [(header, entry) for header in headers for entry in header.tensors]
+    names = [n for header in headers for n in tensor_names(header, stem, naming)]
+    by_file = dict(zip(checkpoint.files, source_files(checkpoint.files, path), strict=True))
+    x64 = x64_enabled()
+    hints = [map_hint(e, mmap, x64) for _, e in entries]
+    outcomes = decider.decide_many(
+        [
+            (n, e.array_nbytes, e.shape, hint, by_file[header.path])
+            for n, (header, e), hint in zip(names, entries, hints, strict=True)
+        ]
+    )
+    tensors = []
+    # Per device: [bytes, tensors or shards, file-backed bytes].
+    loads: dict[DeviceT, list[int]] = {}
+    for name, (header, entry), outcome, hint in zip(names, entries, outcomes, hints, strict=True):
+        decision, error = (outcome, None) if isinstance(outcome, Decision) else (None, str(outcome))
+        if decision is not None:
+            share = decision.bytes_per_device() or 0
+            mapped = maps_from_file(decision, hint)
+            for device in decision.local_devices:
+                totals = loads.setdefault(device, [0, 0, 0])
+                totals[0] += share
+                totals[1] += 1
+                totals[2] += share if mapped else 0
+        tensors.append(
+            PlannedTensor(
+                name,
+                entry.key,
+                entry.dtype_name,
+                entry.shape,
+                entry.array_nbytes,
+                entry.offset,
+                decision,
+                error,
+                str(header.path) if len(headers) > 1 else "",
+            )
+        )
+    # Devices sharing one memory (every CPU device) are judged together.
+    capacity = decider.capacity
+    pools = {device: pool_of(capacity, device) for device in loads}
+    in_pool: dict[object, int] = {}
+    for device, (nbytes, _, backed) in loads.items():
+        in_pool[pools[device]] = in_pool.get(pools[device], 0) + nbytes - backed
+    text = decider.machine.text
+    # The policy's headroom is kept free, as memory-aware placement keeps it.
+    headroom: float = decider.settings.headroom.value
+    devices = []
+    for device, (nbytes, count, backed) in sorted(
+        loads.items(), key=lambda kv: _in_order(text(kv[0]))
+    ):
+        free = capacity.free_bytes(device)
+        taken = in_pool[pools[device]]
+        devices.append(
+            DeviceLoad(
+                text(device),
+                nbytes,
+                count,
+                free,
+                free is None or taken <= int(free * (1 - headroom)),
+                backed,
+                pool_text(pools[device]),
+                taken,
+            )
+        )
+    uses = uses_of_decisions(
+        decider.settings, names, [t.decision for t in tensors], list(by_file.values())
+    )
+    return Plan(
+        str(path),
+        tuple(tensors),
+        tuple(devices),
+        machine,
+        processes,
+        metadata={str(header.path): dict(header.metadata or {}) for header in headers},
+        left_out=tuple((str(file), why) for file, why in checkpoint.left_out),
+        rules=uses,
+    )
+
+
+def _in_order(text: str) -> tuple[str, int]:
+    """`gpu:2` before `gpu:10`."""
+    platform, _, index = text.partition(":")
+    return platform, int(index) if index.isdigit() else -1

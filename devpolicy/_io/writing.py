@@ -1,0 +1,343 @@
+"""Writing safetensors files: atomically (a new file renamed into place), so an error or a
+signal never leaves a truncated file, and laid out by `layout` for zero-copy loading.
+
+Also copying a file into that layout (`align_file`) and what is left of writers killed
+mid-write (`remove_stale_temp_files`). No JAX here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import SafetensorsFileError
+from .._base.files import kind
+from .format import PACKED, Header, encodable, pack, read_header
+from .layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
+from .sources import SourceEndedError, open_tensor_file
+
+#: Temporary files of `save_arrays`/`align_file` are `.<name>.devpolicy-<pid>-<random>.tmp`
+#: beside the target (so a rename replaces it atomically). One left by a killed process is
+#: removed by the next successful save of the same target.
+TEMP_PATTERN = ".{name}.devpolicy-*.tmp"
+#: Bytes copied at a time by `rewrite_aligned`: memory stays flat however large the file.
+_COPY_BYTES = 64 * 2**20
+
+
+def write_file(
+    tensors: Mapping[str, np.ndarray[Any, Any]],
+    path: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write numpy arrays as a safetensors file whose largest tensors start `align`-aligned.
+
+    Written to a temporary file beside `path` and renamed into place: an error leaves no
+    partial file. `metadata` (even `{}`) is written as the header's `__metadata__`.
+    """
+    check_align(align)
+    # ascontiguousarray would turn 0-d arrays into 1-d ones; big-endian arrays are swapped.
+    arrays = {
+        key: np.require(value.astype(value.dtype.newbyteorder("="), copy=False), requirements="C")
+        for key, value in tensors.items()
+    }
+    if metadata is not None and not (
+        isinstance(metadata, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise ValueError(f"metadata must map strings to strings, got {metadata!r}")
+    for k, v in (metadata or {}).items():
+        if not (encodable(k) and encodable(v)):
+            raise SafetensorsFileError(
+                path,
+                f"metadata {k!r} holds a lone UTF-16 surrogate, which UTF-8 cannot encode: no "
+                "safetensors reader could read it back; nothing written",
+            )
+    header, order = plan_layout(slots_of(arrays, Path(path)), metadata, align)
+
+    def write_data(out: Any) -> None:
+        for slot in order:
+            array = arrays[slot.key]
+            if slot.dtype_name in PACKED:
+                out.write(pack(array).data)
+            elif array.nbytes:
+                out.write(array.reshape(-1).view(np.uint8).data)
+
+    _atomic_write(Path(path), header, write_data)
+
+
+def rewrite_aligned(
+    source: str | os.PathLike[str],
+    destination: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+) -> Header:
+    """Rewrite a safetensors file so its largest tensors start at `align`-byte offsets.
+
+    Streams each tensor's bytes (64 MiB at a time), so memory does not grow with the file.
+    Returns the new file's header.
+    """
+    check_align(align)
+    header = read_header(source)
+    slots = [Slot(t.key, t.dtype_name, t.shape, t.nbytes) for t in header.tensors]
+    by_key = {t.key: t for t in header.tensors}
+    new_header, order = plan_layout(slots, header.metadata, align)
+
+    def copy_data(out: Any) -> None:
+        largest = max((t.nbytes for t in header.tensors), default=0)
+        chunk = memoryview(bytearray(min(largest, _COPY_BYTES)))
+        with open_tensor_file(source) as f:
+            for slot in order:
+                entry = by_key[slot.key]
+                for start in range(0, entry.nbytes, _COPY_BYTES):
+                    piece = chunk[: min(_COPY_BYTES, entry.nbytes - start)]
+                    try:
+                        f.read_into(entry.offset + start, piece)
+                    except SourceEndedError:
+                        raise SafetensorsFileError(
+                            source, "file shrank while being read", tensor=slot.key
+                        ) from None
+                    out.write(piece)
+
+    _atomic_write(Path(destination), new_header, copy_data)
+    return read_header(destination)
+
+
+def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) -> None:
+    """Write a new file and rename it over `path`: never truncated or half-written in place.
+
+    A symlink is written through (its target is replaced, the link kept), an existing file
+    keeps its permission bits, and anything that exists but is not a regular file (a
+    device, a FIFO, a directory) is refused before anything is written. The data goes to
+    an unnamed file (`O_TMPFILE`) given a name only once complete, so a process killed in
+    any thread, by any signal, leaves nothing; where the filesystem cannot do that, to a
+    named temporary file removed on any error and on SIGTERM.
+    """
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else path
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        what = "does not exist" if not os.path.lexists(directory) else "is not a directory"
+        raise SafetensorsFileError(path, f"cannot write: the directory {str(directory)!r} {what}")
+    try:
+        info: os.stat_result | None = os.stat(target)
+    except OSError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        shown = f" (the symlink's target {str(target)!r})" if target != path else ""
+        raise SafetensorsFileError(
+            path,
+            f"cannot write: it is {kind(info.st_mode)}{shown}, not a regular file; "
+            "only a regular file (or a new path) is replaced",
+        )
+    # A new file gets what a plain open() would give it.
+    mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
+    prefix = f".{target.name}.devpolicy-{os.getpid()}-"
+    try:
+        fd, tmp = _temporary(directory, prefix)
+    except OSError as e:
+        raise SafetensorsFileError(
+            path, f"cannot write in {str(directory)!r}: {e.strerror}"
+        ) from None
+    try:
+        with _removed_on_sigterm():
+            try:
+                os.fchmod(fd, mode)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(len(header).to_bytes(8, "little"))
+                    out.write(header)
+                    write_data(out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                    if tmp is None:  # complete: only now does it get a name
+                        tmp = _named(out.fileno(), directory, prefix)
+                os.replace(tmp, target)
+            except OSError as e:
+                raise SafetensorsFileError(path, f"cannot write: {e.strerror or e}") from None
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, _Terminated):  # the temporary file is gone: now die as asked
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        if tmp is not None:
+            _in_flight.discard(tmp)
+    remove_stale_temp_files(target)
+
+
+#: Named temporary files being written, by any thread: the SIGTERM handler (main thread
+#: only, where Python runs handlers) removes them all. A set's add, discard and copy are
+#: each one step under the GIL, so the handler needs no lock (a lock the interrupted main
+#: thread held would deadlock it).
+_in_flight: set[str] = set()
+
+
+def _temporary(directory: Path, prefix: str) -> tuple[int, str | None]:
+    """A file to write in `directory`: (descriptor, None) for an unnamed one, else its name."""
+    if _TMPFILE:
+        try:
+            return os.open(directory, _TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600), None
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    _in_flight.add(tmp)
+    return fd, tmp
+
+
+def _named(fd: int, directory: Path, prefix: str) -> str:
+    """Give the complete unnamed file `fd` a temporary name beside its target."""
+    # linkat(AT_SYMLINK_FOLLOW) on /proc/self/fd/N: Python calls linkat (not link, which
+    # would link the /proc symlink itself) only when given a directory descriptor.
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for _ in range(100):
+            name = f"{prefix}{os.urandom(6).hex()}.tmp"
+            tmp = str(directory / name)
+            _in_flight.add(tmp)
+            try:
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=directory_fd, follow_symlinks=True)
+            except FileExistsError:
+                _in_flight.discard(tmp)
+                continue
+            except BaseException:
+                _in_flight.discard(tmp)
+                raise
+            return tmp
+    finally:
+        os.close(directory_fd)
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(directory))
+
+
+# Unnamed files need O_TMPFILE (Linux) and /proc to name them by descriptor afterwards.
+_TMPFILE = getattr(os, "O_TMPFILE", 0) if os.path.isdir("/proc/self/fd") else 0
+
+
+def remove_stale_temp_files(target: Path) -> list[Path]:
+    """Remove temporary files of ours for `target` whose writing process is gone.
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    for candidate in target.parent.glob(TEMP_PATTERN.format(name=glob_escape(target.name))):
+        pid_text = candidate.name[len(f".{target.name}.devpolicy-") :].split("-", 1)[0]
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        try:
+            candidate.unlink()
+        except OSError:
+            continue
+        removed.append(candidate)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    """`text` with glob metacharacters matched literally."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's live process
+        return True
+    return True
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while writing: unwind (removing the temporary file), then die of it."""
+
+
+@contextlib.contextmanager
+def _removed_on_sigterm() -> Iterator[None]:
+    # A library must not take over signals: only where SIGTERM would kill the process
+    # outright (the default action), and only on the main thread, where Python runs handlers.
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        for tmp in tuple(_in_flight):  # every thread's, not only this one's
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    current = os.umask(0o022)  # no way to read it without setting it elsewhere
+    os.umask(current)
+    return current
+
+
+def save_arrays(
+    tensors: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write a mapping of keys to arrays (numpy, JAX, or what `np.asarray` takes) as an
+    aligned safetensors file; `devpolicy.save_file` also names a tree's leaves first."""
+    check_align(align)  # before any array is converted or anything written
+    arrays = {key: np.asarray(value) for key, value in tensors.items()}
+    write_file(arrays, path, align=align, metadata=metadata)
+
+
+def align_file(
+    source: str | os.PathLike[str],
+    destination: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+) -> None:
+    """Copy a safetensors file so its largest tensors start at `align`-byte offsets.
+
+    Streams the data, so memory stays flat however large the file. The copy loads
+    zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`.
+
+    Raises:
+        SafetensorsFileError: `source` is not a readable safetensors file, or `destination`
+            exists but is not a regular file, or cannot be written; nothing is written.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> from safetensors.numpy import save_file as plain_save
+        >>> d = tempfile.mkdtemp()
+        >>> plain_save({"t": np.arange(100, dtype=np.uint16)}, os.path.join(d, "in.safetensors"))
+        >>> source, copy = os.path.join(d, "in.safetensors"), os.path.join(d, "out.safetensors")
+        >>> devpolicy.align_file(source, copy)
+        >>> devpolicy.plan(copy).tensors[0].offset % 64
+        0
+    """
+    rewrite_aligned(source, destination, align=align)
