@@ -121,7 +121,10 @@ class TestRefused:
     def test_a_proxy_dropping_range_is_an_error(self, https_proxied: Proxied) -> None:
         """A Range dropped on the way (the whole object comes back) is never taken as the range."""
         https_proxied.proxy.faults.append(servers.Fault("ignore_range", times=1, applies=_gets))
-        with pytest.raises(RangeIgnoredError, match=r"bytes 0-1048575: the server ignored Range"):
+        # Ranges are read concurrently: whichever reaches the proxy first meets the fault.
+        with pytest.raises(
+            RangeIgnoredError, match=r"model.bin bytes \d+-\d+: the server ignored Range"
+        ):
             _read_all(https_proxied)
 
     def test_an_s3_object_replaced_mid_load_is_an_error(
