@@ -96,3 +96,25 @@ needs_cpu_pinned_host = pytest.mark.skipif(
     "pinned_host" not in _cpu_memory_kinds(),
     reason="this jaxlib's CPU devices have no pinned_host memory (from jaxlib 0.7.1)",
 )
+
+
+def count_data_reads(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[int]:
+    """The byte counts of the `preadv` calls that read `path`'s data from now on (the
+    header goes through the same source and is left out), filled as a load runs."""
+    import os
+
+    from devpolicy._io import sources
+    from devpolicy._io.format import read_header
+
+    reads: list[int] = []
+    real = os.preadv
+    data_start = read_header(path).data_start
+
+    def counting(fd: int, buffers: list[memoryview], offset: int) -> int:
+        n = real(fd, buffers, offset)
+        if offset >= data_start:
+            reads.append(n)
+        return n
+
+    monkeypatch.setattr(sources.os, "preadv", counting)
+    return reads

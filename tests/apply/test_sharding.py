@@ -16,9 +16,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._io.format import read_header
 from tests.conftest import REPO
-from tests.helpers import needs_cpu_pinned_host, policy_of, write
+from tests.helpers import count_data_reads, needs_cpu_pinned_host, policy_of, write
 
 MESH = {"grid": {"axes": {"data": 2, "model": 2}, "devices": "cpu"}}
 
@@ -410,17 +409,7 @@ class TestShardLocalLoading:
             meshes={"half": {"axes": {"data": 2}, "devices": ["cpu:1", "cpu:2"]}},
             rules=[{"match": "m/w", "sharding": {"mesh": "half", "spec": [None, "data"]}}],
         )
-        reads: list[int] = []
-        real = os.preadv
-        data_start = read_header(path).data_start
-
-        def counting(fd: int, buffers: list[memoryview], offset: int) -> int:
-            n = real(fd, buffers, offset)
-            if offset >= data_start:  # the header is read through the same source: not data
-                reads.append(n)
-            return n
-
-        monkeypatch.setattr(devpolicy._io.sources.os, "preadv", counting)  # type: ignore[attr-defined]
+        reads = count_data_reads(monkeypatch, path)
         out = devpolicy.load_file(path, policy=policy)
         assert sum(reads) == w.nbytes  # each byte once, for both devices' halves
         assert len(reads) == 1

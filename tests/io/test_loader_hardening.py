@@ -26,11 +26,11 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._cli.main import main
 from devpolicy._io import load as _safetensors
-from devpolicy._io import ranges, readahead, sources
+from devpolicy._io import ranges, readahead
 from devpolicy._io.format import read_header
 from devpolicy._io.sources import open_tensor_file, os_error
 from tests.conftest import REPO
-from tests.helpers import policy_of, within
+from tests.helpers import count_data_reads, policy_of, within
 
 MESH = {"grid": {"axes": {"data": 2, "model": 2}, "devices": "cpu"}}
 
@@ -268,17 +268,7 @@ class TestTrailingDimensionShards:
         path = tmp_path / "m.safetensors"
         w = np.arange(2**20 * 4, dtype=np.float32).reshape(2**20, 4)
         devpolicy.save_file({"w": w}, path)
-        reads: list[int] = []
-        real = os.preadv
-        data_start = read_header(path).data_start
-
-        def counting(fd: int, buffers: list[memoryview], offset: int) -> int:
-            n = real(fd, buffers, offset)
-            if offset >= data_start:  # the header is read through the same source: not data
-                reads.append(n)
-            return n
-
-        monkeypatch.setattr(sources.os, "preadv", counting)
+        reads = count_data_reads(monkeypatch, path)
         with capture_logs() as logs:
             out = devpolicy.load_file(path, policy=sharded([None, ["data", "model"]]))
         assert len(reads) == 2
