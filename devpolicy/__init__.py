@@ -27,6 +27,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "AxisNamesError",
     "BatchStream",
     "Capacity",
     "CheckpointMismatchError",

@@ -115,6 +115,49 @@ class DeviceUnavailableError(DevicePolicyError, RuntimeError):
         super().__init__("\n".join(lines))
 
 
+class AxisNamesError(DevicePolicyError, ValueError):
+    """The axis names a model attached to an array (`axes: attached`) name more dimensions
+    than the array has: a question of naming in the model, not of devices.
+
+    Fewer names than dimensions are not an error: the rest are unsharded, as
+    `PartitionSpec` pads them.
+
+    Attributes:
+        name: The array's placement name.
+        names: The attached names, one per dimension named (None: not named).
+        shape: The array's shape.
+
+    Example:
+        >>> e = AxisNamesError("params/w", ("embed", "mlp", "kv"), (16, 32), " (rule p.yaml:4)")
+        >>> print(str(e).splitlines()[0])
+        attached axis names (embed, mlp, kv) of 'params/w' (rule p.yaml:4) name 3 dimensions, but the array has 2: (16, 32)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        names: Sequence[str | tuple[str, ...] | None],
+        shape: Sequence[int],
+        context: str = "",
+    ) -> None:
+        self.name = name
+        self.names = tuple(names)
+        self.shape = tuple(shape)
+        shown = ", ".join(
+            "-" if n is None else n if isinstance(n, str) else "+".join(n) for n in self.names
+        )
+        count = len(self.names)
+        super().__init__(
+            f"attached axis names ({shown}) of {name!r}{context} name {count} "
+            f"dimension{'' if count == 1 else 's'}, but the array has {len(self.shape)}: "
+            f"{self.shape}\n"
+            "  a naming problem in the model, not a missing device: name one axis (or none) "
+            "per dimension (flax nnx.with_partitioning / nn.with_logical_partitioning, haliax "
+            "axes); names for fewer dimensions leave the rest unsharded, as PartitionSpec "
+            "pads them"
+        )
+
+
 class EnvOverrideError(DevicePolicyError, ValueError):
     """A `DEVPOLICY_*` environment variable holds a value devpolicy cannot use.
 

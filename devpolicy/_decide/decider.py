@@ -16,7 +16,12 @@ from typing import Any, Generic
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from .._base.errors import DevicePolicyError, DeviceUnavailableError, UnmatchedNameError
+from .._base.errors import (
+    AxisNamesError,
+    DevicePolicyError,
+    DeviceUnavailableError,
+    UnmatchedNameError,
+)
 from .._base.events import EventLog
 from .._base.limits import CACHE_GENERATION
 from .._base.sizes import format_size
@@ -484,7 +489,7 @@ class Decider(Generic[DeviceT]):
             choice = route.choose(
                 name, nbytes, self._fit if fit is None else fit, claimed, shape, maps, attached
             )
-        except DeviceUnavailableError as e:
+        except (DeviceUnavailableError, AxisNamesError) as e:
             return _Outcome(index, route, e)
         return _Outcome(index, route, choice)
 

@@ -14,7 +14,7 @@ from typing import Generic
 
 from jax.sharding import NamedSharding
 
-from .._base.errors import DeviceUnavailableError
+from .._base.errors import AxisNamesError, DeviceUnavailableError
 from .._base.sizes import format_size
 from .._document.axes import Attached
 from .._document.targets import AttachedTarget, ShardingTarget, Target, parse_chain_item
@@ -216,7 +216,7 @@ class Route(Generic[D]):
         if self._fixed is not None and blind:
             return self._fixed
         choice = self.walk(name, nbytes, fit, claimed, shape, maps, attached)
-        if isinstance(choice, DeviceUnavailableError):
+        if isinstance(choice, DeviceUnavailableError | AxisNamesError):
             raise choice
         if choice.device is not None and not choice.sized and blind:
             # Devices do not come and go in a process: the same walk ends the same way.
@@ -256,7 +256,7 @@ class Route(Generic[D]):
         shape: tuple[int, ...] | None = None,
         maps: int = NEVER_MAPPED,
         attached: Attached | None = None,
-    ) -> Choice[D] | DeviceUnavailableError:
+    ) -> Choice[D] | DeviceUnavailableError | AxisNamesError:
         """Try each target of the chain in order (only the first under strict).
 
         With a size known, every target (`auto`, each fallback; a sharding by each
@@ -269,8 +269,11 @@ class Route(Generic[D]):
         no memory on a host device: it is not judged there.
 
         Under `axes: attached` the first target is the sharding the leaf's own names
-        (`attached`) resolve to; names that cannot be had (one per dimension of another
-        rank, a mesh axis the mesh lacks) pass it over with the reason. A leaf that
+        (`attached`) resolve to, read as JAX reads a `PartitionSpec`: names for fewer
+        dimensions than the array has leave the rest unsharded. Names that cannot be had
+        (a mesh axis the mesh lacks, a logical name on two dimensions) pass it over with
+        the reason; names for more dimensions than the array has are the model's naming
+        problem, not a device's, and the result is an `AxisNamesError`. A leaf that
         carries no names is replicated over the mesh, said like a fallback (0-d leaves
         have nothing to name: they are replicated without a word).
         """
@@ -284,7 +287,9 @@ class Route(Generic[D]):
         for position, target in enumerate(chain):
             shown = None  # the target as a reason names it, where not its own text
             if position == 0 and self.attached is not None:
-                found_target = self._attached_target(attached, shape)
+                found_target = self._attached_target(name, attached, shape)
+                if isinstance(found_target, AxisNamesError):
+                    return found_target
                 if isinstance(found_target, str):
                     tried.append((self.requested, found_target))
                     continue
@@ -365,21 +370,22 @@ class Route(Generic[D]):
         return DeviceUnavailableError(self.requested, tried, machine.available(), missing, context)
 
     def _attached_target(
-        self, attached: Attached | None, shape: tuple[int, ...] | None
-    ) -> ShardingTarget | str | None:
+        self, name: str, attached: Attached | None, shape: tuple[int, ...] | None
+    ) -> ShardingTarget | str | AxisNamesError | None:
         """The sharding a leaf's attached names ask for, why they cannot, or None when
-        the leaf carries none."""
+        the leaf carries none.
+
+        The spec keeps one entry per name, as JAX builds `PartitionSpec(*names)`: the
+        dimensions past the names are unsharded, and the `NamedSharding` is the one JAX
+        builds from the same names (`P('a')` and `P('a', None)` compare unequal, so the
+        spec is never padded here).
+        """
         assert self.attached is not None
         if attached is None:
             return None
-        found = self.attached.resolved(attached)
-        if isinstance(found, str) or shape is None or len(attached.names) == len(shape):
-            return found
-        count = len(attached.names)
-        return (
-            f"attached axes {attached.text} name {count} dimension{'' if count == 1 else 's'} "
-            f"but the array has {len(shape)} {tuple(shape)}"
-        )
+        if shape is not None and len(attached.names) > len(shape):
+            return AxisNamesError(name, attached.names, shape, self.context)
+        return self.attached.resolved(attached)
 
     def _sharded(
         self,

@@ -394,7 +394,9 @@ class TestNothingSilent:
         assert "embed" in reports[0]["axis_rules"]
         assert "[experts, MESH_AXIS]" in reports[0]["hint"]
 
-    def test_a_rank_mismatch_goes_down_the_chain_with_the_reason(self, boxes: Any) -> None:
+    def test_names_for_fewer_dimensions_shard_as_jax_pads_them(self, boxes: Any) -> None:
+        """Two names on a 3-D kernel shard its first two dimensions and leave the third
+        whole, as `PartitionSpec('fsdp', 'tensor')` does (no fallback is taken)."""
         policy = attached_policy(
             rules=[
                 {
@@ -405,14 +407,26 @@ class TestNothingSilent:
             ]
         )
         placed = policy.put("params", {"w": boxes((4, 4, 4), ("embed", "mlp"))})
-        assert placed["w"].value.devices() == {jax.devices("cpu")[1]}
-        (decision,) = policy.decider.resolve_many(
-            [("params/w", 256, (4, 4, 4), 0, None, Attached(("embed", "mlp")))]
+        sharding = placed["w"].value.sharding
+        assert sharding == NamedSharding(sharding.mesh, PartitionSpec("fsdp", "tensor"))
+
+    def test_names_for_more_dimensions_are_a_naming_error(self, boxes: Any) -> None:
+        """Three names on a 2-D array raise AxisNamesError naming the leaf, the names and
+        the shape, before any fallback is tried: the model's naming, not a device."""
+        policy = attached_policy(
+            rules=[
+                {
+                    "match": "params/*",
+                    "sharding": {"mesh": "mt", "axes": "attached"},
+                    "fallback": ["cpu:1"],
+                }
+            ]
         )
-        assert decision.fallback_reason == (
-            "mt[attached]: attached axes (embed, mlp) name 2 dimensions but the array has 3 "
-            "(4, 4, 4); used cpu:1"
-        )
+        with pytest.raises(
+            devpolicy.AxisNamesError,
+            match=r"^attached axis names \(embed, mlp, norm\) of 'params/w' \(rule <mapping>:rules\[0\]\) name 3 dimensions, but the array has 2: \(4, 4\)\n",
+        ):
+            policy.put("params", {"w": boxes((4, 4), ("embed", "mlp", "norm"))})
 
     @pytest.mark.parametrize(
         ("attached", "why"),
