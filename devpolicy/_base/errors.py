@@ -129,8 +129,10 @@ class AxisNamesError(DevicePolicyError, ValueError):
 
     Example:
         >>> e = AxisNamesError("params/w", ("embed", "mlp", "kv"), (16, 32), " (rule p.yaml:4)")
+        >>> e.names, e.shape
+        (('embed', 'mlp', 'kv'), (16, 32))
         >>> print(str(e).splitlines()[0])
-        attached axis names (embed, mlp, kv) of 'params/w' (rule p.yaml:4) name 3 dimensions, but the array has 2: (16, 32)
+        attached axis names (embed, mlp, kv) of 'params/w' (rule p.yaml:4) name 3 dimensions, ...
     """
 
     def __init__(
