@@ -216,7 +216,7 @@ class Route(Generic[D]):
         if self._fixed is not None and blind:
             return self._fixed
         choice = self.walk(name, nbytes, fit, claimed, shape, maps, attached)
-        if isinstance(choice, DeviceUnavailableError | AxisNamesError):
+        if isinstance(choice, DeviceUnavailableError):
             raise choice
         if choice.device is not None and not choice.sized and blind:
             # Devices do not come and go in a process: the same walk ends the same way.
@@ -256,7 +256,7 @@ class Route(Generic[D]):
         shape: tuple[int, ...] | None = None,
         maps: int = NEVER_MAPPED,
         attached: Attached | None = None,
-    ) -> Choice[D] | DeviceUnavailableError | AxisNamesError:
+    ) -> Choice[D] | DeviceUnavailableError:
         """Try each target of the chain in order (only the first under strict).
 
         With a size known, every target (`auto`, each fallback; a sharding by each
@@ -273,7 +273,7 @@ class Route(Generic[D]):
         dimensions than the array has leave the rest unsharded. Names that cannot be had
         (a mesh axis the mesh lacks, a logical name on two dimensions) pass it over with
         the reason; names for more dimensions than the array has are the model's naming
-        problem, not a device's, and the result is an `AxisNamesError`. A leaf that
+        problem, not a device's: `AxisNamesError` is raised. A leaf that
         carries no names is replicated over the mesh, said like a fallback (0-d leaves
         have nothing to name: they are replicated without a word).
         """
@@ -289,7 +289,7 @@ class Route(Generic[D]):
             if position == 0 and self.attached is not None:
                 found_target = self._attached_target(name, attached, shape)
                 if isinstance(found_target, AxisNamesError):
-                    return found_target
+                    raise found_target
                 if isinstance(found_target, str):
                     tried.append((self.requested, found_target))
                     continue
