@@ -92,6 +92,7 @@ __all__ = [
     "scope",
     "shardings",
     "to",
+    "use_mesh",
     "windows",
 ]
 

@@ -66,6 +66,7 @@ from ._policy.verbs import resolve as resolve
 from ._policy.verbs import scope as scope
 from ._policy.verbs import shardings as shardings
 from ._policy.verbs import to as to
+from ._policy.verbs import use_mesh as use_mesh
 from ._policy.verbs import windows as windows
 from ._runtime.settings import RuntimeKnob as RuntimeKnob
 from ._runtime.settings import RuntimeSettings as RuntimeSettings

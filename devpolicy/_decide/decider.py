@@ -174,6 +174,16 @@ class Decider(Generic[DeviceT]):
         # Sized decisions: (route, walk's end, decision) by key, checked by walking again.
         self._walked: dict[object, tuple[Route[DeviceT], Choice[DeviceT], Decision[DeviceT]]] = {}
 
+    def use_mesh(self, name: str, mesh: Any) -> None:
+        """Decide with `mesh` as the policy's mesh `name` (see `Meshes.use`); decisions
+        made before, with the mesh built from the policy, are forgotten."""
+        self.meshes.use(name, mesh)
+        self._recent.clear()
+        self._old.clear()
+        self._walked.clear()
+        for route in (*self._routes, self._default):
+            route.forget()
+
     @property
     def routes(self) -> tuple[Route[DeviceT], ...]:
         """Each rule's route, in rule order."""

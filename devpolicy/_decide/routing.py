@@ -188,6 +188,10 @@ class Route(Generic[D]):
         self._judges_shape = any(isinstance(t, ShardingTarget) for t in self.chain)
         self._fixed: Choice[D] | None = None
 
+    def forget(self) -> None:
+        """Drop the walk's end kept for size-blind calls (a mesh was replaced)."""
+        self._fixed = None
+
     @property
     def tried_chain(self) -> tuple[Target | ShardingTarget, ...]:
         """The targets a walk may try: only the first under strict."""

@@ -321,11 +321,44 @@ def _mesh_devices(value: Any) -> Any:
     return value
 
 
-class MeshSpec(_Strict):
-    """A named device mesh: axis names and sizes, over a backend's devices or listed ones."""
+def _sizes_mapping(what: str, example: str) -> Callable[[Any], Any]:
+    """A mesh's `axes` or `dcn`: a mapping of axis name to size, said so when it is not."""
 
-    axes: dict[AxisName, AxisSize] = Field(
-        description="Axis name to size, in order; one size may be -1 (the devices left)."
+    def validate(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise _fail(
+                f"{what} is a mapping of axis name to size, e.g. `{example}`; got {value!r}"
+            )
+        return value
+
+    return validate
+
+
+class MeshSpec(_Strict):
+    """A named device mesh: axis names and sizes, over a backend's devices or listed ones;
+    with `dcn`, a mesh over several slices (multi-slice, hybrid DCN x ICI)."""
+
+    axes: Annotated[
+        dict[AxisName, AxisSize],
+        BeforeValidator(_sizes_mapping("`axes`", "{data: 2, model: -1}")),
+    ] = Field(
+        description="Axis name to size, in order; one size may be -1 (the devices left). "
+        "With `dcn`: the shape of one slice (ICI), each axis's size within a slice."
+    )
+    dcn: (
+        Annotated[
+            dict[AxisName, AxisSize],
+            BeforeValidator(_sizes_mapping("`dcn` (slices per axis)", "{data: 2}")),
+        ]
+        | None
+    ) = Field(
+        None,
+        description="A mesh over several slices (DCN, multi-slice): how many slices each "
+        "axis of `axes` spans (an axis not listed: 1); one value may be -1 (the slices "
+        "left). Each mesh axis is then its `axes` size times its `dcn` size, in the device "
+        "order of jax's mesh_utils.create_hybrid_device_mesh: slices by `slice_index` on "
+        "TPU, each process a slice on CPU and GPU. MaxText's `dcn_X_parallelism` is "
+        "`dcn: {X: ...}`, `ici_X_parallelism` is `axes: {X: ...}`.",
     )
     devices: Annotated[str | list[TargetText], BeforeValidator(_mesh_devices)] = Field(
         "auto",
@@ -346,7 +379,31 @@ class MeshSpec(_Strict):
             raise _fail("only one axis may be -1 (the devices left over)")
         if isinstance(self.devices, list) and len(set(self.devices)) != len(self.devices):
             raise _fail("a device is listed more than once in `devices`")
+        if self.dcn is not None:
+            problem = _dcn_problem(self.dcn, self.axes)
+            if problem is not None:
+                raise _fail(problem)
         return self
+
+
+def _dcn_problem(dcn: dict[str, int], axes: dict[str, int]) -> str | None:
+    """What is wrong with a mesh's `dcn` beside its `axes`, or None."""
+    if not dcn:
+        return (
+            "`dcn` names how many slices each axis spans and needs at least one axis, e.g. "
+            f"`dcn: {{{next(iter(axes), 'data')}: 2}}`; leave it out for a mesh of one slice"
+        )
+    for name in dcn:
+        if name not in axes:
+            hint = did_you_mean(name, axes)
+            return (
+                f"`dcn` names axis {name!r}{hint}, which `axes` lacks; axes: "
+                f"{', '.join(axes)} (every axis of the mesh is in `axes`, its size in one "
+                "slice; 1 for an axis only across slices)"
+            )
+    if list(dcn.values()).count(-1) > 1:
+        return "only one `dcn` size may be -1 (the slices left over)"
+    return None
 
 
 def _spec_entry(value: Any) -> Any:

@@ -98,17 +98,31 @@ class Inventory:
             return f"{type(e).__name__}: {e}"
 
     def make_mesh(
-        self, sizes: tuple[int, ...], names: tuple[str, ...], devices: list[jax.Device]
+        self,
+        sizes: tuple[int, ...],
+        names: tuple[str, ...],
+        devices: list[jax.Device],
+        dcn: tuple[int, ...] | None = None,
     ) -> tuple[Mesh | None, tuple[jax.Device, ...]]:
-        """A JAX mesh of `devices` and this process's devices of it, in mesh order."""
+        """A JAX mesh of `devices` and every device of it, in mesh order. With `dcn`
+        (slices per axis) JAX's own hybrid layout, `create_hybrid_device_mesh`: slices by
+        `slice_index` on TPU, each process a slice elsewhere (`process_is_granule`)."""
         # Auto axes: the classic sharding propagation a device_put or jit user expects;
         # Explicit axes would change how every computation under the mesh is typed.
-        # axis_types by keyword (keyword-only before jax 0.7.0); sizes by position (the
-        # parameter is `axis_shapes` before jax 0.11.1, `axis_sizes` from it).
         auto = (AxisType.Auto,) * len(names)
-        mesh = jax.make_mesh(sizes, names, axis_types=auto, devices=devices)
-        index = self.process_index
-        return mesh, tuple(d for d in mesh.devices.flat if d.process_index == index)
+        if dcn is None:
+            # axis_types by keyword (keyword-only before jax 0.7.0); sizes by position (the
+            # parameter is `axis_shapes` before jax 0.11.1, `axis_sizes` from it).
+            mesh = jax.make_mesh(sizes, names, axis_types=auto, devices=devices)
+        else:
+            from jax.experimental import mesh_utils
+
+            ici = tuple(size // slices for size, slices in zip(sizes, dcn, strict=True))
+            grid = mesh_utils.create_hybrid_device_mesh(
+                ici, dcn, devices, process_is_granule=devices[0].platform != "tpu"
+            )
+            mesh = Mesh(grid, names, axis_types=auto)
+        return mesh, tuple(mesh.devices.flat)
 
 
 def _probe(platform: str) -> tuple[jax.Device, ...] | Exception:
@@ -352,10 +366,14 @@ class ThisProcess:
         return memory_kinds(device)
 
     def make_mesh(
-        self, sizes: tuple[int, ...], names: tuple[str, ...], devices: list[jax.Device]
+        self,
+        sizes: tuple[int, ...],
+        names: tuple[str, ...],
+        devices: list[jax.Device],
+        dcn: tuple[int, ...] | None = None,
     ) -> tuple[Mesh | None, tuple[jax.Device, ...]]:
         """See `Inventory.make_mesh`."""
-        return inventory().make_mesh(sizes, names, devices)
+        return inventory().make_mesh(sizes, names, devices, dcn)
 
     def __repr__(self) -> str:
         return "<devpolicy this process>"

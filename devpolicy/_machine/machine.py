@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -113,11 +113,81 @@ class Machine(Protocol[D]):
         ...
 
     def make_mesh(
-        self, sizes: tuple[int, ...], names: tuple[str, ...], devices: list[D]
+        self,
+        sizes: tuple[int, ...],
+        names: tuple[str, ...],
+        devices: list[D],
+        dcn: tuple[int, ...] | None = None,
     ) -> tuple[Mesh | None, tuple[D, ...]]:
-        """A mesh of `devices` (None where no JAX mesh can exist) and this process's
-        devices of it, in mesh order. May raise: the caller turns that into a reason."""
+        """A mesh of `devices` of shape `sizes` (None where no JAX mesh can exist) and
+        every device of it in mesh order. With `dcn` (slices per axis), a hybrid mesh:
+        each slice (`slice_of`) a block of `sizes / dcn`, as JAX's
+        `mesh_utils.create_hybrid_device_mesh` lays them out. May raise: the caller turns
+        that into a reason."""
         ...
+
+
+def slice_of(device: DeviceLike) -> int:
+    """The slice a device belongs to in a hybrid (multi-slice) mesh: its `slice_index` on
+    TPU, its process elsewhere (JAX's `process_is_granule=True`: CPU and GPU devices have
+    no slice)."""
+    if device.platform == "tpu":
+        index = getattr(device, "slice_index", None)
+        if isinstance(index, int):
+            return index
+    return device.process_index
+
+
+def hybrid_order(
+    devices: Sequence[D], sizes: tuple[int, ...], dcn: tuple[int, ...]
+) -> tuple[D, ...]:
+    """`devices` in the order of a hybrid mesh of shape `sizes` over `dcn` slices per axis:
+    JAX's `mesh_utils.create_hybrid_device_mesh` without asking JAX, for a machine
+    described in words. Slices (`slice_of`) in ascending order fill the `dcn` grid
+    row-major; each is a block of `sizes / dcn` devices in their order (by id on GPU, as
+    JAX orders a GPU slice), at its place in the grid.
+
+    Raises:
+        ValueError: the slices do not match `dcn`, or a slice does not fill its block.
+
+    Example:
+        >>> from devpolicy._machine.machine import VirtualMachine
+        >>> vm = VirtualMachine(["gpu=2"], processes=2)
+        >>> order = hybrid_order(vm.backend_devices("gpu"), (2, 2), (2, 1))
+        >>> [(d.process_index, d.index) for d in order]
+        [(0, 0), (0, 1), (1, 0), (1, 1)]
+        >>> order = hybrid_order(vm.backend_devices("gpu"), (2, 2), (1, 2))
+        >>> [(d.process_index, d.index) for d in order]
+        [(0, 0), (1, 0), (0, 1), (1, 1)]
+    """
+    ici = tuple(size // slices for size, slices in zip(sizes, dcn, strict=True))
+    grouped: dict[int, list[D]] = {}
+    for device in devices:
+        grouped.setdefault(slice_of(device), []).append(device)
+    slices = [grouped[key] for key in sorted(grouped)]
+    if math.prod(dcn) != len(slices):
+        raise ValueError(f"{len(slices)} slices for dcn {dcn} ({math.prod(dcn)} slices)")
+    per_slice = math.prod(ici)
+    placed: dict[tuple[int, ...], D] = {}
+    for number, members in enumerate(slices):
+        if len(members) != per_slice:
+            raise ValueError(f"slice {number} has {len(members)} devices, not {per_slice}")
+        if members[-1].platform == "gpu":
+            members = sorted(members, key=lambda d: d.id)
+        corner = tuple(g * i for g, i in zip(_unravel(number, dcn), ici, strict=True))
+        for position, device in enumerate(members):
+            within = _unravel(position, ici)
+            placed[tuple(c + w for c, w in zip(corner, within, strict=True))] = device
+    return tuple(placed[_unravel(flat, sizes)] for flat in range(math.prod(sizes)))
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major coordinates of position `flat` in `shape`."""
+    coords = []
+    for size in reversed(shape):
+        flat, coord = divmod(flat, size)
+        coords.append(coord)
+    return tuple(reversed(coords))
 
 
 def out_of_range(target: Target, count: int) -> str:
@@ -268,12 +338,20 @@ class VirtualMachine:
         return VIRTUAL_MEMORY_KINDS
 
     def make_mesh(
-        self, sizes: tuple[int, ...], names: tuple[str, ...], devices: list[VirtualDevice]
+        self,
+        sizes: tuple[int, ...],
+        names: tuple[str, ...],
+        devices: list[VirtualDevice],
+        dcn: tuple[int, ...] | None = None,
     ) -> tuple[Mesh | None, tuple[VirtualDevice, ...]]:
-        """No JAX mesh (its devices do not exist); process 0's devices in mesh order."""
+        """No JAX mesh (its devices do not exist); every device in mesh order: as listed
+        (process-major), or for a hybrid mesh as `hybrid_order` lays the slices out (each
+        process a slice)."""
         if math.prod(sizes) != len(devices):  # pragma: no cover - the sizing checks this
             raise ValueError(f"{len(devices)} devices for a mesh of {math.prod(sizes)}")
-        return None, tuple(d for d in devices if d.process_index == 0)
+        if dcn is None:
+            return None, tuple(devices)
+        return None, hybrid_order(devices, sizes, dcn)
 
     def free_bytes(self, device: VirtualDevice) -> int | None:
         """The device's stated memory (all of it free), or None when not given."""

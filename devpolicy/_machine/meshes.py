@@ -14,9 +14,10 @@ from typing import Generic
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._base.errors import did_you_mean
 from .._document.schema import MeshSpec
 from .._document.targets import AUTO, PLATFORM_ALIASES, ShardingTarget, SpecEntry, parse_target
-from .machine import D, Machine
+from .machine import D, Machine, slice_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,11 +26,15 @@ class BuiltMesh(Generic[D]):
 
     Attributes:
         name: Its name in the policy.
-        shape: Each axis with its size, in order.
+        shape: Each axis with its size, in order (for a hybrid mesh, slices x within).
         size: How many devices it spans (every process).
         local: This process's devices of the mesh, in mesh order.
         mesh: The JAX mesh; None on a machine whose devices do not exist here (a plan
             for a `VirtualMachine`).
+        devices: Every device of the mesh, every process's, in mesh order (row-major).
+        dcn: For a hybrid (multi-slice) mesh, how many slices each axis spans; else None.
+        given: Whether the program gave this mesh (`use_mesh`) rather than the policy
+            building it.
     """
 
     name: str
@@ -37,6 +42,20 @@ class BuiltMesh(Generic[D]):
     size: int
     local: tuple[D, ...]
     mesh: Mesh | None
+    devices: tuple[D, ...] = ()
+    dcn: dict[str, int] | None = None
+    given: bool = False
+
+    @property
+    def described(self) -> str:
+        """`data=2 x fsdp=4`, or for a hybrid mesh each axis as slices x within a slice:
+        `data=2 (2x1) x fsdp=4 (1x4)`; `, given in code` for a registered mesh."""
+        parts = []
+        for axis, size in self.shape.items():
+            slices = None if self.dcn is None else self.dcn.get(axis, 1)
+            split = "" if slices is None else f" ({slices}x{size // slices})"
+            parts.append(f"{axis}={size}{split}")
+        return " x ".join(parts) + (", given in code" if self.given else "")
 
 
 class Meshes(Generic[D]):
@@ -55,6 +74,45 @@ class Meshes(Generic[D]):
         self._specs = dict(specs)
         self.machine = machine
         self._built: dict[str, BuiltMesh[D] | str] = {}
+
+    def use(self, name: str, mesh: Mesh) -> None:
+        """Use `mesh`, built by the program, as the policy's mesh `name` from now on.
+
+        The policy must declare `name` under `meshes:` with the same axis names; each
+        size it states (not -1) must be the mesh's. Decisions made before keep the mesh
+        they were made with: the caller forgets them (`Decider.use_mesh`).
+
+        Raises:
+            TypeError: `mesh` is not a `jax.sharding.Mesh`.
+            ValueError: the policy declares no mesh `name`, or declares other axes.
+        """
+        if not isinstance(mesh, Mesh):
+            raise TypeError(
+                f"use_mesh({name!r}, mesh) takes a jax.sharding.Mesh, got "
+                f"{type(mesh).__name__} {mesh!r}"
+            )
+        spec = self._specs.get(name)
+        if spec is None:
+            hint = did_you_mean(name, self._specs)
+            listed = ", ".join(self._specs) or "none"
+            axes = ", ".join(f"{axis}: {size}" for axis, size in mesh.shape.items())
+            raise ValueError(
+                f"use_mesh({name!r}, ...): the policy declares no mesh {name!r}{hint}; "
+                f"meshes: {listed}. Declare it under `meshes:` with its axes, e.g. "
+                f"`{name}: {{axes: {{{axes}}}}}`, so that rules can name it and `check` can "
+                "check them"
+            )
+        problem = _given_problem(spec, dict(mesh.shape))
+        if problem is not None:
+            raise ValueError(f"use_mesh({name!r}, ...): {problem}")
+        index = self.machine.process_index
+        devices = tuple(mesh.devices.flat)
+        local = tuple(d for d in devices if d.process_index == index)
+        self._built[name] = (
+            BuiltMesh(name, dict(mesh.shape), len(devices), local, mesh, devices, given=True)
+            if local
+            else f"mesh {name!r} (given in code) has no device of this process ({index})"
+        )
 
     def build(self, name: str) -> BuiltMesh[D] | str:
         """The mesh called `name` on this machine, or why it cannot be built there."""
@@ -173,31 +231,114 @@ def divides(
     return None
 
 
+def _given_problem(spec: MeshSpec, shape: dict[str, int]) -> str | None:
+    """Why a mesh of `shape` (axis to size) is not the mesh `spec` declares, or None."""
+    declared = list(spec.axes)
+    if set(declared) != set(shape):
+        return (
+            f"the mesh has axes ({', '.join(shape)}), the policy declares "
+            f"({', '.join(declared)}): rules name axes by these names, so they must be the same"
+        )
+    for axis, size in spec.axes.items():
+        slices = 1 if spec.dcn is None else spec.dcn.get(axis, 1)
+        if size == -1 or slices == -1:
+            continue
+        if shape[axis] != size * slices:
+            stated = f"{size}" if slices == 1 else f"{slices}x{size} (dcn x axes)"
+            return (
+                f"axis {axis!r} has {shape[axis]} devices in the mesh, {stated} in the policy; "
+                "make them agree, or write -1 in the policy for a size the program decides"
+            )
+    return None
+
+
 def _build(name: str, spec: MeshSpec, machine: Machine[D]) -> BuiltMesh[D] | str:
     devices = _devices(spec.devices, machine)
     if isinstance(devices, str):
         return f"mesh {name!r}: {devices}"
     names = list(spec.axes)
-    sizes = list(spec.axes.values())
-    fixed = math.prod(s for s in sizes if s != -1)
     where = _where(spec.devices, machine)
-    described = " x ".join(f"{n}={s}" for n, s in spec.axes.items())
-    if -1 in sizes:
-        if len(devices) % fixed or not devices:
-            return (
-                f"mesh {name!r} ({described}) needs a multiple of {fixed} {where} devices, "
-                f"{len(devices)} here"
-            )
-        sizes[sizes.index(-1)] = len(devices) // fixed
-    elif fixed != len(devices):
-        return f"mesh {name!r} ({described}) needs {fixed} {where} devices, {len(devices)} here"
+    dcn: list[int] | None = None
+    if spec.dcn is None:
+        sizes = _sizes(list(spec.axes.values()), len(devices))
+        if isinstance(sizes, str):
+            described = " x ".join(f"{n}={s}" for n, s in spec.axes.items())
+            return f"mesh {name!r} ({described}) needs {sizes} {where} devices, {len(devices)} here"
+    else:
+        hybrid = _hybrid_sizes(name, spec, devices, where)
+        if isinstance(hybrid, str):
+            return hybrid
+        sizes, dcn = hybrid
     try:
-        mesh, local = machine.make_mesh(tuple(sizes), tuple(names), devices)
+        mesh, order = machine.make_mesh(
+            tuple(sizes), tuple(names), devices, None if dcn is None else tuple(dcn)
+        )
     except Exception as e:  # JAX's own reason, in its words
         return f"mesh {name!r}: {type(e).__name__}: {e}"
+    index = machine.process_index
+    local = tuple(d for d in order if d.process_index == index)
     if not local:
-        return f"mesh {name!r} has no device of this process ({machine.process_index})"
-    return BuiltMesh(name, dict(zip(names, sizes, strict=True)), len(devices), local, mesh)
+        return f"mesh {name!r} has no device of this process ({index})"
+    return BuiltMesh(
+        name,
+        dict(zip(names, sizes, strict=True)),
+        len(devices),
+        local,
+        mesh,
+        order,
+        None if dcn is None else dict(zip(names, dcn, strict=True)),
+    )
+
+
+def _sizes(sizes: list[int], count: int) -> list[int] | str:
+    """`sizes` with a -1 made the `count` left over, or how many the fixed sizes need
+    (`8`, `a multiple of 4`)."""
+    fixed = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if count % fixed or not count:
+            return f"a multiple of {fixed}"
+        sizes = list(sizes)
+        sizes[sizes.index(-1)] = count // fixed
+        return sizes
+    return sizes if fixed == count else f"{fixed}"
+
+
+def _hybrid_sizes(
+    name: str, spec: MeshSpec, devices: list[D], where: str
+) -> tuple[list[int], list[int]] | str:
+    """A hybrid mesh's total size and slices per axis, the -1s resolved by the slices
+    `devices` fall into and the devices in each, or why they do not fit."""
+    assert spec.dcn is not None
+    counts: dict[int, int] = {}
+    for device in devices:
+        key = slice_of(device)
+        counts[key] = counts.get(key, 0) + 1
+    tpu = bool(devices) and devices[0].platform == "tpu"
+    unit = "slice" if tpu else "process"
+    plural = "slices" if tpu else "processes"
+    within = " x ".join(f"{n}={s}" for n, s in spec.axes.items())
+    across = " x ".join(f"{n}={s}" for n, s in spec.dcn.items())
+    described = f"mesh {name!r} (in each slice {within}; slices {across})"
+    per_slice = set(counts.values())
+    if len(per_slice) > 1:
+        held = ", ".join(f"{unit} {k}: {n}" for k, n in sorted(counts.items()))
+        return (
+            f"{described}: its {plural} hold different numbers of {where} devices ({held}); "
+            "a hybrid mesh needs the same in each"
+        )
+    count = per_slice.pop() if per_slice else 0
+    ici = _sizes(list(spec.axes.values()), count)
+    dcn = _sizes([spec.dcn.get(n, 1) for n in spec.axes], len(counts))
+    if isinstance(ici, str) or isinstance(dcn, str):
+        need_ici = ici if isinstance(ici, str) else str(math.prod(ici))
+        need_dcn = dcn if isinstance(dcn, str) else str(math.prod(dcn))
+        slices = "slice" if need_dcn == "1" else "slices"
+        have = f"{len(counts)} {unit if len(counts) == 1 else plural}"
+        return (
+            f"{described} needs {need_dcn} {slices} of {need_ici} {where} devices each, "
+            f"{have} of {count} here" + ("" if tpu else " (each process is a slice)")
+        )
+    return [i * d for i, d in zip(ici, dcn, strict=True)], dcn
 
 
 def _where(devices: str | list[str], machine: Machine[D]) -> str:

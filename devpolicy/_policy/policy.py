@@ -103,6 +103,22 @@ class Policy:
         default = self.settings.default.value
         return f"<Policy file={self.file!r} rules={len(self.rules)} default={default!r}>"
 
+    def use_mesh(self, name: str, mesh: jax.sharding.Mesh) -> None:
+        """Use a mesh the program built as this policy's mesh `name`: every rule naming
+        `name` shards over `mesh` itself. See `devpolicy.use_mesh`.
+
+        Example:
+            >>> import devpolicy, jax
+            >>> p = devpolicy.load_policy({"version": 1,
+            ...     "meshes": {"train": {"axes": {"data": -1}}},
+            ...     "rules": [{"match": "batch", "sharding": {"mesh": "train", "spec": ["data"]}}]})
+            >>> mesh = jax.sharding.Mesh(jax.devices("cpu"), ("data",))
+            >>> p.use_mesh("train", mesh)
+            >>> p.resolve("batch").sharding.mesh is mesh
+            True
+        """
+        self.decider.use_mesh(name, mesh)
+
     def resolve(
         self,
         name: str,

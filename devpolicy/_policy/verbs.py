@@ -236,6 +236,43 @@ def shardings(name: str, tree: T) -> T:
     return _put.shardings(ACTIVE_DECIDER.decider(), name, tree)
 
 
+def use_mesh(name: str, mesh: jax.sharding.Mesh, *, policy: Policy | None = None) -> None:
+    """Use a mesh the program built as the policy's mesh `name`: every rule naming `name`
+    (its `sharding`, a fallback `name[...]`, `DEVPOLICY_RULES`) shards over `mesh` itself,
+    not one devpolicy builds. For a codebase that makes its own mesh (MaxText's
+    `create_device_mesh`, a hybrid mesh, a `jax.make_mesh` with its own device order) and
+    adopts devpolicy for placement only.
+
+    The policy still declares the mesh under `meshes:` with the same axis names, so that
+    its rules can be checked without the program (`devpolicy check`); a size there other
+    than -1 must be the mesh's. Its `devices:` are not used once a mesh is given. The
+    decisions made before are forgotten: the next one uses `mesh`.
+
+    Args:
+        name: The mesh's name in the policy's `meshes`.
+        mesh: The `jax.sharding.Mesh`.
+        policy: The policy to give it to (default: the active policy).
+
+    Raises:
+        TypeError: `mesh` is not a `jax.sharding.Mesh`.
+        ValueError: the policy declares no mesh `name` (the message lists its meshes), or
+            one with other axis names or sizes.
+
+    Example:
+        >>> import devpolicy, jax
+        >>> meshes = {"train": {"axes": {"data": 2, "model": 2}}}
+        >>> rules = [{"match": "params/*", "sharding": {"mesh": "train", "spec": ["data"]}}]
+        >>> p = devpolicy.load_policy({"version": 1, "meshes": meshes, "rules": rules})
+        >>> mesh = jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices("cpu"))
+        >>> with devpolicy.activate(p):
+        ...     devpolicy.use_mesh("train", mesh)
+        ...     decision = devpolicy.resolve("params/w", shape=(8, 8))
+        >>> decision.sharding.mesh is mesh, decision.device_text
+        (True, 'train[data]')
+    """
+    _decider_of(policy).use_mesh(name, mesh)
+
+
 def _decider_of(policy: Policy | None) -> Decider:
     if policy is None:
         return ACTIVE_DECIDER.decider()
