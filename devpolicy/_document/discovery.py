@@ -30,11 +30,37 @@ class Found:
         path: The policy file, or None when there is none.
         how: How it was found, in words.
         named: Whether the user named it (`DEVPOLICY_FILE`) rather than discovery finding it.
+        looked: Where discovery looked, in order: each `devpolicy.yaml` it tried, then the
+            project's `pyproject.toml` when there is one.
     """
 
     path: Path | None
     how: str
     named: bool = False
+    looked: tuple[Path, ...] = ()
+
+    @property
+    def looked_text(self) -> str:
+        """Where discovery looked, in words (for the `no_policy` warning and its error).
+
+        Example:
+            >>> Found(None, "none", looked=(Path("/p/a/devpolicy.yaml"), Path("/p/devpolicy.yaml"),
+            ...     Path("/p/pyproject.toml"))).looked_text
+            'devpolicy.yaml in /p/a, /p; [tool.devpolicy] in /p/pyproject.toml'
+        """
+        places = [p.parent for p in self.looked if p.name == POLICY_FILENAME]
+        parts = [f"{POLICY_FILENAME} in " + ", ".join(map(str, places))] if places else []
+        parts += [f"[tool.devpolicy] in {p}" for p in self.looked if p.name == "pyproject.toml"]
+        return "; ".join(parts) or "nowhere"
+
+
+#: How to point devpolicy at a policy when discovery finds none.
+NO_POLICY_FIX = (
+    "set DEVPOLICY_FILE=path/to/devpolicy.yaml, or put devpolicy.yaml in the working "
+    "directory or a parent up to the project root (or `[tool.devpolicy] policy = ...` in "
+    "its pyproject.toml), or pass the policy: bootstrap(path), load_policy(path); "
+    "DEVPOLICY_REQUIRE=1 makes a missing policy an error"
+)
 
 
 #: Files whose presence marks a project's root: discovery never looks above it.
@@ -90,10 +116,14 @@ def discover(env_file: Path | None, cwd: Path) -> Found:
         if os.path.lexists(candidate):
             _refuse_untrusted(candidate, "found")
             return Found(candidate, f"{POLICY_FILENAME} in the working directory or a parent")
+    looked = tuple(directory.absolute() / POLICY_FILENAME for directory in directories)
     pyproject = directories[-1] / "pyproject.toml"
     if os.path.lexists(pyproject):
-        return _from_pyproject(pyproject)
-    return Found(None, "no policy file (every name goes to JAX's default device)")
+        found = _from_pyproject(pyproject)
+        if found.path is None:
+            return Found(None, found.how, looked=(*looked, pyproject.absolute()))
+        return found
+    return Found(None, "no policy file (every name goes to JAX's default device)", looked=looked)
 
 
 def _refuse_untrusted(path: Path, how: str, policy: Path | None = None) -> None:

@@ -28,9 +28,11 @@ STRICT = "DEVPOLICY_STRICT"
 LOG_LEVEL = "DEVPOLICY_LOG_LEVEL"
 LOG_FORMAT = "DEVPOLICY_LOG_FORMAT"
 DISABLE = "DEVPOLICY_DISABLE"
+#: A policy must be found (discovery that finds none raises instead of warning).
+REQUIRE = "DEVPOLICY_REQUIRE"
 #: Set by `devpolicy run` for its child (the runtime variables it set from the policy).
 RUNTIME_SET = "DEVPOLICY_RUNTIME_SET"
-VARIABLES = (FILE, RULES, DEFAULT, STRICT, LOG_LEVEL, LOG_FORMAT, DISABLE, RUNTIME_SET)
+VARIABLES = (FILE, RULES, DEFAULT, STRICT, LOG_LEVEL, LOG_FORMAT, DISABLE, REQUIRE, RUNTIME_SET)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -50,6 +52,7 @@ class EnvSettings:
     default: str | None = None
     strict: bool | None = None
     disable: bool | None = None
+    require: bool | None = None
     log_level: str | None = None
     log_format: str | None = None
     #: `DEVPOLICY_RULES` as given, and each of its rules' text, for errors found later
@@ -101,6 +104,7 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
         default=_default(values.get(DEFAULT)),
         strict=_bool(STRICT, values.get(STRICT)),
         disable=_bool(DISABLE, values.get(DISABLE)),
+        require=_bool(REQUIRE, values.get(REQUIRE)),
         log_level=_choice(LOG_LEVEL, values.get(LOG_LEVEL), LOG_LEVELS),
         log_format=_choice(LOG_FORMAT, values.get(LOG_FORMAT), LOG_FORMATS),
         rules_text=values.get(RULES, ""),

@@ -335,8 +335,7 @@ def _sizes_mapping(what: str, example: str) -> Callable[[Any], Any]:
 
 
 class MeshSpec(_Strict):
-    """A named device mesh: axis names and sizes, over a backend's devices or listed ones;
-    with `dcn`, a mesh over several slices (multi-slice, hybrid DCN x ICI)."""
+    """A named device mesh: axis sizes over a backend's devices or listed ones (`dcn`: slices)."""
 
     axes: Annotated[
         dict[AxisName, AxisSize],

@@ -16,7 +16,7 @@ from types import TracebackType
 from .._apply.calls import Active
 from .._apply.scope import Scopes
 from .._decide.decider import Decider
-from .loading import load_policy, loaded_files
+from .loading import forget_nothing_found, load_policy, loaded_files
 from .policy import Policy
 
 _ACTIVE: ContextVar[Policy | None] = ContextVar("devpolicy_active_policy", default=None)
@@ -35,8 +35,13 @@ def active_policy() -> Policy:
     activation still open in any thread; else the discovered policy, loaded once on
     first use.
 
+    The discovered policy, when discovery finds none, is an empty policy (every name to
+    JAX's default device), said once per process by a `no_policy` warning that names
+    where discovery looked; with `DEVPOLICY_REQUIRE=1` it is an error instead.
+
     Raises:
-        PolicyError, EnvOverrideError: if the discovered policy is malformed.
+        PolicyError, EnvOverrideError: if the discovered policy is malformed, or none is
+            found and `DEVPOLICY_REQUIRE` asks for one.
 
     Example:
         >>> import devpolicy
@@ -113,11 +118,13 @@ def _discover() -> Policy:
 
 def forget_discovered() -> None:
     """Drop the discovered policy so the next module-level call discovers again (and
-    forget which policy files were loaded: nothing is compared with the next one)."""
+    forget which policy files were loaded: nothing is compared with the next one, and
+    that no policy was found: a discovery that finds none says so again)."""
     global _discovered
     with _lock:
         _discovered = None
         loaded_files.clear()
+    forget_nothing_found()
 
 
 class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)

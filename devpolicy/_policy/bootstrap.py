@@ -11,7 +11,7 @@ from .loading import PolicyInput, load_policy
 from .policy import Policy
 
 
-def bootstrap(source: PolicyInput | None = None) -> activate:
+def bootstrap(source: PolicyInput | None = None, *, required: bool | None = None) -> activate:
     """Load the policy, apply its `runtime:` section, and activate it; call it first thing.
 
     JAX reads most runtime knobs once, when its first backend starts (some already at
@@ -27,13 +27,18 @@ def bootstrap(source: PolicyInput | None = None) -> activate:
 
     Args:
         source: A policy file or mapping; None discovers as `load_policy` does.
+        required: Whether discovery finding no policy raises (`required=True`) rather
+            than warning once (`no_policy`) and going on with an empty policy; None:
+            `DEVPOLICY_REQUIRE` decides. For jobs where no policy is a mistake (a run
+            started from another directory).
 
     Returns:
         The activation: the policy stays active for the program (as `devpolicy.activate`);
         use it in a `with` block to deactivate on exit. Its `.policy` is the policy.
 
     Raises:
-        PolicyError, EnvOverrideError: the policy or a `DEVPOLICY_*` variable is malformed.
+        PolicyError, EnvOverrideError: the policy or a `DEVPOLICY_*` variable is malformed,
+            or no policy was found and one is required.
         UntrustedPolicyError: discovery found a policy file others could have written.
         RuntimeTooLateError: a backend already runs with other settings; names each knob,
             its wanted and running values, and the fix.
@@ -45,7 +50,7 @@ def bootstrap(source: PolicyInput | None = None) -> activate:
         >>> knob.knob, knob.variable, knob.text, knob.source
         ('x64', 'JAX_ENABLE_X64', 'false', 'policy')
     """
-    policy = load_policy(source)
+    policy = load_policy(source, required=required)
     plan = apply_runtime(plan_runtime(policy.settings.runtime, os.environ), os.environ)
     settings = policy.settings
     if settings.file is not None or plan.knobs or plan.conflicts:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import devpolicy
+from devpolicy._document.discovery import discover
 from tests.helpers import within, write
 
 
@@ -58,6 +59,26 @@ class TestDiscovery:
         assert (
             devpolicy.load_policy(environ={"DEVPOLICY_FILE": "env.yaml"}).resolve("x").device_text
             == "cpu:2"
+        )
+
+    def test_finding_nothing_records_every_place_looked(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Found.looked: each devpolicy.yaml tried from the working directory up to the
+        project root, nearest first, then the root's pyproject.toml."""
+        write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n')
+        (tmp_path / "a" / "b").mkdir(parents=True)
+        found = discover(None, tmp_path / "a" / "b")
+        assert found.path is None
+        assert found.looked == (
+            tmp_path / "a" / "b" / "devpolicy.yaml",
+            tmp_path / "a" / "devpolicy.yaml",
+            tmp_path / "devpolicy.yaml",
+            tmp_path / "pyproject.toml",
+        )
+        assert found.looked_text == (
+            f"devpolicy.yaml in {tmp_path / 'a' / 'b'}, {tmp_path / 'a'}, {tmp_path}; "
+            f"[tool.devpolicy] in {tmp_path / 'pyproject.toml'}"
         )
 
     def test_pyproject_without_table_gives_an_empty_policy(self, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from pathlib import Path
 
@@ -181,3 +182,132 @@ class TestPolicyNotActive:
         with capture_logs() as logs:
             devpolicy.resolve("x")
         assert not [e for e in logs if e["event"] == "policy_not_active"]
+
+
+def no_policy_events(logs: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [e for e in logs if e["event"] == "no_policy"]
+
+
+class TestNoPolicyFound:
+    @pytest.mark.parametrize(
+        "call",
+        [
+            lambda: devpolicy.put("params", {"w": np.ones(4, np.float32)}),
+            lambda: devpolicy.shardings("params", {"w": jax.ShapeDtypeStruct((4,), np.float32)}),
+            lambda: devpolicy.place("step")(lambda: jnp.ones(2))(),
+            lambda: devpolicy.resolve("x"),
+        ],
+        ids=["put", "shardings", "place", "resolve"],
+    )
+    def test_discovery_that_finds_nothing_warns_once(self, tmp_path: Path, call: object) -> None:
+        """The first module-level call discovers no policy: one `no_policy` warning naming
+        where discovery looked and the DEVPOLICY_FILE fix; the second call says nothing."""
+        with capture_logs() as logs:
+            call()  # type: ignore[operator]
+            call()  # type: ignore[operator]
+        (warning,) = no_policy_events(logs)
+        assert warning["log_level"] == "warning"
+        assert f"devpolicy.yaml in {tmp_path}" in str(warning["looked"])
+        assert "DEVPOLICY_FILE=" in str(warning["fix"])
+        assert "DEVPOLICY_REQUIRE=1" in str(warning["fix"])
+
+    def test_load_file_with_no_policy_warns_once(self, tmp_path: Path) -> None:
+        """Loading a checkpoint by the discovered (empty) policy says so once."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.ones((2, 2), np.float32)}, path)
+        with capture_logs() as logs:
+            devpolicy.load_file(path)
+            devpolicy.load_file(path)
+        assert len(no_policy_events(logs)) == 1
+
+    def test_one_warning_per_process_across_loads(self) -> None:
+        """load_policy() twice, finding nothing both times: one warning."""
+        with capture_logs() as logs:
+            devpolicy.load_policy()
+            devpolicy.load_policy()
+        assert len(no_policy_events(logs)) == 1
+
+    def test_the_looked_places_include_the_project_root_and_its_pyproject(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """In a project (pyproject.toml without a [tool.devpolicy] table) discovery looks up
+        to its root and in its pyproject.toml, and says both."""
+        write(tmp_path / "pyproject.toml", "[project]\nname = 'x'\n")
+        (tmp_path / "src").mkdir()
+        monkeypatch.chdir(tmp_path / "src")
+        with capture_logs() as logs:
+            devpolicy.load_policy()
+        (warning,) = no_policy_events(logs)
+        assert warning["looked"] == (
+            f"devpolicy.yaml in {tmp_path / 'src'}, {tmp_path}; "
+            f"[tool.devpolicy] in {tmp_path / 'pyproject.toml'}"
+        )
+
+    @pytest.mark.parametrize(
+        "environ",
+        [
+            {"DEVPOLICY_RULES": "x=cpu:1"},
+            {"DEVPOLICY_DEFAULT": "cpu:1"},
+            {"DEVPOLICY_DISABLE": "1"},
+        ],
+    )
+    def test_a_policy_from_the_environment_is_not_warned_about(
+        self, environ: dict[str, str]
+    ) -> None:
+        """Rules or a default from the environment are a policy; the kill switch is meant."""
+        with capture_logs() as logs:
+            devpolicy.load_policy(environ=environ)
+        assert no_policy_events(logs) == []
+
+    def test_a_policy_found_is_not_warned_about(self, tmp_path: Path) -> None:
+        """devpolicy.yaml in the working directory: no warning."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\n")
+        with capture_logs() as logs:
+            devpolicy.resolve("x")
+        assert no_policy_events(logs) == []
+
+    def test_devpolicy_require_makes_it_an_error(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """DEVPOLICY_REQUIRE=1: the first module-level call raises PolicyError naming the
+        switch, where discovery looked and the fix; nothing is placed."""
+        monkeypatch.setenv("DEVPOLICY_REQUIRE", "1")
+        with pytest.raises(
+            devpolicy.PolicyError,
+            match=rf"^DEVPOLICY_REQUIRE: no policy found \(looked for devpolicy\.yaml in "
+            rf"{re.escape(str(tmp_path))}.*\), and a policy is required; to fix: set "
+            r"DEVPOLICY_FILE=path/to/devpolicy\.yaml",
+        ):
+            devpolicy.put("x", np.ones(2))
+
+    def test_devpolicy_require_is_strictly_parsed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A value that is not a boolean is an EnvOverrideError listing the accepted ones."""
+        monkeypatch.setenv("DEVPOLICY_REQUIRE", "please")
+        with pytest.raises(
+            devpolicy.EnvOverrideError,
+            match=r"^DEVPOLICY_REQUIRE='please': not a boolean; accepted: 1, true, yes, on",
+        ):
+            devpolicy.load_policy()
+
+    def test_devpolicy_require_with_a_policy_found_loads_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Required and present: nothing changes."""
+        monkeypatch.setenv("DEVPOLICY_REQUIRE", "true")
+        write(tmp_path / "devpolicy.yaml", "version: 1\ndefault: cpu:2\n")
+        assert devpolicy.resolve("x").device_text == "cpu:2"
+
+    def test_bootstrap_required_raises(self) -> None:
+        """bootstrap(required=True) with nothing to find raises before activating."""
+        with pytest.raises(devpolicy.PolicyError, match=r"^required=True: no policy found"):
+            devpolicy.bootstrap(required=True)
+
+    def test_bootstrap_required_false_wins_over_the_environment(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The call's own word beats DEVPOLICY_REQUIRE: it warns and activates the empty
+        policy."""
+        monkeypatch.setenv("DEVPOLICY_REQUIRE", "1")
+        with capture_logs() as logs, devpolicy.bootstrap(required=False) as policy:
+            assert policy.file is None
+        assert len(no_policy_events(logs)) == 1
