@@ -18,6 +18,7 @@ from tests.conftest import REPO
 
 WORKER = REPO / "tests" / "multiprocess_worker.py"
 SHARDED_WORKER = REPO / "tests" / "sharded_worker.py"
+HYBRID_WORKER = REPO / "tests" / "hybrid_worker.py"
 
 
 def free_port() -> int:
@@ -100,3 +101,23 @@ def test_two_processes_each_read_only_their_half_of_a_sharded_tensor(tmp_path: P
         # prefetch: each process's (2, 3) batch becomes part of a global (4, 3) batch.
         assert report["batch_shapes"] == [[4, 3], [4, 3]]
         assert report["batch_local"] == [[float(index)], [float(10 + index)]]
+
+
+@pytest.mark.slow
+def test_a_hybrid_mesh_over_two_processes_is_jaxs_hybrid_mesh() -> None:
+    """2 processes x 2 CPU devices, each process a slice: the policy's hybrid meshes
+    (`dcn` across the processes) equal `create_hybrid_device_mesh(...,
+    process_is_granule=True)` device for device, and `put` shards over them correctly."""
+    reports = run_two(HYBRID_WORKER)
+    assert reports[0]["across"]["devpolicy"] == reports[1]["across"]["devpolicy"]
+    for index, report in enumerate(reports):
+        assert report["process_index"] == index
+        for name, shape in (("across", {"data": 2, "fsdp": 2}), ("both", {"fsdp": 4, "tensor": 1})):
+            mesh = report[name]
+            assert mesh["shape"] == shape
+            assert mesh["jax_shape"] == list(shape.values())
+            assert mesh["devpolicy"] == mesh["jax"]
+            assert mesh["shards_equal"] is True
+            assert mesh["local"] == [d for d in mesh["devpolicy"] if (d >= 2048) == (index == 1)]
+    # data across the slices: the first row is process 0's two devices, the second process 1's.
+    assert reports[0]["across"]["devpolicy"] == [0, 1, 2048, 2049]
