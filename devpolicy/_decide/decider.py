@@ -42,7 +42,7 @@ from .._names.matching import Matcher, SourceFile, compile_condition
 from .advice import LARGE_BY_DEFAULT, AttachedRules, warn_large_by_default
 from .decision import Decision, DeviceT, Explanation, renamed
 from .items import Alike, Item, Shape, checked, claim, unpacked
-from .routing import NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, Route
+from .routing import NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, NamesNeededError, Route
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,7 +499,7 @@ class Decider(Generic[DeviceT]):
             choice = route.choose(
                 name, nbytes, self._fit if fit is None else fit, claimed, shape, maps, attached
             )
-        except (DeviceUnavailableError, AxisNamesError) as e:
+        except (DeviceUnavailableError, AxisNamesError, NamesNeededError) as e:
             return _Outcome(index, route, e)
         return _Outcome(index, route, choice)
 

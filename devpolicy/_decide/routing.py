@@ -14,7 +14,7 @@ from typing import Generic
 
 from jax.sharding import NamedSharding
 
-from .._base.errors import AxisNamesError, DeviceUnavailableError
+from .._base.errors import AxisNamesError, DevicePolicyError, DeviceUnavailableError
 from .._base.sizes import format_size
 from .._document.axes import Attached
 from .._document.targets import AttachedTarget, ShardingTarget, Target, parse_chain_item
@@ -30,6 +30,42 @@ NEVER_MAPPED, MAPPED_IF_RULE, ALWAYS_MAPPED = 0, 1, 2
 #: Nothing claimed yet: the usual case, shared rather than built per call. Claims are
 #: keyed by memory pool (`Fit.pool`): devices sharing one memory share their claims.
 NOTHING_CLAIMED: Mapping[Hashable, int] = {}
+
+
+class _NamesUnknown(Attached):
+    """The axis names of a leaf that tools cannot see: `plan` and `explain` read a
+    checkpoint's header or a bare name, which carry none (see `UNKNOWN_NAMES`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNKNOWN_NAMES"
+
+
+#: What `plan` and `explain` pass as a leaf's attached names when they do not have the
+#: model's tree: a rule with `axes: attached` cannot be decided without them (unlike a
+#: leaf known to carry none, which is replicated), so its walk ends in `NamesNeededError`.
+UNKNOWN_NAMES: Attached = _NamesUnknown(())
+
+
+class NamesNeededError(DevicePolicyError):
+    """A rule with `axes: attached` met a tensor whose names are not known here (a plan of
+    a checkpoint's header, an `explain` without the names): not decided, rather than
+    guessed replicated.
+
+    Attributes:
+        name: The tensor's name.
+    """
+
+    def __init__(self, name: str, rule: str, mesh: str) -> None:
+        self.name = name
+        super().__init__(
+            f"not decided: {name!r} matches{rule}, which shards over mesh {mesh!r} by the "
+            "axis names the model attaches to each leaf (`axes: attached`), and a checkpoint "
+            "carries none; give the model's abstract tree (plan(path, into=tree), "
+            "`devpolicy plan --tree tree.json`; explain(name, axes=[...]), "
+            "`devpolicy explain NAME --tree tree.json`)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +313,9 @@ class Route(Generic[D]):
         dimensions than the array has leave the rest unsharded. Names that cannot be had
         (a mesh axis the mesh lacks, a logical name on two dimensions) pass it over with
         the reason; names for more dimensions than the array has are the model's naming
-        problem, not a device's: `AxisNamesError` is raised. A leaf that
+        problem, not a device's: `AxisNamesError` is raised. Names not known here
+        (`UNKNOWN_NAMES`: a plan without the model's tree) raise `NamesNeededError`. A
+        leaf that
         carries no names is replicated over the mesh, said like a fallback (0-d leaves
         have nothing to name: they are replicated without a word).
         """
@@ -387,6 +425,10 @@ class Route(Generic[D]):
         assert self.attached is not None
         if attached is None:
             return None
+        if attached is UNKNOWN_NAMES:
+            if shape == ():  # nothing to name: replicated, as for any 0-d leaf
+                return None
+            raise NamesNeededError(name, self.context, self.attached.mesh)
         if shape is not None and len(attached.names) > len(shape):
             return AxisNamesError(name, attached.names, shape, self.context)
         return self.attached.resolved(attached)

@@ -4,7 +4,7 @@ that owns it (the decider, placement, the safetensors loader, prefetch)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import jax
@@ -19,6 +19,8 @@ from .._base.errors import DevicePolicyError
 from .._base.events import EventLog
 from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
+from .._decide.routing import UNKNOWN_NAMES
+from .._document.axes import Attached
 from .._document.layers import RuleEntry, Settings
 from .._io import load as _safetensors
 from .._io import planning as _planning
@@ -30,6 +32,22 @@ from .._names.matching import source_file
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+
+
+def attached_of(axes: Sequence[str | None] | None) -> Attached:
+    """`explain(axes=...)` as the walk reads a leaf's names: None is not known here.
+
+    Raises:
+        TypeError: `axes` is not a sequence of names and Nones.
+    """
+    if axes is None:
+        return UNKNOWN_NAMES
+    if isinstance(axes, str) or not all(a is None or isinstance(a, str) for a in axes):
+        raise TypeError(
+            f"axes= takes one axis name (or None) per dimension, e.g. ('embed', 'mlp'), "
+            f"got {axes!r}"
+        )
+    return Attached(tuple(axes))
 
 
 class Policy:
@@ -198,12 +216,16 @@ class Policy:
         shape: tuple[int, ...] | None = None,
         machine: VirtualMachine | None = None,
         file: str | os.PathLike[str] | None = None,
+        axes: Sequence[str | None] | None = None,
     ) -> Explanation[Any]:
         """Every rule tried for `name` and every fallback step, without logging.
 
         `machine`: explain the decision on a machine you do not have (a `VirtualMachine`,
         also the capacity judged by), as `plan(..., machine=...)` does. `file`: the file
         the array comes from (rules with `file:` match only with one, and say so).
+        `axes`: the axis names the model attaches to the array, one per dimension (None
+        for an unnamed one), for a rule with `axes: attached`; without them such a rule
+        cannot decide, and the explanation says so (`()`: the array carries none).
 
         Example:
             >>> import devpolicy
@@ -217,14 +239,16 @@ class Policy:
             'gpu:1'
         """
         source = source_file(file)
+        attached = attached_of(axes)
         if machine is None:
-            return self.decider.explain(name, nbytes, shape, source)
+            return self.decider.explain(name, nbytes, shape, source, attached)
         if not isinstance(machine, VirtualMachine):
             raise TypeError(
                 f"explain(machine=...) takes a devpolicy.VirtualMachine, got "
                 f"{type(machine).__name__} {machine!r}"
             )
-        return Decider(self.decider.settings, machine, machine).explain(name, nbytes, shape, source)
+        decider = Decider(self.decider.settings, machine, machine)
+        return decider.explain(name, nbytes, shape, source, attached)
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
         """A scope (context manager and decorator) for `name`. See `devpolicy.scope`."""

@@ -6,7 +6,7 @@ layer that does it in one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import jax
@@ -25,7 +25,7 @@ from .._io.planning import Plan
 from .._machine.machine import VirtualMachine
 from .._names.matching import source_file
 from .active import ACTIVE_DECIDER, ACTIVE_SCOPES
-from .policy import Policy
+from .policy import Policy, attached_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -69,10 +69,13 @@ def explain(
     nbytes: int | None = None,
     shape: tuple[int, ...] | None = None,
     file: str | os.PathLike[str] | None = None,
+    axes: Sequence[str | None] | None = None,
 ) -> Explanation:
     """Every rule tried for `name` by the active policy, and every fallback step; no event.
 
     `file`: the file the array comes from (rules with `file:` match only with one).
+    `axes`: the names the model attaches to its dimensions, for `axes: attached` rules
+    (without them such a rule says it needs them); see `Policy.explain`.
 
     Example:
         >>> import devpolicy
@@ -80,7 +83,9 @@ def explain(
         ...     devpolicy.explain("x").decision.source
         'default'
     """
-    return ACTIVE_DECIDER.decider().explain(name, nbytes, shape, source_file(file))
+    return ACTIVE_DECIDER.decider().explain(
+        name, nbytes, shape, source_file(file), attached_of(axes)
+    )
 
 
 def scope(name: str, *, nbytes: int | None = None) -> Scope:

@@ -102,3 +102,49 @@ class TestAttachedNamesAsJaxReadsThem:
         """A scalar has no dimension to name: names on it are more than it has."""
         with pytest.raises(devpolicy.AxisNamesError, match=r"the array has 0: \(\)"):
             attached_policy().decider.decide("params/s", 4, (), attached=Attached(("embed",)))
+
+
+class TestNamesNotKnownHere:
+    def test_explain_without_the_names_says_the_rule_needs_them(self) -> None:
+        """A bare name under `axes: attached`: not decided (no guess that it is
+        replicated), and the error says how to give the model's names."""
+        explanation = attached_policy().explain("params/w", nbytes=64, shape=(4, 4))
+        assert explanation.decision is None
+        assert explanation.error is not None
+        assert explanation.error.startswith(
+            "not decided: 'params/w' matches (rule <mapping>:rules[0]), which shards over mesh "
+            "'mt' by the axis names the model attaches to each leaf (`axes: attached`)"
+        )
+        assert "plan(path, into=tree)" in explanation.error
+        assert "--tree tree.json" in explanation.error
+
+    def test_explain_with_the_names_decides_by_them(self) -> None:
+        """axes=(...) are the leaf's names: the sharding they resolve to."""
+        explanation = attached_policy().explain(
+            "params/w", nbytes=64, shape=(4, 4), axes=("embed", "mlp")
+        )
+        assert explanation.decision is not None
+        assert explanation.decision.spec == ("fsdp", "tensor")
+
+    def test_explain_with_no_names_is_a_leaf_that_carries_none(self) -> None:
+        """axes=() says the leaf carries none: replicated over the mesh, said as a fallback."""
+        explanation = attached_policy().explain("params/w", nbytes=64, shape=(4, 4), axes=())
+        assert explanation.decision is not None
+        assert explanation.decision.device_text == "mt[]"
+
+    def test_a_scalar_needs_no_names(self) -> None:
+        """0-d: nothing to name, replicated without asking for names."""
+        explanation = attached_policy().explain("params/step", nbytes=4, shape=())
+        assert explanation.decision is not None
+        assert explanation.decision.device_text == "mt[]"
+
+    def test_other_rules_do_not_need_names(self) -> None:
+        """A name no attached rule takes is decided as before."""
+        explanation = attached_policy().explain("opt/w", nbytes=64, shape=(4, 4))
+        assert explanation.decision is not None
+        assert explanation.error is None
+
+    def test_axes_must_be_names(self) -> None:
+        """A string is not a sequence of names: TypeError saying the form."""
+        with pytest.raises(TypeError, match=r"^axes= takes one axis name \(or None\) per dim"):
+            attached_policy().explain("params/w", axes="embed")
