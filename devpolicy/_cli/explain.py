@@ -17,8 +17,21 @@ def command(args: argparse.Namespace) -> int:
     """Show every rule tried for `args.name` and the decision; exit 1 without a device."""
     policy = load(args.policy)
     machine = described_machine(args)
+    nbytes, shape, axes = args.bytes, args.shape, None
+    if args.tree is not None:
+        from devpolicy._policy.real_names import read_tree  # the form check --names reads
+
+        tree = read_tree(args.tree)
+        if args.name not in tree:
+            raise ValueError(
+                f"--tree {args.tree}: no entry {args.name!r} ({len(tree)} names; the names "
+                "are as load_file names the tensors)"
+            )
+        (_, known_bytes, known_shape, _), axes = tree[args.name]
+        nbytes = nbytes if nbytes is not None else known_bytes
+        shape = shape if shape is not None else known_shape
     e = policy.explain(
-        args.name, nbytes=args.bytes, shape=args.shape, machine=machine, file=args.file
+        args.name, nbytes=nbytes, shape=shape, machine=machine, file=args.file, axes=axes
     )
     matched = next((entry for entry, step in e.steps if step.matched), None)
     if args.json:

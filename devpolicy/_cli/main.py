@@ -145,6 +145,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="the file it is loaded from: rules with `file:` match only with one",
     )
+    _tree_option(explain_parser, "the name's")
     _machine_options(explain_parser, "decide")
     explain_parser.add_argument("--json", action="store_true", help="print JSON")
 
@@ -178,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="TARGET=SIZE",
         help="plan for another machine: free memory of a device (gpu:0=24GiB); repeatable",
     )
+    _tree_option(plan_parser, "each tensor's")
     _machine_options(plan_parser, "plan")
     plan_parser.add_argument(
         "--all", action="store_true", help=f"list every tensor (default: the first {plan.ROWS})"
@@ -219,6 +221,19 @@ def _shape(text: str) -> tuple[int, ...]:
             f"not a shape: {text!r}; accepted: dimensions separated by commas, e.g. 8,1024"
         )
     return tuple(int(p) for p in parts)
+
+
+def _tree_option(parser: argparse.ArgumentParser, whose: str) -> None:
+    """`--tree`: the model's names, for rules with `axes: attached` (`plan`, `explain`)."""
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        metavar="TREE.json",
+        help=f"the model's tree, for rules with `axes: attached`: {whose} axis names, "
+        'from a JSON object of name -> {"shape": [...], "dtype": ..., "axes": [...]} '
+        "(the form check --names takes)",
+    )
 
 
 def _machine_options(parser: argparse.ArgumentParser, verb: str) -> None:

@@ -66,8 +66,18 @@ def command(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"devpolicy plan: --separator takes {lit(problem)}", file=sys.stderr)
         return EXIT_USAGE
+    axes = None
+    if args.tree is not None:
+        from devpolicy._policy.real_names import read_tree  # the form check --names reads
+
+        axes = {name: names for name, (_, names) in read_tree(args.tree).items()}
     p = devpolicy.plan(
-        args.file, prefix=args.prefix, policy=policy, machine=machine, separator=args.separator
+        args.file,
+        prefix=args.prefix,
+        policy=policy,
+        machine=machine,
+        separator=args.separator,
+        axes=axes,
     )
     status = EXIT_OK if p.fits else EXIT_FINDINGS
     if status == EXIT_OK and p.sharded_nothing:
@@ -157,6 +167,8 @@ def command(args: argparse.Namespace) -> int:
                 f"{devpolicy.format_size(p.bytes_per_process)} on {len(p.devices)} devices"
             )
         )
+    for mesh in p.meshes:
+        console.print(lit(f"Mesh {mesh.described}"))
     missing = sum(map(len, unplaced.values()))
     if missing:
         console.print(Text(f"{missing} tensor(s) have no device", style="red"))
@@ -275,6 +287,17 @@ def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:
         ],
         "processes": [{"process": i, "nbytes": p.bytes_per_process} for i in range(p.processes)],
         "rules": [use_json(u) for u in p.rules],
+        "meshes": [
+            {
+                "name": m.name,
+                "shape": m.shape,
+                "dcn": m.dcn,
+                "size": m.size,
+                "first_devices": list(m.first),
+                "given": m.given,
+            }
+            for m in p.meshes
+        ],
         "warnings": [{"code": code, "message": message} for code, message in p.warnings],
         "sharded_nothing": p.sharded_nothing,
     }

@@ -5,7 +5,7 @@ has room, reading only headers (`devpolicy.plan`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,12 +14,16 @@ from .._base.visible import visible
 from .._decide.decider import Decider
 from .._decide.decision import Decision, DeviceT
 from .._decide.items import maps_from_file
+from .._decide.routing import UNKNOWN_NAMES
+from .._document.axes import Attached
 from .._document.schema import NamesSpec
 from .._machine.capacity import pool_of, pool_text
 from .._machine.machine import VirtualMachine
+from .._machine.meshes import MeshLayout, layout
 from .accounting import RuleUse, silent_rules, uses_of_decisions
 from .checkpoints import open_checkpoint
-from .format import read_header
+from .format import TensorEntry, read_header
+from .into import fit_into
 from .mapping import map_hint, x64_enabled
 from .naming import PathLike, call_naming, name_prefix, source_files, tensor_names
 
@@ -99,6 +103,9 @@ class Plan:
             not part of the checkpoint, as (file, why); see `devpolicy.load_file`.
         rules: What each rule of the policy took, in order, then the default
             (`RuleUse`: tensors, bytes, how many sharded); see `warnings`.
+        meshes: Each mesh a tensor is sharded over, as built on the machine planned for
+            (`MeshLayout`: its shape, its split across slices for a hybrid mesh, its first
+            devices in mesh order).
     """
 
     file: str
@@ -109,6 +116,7 @@ class Plan:
     metadata: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     left_out: tuple[tuple[str, str], ...] = ()
     rules: tuple[RuleUse, ...] = ()
+    meshes: tuple[MeshLayout, ...] = ()
 
     @property
     def warnings(self) -> list[tuple[str, str]]:
@@ -165,7 +173,9 @@ class Plan:
                     where += f"; asked {t.decision.requested}: {t.decision.fallback_reason}"
             else:
                 error = (t.error or "").splitlines() or [""]
-                where = f"-> no device: {error[0]}"
+                # A tensor a rule with `axes: attached` takes, its names unknown here.
+                undecided = error[0].startswith("not decided")
+                where = f"-> {error[0]}" if undecided else f"-> no device: {error[0]}"
                 # Why each target was passed over (a sharding that does not divide, a device
                 # too small), not the devices this process has: that list is the same for all.
                 tried = itertools.takewhile(lambda s: not s.startswith("  available:"), error[1:])
@@ -187,6 +197,7 @@ class Plan:
             lines.append(
                 f"each of {self.processes} processes: {format_size(self.bytes_per_process)}"
             )
+        lines += [f"mesh {m.described}" for m in self.meshes]
         if len(self.rules) > 1:  # the default alone says nothing the tensors do not
             lines.append("rules:")
             for u in self.rules:
@@ -223,10 +234,16 @@ def plan(
     mmap: bool | None = None,
     machine: VirtualMachine | None = None,
     separator: str | None = None,
+    into: Any = None,
+    axes: Mapping[str, Sequence[str | None]] | None = None,
+    strict: bool = True,
 ) -> Plan:
     """Where every tensor of a file or checkpoint would go by `decider`, or by its settings
-    on `machine` (which is then also the capacity judged by). See `devpolicy.plan`."""
+    on `machine` (which is then also the capacity judged by); the model's names for rules
+    with `axes: attached` from `into` (its tree) or `axes` (by tensor name). See
+    `devpolicy.plan`."""
     naming = call_naming(decider.settings.names, separator)
+    names = _ModelNames(into, _checked_axes(axes), strict)
     if machine is not None:
         if not isinstance(machine, VirtualMachine):
             raise TypeError(
@@ -234,8 +251,51 @@ def plan(
                 f"{type(machine).__name__} {machine!r}"
             )
         virtual = Decider(decider.settings, machine, machine)
-        return _plan(path, virtual, prefix, mmap, str(machine), machine.processes, naming)
-    return _plan(path, decider, prefix, mmap, "this process", 1, naming)
+        return _plan(path, virtual, prefix, mmap, str(machine), machine.processes, naming, names)
+    return _plan(path, decider, prefix, mmap, "this process", 1, naming, names)
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelNames:
+    """Where a plan learns the axis names each tensor's leaf carries (`axes: attached`
+    rules): the model's tree (`into`), names by tensor name (`axes`), or nowhere."""
+
+    into: Any
+    axes: Mapping[str, Attached] | None
+    strict: bool
+
+
+def _checked_axes(
+    axes: Mapping[str, Sequence[str | None]] | None,
+) -> Mapping[str, Attached] | None:
+    """`plan(axes=...)` as the walk reads names: each a tuple of names and Nones."""
+    if axes is None:
+        return None
+    if not isinstance(axes, Mapping):
+        raise TypeError(
+            f"plan(axes=...) takes a mapping of tensor name -> axis names, got "
+            f"{type(axes).__name__}"
+        )
+    checked = {}
+    for name, names in axes.items():
+        if isinstance(names, str) or not all(n is None or isinstance(n, str) for n in names):
+            raise TypeError(
+                f"plan(axes=...): {name!r} -> {names!r} is not a list of axis names (or None)"
+            )
+        checked[name] = Attached(tuple(names))
+    return checked
+
+
+def _names_of(
+    model: _ModelNames, by_key: Mapping[str, Attached | None], name: str, entry: TensorEntry
+) -> Attached | None:
+    """The axis names a tensor's leaf carries, as a plan knows them: from the tree, from
+    `axes` by name, else not known here (a rule with `axes: attached` cannot decide)."""
+    if model.into is not None:
+        return by_key.get(entry.key)
+    if model.axes is not None and name in model.axes:
+        return model.axes[name]
+    return UNKNOWN_NAMES
 
 
 def _plan(
@@ -246,10 +306,19 @@ def _plan(
     machine: str,
     processes: int,
     naming: NamesSpec,
+    model: _ModelNames,
 ) -> Plan:
     checkpoint = open_checkpoint(path)
     headers = [read_header(file) for file in checkpoint.files]
     checkpoint.check(headers)
+    by_key: Mapping[str, Attached | None] = {}
+    if model.into is not None:
+        # Matched to the tree as `load_file(into=)` matches it: the same errors, the
+        # same tensors, each with its leaf's names.
+        pairs = list(zip(checkpoint.files, headers, strict=True))
+        fitted = fit_into(model.into, pairs, naming, model.strict, path)
+        headers = [header for _, header in fitted.headers]
+        by_key = fitted.attached
     stem = name_prefix(checkpoint.stem, prefix, naming)
     entries = [(header, entry) for header in headers for entry in header.tensors]
     names = [n for header in headers for n in tensor_names(header, stem, naming)]
@@ -258,7 +327,7 @@ def _plan(
     hints = [map_hint(e, mmap, x64) for _, e in entries]
     outcomes = decider.decide_many(
         [
-            (n, e.array_nbytes, e.shape, hint, by_file[header.path])
+            (n, e.array_nbytes, e.shape, hint, by_file[header.path], _names_of(model, by_key, n, e))
             for n, (header, e), hint in zip(names, entries, hints, strict=True)
         ]
     )
@@ -318,6 +387,8 @@ def _plan(
     uses = uses_of_decisions(
         decider.settings, names, [t.decision for t in tensors], list(by_file.values())
     )
+    used = dict.fromkeys(t.decision.mesh for t in tensors if t.decision and t.decision.mesh)
+    built = [decider.meshes.build(name) for name in used]
     return Plan(
         str(path),
         tuple(tensors),
@@ -327,6 +398,7 @@ def _plan(
         metadata={str(header.path): dict(header.metadata or {}) for header in headers},
         left_out=tuple((str(file), why) for file, why in checkpoint.left_out),
         rules=uses,
+        meshes=tuple(layout(b, text) for b in built if not isinstance(b, str)),
     )
 
 

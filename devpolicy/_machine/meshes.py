@@ -8,7 +8,7 @@ tried next, so one policy runs on a laptop and on a pod.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
@@ -48,14 +48,70 @@ class BuiltMesh(Generic[D]):
 
     @property
     def described(self) -> str:
-        """`data=2 x fsdp=4`, or for a hybrid mesh each axis as slices x within a slice:
-        `data=2 (2x1) x fsdp=4 (1x4)`; `, given in code` for a registered mesh."""
-        parts = []
-        for axis, size in self.shape.items():
-            slices = None if self.dcn is None else self.dcn.get(axis, 1)
-            split = "" if slices is None else f" ({slices}x{size // slices})"
-            parts.append(f"{axis}={size}{split}")
-        return " x ".join(parts) + (", given in code" if self.given else "")
+        """`data=2 x fsdp=4` (see `shape_text`); `, given in code` for a given mesh."""
+        return shape_text(self.shape, self.dcn) + (", given in code" if self.given else "")
+
+
+def shape_text(shape: Mapping[str, int], dcn: Mapping[str, int] | None) -> str:
+    """`data=2 x fsdp=4`, or for a hybrid mesh each axis as slices x within a slice:
+    `data=2 (2x1) x fsdp=4 (1x4)`.
+
+    Example:
+        >>> shape_text({"data": 2, "fsdp": 4}, {"data": 2})
+        'data=2 (2x1) x fsdp=4 (1x4)'
+    """
+    parts = []
+    for axis, size in shape.items():
+        slices = None if dcn is None else dcn.get(axis, 1)
+        split = "" if slices is None else f" ({slices}x{size // slices})"
+        parts.append(f"{axis}={size}{split}")
+    return " x ".join(parts)
+
+
+#: How many of a mesh's devices a layout lists (a pod's mesh has thousands).
+LAYOUT_SHOWN = 16
+
+
+@dataclass(frozen=True, slots=True)
+class MeshLayout:
+    """A mesh as a plan shows it: its shape, its split across slices, its first devices.
+
+    Attributes:
+        name: Its name in the policy.
+        shape: Each axis with its size, in order.
+        dcn: For a hybrid mesh, how many slices each axis spans; else None.
+        size: How many devices it spans (every process).
+        first: Its first devices in mesh order (row-major), at most `LAYOUT_SHOWN`, as
+            `p1:gpu:0` (process 1's first GPU) when it spans several processes, else `gpu:0`.
+        given: Whether the program gave it (`use_mesh`).
+    """
+
+    name: str
+    shape: dict[str, int]
+    dcn: dict[str, int] | None
+    size: int
+    first: tuple[str, ...]
+    given: bool = False
+
+    @property
+    def described(self) -> str:
+        """`train: data=2 (2x1) x fsdp=4 (1x4), 8 devices: p0:cpu:0 p0:cpu:1 ...`."""
+        more = " ..." if self.size > len(self.first) else ""
+        given = ", given in code" if self.given else ""
+        return (
+            f"{self.name}: {shape_text(self.shape, self.dcn)}{given}, {self.size} devices in "
+            f"mesh order: {' '.join(self.first)}{more}"
+        )
+
+
+def layout(built: BuiltMesh[D], text: Callable[[D], str]) -> MeshLayout:
+    """What a plan shows of `built`; `text` names a device by its process-local target."""
+    devices = built.devices or built.local
+    several = len({d.process_index for d in devices}) > 1
+    first = tuple(
+        f"p{d.process_index}:{text(d)}" if several else text(d) for d in devices[:LAYOUT_SHOWN]
+    )
+    return MeshLayout(built.name, dict(built.shape), built.dcn, built.size, first, built.given)
 
 
 class Meshes(Generic[D]):

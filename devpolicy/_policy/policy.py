@@ -4,7 +4,7 @@ that owns it (the decider, placement, the safetensors loader, prefetch)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import jax
@@ -307,11 +307,22 @@ class Policy:
         mmap: bool | None = None,
         machine: VirtualMachine | None = None,
         separator: str | None = None,
+        into: Any = None,
+        axes: Mapping[str, Sequence[str | None]] | None = None,
+        strict: bool = True,
     ) -> Plan:
-        """Where each tensor of a file would go by this policy (on `machine`, if given).
-        See `devpolicy.plan`."""
+        """Where each tensor of a file would go by this policy (on `machine`, if given;
+        with the model's names from `into` or `axes`). See `devpolicy.plan`."""
         return _planning.plan(
-            path, self.decider, prefix=prefix, mmap=mmap, machine=machine, separator=separator
+            path,
+            self.decider,
+            prefix=prefix,
+            mmap=mmap,
+            machine=machine,
+            separator=separator,
+            into=into,
+            axes=axes,
+            strict=strict,
         )
 
     def prefetch(

@@ -19,8 +19,15 @@ NameItem = tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]
 NAMES_FORMS = (
     "a safetensors file, checkpoint directory or index (its tensors' names, as load_file "
     "names them), or a .json file: a list of names, or an object of name -> "
-    '{"shape": [4096, 32000], "dtype": "bfloat16"} (both optional; dtype a numpy or '
-    "safetensors name: float32, F32)"
+    '{"shape": [4096, 32000], "dtype": "bfloat16", "axes": ["embed", null]} (each '
+    "optional; dtype a numpy or safetensors name: float32, F32; axes the names the model "
+    "attaches, one per dimension, for rules with `axes: attached`)"
+)
+#: What `plan --tree` and `explain --tree` read: the JSON object form of `NAMES_FORMS`.
+TREE_FORMS = (
+    'a .json object of name -> {"shape": [...], "dtype": ..., "axes": ["embed", null]} '
+    "(names as load_file names the tensors; axes: what the model attaches to each leaf, "
+    "[] or left out for a leaf that carries none)"
 )
 
 
@@ -36,22 +43,51 @@ def read_names(
     text = os.fspath(path)
     if not text.endswith(".json") or text.endswith(".safetensors.index.json"):
         return checkpoint_names(path, policy.settings, prefix)
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{text}: not JSON ({e}); accepted: {NAMES_FORMS}") from None
+    data = _json(path, NAMES_FORMS)
     if isinstance(data, list) and all(isinstance(n, str) for n in data):
         return [(n, None, None, None) for n in data]
     if not isinstance(data, dict):
         raise ValueError(f"{text}: a {type(data).__name__} of names is not accepted; {NAMES_FORMS}")
-    items: list[NameItem] = []
+    return [item for item, _ in _entries(text, data)]
+
+
+def read_tree(path: str | os.PathLike[str]) -> dict[str, tuple[NameItem, tuple[str | None, ...]]]:
+    """What `plan --tree` and `explain --tree` read (`TREE_FORMS`): by name, the name's
+    item (size, shape) and the axis names its leaf carries (`()`: none).
+
+    Raises:
+        ValueError: not a JSON object of that form (naming the entry).
+    """
+    text = os.fspath(path)
+    data = _json(path, TREE_FORMS)
+    if not isinstance(data, dict):
+        raise ValueError(f"{text}: a {type(data).__name__} is not accepted; {TREE_FORMS}")
+    return {item[0]: (item, axes) for item, axes in _entries(text, data)}
+
+
+def _json(path: str | os.PathLike[str], forms: str) -> object:
+    with open(path, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{os.fspath(path)}: not JSON ({e}); accepted: {forms}") from None
+
+
+def _entries(text: str, data: dict[str, object]) -> list[tuple[NameItem, tuple[str | None, ...]]]:
+    """Each entry of the object form: its item and its leaf's axis names."""
+    items: list[tuple[NameItem, tuple[str | None, ...]]] = []
     for name, info in data.items():
         if info is None:
             info = {}
-        if not isinstance(info, dict) or set(info) - {"shape", "dtype"}:
+        if not isinstance(info, dict) or set(info) - {"shape", "dtype", "axes"}:
             raise ValueError(
-                f'{text}: entry {name!r}: {info!r} is not {{"shape": [...], "dtype": ...}}'
+                f'{text}: entry {name!r}: {info!r} is not {{"shape": [...], "dtype": ..., '
+                '"axes": [...]}'
+            )
+        axes = info.get("axes") or []
+        if not isinstance(axes, list) or not all(a is None or isinstance(a, str) for a in axes):
+            raise ValueError(
+                f"{text}: entry {name!r}: axes {axes!r} is not a list of axis names (or null)"
             )
         shape = info.get("shape")
         if shape is not None and (
@@ -71,7 +107,7 @@ def read_names(
                 )
             if shape is not None:
                 nbytes = itemsize * math.prod(shape)
-        items.append((name, nbytes, None if shape is None else tuple(shape), None))
+        items.append(((name, nbytes, None if shape is None else tuple(shape), None), tuple(axes)))
     return items
 
 

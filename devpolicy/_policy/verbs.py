@@ -6,7 +6,7 @@ layer that does it in one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import jax
@@ -413,10 +413,20 @@ def plan(
     mmap: bool | None = None,
     machine: VirtualMachine | None = None,
     separator: str | None = None,
+    into: Any = None,
+    axes: Mapping[str, Sequence[str | None]] | None = None,
+    strict: bool = True,
 ) -> Plan:
     """Where every tensor of a file would go, reading only its header; nothing is logged.
 
     `prefix` and `separator` name the tensors as `load_file` does.
+
+    A rule with `axes: attached` shards each tensor by the axis names the model attaches
+    to its leaf, which a header does not carry: give the model's abstract tree as `into`
+    (matched to the tensors as `load_file(path, into=tree)` matches it, `strict` alike),
+    or `axes`, the names by tensor name (`{"m/up/kernel": ["embed", "mlp"]}`; `[]`: the
+    leaf carries none). Without either, such a tensor is not decided (`decision` None, its
+    `error` saying so), never counted as sharded.
 
     Per device: the bytes planned, of them the bytes `load_file` would map from the file
     (`file_backed`: host devices, the rule's `mmap` or `mmap=True`, 64-byte-aligned offset;
@@ -452,7 +462,15 @@ def plan(
         ('fsdp[data+model]', 16, 64)
     """
     return _planning.plan(
-        path, _decider_of(policy), prefix=prefix, mmap=mmap, machine=machine, separator=separator
+        path,
+        _decider_of(policy),
+        prefix=prefix,
+        mmap=mmap,
+        machine=machine,
+        separator=separator,
+        into=into,
+        axes=axes,
+        strict=strict,
     )
 
 

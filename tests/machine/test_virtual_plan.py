@@ -395,3 +395,97 @@ def test_decide_checks_a_shape_as_resolve_does() -> None:
     for bad in ((-4,), "ab"):
         with pytest.raises(ValueError, match=r"^shape must be None or a tuple"):
             policy.decide("s", shape=bad)  # type: ignore[arg-type]
+
+
+HYBRID_YAML = """\
+version: 1
+meshes:
+  train:
+    axes: {data: 1, fsdp: -1}
+    dcn: {data: -1}
+    devices: gpu
+rules:
+  - match: 'm/*'
+    sharding: {mesh: train, spec: [[data, fsdp]]}
+"""
+
+
+class TestHybridMeshPlans:
+    def test_plan_lays_a_hybrid_mesh_out_as_jax_would_on_the_described_machine(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--devices gpu=4x16GiB --processes 2 with dcn data=-1: data=2 (a row per process)
+        x fsdp=4; the plan's mesh lists the devices in the order JAX's
+        create_hybrid_device_mesh(..., process_is_granule=True) gives for the same devices,
+        and each tensor is cut 8 ways."""
+        from dataclasses import dataclass
+
+        from jax.experimental import mesh_utils
+
+        @dataclass(frozen=True)
+        class Gpu:
+            id: int
+            process_index: int
+            platform: str = "gpu"
+            device_kind: str = "H100"
+
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.zeros((64, 16), np.float32)}, path)
+        policy = write(tmp_path / "p.yaml", HYBRID_YAML)
+        status = main(
+            ["plan", str(path), "--policy", str(policy), "--json",
+             "--devices", "gpu=4x16GiB", "--processes", "2"]
+        )  # fmt: skip
+        payload = json.loads(capsys.readouterr().out)
+        assert status == 0
+        (mesh,) = payload["meshes"]
+        assert (mesh["name"], mesh["shape"], mesh["dcn"], mesh["size"]) == (
+            "train",
+            {"data": 2, "fsdp": 4},
+            {"data": 2, "fsdp": 1},
+            8,
+        )
+        gpus = [Gpu(p * 4 + i, p) for p in range(2) for i in range(4)]
+        expected = mesh_utils.create_hybrid_device_mesh(
+            (1, 4), (2, 1), gpus, process_is_granule=True
+        )
+        assert mesh["first_devices"] == [
+            f"p{d.process_index}:gpu:{d.id - 4 * d.process_index}" for d in expected.flat
+        ]
+        (w,) = payload["tensors"]
+        assert (w["device"], w["shards"], w["mesh_devices"]) == ("train[data+fsdp]", 8, 8)
+
+    def test_the_table_shows_the_split_and_the_order(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The plan's text names each mesh with its slices x devices per axis and its
+        devices in mesh order."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.zeros((64, 16), np.float32)}, path)
+        policy = write(tmp_path / "p.yaml", HYBRID_YAML)
+        main(["plan", str(path), "--policy", str(policy), "--devices", "gpu=2", "--processes", "2"])
+        out = capsys.readouterr().out
+        assert (
+            "Mesh train: data=2 (2x1) x fsdp=2 (1x2), 4 devices in mesh order: p0:gpu:0 "
+            "p0:gpu:1 p1:gpu:0 p1:gpu:1" in out
+        )
+
+    def test_a_machine_with_too_few_processes_falls_back_with_the_reason(
+        self, tmp_path: Path
+    ) -> None:
+        """dcn data=2 on one described process: the mesh cannot be built there, said."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.zeros((64, 16), np.float32)}, path)
+        policy = policy_of(
+            meshes={"train": {"axes": {"fsdp": 4}, "dcn": {"fsdp": 2}, "devices": "gpu"}},
+            rules=[{"match": "m/*", "sharding": {"mesh": "train", "spec": ["fsdp"]},
+                    "fallback": ["cpu"]}],
+        )  # fmt: skip
+        vm = devpolicy.VirtualMachine(["gpu=4"], processes=1)
+        (w,) = devpolicy.plan(path, policy=policy, machine=vm).tensors
+        assert w.decision is not None
+        assert w.decision.device_text == "cpu:0"
+        assert w.decision.fallback_reason == (
+            "train[fsdp]: mesh 'train' (in each slice fsdp=4; slices fsdp=2) needs 2 slices of "
+            "4 gpu devices each, 1 process of 4 here (each process is a slice); used cpu"
+        )
