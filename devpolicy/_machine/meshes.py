@@ -1,5 +1,9 @@
 """The policy's meshes, built against a machine's devices, and shardings over them.
 
+A mesh is built from its `axes` (and, over several slices, its `dcn`: the hybrid layout
+JAX's `create_hybrid_device_mesh` gives), or is one the program built and handed over
+(`Meshes.use`), which every rule naming it then shards over as it is.
+
 A mesh that cannot be built here (a missing backend, too few devices) and an array that
 does not divide over its axes are not errors but reasons: the rule's fallback chain is
 tried next, so one policy runs on a laptop and on a pod.
