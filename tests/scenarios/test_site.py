@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import html
 import html.parser
 import json
 import os
@@ -589,3 +590,36 @@ class TestApiReference:
                 assert '<span class="gp">&gt;&gt;&gt; </span>' in entry, (
                     f"devpolicy.{name}: its example is not rendered as code"
                 )
+
+    def test_signatures_are_wrapped_to_the_page_and_overloads_differ(self, site: Path) -> None:
+        """Each signature is formatted to mkdocs.yml's `line_length` (ruff, from the docs
+        extra, wraps it a parameter a line), so none runs off the page; the overloads of a
+        function (`load_file` with and without `into=`) show different signatures."""
+        config = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+        found = re.search(r"^\s*line_length: (\d+)", config, re.M)
+        assert found is not None, "mkdocs.yml sets no line_length"
+        width = int(found.group(1))
+        page = (site / "api" / "index.html").read_text(encoding="utf-8")
+        signatures = [
+            html.unescape(re.sub(r"<[^>]+>", "", block))
+            for block in re.findall(r'<div class="doc-signature[^"]*"[^>]*>(.*?)</div>', page, re.S)
+        ]
+        assert len(signatures) >= len(devpolicy.__all__) // 2
+        for signature in signatures:
+            longest = max(signature.splitlines(), key=len)
+            assert len(longest) <= width, (
+                f"a signature line of {len(longest)} characters (over {width}): {longest!r}; "
+                "is ruff installed (the docs extra) to format them?"
+            )
+        load_file = [s for s in signatures if s.startswith("load_file(")]
+        assert len(load_file) >= 2
+        assert len(set(load_file)) == len(load_file)
+        assert any("into: T" in s for s in load_file)
+        assert any("into: None" in s for s in load_file)
+
+    def test_no_page_renders_a_power_as_bold(self, site: Path) -> None:
+        """`2**31` written outside code (a page or a docstring) would render as 2 and a
+        bold 31: none does."""
+        for built in sorted(site.rglob("*.html")):
+            text = built.read_text(encoding="utf-8")
+            assert not re.search(r"\d<strong>\d", text), built.relative_to(site)
