@@ -2,8 +2,8 @@
 kernel's defaults and with what devpolicy.windows does, side by side.
 
     python benchmarks/bench_windows.py [--tokens 10248871837] [--steps 10000]
-        [--length 1025] [--batch 32] [--runs 1] [--dir DIR]
-        [--out benchmarks/results/windows.md]
+        [--length 1025] [--batch 32] [--runs 1] [--paired-steps 500] [--paired-rounds 6]
+        [--dir DIR] [--out benchmarks/results/windows.md]
 
 The story's dataset: one uint16 tensor of `--tokens` tokens (10,248,871,837 is 19.09
 GiB), written sparse at a 64-byte-aligned offset and loaded by `devpolicy.load_file`
@@ -17,6 +17,9 @@ tenth of the run and the time per step:
 - `MADV_RANDOM only`: the mapping advised random, nothing given back;
 - `devpolicy.windows`: what it does (`devpolicy/_apply/paging.py`): `MADV_RANDOM`, and
   each batch's 64 KiB blocks given back (`MADV_DONTNEED`) once the batch is copied.
+
+The time the giving back costs is also measured paired: in one process, segments with
+and without it take turns (a shared machine's load then weighs on both alike).
 
 Target: 10,000 random windows of the 19.09 GiB story grow RSS by under 512 MiB.
 The tables and the machine's state are written to `--out` as Markdown.
@@ -77,6 +80,33 @@ for step, b in enumerate(stream, 1):
 total = time.perf_counter() - start
 print(json.dumps({"samples": samples, "seconds": total, "step_times": times,
                   "peak": status("VmHWM")}))
+"""
+
+#: One process, the mapping advised random, segments of steps with and without the pages
+#: given back taking turns: the time the giving back costs, paired against the same
+#: load on a shared machine (separate processes see different moments of it).
+PAIRED = r"""
+import json, os, statistics, sys, time
+path, length, batch, segments, rounds = sys.argv[1], *map(int, sys.argv[2:6])
+import devpolicy
+from devpolicy._apply import paging
+policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "rules": [
+    {"match": "*/tokens", "device": "cpu:0", "mmap": True},
+    {"match": "batch", "device": "cpu:1"}]}, environ={})
+tokens = devpolicy.load_file(path, policy=policy, progress=False)["tokens"]
+release = paging.Pager.release
+times = {"devpolicy.windows": [], "MADV_RANDOM only": []}
+for _ in range(rounds):
+    for variant in times:
+        paging.Pager.release = release if variant == "devpolicy.windows" else (
+            lambda self, offsets, length: None)
+        stream = devpolicy.windows(tokens, length, batch, order="random", steps=segments,
+                                   policy=policy)
+        start = time.perf_counter()
+        for b in stream:
+            pass
+        times[variant].append((time.perf_counter() - start) / segments * 1000)
+print(json.dumps(times))
 """
 
 VARIANTS = {
@@ -143,13 +173,16 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--runs", type=int, default=1, help="runs of each variant, interleaved")
     parser.add_argument("--dir", type=Path, default=None, help="where the token file goes")
+    parser.add_argument("--paired-steps", type=int, default=500, help="steps a paired segment")
+    parser.add_argument("--paired-rounds", type=int, default=6, help="paired segments each way")
     parser.add_argument("--out", type=Path, default=None, help="write the tables as Markdown")
     args = parser.parse_args()
     lines = [
         "# Random windows from a mapped token file: resident memory over steps",
         "",
         f"`python benchmarks/bench_windows.py --tokens {args.tokens} --steps {args.steps} "
-        f"--length {args.length} --batch {args.batch} --runs {args.runs}`",
+        f"--length {args.length} --batch {args.batch} --runs {args.runs} "
+        f"--paired-steps {args.paired_steps} --paired-rounds {args.paired_rounds}`",
         "",
         *machine_state(),
     ]
@@ -194,6 +227,36 @@ def main() -> int:
             f"| {VARIANTS[variant]} | {whole:.3f} | {min(tenths):.3f}-{max(tenths):.3f} "
             f"| {mib(grown)} MiB | {'met' if grown < 512 * MiB else 'not met'} |"
         )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        path = Path(tmp) / "train.safetensors"
+        write_tokens(path, args.tokens)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                PAIRED,
+                str(path),
+                *map(str, (args.length, args.batch, args.paired_steps, args.paired_rounds)),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+    paired: dict[str, list[float]] = json.loads(proc.stdout.splitlines()[-1])
+    lines += [
+        "",
+        f"**Time per step, paired (ms): one process, {args.paired_rounds} rounds of "
+        f"{args.paired_steps} steps each way, taking turns**",
+        "",
+        "| variant | median | each round |",
+        "|---|---|---|",
+    ]
+    for variant, times in paired.items():
+        each = ", ".join(f"{t:.3f}" for t in times)
+        lines.append(f"| {variant} | {statistics.median(times):.3f} | {each} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
