@@ -15,10 +15,12 @@ import threading
 from typing import Any
 
 import jax
+import ml_dtypes
 import numpy as np
 
 from .._base.errors import HostViewError
 from .._base.events import EventLog
+from .._base.sizes import format_size
 from .._machine.inventory import inventory
 
 #: Arrays with more elements than this cannot be indexed by JAX with x64 disabled.
@@ -42,6 +44,19 @@ def _described(array: jax.Array) -> str:
     return f"{array.dtype}[{shape}]{where}"
 
 
+def _sub_byte_bits(dtype: np.dtype[Any]) -> int | None:
+    """The bits of a sub-byte dtype (int2, int4, uint4, float4_e2m1fn...), else None."""
+    if dtype.itemsize != 1 or dtype.kind != "V":  # ml_dtypes' types are kind "V"
+        return None
+    for info in (ml_dtypes.iinfo, ml_dtypes.finfo):
+        try:
+            bits = int(info(dtype).bits)
+        except ValueError:
+            continue
+        return bits if bits < 8 else None
+    return None
+
+
 def host_view(array: Any) -> np.ndarray[Any, Any]:
     """A read-only numpy view of a host-resident array's memory, without copying it.
 
@@ -61,7 +76,8 @@ def host_view(array: Any) -> np.ndarray[Any, Any]:
 
     Raises:
         HostViewError: the array is not on a host device, is sharded over several
-            devices, is deleted or traced, or JAX would have copied it.
+            devices, is deleted or traced, has a sub-byte dtype (`int4`: JAX gives
+            numpy only a copy of those), or JAX would have copied it.
         TypeError: `array` is not an array.
 
     Example:
@@ -107,14 +123,25 @@ def host_view(array: Any) -> np.ndarray[Any, Any]:
             "place it on the host (a rule with `device: cpu`, and `mmap: true` to map it "
             "from its file), or copy it on purpose with np.asarray(array)",
         )
-    view: np.ndarray[Any, Any] = np.asarray(array)
-    if view.size and view.ctypes.data != array.unsafe_buffer_pointer():
-        # Not seen on jax 0.10.2's CPU backend; refused rather than returned, so that
-        # a view never silently holds a second copy of a huge array.
+    bits = _sub_byte_bits(array.dtype)
+    if bits is not None:
+        # Asked before np.asarray: it would copy the whole array only to be refused.
         raise HostViewError(
             described,
-            "this JAX copied the array instead of aliasing its buffer",
-            "report it to devpolicy; np.asarray(array) gives the copy",
+            f"host_view does not support {bits}-bit types: JAX gives numpy a sub-byte "
+            "array only as a copy, never its own buffer, so no view of it is zero-copy",
+            f"np.asarray(array) makes that copy ({format_size(array.size)}, a byte a "
+            "value); data to be viewed in place is best kept as int8/uint8",
+        )
+    view: np.ndarray[Any, Any] = np.asarray(array)
+    if view.size and view.ctypes.data != array.unsafe_buffer_pointer():
+        # Not seen on jax 0.10.2's CPU backend for any dtype of a byte or more; refused
+        # rather than returned, so that a view never silently holds a second copy.
+        raise HostViewError(
+            described,
+            f"this JAX ({jax.__version__}) gave numpy a copy of the array, not its buffer, "
+            "so there is no zero-copy view of it",
+            "np.asarray(array) gives the copy, if the host has room for it",
         )
     if view.flags.writeable:
         view = view.view()
@@ -122,23 +149,43 @@ def host_view(array: Any) -> np.ndarray[Any, Any]:
     return view
 
 
-_warned: list[bool] = []  # once per process (a list: tests can clear it)
+_warned: list[str] = []  # the levels given, once per process (a list: tests can clear it)
 _warned_lock = threading.Lock()
 
 
 def warn_unindexable(
     events: EventLog, name: str, shape: tuple[int, ...], device: str, x64: bool
 ) -> None:
-    """Warn, once per process, that a JAX array of more than 2**31 elements was made
-    while x64 is off: JAX cannot index it past 2**31; say both ways out."""
+    """Say, once per process, that a JAX array of more than 2**31 elements was made while
+    x64 is off: JAX cannot index it past 2**31; say both ways out.
+
+    On one host device (`device` is `cpu:N`) `host_view` and `windows` index it with
+    64-bit offsets, the way the docs take it, so the event is info: it explains the
+    OverflowError of `x[-3:]` to whoever tries, without warning a script that does it
+    right. Anywhere else (an accelerator, a sharding) no view reaches it: a warning.
+    """
     if x64 or math.prod(shape) <= INDEX_LIMIT:
         return
+    platform, colon, index = device.partition(":")
+    level = "info" if colon and platform in _HOST_PLATFORMS and index.isdigit() else "warning"
     with _warned_lock:
-        if _warned:
+        if level in _warned:
             return
-        _warned.append(True)
+        _warned.append(level)
+    if level == "info":
+        fix = (
+            "devpolicy.host_view(array) (a numpy view indexed with 64-bit offsets) or "
+            "devpolicy.windows(array, ...) (batches cut from it), or `runtime: {x64: true}` "
+            "in the policy (every default dtype becomes 64-bit)"
+        )
+    else:
+        fix = (
+            "place it on a host device (a rule with `device: cpu`, `mmap: true` to map it) "
+            "and index it there with devpolicy.host_view or devpolicy.windows, or "
+            "`runtime: {x64: true}` in the policy (every default dtype becomes 64-bit)"
+        )
     events.emit(
-        "warning",
+        level,
         "huge_array_x64_off",
         {
             "name": name,
@@ -147,8 +194,6 @@ def warn_unindexable(
             "limit": INDEX_LIMIT,
             "reason": "with x64 disabled JAX indexes with int32: x[-3:] or any index past "
             "2**31 raises OverflowError",
-            "fix": "devpolicy.host_view(array) for a numpy view the host indexes with "
-            "64-bit offsets (devpolicy.windows samples batches from it), or "
-            "`runtime: {x64: true}` in the policy (every default dtype becomes 64-bit)",
+            "fix": fix,
         },
     )

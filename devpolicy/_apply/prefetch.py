@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
+import operator
 from collections import deque
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Generic, TypeVar
+
+import numpy as np
 
 from .._decide.decider import Decider
 from .narrowing import Narrow, check_mode
@@ -18,8 +22,10 @@ def prefetch(
     iterable: Iterable[T], decider: Decider, name: str, size: int, narrow: Narrow = "exact"
 ) -> BatchStream[T]:
     """Place each element by `decider`, `size` transfers ahead. See `devpolicy.prefetch`."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    # numpy's integers count (`np.int64(2)`); bools do not.
+    if not isinstance(size, numbers.Integral) or isinstance(size, bool | np.bool_) or size < 1:
         raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
+    size = operator.index(size)
     if not isinstance(name, str):
         raise TypeError(f"prefetch name must be a str, got {type(name).__name__} {name!r}")
     check_mode(narrow)

@@ -137,13 +137,28 @@ def _level_chosen(logger: logging.Logger) -> bool:
     return False
 
 
-def _inherited_note(logger: logging.Logger, level: str) -> str:
+def _inherited_fields(logger: logging.Logger, level: str) -> dict[str, str]:
+    """The `logging_rerouted` event: stdlib would drop `level` events only by the root's
+    inherited level, so devpolicy's own output shows them on stderr instead."""
+    root = logging.getLevelName(logger.getEffectiveLevel())
+    return {
+        "root_level": root,
+        "reason": f"stdlib logging has handlers, but the root logger's level ({root}) would "
+        f"drop devpolicy's {level} events (a bare logging.basicConfig(), as absl makes): "
+        "they go to stderr instead",
+        "fix": "to keep them in stdlib logging: logging.getLogger('devpolicy')"
+        ".setLevel(logging.INFO); to drop them: set that logger's level yourself, or "
+        "devpolicy's `logging.level`",
+    }
+
+
+def _dropped_note(logger: logging.Logger, level: str) -> str:
     root = logging.getLevelName(logger.getEffectiveLevel())
     return (
-        f"devpolicy: stdlib logging has handlers, but the root logger's level ({root}) would "
-        f"drop devpolicy's {level} events; those below {root} go to stderr instead. To keep "
-        "them in stdlib logging: logging.getLogger('devpolicy').setLevel(logging.INFO); to "
-        "drop them: set that logger's level yourself, or devpolicy's `logging.level`."
+        f"devpolicy: logging.format is 'stdlib', and the root logger's level ({root}) drops "
+        f"devpolicy's {level} events (nobody set a level for the 'devpolicy' logger). To "
+        "keep them: logging.getLogger('devpolicy').setLevel(logging.INFO); to drop them "
+        "without this note: set that logger's level yourself, or devpolicy's `logging.level`."
     )
 
 
@@ -187,15 +202,27 @@ class EventLog:
             if stdlib.hasHandlers():
                 if stdlib.isEnabledFor(LEVELS[level]):
                     return self._own_for("stdlib")
-                if fmt == "stdlib" or _level_chosen(stdlib):
-                    # The application chose this level for devpolicy's logger (or asked
-                    # for stdlib): its choice. Rendering what stdlib drops costs for nothing.
+                if _level_chosen(stdlib):
+                    # The application chose this level for devpolicy's logger: its choice.
+                    # Rendering what stdlib drops costs for nothing.
+                    return None
+                if fmt == "stdlib":
+                    # Asked for stdlib, whose inherited root level drops the event: it
+                    # really is lost, so say so once, whatever devpolicy's level.
+                    if "dropped" not in _noted:
+                        _noted.add("dropped")
+                        print(_dropped_note(stdlib, level), file=sys.stderr)
                     return None
                 # Only an inherited level (the root's WARNING, left by a bare
                 # `logging.basicConfig()` such as absl's) would drop it: to stderr instead.
+                # Nothing is lost, so why is told once at debug, not on every run.
                 if "inherited" not in _noted:
                     _noted.add("inherited")
-                    print(_inherited_note(stdlib, level), file=sys.stderr)
+                    self._own_for("console").debug(
+                        "logging_rerouted",
+                        **_inherited_fields(stdlib, level),
+                        process_index=process_index(),
+                    )
             if fmt == "stdlib" and "stdlib" not in _noted:
                 _noted.add("stdlib")
                 print(_NO_HANDLER_NOTE, file=sys.stderr)

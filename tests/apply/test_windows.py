@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._apply import hostview as _hostview
+from devpolicy._apply import paging as _paging
 from tests.helpers import policy_of
 
 BATCH_RULES = [
@@ -53,6 +54,47 @@ def sparse_tokens(path: Path, count: int, values: dict[int, np.ndarray]) -> None
         f.truncate(start + 2 * count)
         for offset, data in values.items():
             os.pwrite(f.fileno(), data.astype("<u2").tobytes(), start + 2 * offset)
+
+
+def mapping_of(view: np.ndarray) -> list[dict[str, str]]:
+    """The entries of /proc/self/smaps for the mappings `view` lies in: each a dict of
+    its fields (`Rss`, `VmFlags`, ...), with `range` and `perms`."""
+    start, end = view.ctypes.data, view.ctypes.data + view.nbytes
+    found: list[dict[str, str]] = []
+    current: dict[str, str] | None = None
+    with open("/proc/self/smaps", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):
+                low, _, high = first.partition("-")
+                inside = int(high, 16) > start and int(low, 16) < end
+                current = {"range": first, "perms": line.split()[1]} if inside else None
+                if current is not None:
+                    found.append(current)
+            elif current is not None:
+                key, _, value = line.partition(":")
+                current[key] = value.strip()
+    return found
+
+
+def resident(view: np.ndarray) -> int:
+    """Bytes of the mappings `view` lies in that are resident in this process."""
+    return sum(int(m["Rss"].split()[0]) * 1024 for m in mapping_of(view))
+
+
+def mapped_tokens(tmp_path: Path, count: int) -> jax.Array:
+    """`count` uint16 tokens in a sparse file, loaded mapped on the host, its pages out
+    of the page cache (so every run starts as cold as the first)."""
+    path = tmp_path / "train.safetensors"
+    sparse_tokens(path, count, {})
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+    assert resident(devpolicy.host_view(tokens)) < 2**20
+    return tokens
 
 
 @pytest.fixture
@@ -111,6 +153,26 @@ class TestHostView:
 
         with pytest.raises(devpolicy.HostViewError, match=r"^traced float32\[2\]: a value inside"):
             f(jnp.zeros(2))
+
+    @pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint4, jnp.int2, jnp.float4_e2m1fn])
+    def test_a_sub_byte_array_is_refused_saying_why(self, dtype: object) -> None:
+        """int4 and other sub-byte types: JAX gives numpy only a copy of those, so there is
+        no view; the error says so and how to get the copy, and does not make it."""
+        x = jnp.zeros(64, dtype)
+        with pytest.raises(
+            devpolicy.HostViewError,
+            match=rf"^{x.dtype}\[64\] on cpu:0: host_view does not support [24]-bit types: "
+            r"JAX gives numpy a sub-byte array only as a copy, never its own buffer, so no "
+            r"view of it is zero-copy; np\.asarray\(array\) makes that copy \(64 B, a byte a "
+            r"value\); data to be viewed in place is best kept as int8/uint8$",
+        ):
+            devpolicy.host_view(x)
+
+    def test_one_byte_and_wider_ml_dtypes_are_viewed(self) -> None:
+        """float8 and bfloat16 are whole bytes: viewed without a copy."""
+        for dtype in (jnp.float8_e4m3fn, jnp.bfloat16):
+            x = jax.device_put(np.zeros(64, dtype), jax.local_devices(backend="cpu")[0])
+            assert devpolicy.host_view(x).ctypes.data == x.unsafe_buffer_pointer()
 
     @pytest.mark.parametrize("value", [[1, 2], "tokens", None])
     def test_a_non_array_is_a_type_error(self, value: object) -> None:
@@ -210,6 +272,79 @@ class TestWindows:
         with pytest.raises(ValueError, match=message):
             devpolicy.windows(np.arange(10), policy=policy_of(), **args)  # type: ignore[arg-type]
 
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "message"),
+        [
+            (
+                {"order": "random", "stride": 3},
+                ValueError,
+                r"^windows stride applies to order='sequential' only; order='random' draws "
+                r"every start at random, got stride=3$",
+            ),
+            ({"seed": -1, "order": "random"}, ValueError, r"^windows seed must be >= 0, got -1$"),
+            ({"seed": 1.5}, TypeError, r"^windows seed must be an int or None, got 1\.5$"),
+            ({"seed": True}, TypeError, r"^windows seed must be an int or None, got True$"),
+            ({"length": np.bool_(True)}, ValueError, r"^windows length must be an int >= 1"),
+            (
+                {"steps": np.int64(0)},
+                ValueError,
+                r"^windows steps must be an int >= 1, got (np\.int64\(0\)|0)$",
+            ),
+        ],
+    )
+    def test_arguments_that_would_be_ignored_or_misread_are_refused(
+        self, kwargs: dict[str, object], error: type[Exception], message: str
+    ) -> None:
+        """A stride random order would ignore, a negative seed, and bools are refused,
+        each naming the argument."""
+        args: dict[str, object] = {"length": 3, "batch": 2, **kwargs}
+        with pytest.raises(error, match=message):
+            devpolicy.windows(np.arange(10), policy=policy_of(), **args)  # type: ignore[arg-type]
+
+    def test_numpy_integers_are_accepted_as_lengths_and_seeds(self) -> None:
+        """`np.int64(3)` and friends (what arithmetic on shapes gives) work like ints."""
+        tokens = np.arange(10, dtype=np.uint16)
+        out = devpolicy.windows(
+            tokens,
+            np.int64(3),
+            np.int32(2),
+            stride=np.uint8(3),
+            steps=np.int64(1),
+            size=np.int16(1),
+            policy=policy_of(),
+        )  # type: ignore[arg-type]
+        assert [b.tolist() for b in out] == [[[0, 1, 2], [3, 4, 5]]]
+        draw = devpolicy.windows(
+            tokens, 3, 2, order="random", seed=np.int64(7), steps=1, policy=policy_of()
+        )  # type: ignore[arg-type]
+        again = devpolicy.windows(tokens, 3, 2, order="random", seed=7, steps=1, policy=policy_of())
+        assert [b.tolist() for b in draw] == [b.tolist() for b in again]
+
+    @pytest.mark.parametrize(
+        ("order", "stride"), [("random", None), ("sequential", 1)], ids=["random", "sequential"]
+    )
+    def test_a_batch_larger_than_the_host_is_refused_before_allocating(
+        self, order: str, stride: int | None
+    ) -> None:
+        """`batch=2**40` says how large a batch would be and names batch and length,
+        instead of numpy's raw MemoryError (nothing of that size is allocated). In order,
+        a batch holds at most every window: 2**26 of them here, 128 GiB."""
+        tokens = np.zeros(2**26, np.uint16)
+        with pytest.raises(
+            ValueError,
+            match=r"^windows batch=1099511627776 of length=1025 needs [0-9.]+ [GTP]iB per batch "
+            r"\(uint16, 2\.0 KiB a window\), more than the [0-9.]+ [MGT]iB this host has "
+            r"available: lower batch or length$",
+        ):
+            devpolicy.windows(
+                tokens,
+                1025,
+                2**40,
+                order=order,  # type: ignore[arg-type]
+                stride=stride,
+                policy=policy_of(),
+            )
+
     def test_an_accelerator_array_would_be_copied_and_is_refused(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -221,6 +356,111 @@ class TestWindows:
             r"16 bytes to the host; place it on the host",
         ):
             devpolicy.windows(jnp.zeros(8, jnp.uint16), 2, 2, policy=policy_of())
+
+
+class TestFlatMemory:
+    """Random windows of a mapped file give back the pages they were copied from: the
+    process's resident memory stays flat however long the stream runs (the story's
+    10,000 steps over 19.09 GiB: benchmarks/results/windows.md)."""
+
+    STEPS = 300  # 9,600 windows of 1,025 tokens: 19 MiB copied
+    BOUND = 16 * 2**20
+
+    def run(self, tokens: jax.Array) -> int:
+        view = devpolicy.host_view(tokens)
+        stream = devpolicy.windows(
+            tokens, 1025, 32, order="random", seed=0, steps=self.STEPS, policy=policy_of()
+        )
+        assert sum(1 for _ in stream) == self.STEPS
+        return resident(view)
+
+    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    def test_random_windows_of_a_mapped_file_keep_resident_memory_flat(
+        self, tmp_path: Path
+    ) -> None:
+        """300 steps of 32 random windows of a 512 MiB mapped file leave under 16 MiB of
+        it resident (the same run without the advice: the next test)."""
+        tokens = mapped_tokens(tmp_path, 2**28)
+        assert self.run(tokens) < self.BOUND
+
+    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    def test_without_the_advice_the_same_run_grows_past_the_bound(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The control: with the kernel's defaults (no advice, nothing given back) the
+        same run leaves several times the bound resident, so the bound above holds
+        because of the advice, not because the run is too short to show growth."""
+        monkeypatch.setattr(_paging, "_MADVISE", None)
+        tokens = mapped_tokens(tmp_path, 2**28)
+        assert self.run(tokens) > 4 * self.BOUND
+
+    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    def test_random_access_advice_lasts_as_long_as_the_stream(self, tmp_path: Path) -> None:
+        """While a random stream runs the mapping is advised random (`rr` in smaps: no
+        read-ahead); when the last stream over it ends, the kernel's default returns."""
+        tokens = mapped_tokens(tmp_path, 2**20)
+        view = devpolicy.host_view(tokens)
+
+        def flags() -> set[str]:
+            return {f for m in mapping_of(view) for f in m["VmFlags"].split()}
+
+        assert "rr" not in flags()
+        first = devpolicy.windows(tokens, 8, 4, order="random", seed=0, policy=policy_of())
+        second = devpolicy.windows(tokens, 8, 4, order="random", seed=1, policy=policy_of())
+        next(first)
+        next(second)
+        assert "rr" in flags()
+        first.close()
+        assert "rr" in flags()  # the second stream still reads at random
+        second.close()
+        assert "rr" not in flags()
+
+    def test_sequential_windows_give_their_pages_back_too(self, tmp_path: Path) -> None:
+        """A sequential pass over a mapped file keeps only about a batch resident, and
+        every window holds the values written (pages given back read back the same)."""
+        count = 2**22
+        path = tmp_path / "train.safetensors"
+        values = np.arange(count, dtype=np.uint32).astype(np.uint16)
+        sparse_tokens(path, count, {0: values})
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        view = devpolicy.host_view(tokens)
+        stream = devpolicy.windows(tokens, 4096, 16, policy=policy_of())
+        for step, batch in enumerate(stream):
+            first = step * 16 * 4096
+            expected = values[first : first + batch.size].reshape(batch.shape)
+            np.testing.assert_array_equal(np.asarray(batch), expected)
+        if _paging._MADVISE is not None:
+            assert resident(view) < 2**20  # of the 8 MiB read
+
+    def test_anonymous_memory_is_never_given_back(self) -> None:
+        """Windows of an array in ordinary memory (no file behind it) are read as they
+        are, again and again: giving those pages back would zero them."""
+        tokens = np.arange(2**22, dtype=np.uint32)
+        pager = _paging.Pager(tokens, random=True)
+        assert not pager.active
+        for batch in devpolicy.windows(
+            tokens, 1024, 8, order="random", seed=0, steps=50, policy=policy_of()
+        ):
+            starts = np.asarray(batch)[:, 0]
+            np.testing.assert_array_equal(np.asarray(batch), starts[:, None] + np.arange(1024))
+
+    def test_a_private_writable_map_keeps_its_changes(self, tmp_path: Path) -> None:
+        """A copy-on-write memmap (`mode="c"`) holds changes the file does not: its pages
+        are never given back, so windows see the changed values."""
+        path = tmp_path / "tokens.bin"
+        np.zeros(2**20, np.uint16).tofile(path)
+        tokens = np.memmap(path, np.uint16, mode="c")
+        tokens[:] = 7
+        assert not _paging.Pager(tokens, random=False).active
+        batches = devpolicy.windows(tokens, 512, 64, policy=policy_of())
+        assert all(bool((np.asarray(b) == 7).all()) for b in batches)
+
+    def test_a_read_only_memmap_is_given_back(self, tmp_path: Path) -> None:
+        """`np.memmap(mode="r")` given directly is a file mapping like a loaded tensor."""
+        path = tmp_path / "tokens.bin"
+        np.zeros(2**20, np.uint16).tofile(path)
+        pager = _paging.Pager(np.memmap(path, np.uint16, mode="r"), random=False)
+        assert pager.active is (_paging._MADVISE is not None)
 
 
 class TestHugeArrays:
@@ -245,12 +485,15 @@ class TestHugeArrays:
         with capture_logs() as logs:
             tokens = devpolicy.load_file(path, policy=policy)["tokens"]
         assert tokens.shape == (n,)
-        warnings = [e for e in logs if e["event"] == "huge_array_x64_off"]
-        assert [(e["name"], e["elements"], e["log_level"]) for e in warnings] == [
-            ("train/tokens", n, "warning")
+        notes = [e for e in logs if e["event"] == "huge_array_x64_off"]
+        # On the host, host_view and windows index it: information, not a warning.
+        assert [(e["name"], e["elements"], e["log_level"]) for e in notes] == [
+            ("train/tokens", n, "info")
         ]
-        assert "devpolicy.host_view" in warnings[0]["fix"]
-        assert "runtime: {x64: true}" in warnings[0]["fix"]
+        assert "devpolicy.host_view" in notes[0]["fix"]
+        assert "devpolicy.windows" in notes[0]["fix"]
+        assert "runtime: {x64: true}" in notes[0]["fix"]
+        assert not [e for e in logs if e["log_level"] == "warning"]
         with pytest.raises(OverflowError):
             tokens[-3:]  # what the view is for: JAX cannot index this with x64 off
 
@@ -273,8 +516,23 @@ class TestHugeArrays:
         assert entry.nbytes == entry.file_backed == 2 * n
         assert rss_bytes() - before < 2**30
 
-    def test_the_warning_is_given_once_per_process(self, tmp_path: Path, unwarned: None) -> None:
-        """A second huge array says nothing more; a small one never warns."""
+    def test_a_huge_array_no_view_can_reach_is_a_warning(
+        self, tmp_path: Path, unwarned: None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Off the host (an accelerator: here the CPU counted as one) neither host_view nor
+        windows can index it, so the load warns, saying to place it on the host."""
+        monkeypatch.setattr(_hostview, "_HOST_PLATFORMS", frozenset({"tpu"}))
+        path = tmp_path / "big.safetensors"
+        sparse_tokens(path, 2**31 + 1, {})
+        with capture_logs() as logs:
+            x = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        (warning,) = [e for e in logs if e["event"] == "huge_array_x64_off"]
+        assert warning["log_level"] == "warning"
+        assert warning["fix"].startswith("place it on a host device (a rule with `device: cpu`")
+        del x
+
+    def test_the_event_is_given_once_per_process(self, tmp_path: Path, unwarned: None) -> None:
+        """A second huge array says nothing more; a small one never says anything."""
         path = tmp_path / "big.safetensors"
         sparse_tokens(path, 2**31 + 1, {})
         small = tmp_path / "small.safetensors"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -219,6 +220,73 @@ class TestAutoFormat:
             logging.root.setLevel(level)
         assert len(rendered) == 1
         assert "fallback_reason" in (tmp_path / "app.log").read_text()
+
+
+class TestEventsAreNeverDroppedSilently:
+    def test_a_bare_basicconfig_sends_info_events_to_stderr_without_a_note(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """absl's `logging.basicConfig()`: a root handler, the root's WARNING inherited.
+        Info events go to stderr, and nothing is lost, so no note is printed at info."""
+        stream = io.StringIO()
+        monkeypatch.setattr(logging.root, "handlers", [logging.StreamHandler(stream)])
+        monkeypatch.setattr(logging.root, "level", logging.WARNING)
+        monkeypatch.setattr(devpolicy._base.events, "_noted", set())
+        policy = policy_of(default="cpu:1")
+        policy.resolve("a")
+        policy.resolve("b")
+        err = capsys.readouterr().err
+        assert err.count("placement") == 2
+        assert "root logger" not in err
+        assert "logging_rerouted" not in err
+        assert stream.getvalue() == ""
+
+    def test_at_debug_the_rerouting_is_told_once_as_an_event(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With devpolicy's level at debug, one `logging_rerouted` event says why its
+        events are on stderr and how to route or drop them."""
+        monkeypatch.setattr(logging.root, "handlers", [logging.StreamHandler(io.StringIO())])
+        monkeypatch.setattr(logging.root, "level", logging.WARNING)
+        monkeypatch.setattr(devpolicy._base.events, "_noted", set())
+        policy = policy_of(default="cpu:1", logging={"level": "debug"})
+        policy.resolve("a")
+        policy.resolve("b")
+        err = capsys.readouterr().err
+        assert err.count("logging_rerouted") == 1
+        assert "the root logger's level (WARNING) would drop devpolicy's" in err
+        assert "logging.getLogger('devpolicy').setLevel(logging.INFO)" in err
+
+    def test_stdlib_format_whose_root_level_drops_events_says_so_once(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`logging.format: stdlib` and only the root's inherited WARNING: info events are
+        really dropped, so one note on stderr says so (at any devpolicy level)."""
+        stream = io.StringIO()
+        monkeypatch.setattr(logging.root, "handlers", [logging.StreamHandler(stream)])
+        monkeypatch.setattr(logging.root, "level", logging.WARNING)
+        monkeypatch.setattr(devpolicy._base.events, "_noted", set())
+        policy = policy_of(default="cpu:1", logging={"format": "stdlib"})
+        policy.resolve("a")
+        policy.resolve("b")
+        err = capsys.readouterr().err
+        assert err.count("the root logger's level (WARNING) drops devpolicy's info events") == 1
+        assert "placement" not in err
+        assert stream.getvalue() == ""
+
+    def test_a_level_the_application_set_for_devpolicy_is_obeyed(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The application set WARNING on the `devpolicy` logger: info events are dropped,
+        without a note (its choice)."""
+        stream = io.StringIO()
+        monkeypatch.setattr(logging.root, "handlers", [logging.StreamHandler(stream)])
+        monkeypatch.setattr(logging.getLogger("devpolicy"), "level", logging.WARNING)
+        monkeypatch.setattr(devpolicy._base.events, "_noted", set())
+        for fmt in ("auto", "stdlib"):
+            policy_of(default="cpu:1", logging={"format": fmt}).resolve("a")
+        assert capsys.readouterr().err == ""
+        assert stream.getvalue() == ""
 
 
 class TestApplicationConfiguration:

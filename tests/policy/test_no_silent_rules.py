@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import logging
 from pathlib import Path
 
 import jax
@@ -305,39 +303,6 @@ class TestCheckNames:
         names.write_text(dump)
         assert main(["check", str(policy), "--names", str(names)]) == 2
         assert re.search(message, capsys.readouterr().err)
-
-
-class TestEventsAreNeverDroppedSilently:
-    def test_a_bare_basicconfig_does_not_swallow_info_events(
-        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """absl's `logging.basicConfig()`: a root handler, the root's WARNING inherited.
-        Info events go to stderr with one note saying why and how to route them."""
-        stream = io.StringIO()
-        monkeypatch.setattr(logging.root, "handlers", [logging.StreamHandler(stream)])
-        monkeypatch.setattr(logging.root, "level", logging.WARNING)
-        monkeypatch.setattr(devpolicy._base.events, "_noted", set())
-        policy = policy_of(default="cpu:1")
-        policy.resolve("a")
-        policy.resolve("b")
-        err = capsys.readouterr().err
-        assert (
-            err.count("the root logger's level (WARNING) would drop devpolicy's info events") == 1
-        )
-        assert "logging.getLogger('devpolicy').setLevel(logging.INFO)" in err
-        assert err.count("placement") == 2
-        assert stream.getvalue() == ""
-
-    def test_a_level_the_application_set_for_devpolicy_is_obeyed(
-        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        stream = io.StringIO()
-        monkeypatch.setattr(logging.root, "handlers", [logging.StreamHandler(stream)])
-        monkeypatch.setattr(logging.getLogger("devpolicy"), "level", logging.WARNING)
-        monkeypatch.setattr(devpolicy._base.events, "_noted", set())
-        policy_of(default="cpu:1").resolve("a")
-        assert capsys.readouterr().err == ""
-        assert stream.getvalue() == ""
 
 
 class TestOverridesKeepHowARuleLoads:

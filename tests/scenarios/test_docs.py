@@ -6,6 +6,7 @@ import doctest
 import importlib
 import pkgutil
 import re
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +121,90 @@ class TestReadmeLinks:
         readme = (REPO / "README.md").read_text(encoding="utf-8")
         for page in sorted((REPO / "docs").glob("*.md")):
             assert f"(docs/{page.name}" in readme, page.name
+
+
+#: Pages whose prose a reader copies from: the README and every page of the site.
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+KINDS = ("match", "regex", "search", "file")
+#: "`search: a/(b|c)` takes `x/a/b`", "`match: m/*` does not take `p/m/w`".
+_CLAIM = re.compile("`(" + "|".join(KINDS) + r"): ([^`]+)`\s+(takes|does\s+not\s+take)\s+`([^`]+)`")
+#: A pattern said to take or match a name without saying which kind of pattern it is.
+_UNSAID = re.compile(r"`([^`:]+)`\s+(takes|matches|does\s+not\s+(?:take|match))\s+`([^`]+)`")
+
+
+def _prose(path: Path) -> str:
+    """The text of a page outside fenced code blocks (where the claims are made)."""
+    text = _without_fences(path.read_text(encoding="utf-8"))
+    return re.sub(r"<!--.*?-->", "", text, flags=re.S)  # markers for the tests, not shown
+
+
+def _claims() -> list[tuple[str, str, str, bool, str]]:
+    """(page, kind, pattern, takes, name) for each claim the pages make about a pattern."""
+    return [
+        (path.name, kind, pattern, verb == "takes", name)
+        for path in PAGES
+        for kind, pattern, verb, name in _CLAIM.findall(_prose(path))
+    ]
+
+
+class TestPatternsShown:
+    """A pattern a page shows is copy-pasteable, and takes the names the page says."""
+
+    def test_the_pages_make_claims_of_every_kind(self) -> None:
+        """The parser finds the claims (a broken one would make the next test vacuous)."""
+        kinds = {kind for _, kind, _, _, _ in _claims()}
+        assert kinds == set(KINDS), kinds
+        assert {takes for *_, takes, _ in _claims()} == {True, False}
+
+    @pytest.mark.parametrize(
+        ("page", "kind", "pattern", "takes", "name"),
+        _claims(),
+        ids=lambda v: v if isinstance(v, str) else "",
+    )
+    def test_each_pattern_takes_the_names_its_page_says(
+        self, page: str, kind: str, pattern: str, takes: bool, name: str
+    ) -> None:
+        """`KIND: PATTERN` written into a rule, as pasted from the page, takes NAME (or
+        not, as the page says): a file glob judged on a tensor loaded from NAME."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:0", "rules": [{kind: pattern, "device": "cpu:1"}]},
+            environ={},
+        )
+        # A file glob is judged on a tensor loaded from NAME; the others on NAME itself.
+        decision = policy.decide("tokens", file=name) if kind == "file" else policy.decide(name)
+        assert (decision.rule == 0) is takes, f"{page}: `{kind}: {pattern}` and {name!r}"
+
+    def test_every_pattern_said_to_take_a_name_says_its_kind(self) -> None:
+        """ "`X` takes `Y`" without `match:`, `regex:`, `search:` or `file:` cannot be
+        checked (a glob and a regex read the same text differently): say which."""
+        for path in PAGES:
+            for pattern, verb, name in _UNSAID.findall(_prose(path)):
+                pytest.fail(
+                    f"{path.name}: `{pattern}` {verb} `{name}`: write `match: {pattern}` "
+                    "(or regex:, search:, file:) so the docs tests can check it",
+                    pytrace=False,
+                )
+
+    def test_no_code_in_a_table_holds_a_pipe(self) -> None:
+        """A `|` in a table cell's code: GitHub splits the cell there, and escaped (`\\|`)
+        mkdocs shows the backslash, so a pasted pattern never matches. Such patterns are
+        written outside tables."""
+        for path in PAGES:
+            for line in _prose(path).splitlines():
+                if not line.lstrip().startswith("|"):
+                    continue
+                assert "\\|" not in line, f"{path.name}: an escaped pipe in a table: {line}"
+                for span in re.findall(r"`([^`]*)`", line):
+                    assert "|" not in span, f"{path.name}: a table cell's code holds a pipe"
+
+    def test_powers_are_code_not_bold(self) -> None:
+        """`2**31 ... 2**31` outside code renders as 2, a bold "31 ... 2" and 31 (the two
+        `**` pair up): powers in prose are code spans. (A lone `**` in a paragraph pairs
+        with nothing and renders as written.)"""
+        for path in PAGES:
+            prose = re.sub(r"`[^`]*`", "", _prose(path))
+            for paragraph in re.split(r"\n\s*\n|\n(?=\s*\|)", prose):
+                if paragraph.count("**") < 2:
+                    continue
+                found = re.findall(r".{0,30}\d\*\*\d.{0,30}", paragraph)
+                assert not found, f"{path.name}: a power outside code: {found}"

@@ -16,11 +16,25 @@ Markers, an HTML comment on the line before a block:
 - `<!-- save-as: NAME -->`: the block is also written to NAME in the project before the
   page's blocks run (a policy the page's code loads).
 - `<!-- exit: N -->`: the bash block's expected exit status (default 0).
+- `<!-- invalid: why -->`: the yaml block is an example of a bad policy: it must raise
+  `PolicyError`.
+- `<!-- output: above -->` on a shown (text) block: it is what the nearest runnable block
+  above it prints (stdout, then stderr); `<!-- output: bash: COMMAND -->`: what COMMAND
+  prints, run in the project like a bash block. Each shown line must be a line of the real
+  output, in order (an excerpt may leave lines out, never change one), after both are
+  normalised: timestamps dropped, the project's directory shown as `/home/me/project`,
+  temporary directories as `/tmp/<tmp>`, free memory (`22.4 GiB free`, a table's `free`
+  column) and `seconds=` as placeholders, table borders and runs of spaces as one space.
+  So a drift between a page and what the code prints fails here.
+- `<!-- shown: why -->` on a shown block that is not compared (a synopsis, an excerpt of
+  a run that needs another machine); kept to a few.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
+import html
 import html.parser
 import json
 import os
@@ -67,11 +81,16 @@ def init_params():
     return {"w": np.ones((16, 16), np.float32), "b": np.zeros(16, np.float32)}
 '''
 
-RUNNER = """
+#: Printed to stdout and stderr before each block, so each block's own output is known.
+SEPARATOR = "\x1e-- block "
+
+RUNNER = f"""
 import json, sys
-ns = {"__name__": "__main__"}
+ns = {{"__name__": "__main__"}}
 exec(compile(sys.argv[2], "<prelude>", "exec"), ns)
 for block in json.loads(open(sys.argv[1], encoding="utf-8").read()):
+    for stream in (sys.stdout, sys.stderr):
+        print({SEPARATOR!r} + block["where"], file=stream, flush=True)
     exec(compile(block["code"], block["where"], "exec"), ns)
 """
 
@@ -137,6 +156,100 @@ ALL_BLOCKS = [b for page in PAGES for b in blocks(page)]
 
 def runnable(language: str) -> list[Block]:
     return [b for b in ALL_BLOCKS if b.language == language and "not-run" not in b.marker]
+
+
+def shown_source(block: Block) -> Block | None:
+    """For a shown block marked `output: above`, the runnable block it shows the output
+    of: the nearest python or bash block above it on its page."""
+    if block.marker.get("output") != "above":
+        return None
+    above = [
+        b
+        for b in ALL_BLOCKS
+        if b.page == block.page
+        and b.line < block.line
+        and b.language in ("python", "bash")
+        and "not-run" not in b.marker
+    ]
+    assert above, f"{block.where}: output: above, but no runnable block is above it"
+    return above[-1]
+
+
+def shown_by(source: Block) -> list[Block]:
+    """The shown blocks that show `source`'s output."""
+    return [b for b in ALL_BLOCKS if shown_source(b) == source]
+
+
+#: Shown blocks on pages this suite may not mark, each with why it is not compared.
+UNMARKED = {
+    "trust.md": "the refusal of a policy another account owns: needs a second user",
+}
+#: Shown blocks not compared (`shown: why`), kept to a few.
+MAX_NOT_COMPARED = 5
+
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z? ?")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_SIZE = r"\d[\d,]*(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)"
+_BORDERS = re.compile(r"[\s\u2500-\u257f]+")  # box drawing, and spaces
+
+
+def normalised(text: str, project: Path | None = None) -> list[str]:
+    """The lines of `text` as compared: see the module's docstring."""
+    if project is not None:
+        text = text.replace(str(project), "/home/me/project")
+    text = re.sub(r"/tmp/tmp[\w-]+", "/tmp/<tmp>", _ANSI.sub("", text))
+    lines: list[str] = []
+    free_column: int | None = None
+    for raw in text.splitlines():
+        line = _TIMESTAMP.sub("", raw)
+        line = re.sub(rf"{_SIZE} free", "<free> free", line)
+        line = re.sub(r"seconds=[\d.]+", "seconds=<s>", line)
+        if "\u2503" in line:  # a rich table's header row: where its `free` column is
+            cells = [c.strip() for c in line.split("\u2503")]
+            free_column = cells.index("free") if "free" in cells else None
+        elif "\u2502" in line and free_column is not None:
+            cells = line.split("\u2502")
+            if free_column < len(cells):
+                cells[free_column] = re.sub(_SIZE, "<free>", cells[free_column])
+            line = "\u2502".join(cells)
+        elif "\u2502" not in line and "\u2500" not in line and "\u2501" not in line:
+            free_column = None
+        line = _BORDERS.sub(" ", line).strip()
+        if line and line != "..." and not line.startswith(">>> "):  # >>>: the input
+            lines.append(line)
+    return lines
+
+
+def assert_shows(shown: Block, project: Path | None, *streams: str) -> None:
+    """Every line of `shown` is a line of one of `streams` (stdout, stderr), in order
+    within its stream, once all are normalised: how the two interleave is not known."""
+    real = [normalised(stream, project) for stream in streams]
+    positions = [0] * len(real)
+    for line in normalised(shown.code):
+        for i, lines in enumerate(real):
+            if line in lines[positions[i] :]:
+                positions[i] = lines.index(line, positions[i]) + 1
+                break
+        else:
+            every = [x for lines in real for x in lines]
+            near = difflib.get_close_matches(line, every, n=1, cutoff=0.5)
+            pytest.fail(
+                f"{shown.where}: this shown line is not in the real output"
+                f"{' (in order)' if line in every else ''}:\n  shown: {line}\n"
+                f"  real:  {near[0] if near else '(nothing close)'}\n"
+                f"the real output, normalised:\n" + "\n".join(every)[-6000:],
+                pytrace=False,
+            )
+
+
+def block_outputs(stdout: str, stderr: str) -> dict[str, tuple[str, str]]:
+    """Each block's own (stdout, stderr) in a run of RUNNER, by its `where`."""
+    parts: dict[str, list[str]] = {}
+    for stream in (stdout, stderr):
+        for chunk in stream.split(SEPARATOR)[1:]:
+            where, _, text = chunk.partition("\n")
+            parts.setdefault(where, []).append(text)
+    return {where: (texts[0], texts[-1]) for where, texts in parts.items() if len(texts) == 2}
 
 
 def write_tokens(path: Path, count: int) -> None:
@@ -207,12 +320,17 @@ class TestBlocks:
 
     @pytest.mark.parametrize("block", runnable("yaml"), ids=lambda b: b.where)
     def test_yaml_block_is_a_valid_policy(self, block: Block, tmp_path: Path) -> None:
-        """Every YAML block loads as a policy (a fragment as part of one)."""
+        """Every YAML block loads as a policy (a fragment as part of one); one marked
+        `invalid` raises PolicyError."""
         text = (
             block.code if re.search(r"^version:", block.code, re.M) else "version: 1\n" + block.code
         )
         path = tmp_path / "policy.yaml"
         path.write_text(text, encoding="utf-8")
+        if "invalid" in block.marker:  # an example of the errors: it must be one
+            with pytest.raises(devpolicy.PolicyError):
+                devpolicy.load_policy(path, environ={})
+            return
         devpolicy.load_policy(path, environ={})
 
     @pytest.mark.slow
@@ -232,6 +350,10 @@ class TestBlocks:
             check=False,
         )
         assert result.returncode == 0, result.stderr[-6000:]
+        outputs = block_outputs(result.stdout, result.stderr)
+        for block in runnable("python"):
+            for shown in shown_by(block) if block.page == page else []:
+                assert_shows(shown, project, *outputs.get(block.where, ("", "")))
 
     @pytest.mark.slow
     @pytest.mark.parametrize("block", runnable("bash"), ids=lambda b: b.where)
@@ -252,6 +374,76 @@ class TestBlocks:
             f"{block.where}: exit {result.returncode}, expected {expected}\n"
             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         )
+        for shown in shown_by(block):
+            assert_shows(shown, project, result.stdout, result.stderr)
+
+
+SHOWN_COMMANDS = [b for b in ALL_BLOCKS if b.marker.get("output", "").startswith("bash: ")]
+
+
+class TestShownOutput:
+    def test_every_shown_output_is_compared_or_says_why_not(self) -> None:
+        """Each text block is the output of a block or command, compared when the pages'
+        code runs (`output:`), or says why it is not (`shown:`); those stay few."""
+        not_compared = []
+        for block in ALL_BLOCKS:
+            if block.language not in SHOWN_LANGUAGES or block.page in UNMARKED:
+                continue
+            assert "output" in block.marker or "shown" in block.marker, (
+                f"{block.where}: a shown block says what it is the output of "
+                "(<!-- output: above --> or <!-- output: bash: COMMAND -->) or why it is "
+                "not compared (<!-- shown: why -->)"
+            )
+            if "output" in block.marker:
+                assert block.marker["output"] == "above" or block.marker["output"].startswith(
+                    "bash: "
+                ), f"{block.where}: output: {block.marker['output']!r}"
+                shown_source(block)
+            else:
+                assert len(block.marker["shown"]) > 10, f"{block.where}: say why"
+                not_compared.append(block.where)
+        assert len(not_compared) <= MAX_NOT_COMPARED, not_compared
+
+    def test_a_changed_line_is_caught(self) -> None:
+        """The comparison is not vacuous: a shown line the output lacks fails, an excerpt
+        and a different free memory, time or table width pass."""
+        real = (
+            "2026-12-01T22:27:25.334369Z [info     ] runtime   a=1 process_index=0\n"
+            "cpu:0: 1 array; 16.0 GiB free (host RAM)\n"
+            "\u2503 device \u2503 free     \u2503\n\u2502 cpu:0  \u2502 16.0 GiB \u2502\n"
+        )
+        ok = (
+            "[info ] runtime a=1 process_index=0\ncpu:0: 1 array; 21.9 GiB free (host RAM)\n"
+            "\u2503 device \u2503 free \u2503\n\u2502 cpu:0 \u2502 2.0 GiB \u2502\n"
+        )
+        assert_shows(Block("x.md", 1, "text", ok, {}), None, real)
+        assert_shows(
+            Block("x.md", 1, "text", "cpu:0: 1 array; 9.9 GiB free (host RAM)\n", {}), None, real
+        )
+        # A line of stderr shown before one of stdout: how the streams interleave is unknown.
+        assert_shows(
+            Block("x.md", 1, "text", "warning\nresult\n", {}), None, "result\n", "warning\n"
+        )
+        with pytest.raises(pytest.fail.Exception, match="not in the real output"):
+            assert_shows(Block("x.md", 1, "text", "[info ] runtime a=1\n", {}), None, real)
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("shown", SHOWN_COMMANDS, ids=lambda b: b.where)
+    def test_shown_output_is_what_its_command_prints(self, shown: Block, tmp_path: Path) -> None:
+        """A shown block marked `output: bash: COMMAND` is what COMMAND prints in the
+        reader's project, normalised."""
+        project = make_project(tmp_path / "project", shown.page)
+        command = shown.marker["output"].removeprefix("bash: ")
+        result = subprocess.run(
+            ["bash", "-eo", "pipefail", "-c", command],
+            cwd=project,
+            env=block_env(cpu_devices=None),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert_shows(shown, project, result.stdout, result.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -406,3 +598,36 @@ class TestApiReference:
                 assert '<span class="gp">&gt;&gt;&gt; </span>' in entry, (
                     f"devpolicy.{name}: its example is not rendered as code"
                 )
+
+    def test_signatures_are_wrapped_to_the_page_and_overloads_differ(self, site: Path) -> None:
+        """Each signature is formatted to mkdocs.yml's `line_length` (ruff, from the docs
+        extra, wraps it a parameter a line), so none runs off the page; the overloads of a
+        function (`load_file` with and without `into=`) show different signatures."""
+        config = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+        found = re.search(r"^\s*line_length: (\d+)", config, re.M)
+        assert found is not None, "mkdocs.yml sets no line_length"
+        width = int(found.group(1))
+        page = (site / "api" / "index.html").read_text(encoding="utf-8")
+        signatures = [
+            html.unescape(re.sub(r"<[^>]+>", "", block))
+            for block in re.findall(r'<div class="doc-signature[^"]*"[^>]*>(.*?)</div>', page, re.S)
+        ]
+        assert len(signatures) >= len(devpolicy.__all__) // 2
+        for signature in signatures:
+            longest = max(signature.splitlines(), key=len)
+            assert len(longest) <= width, (
+                f"a signature line of {len(longest)} characters (over {width}): {longest!r}; "
+                "is ruff installed (the docs extra) to format them?"
+            )
+        load_file = [s for s in signatures if s.startswith("load_file(")]
+        assert len(load_file) >= 2
+        assert len(set(load_file)) == len(load_file)
+        assert any("into: T" in s for s in load_file)
+        assert any("into: None" in s for s in load_file)
+
+    def test_no_page_renders_a_power_as_bold(self, site: Path) -> None:
+        """`2**31` written outside code (a page or a docstring) would render as 2 and a
+        bold 31: none does."""
+        for built in sorted(site.rglob("*.html")):
+            text = built.read_text(encoding="utf-8")
+            assert not re.search(r"\d<strong>\d", text), built.relative_to(site)

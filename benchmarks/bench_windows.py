@@ -1,0 +1,268 @@
+"""Resident memory and time per step of random windows from a mapped token file, with the
+kernel's defaults and with what devpolicy.windows does, side by side.
+
+    python benchmarks/bench_windows.py [--tokens 10248871837] [--steps 10000]
+        [--length 1025] [--batch 32] [--runs 1] [--paired-steps 500] [--paired-rounds 6]
+        [--dir DIR] [--out benchmarks/results/windows.md]
+
+The story's dataset: one uint16 tensor of `--tokens` tokens (10,248,871,837 is 19.09
+GiB), written sparse at a 64-byte-aligned offset and loaded by `devpolicy.load_file`
+with a host rule that maps it, as the README does. Each variant runs in a fresh process
+(2 fake CPU devices, batches placed on cpu:1), the file's pages dropped from the page
+cache first (`posix_fadvise(DONTNEED)`), and samples `--steps` batches of `--batch`
+random windows of `--length` tokens, recording RSS (and its file-backed part) every
+tenth of the run and the time per step:
+
+- `kernel defaults`: no advice, nothing given back (devpolicy before the fix);
+- `MADV_RANDOM only`: the mapping advised random, nothing given back;
+- `devpolicy.windows`: what it does (`devpolicy/_apply/paging.py`): `MADV_RANDOM`, and
+  each batch's 64 KiB blocks given back (`MADV_DONTNEED`) once the batch is copied.
+
+The time the giving back costs is also measured paired: in one process, segments with
+and without it take turns (a shared machine's load then weighs on both alike).
+
+Target: 10,000 random windows of the 19.09 GiB story grow RSS by under 512 MiB.
+The tables and the machine's state are written to `--out` as Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+STORY_TOKENS = 10_248_871_837
+MiB = 2**20
+
+CHILD = r"""
+import json, os, sys, time
+variant, path, steps, length, batch = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
+
+import numpy as np
+import devpolicy
+from devpolicy._apply import paging
+
+if variant == "defaults":
+    paging._MADVISE = None  # no advice, nothing given back: the kernel's defaults
+elif variant == "random-only":
+    paging.Pager.release = lambda self, offsets, length: None  # advice, nothing given back
+policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "rules": [
+    {"match": "*/tokens", "device": "cpu:0", "mmap": True},
+    {"match": "batch", "device": "cpu:1"}]}, environ={})
+fd = os.open(path, os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # every variant starts from a cold cache
+os.close(fd)
+tokens = devpolicy.load_file(path, policy=policy, progress=False)["tokens"]
+stream = devpolicy.windows(tokens, length, batch, order="random", seed=0, steps=steps,
+                           policy=policy)
+rss0, file0 = status("VmRSS"), status("RssFile")
+samples, times = [], []
+every = max(1, steps // 10)
+start = last = time.perf_counter()
+for step, b in enumerate(stream, 1):
+    assert b.shape == (batch, length)
+    if step % every == 0 or step == steps:
+        now = time.perf_counter()
+        times.append((now - last) / (step - (samples[-1][0] if samples else 0)))
+        last = now
+        samples.append((step, status("VmRSS") - rss0, status("RssFile") - file0))
+total = time.perf_counter() - start
+print(json.dumps({"samples": samples, "seconds": total, "step_times": times,
+                  "peak": status("VmHWM")}))
+"""
+
+#: One process, the mapping advised random, segments of steps with and without the pages
+#: given back taking turns: the time the giving back costs, paired against the same
+#: load on a shared machine (separate processes see different moments of it).
+PAIRED = r"""
+import json, os, statistics, sys, time
+path, length, batch, segments, rounds = sys.argv[1], *map(int, sys.argv[2:6])
+import devpolicy
+from devpolicy._apply import paging
+policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "rules": [
+    {"match": "*/tokens", "device": "cpu:0", "mmap": True},
+    {"match": "batch", "device": "cpu:1"}]}, environ={})
+tokens = devpolicy.load_file(path, policy=policy, progress=False)["tokens"]
+release = paging.Pager.release
+times = {"devpolicy.windows": [], "MADV_RANDOM only": []}
+for _ in range(rounds):
+    for variant in times:
+        paging.Pager.release = release if variant == "devpolicy.windows" else (
+            lambda self, offsets, length: None)
+        stream = devpolicy.windows(tokens, length, batch, order="random", steps=segments,
+                                   policy=policy)
+        start = time.perf_counter()
+        for b in stream:
+            pass
+        times[variant].append((time.perf_counter() - start) / segments * 1000)
+print(json.dumps(times))
+"""
+
+VARIANTS = {
+    "defaults": "kernel defaults",
+    "random-only": "MADV_RANDOM only",
+    "devpolicy": "devpolicy.windows",
+}
+
+
+def write_tokens(path: Path, count: int) -> None:
+    """One `tokens` tensor of `count` uint16 zeros at a 64-byte-aligned offset, sparse."""
+    header = json.dumps(
+        {"tokens": {"dtype": "U16", "shape": [count], "data_offsets": [0, 2 * count]}},
+        separators=(",", ":"),
+    ).encode()
+    header += b" " * (-(8 + len(header)) % 64)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + 2 * count)
+
+
+def run_child(variant: str, path: Path, args: argparse.Namespace) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    argv = [str(args.steps), str(args.length), str(args.batch)]
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, variant, str(path), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
+    result: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+def machine_state() -> list[str]:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    import jax
+
+    import devpolicy
+
+    return [
+        f"- cores: {os.cpu_count()}; load average (1, 5, 15 min) at start: {load}",
+        f"- Python {platform.python_version()}, jax {jax.__version__}, devpolicy "
+        f"{devpolicy.__version__}, {platform.system()} {platform.release()} "
+        f"{platform.machine()}",
+    ]
+
+
+def mib(n: float) -> str:
+    return f"{n / MiB:,.1f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=STORY_TOKENS)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--length", type=int, default=1025)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=1, help="runs of each variant, interleaved")
+    parser.add_argument("--dir", type=Path, default=None, help="where the token file goes")
+    parser.add_argument("--paired-steps", type=int, default=500, help="steps a paired segment")
+    parser.add_argument("--paired-rounds", type=int, default=6, help="paired segments each way")
+    parser.add_argument("--out", type=Path, default=None, help="write the tables as Markdown")
+    args = parser.parse_args()
+    lines = [
+        "# Random windows from a mapped token file: resident memory over steps",
+        "",
+        f"`python benchmarks/bench_windows.py --tokens {args.tokens} --steps {args.steps} "
+        f"--length {args.length} --batch {args.batch} --runs {args.runs} "
+        f"--paired-steps {args.paired_steps} --paired-rounds {args.paired_rounds}`",
+        "",
+        *machine_state(),
+    ]
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        path = Path(tmp) / "train.safetensors"
+        write_tokens(path, args.tokens)
+        size = path.stat().st_size
+        copied = args.steps * args.batch * args.length * 2
+        lines.append(
+            f"- token file: {size / 2**30:.2f} GiB of uint16 (sparse), mapped by "
+            f"`load_file`; {args.steps:,} steps copy {copied / MiB:,.0f} MiB of windows"
+        )
+        results: dict[str, list[dict[str, object]]] = {v: [] for v in VARIANTS}
+        for run in range(args.runs):
+            for variant in VARIANTS:
+                print(f"run {run + 1}/{args.runs}: {VARIANTS[variant]}", file=sys.stderr)
+                results[variant].append(run_child(variant, path, args))
+    lines += ["", "**RSS growth over the run (MiB; the file-backed part in brackets)**", ""]
+    steps_seen = [s[0] for s in results["devpolicy"][0]["samples"]]  # type: ignore[index]
+    lines.append("| variant | " + " | ".join(f"{s:,}" for s in steps_seen) + " |")
+    lines.append("|---|" + "---|" * len(steps_seen))
+    for variant, runs in results.items():
+        for result in runs:
+            cells = [
+                f"{mib(rss)} ({mib(rss_file)})"
+                for _, rss, rss_file in result["samples"]  # type: ignore[attr-defined]
+            ]
+            lines.append(f"| {VARIANTS[variant]} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "**Time per step (ms; each step: 32 windows drawn, copied, placed on cpu:1)**",
+        "",
+        "| variant | whole run, median of runs | per tenth of the run: fastest-slowest "
+        "| RSS growth at the end, median | target < 512 MiB |",
+        "|---|---|---|---|---|",
+    ]
+    for variant, runs in results.items():
+        whole = statistics.median(r["seconds"] for r in runs) / args.steps * 1000  # type: ignore[misc]
+        tenths = [t * 1000 for r in runs for t in r["step_times"]]  # type: ignore[attr-defined]
+        grown = statistics.median(r["samples"][-1][1] for r in runs)  # type: ignore[index]
+        lines.append(
+            f"| {VARIANTS[variant]} | {whole:.3f} | {min(tenths):.3f}-{max(tenths):.3f} "
+            f"| {mib(grown)} MiB | {'met' if grown < 512 * MiB else 'not met'} |"
+        )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        path = Path(tmp) / "train.safetensors"
+        write_tokens(path, args.tokens)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                PAIRED,
+                str(path),
+                *map(str, (args.length, args.batch, args.paired_steps, args.paired_rounds)),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+    paired: dict[str, list[float]] = json.loads(proc.stdout.splitlines()[-1])
+    lines += [
+        "",
+        f"**Time per step, paired (ms): one process, {args.paired_rounds} rounds of "
+        f"{args.paired_steps} steps each way, taking turns**",
+        "",
+        "| variant | median | each round |",
+        "|---|---|---|",
+    ]
+    for variant, times in paired.items():
+        each = ", ".join(f"{t:.3f}" for t in times)
+        lines.append(f"| {variant} | {statistics.median(times):.3f} | {each} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
