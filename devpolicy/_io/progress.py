@@ -13,6 +13,7 @@ from typing import Any
 from .._base.events import EventLog
 from .._base.limits import ALIGN
 from .._base.sizes import format_size
+from .._base.visible import visible
 from .._decide.decision import Decision
 from .checkpoints import Checkpoint
 from .format import Header, TensorEntry
@@ -96,7 +97,9 @@ def progress_bar(header: Header, total: int, wanted: bool | None) -> Iterator[An
     )
 
     with Progress(
-        TextColumn("[bold]{task.description}"),
+        # The file's name is whoever made the checkpoint's text: shown, never read as
+        # markup (`[white on white]`, `[link=...]`) nor obeyed as a terminal escape.
+        TextColumn("{task.description}", style="bold", markup=False),
         BarColumn(),
         DownloadColumn(binary_units=True),
         TransferSpeedColumn(),
@@ -104,7 +107,7 @@ def progress_bar(header: Header, total: int, wanted: bool | None) -> Iterator[An
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        task = bar.add_task(header.path.name, total=total)
+        task = bar.add_task(visible(header.path.name), total=total)
         yield lambda n: bar.advance(task, n)
 
 
