@@ -14,7 +14,8 @@ be read here, and each part is tied to a field:
 - `sharding_problems` checks a rule's `sharding` and fallbacks against the document's
   `meshes`, in the models' field locations (`rules[3].sharding.spec[0]`), once every
   layer is known (`documents` and `layers` call it); `separator_problem` is the one
-  separator rule the model, `load_file(separator=)` and `plan --separator` share.
+  separator rule the model, `load_file(separator=)` and `plan --separator` share, and
+  `prefix_problem` the one prefix rule (`names.prefix`, `prefix=`, `--prefix`).
 
 Text-level parsing is not here: targets, sizes, runtime knobs, axis names and patterns
 are read by the leaves this module imports (`targets`, `sizes`, `knobs`, `axes`,
@@ -761,6 +762,14 @@ def separator_problem(value: object) -> str | None:
     return f"one character that is not a glob character, such as '.'; got {value!r}"
 
 
+def prefix_problem(value: object) -> str | None:
+    """Why `value` cannot prefix tensor names (None: it can). One rule for the policy's
+    `names.prefix`, the `prefix=` of `load_file` and `plan`, and `--prefix`."""
+    if isinstance(value, str) and not value.startswith("/") and not value.endswith("/"):
+        return None
+    return f"text with no leading or trailing '/', got {value!r}"
+
+
 def _separator(value: Any) -> str:
     problem = separator_problem(value)
     if problem is not None:
@@ -793,7 +802,7 @@ class NamesSpec(_Strict):
     @field_validator("prefix")
     @classmethod
     def _prefix_plain(cls, value: str | None) -> str | None:
-        if value is not None and (value.startswith("/") or value.endswith("/")):
+        if value is not None and prefix_problem(value) is not None:
             raise _fail(f"a prefix has no leading or trailing '/', got {value!r}")
         return value
 

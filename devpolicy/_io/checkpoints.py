@@ -51,6 +51,13 @@ class Checkpoint:
     expected: tuple[frozenset[str], ...] = ()
     left_out: tuple[tuple[Path, str], ...] = ()
 
+    def only(self, kept: list[bool]) -> Checkpoint:
+        """The checkpoint less the files whose `kept` is False (with an index: the files
+        and what the index puts in each, still paired)."""
+        files = tuple(f for f, keep in zip(self.files, kept, strict=True) if keep)
+        expected = tuple(e for e, keep in zip(self.expected, kept, strict=False) if keep)
+        return Checkpoint(files, self.stem, self.index, expected, self.left_out)
+
     def check(self, headers: list[Header]) -> None:
         """Raise unless the files hold what the index says, each tensor in one file only."""
         seen: dict[str, Path] = {}
@@ -136,13 +143,19 @@ def _choose(directory: Path, stem: str) -> Checkpoint:
         raise SafetensorsFileError(
             directory, f"holds several checkpoint indexes ({names}): name one"
         )
-    files = _checkpoint_files(directory)
     if indexes:
+        # The index names the files: one it names is opened (and its absence named) only
+        # when read, so a shard no one reads may be missing; the others are left out.
         checkpoint = _from_index(indexes[0], stem)
         named = set(checkpoint.files)
         why = f"not in {indexes[0].name}, the checkpoint's index: name the file to load it"
-        others = tuple((f, why) for f in files if f not in named)
-        return Checkpoint(checkpoint.files, stem, checkpoint.index, checkpoint.expected, others)
+        unreadable: list[tuple[Path, str]] = []
+        others = [(f, why) for f in _checkpoint_files(directory, unreadable) if f not in named]
+        others += [(f, reason) for f, reason in unreadable if f not in named]
+        return Checkpoint(
+            checkpoint.files, stem, checkpoint.index, checkpoint.expected, tuple(sorted(others))
+        )
+    files = _checkpoint_files(directory)
     model = directory / "model.safetensors"
     if model in files:
         why = "model.safetensors is the checkpoint (no index): name the file to load it"
@@ -230,13 +243,17 @@ def default_prefix(directory: Path, otherwise: str) -> str:
     return otherwise
 
 
-def _checkpoint_files(directory: Path) -> tuple[Path, ...]:
+def _checkpoint_files(
+    directory: Path, unreadable: list[tuple[Path, str]] | None = None
+) -> tuple[Path, ...]:
     """The checkpoint files of a directory: its `*.safetensors` regular files, not hidden.
 
     Hidden files (`._model.safetensors`, the resource forks macOS leaves on other disks;
     a `.name.safetensors` of any tool) are not part of a checkpoint, nor is anything that
     is not a regular file once symlinks are followed (a directory or FIFO so named). A
-    dangling symlink is an error: a checkpoint missing a file must not load as a smaller one.
+    dangling symlink is an error: a checkpoint missing a file must not load as a smaller
+    one. Where an index says which files count, each that cannot be examined is added
+    to `unreadable` with why instead.
     """
     files = []
     for candidate in sorted(directory.glob("*.safetensors")):
@@ -245,6 +262,9 @@ def _checkpoint_files(directory: Path) -> tuple[Path, ...]:
         try:
             info = os.stat(candidate)
         except OSError as e:
+            if unreadable is not None:
+                unreadable.append((candidate, f"cannot be read: {why_unopenable(candidate, e)}"))
+                continue
             raise SafetensorsFileError(
                 candidate,
                 f"cannot be read as part of the checkpoint: {why_unopenable(candidate, e)}",

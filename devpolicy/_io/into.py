@@ -4,7 +4,9 @@ every difference found before anything is read.
 
 from __future__ import annotations
 
+import difflib
 import os
+import unicodedata
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,6 +19,7 @@ from .._base.events import EventLog
 from .._base.visible import visible
 from .._document.axes import Attached
 from .._document.schema import NamesSpec
+from .checkpoints import Checkpoint
 from .format import Header, TensorEntry
 from .mapping import x64_enabled
 from .naming import PathLike, tensor_names
@@ -48,9 +51,7 @@ def fit_into(
     """Match each leaf of `into` to the tensor of the same name, every difference found
     before anything is read (`CheckpointMismatchError` lists them all)."""
     leaves, treedef = jax.tree_util.tree_flatten(into)
-    # Named as `put` names them, less its first part: `layers/0/kernel`.
-    full_names, axes = leaf_names_and_axes("", into)
-    paths = [name[1:] for name in full_names]
+    paths, axes = _leaf_paths(into)
     attached: dict[str, Attached | None] = {}
     if not leaves or paths == [""]:
         raise TypeError(
@@ -71,14 +72,14 @@ def fit_into(
     x64 = x64_enabled()
     keys: list[str] = []
     missing: list[str] = []
+    missing_names: list[tuple[str, str]] = []  # (leaf path, name), for look-alikes
     taken: set[str] = set()
     for leaf_path, leaf, leaf_axes in zip(paths, leaves, axes, strict=True):
-        # Split as the file's keys are: a leaf named `model.layers.0.w` (a flat dict of
-        # Hugging Face keys) finds `model.layers.0.w` under separator '.'.
-        name = leaf_path if separator == "/" else leaf_path.replace(separator, "/")
+        name = _split(leaf_path, separator)
         found = by_name.get(name)
         if found is None:
             missing.append(leaf_path)
+            missing_names.append((leaf_path, name))
             continue
         if name in taken:
             mismatched.append((leaf_path, "another leaf of the tree has the same name"))
@@ -103,7 +104,12 @@ def fit_into(
             missing=missing,
             unexpected=unexpected if strict else (),
             mismatched=mismatched,
-            hint=None if taken else _naming_hint(missing, unexpected, separator),
+            hint=_hints(
+                None if taken else _naming_hint(missing, unexpected, separator),
+                _look_alikes(
+                    missing_names, [(n, e.key) for n, e in by_name.items() if n not in taken]
+                ),
+            ),
         )
     if not unexpected:
         return Fitted(headers, keys, treedef, [], attached)
@@ -114,6 +120,44 @@ def fit_into(
         if tensors:  # a file no leaf takes from is not opened again
             kept.append((file, replace(header, tensors=tensors)))
     return Fitted(kept, keys, treedef, unexpected, attached)
+
+
+def _leaf_paths(into: Any) -> tuple[list[str], list[Attached | None]]:
+    """Each leaf's path, named as `put` names it less its first part (`layers/0/kernel`),
+    and the axis names its framework attached."""
+    full_names, axes = leaf_names_and_axes("", into)
+    return [name[1:] for name in full_names], axes
+
+
+def _split(key: str, separator: str) -> str:
+    """A leaf's path or a file's key in parts joined by '/', split where the file's keys
+    are: a leaf named `model.layers.0.w` (a flat dict of Hugging Face keys) finds the key
+    `model.layers.0.w` under separator '.'."""
+    return key if separator == "/" else key.replace(separator, "/")
+
+
+def shards_needed(
+    into: Any, checkpoint: Checkpoint, naming: NamesSpec
+) -> tuple[Checkpoint, list[str]]:
+    """For `strict=False`: only the files of an indexed checkpoint that hold a tensor some
+    leaf of `into` takes, and the keys of the others, which are never opened (a shard no
+    leaf needs may be missing or damaged). Without an index every file is kept (only
+    their headers say what they hold), and where no leaf finds its tensor in the index,
+    too (the mismatch is then reported against what the files hold)."""
+    if checkpoint.index is None:
+        return checkpoint, []
+    separator = naming.separator
+    wanted = {_split(path, separator) for path in _leaf_paths(into)[0]}
+    kept = [any(_split(key, separator) in wanted for key in keys) for keys in checkpoint.expected]
+    if all(kept) or not any(kept):
+        return checkpoint, []
+    unread = sorted(
+        key
+        for keys, keep in zip(checkpoint.expected, kept, strict=True)
+        if not keep
+        for key in keys
+    )
+    return checkpoint.only(kept), unread
 
 
 def _held(dtype: np.dtype[Any], x64: bool) -> np.dtype[Any]:
@@ -136,6 +180,80 @@ def _naming_hint(missing: list[str], unexpected: list[str], separator: str) -> s
         "policy); where the file's keys carry an extra first part, load into a tree that "
         "has it ({'model': tree})."
     )
+
+
+def _hints(*hints: str | None) -> str | None:
+    return "\n".join(h for h in hints if h) or None
+
+
+#: The most look-alike pairs a mismatch names.
+_LOOK_ALIKES = 5
+
+# Letters of other scripts drawn like a Latin one (after Unicode's confusables, UTS #39),
+# and dashes and slashes drawn like '-' and '/'. Accents, fullwidth and ligature forms are
+# NFKD's to undo; invisible (format) characters are dropped.
+_LIKE = (
+    # Cyrillic: aeopcyxsijdhqwl
+    "\u0430\u0435\u043e\u0440\u0441\u0443\u0445\u0455\u0456\u0458\u0501\u04bb\u051b\u051d\u04cf"
+    # Cyrillic: ABEKMHOPCTXSIJY
+    "\u0410\u0412\u0415\u041a\u041c\u041d\u041e\u0420\u0421\u0422\u0425\u0405\u0406\u0408\u04ae"
+    # Greek: ABEZHIKMNOPTYXova
+    "\u0391\u0392\u0395\u0396\u0397\u0399\u039a\u039c\u039d\u039f\u03a1\u03a4\u03a5\u03a7\u03bf\u03bd\u03b1"
+    # dotless i, script g; dashes; division slash: ig-----/
+    "\u0131\u0261\u2010\u2011\u2012\u2013\u2212\u2215"
+)
+_LATIN = "aeopcyxsijdhqwlABEKMHOPCTXSIJYABEZHIKMNOPTYXovaig-----/"
+_DRAWN_AS = str.maketrans(_LIKE, _LATIN)
+
+
+def _skeleton(text: str) -> str:
+    """What `text` looks like: names that look the same have the same skeleton."""
+    if text.isascii():
+        return text
+    decomposed = unicodedata.normalize("NFKD", text)
+    kept = "".join(c for c in decomposed if unicodedata.category(c) not in ("Cf", "Mn"))
+    return kept.translate(_DRAWN_AS)
+
+
+def _look_alikes(missing: list[tuple[str, str]], unmatched: list[tuple[str, str]]) -> str | None:
+    """Leaves and tensors whose names look the same but are not (a Cyrillic `\\u0435` for `e`,
+    a zero-width space), each pair with the code points that differ.
+
+    `missing` holds (leaf path, name) of the leaves no tensor fills, `unmatched` (name,
+    key) of the tensors no leaf took; names are compared, paths and keys shown.
+    """
+    by_look: dict[str, tuple[str, str]] = {}
+    for name, key in unmatched:
+        by_look.setdefault(_skeleton(name), (name, key))
+    found = []
+    for leaf, name in missing:
+        twin = by_look.get(_skeleton(name))
+        if twin is not None:
+            found.append(_told_apart(leaf, name, *twin))
+            if len(found) == _LOOK_ALIKES:
+                break
+    return "\n".join(found) or None
+
+
+def _told_apart(leaf: str, name: str, other: str, key: str) -> str:
+    """Where a leaf's name and a look-alike tensor's differ, by code point."""
+    parts = []
+    matcher = difflib.SequenceMatcher(None, name, other, autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        mine, theirs = _code_points(name[i1:i2]), _code_points(other[j1:j2])
+        if not mine:
+            parts.append(f"at character {j1 + 1} the tensor has {theirs}, the leaf nothing")
+        elif not theirs:
+            parts.append(f"at character {i1 + 1} the leaf has {mine}, the tensor nothing")
+        else:
+            parts.append(f"at character {i1 + 1} the leaf has {mine}, the tensor {theirs}")
+    return f"  leaf {leaf!r} and tensor {key!r} look alike but differ: " + "; ".join(parts)
+
+
+def _code_points(text: str) -> str:
+    return ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, '(unnamed)')}" for c in text)
 
 
 def skipped_event(events: EventLog, path: PathLike, skipped: list[str]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import mmap as mmap_module
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,9 +35,16 @@ from .accounting import silent_events, uses_of_decisions
 from .buffers import MAP_THRESHOLD, aligned_empty
 from .checkpoints import open_checkpoint
 from .format import Header, TensorEntry, read_header_from
-from .into import fit_into, skipped_event
+from .into import fit_into, shards_needed, skipped_event
 from .mapping import NARROW, map_hint, may_map, x64_enabled
-from .naming import PathLike, call_naming, name_prefix, source_files, tensor_names
+from .naming import (
+    PathLike,
+    call_naming,
+    check_prefix,
+    name_prefix,
+    source_files,
+    tensor_names,
+)
 from .opening import map_tensor_file, reopen_tensor_file
 from .progress import left_out_events, mmap_refused_event, progress_bar, summary_event
 from .ranges import ShardReader
@@ -104,40 +112,59 @@ def load_file(
     if not isinstance(strict, bool):
         raise TypeError(f"strict= takes True or False, got {strict!r}")
     naming = call_naming(decider.settings.names, separator)
-    with _collector_paused():
-        return _load_file(path, decider, prefix, mmap, narrow, progress, naming, into, strict)
+    check_prefix(prefix)  # before anything is read
+    return _load_file(path, decider, prefix, mmap, narrow, progress, naming, into, strict)
 
 
-# Loads in progress that paused the cyclic collector (several threads may load at once:
-# the last one out turns it back on).
-_paused_by: list[int] = [0]
-_paused_lock = threading.Lock()
+class _Collector:
+    """Whether a load turned Python's cyclic collector off, to turn it on again."""
+
+    paused = False
 
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a file loads, back on after (where it
-    was on).
+    """Python's cyclic garbage collector off around one of the load's hot loops, where
+    that harms no one; as it was after.
 
-    A load makes a few objects per tensor that all live on (arrays, entries, decisions)
-    and no cycles, so each collection the allocations trigger walks a growing heap and
+    A load makes a few objects per tensor that all live on (entries, decisions, arrays)
+    and no cycles, so each collection its allocations trigger walks a growing heap and
     frees nothing: measured on 10,000 small tensors, a fifth to a third of the load.
+
+    The collector is the whole process's, so it is paused only where nothing else needs
+    it. Only around the loops that make those objects (reading headers, deciding,
+    placing a file's tensors, recording them): each file's events and the application
+    code they reach (log processors) run with it as the application left it. Only while
+    no other Python thread runs (`threading.active_count()` when the loop starts): a
+    thread making reference cycles meanwhile would grow without bound. The threads a
+    loop starts itself (reading ahead, the progress bar) are its own. Only what the
+    pause changed is undone: the collector is turned on again only if this pause turned
+    it off and it is still off (an application that turned it off before keeps it off;
+    one whose thread turns it off during a load made the load not pause). A child forked
+    during a pause starts with the collector on (`os.register_at_fork`): the loop that
+    would turn it on again does not run in it.
     """
-    with _paused_lock:
-        if _paused_by[0] == 0 and not gc.isenabled():
-            paused = False  # the application turned it off: leave it so
-        else:
-            paused = True
-            _paused_by[0] += 1
-            gc.disable()
+    mine = not _Collector.paused and threading.active_count() == 1 and gc.isenabled()
+    if mine:
+        gc.disable()
+        _Collector.paused = True
     try:
         yield
     finally:
-        if paused:
-            with _paused_lock:
-                _paused_by[0] -= 1
-                if _paused_by[0] == 0:
-                    gc.enable()
+        # Not if a fork reset it meanwhile: the forked child finishing the load.
+        if mine and _Collector.paused:
+            _Collector.paused = False
+            if not gc.isenabled():
+                gc.enable()
+
+
+def _collector_after_fork() -> None:
+    if _Collector.paused:
+        _Collector.paused = False
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_collector_after_fork)
 
 
 def _load_file(
@@ -153,57 +180,69 @@ def _load_file(
 ) -> Any:
     checkpoint = open_checkpoint(path)
     left_out_events(decider.events, path, checkpoint)
+    unread: list[str] = []
+    if into is not None and not strict:
+        # An index says which file holds what: a shard no leaf needs is never opened.
+        checkpoint, unread = shards_needed(into, checkpoint, naming)
     # Files are opened one at a time (a checkpoint may have more files than a process may
     # open): once for the header, again only while read, and refused if replaced between.
     with _OneFileOpen() as opened:
-        headers = []
-        for file in checkpoint.files:
-            with open_tensor_file(file) as f:
-                headers.append((file, read_header_from(f, file)))
+        with _collector_paused():
+            headers = []
+            for file in checkpoint.files:
+                with open_tensor_file(file) as f:
+                    headers.append((file, read_header_from(f, file)))
         checkpoint.check([h for _, h in headers])
         fitted = None
         if into is not None:
             fitted = fit_into(into, headers, naming, strict, path)
             headers = fitted.headers
-            skipped_event(decider.events, path, fitted.skipped)
+            skipped_event(decider.events, path, [*fitted.skipped, *unread])
         stem = name_prefix(checkpoint.stem, prefix, naming)
         names = [tensor_names(header, stem, naming) for _, header in headers]
         # Each file as `file:` rules see it (not the byte source its tensors are read from).
         rule_files = source_files(tuple(file for file, _ in headers), path)
         x64 = x64_enabled()
         # All files decided as one placement: memory-aware rules see the whole checkpoint.
-        decisions = decider.resolve_many(
-            [
-                (
-                    n,
-                    t.array_nbytes,
-                    t.shape,
-                    map_hint(t, mmap, x64),
-                    rule_file,
-                    None if fitted is None else fitted.attached.get(t.key),
-                )
-                for (_, header), file_names, rule_file in zip(
-                    headers, names, rule_files, strict=True
-                )
-                for n, t in zip(file_names, header.tensors, strict=True)
-            ],
-            summarised=True,
-        )
+        items = [
+            (
+                n,
+                t.array_nbytes,
+                t.shape,
+                map_hint(t, mmap, x64),
+                rule_file,
+                None if fitted is None else fitted.attached.get(t.key),
+            )
+            for (_, header), file_names, rule_file in zip(headers, names, rule_files, strict=True)
+            for n, t in zip(file_names, header.tensors, strict=True)
+        ]
+        with _collector_paused():
+            decisions = decider.resolve_many(items, summarised=True)
         out: dict[str, jax.Array] = {}
         first = 0
         for (_, header), file_names in zip(headers, names, strict=True):
             mine = decisions[first : first + len(file_names)]
             first += len(file_names)
             started = time.perf_counter()
-            mapped, narrowed, bytes_read = _load_opened(
-                opened.open(header), header, file_names, mine, decider, mmap, narrow, progress, out
-            )
+            with _collector_paused():
+                mapped, narrowed, bytes_read = _load_opened(
+                    opened.open(header),
+                    header,
+                    file_names,
+                    mine,
+                    decider,
+                    mmap,
+                    narrow,
+                    progress,
+                    out,
+                )
             seconds = time.perf_counter() - started
             mmap_refused_event(decider.events, header, mine, mmap, x64_enabled())
             summary_event(decider.events, header, mine, seconds, mapped, narrowed, bytes_read)
-        _loaded(decider.events, out, [h for _, h in headers], names, decisions, x64)
-        flat = [n for file_names in names for n in file_names]
-        uses = uses_of_decisions(decider.settings, flat, list(decisions), rule_files)
+        with _collector_paused():
+            _loaded(decider.events, out, [h for _, h in headers], names, decisions, x64)
+            flat = [n for file_names in names for n in file_names]
+            uses = uses_of_decisions(decider.settings, flat, list(decisions), rule_files)
         silent_events(decider.events, uses, path)
     if fitted is not None:
         return jax.tree_util.tree_unflatten(fitted.treedef, [out[key] for key in fitted.keys])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .._document.schema import NamesSpec, separator_problem
+from .._document.schema import NamesSpec, prefix_problem, separator_problem
 from .._names.matching import SourceFile
 from .format import Header
 
@@ -23,9 +23,25 @@ def tensor_names(header: Header, stem: str, names: NamesSpec) -> list[str]:
     return [f"{stem}/{key}" if stem else key for key in keys]
 
 
+def check_prefix(prefix: str | None) -> None:
+    """Refuse a call's prefix that the policy's `names.prefix` would refuse.
+
+    Raises:
+        ValueError: naming `prefix=` and what it takes.
+    """
+    problem = None if prefix is None else prefix_problem(prefix)
+    if problem is not None:
+        raise ValueError(f"prefix= takes {problem}")
+
+
 def name_prefix(stem: str, prefix: str | None, names: NamesSpec) -> str:
-    """The prefix of a checkpoint's names: the call's, else the policy's, else `stem`."""
+    """The prefix of a checkpoint's names: the call's, else the policy's, else `stem`.
+
+    Raises:
+        ValueError: a call's prefix the policy's `names.prefix` would refuse.
+    """
     if prefix is not None:
+        check_prefix(prefix)
         return prefix
     return stem if names.prefix is None else names.prefix
 

@@ -1,10 +1,9 @@
 """The loader's fast paths decide and report exactly what the per-name path does: runs of
-names one rule decides alike (memory judged, fallbacks, shardings, maps), the collector
-paused only while a file loads, the ledger filled for a whole file at once."""
+names one rule decides alike (memory judged, fallbacks, shardings, maps), the ledger
+filled for a whole file at once (the collector's pause: test_collector_pause.py)."""
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 from collections.abc import Hashable
@@ -191,39 +190,6 @@ class TestLoadFileAlike:
         for key in fast:
             assert fast[key].sharding == slow[key].sharding
             np.testing.assert_array_equal(np.asarray(fast[key]), np.asarray(slow[key]))
-
-
-class TestTheCollectorIsPausedOnlyWhileLoading:
-    def test_off_during_the_load_and_on_after(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        seen = []
-        load = _safetensors._load_opened
-
-        def spying(*args: Any) -> Any:
-            seen.append(gc.isenabled())
-            return load(*args)
-
-        monkeypatch.setattr(_safetensors, "_load_opened", spying)
-        assert gc.isenabled()
-        devpolicy.load_file(file_of(tmp_path, 3), policy=devpolicy.load_policy({"version": 1}))
-        assert seen == [False]
-        assert gc.isenabled()
-
-    def test_on_again_after_a_failed_load(self, tmp_path: Path) -> None:
-        bad = tmp_path / "bad.safetensors"
-        bad.write_bytes(b"\x00" * 4)
-        with pytest.raises(devpolicy.DevicePolicyError, match=r"bad\.safetensors"):
-            devpolicy.load_file(bad, policy=devpolicy.load_policy({"version": 1}))
-        assert gc.isenabled()
-
-    def test_left_off_where_the_application_turned_it_off(self, tmp_path: Path) -> None:
-        gc.disable()
-        try:
-            devpolicy.load_file(file_of(tmp_path, 3), policy=devpolicy.load_policy({"version": 1}))
-            assert not gc.isenabled()
-        finally:
-            gc.enable()
 
 
 class TestTheLedgerHoldsAWholeFile:
