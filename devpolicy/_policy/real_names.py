@@ -9,11 +9,15 @@ import json
 import math
 import os
 
+from .._base.files import FileRefused, read_capped
 from .._io.accounting import RuleUse, checkpoint_names, rule_uses, silent_rules
 from .._io.format import DTYPES
 from .._names.matching import SourceFile, compile_search
 from .lint import Finding
 from .policy import Policy
+
+#: The largest names file read (as for a checkpoint index): some 600,000 names with shapes.
+_MAX_NAMES_BYTES = 64 << 20
 
 NameItem = tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]
 NAMES_FORMS = (
@@ -37,7 +41,8 @@ def read_names(
     """The names `check --names` lints against (see `NAMES_FORMS`).
 
     Raises:
-        ValueError: the JSON is not one of the accepted forms (naming the entry).
+        ValueError: the file is not a regular file, is over 64 MiB, is not JSON or not one
+            of the accepted forms (naming the file, and the entry).
         SafetensorsFileError: the checkpoint cannot be read.
     """
     text = os.fspath(path)
@@ -66,11 +71,29 @@ def read_tree(path: str | os.PathLike[str]) -> dict[str, tuple[NameItem, tuple[s
 
 
 def _json(path: str | os.PathLike[str], forms: str) -> object:
-    with open(path, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{os.fspath(path)}: not JSON ({e}); accepted: {forms}") from None
+    """A JSON file of names, read as every other input is: a regular file only (a FIFO
+    never waited on, a link to /dev/zero never read), at most `_MAX_NAMES_BYTES`.
+
+    Raises:
+        ValueError: naming the file and why (and the accepted `forms`).
+    """
+    text = os.fspath(path)
+    try:
+        raw = read_capped(path, _MAX_NAMES_BYTES, "a JSON file of names")
+    except FileRefused as e:
+        raise ValueError(f"{text}: {e.reason}") from None
+    try:
+        return json.loads(raw)  # bytes: UTF-8 (or the UTF-16/32 JSON allows)
+    except RecursionError:
+        raise ValueError(
+            f"{text}: not JSON that can be read (nested too deeply); accepted: {forms}"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{text}: not JSON (not UTF-8 text: {e.reason} at byte {e.start}); accepted: {forms}"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{text}: not JSON ({e}); accepted: {forms}") from None
 
 
 def _entries(text: str, data: dict[str, object]) -> list[tuple[NameItem, tuple[str | None, ...]]]:
