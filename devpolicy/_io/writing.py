@@ -7,12 +7,15 @@ mid-write (`remove_stale_temp_files`). No JAX here.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
+import functools
 import os
+import re
 import signal
+import socket
 import stat
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -26,9 +29,10 @@ from .format import PACKED, Header, encodable, pack, read_header
 from .layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
 from .sources import SourceEndedError, open_tensor_file
 
-#: Temporary files of `save_arrays`/`align_file` are `.<name>.devpolicy-<pid>-<random>.tmp`
-#: beside the target (so a rename replaces it atomically). One left by a killed process is
-#: removed by the next successful save of the same target.
+#: Named temporary files of `save_arrays`/`align_file` (where the filesystem has no
+#: `O_TMPFILE`) are `.<name>.devpolicy-<host>-<pid>-<random>.tmp` beside the target (so a
+#: rename replaces it atomically). One left by a process killed where no handler could
+#: run is removed by the next save of the same target, once that host's process is gone.
 TEMP_PATTERN = ".{name}.devpolicy-*.tmp"
 #: Bytes copied at a time by `rewrite_aligned`: memory stays flat however large the file.
 _COPY_BYTES = 64 * 2**20
@@ -121,8 +125,10 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
     keeps its permission bits, and anything that exists but is not a regular file (a
     device, a FIFO, a directory) is refused before anything is written. The data goes to
     an unnamed file (`O_TMPFILE`) given a name only once complete, so a process killed in
-    any thread, by any signal, leaves nothing; where the filesystem cannot do that, to a
-    named temporary file removed on any error and on SIGTERM.
+    any thread, by any signal, leaves nothing; where the filesystem cannot do that (NFS),
+    to a named temporary file (`TEMP_PATTERN`) removed on any error, on the signals that
+    can be caught (`_removed_on_signals`) and when the interpreter exits with it unfinished
+    (a daemon thread's); one a kill left is removed by the next save of `path`.
     """
     target = Path(os.path.realpath(path)) if os.path.islink(path) else path
     directory = target.parent if str(target.parent) else Path(".")
@@ -142,7 +148,8 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
         )
     # A new file gets what a plain open() would give it.
     mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
-    prefix = f".{target.name}.devpolicy-{os.getpid()}-"
+    remove_stale_temp_files(target)
+    prefix = f".{target.name}.devpolicy-{host_tag()}-{os.getpid()}-"
     try:
         fd, tmp = _temporary(directory, prefix)
     except OSError as e:
@@ -150,7 +157,7 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
             path, f"cannot write in {str(directory)!r}: {e.strerror}"
         ) from None
     try:
-        with _removed_on_sigterm():
+        with _removed_on_signals(named=tmp is not None):
             try:
                 os.fchmod(fd, mode)
                 with os.fdopen(fd, "wb") as out:
@@ -168,20 +175,35 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(e, _Terminated):  # the temporary file is gone: now die as asked
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(e.signum, signal.SIG_DFL)
+            os.kill(os.getpid(), e.signum)
         raise
     finally:
         if tmp is not None:
             _in_flight.discard(tmp)
-    remove_stale_temp_files(target)
 
 
-#: Named temporary files being written, by any thread: the SIGTERM handler (main thread
-#: only, where Python runs handlers) removes them all. A set's add, discard and copy are
-#: each one step under the GIL, so the handler needs no lock (a lock the interrupted main
-#: thread held would deadlock it).
+#: Named temporary files being written, by any thread: the signal handler (main thread
+#: only, where Python runs handlers) and the exit handler remove them all. A set's add,
+#: discard and copy are each one step under the GIL, so the handlers need no lock (a lock
+#: the interrupted main thread held would deadlock them).
 _in_flight: set[str] = set()
+
+
+def _remove_in_flight() -> None:
+    """Remove every temporary file still being written (by any thread)."""
+    for tmp in tuple(_in_flight):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+# When the interpreter exits with a save unfinished (a daemon thread's; a worker Python
+# stops waiting for once Ctrl-C lands in its join()), that save's file goes too. Python
+# runs exit handlers after waiting for the threads it waits for: those have finished.
+atexit.register(_remove_in_flight)
+# A child forked mid-save has none of the parent's saves in flight: on its exit, or on a
+# signal, it must not remove the parent's files.
+os.register_at_fork(after_in_child=_in_flight.clear)
 
 
 def _temporary(directory: Path, prefix: str) -> tuple[int, str | None]:
@@ -192,9 +214,31 @@ def _temporary(directory: Path, prefix: str) -> tuple[int, str | None]:
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
                 raise
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
-    _in_flight.add(tmp)
-    return fd, tmp
+    for _ in range(100):
+        tmp = str(directory / f"{prefix}{os.urandom(6).hex()}.tmp")
+        # In the set before it exists: a signal between the two removes nothing else.
+        _in_flight.add(tmp)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            _in_flight.discard(tmp)
+            continue
+        except BaseException:
+            _in_flight.discard(tmp)
+            raise
+        return fd, tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(directory))
+
+
+@functools.cache
+def host_tag() -> str:
+    """This machine in temporary files' names: its host name, made safe for a file name.
+
+    On storage several machines share (NFS), a process id alone says nothing: only a
+    temporary file of this host is judged by whether its process is alive.
+    """
+    name = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname().split(".")[0])[:32]
+    return name or "host"
 
 
 def _named(fd: int, directory: Path, prefix: str) -> str:
@@ -226,15 +270,26 @@ _TMPFILE = getattr(os, "O_TMPFILE", 0) if os.path.isdir("/proc/self/fd") else 0
 
 
 def remove_stale_temp_files(target: Path) -> list[Path]:
-    """Remove temporary files of ours for `target` whose writing process is gone.
+    """Remove temporary files of ours for `target` whose writing process is gone: of this
+    host (`host_tag`), with the pid of no live process.
+
+    Files of other hosts are kept (their pids mean nothing here), and so are those of the
+    first form (`.<name>.devpolicy-<pid>-<random>.tmp`, no host) whose pid is alive.
 
     Returns:
         The files removed.
     """
     removed = []
+    start = len(f".{target.name}.devpolicy-")
     for candidate in target.parent.glob(TEMP_PATTERN.format(name=glob_escape(target.name))):
-        pid_text = candidate.name[len(f".{target.name}.devpolicy-") :].split("-", 1)[0]
-        if not pid_text.isdigit() or _alive(int(pid_text)):
+        parts = candidate.name[start : -len(".tmp")].rsplit("-", 2)
+        if len(parts) == 3:
+            host, pid_text, _ = parts
+        elif len(parts) == 2:  # written before the host was part of the name
+            host, pid_text = host_tag(), parts[0]
+        else:
+            continue
+        if host != host_tag() or not pid_text.isdigit() or _alive(int(pid_text)):
             continue
         try:
             candidate.unlink()
@@ -262,30 +317,49 @@ def _alive(pid: int) -> bool:
 
 
 class _Terminated(BaseException):
-    """SIGTERM arrived while writing: unwind (removing the temporary file), then die of it."""
+    """A signal that would have ended the process arrived while writing: unwind (removing
+    the temporary file), then die of it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+#: Signals whose default action ends the process, cleaned up after where Python may run a
+#: handler. SIGINT's is usually Python's own (KeyboardInterrupt, which unwinds the save
+#: like any exception); it is taken only where the application made it the default.
+_FATAL = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def _removed_on_sigterm() -> Iterator[None]:
-    # A library must not take over signals: only where SIGTERM would kill the process
-    # outright (the default action), and only on the main thread, where Python runs handlers.
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
+def _removed_on_signals(*, named: bool) -> Iterator[None]:
+    """While a named temporary file is written on the main thread: SIGTERM, SIGINT and
+    SIGHUP, where they would end the process outright (their default action), first
+    remove every thread's temporary files, then end it as they would have.
+
+    A library must not take over signals: a signal the application handles is left to
+    it (its handler runs; if it exits, the exit handler removes the files), and outside
+    a save nothing is changed. Python runs handlers on the main thread only and lets
+    only the main thread install them, so a save on another thread installs none: there
+    SIGTERM's default action ends the process with no Python code run, as SIGKILL does,
+    and the next save of the same target removes what it left.
+    """
+    if not named or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: object) -> None:
-        for tmp in tuple(_in_flight):  # every thread's, not only this one's
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise _Terminated
+        _remove_in_flight()
+        raise _Terminated(signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    taken = [s for s in _FATAL if signal.getsignal(s) is signal.SIG_DFL]
+    for signum in taken:
+        signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in taken:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def _umask() -> int:
