@@ -38,7 +38,7 @@ from .._document.targets import (
 from .._machine.capacity import Capacity
 from .._machine.machine import Machine
 from .._machine.meshes import Meshes, shards
-from .._names.matching import Matcher, SourceFile, compile_condition
+from .._names.matching import Condition, Matcher, SourceFile, compile_condition
 from .advice import LARGE_BY_DEFAULT, AttachedRules, warn_large_by_default
 from .decision import Decision, DeviceT, Explanation, renamed
 from .items import Alike, Item, Shape, checked, claim, unpacked
@@ -183,6 +183,12 @@ class Decider(Generic[DeviceT]):
         self._walked.clear()
         for route in (*self._routes, self._default):
             route.forget()
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        """Each rule compiled (its pattern, then its size, shape and file conditions), in
+        rule order: what the accounting asks of a rule that took nothing."""
+        return self._matcher.conditions
 
     @property
     def routes(self) -> tuple[Route[DeviceT], ...]:

@@ -59,7 +59,7 @@ class TestPlanCountsEveryRule:
         plan = devpolicy.plan(_hf_checkpoint(tmp_path), policy=policy)
         assert [(u.label, u.tensors, u.sharded) for u in plan.rules] == [
             ("search '(up_proj|embed_tokens)/weight'", 2, 2),
-            ("'*'", 1, 0),
+            ("'*' ndim 1", 1, 0),
             ("'*'", 1, 0),
             ("default", 0, 0),
         ]
