@@ -100,6 +100,7 @@ class RuleUse:
         meant_by: For `near`: who took those names instead (`rule p.yaml:9 ('llama/*')`,
             `the default`).
         position: The rule's position in the policy's rules (None for the default).
+        layer: Where the rule comes from: `policy`, `env`, `code`; `default`.
     """
 
     origin: str
@@ -117,6 +118,7 @@ class RuleUse:
     meant_example: str = ""
     meant_by: str = ""
     position: int | None = None
+    layer: str = "default"
 
 
 def _catch_all(spec: RuleSpec) -> bool:
@@ -218,6 +220,7 @@ def rule_uses(
                 "" if near is None else placed[near.indices[0]].name,
                 "" if near is None else reasons.taken_by(near.indices),
                 i,
+                entry.source,
             )
         )
     # The default is a device target (never a sharding) and takes every name.
@@ -374,6 +377,7 @@ def _one_prefix_guess(uses: tuple[RuleUse, ...], reasons: _Reasons) -> tuple[Rul
                 OTHER_NAMES,
                 f"no name holds its first word {slip.word!r}",
                 position=use.position,
+                layer=use.layer,
             )
         out.append(use)
     return tuple(out)
@@ -389,7 +393,7 @@ def _took(use: RuleUse) -> str:
     ) + f" took {use.tensors}"
 
 
-def silent_rules(uses: tuple[RuleUse, ...]) -> list[tuple[str, str]]:
+def silent_rules(uses: tuple[RuleUse, ...], quiet: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """What a load, plan or name list should not pass over in silence, as (code, message):
 
     - `rule-matched-nothing`: a rule took no tensor but would have but for a slip (its fix
@@ -400,7 +404,8 @@ def silent_rules(uses: tuple[RuleUse, ...]) -> list[tuple[str, str]]:
       tensors whole.
 
     A rule shadowed by an earlier one, or whose conditions take none of the names its
-    pattern matches, or written for other files or names, is not reported.
+    pattern matches, or written for other files or names, is not reported; nor is a rule
+    of a layer in `quiet` (said elsewhere).
 
     Example:
         >>> uses = (RuleUse("p.yaml:3", "'model/*'", 0, 0, True, status="nothing"),
@@ -411,13 +416,16 @@ def silent_rules(uses: tuple[RuleUse, ...]) -> list[tuple[str, str]]:
     fell = [u for u in uses if u.catch_all and u.tensors]
     found: list[tuple[str, str]] = []
     for u in uses:
+        if u.layer in quiet:
+            continue
         if u.status == NEAR:
             how = " whole" if u.shards else ""
             found.append(
                 (
                     "rule-matched-nothing",
-                    f"rule {u.origin} ({u.label}) took no tensor: {u.note} (e.g. "
-                    f"{u.meant_example!r}), which {u.meant_by} placed{how} instead",
+                    f"rule {u.origin} ({u.label}) took no tensor but was written for "
+                    f"{u.meant} of these names (e.g. {u.meant_example!r}), which "
+                    f"{u.meant_by} placed{how} instead: {u.note}",
                 )
             )
         elif u.status == NOTHING and fell and not u.catch_all:
@@ -526,9 +534,10 @@ def uses_of_decisions(
 
 def silent_events(events: EventLog, uses: tuple[RuleUse, ...], path: PathLike) -> None:
     """The warnings of `silent_rules` for one load, one event each; each shadowed rule at
-    debug (`rule_shadowed`)."""
+    debug (`rule_shadowed`). A `DEVPOLICY_RULES` item that took nothing is left to the
+    decider, which says it once a process (`override_matched_nothing`), not once a load."""
     checkpoint = os.fspath(path)
-    for code, message in silent_rules(uses):
+    for code, message in silent_rules(uses, quiet=("env",)):
         fields = {"checkpoint": checkpoint, "message": message}
         events.emit("warning", code.replace("-", "_"), fields)
     if events.enabled("debug"):

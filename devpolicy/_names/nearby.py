@@ -47,7 +47,8 @@ class NearMiss:
 
     Attributes:
         kind: `search`, `typo`, `separator`, `unprefixed` or `prefix` (see the module).
-        fix: What to change, as a phrase for messages (`did you mean 'model/*'?`).
+        fix: Why the names missed it and what to change, as a phrase for messages
+            (`did you mean 'model/*'?`).
         indices: The names it would take, as positions in the list it was given.
         word: For `prefix`: the rule's first word (the prefix to load with).
         broad: For `prefix`: the rule takes every name under its first word
@@ -126,8 +127,7 @@ def _searched(condition: Condition, facts: Sequence[Fact]) -> NearMiss | None:
         return None
     return NearMiss(
         "search",
-        f"as `search: {condition.written!r}` it would be found in {len(hits)} of them (a "
-        "regex matches whole names)",
+        f"as `search: {condition.written!r}` it would find them (a regex matches whole names)",
         hits,
     )
 
@@ -183,8 +183,8 @@ def _separated(
     if hits:
         return NearMiss(
             "separator",
-            f"its parts separated by '.', the names would give it {_count(hits)}: set the "
-            "policy's `names: {separator: '.'}` (or separator='.')",
+            "the names separate their parts with '.': set the policy's `names: {separator: "
+            "'.'}` (or separator='.')",
             hits,
         )
     hits = tuple(
@@ -195,8 +195,8 @@ def _separated(
     if hits:
         return NearMiss(
             "separator",
-            f"its parts separated by '.' and without their first word, the names would give "
-            f"it {_count(hits)}: set the policy's `names: {{separator: '.', prefix: ''}}`",
+            "the names separate their parts with '.' and start with a word the rule does "
+            "not: set the policy's `names: {separator: '.', prefix: ''}`",
             hits,
         )
     return None
@@ -217,9 +217,8 @@ def _prefixed(
         names = first_word(facts[hits[0]][0])
         return NearMiss(
             "unprefixed",
-            f"the names start with {names + '/'!r}, the rule does not: loaded with prefix "
-            f"'' (prefix='', or the policy's `names: {{prefix: ''}}`) they would give it "
-            f"{_count(hits)}",
+            f"the names start with {names + '/'!r}, the rule without it: load with prefix='' "
+            "(or set the policy's `names: {prefix: ''}`)",
             hits,
         )
     lead = literal_prefix(condition.pattern, condition.is_regex)
@@ -238,14 +237,9 @@ def _prefixed(
     names = first_word(facts[hits[0]][0])
     return NearMiss(
         "prefix",
-        f"the names start with {names + '/'!r} where the rule has {word + '/'!r}: loaded "
-        f"with prefix {word!r} (prefix=, or the policy's `names: {{prefix: {word}}}`) they "
-        f"would give it {_count(hits)}",
+        f"the names start with {names + '/'!r}, the rule with {word + '/'!r}: load with "
+        f"prefix={word!r} (or set the policy's `names: {{prefix: {word}}}`)",
         hits,
         word,
         bool(condition.test(f"{word}/{_ANY_REST}")),
     )
-
-
-def _count(hits: tuple[int, ...]) -> str:
-    return f"{len(hits)} name{'' if len(hits) == 1 else 's'}"

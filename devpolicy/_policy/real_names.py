@@ -172,8 +172,8 @@ def lint_names(policy: Policy, names: list[NameItem]) -> tuple[list[Finding], tu
         if use.status == NEAR:
             whole = " whole" if use.shards else ""
             hint = (
-                f": {use.note} (e.g. {use.meant_example!r}), which {use.meant_by} "
-                f"takes{whole} instead"
+                f", but was written for {use.meant} of them (e.g. {use.meant_example!r}), "
+                f"which {use.meant_by} takes{whole} instead: {use.note}"
             )
         findings.append(
             Finding(

@@ -278,7 +278,8 @@ class TestCheckNames:
         assert main(["check", str(policy), "--names", str(names)]) == 0
         out = capsys.readouterr().out
         assert "matches none of the 2 names" in out
-        assert "as `search: 'attention/(wq|wk|wv)/kernel'` it would be found in 1 of them" in out
+        assert "but was written for 1 of them (e.g. 'params/attention/wq/kernel')" in out
+        assert "as `search: 'attention/(wq|wk|wv)/kernel'` it would find them" in out
 
     @pytest.mark.parametrize(
         ("dump", "message"),
