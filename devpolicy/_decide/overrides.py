@@ -28,7 +28,7 @@ from .._document.environment import FILE_FORM, RULES
 from .._document.layers import RuleEntry, Settings
 from .._document.schema import RuleSpec
 from .._names.matching import Condition, SourceFile
-from .._names.nearby import Fact, near_miss
+from .._names.nearby import Fact, MetNames, near_miss
 from .decision import Decision
 
 #: How many names the end-of-process warning keeps to show (one per rule that took any).
@@ -124,7 +124,7 @@ class Overrides:
         decisions: Sequence[Decision[Any]],
     ) -> None:
         condition = self._conditions[position]
-        slip = near_miss(condition, facts, lambda k: decisions[k].rule is None)
+        slip = near_miss(condition, MetNames(facts, [d.rule is None for d in decisions]))
         if slip is None:
             return
         self._warned.add(("missed", index))

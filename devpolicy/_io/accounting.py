@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,7 +31,7 @@ from .._decide.decision import Decision
 from .._document.layers import RuleEntry, Settings
 from .._document.schema import RuleSpec
 from .._names.matching import Condition, SourceFile
-from .._names.nearby import NearMiss, near_miss
+from .._names.nearby import MetNames, NearMiss, near_miss
 from .._names.prefixes import literal_prefix
 from .checkpoints import open_checkpoint
 from .format import read_header
@@ -256,17 +255,26 @@ class _Reasons:
         self._placed = placed
         self._files = files
         self._parts = parts
-        self._order = sorted(range(len(placed)), key=lambda k: placed[k].name)
-        self._sorted = [placed[k].name for k in self._order]
-        self._facts = [(p.name, p.nbytes, p.shape, p.source) for p in placed]
-        # Names no rule of their own took: the default's, or a catch-all name rule's
-        # (a `file:` rule chose its file's names).
-        self._fallen = [
-            p.position is None or (catch_alls[p.position] and rules[p.position].spec.file is None)
-            for p in placed
-        ]
+        self._catch_alls = catch_alls
+        self._met_names: MetNames | None = None  # read on the first rule to explain
         #: Each `near` rule's slip, for `_one_prefix_guess`.
         self.slips: dict[int, NearMiss] = {}
+
+    @property
+    def _met(self) -> MetNames:
+        if self._met_names is None:
+            rules, catch_alls, placed = self._rules, self._catch_alls, self._placed
+            # Names no rule of their own took: the default's, or a catch-all name rule's
+            # (a `file:` rule chose its file's names).
+            self._met_names = MetNames(
+                [(p.name, p.nbytes, p.shape, p.source) for p in placed],
+                [
+                    p.position is None
+                    or (catch_alls[p.position] and rules[p.position].spec.file is None)
+                    for p in placed
+                ],
+            )
+        return self._met_names
 
     def why(self, i: int) -> tuple[str, str, NearMiss | None]:
         """(status, note, slip) of rule `i`, which took nothing."""
@@ -289,7 +297,7 @@ class _Reasons:
                 f"its pattern matches {_names(len(matching))}, none it takes ({first.name}: {why})",
                 None,
             )
-        slip = near_miss(condition, self._facts, self._fallen.__getitem__)
+        slip = near_miss(condition, self._met)
         if slip is not None:
             self.slips[i] = slip
             return NEAR, slip.fix, slip
@@ -305,15 +313,8 @@ class _Reasons:
         """The names (by position) the rule's pattern matches: only those starting with
         its literal prefix are tried."""
         prefix = literal_prefix(condition.pattern, condition.is_regex)
-        start = bisect_left(self._sorted, prefix)
-        found = []
-        for j in range(start, len(self._sorted)):
-            name = self._sorted[j]
-            if not name.startswith(prefix):
-                break
-            if condition.test(name):
-                found.append(self._order[j])
-        return sorted(found)
+        facts = self._met.facts
+        return [k for k in self._met.starting(prefix) if condition.test(facts[k][0])]
 
     def _fits(self, condition: Condition, k: int) -> bool:
         p = self._placed[k]

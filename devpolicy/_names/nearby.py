@@ -24,6 +24,7 @@ rule did take was meant for that rule.
 from __future__ import annotations
 
 import difflib
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -73,19 +74,81 @@ def first_word(name: str) -> str:
     return name.split("/", 1)[0]
 
 
-def near_miss(
-    condition: Condition,
-    facts: Sequence[Fact],
-    fallen: Callable[[int], bool] | None = None,
-) -> NearMiss | None:
-    """The first slip (in the module's order) under which `condition` takes some of
-    `facts`, or None. Meant for a rule whose pattern matches none of them.
+class MetNames:
+    """The names a set of rules met, read once for all the rules the slips are tried on:
+    sorted (for the names under a prefix), their leading words, those holding a `.`.
+
+    Args:
+        facts: Each name with its size, shape and file.
+        fallen: Per name, whether no rule of its own took it (the default, a catch-all);
+            the prefix slips rewrite only those. None: every name.
+    """
+
+    def __init__(self, facts: Sequence[Fact], fallen: Sequence[bool] | None = None) -> None:
+        self.facts = facts
+        self._fallen = fallen
+        self._order: list[int] | None = None
+        self._sorted: list[str] = []
+        self._heads: dict[int, set[str]] = {}
+        self._dotted: list[int] | None = None
+        self._chosen: list[int] | None = None
+
+    def starting(self, prefix: str) -> list[int]:
+        """The names (positions, in order) that start with `prefix`."""
+        if self._order is None:
+            facts = self.facts
+            self._order = sorted(range(len(facts)), key=lambda k: facts[k][0])
+            self._sorted = [facts[k][0] for k in self._order]
+        if not prefix:
+            return list(range(len(self.facts)))
+        found = []
+        for j in range(bisect_left(self._sorted, prefix), len(self._sorted)):
+            if not self._sorted[j].startswith(prefix):
+                break
+            found.append(self._order[j])
+        return sorted(found)
+
+    def heads(self, depth: int) -> set[str]:
+        """The names' first `depth` words, each with its `/` (`model/`); depth 0: each
+        name's first word alone."""
+        found = self._heads.get(depth)
+        if found is None:
+            if depth == 0:
+                found = {first_word(name) for name, *_ in self.facts}
+            else:
+                found = {
+                    "/".join(parts[:depth]) + "/"
+                    for name, *_ in self.facts
+                    if len(parts := name.split("/")) > depth
+                }
+            self._heads[depth] = found
+        return found
+
+    def dotted(self) -> list[int]:
+        """The names holding a `.`."""
+        if self._dotted is None:
+            self._dotted = [i for i, (name, *_) in enumerate(self.facts) if "." in name]
+        return self._dotted
+
+    def fallen(self) -> list[int]:
+        """The names no rule of their own took, with a first word to rewrite."""
+        if self._chosen is None:
+            fallen = self._fallen
+            self._chosen = [
+                i
+                for i, (name, *_) in enumerate(self.facts)
+                if "/" in name and (fallen is None or fallen[i])
+            ]
+        return self._chosen
+
+
+def near_miss(condition: Condition, met: MetNames | Sequence[Fact]) -> NearMiss | None:
+    """The first slip (in the module's order) under which `condition` takes some of the
+    names met, or None. Meant for a rule whose pattern matches none of them.
 
     Args:
         condition: The rule, compiled (`compile_condition`).
-        facts: The names it met, each with its size, shape and file.
-        fallen: Which names (by position) no rule of their own took (the default, a
-            catch-all); the prefix slips rewrite only those. None: every name.
+        met: The names it met (a `MetNames`, or the facts: every name counts as fallen).
 
     Example:
         >>> from devpolicy._names.matching import compile_condition
@@ -94,22 +157,26 @@ def near_miss(
         >>> miss.kind, miss.fix, miss.indices
         ('typo', "did you mean 'model/*'?", (0, 1))
     """
-    passes = _passes(condition, facts)
-    found = _searched(condition, facts) or _typo(condition, facts, passes)
-    if found is None:
-        found = _separated(condition, facts, passes)
-    if found is None:
-        chosen = [i for i in range(len(facts)) if fallen is None or fallen(i)]
-        found = _prefixed(condition, facts, passes, chosen)
-    return found
+    names = met if isinstance(met, MetNames) else MetNames(met)
+    lead = literal_prefix(condition.pattern, condition.is_regex)
+    passes = _passes(condition, names.facts, lead)
+    return (
+        _searched(condition, names.facts)
+        or _typo(condition, names, passes, lead)
+        or _separated(names, passes)
+        or _prefixed(condition, names, passes, lead)
+    )
 
 
-def _passes(condition: Condition, facts: Sequence[Fact]) -> Callable[[int, str], bool]:
-    """The rule's whole test of fact `i` under another name."""
+def _passes(condition: Condition, facts: Sequence[Fact], lead: str) -> Callable[[int, str], bool]:
+    """The rule's whole test of fact `i` under another name (a name that does not start
+    with the rule's literal prefix is turned away before its pattern is tried)."""
 
     def passes(i: int, name: str) -> bool:
+        if not name.startswith(lead) or not condition.test(name):
+            return False
         _, nbytes, shape, source = facts[i]
-        return bool(condition.test(name)) and condition.problem(nbytes, source, shape) is None
+        return condition.problem(nbytes, source, shape) is None
 
     return passes
 
@@ -120,8 +187,8 @@ def _searched(condition: Condition, facts: Sequence[Fact]) -> NearMiss | None:
     found = compile_search(condition.written)  # RE2: linear, whatever the names
     hits = tuple(
         i
-        for i, (name, *_) in enumerate(facts)
-        if found(name) is not None and _conditions_pass(condition, facts[i])
+        for i, (name, nbytes, shape, source) in enumerate(facts)
+        if found(name) is not None and condition.problem(nbytes, source, shape) is None
     )
     if not hits:
         return None
@@ -132,34 +199,22 @@ def _searched(condition: Condition, facts: Sequence[Fact]) -> NearMiss | None:
     )
 
 
-def _conditions_pass(condition: Condition, fact: Fact) -> bool:
-    _, nbytes, shape, source = fact
-    return condition.problem(nbytes, source, shape) is None
-
-
 def _typo(
-    condition: Condition, facts: Sequence[Fact], passes: Callable[[int, str], bool]
+    condition: Condition, names: MetNames, passes: Callable[[int, str], bool], lead: str
 ) -> NearMiss | None:
     """The rule's leading whole words (`modle/` of `modle/*`), or its first word when it
     has no `/` before a wildcard (`modle` of `modle*`), spelt close to the names'."""
-    lead = literal_prefix(condition.pattern, condition.is_regex)
     if "/" in lead:
         lead = lead[: lead.rindex("/") + 1]
-        depth = lead.count("/")
-        heads = {
-            "/".join(parts[:depth]) + "/"
-            for name, *_ in facts
-            if len(parts := name.split("/")) > depth
-        }
+        heads = names.heads(lead.count("/"))
     else:
-        heads = {first_word(name) for name, *_ in facts}
+        heads = names.heads(0)
     if not lead or lead in heads:
         return None
     for close in difflib.get_close_matches(lead, heads, n=3, cutoff=TYPO_CUTOFF):
+        facts = names.facts
         hits = tuple(
-            i
-            for i, (name, *_) in enumerate(facts)
-            if name.startswith(close) and passes(i, lead + name[len(close) :])
+            i for i in names.starting(close) if passes(i, lead + facts[i][0][len(close) :])
         )
         if hits:
             written = condition.written or condition.pattern
@@ -171,14 +226,11 @@ def _typo(
     return None
 
 
-def _separated(
-    condition: Condition, facts: Sequence[Fact], passes: Callable[[int, str], bool]
-) -> NearMiss | None:
+def _separated(names: MetNames, passes: Callable[[int, str], bool]) -> NearMiss | None:
     """Names whose parts are separated by `.`, read with `/`: as they are, then without
     their first word (a checkpoint whose keys the rule names without the file's name)."""
-    dotted = [i for i, (name, *_) in enumerate(facts) if "." in name]
-    if not dotted:
-        return None
+    dotted = names.dotted()
+    facts = names.facts
     hits = tuple(i for i in dotted if passes(i, facts[i][0].replace(".", "/")))
     if hits:
         return NearMiss(
@@ -203,41 +255,35 @@ def _separated(
 
 
 def _prefixed(
-    condition: Condition,
-    facts: Sequence[Fact],
-    passes: Callable[[int, str], bool],
-    chosen: Sequence[int],
+    condition: Condition, names: MetNames, passes: Callable[[int, str], bool], lead: str
 ) -> NearMiss | None:
     """The names without their first word (`model/layers/0` read as `layers/0`), else
     with the rule's first word in its place (`model/w` read as `params/w`)."""
-    hits = tuple(
-        i for i in chosen if "/" in facts[i][0] and passes(i, facts[i][0].split("/", 1)[1])
-    )
+    chosen = names.fallen()
+    facts = names.facts
+    hits = tuple(i for i in chosen if passes(i, facts[i][0].split("/", 1)[1]))
     if hits:
-        names = first_word(facts[hits[0]][0])
+        first = first_word(facts[hits[0]][0])
         return NearMiss(
             "unprefixed",
-            f"the names start with {names + '/'!r}, the rule without it: load with prefix='' "
+            f"the names start with {first + '/'!r}, the rule without it: load with prefix='' "
             "(or set the policy's `names: {prefix: ''}`)",
             hits,
         )
-    lead = literal_prefix(condition.pattern, condition.is_regex)
     word = lead.split("/", 1)[0] if "/" in lead else ""
     if not word:
         return None
     hits = tuple(
         i
         for i in chosen
-        if "/" in facts[i][0]
-        and first_word(facts[i][0]) != word
-        and passes(i, word + "/" + facts[i][0].split("/", 1)[1])
+        if first_word(facts[i][0]) != word and passes(i, word + "/" + facts[i][0].split("/", 1)[1])
     )
     if not hits:
         return None
-    names = first_word(facts[hits[0]][0])
+    first = first_word(facts[hits[0]][0])
     return NearMiss(
         "prefix",
-        f"the names start with {names + '/'!r}, the rule with {word + '/'!r}: load with "
+        f"the names start with {first + '/'!r}, the rule with {word + '/'!r}: load with "
         f"prefix={word!r} (or set the policy's `names: {{prefix: {word}}}`)",
         hits,
         word,
