@@ -202,28 +202,45 @@ def _searched(condition: Condition, facts: Sequence[Fact]) -> NearMiss | None:
 def _typo(
     condition: Condition, names: MetNames, passes: Callable[[int, str], bool], lead: str
 ) -> NearMiss | None:
-    """The rule's leading whole words (`modle/` of `modle/*`), or its first word when it
-    has no `/` before a wildcard (`modle` of `modle*`), spelt close to the names'."""
-    if "/" in lead:
-        lead = lead[: lead.rindex("/") + 1]
-        heads = names.heads(lead.count("/"))
-    else:
-        heads = names.heads(0)
-    if not lead or lead in heads:
+    """The rule's leading whole words (`modle/` of `modle/*`, or `modle` of `modle*`)
+    spelt close to the names', else, where the names hold those words, the word the rule
+    goes on with (`kernl` of `params/dense/kernl`) close to the word they go on with."""
+    words = lead[: lead.rindex("/") + 1] if "/" in lead else lead
+    heads = names.heads(words.count("/")) if "/" in lead else names.heads(0)
+    written = condition.written or condition.pattern
+    facts = names.facts
+    if words and words not in heads:
+        for close in difflib.get_close_matches(words, heads, n=3, cutoff=TYPO_CUTOFF):
+            hits = tuple(
+                i for i in names.starting(close) if passes(i, words + facts[i][0][len(close) :])
+            )
+            if hits:
+                return NearMiss("typo", _did_you_mean(written, words, close), hits)
         return None
-    for close in difflib.get_close_matches(lead, heads, n=3, cutoff=TYPO_CUTOFF):
-        facts = names.facts
+    partial = lead[len(words) :] if "/" in lead else ""
+    if not partial:
+        return None
+    under = names.starting(words)
+    following = {facts[i][0][len(words) :].split("/", 1)[0] for i in under}
+    for close in difflib.get_close_matches(partial, following, n=3, cutoff=TYPO_CUTOFF):
+        start = words + close
         hits = tuple(
-            i for i in names.starting(close) if passes(i, lead + facts[i][0][len(close) :])
+            i
+            for i in under
+            if facts[i][0].startswith(start)
+            and passes(i, words + partial + facts[i][0][len(start) :])
         )
         if hits:
-            written = condition.written or condition.pattern
-            if written.startswith(lead):
-                fix = f"did you mean {close + written[len(lead) :]!r}?"
-            else:
-                fix = f"the names start with {close!r}, the rule with {lead!r}"
-            return NearMiss("typo", fix, hits)
+            return NearMiss("typo", _did_you_mean(written, lead, start), hits)
     return None
+
+
+def _did_you_mean(written: str, lead: str, close: str) -> str:
+    """`did you mean ...?` with the rule's `lead` put right, where the rule is written
+    with it (a regex's literal prefix may be written with escapes)."""
+    if written.startswith(lead):
+        return f"did you mean {close + written[len(lead) :]!r}?"
+    return f"the names start with {close!r}, the rule with {lead!r}"
 
 
 def _separated(names: MetNames, passes: Callable[[int, str], bool]) -> NearMiss | None:
