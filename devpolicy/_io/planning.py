@@ -102,7 +102,8 @@ class Plan:
         left_out: For a checkpoint directory, each of its `*.safetensors` files that is
             not part of the checkpoint, as (file, why); see `devpolicy.load_file`.
         rules: What each rule of the policy took, in order, then the default
-            (`RuleUse`: tensors, bytes, how many sharded); see `warnings`.
+            (`RuleUse`: tensors, bytes, how many sharded, and for a rule that took none,
+            why); see `warnings`.
         meshes: Each mesh a tensor is sharded over, as built on the machine planned for
             (`MeshLayout`: its shape, its split across slices for a hybrid mesh, its first
             devices in mesh order).
@@ -121,8 +122,11 @@ class Plan:
     @property
     def warnings(self) -> list[tuple[str, str]]:
         """What the plan should not pass over in silence (see `silent_rules`), as (code,
-        message): a rule that took no tensor while the default or a catch-all took some; a
-        policy that shards, with tensors placed whole by the default or a catch-all."""
+        message): a rule that took no tensor but would have but for a slip (named, with its
+        fix), or while the default or a catch-all took some; a policy that shards, with
+        tensors placed whole by the default or a catch-all. A rule shadowed by an earlier
+        one, or whose conditions take none of these tensors, is not a warning: its
+        `RuleUse.status` and `note` say why it took nothing."""
         return silent_rules(self.rules)
 
     @property
