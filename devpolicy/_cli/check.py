@@ -89,8 +89,9 @@ def _report_check(
     console = new_console()
     console.print(lit(f"policy: {label}"))
     for u in uses:
+        note = f" ({u.note})" if u.note else ""
         console.print(
-            lit(f"  {u.origin} {u.label}: {u.tensors} name{'' if u.tensors == 1 else 's'}")
+            lit(f"  {u.origin} {u.label}: {u.tensors} name{'' if u.tensors == 1 else 's'}{note}")
         )
     for f in findings:
         style = "bold red" if f["severity"] == "error" else "yellow"

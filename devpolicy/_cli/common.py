@@ -91,4 +91,6 @@ def use_json(u: Any) -> dict[str, Any]:
         "shards": u.shards,
         "sharded": u.sharded,
         "catch_all": u.catch_all,
+        "status": u.status,
+        "note": u.note,
     }

@@ -180,15 +180,18 @@ def _plan_rules(console: Console, p: devpolicy.Plan) -> None:
     """What each rule took, and what should not pass in silence (exit 3's reason too)."""
     if len(p.rules) > 1:
         rules = Table(title="Per rule", title_justify="left")
-        for column in ("rule", "pattern", "tensors", "bytes", "sharded"):
+        for column in ("rule", "pattern", "tensors", "bytes", "sharded", "why none"):
             rules.add_column(column, justify="right" if column in ("tensors", "bytes") else "left")
         for u in p.rules:
+            # Yellow: a rule that took nothing and was meant to (see devpolicy's accounting).
+            missed = not u.tensors and u.status in ("near", "nothing") and u.label != "default"
             rules.add_row(
                 lit(u.origin),
                 lit(u.label),
-                Text(str(u.tensors), style="yellow" if not u.tensors and u.applies else ""),
+                Text(str(u.tensors), style="yellow" if missed else ""),
                 size_text(u.nbytes),
                 f"{u.sharded}" if u.shards else "-",
+                lit(u.note),
             )
         console.print(rules)
     for code, message in p.warnings:

@@ -38,10 +38,12 @@ from .._document.targets import (
 from .._machine.capacity import Capacity
 from .._machine.machine import Machine
 from .._machine.meshes import Meshes, shards
-from .._names.matching import Matcher, SourceFile, compile_condition
+from .._names.matching import Condition, Matcher, SourceFile, compile_condition
+from .._names.nearby import Fact
 from .advice import LARGE_BY_DEFAULT, AttachedRules, warn_large_by_default
 from .decision import Decision, DeviceT, Explanation, renamed
 from .items import Alike, Item, Shape, checked, claim, unpacked
+from .overrides import Overrides
 from .routing import NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, NamesNeededError, Route
 
 
@@ -98,6 +100,7 @@ class Decider(Generic[DeviceT]):
         "_fit",
         "_matcher",
         "_old",
+        "_overrides",
         "_quiet_repeats",
         "_recent",
         "_rejects",
@@ -168,6 +171,12 @@ class Decider(Generic[DeviceT]):
             True,
             self.meshes,
         )
+        # What each DEVPOLICY_RULES item takes, so that one that misses says so.
+        self._overrides = (
+            Overrides(settings, self._matcher.conditions, self.events)
+            if not self.disabled and any(r.source == "env" for r in settings.rules)
+            else None
+        )
         self._recent: dict[object, Decision[DeviceT]] = {}
         self._old: dict[object, Decision[DeviceT]] = {}
         self._singles: dict[tuple[Any, str | None], SingleDeviceSharding] = {}
@@ -183,6 +192,12 @@ class Decider(Generic[DeviceT]):
         self._walked.clear()
         for route in (*self._routes, self._default):
             route.forget()
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        """Each rule compiled (its pattern, then its size, shape and file conditions), in
+        rule order: what the accounting asks of a rule that took nothing."""
+        return self._matcher.conditions
 
     @property
     def routes(self) -> tuple[Route[DeviceT], ...]:
@@ -269,6 +284,8 @@ class Decider(Generic[DeviceT]):
             if len(self._walked) >= CACHE_GENERATION:
                 self._walked.clear()
             self._walked[key] = (route, choice, decision)
+        if self._overrides is not None:
+            self._overrides.decided(decision, source)
         first = (name, decision.device_text, decision.rule, decision.origin)
         if (
             decision.fallback_reason is not None
@@ -337,6 +354,7 @@ class Decider(Generic[DeviceT]):
         carried: list[tuple[Attached | None, Shape | None]] | None = (
             [] if self._attached and not self.disabled else None
         )
+        facts: list[Fact] | None = [] if self._overrides is not None else None
         for item in items:
             name, nbytes, shape, maps, source, attached = unpacked(item)
             decision = self._resolve(
@@ -346,8 +364,12 @@ class Decider(Generic[DeviceT]):
             decisions.append(decision)
             if carried is not None:
                 carried.append((attached, shape))
+            if facts is not None:
+                facts.append((name, nbytes, shape, source))
         if carried:
             self._attached.report(self.events, decisions, carried)
+        if self._overrides is not None and facts:
+            self._overrides.placed(facts, decisions)
         return decisions
 
     def _alike(

@@ -37,9 +37,13 @@ VARIABLES = (FILE, RULES, DEFAULT, STRICT, LOG_LEVEL, LOG_FORMAT, DISABLE, REQUI
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 BOOL_FORMS = "1, true, yes, on / 0, false, no, off (any case)"
+#: How a `DEVPOLICY_RULES` item names the tensors of a file (a `file:` rule), not a name.
+FILE_FORM = "file:"
 RULES_FORMS = (
-    f"pattern=target[,pattern=target...], where target is {TARGET_FORMS}; "
-    f"or a sharding of a mesh the policy defines, {SHARDING_FORMS}"
+    f"pattern=target[,pattern=target...] (pattern: a glob on names, or {FILE_FORM}GLOB for "
+    f"every tensor of the files GLOB matches, e.g. {FILE_FORM}train*.safetensors=cpu:1), "
+    f"where target is {TARGET_FORMS}; or a sharding of a mesh the policy defines, "
+    f"{SHARDING_FORMS}"
 )
 
 
@@ -151,18 +155,33 @@ def _rules(value: str | None) -> tuple[RuleSpec, ...]:
                 f"item {i} ({item.strip()!r}) holds more than one rule; separate rules with ','",
                 RULES_FORMS,
             )
+        head, colon, _ = pattern.partition(":")
+        if colon and head != FILE_FORM[:-1] and "/" not in head and did_you_mean(head, ["file"]):
+            raise EnvOverrideError(
+                RULES,
+                value,
+                f"item {i} ({item.strip()!r}): {head + ':'!r} is no form (did you mean "
+                f"{FILE_FORM!r}?)",
+                RULES_FORMS,
+            )
+        # `file:GLOB` names the tensors of a file, as a policy's `file:` rule does.
+        names = (
+            {"file": pattern[len(FILE_FORM) :].strip()}
+            if pattern.startswith(FILE_FORM)
+            else {"match": pattern}
+        )
         try:
             if "[" in target:
                 sharding = parse_sharding(target)
                 spec = [list(e) if isinstance(e, tuple) else e for e in sharding.spec]
                 rules.append(
                     RuleSpec.model_validate(
-                        {"match": pattern, "sharding": {"mesh": sharding.mesh, "spec": spec}}
+                        {**names, "sharding": {"mesh": sharding.mesh, "spec": spec}}
                     )
                 )
                 continue
             parse_target(target)
-            rules.append(RuleSpec(match=pattern, device=target))
+            rules.append(RuleSpec.model_validate({**names, "device": target}))
         except (ValueError, ValidationError) as e:
             reason = str(e) if not isinstance(e, ValidationError) else e.errors()[0]["msg"]
             raise EnvOverrideError(
@@ -178,24 +197,36 @@ CARRIED = ("mmap", "commit", "inputs", "fits")
 
 def carried(env_rules: tuple[RuleSpec, ...], rules: list[RuleSpec]) -> tuple[RuleSpec, ...]:
     """`DEVPOLICY_RULES` rules with the options (`CARRIED`) of the first rule in `rules`
-    (the policy's) with the same glob: overriding where `dataset/*` goes keeps its
-    `mmap: true`. A sharding keeps only `commit` and `inputs` (it is never mapped).
+    (the policy's) that they override: the rule with the same glob (`dataset/*`), or for
+    a `file:GLOB` item the policy's `file:` rule with the same glob and no name pattern.
+    Overriding where `dataset/*` or `file:train*.safetensors` goes keeps its `mmap: true`.
+    A sharding keeps only `commit` and `inputs` (it is never mapped).
 
     Example:
-        >>> env = (RuleSpec(match="data/*", device="cpu:1"),)
-        >>> policy = [RuleSpec(match="data/*", device="cpu", mmap=True)]
-        >>> carried(env, policy)[0].mmap
-        True
+        >>> env = (RuleSpec(match="data/*", device="cpu:1"), RuleSpec(file="t*", device="cpu:1"))
+        >>> policy = [RuleSpec(match="data/*", device="cpu", mmap=True),
+        ...           RuleSpec(file="t*", device="cpu", mmap=True)]
+        >>> [rule.mmap for rule in carried(env, policy)]
+        [True, True]
     """
     out = []
     for rule in env_rules:
-        same = next((r for r in rules if r.match is not None and r.match == rule.match), None)
+        same = next((r for r in rules if _overrides(rule, r)), None)
         if same is None:
             out.append(rule)
             continue
         keep = CARRIED if rule.device is not None else ("commit", "inputs")
         out.append(rule.model_copy(update={k: getattr(same, k) for k in keep}))
     return tuple(out)
+
+
+def _overrides(env_rule: RuleSpec, rule: RuleSpec) -> bool:
+    """Whether `env_rule` (a `DEVPOLICY_RULES` item) overrides the policy's `rule`: the same
+    name glob, or the same file glob where both name no pattern."""
+    if env_rule.match is not None:
+        return rule.match == env_rule.match
+    unnamed = rule.match is None and rule.regex is None and rule.search is None
+    return env_rule.file is not None and unnamed and rule.file == env_rule.file
 
 
 def _items(value: str) -> list[str]:

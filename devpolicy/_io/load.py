@@ -241,8 +241,16 @@ def _load_file(
             summary_event(decider.events, header, mine, seconds, mapped, narrowed, bytes_read)
         with _collector_paused():
             _loaded(decider.events, out, [h for _, h in headers], names, decisions, x64)
-            flat = [n for file_names in names for n in file_names]
-            uses = uses_of_decisions(decider.settings, flat, list(decisions), rule_files)
+            facts = [
+                (n, t.array_nbytes, t.shape, rule_file)
+                for (_, header), file_names, rule_file in zip(
+                    headers, names, rule_files, strict=True
+                )
+                for n, t in zip(file_names, header.tensors, strict=True)
+            ]
+            uses = uses_of_decisions(
+                decider.settings, decider.conditions, facts, decisions, rule_files
+            )
         silent_events(decider.events, uses, path)
     if fitted is not None:
         return jax.tree_util.tree_unflatten(fitted.treedef, [out[key] for key in fitted.keys])

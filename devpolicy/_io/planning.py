@@ -20,7 +20,7 @@ from .._document.schema import NamesSpec
 from .._machine.capacity import pool_of, pool_text
 from .._machine.machine import VirtualMachine
 from .._machine.meshes import MeshLayout, layout
-from .accounting import RuleUse, silent_rules, uses_of_decisions
+from .accounting import RuleUse, sharded_nothing, silent_rules, uses_of_decisions
 from .checkpoints import open_checkpoint
 from .format import TensorEntry, read_header
 from .into import fit_into
@@ -102,7 +102,8 @@ class Plan:
         left_out: For a checkpoint directory, each of its `*.safetensors` files that is
             not part of the checkpoint, as (file, why); see `devpolicy.load_file`.
         rules: What each rule of the policy took, in order, then the default
-            (`RuleUse`: tensors, bytes, how many sharded); see `warnings`.
+            (`RuleUse`: tensors, bytes, how many sharded, and for a rule that took none,
+            why); see `warnings`.
         meshes: Each mesh a tensor is sharded over, as built on the machine planned for
             (`MeshLayout`: its shape, its split across slices for a hybrid mesh, its first
             devices in mesh order).
@@ -121,18 +122,21 @@ class Plan:
     @property
     def warnings(self) -> list[tuple[str, str]]:
         """What the plan should not pass over in silence (see `silent_rules`), as (code,
-        message): a rule that took no tensor while the default or a catch-all took some; a
-        policy that shards, with tensors placed whole by the default or a catch-all."""
+        message): a rule that took no tensor but would have but for a slip (named, with its
+        fix), or while the default or a catch-all took some; a policy that shards, with
+        tensors placed whole by the default or a catch-all. A rule shadowed by an earlier
+        one, or whose conditions take none of these tensors, is not a warning: its
+        `RuleUse.status` and `note` say why it took nothing."""
         return silent_rules(self.rules)
 
     @property
     def sharded_nothing(self) -> bool:
         """Whether the policy has sharding rules and no tensor of this plan is sharded,
         although some asked for it (a sharding rule's tensors fell back to a device) or
-        fell through to the default or a catch-all (`devpolicy plan` exits 3)."""
-        if not any(u.shards for u in self.rules) or any(u.sharded for u in self.rules):
-            return False
-        return any(u.tensors and (u.shards or u.catch_all) for u in self.rules)
+        fell through to the default or a catch-all, or were placed whole by another rule
+        where a sharding rule would have taken them but for a slip (`devpolicy plan` exits
+        3; see `sharded_nothing`)."""
+        return sharded_nothing(self.rules)
 
     @property
     def bytes_per_process(self) -> int:
@@ -202,7 +206,8 @@ class Plan:
             lines.append("rules:")
             for u in self.rules:
                 took = f"{u.tensors} tensor{'' if u.tensors == 1 else 's'}"
-                lines.append(f"  {u.origin} {u.label}: {took}, {format_size(u.nbytes)}")
+                note = f" ({u.note})" if u.note else ""
+                lines.append(f"  {u.origin} {u.label}: {took}, {format_size(u.nbytes)}{note}")
         lines += [f"warning: {message} [{code}]" for code, message in self.warnings]
         if self.sharded_nothing:
             lines.append(
@@ -385,7 +390,14 @@ def _plan(
             )
         )
     uses = uses_of_decisions(
-        decider.settings, names, [t.decision for t in tensors], list(by_file.values())
+        decider.settings,
+        decider.conditions,
+        [
+            (n, e.array_nbytes, e.shape, by_file[header.path])
+            for n, (header, e) in zip(names, entries, strict=True)
+        ],
+        [t.decision for t in tensors],
+        by_file.values(),
     )
     used = dict.fromkeys(t.decision.mesh for t in tensors if t.decision and t.decision.mesh)
     built = [decider.meshes.build(name) for name in used]

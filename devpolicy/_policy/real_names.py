@@ -1,6 +1,7 @@
 """`check --names`: the real names a policy is linted against (a checkpoint's tensors, or
-a JSON list or object of names), and the lint by them: rules that take none of them,
-tensors placed whole beside sharding rules. The findings are `lint`'s `Finding`s.
+a JSON list or object of names), and the lint by them: rules that take none of them
+(and why: shadowed, their conditions, a slip in the pattern), tensors placed whole
+beside sharding rules. The findings are `lint`'s `Finding`s.
 """
 
 from __future__ import annotations
@@ -10,9 +11,17 @@ import math
 import os
 
 from .._base.files import FileRefused, read_capped
-from .._io.accounting import RuleUse, checkpoint_names, rule_uses, silent_rules
+from .._io.accounting import (
+    NEAR,
+    NOTHING,
+    Placed,
+    RuleUse,
+    checkpoint_names,
+    rule_uses,
+    silent_rules,
+)
 from .._io.format import DTYPES
-from .._names.matching import SourceFile, compile_search
+from .._names.matching import SourceFile
 from .lint import Finding
 from .policy import Policy
 
@@ -151,9 +160,12 @@ def _itemsize(dtype: object) -> int | None:
 
 def lint_names(policy: Policy, names: list[NameItem]) -> tuple[list[Finding], tuple[RuleUse, ...]]:
     """Check a policy against real names (a checkpoint's tensors, a dumped tree): every
-    rule that takes none of them (`rule-matched-nothing`; with a hint where a `regex:`
-    would take some as `search:`), and tensors placed whole by the default or a catch-all
-    beside sharding rules (`not-sharded`). Returns the findings and what each rule took.
+    rule that takes none of them and was meant to (`rule-matched-nothing`: its first word
+    is among the names, or it would take some but for a slip, which is named: a `regex:`
+    written for search, a misspelt first word, `.` between the parts, a prefix), and
+    tensors placed whole by the default or a catch-all beside sharding rules
+    (`not-sharded`). Returns the findings and what each rule took (with why a rule took
+    nothing: shadowed by an earlier rule, its conditions, other files or names).
 
     Only names are matched (with sizes and shapes where known): no device is looked up.
 
@@ -167,37 +179,31 @@ def lint_names(policy: Policy, names: list[NameItem]) -> tuple[list[Finding], tu
     """
     decider = policy.decider
     rules = policy.settings.rules
-    positions = [decider.rule_for(n, nbytes, shape, source) for n, nbytes, shape, source in names]
+    placed = [
+        Placed(n, decider.rule_for(n, nbytes, shape, source), nbytes, shape, source)
+        for n, nbytes, shape, source in names
+    ]
     sources = list(dict.fromkeys(s for *_, s in names if s is not None))
-    uses = rule_uses(
-        policy.settings,
-        (
-            (n, position, nbytes or 0, False)
-            for (n, nbytes, _, _), position in zip(names, positions, strict=True)
-        ),
-        sources,
-    )
+    uses = rule_uses(policy.settings, decider.conditions, placed, sources)
     findings = []
     count = f"{len(names)} name{'' if len(names) == 1 else 's'}"
     example = names[0][0] if names else ""
     for position, (entry, use) in enumerate(zip(rules, uses, strict=False)):
-        if use.tensors:
+        if use.status not in (NEAR, NOTHING):
             continue
-        hint = "" if use.applies else " (no name holds its first word: written for other names?)"
-        if entry.spec.regex is not None:
-            searched = compile_search(entry.spec.regex)  # RE2: linear, whatever the names
-            found = sum(searched(n) is not None for n, *_ in names)
-            if found:
-                hint = (
-                    f"; as `search: {entry.spec.regex!r}` it would be found in {found} of them "
-                    "(a regex matches whole names)"
-                )
+        hint = ""
+        if use.status == NEAR:
+            whole = " whole" if use.shards else ""
+            hint = (
+                f", but was written for {use.meant} of them (e.g. {use.meant_example!r}), "
+                f"which {use.meant_by} takes{whole} instead: {use.note}"
+            )
         findings.append(
             Finding(
                 "warning",
                 entry.origin,
                 "rule-matched-nothing",
-                f"rule {position} ({entry.spec.label}) matches none of the {count} "
+                f"rule {position} ({use.label}) matches none of the {count} "
                 f"(e.g. {example!r}){hint}",
             )
         )

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._document.environment import read_env
+from tests.conftest import REPO
 from tests.helpers import write
+from tests.scenarios.test_story import readme_block
 
 BASE = {"version": 1, "rules": [{"match": "dataset/*", "device": "cpu:0"}]}
 
@@ -221,3 +226,111 @@ class TestMeshEntryMessages:
         with pytest.raises(devpolicy.EnvOverrideError, match=said) as info:
             devpolicy.load_policy(MESHED, environ={"DEVPOLICY_RULES": rules})
         assert info.value.value == rules
+
+
+STORY = {
+    "version": 1,
+    "rules": [
+        {"file": "train*.safetensors", "device": "cpu", "mmap": True},
+        {"match": "dataset/*", "device": "cpu"},
+        {"match": "model/*", "device": "cpu:0"},
+    ],
+}
+
+
+def _tokens(path: Path) -> Path:
+    devpolicy.save_file({"tokens": np.arange(4096, dtype=np.uint16)}, path)
+    return path
+
+
+def _device(array: object) -> str:
+    (device,) = array.devices()  # type: ignore[attr-defined]
+    return devpolicy.inventory().text(device)
+
+
+class TestFileItems:
+    def test_a_file_item_takes_every_tensor_of_the_files_it_names(self, tmp_path: Path) -> None:
+        """`file:GLOB=target` is a `file:` rule from the environment, tried first."""
+        policy = devpolicy.load_policy(
+            STORY, environ={"DEVPOLICY_RULES": "file:train*.safetensors=cpu:2"}
+        )
+        (item,) = [r for r in policy.rules if r.source == "env"]
+        assert (item.spec.file, item.spec.match, item.spec.device) == (
+            "train*.safetensors",
+            None,
+            "cpu:2",
+        )
+        loaded = policy.load_file(_tokens(tmp_path / "train.safetensors"))
+        assert _device(loaded["tokens"]) == "cpu:2"
+        assert policy.resolve("train/tokens").device_text == "cpu:0"  # no file: not taken
+
+    def test_a_file_item_keeps_the_mmap_of_the_file_rule_it_overrides(self, tmp_path: Path) -> None:
+        """The story's tokens move to cpu:1 and stay mapped from their file (27 item 2)."""
+        policy = devpolicy.load_policy(
+            STORY, environ={"DEVPOLICY_RULES": "file:train*.safetensors=cpu:1"}
+        )
+        assert policy.rules[0].spec.mmap is True
+        with capture_logs() as logs:
+            tokens = policy.load_file(_tokens(tmp_path / "train.safetensors"))["tokens"]
+        (summary,) = [e for e in logs if e["event"] == "load_file"]
+        assert (_device(tokens), summary["mapped"], summary["file_backed"]) == ("cpu:1", 1, True)
+
+    def test_a_sharding_item_for_a_file(self) -> None:
+        policy = devpolicy.load_policy(
+            {"version": 1, "meshes": {"m": {"axes": {"data": -1}, "devices": "cpu"}}},
+            environ={"DEVPOLICY_RULES": "file:w*.safetensors=m[data]"},
+        )
+        (item,) = policy.rules
+        assert item.spec.file == "w*.safetensors"
+        assert item.spec.sharding is not None
+
+    @pytest.mark.parametrize(
+        ("value", "said"),
+        [
+            (
+                "files:train*=cpu:1",
+                r"item 0 \('files:train\*=cpu:1'\): 'files:' is no form \(did you mean 'file:'\?\)",
+            ),
+            ("File:train*=cpu:1", r"'File:' is no form \(did you mean 'file:'\?\)"),
+            ("file:=cpu:1", r"item 0: empty file glob matches no file"),
+        ],
+    )
+    def test_a_misspelt_or_empty_file_form_is_refused(self, value: str, said: str) -> None:
+        with pytest.raises(devpolicy.EnvOverrideError, match=said) as info:
+            read_env({"DEVPOLICY_RULES": value})
+        assert "file:GLOB for every tensor of the files GLOB matches" in str(info.value)
+
+    def test_a_name_glob_with_a_colon_is_still_a_name_glob(self) -> None:
+        """Only a word close to `file` before the colon is taken for a misspelt form."""
+        (rule,) = read_env({"DEVPOLICY_RULES": "ns:w/*=cpu:1"}).rules
+        assert rule.match == "ns:w/*"
+
+
+def _readme_override() -> str:
+    """The `DEVPOLICY_RULES` value the README shows for the story."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r"`DEVPOLICY_RULES='([^']+)' python train\.py`", text)
+    assert len(found) == 1, found
+    return found[0]
+
+
+class TestTheDocumentedOverrideWorks:
+    def test_the_readme_override_moves_the_story_tokens_and_keeps_them_mapped(
+        self, tmp_path: Path
+    ) -> None:
+        """The README's policy and override on the story's `train.safetensors`: the tokens
+        land on the second CPU device, mapped (27 item 2: `dataset/*=cpu:1` moved nothing)."""
+        policy_file = tmp_path / "devpolicy.yaml"
+        policy_file.write_text(readme_block("yaml"), encoding="utf-8")
+        policy = devpolicy.load_policy(policy_file, environ={"DEVPOLICY_RULES": _readme_override()})
+        with capture_logs() as logs:
+            tokens = policy.load_file(_tokens(tmp_path / "train.safetensors"))["tokens"]
+        (summary,) = [e for e in logs if e["event"] == "load_file"]
+        assert _device(tokens) == "cpu:1"
+        assert (summary["mapped"], summary["file_backed"]) == (1, True)
+        assert not [e for e in logs if e["log_level"] == "warning"]
+
+    def test_the_getting_started_override_is_the_readmes(self) -> None:
+        text = (REPO / "docs" / "index.md").read_text(encoding="utf-8")
+        shown = rf"`DEVPOLICY_RULES='{re.escape(_readme_override())}'\s+python train\.py`"
+        assert re.search(shown, text)

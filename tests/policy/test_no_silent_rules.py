@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._cli.common import EXIT_NOT_SHARDED
 from devpolicy._cli.main import main
+from tests.conftest import REPO
 from tests.helpers import policy_of, safetensors_bytes, write
 
 MESH = {"m": {"axes": {"data": -1}, "devices": "cpu"}}
@@ -59,7 +60,7 @@ class TestPlanCountsEveryRule:
         plan = devpolicy.plan(_hf_checkpoint(tmp_path), policy=policy)
         assert [(u.label, u.tensors, u.sharded) for u in plan.rules] == [
             ("search '(up_proj|embed_tokens)/weight'", 2, 2),
-            ("'*'", 1, 0),
+            ("'*' ndim 1", 1, 0),
             ("'*'", 1, 0),
             ("default", 0, 0),
         ]
@@ -278,7 +279,39 @@ class TestCheckNames:
         assert main(["check", str(policy), "--names", str(names)]) == 0
         out = capsys.readouterr().out
         assert "matches none of the 2 names" in out
-        assert "as `search: 'attention/(wq|wk|wv)/kernel'` it would be found in 1 of them" in out
+        assert "but was written for 1 of them (e.g. 'params/attention/wq/kernel')" in out
+        assert "as `search: 'attention/(wq|wk|wv)/kernel'` it would find them" in out
+
+    def test_check_names_says_which_rule_shadows_a_rule_and_is_quiet_about_it(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The demo's policy against its dataset file: `*/tokens` and `dataset/*` are
+        shadowed by the `file:` rule; listed with that reason, no warning (27 item 1)."""
+        data = tmp_path / "dataset.safetensors"
+        devpolicy.save_file({"tokens": np.arange(64, dtype=np.uint16)}, data)
+        demo = str(REPO / "policies" / "dataset-on-host.yaml")
+        assert main(["check", demo, "--names", str(data)]) == 0
+        out = capsys.readouterr().out
+        assert "'*/tokens': 0 names (shadowed by rule 1 (" in out
+        assert "file 'dataset*.safetensors'), which took its 1 name first)" in out
+        assert "rule-matched-nothing" not in out
+        assert main(["check", demo, "--names", str(data), "--json"]) == 0
+        rules = json.loads(capsys.readouterr().out)["rules"]
+        assert [r["status"] for r in rules][1:4] == ["took", "shadowed", "shadowed"]
+
+    def test_check_names_suggests_the_name_a_misspelt_rule_meant(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`modle/*` against names `model/...`: did you mean `model/*` (27 item 7)."""
+        policy = write(
+            tmp_path / "p.yaml", "version: 1\nrules:\n  - match: 'modle/*'\n    device: cpu\n"
+        )
+        names = tmp_path / "tree.json"
+        names.write_text(json.dumps(["model/embed", "model/out"]))
+        assert main(["check", str(policy), "--names", str(names)]) == 0
+        out = capsys.readouterr().out
+        assert "rule 0 ('modle/*') matches none of the 2 names (e.g. 'model/embed'), but was" in out
+        assert "did you mean 'model/*'? [rule-matched-nothing]" in out
 
     @pytest.mark.parametrize(
         ("dump", "message"),
