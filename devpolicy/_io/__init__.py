@@ -9,8 +9,8 @@ One module per job, bottom to top (imports go down; `pyproject.toml` checks the 
 - `buffers` (aligned host memory), `checkpoints` (which files make a checkpoint),
   `layout` (where tensors go in a file devpolicy writes), `opening` (a local file
   opened again for its data, unchanged; mapped).
-- `mapping` (which tensors map, which are read), `naming` (the names tensors are decided
-  under), `whole` (whole-tensor reads, the range reads every reader shares), `writing`
+- `keys` (PRNG key arrays stored as their key data, wrapped again on load), `mapping`
+  (which tensors map, which are read), `naming` (the names tensors are decided under), `whole` (whole-tensor reads, the range reads every reader shares), `writing`
   (atomic writes, `align_file`).
 - `accounting` (what each rule took; what must not pass in silence), `into` (filling a
   tree), `progress` (the bar and each file's events), `ranges` (shard-local slice reads),

@@ -21,6 +21,7 @@ from .._document.axes import Attached
 from .._document.schema import NamesSpec
 from .checkpoints import Checkpoint
 from .format import Header, TensorEntry
+from .keys import is_key, key_data_shape, key_dtype_of, key_impls
 from .mapping import x64_enabled
 from .naming import PathLike, tensor_names
 
@@ -39,6 +40,9 @@ class Fitted:
     skipped: list[str]
     #: By tensor key, the axis names its leaf's framework attached (`axes: attached`).
     attached: dict[str, Attached | None]
+    #: By tensor key, the PRNG implementation of a leaf that is a key array: its data is
+    #: wrapped as keys again once loaded.
+    prng_keys: dict[str, str]
 
 
 def fit_into(
@@ -61,7 +65,9 @@ def fit_into(
     separator = naming.separator
     by_name: dict[str, TensorEntry] = {}
     mismatched: list[tuple[str, str]] = []
+    file_keys: dict[str, str] = {}  # tensors the files hold as PRNG key data
     for _, header in headers:
+        file_keys.update(key_impls(header))
         # Named as a load names them, without the prefix: the leaf's own name.
         for name, entry in zip(tensor_names(header, "", naming), header.tensors, strict=True):
             other = by_name.setdefault(name, entry)
@@ -71,6 +77,7 @@ def fit_into(
                 )
     x64 = x64_enabled()
     keys: list[str] = []
+    wrap: dict[str, str] = {}
     missing: list[str] = []
     missing_names: list[tuple[str, str]] = []  # (leaf path, name), for look-alikes
     taken: set[str] = set()
@@ -85,6 +92,20 @@ def fit_into(
             mismatched.append((leaf_path, "another leaf of the tree has the same name"))
             continue
         taken.add(name)
+        if is_key(leaf):
+            problem = _key_problem(leaf, found, file_keys.get(found.key))
+            if problem is not None:
+                mismatched.append((leaf_path, problem))
+            wrap[found.key] = file_keys.get(found.key, "")
+            keys.append(found.key)
+            # The data has more dimensions than the keys (each key's words): unnamed.
+            words = len(key_data_shape(leaf)[0]) - len(leaf.shape)
+            attached[found.key] = (
+                None
+                if leaf_axes is None
+                else Attached((*leaf_axes.names, *[None] * words), leaf_axes.mesh_axes)
+            )
+            continue
         shape, dtype = leaf_shape_dtype(leaf, "load_file(into=...)", leaf_path)
         held, wanted = _held(found.dtype, x64), _held(dtype, x64)
         if found.shape != shape or held != wanted:
@@ -112,14 +133,14 @@ def fit_into(
             ),
         )
     if not unexpected:
-        return Fitted(headers, keys, treedef, [], attached)
+        return Fitted(headers, keys, treedef, [], attached, wrap)
     wanted_keys = set(keys)
     kept = []
     for file, header in headers:
         tensors = tuple(t for t in header.tensors if t.key in wanted_keys)
         if tensors:  # a file no leaf takes from is not opened again
             kept.append((file, replace(header, tensors=tensors)))
-    return Fitted(kept, keys, treedef, unexpected, attached)
+    return Fitted(kept, keys, treedef, unexpected, attached, wrap)
 
 
 def _leaf_paths(into: Any) -> tuple[list[str], list[Attached | None]]:
@@ -165,8 +186,29 @@ def _held(dtype: np.dtype[Any], x64: bool) -> np.dtype[Any]:
     return dtype if x64 else np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
-def _typed(dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
-    return f"{dtype.name}[{', '.join(map(str, shape))}]"
+def _typed(dtype: Any, shape: tuple[int, ...]) -> str:
+    return f"{getattr(dtype, 'name', dtype)}[{', '.join(map(str, shape))}]"
+
+
+def _key_problem(leaf: Any, found: TensorEntry, impl: str | None) -> str | None:
+    """Why the file's tensor cannot fill a leaf that is a PRNG key array, or None: the file
+    must name it as key data of the leaf's implementation, shaped as the leaf's data."""
+    leaf_text = _typed(leaf.dtype, tuple(leaf.shape))
+    if impl is None:
+        return (
+            f"the file's {found.key!r} is {_typed(found.dtype, found.shape)}, the leaf is PRNG "
+            f"keys {leaf_text}: keys load from key data whose implementation the file's "
+            "metadata names (as save_file writes them)"
+        )
+    if key_dtype_of(impl) != leaf.dtype:
+        return f"the file's {found.key!r} holds {impl} keys, the leaf is {leaf_text}"
+    shape, dtype = key_data_shape(leaf)
+    if found.shape != shape or found.dtype != dtype:
+        return (
+            f"the file's {found.key!r} is {impl} key data {_typed(found.dtype, found.shape)}, "
+            f"the leaf {leaf_text} needs {_typed(np.dtype(dtype), shape)}"
+        )
+    return None
 
 
 def _naming_hint(missing: list[str], unexpected: list[str], separator: str) -> str | None:

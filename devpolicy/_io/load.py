@@ -36,6 +36,7 @@ from .buffers import MAP_THRESHOLD, aligned_empty
 from .checkpoints import open_checkpoint
 from .format import Header, TensorEntry, read_header_from
 from .into import fit_into, shards_needed, skipped_event
+from .keys import key_impls, wrapped
 from .mapping import NARROW, map_hint, may_map, x64_enabled
 from .naming import (
     PathLike,
@@ -198,6 +199,13 @@ def _load_file(
             fitted = fit_into(into, headers, naming, strict, path)
             headers = fitted.headers
             skipped_event(decider.events, path, [*fitted.skipped, *unread])
+        # PRNG key data the files name as such, wrapped as keys once loaded: into a tree,
+        # where the leaf is a key array; a plain load, wherever a file says so.
+        prng = (
+            fitted.prng_keys
+            if fitted is not None
+            else {k: impl for _, header in headers for k, impl in key_impls(header).items()}
+        )
         stem = name_prefix(checkpoint.stem, prefix, naming)
         names = [tensor_names(header, stem, naming) for _, header in headers]
         # Each file as `file:` rules see it (not the byte source its tensors are read from).
@@ -252,6 +260,8 @@ def _load_file(
                 decider.settings, decider.conditions, facts, decisions, rule_files
             )
         silent_events(decider.events, uses, path)
+    for key, impl in prng.items():
+        out[key] = wrapped(out[key], impl, path, key)
     if fitted is not None:
         return jax.tree_util.tree_unflatten(fitted.treedef, [out[key] for key in fitted.keys])
     return {t.key: out[t.key] for _, header in headers for t in header.tensors}

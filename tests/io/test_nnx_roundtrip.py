@@ -3,6 +3,7 @@ with `load_file(path, into=nnx.state(fresh))`: training resumes with bit-identic
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,92 @@ def test_a_fresh_nnx_model_with_another_shape_is_told_every_difference(tmp_path:
     with pytest.raises(devpolicy.CheckpointMismatchError) as caught:
         devpolicy.load_file(path, into=nnx.state(Wider(nnx.Rngs(0))))
     assert [name for name, _ in caught.value.mismatched] == ["head/bias", "head/kernel"]
+
+
+class DropoutModel(nnx.Module):  # type: ignore[misc]
+    """A model whose state holds PRNG key arrays: `nnx.Dropout`'s RNG stream (its key and
+    count; flax 0.10 keeps the whole `Rngs` there, a stream per name)."""
+
+    def __init__(self, rngs: Any) -> None:
+        self.embed = nnx.Linear(4, 8, rngs=rngs)
+        self.drop = nnx.Dropout(0.5, rngs=rngs)
+        self.head = nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.head(self.drop(jax.nn.relu(self.embed(x))))
+
+
+@nnx.jit  # type: ignore[misc]
+def _dropout_step(model: DropoutModel, x: jax.Array, y: jax.Array) -> jax.Array:
+    def loss_fn(m: DropoutModel) -> jax.Array:
+        return jnp.mean((m(x) - y) ** 2)
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda p, g: p - 0.05 * g, params, grads))
+    return loss
+
+
+def _keys(state: Any) -> dict[str, Any]:
+    """The state's PRNG key arrays by path."""
+    return {
+        jax.tree_util.keystr(path): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    }
+
+
+class TestPrngKeys:
+    def test_a_model_with_dropout_round_trips_and_trains_on_with_the_same_masks(
+        self, tmp_path: Path
+    ) -> None:
+        """`save_file(nnx.state(model))` of a model with `nnx.Dropout` writes its RNG keys;
+        `load_file(path, into=nnx.state(fresh))` gives them back as key arrays, so the
+        resumed model draws the same dropout masks: bit-identical losses."""
+        policy = devpolicy.load_policy(POLICY)
+        batches = _batches()
+        model = DropoutModel(nnx.Rngs(0, dropout=1))
+        nnx.update(model, policy.put("params", nnx.state(model)))  # placed as it will load
+        for x, y in batches[:3]:
+            _dropout_step(model, x, y)
+        path = tmp_path / "ckpt.safetensors"
+        devpolicy.save_file(nnx.state(model), path)
+        saved_keys = _keys(nnx.state(model))
+        assert saved_keys  # the test means something only if the state holds keys
+        resumed_losses = [float(_dropout_step(model, x, y)) for x, y in batches[3:]]
+
+        fresh = DropoutModel(nnx.Rngs(5, dropout=6))  # other keys: all must come from the file
+        restored = policy.load_file(path, into=nnx.state(fresh), prefix="params")
+        restored_keys = _keys(restored)
+        assert restored_keys.keys() == saved_keys.keys()
+        for where, key in restored_keys.items():
+            assert key.dtype == saved_keys[where].dtype
+            np.testing.assert_array_equal(
+                jax.random.key_data(key), jax.random.key_data(saved_keys[where])
+            )
+        nnx.update(fresh, restored)
+        assert [float(_dropout_step(fresh, x, y)) for x, y in batches[3:]] == resumed_losses
+
+    def test_the_reference_reader_reads_the_key_data_and_the_metadata_names_the_keys(
+        self, tmp_path: Path
+    ) -> None:
+        """Any safetensors reader sees a key as its uint32 words; the file's metadata names
+        the implementation of each key tensor."""
+        from safetensors import safe_open
+
+        model = DropoutModel(nnx.Rngs(0, dropout=1))
+        path = tmp_path / "ckpt.safetensors"
+        devpolicy.save_file(nnx.state(model), path)
+        with safe_open(str(path), framework="numpy") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        key_tensors = {
+            jax.tree_util.keystr(p, simple=True, separator="/").removesuffix("/value")
+            for p, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model))
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        }
+        assert json.loads(metadata["devpolicy.prng_keys"]) == dict.fromkeys(
+            key_tensors, "threefry2x32"
+        )
+        for name in key_tensors:
+            assert (tensors[name].dtype, tensors[name].shape) == (np.uint32, (2,))
