@@ -5,19 +5,21 @@ One module per job, bottom to top (imports go down; `pyproject.toml` checks the 
 - `sources`: where a file's bytes come from. `ByteSource` is what every reader reads
   ranges of; `LocalFile` (opened safely: regular files only, never blocking) is today's
   only one. A new place bytes live is a new source, not a second loader.
+- `foreign`: what a file that is not safetensors is (`.npy`, `.npz`, PyTorch, pickle).
 - `format`: dtypes, tensor entries, headers read from a source and validated.
 - `buffers` (aligned host memory), `checkpoints` (which files make a checkpoint),
   `layout` (where tensors go in a file devpolicy writes), `opening` (a local file
   opened again for its data, unchanged; mapped).
 - `keys` (PRNG key arrays stored as their key data, wrapped again on load), `mapping`
-  (which tensors map, which are read), `naming` (the names tensors are decided under), `whole` (whole-tensor reads, the range reads every reader shares), `writing`
-  (atomic writes, `align_file`).
+  (which tensors map, which are read), `naming` (the names tensors are decided under),
+  `whole` (whole-tensor reads, the range reads every reader shares), `writing` (atomic
+  writes, `align_file`).
 - `accounting` (what each rule took; what must not pass in silence), `into` (filling a
   tree), `progress` (the bar and each file's events), `ranges` (shard-local slice reads),
   `readahead` (runs of small tensors, read one run ahead).
 - `load` (`load_file` and the loop that places a file's tensors), `planning` (`plan`),
   `saving` (`save_file`).
 
-`sources`, `format`, `buffers`, `checkpoints`, `layout`, `naming`, `opening`, `whole`,
+`sources`, `foreign`, `format`, `buffers`, `checkpoints`, `layout`, `naming`, `opening`, `whole`,
 `writing` and `ranges` never import JAX.
 """

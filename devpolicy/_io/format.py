@@ -5,8 +5,9 @@ each tensor's dtype, shape and [begin, end) byte range in the data section that
 follows, then the data. Ranges must tile the data section exactly: no holes, no overlap.
 
 The header is read from a byte source (`sources.ByteSource`), so it is read the same way
-wherever the file lives. Where files go on disk is `checkpoints`; how written files are
-laid out is `layout`, and written, `writing`. No JAX here.
+wherever the file lives; a file that is not safetensors is named as what it is (`foreign`).
+Where files go on disk is `checkpoints`; how written files are laid out is `layout`, and
+written, `writing`. No JAX here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from .._base.errors import SafetensorsFileError
+from .foreign import what_it_is
 from .sources import ByteSource, file_identity, open_tensor_file
 
 #: safetensors dtype names and the numpy dtypes that hold them (F4 one value a byte: see
@@ -170,9 +172,22 @@ def read_header_from(source: ByteSource, path: Path) -> Header:
     `path` is what the header records as its file (`Header.path`): for a local file, the
     path it was opened by.
 
+    A file that is not safetensors at all (a NumPy `.npy` or `.npz`, a PyTorch checkpoint,
+    a pickle) is named as what it is, with what to do (`foreign`).
+
     Raises:
         SafetensorsFileError: naming the file (and tensor) and what is wrong.
     """
+    try:
+        return _read_header_from(source, path)
+    except SafetensorsFileError:
+        found = what_it_is(source)  # only now: a good file never pays for the question
+        if found is None:
+            raise
+        raise SafetensorsFileError(path, found) from None
+
+
+def _read_header_from(source: ByteSource, path: Path) -> Header:
     size = source.size
     if size < 8:
         raise SafetensorsFileError(

@@ -222,7 +222,9 @@ class TestDtypes:
             match=rf"case\.safetensors: tensor 't': {name}: a 6-bit float JAX cannot hold$",
         ):
             read_header(_written(tmp_path, raw))
-        with pytest.raises(ValueError, match=r"^dtype float6_e2m3fn cannot be stored"):
+        with pytest.raises(
+            ValueError, match=r"^save_file\(\): 't': dtype float6_e2m3fn cannot be stored"
+        ):
             devpolicy.save_file(
                 {"t": np.zeros(4, ml_dtypes.float6_e2m3fn)}, tmp_path / "f6.safetensors"
             )
