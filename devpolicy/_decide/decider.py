@@ -153,6 +153,7 @@ class Decider(Generic[DeviceT]):
                 r.spec.fits,
                 self.meshes,
                 r.spec.mmap,
+                declared=r.spec.fallback is not None,
             )
             for r in settings.rules
         )
@@ -309,9 +310,10 @@ class Decider(Generic[DeviceT]):
             )
         ):
             # The event a user most needs: their rule's device was not had (or could not
-            # hold the bytes). Once per rule and outcome at warning, however many names
-            # follow it down the chain.
-            first_level = "warning"
+            # hold the bytes). Once per rule and outcome, however many names follow it down
+            # the chain: a warning where the policy's chain took over, info where the rule
+            # wrote the way it went (`fallback: [replicate]`): planned, not a surprise.
+            first_level = "info" if decision.fallback_declared else "warning"
         self.events.decided(first, "placement", decision.event_fields, first_level)
         if (
             decision.rule is None
@@ -580,6 +582,7 @@ class Decider(Generic[DeviceT]):
             origin=self.settings.default.origin if entry is None else entry.origin,
             source=source,
             fallback_reason=reason,
+            fallback_declared=reason is not None and choice.declared,
             nbytes=nbytes,
             commit=True if entry is None else entry.spec.commit,
             is_auto=choice.device is None or self.disabled,

@@ -43,6 +43,9 @@ class Decision(Generic[DeviceT]):
             `env:DEVPOLICY_RULES`, `default`).
         source: `code`, `env`, `policy`, `default`, or `disabled` under DEVPOLICY_DISABLE.
         fallback_reason: None, or why `requested` could not be had and what was used instead.
+        fallback_declared: Whether that fallback went the way the deciding rule wrote (its
+            own `fallback:` chain, `sharding.indivisible: replicate`): logged at info, where
+            one the policy's chain took is a warning.
         nbytes: The size the decision was made for, when known.
         commit: Whether `@place` commits results to `device`.
         is_auto: Whether the decision defers to JAX's own default device (`auto`, and
@@ -96,6 +99,7 @@ class Decision(Generic[DeviceT]):
     local_devices: tuple[DeviceT, ...] = ()
     axes: tuple[str | None, ...] | None = None
     attached: bool = False
+    fallback_declared: bool = False
     #: What `jax.device_put` is given: the bare device where that says it all (the cheaper
     #: call, about 17 us against 25 us), else the sharding. Worked out once, in
     #: `__post_init__`, not as a property: a repeat `@place` call that commits its result

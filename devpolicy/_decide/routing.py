@@ -83,6 +83,9 @@ class Choice(Generic[D]):
         mesh: The mesh it shards over, else None.
         short: Whether a target was passed over because the bytes did not fit its memory.
         short_accelerator: Whether that happened to an accelerator (not a host device).
+        declared: Whether what was passed over was passed along a way the rule itself
+            wrote (its own `fallback:` chain, `sharding.indivisible: replicate`), not the
+            policy's chain taking over.
     """
 
     device: D | None
@@ -93,6 +96,7 @@ class Choice(Generic[D]):
     mesh: BuiltMesh[D] | None = None
     short: bool = False
     short_accelerator: bool = False
+    declared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,8 @@ class Route(Generic[D]):
         attached: The rule's sharding by each leaf's own names (`axes: attached`), else
             None. Its chain starts with what a leaf that carries none gets (the mesh,
             replicated); a leaf's names put their own sharding there (see `walk`).
+        declared: Whether the fallbacks are the rule's own (it wrote `fallback:`), not
+            the policy's chain.
     """
 
     __slots__ = (
@@ -184,6 +190,7 @@ class Route(Generic[D]):
         "attached",
         "chain",
         "context",
+        "declared",
         "fits",
         "memory_kind",
         "meshes",
@@ -202,8 +209,10 @@ class Route(Generic[D]):
         fits: bool,
         meshes: Meshes[D],
         mmap: bool = False,
+        declared: bool = False,
     ) -> None:
         self.requested = requested.text
+        self.declared = declared
         # `replicate` is over the rule's own mesh; a device rule has none, so it skips it.
         mesh = requested.mesh if not isinstance(requested, Target) else None
         items = (parse_chain_item(t, mesh) for t in fallback)
@@ -372,6 +381,9 @@ class Route(Generic[D]):
                     built,
                     short,
                     accelerator,
+                    # The first target's only notes: the rule's `indivisible`, or a leaf
+                    # without names (not the rule's choice: said as a warning).
+                    self.declared if position else unnamed is None,
                 )
             found: D | str
             found = machine.default_device() if target.is_auto else machine.find(target)
@@ -399,7 +411,9 @@ class Route(Generic[D]):
                     accelerator = accelerator or getattr(found, "platform", None) != "cpu"
                     continue
             device = None if target.is_auto else found
-            return Choice(device, target, tuple(tried), sized, None, None, short, accelerator)
+            return Choice(
+                device, target, tuple(tried), sized, None, None, short, accelerator, self.declared
+            )
         context = f" for name {name!r}{self.context}"
         platforms = {t.platform for t in chain if not isinstance(t, ShardingTarget)}
         if short and nbytes is not None:

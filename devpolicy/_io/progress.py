@@ -120,20 +120,23 @@ def summary_event(
     narrowed: int,
     bytes_read: int,
 ) -> None:
-    """One info event per file: where its bytes went, by which rules, and what fell back."""
+    """One event per file: where its bytes went, by which rules, and what fell back; info,
+    or a warning where a tensor fell back by the policy's chain rather than its rule's."""
     per_device: dict[str, list[int]] = {}
     per_rule: dict[str, int] = {}
     rank: dict[str, tuple[int, int]] = {}  # rules in the order they are tried
-    fallbacks = 0
+    fallbacks = undeclared = 0
     for decision in decisions:
         tensors_bytes = per_device.setdefault(decision.device_text, [0, 0])
         tensors_bytes[0] += 1
         tensors_bytes[1] += decision.nbytes or 0
         per_rule[decision.origin] = per_rule.get(decision.origin, 0) + 1
         rank[decision.origin] = (_TRIED_FIRST.get(decision.source, 3), decision.rule or 0)
-        fallbacks += decision.fallback_reason is not None
+        if decision.fallback_reason is not None:
+            fallbacks += 1
+            undeclared += not decision.fallback_declared
     events.emit(
-        "warning" if fallbacks else "info",
+        "warning" if undeclared else "info",
         "load_file",
         {
             "file": str(header.path),

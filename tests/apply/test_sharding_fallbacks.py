@@ -70,7 +70,8 @@ class TestVocabulary32001:
 
     def test_replicate_in_the_chain_places_a_real_array_over_the_mesh(self) -> None:
         """On 4 CPU devices: the indivisible array is a NamedSharding replicated over all 4,
-        with a warning naming the reason once."""
+        with an info event naming the reason once: the rule declared the fallback, so it is
+        no warning (a warning on every restore teaches users to ignore warnings)."""
         rule = {
             "match": "params/embed",
             "sharding": {"mesh": "tp", "spec": ["tensor", None]},
@@ -82,9 +83,41 @@ class TestVocabulary32001:
         assert isinstance(out.sharding, NamedSharding)
         assert out.sharding.spec == PartitionSpec()
         assert len(out.sharding.device_set) == 4
-        assert [e["fallback_reason"] for e in logs if e["log_level"] == "warning"] == [
-            "tp[tensor,-]: dim 0 of 33 does not divide by axis 'tensor' (4); used tp[]"
+        assert [
+            (e["log_level"], e["fallback_reason"]) for e in logs if e["event"] == "placement"
+        ] == [("info", "tp[tensor,-]: dim 0 of 33 does not divide by axis 'tensor' (4); used tp[]")]
+        assert not [e for e in logs if e["log_level"] == "warning"]
+
+    def test_replicate_from_the_policys_chain_is_a_warning(self) -> None:
+        """The same fallback taken by the policy's `fallback:` (the rule wrote none) is
+        undeclared for that rule: a warning, once."""
+        rule = {"match": "params/embed", "sharding": {"mesh": "tp", "spec": ["tensor", None]}}
+        p = policy(rule, fallback=["replicate"])
+        with structlog.testing.capture_logs() as logs:
+            p.put("params", {"embed": np.ones((33, 8), np.float32)})
+            p.put("params", {"embed": np.ones((33, 8), np.float32)})
+        assert [(e["event"], e["log_level"]) for e in logs if e["log_level"] != "debug"] == [
+            ("placement", "warning"),
         ]
+        assert not p.resolve("params/embed", nbytes=33 * 32, shape=(33, 8)).fallback_declared
+
+    def test_a_declared_fallback_is_info_in_a_load_and_its_summary(self, tmp_path: Any) -> None:
+        """Restoring a checkpoint whose rule says `fallback: [replicate]`: the placement and
+        the file's `load_file` summary are info, the fallback still counted."""
+        rule = {
+            "match": "ckpt/*",
+            "sharding": {"mesh": "tp", "spec": ["tensor", None]},
+            "fallback": ["replicate"],
+        }
+        path = tmp_path / "ckpt.safetensors"
+        devpolicy.save_file({"embed": np.ones((33, 8), np.float32)}, path)
+        with structlog.testing.capture_logs() as logs:
+            policy(rule).load_file(path)
+        assert [(e["event"], e["log_level"]) for e in logs] == [
+            ("placement", "info"),
+            ("load_file", "info"),
+        ]
+        assert logs[1]["fallbacks"] == 1
 
     def test_indivisible_replicate_drops_only_the_axis_that_does_not_divide(self) -> None:
         """`indivisible: replicate`: dim 0 gives up `tensor`, dim 1 keeps `fsdp`."""
@@ -110,6 +143,7 @@ class TestVocabulary32001:
         assert decision.fallback_reason == (
             "m[tensor,fsdp]: dim 0 of 33 does not divide by axis 'tensor' (2); used m[-,fsdp]"
         )
+        assert decision.fallback_declared  # the rule wrote `indivisible: replicate`
         assert p.decide("embed", nbytes=32 * 8 * 4, shape=(32, 8)).device_text == "m[tensor,fsdp]"
 
     def test_indivisible_replicate_keeps_the_leading_axes_that_divide(self) -> None:

@@ -118,6 +118,32 @@ class TestFallback:
         )
         assert policy.resolve("x").device == cpus[3]
 
+    def test_a_fallback_the_rule_declared_is_info_once(self) -> None:
+        """A rule's own `fallback:` is the plan it wrote: the first decision is info with
+        the reason, repeats debug; `fallback_declared` says so."""
+        policy = policy_of(rules=[{"match": "*", "device": "cpu:7", "fallback": ["cpu:3"]}])
+        with capture_logs() as logs:
+            first = policy.resolve("x")
+            policy.resolve("y")
+        assert first.fallback_declared
+        assert [e["log_level"] for e in logs] == ["info", "info"]
+        assert logs[0]["fallback_reason"].startswith("cpu:7: index 7 out of range")
+
+    def test_the_policys_chain_taking_over_is_a_warning_once(self) -> None:
+        """A rule that wrote no fallback, sent down the policy's chain: a warning the first
+        time for that rule and outcome, then info for other names."""
+        policy = policy_of(fallback=["cpu:3"], rules=[{"match": "*", "device": "cpu:7"}])
+        with capture_logs() as logs:
+            first = policy.resolve("x")
+            policy.resolve("y")
+        assert not first.fallback_declared
+        assert [e["log_level"] for e in logs] == ["warning", "info"]
+
+    def test_no_fallback_is_not_declared(self) -> None:
+        assert (
+            not policy_of(rules=[{"match": "*", "device": "cpu:1"}]).resolve("x").fallback_declared
+        )
+
     def test_fallback_to_auto_always_succeeds(self, cpus: list[jax.Device]) -> None:
         """`auto` at the end of a chain means JAX's default."""
         d = policy_of(

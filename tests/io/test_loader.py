@@ -342,15 +342,29 @@ class TestEvents:
         assert [e["event"] for e in logs] == ["load_file"]
 
     def test_a_fallback_is_one_warning_per_rule_not_per_tensor(self, tmp_path: Path) -> None:
-        """Many tensors falling back by one rule: one warning naming the first, and the count."""
+        """Many tensors falling back by one rule down the policy's chain: one warning naming
+        the first, and the count."""
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({f"w{i}": np.zeros(4, np.float32) for i in range(20)}, path)
-        policy = policy_of(rules=[{"match": "m/*", "device": "cpu:9", "fallback": ["cpu:1"]}])
+        policy = policy_of(fallback=["cpu:1"], rules=[{"match": "m/*", "device": "cpu:9"}])
         with capture_logs() as logs:
             devpolicy.load_file(path, policy=policy)
         warnings = [(e["event"], e["log_level"]) for e in logs]
         assert warnings == [("placement", "warning"), ("load_file", "warning")]
         assert logs[0]["fallback_reason"].startswith("cpu:9: index 9 out of range")
+        assert logs[1]["fallbacks"] == 20
+
+    def test_a_fallback_the_rule_declared_is_info(self, tmp_path: Path) -> None:
+        """The rule's own `fallback:` is the way it asked for: said at info, still counted."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({f"w{i}": np.zeros(4, np.float32) for i in range(20)}, path)
+        policy = policy_of(rules=[{"match": "m/*", "device": "cpu:9", "fallback": ["cpu:1"]}])
+        with capture_logs() as logs:
+            devpolicy.load_file(path, policy=policy)
+        assert [(e["event"], e["log_level"]) for e in logs] == [
+            ("placement", "info"),
+            ("load_file", "info"),
+        ]
         assert logs[1]["fallbacks"] == 20
 
     def test_no_progress_bar_when_not_a_terminal(

@@ -86,13 +86,15 @@ class TestRunsOfNamesAreDecidedOncePerRule:
     def test_a_run_that_outgrows_its_device_falls_back_where_the_per_name_path_does(
         self,
     ) -> None:
-        """cpu:1 holds 1000 bytes: three 300-byte tensors fit, the fourth falls back, a
-        50-byte one after it fits cpu:1 again; events alike, fallback warned once."""
+        """cpu:1 holds 1000 bytes: three 300-byte tensors fit, the fourth falls back (by
+        the policy's chain), a 50-byte one after it fits cpu:1 again; events alike,
+        fallback warned once."""
         sizes = [300, 300, 300, 300, 50, 300, 80]
         items = [(f"t{i}", n, (n,), NEVER_MAPPED, None) for i, n in enumerate(sizes)]
         fields = {
             "headroom": 0,
-            "rules": [{"match": "*", "device": "cpu:1", "fallback": ["cpu:2"]}],
+            "fallback": ["cpu:2"],
+            "rules": [{"match": "*", "device": "cpu:1"}],
         }
         capacity = devpolicy.StaticCapacity({"cpu:1": 1000, "cpu:2": 1000})
         fast, slow, fast_events, slow_events = both_ways(fields, items, capacity)
