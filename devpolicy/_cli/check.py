@@ -11,7 +11,16 @@ from rich.text import Text
 
 import devpolicy
 
-from .common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, lit, load, new_console, use_json
+from .common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    described_machine,
+    lit,
+    load,
+    new_console,
+    use_json,
+)
 
 
 def command(args: argparse.Namespace) -> int:
@@ -37,7 +46,7 @@ def command(args: argparse.Namespace) -> int:
         ]
         return _report_check(args, label, findings, invalid=True)
     label = policy.file or label
-    found = devpolicy.lint(policy)
+    found = devpolicy.lint(policy, machine=described_machine(args))
     uses: tuple[Any, ...] = ()
     named = ""
     if args.names is not None:

@@ -122,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         "--prefix", default=None, help="with a checkpoint: name prefix (default: its stem)"
     )
     check_parser.add_argument("--json", action="store_true", help="print JSON")
+    _machine_options(check_parser, "check")
 
     explain_parser = commands.add_parser("explain", help="where a name goes, and why, rule by rule")
     explain_parser.add_argument("name", help="the name to decide, e.g. dataset/train")
@@ -237,7 +238,8 @@ def _tree_option(parser: argparse.ArgumentParser, whose: str) -> None:
 
 
 def _machine_options(parser: argparse.ArgumentParser, verb: str) -> None:
-    """`--devices` and `--processes`: a machine you do not have, for `plan` and `explain`."""
+    """`--devices` and `--processes`: a machine you do not have, for `plan`, `explain` and
+    `check`."""
     parser.add_argument(
         "--devices",
         action="append",

@@ -11,19 +11,21 @@ import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .._base.errors import DeviceUnavailableError
 from .._base.files import untrusted
+from .._decide.decider import Decider
 from .._decide.routing import Fit, Route
-from .._document.axes import ATTACHED
+from .._document.axes import ATTACHED, Attached
 from .._document.layers import RuleEntry, Setting
 from .._document.schema import MeshSpec
-from .._document.targets import ShardingTarget, Target
-from .._machine.machine import D
+from .._document.targets import ShardingTarget
+from .._machine.capacity import Capacity
+from .._machine.machine import D, VirtualMachine
 from .._names.cover import CoverJudge
 from .._names.hints import guess_example, required_literal
-from .._names.matching import ShapeTest, compile_condition
+from .._names.matching import NO_SHAPE_TEST, ShapeTest, compile_condition
 from .._names.prefixes import PrefixIndex
 from .._runtime.knobs import env_needs_allow
 from .._runtime.settings import plan_runtime
@@ -60,16 +62,21 @@ class Finding:
         return f"{self.origin}: {self.severity}: {self.message} [{self.code}]"
 
 
-def lint(policy: Policy) -> list[Finding]:
+def lint(policy: Policy, *, machine: VirtualMachine | None = None) -> list[Finding]:
     """Check a loaded policy for mistakes that validation cannot see.
+
+    Chains are judged on `machine` (a `VirtualMachine`, as `plan` and `explain` take), or on
+    this one.
 
     Errors: a rule that can never match because an earlier rule matches every name it
     would (after a catch-all, an identical pattern, or a glob that covers it), and a
-    fallback chain none of whose targets exists on this machine. Warnings: a target whose
-    backend, index or memory kind this machine lacks (policies travel between machines),
-    a non-strict chain that would raise on a machine lacking its targets because it
-    does not end in `cpu` or `auto`, a mesh no rule uses, and `runtime:` knobs the
-    environment overrides (`runtime-env-wins`) or contradicts (`runtime-conflict`).
+    fallback chain none of whose targets exists on the machine. Warnings: a target whose
+    backend, index or memory kind the machine lacks (policies travel between machines),
+    a non-strict chain that can really end nowhere there (`no-safe-end`: some array shape
+    no target of it takes, such as a sharding its dimensions do not divide with no
+    `replicate` or device after it; memory aside), a mesh no rule uses, and `runtime:`
+    knobs the environment overrides (`runtime-env-wins`) or contradicts
+    (`runtime-conflict`).
 
     Example:
         >>> import devpolicy
@@ -78,21 +85,30 @@ def lint(policy: Policy) -> list[Finding]:
         >>> [f.code for f in devpolicy.lint(p)]
         ['unreachable-rule']
     """
+    if machine is not None and not isinstance(machine, VirtualMachine):
+        raise TypeError(
+            f"lint(machine=...) takes a devpolicy.VirtualMachine, got "
+            f"{type(machine).__name__} {machine!r}"
+        )
     findings = _unreachable(policy.rules)
     settings = policy.settings
-    decider = policy.decider
-    fit = Fit(policy.capacity, settings.headroom.value)
-    # Chains that do not end in `cpu` or `auto`, each with the rules using it: one warning
-    # per chain, not per rule (five `cpu:N` rules are one concern, not five).
-    unsafe: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+    decider: Decider[Any] = policy.decider
+    capacity: Capacity[Any] = policy.capacity
+    if machine is not None:
+        decider, capacity = Decider(settings, machine, machine), machine
+    fit = Fit(capacity, settings.headroom.value)
+    where = "this machine" if machine is None else f"the machine described ({machine})"
+    # Chains that can end nowhere, each with why and the rules using it: one warning per
+    # chain, not per rule (five rules sharing a sharding are one concern, not five).
+    unsafe: dict[tuple[str, ...], tuple[str, list[tuple[str, str]]]] = {}
     for position, (entry, route) in enumerate(zip(policy.rules, decider.routes, strict=True)):
         label = f"rule {position} ({entry.spec.label})"
-        findings += _chain(label, entry.origin, route, fit, unsafe)
+        findings += _chain(label, entry.origin, route, fit, unsafe, where, entry.spec.shape_test)
     if decider.default_route is not None:
         findings += _chain(
-            "the default", settings.default.origin, decider.default_route, fit, unsafe
+            "the default", settings.default.origin, decider.default_route, fit, unsafe, where
         )
-    findings += [_no_safe_end(chain, users) for chain, users in unsafe.items()]
+    findings += [_no_safe_end(chain, why, users, where) for chain, (why, users) in unsafe.items()]
     findings += _file_rules(policy.rules)
     findings += _path_fragments(policy.rules)
     findings += _attached_without_table(policy.rules, settings.meshes)
@@ -168,7 +184,9 @@ def _attached_without_table(
 _NAMED_IN_WARNING = 8
 
 
-def _no_safe_end(chain: tuple[str, ...], users: list[tuple[str, str]]) -> Finding:
+def _no_safe_end(
+    chain: tuple[str, ...], why: str, users: list[tuple[str, str]], where: str
+) -> Finding:
     """The one warning about a chain without a safe end, at its first user's origin."""
     (label, origin), *others = users
     if others:
@@ -180,8 +198,9 @@ def _no_safe_end(chain: tuple[str, ...], users: list[tuple[str, str]]) -> Findin
         "warning",
         origin,
         "no-safe-end",
-        f"{label}: the chain ({', '.join(chain)}) does not end in `cpu` or `auto`, so it "
-        "raises on a machine without those devices",
+        f"{label}: the chain ({', '.join(chain)}) can end nowhere on {where}: {why}; "
+        "end it in a target that takes any array (`replicate` after a sharding, a device, "
+        "`auto`)",
     )
 
 
@@ -386,7 +405,9 @@ def _chain(
     origin: str,
     route: Route[D],
     fit: Fit[D],
-    unsafe: dict[tuple[str, ...], list[tuple[str, str]]],
+    unsafe: dict[tuple[str, ...], tuple[str, list[tuple[str, str]]]],
+    where: str = "this machine",
+    shape_test: ShapeTest = NO_SHAPE_TEST,
 ) -> list[Finding]:
     """Findings about one chain, from the decider's own walk; a chain without a safe end is
     added to `unsafe` instead."""
@@ -401,13 +422,14 @@ def _chain(
     texts = [t.text for t in targets]
     if route.attached is not None:
         texts[0] = route.requested  # `mesh[attached]`, as written
+    there = "here" if where == "this machine" else "there"
     if missing and here is not None:
         findings.append(
             Finding(
                 "warning",
                 origin,
                 "missing-device",
-                f"{label}: not on this machine: {'; '.join(missing)}; here it falls back to {here}",
+                f"{label}: not on {where}: {'; '.join(missing)}; {there} it falls back to {here}",
             )
         )
     if here is None:
@@ -415,7 +437,7 @@ def _chain(
         if route.strict:
             consequence, fix = (
                 "strict, so no fallback is tried",
-                ("use a target this machine has, or set `strict: false` to allow the fallback"),
+                (f"use a target {where} has, or set `strict: false` to allow the fallback"),
             )
         else:
             consequence, fix = "none of them exists", "add `fallback: [cpu]`"
@@ -424,21 +446,48 @@ def _chain(
                 "error",
                 origin,
                 "chain-ends-nowhere",
-                f"{label}: no device for ({names}) on this machine ({consequence}; "
-                f"{'; '.join(missing)}): names it decides raise DeviceUnavailableError here; "
+                f"{label}: no device for ({names}) on {where} ({consequence}; "
+                f"{'; '.join(missing)}): names it decides raise DeviceUnavailableError {there}; "
                 f"{fix}",
             )
         )
-    elif not route.strict and not any(_everywhere(t) for t in targets):
-        unsafe.setdefault(tuple(texts), []).append((label, origin))
+    elif not route.strict:
+        why = _ends_nowhere(label, route, fit, shape_test)
+        if why is not None:
+            unsafe.setdefault(tuple(texts), (why, []))[1].append((label, origin))
     return findings
 
 
-def _everywhere(target: Target | ShardingTarget) -> bool:
-    """Whether every machine has this target: JAX always has a first CPU device."""
-    if isinstance(target, ShardingTarget):
-        return False  # a mesh needs devices a machine may lack
-    return target.is_auto or (target.platform == "cpu" and not target.index)
+# A dimension no mesh axis divides (a prime no axis size is): with 1, the probes' sizes.
+_INDIVISIBLE = 65521
+
+
+def _ends_nowhere(label: str, route: Route[D], fit: Fit[D], shape_test: ShapeTest) -> str | None:
+    """An array the chain takes nowhere on its machine, and why; None when every array
+    finds a target (memory aside: any chain can be too small for some size).
+
+    Asked of the decider's own walk, with the arrays that pass most targets by, among
+    those the rule can take (its `ndim` and element conditions): dimensions no axis
+    divides (1, or a prime), of each rank up to one past the longest spec (a spec longer
+    than the array), and under `axes: attached` a leaf whose names cannot be had.
+    """
+    longest = max((len(t.spec) for t in route.chain if isinstance(t, ShardingTarget)), default=0)
+    probes: list[tuple[tuple[int, ...], Attached | None]] = list(
+        dict.fromkeys(
+            ((size,) * rank, None) for rank in range(longest + 2) for size in (1, _INDIVISIBLE)
+        )
+    )
+    if route.attached is not None:
+        probes += [((size,), Attached(())) for size in (1, _INDIVISIBLE)]  # no names for it
+    for shape, attached in probes:
+        if shape_test.problem(shape) is not None:
+            continue  # an array the rule never takes
+        walked = route.walk(label, None, fit, shape=shape, attached=attached)
+        if isinstance(walked, DeviceUnavailableError):
+            passed = "; ".join(f"{target} ({why})" for target, why in walked.tried)
+            named = " whose axis names cannot be had" if attached is not None else ""
+            return f"an array of shape {shape}{named} finds no target ({passed})"
+    return None
 
 
 # Text a path never holds once normalised (as `file:` globs see paths): each with the fix.

@@ -223,6 +223,23 @@ class TestCheck:
         (finding,) = json.loads(result.stdout)["findings"]
         assert (finding["code"], finding["origin"]) == ("missing-device", "p.yaml:4")
 
+    def test_a_chain_is_judged_on_the_machine_described_by_devices(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A GPU-mesh sharding with nothing after it: on 8 GPUs an indivisible array ends
+        nowhere (`no-safe-end`); with `replicate` after it, check is clean there."""
+        text = (
+            "version: 1\nmeshes:\n  g: {axes: {data: 8}, devices: gpu}\n"
+            "rules:\n  - {match: 'w', sharding: {mesh: g, spec: [data]}%s}\n"
+        )
+        bare = write(tmp_path / "bare.yaml", text % "")
+        assert main(["check", str(bare), "--devices", "gpu=8x80GiB", "--json"]) == 0
+        (finding,) = json.loads(capsys.readouterr().out)["findings"]
+        assert (finding["code"], finding["origin"]) == ("no-safe-end", "bare.yaml:5")
+        safe = write(tmp_path / "safe.yaml", text % ", fallback: [replicate]")
+        assert main(["check", str(safe), "--devices", "gpu=8x80GiB"]) == 0
+        assert "valid, no findings" in capsys.readouterr().out
+
     def test_env_rules_are_checked_too(self, policy_file: Path) -> None:
         """Rules from DEVPOLICY_RULES are linted with their origin."""
         result = run_cli("check", str(policy_file), "--json", env={"DEVPOLICY_RULES": "*=cpu"})

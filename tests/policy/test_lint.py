@@ -25,6 +25,73 @@ def rule(match: str | None = None, device: str = "cpu", **extra: object) -> dict
     return spec
 
 
+def sharded(match: str, spec: list[str | None], **extra: object) -> dict[str, object]:
+    return {"match": match, "sharding": {"mesh": "m", "spec": spec}, **extra}
+
+
+def lint_sharded(rules: list[dict[str, object]], **fields: object) -> list[devpolicy.Finding]:
+    """Lint rules over a mesh `m` of the 4 CPU devices (`data: 4`)."""
+    meshes = {"m": {"axes": {"data": 4}, "devices": "cpu"}}
+    return devpolicy.lint(policy_of(meshes=meshes, rules=rules, **fields))
+
+
+class TestNoSafeEnd:
+    """`no-safe-end` only where a chain can really end nowhere on the machine linted for."""
+
+    def test_a_sharding_policy_that_replicates_what_does_not_divide_is_quiet(self) -> None:
+        """The docs' nnx policy: a 0-d rule replicated, the rest sharded with `fallback:
+        [replicate]`: every array finds a target, nothing to warn about."""
+        rules = [
+            sharded("params/step", [], ndim=0),
+            sharded("params/*", ["data"], fallback=["replicate"]),
+        ]
+        assert lint_sharded(rules) == []
+
+    @pytest.mark.parametrize(
+        "chain",
+        [
+            {"fallback": ["replicate"]},
+            {"fallback": ["cpu:3"]},
+            {"fallback": ["auto"]},
+            {"sharding": {"mesh": "m", "spec": ["data"], "indivisible": "replicate"}},
+        ],
+    )
+    def test_a_chain_that_takes_any_array_is_safe(self, chain: dict[str, object]) -> None:
+        assert lint_sharded([{**sharded("w", ["data"]), **chain}]) == []
+
+    def test_the_policys_chain_counts(self) -> None:
+        """A rule with no fallback of its own is safe when the policy's chain is."""
+        assert lint_sharded([sharded("w", ["data"])], fallback=["replicate"]) == []
+
+    def test_a_rank_the_rule_never_takes_is_not_held_against_it(self) -> None:
+        """`[data, null]` with `indivisible: replicate` takes any 2-d array; a 1-d one it
+        cannot shard (the spec is longer): a warning unless the rule takes only `ndim: 2`."""
+        spec = {"mesh": "m", "spec": ["data", None], "indivisible": "replicate"}
+        (finding,) = lint_sharded([{"match": "k", "sharding": spec}])
+        assert finding.code == "no-safe-end"
+        assert "an array of shape (1,) finds no target" in finding.message
+        assert lint_sharded([{"match": "k", "sharding": spec, "ndim": 2}]) == []
+
+    def test_strict_chains_are_left_to_raise(self) -> None:
+        """Under strict, a chain that raises is what was asked for: no warning."""
+        assert lint_sharded([sharded("w", ["data"])], strict=True) == []
+
+    def test_a_gpu_mesh_is_judged_on_a_described_machine(self) -> None:
+        """On 8 GPUs a GPU mesh with `replicate` after it is safe; with nothing after it,
+        an array that does not divide ends nowhere there."""
+        meshes = {"g": {"axes": {"data": 8}, "devices": "gpu"}}
+        gpus = devpolicy.VirtualMachine(["gpu=8x80GiB"])
+        safe = {
+            "match": "w",
+            "sharding": {"mesh": "g", "spec": ["data"]},
+            "fallback": ["replicate"],
+        }
+        assert devpolicy.lint(policy_of(meshes=meshes, rules=[safe]), machine=gpus) == []
+        unsafe = {**safe, "fallback": []}
+        findings = devpolicy.lint(policy_of(meshes=meshes, rules=[unsafe]), machine=gpus)
+        assert [f.code for f in findings] == ["no-safe-end"]
+
+
 class TestUnreachable:
     @pytest.mark.parametrize(
         ("earlier", "later"),
@@ -95,10 +162,26 @@ class TestDevices:
         assert "strict, so no fallback is tried" in findings[0].message
 
     @pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
-    def test_chain_that_would_raise_elsewhere_warns(self) -> None:
-        """gpu:0 then cpu:1 exists here, but would raise on a one-CPU machine without a GPU."""
-        findings = devpolicy.lint(policy_of(rules=[rule("x", "gpu:0", fallback=["cpu:1"])]))
-        assert [f.code for f in findings] == ["missing-device", "no-safe-end"]
+    def test_a_chain_is_judged_on_the_machine_linted_for(self) -> None:
+        """gpu:0 then cpu:1 ends on cpu:1 here: the missing GPU is said, no `no-safe-end`
+        (cpu:1 takes any array). On a described one-CPU machine it ends nowhere: an error."""
+        policy = policy_of(rules=[rule("x", "gpu:0", fallback=["cpu:1"])])
+        assert [f.code for f in devpolicy.lint(policy)] == ["missing-device"]
+        one_cpu = devpolicy.VirtualMachine(["cpu=1x16GiB"])
+        assert [f.code for f in devpolicy.lint(policy, machine=one_cpu)] == ["chain-ends-nowhere"]
+        gpus = devpolicy.VirtualMachine(["gpu=2x80GiB", "cpu=2x64GiB"])
+        assert devpolicy.lint(policy, machine=gpus) == []
+        (finding,) = devpolicy.lint(policy, machine=one_cpu)
+        assert finding.message.startswith(
+            "rule 0 ('x'): no device for (gpu:0, cpu:1) on the machine described "
+            "(cpu=1x16GiB; 1 process) (none of them exists; "
+        )
+
+    def test_lint_takes_only_a_described_machine(self) -> None:
+        with pytest.raises(
+            TypeError, match=r"^lint\(machine=\.\.\.\) takes a devpolicy\.VirtualMachine"
+        ):
+            devpolicy.lint(policy_of(), machine="gpu=8")  # type: ignore[arg-type]
 
     def test_missing_memory_kind_warns(self) -> None:
         """A memory kind the device lacks here is reported like a missing device."""
@@ -203,27 +286,32 @@ class TestIssueCases:
         assert found == [[]]
 
     def test_no_safe_end_is_reported_once_per_chain(self) -> None:
-        """Five rules on cpu:1 and two on cpu:2 are two warnings, each naming its rules."""
-        rules = [rule(f"r{i}", "cpu:1") for i in range(5)] + [
-            rule(f"s{i}", "cpu:2") for i in range(2)
+        """Five rules sharding on `data` and two on `[-, data]`, with nothing after: two
+        warnings, each naming its rules and an array that finds no target."""
+        rules = [sharded(f"r{i}", ["data"]) for i in range(5)] + [
+            sharded(f"s{i}", [None, "data"]) for i in range(2)
         ]
-        findings = [f for f in devpolicy.lint(policy_of(rules=rules)) if f.code == "no-safe-end"]
+        findings = [f for f in lint_sharded(rules) if f.code == "no-safe-end"]
         assert [f.origin for f in findings] == ["<mapping>:rules[0]", "<mapping>:rules[5]"]
         assert findings[0].message.startswith(
             "rule 0 ('r0') (and rule 1 ('r1') at <mapping>:rules[1], "
         )
-        assert "rule 4 ('r4') at <mapping>:rules[4]): the chain (cpu:1) does not end" in (
-            findings[0].message
+        assert findings[0].message.endswith(
+            "rule 4 ('r4') at <mapping>:rules[4]): the chain (m[data]) can end nowhere on this "
+            "machine: an array of shape (1,) finds no target (m[data] (dim 0 of 1 does not "
+            "divide by axis 'data' (4))); end it in a target that takes any array (`replicate` "
+            "after a sharding, a device, `auto`)"
         )
+        assert "an array of shape (1,) finds no target" in findings[1].message
 
     def test_a_long_list_of_rules_sharing_a_chain_is_cut_short(self) -> None:
         """Twenty rules on one chain: one warning naming eight others and a count."""
         (finding,) = [
             f
-            for f in devpolicy.lint(policy_of(rules=[rule(f"r{i}", "cpu:1") for i in range(20)]))
+            for f in lint_sharded([sharded(f"r{i}", ["data"]) for i in range(20)])
             if f.code == "no-safe-end"
         ]
-        assert ", 11 more): the chain (cpu:1)" in finding.message
+        assert ", 11 more): the chain (m[data])" in finding.message
 
     def test_lint_compares_only_rules_whose_prefixes_meet(self) -> None:
         """4,000 distinct-prefix rules and a catch-all: each rule meets only its own kind."""
