@@ -427,23 +427,17 @@ def save_file(
     offsets (the format allows no holes between tensors). Any safetensors reader reads it.
     Written to a temporary file and renamed: an error leaves nothing behind.
 
-    In a multi-process job (`jax.distributed`), when some array spans processes, every
-    process must call `save_file` with the same tree and path (on a filesystem they all
-    see): each writes only the shards it holds (replica 0 of each slice), and the file is
-    the one a single process would write of the same values. Arrays no other process can
-    see (numpy, or on this process's devices) are written by process 0. A process that
-    fails makes the save fail on every process, naming it and why; a tree of local arrays
-    only is written by whichever process calls, as in a single process.
+    When arrays span the processes of a `jax.distributed` job, every process calls it with
+    the same tree and path (a filesystem they all see) and writes only its own shards
+    (replica 0 of each slice) into the file one process would write; one process failing
+    fails it on all (docs: Saving from many processes).
 
     Args:
-        tensors: A mapping of keys to arrays, or a pytree of arrays.
-        path: The file to write (replaced atomically).
         align: Alignment of the largest tensors' file offsets (a power of two).
         metadata: The header's `__metadata__` (strings to strings).
         timeout: Seconds each process of a multi-process save waits for the others at
             each step before failing the save (a process killed or stuck never hangs it).
-        policy: The policy whose logging the `save_file` event follows (default: the
-            active one).
+        policy: Whose logging the `save_file` event follows (default: the active one).
 
     Raises:
         SafetensorsFileError: `path` exists but is not a regular file (a device, a FIFO, a
