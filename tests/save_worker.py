@@ -7,6 +7,7 @@ MODE says what the job does:
 - `save`: save the state twice (a new file, then over it); process 0 also writes the
   same values from one process (`reference.safetensors`) to compare with.
 - `kill0` / `kill1`: that process is killed (SIGKILL) just after writing its first piece.
+- `term0`: process 0 gets SIGTERM there.
 - `fail1`: process 1's writes fail (ENOSPC).
 - `differ`: process 1's tree has one leaf more.
 
@@ -98,17 +99,17 @@ def break_writes(mode: str, process_id: int) -> None:
     """Fault injection: kill this process after its first data piece, or fail its writes."""
     real = os.pwrite
 
-    def killed_after_one(fd: int, data: Any, offset: int) -> int:
+    def signalled_after_one(fd: int, data: Any, offset: int) -> int:
         done = real(fd, data, offset)
         if offset > 0:  # a piece of data, not process 0's header at offset 0
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL if mode.startswith("kill") else signal.SIGTERM)
         return done
 
     def no_space(fd: int, data: Any, offset: int) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    if mode == f"kill{process_id}":
-        os.pwrite = killed_after_one
+    if mode in (f"kill{process_id}", f"term{process_id}"):
+        os.pwrite = signalled_after_one
     elif mode == "fail1" and process_id == 1:
         os.pwrite = no_space
 

@@ -122,6 +122,9 @@ class Agreement:
 
 
 def _reason(error: BaseException) -> str:
-    """An error as one line for the other processes' messages."""
-    text = " ".join(str(error).split()) or type(error).__name__
-    return f"{type(error).__name__}: {text}"[:2000]
+    """An error as one line for the other processes' messages: its type and text; an
+    interruption (SIGTERM, Ctrl-C, exit) as what it says."""
+    text = " ".join(str(error).split())
+    if not isinstance(error, Exception):
+        return (text or type(error).__name__)[:2000]
+    return f"{type(error).__name__}: {text}"[:2000] if text else type(error).__name__

@@ -289,6 +289,9 @@ def _alive(pid: int) -> bool:
 class _Terminated(BaseException):
     """SIGTERM arrived while writing: unwind (removing the temporary file), then die of it."""
 
+    def __str__(self) -> str:  # what a joint save tells the other processes
+        return "terminated by SIGTERM"
+
 
 @contextlib.contextmanager
 def _removed_on_sigterm() -> Iterator[None]:

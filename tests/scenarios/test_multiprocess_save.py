@@ -196,6 +196,24 @@ class TestFailures:
         assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
         assert devpolicy.load_file(path)["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
 
+    def test_the_creator_terminated_mid_save_removes_its_temp_and_dies_of_it(
+        self, tmp_path: Path
+    ) -> None:
+        """Process 0 gets SIGTERM mid-save: its unfinished file is removed, it tells process
+        1 why (unless JAX's coordination service, which process 0 ran, aborts process 1
+        first) and dies of the signal; nothing is left."""
+        (first_status, first), (second_status, second) = run_job(tmp_path, "term0")
+        assert first_status == -15
+        assert first is None
+        if second is not None:
+            assert second["error"] == (
+                f"{tmp_path / 'model.safetensors'}: saved by no process: process 0 of 2 "
+                "failed: terminated by SIGTERM; nothing written"
+            )
+        else:
+            assert second_status == -6
+        assert list(tmp_path.iterdir()) == []
+
     def test_a_failed_write_fails_the_save_on_every_process(self, tmp_path: Path) -> None:
         """Process 1's writes fail (no space): it raises its own error, process 0 raises
         naming process 1 and why, and nothing is left."""
