@@ -17,9 +17,10 @@ from typing import Any
 
 import jax
 
-#: This process's key of the last step every process has passed. Once every process has
-#: passed the next step, every process has read it (each read all keys of a step before
-#: saying its verdict on the next), and it is deleted: the store keeps one key a process.
+#: This process's keys of the steps since the last one it heard every process's verdict
+#: on. Once it has (every process said its verdict on a later step), every process has read
+#: them (a process says its verdict on a step only after reading what the steps before
+#: needed), and they are deleted: the store keeps a key or two a process.
 _passed: list[str] = []
 
 
@@ -71,12 +72,19 @@ class Agreement:
         self.index = jax.process_index()
         self.count = jax.process_count()
 
-    def step(self, step: str, text: str, error: BaseException | None = None) -> list[str]:
+    def step(
+        self,
+        step: str,
+        text: str,
+        error: BaseException | None = None,
+        waits_for: tuple[int, ...] | None = None,
+    ) -> list[str]:
         """Say this process's verdict on `step` (`error` None: ok, with `text`), then wait
-        for every other process's.
+        for every other process's, or only for those of `waits_for` (a step only they take:
+        the others' verdicts say nothing).
 
         Returns:
-            Every process's text, by process index.
+            Every process's text, by process index ("" for those not waited for).
 
         Raises:
             StepFailed: another process failed the step or did not answer in time (after
@@ -91,9 +99,9 @@ class Agreement:
             return texts
         deadline = time.monotonic() + self._timeout
         missing = []
-        for process in range(self.count):
+        texts[self.index] = text
+        for process in range(self.count) if waits_for is None else waits_for:
             if process == self.index:
-                texts[process] = text
                 continue
             left_ms = max(1, int((deadline - time.monotonic()) * 1000))
             try:
@@ -110,7 +118,7 @@ class Agreement:
                 missing.append(Missing(process, rest))
         if missing:
             raise StepFailed(step, self.count, missing, self._timeout)
-        while _passed:  # every process has passed the step before (see `_passed`)
+        while _passed and waits_for is None:  # every process passed the steps before
             self._delete(_passed.pop())
         _passed.append(key)
         return texts

@@ -13,7 +13,8 @@ process's failure fails the save everywhere, with its reason:
    The processes compare headers: different trees are an error, not a mixed file.
 2. `written`: every process writes its pieces at their offsets and syncs them.
 3. `published`: process 0 renames the file into place; the save returns everywhere only
-   once it is there.
+   once it is there (the others wait for process 0's verdict alone: a process lost after
+   writing its part does not undo a complete file).
 
 Where the bytes go is a `JointTarget`: today a file on a filesystem every process sees
 (`writing.LocalJointFile`). Object storage is the seam's other side: `create` starts a
@@ -127,7 +128,7 @@ def save_joint(
                     "the processes would write different files (every process must save the "
                     f"same names, shapes, dtypes and metadata; {shown}); nothing written",
                 )
-            token = texts[0].split(" ")[3]
+            token = texts[0].split(" ", 3)[3]  # a name may hold spaces: the rest is it
 
             # 2. written: each process its pieces.
             try:
@@ -146,7 +147,9 @@ def save_joint(
             except BaseException as e:
                 _fail(agreement, "published", e)
                 raise
-            _step(agreement, "published", "", path)
+            # Only process 0's verdict counts: a process lost after writing its part
+            # does not undo a complete file.
+            _step(agreement, "published", "", path, waits_for=(0,))
         finally:
             if me == 0 and token is not None and not published:
                 where.discard(token)
@@ -160,9 +163,15 @@ def _fail(agreement: Agreement, step: str, error: BaseException) -> None:
         agreement.step(step, "", error)
 
 
-def _step(agreement: Agreement, step: str, text: str, path: Path) -> list[str]:
+def _step(
+    agreement: Agreement,
+    step: str,
+    text: str,
+    path: Path,
+    waits_for: tuple[int, ...] | None = None,
+) -> list[str]:
     try:
-        return agreement.step(step, text)
+        return agreement.step(step, text, waits_for=waits_for)
     except StepFailed as e:
         raise SafetensorsFileError(path, f"saved by no process: {e}; nothing written") from None
 
