@@ -357,6 +357,7 @@ class LocalJointFile:
             raise SafetensorsFileError(
                 self.path, f"cannot write in {str(directory)!r}: {e.strerror}"
             ) from None
+        tmp = str(directory / os.path.basename(tmp))  # as `write`/`publish` spell it
         _in_flight.add(tmp)
         try:
             os.fchmod(fd, mode)

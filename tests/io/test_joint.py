@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 import devpolicy
+from devpolicy._io import writing
 from devpolicy._io.joint import _runs_of
 from devpolicy._io.layout import Slot, plan_layout, slice_runs, slots_of
 from devpolicy._io.writing import LocalJointFile, write_file
@@ -96,6 +97,20 @@ class TestLocalJointFile:
             "joint.safetensors",
             "one.safetensors",
         ]
+
+    def test_a_relative_path_is_written_and_forgotten_once_published(self, tmp_path: Path) -> None:
+        """A path relative to the working directory: published there, and no longer among
+        the temporary files a SIGTERM would remove."""
+        joint = LocalJointFile("m.safetensors")  # the test runs in tmp_path
+        header = b'{"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}'
+        header += b" " * (-(8 + len(header)) % 8)
+        token = joint.create(header, 8 + len(header) + 2)
+        assert writing._in_flight == {str(Path(token))}
+        joint.write(token, iter([(8 + len(header), memoryview(b"\x01\x02"))]))
+        joint.publish(token, [""])
+        assert writing._in_flight == set()
+        assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
+        assert devpolicy.load_file(tmp_path / "m.safetensors")["t"].tolist() == [1, 2]
 
     def test_a_writer_that_cannot_see_the_file_says_the_filesystem_must_be_shared(
         self, tmp_path: Path
