@@ -33,7 +33,6 @@ from ._io.format import read_metadata as read_metadata
 from ._io.planning import DeviceLoad as DeviceLoad
 from ._io.planning import Plan as Plan
 from ._io.planning import PlannedTensor as PlannedTensor
-from ._io.saving import save_file as save_file
 from ._io.writing import align_file as align_file
 from ._machine.capacity import Capacity as Capacity
 from ._machine.capacity import DeviceMemory as DeviceMemory
@@ -63,6 +62,7 @@ from ._policy.verbs import plan as plan
 from ._policy.verbs import prefetch as prefetch
 from ._policy.verbs import put as put
 from ._policy.verbs import resolve as resolve
+from ._policy.verbs import save_file as save_file
 from ._policy.verbs import scope as scope
 from ._policy.verbs import shardings as shardings
 from ._policy.verbs import to as to

@@ -7,15 +7,17 @@ One module per job, bottom to top (imports go down; `pyproject.toml` checks the 
   only one. A new place bytes live is a new source, not a second loader.
 - `foreign`: what a file that is not safetensors is (`.npy`, `.npz`, PyTorch, pickle).
 - `format`: dtypes, tensor entries, headers read from a source and validated.
-- `buffers` (aligned host memory), `checkpoints` (which files make a checkpoint),
-  `layout` (where tensors go in a file devpolicy writes), `opening` (a local file
-  opened again for its data, unchanged; mapped).
+- `agreement` (steps the processes of a job take together, each ending in every
+  process's verdict), `buffers` (aligned host memory), `checkpoints` (which files make a
+  checkpoint), `layout` (where tensors, and slices of them, go in a file devpolicy
+  writes), `opening` (a local file opened again for its data, unchanged; mapped).
 - `keys` (PRNG key arrays stored as their key data, wrapped again on load), `mapping`
   (which tensors map, which are read), `naming` (the names tensors are decided under),
   `whole` (whole-tensor reads, the range reads every reader shares), `writing` (atomic
-  writes, `align_file`).
+  writes, a file several processes write together, `align_file`).
 - `accounting` (what each rule took; what must not pass in silence), `into` (filling a
-  tree), `progress` (the bar and each file's events), `ranges` (shard-local slice reads),
+  tree), `joint` (arrays that span processes, saved by all of them into one file),
+  `progress` (the bar and each file's events), `ranges` (shard-local slice reads),
   `readahead` (runs of small tensors, read one run ahead).
 - `load` (`load_file` and the loop that places a file's tensors), `planning` (`plan`),
   `saving` (`save_file`).

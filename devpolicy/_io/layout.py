@@ -1,15 +1,17 @@
 """How a file devpolicy writes is laid out: tensors ordered and the header padded so the
 largest tensors start at aligned offsets (zero-copy loading), and any safetensors reader
-reads it. No JAX here.
+reads it; and where a slice of a tensor lies in it (`slice_runs`: what each process of a
+multi-process save writes). No JAX here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -82,7 +84,21 @@ def check_align(align: object) -> int:
     return align
 
 
-def slots_of(tensors: Mapping[str, np.ndarray[Any, Any]], path: Path) -> list[Slot]:
+class Shaped(Protocol):
+    """What a tensor's slot is worked out from: a numpy array, or a JAX array spanning
+    several processes (its global shape; no process holds all of it)."""
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
+
+def slots_of(tensors: Mapping[str, Shaped], path: Path) -> list[Slot]:
     """Each array's slot, refusing a name or size no safetensors reader could read back."""
     slots = []
     for key, array in tensors.items():
@@ -108,3 +124,44 @@ def slots_of(tensors: Mapping[str, np.ndarray[Any, Any]], path: Path) -> list[Sl
                 )
         slots.append(Slot(key, name, tuple(array.shape), nbytes))
     return slots
+
+
+def slice_runs(
+    shape: tuple[int, ...], itemsize: int, bounds: tuple[tuple[int, int], ...]
+) -> tuple[np.ndarray[Any, np.dtype[np.int64]], int]:
+    """Where a slice of a row-major tensor lies in the tensor's bytes: the offset of each
+    contiguous run (in the slice's own C order, so run k holds the slice's bytes
+    `[k * run, (k + 1) * run)`) and the bytes of one run.
+
+    The trailing dimensions the slice spans whole, and the last one it does not, make one
+    run; there is one run per index of the dimensions before. `itemsize` may be any unit
+    (an F4 file counts half bytes).
+
+    Args:
+        shape: The whole tensor's shape.
+        itemsize: Bytes (or units) per value.
+        bounds: Per dimension, the slice's `[start, stop)`.
+
+    Example:
+        >>> offsets, run = slice_runs((4, 6), 2, ((0, 2), (3, 6)))  # rows 0-1, columns 3-5
+        >>> offsets.tolist(), run
+        ([6, 18], 6)
+        >>> offsets, run = slice_runs((4, 6), 2, ((2, 4), (0, 6)))  # whole rows: one run
+        >>> offsets.tolist(), run
+        ([24], 24)
+    """
+    if not shape:
+        return np.zeros(1, np.int64), itemsize
+    extents = [stop - start for start, stop in bounds]
+    if 0 in extents:
+        return np.zeros(0, np.int64), 0
+    split = len(shape) - 1
+    while split > 0 and extents[split] == shape[split]:
+        split -= 1
+    strides = [math.prod(shape[d + 1 :]) * itemsize for d in range(len(shape))]
+    offsets: np.ndarray[Any, np.dtype[np.int64]] = np.zeros((), np.int64)
+    for d in range(split):  # each leading dimension adds an axis: C order once raveled
+        start, stop = bounds[d]
+        offsets = np.add.outer(offsets, np.arange(start, stop, dtype=np.int64) * strides[d])
+    offsets = offsets.reshape(-1) + bounds[split][0] * strides[split]
+    return offsets, math.prod(extents[split:]) * itemsize

@@ -1,21 +1,30 @@
 """Saving a tree or a mapping of arrays as a safetensors file laid out for zero-copy
-loading, each leaf under the name `load_file(into=...)` reads it back by.
+loading, each leaf under the name `load_file(into=...)` reads it back by; arrays that span
+the processes of a `jax.distributed` job are written by all of them together (`joint`).
+One `save_file` event per file.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
 from .._apply.leaves import ARRAY_LIKE, leaf_names
+from .._base.events import EventLog
 from .format import dtype_name
+from .joint import save_joint, spans_processes
 from .keys import key_metadata
 from .layout import DEFAULT_ALIGN, check_align
 from .naming import PathLike
 from .writing import save_arrays
+
+#: Seconds each process of a multi-process save waits for the others at each step.
+JOINT_TIMEOUT = 600.0
 
 #: What to do about a leaf that is not an array, said where one is refused.
 _ARRAYS_ONLY = (
@@ -42,49 +51,54 @@ def _flat_tensors(tensors: Any) -> bool:
 def save_file(
     tensors: Any,
     path: PathLike,
+    events: EventLog,
     *,
     align: int = DEFAULT_ALIGN,
     metadata: Mapping[str, str] | None = None,
+    timeout: float = JOINT_TIMEOUT,
 ) -> None:
-    """Write arrays (numpy or JAX) as a safetensors file laid out for zero-copy loading.
-
-    `tensors` is a mapping of keys to arrays (written under those keys), or any pytree:
-    nested dicts, flax params, `nnx.state(model)`, each leaf written under its name as
-    `put` names it, less the first part (`layers/0/kernel`; no `/value`), so that
-    `load_file(path, into=tree)` fills the same tree back.
-
-    A PRNG key array (`jax.random.key`, the RNG streams of `nnx.state(model)` with
-    `nnx.Dropout`) is written as its key data (`jax.random.key_data`) and the file's
-    metadata names its implementation (under `"devpolicy.prng_keys"`): `load_file`
-    gives it back as a key array.
-
-    The header is padded and tensors ordered so the largest start at `align`-byte file
-    offsets (the format allows no holes between tensors). Any safetensors reader reads it.
-    Written to a temporary file and renamed: an error leaves nothing behind.
-
-    Raises:
-        SafetensorsFileError: `path` exists but is not a regular file (a device, a FIFO, a
-            directory), or cannot be written; nothing is written.
-        ValueError: a bad `align`, dtype, name or metadata; two leaves of the same name;
-            a leaf whose values cannot be read (deleted, or not all in this process),
-            named by its path.
-        TypeError: a leaf that is not an array or number, named by its path.
-
-    Example:
-        >>> import devpolicy, numpy as np, tempfile, os
-        >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
-        >>> devpolicy.save_file({"w": np.ones((4, 4), np.float32)}, path)
-        >>> from safetensors.numpy import load_file
-        >>> float(load_file(path)["w"].sum())
-        16.0
-        >>> devpolicy.save_file({"layers": [{"w": np.ones(2)}], "step": np.int32(3)}, path)
-        >>> sorted(load_file(path))
-        ['layers/0/w', 'step']
-    """
+    """Write `tensors` (a mapping of keys to arrays, or a tree named leaf by leaf) as one
+    aligned safetensors file; `devpolicy.save_file` documents it. Arrays that span
+    processes make it a joint save: every process writes its part (`joint`)."""
     check_align(align)  # before any array is converted or anything written
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout < float("inf")
+    ):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    arrays = _named_arrays(tensors)
+    started = time.perf_counter()
+    if any(spans_processes(value) for value in arrays.values()):
+        # Key arrays as their key data, still sharded: each process writes its part of it.
+        keys, metadata = key_metadata(arrays, metadata)
+        arrays = {n: jax.random.key_data(v) if n in keys else v for n, v in arrays.items()}
+        saved = save_joint(
+            arrays, Path(path), align=align, metadata=metadata, timeout=float(timeout)
+        )
+        nbytes, written, processes = saved.nbytes, saved.bytes_written, saved.processes
+    else:
+        _save(arrays, path, align, metadata)
+        nbytes = written = Path(path).stat().st_size
+        processes = 1
+    events.emit(
+        "info",
+        "save_file",
+        {
+            "file": str(path),
+            "tensors": len(arrays),
+            "nbytes": nbytes,
+            "bytes_written": written,
+            "processes": processes,
+            "seconds": round(time.perf_counter() - started, 4),
+        },
+    )
+
+
+def _named_arrays(tensors: Any) -> dict[str, Any]:
+    """Keys to arrays: a mapping's own keys, or a tree's leaves under their names."""
     if _flat_tensors(tensors):
-        _save(dict(tensors), path, align, metadata)
-        return
+        return dict(tensors)
     leaves = jax.tree_util.tree_leaves(tensors)
     names = [name[1:] for name in leaf_names("", tensors)]
     if names == [""]:
@@ -102,7 +116,7 @@ def save_file(
                 f"number; {_ARRAYS_ONLY}"
             )
         arrays[name] = leaf
-    _save(arrays, path, align, metadata)
+    return arrays
 
 
 def _save(

@@ -1,8 +1,10 @@
 """Writing safetensors files: atomically (a new file renamed into place), so an error or a
 signal never leaves a truncated file, and laid out by `layout` for zero-copy loading.
 
-Also copying a file into that layout (`align_file`) and what is left of writers killed
-mid-write (`remove_stale_temp_files`). No JAX here.
+Also a file several processes write together (`LocalJointFile`: laid out in advance,
+each process's runs written in place, renamed last), copying a file into that layout
+(`align_file`) and what is left of writers killed mid-write (`remove_stale_temp_files`).
+No JAX here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import signal
 import socket
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,27 @@ def write_file(
         key: np.require(value.astype(value.dtype.newbyteorder("="), copy=False), requirements="C")
         for key, value in tensors.items()
     }
+    check_metadata(metadata, path)
+    header, order = plan_layout(slots_of(arrays, Path(path)), metadata, align)
+
+    def write_data(out: Any) -> None:
+        for slot in order:
+            array = arrays[slot.key]
+            if slot.dtype_name in PACKED:
+                out.write(pack(array).data)
+            elif array.nbytes:
+                out.write(array.reshape(-1).view(np.uint8).data)
+
+    _atomic_write(Path(path), header, write_data)
+
+
+def check_metadata(metadata: object, path: str | os.PathLike[str]) -> None:
+    """Refuse metadata a header cannot hold: strings to strings, each encodable as UTF-8.
+
+    Raises:
+        ValueError: not a mapping of strings to strings.
+        SafetensorsFileError: a key or value no safetensors reader could read back.
+    """
     if metadata is not None and not (
         isinstance(metadata, Mapping)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
@@ -68,17 +91,6 @@ def write_file(
                 f"metadata {k!r} holds a lone UTF-16 surrogate, which UTF-8 cannot encode: no "
                 "safetensors reader could read it back; nothing written",
             )
-    header, order = plan_layout(slots_of(arrays, Path(path)), metadata, align)
-
-    def write_data(out: Any) -> None:
-        for slot in order:
-            array = arrays[slot.key]
-            if slot.dtype_name in PACKED:
-                out.write(pack(array).data)
-            elif array.nbytes:
-                out.write(array.reshape(-1).view(np.uint8).data)
-
-    _atomic_write(Path(path), header, write_data)
 
 
 def rewrite_aligned(
@@ -130,24 +142,7 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
     can be caught (`_removed_on_signals`) and when the interpreter exits with it unfinished
     (a daemon thread's); one a kill left is removed by the next save of `path`.
     """
-    target = Path(os.path.realpath(path)) if os.path.islink(path) else path
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        what = "does not exist" if not os.path.lexists(directory) else "is not a directory"
-        raise SafetensorsFileError(path, f"cannot write: the directory {str(directory)!r} {what}")
-    try:
-        info: os.stat_result | None = os.stat(target)
-    except OSError:
-        info = None
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        shown = f" (the symlink's target {str(target)!r})" if target != path else ""
-        raise SafetensorsFileError(
-            path,
-            f"cannot write: it is {kind(info.st_mode)}{shown}, not a regular file; "
-            "only a regular file (or a new path) is replaced",
-        )
-    # A new file gets what a plain open() would give it.
-    mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
+    target, directory, mode = _checked_target(path)
     remove_stale_temp_files(target)
     prefix = f".{target.name}.devpolicy-{host_tag()}-{os.getpid()}-"
     try:
@@ -183,6 +178,36 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
             _in_flight.discard(tmp)
 
 
+def _where(path: Path) -> tuple[Path, Path]:
+    """(the file a write replaces, its directory): a symlink is written through."""
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else path
+    return target, target.parent if str(target.parent) else Path(".")
+
+
+def _checked_target(path: Path) -> tuple[Path, Path, int]:
+    """(target, directory, mode of the new file) for a write of `path`, or a refusal before
+    anything is written: a missing directory, or something there that is not a regular file.
+    """
+    target, directory = _where(path)
+    if not directory.is_dir():
+        what = "does not exist" if not os.path.lexists(directory) else "is not a directory"
+        raise SafetensorsFileError(path, f"cannot write: the directory {str(directory)!r} {what}")
+    try:
+        info: os.stat_result | None = os.stat(target)
+    except OSError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        shown = f" (the symlink's target {str(target)!r})" if target != path else ""
+        raise SafetensorsFileError(
+            path,
+            f"cannot write: it is {kind(info.st_mode)}{shown}, not a regular file; "
+            "only a regular file (or a new path) is replaced",
+        )
+    # A new file gets what a plain open() would give it.
+    mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
+    return target, directory, mode
+
+
 #: Named temporary files being written, by any thread: the signal handler (main thread
 #: only, where Python runs handlers) and the exit handler remove them all. A set's add,
 #: discard and copy are each one step under the GIL, so the handlers need no lock (a lock
@@ -214,6 +239,11 @@ def _temporary(directory: Path, prefix: str) -> tuple[int, str | None]:
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
                 raise
+    return _named_temporary(directory, prefix)
+
+
+def _named_temporary(directory: Path, prefix: str) -> tuple[int, str]:
+    """A new named temporary file in `directory`: (descriptor, name), `_in_flight`."""
     for _ in range(100):
         tmp = str(directory / f"{prefix}{os.urandom(6).hex()}.tmp")
         # In the set before it exists: a signal between the two removes nothing else.
@@ -324,6 +354,9 @@ class _Terminated(BaseException):
         super().__init__(signum)
         self.signum = signum
 
+    def __str__(self) -> str:  # what a joint save tells the other processes
+        return f"terminated by {signal.Signals(self.signum).name}"
+
 
 #: Signals whose default action ends the process, cleaned up after where Python may run a
 #: handler. SIGINT's is usually Python's own (KeyboardInterrupt, which unwinds the save
@@ -373,6 +406,137 @@ def _umask() -> int:
     current = os.umask(0o022)  # no way to read it without setting it elsewhere
     os.umask(current)
     return current
+
+
+class LocalJointFile:
+    """A file several processes write together on a filesystem they all see (one machine's,
+    or one shared between hosts): laid out in advance, each process's byte runs written in
+    place, named last. What `joint.JointTarget` asks of a place a joint save writes to.
+
+    Process 0 `create`s a named temporary file beside the target, sized to the whole file
+    with its header written; every process (process 0 too) `write`s its pieces with
+    `pwrite` at their offsets and syncs them (on a filesystem shared between hosts only the
+    writer's sync sends its pages); once every process has, process 0 `publish`es it with a
+    rename (readers never see a half file), or `discard`s it. The temporary file is named
+    as `save_arrays`' are (`TEMP_PATTERN`, process 0's pid): one left by a killed job is
+    removed by the next save of the same target on that host.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def create(self, header: bytes, size: int) -> str:
+        """Make the unfinished file, `size` bytes with `header` (and its length) written at
+        the start; return the name every process opens it by."""
+        target, directory, mode = _checked_target(self.path)
+        remove_stale_temp_files(target)
+        prefix = f".{target.name}.devpolicy-{host_tag()}-{os.getpid()}-"
+        try:
+            fd, tmp = _named_temporary(directory, prefix)
+        except OSError as e:
+            raise SafetensorsFileError(
+                self.path, f"cannot write in {str(directory)!r}: {e.strerror}"
+            ) from None
+        try:
+            os.fchmod(fd, mode)
+            os.ftruncate(fd, size)  # sparse until written: every process's runs fill it
+            _pwrite_all(fd, memoryview(len(header).to_bytes(8, "little") + header), 0)
+        except BaseException as e:
+            self.discard(os.path.basename(tmp))
+            if isinstance(e, OSError):
+                raise SafetensorsFileError(self.path, f"cannot write: {e.strerror or e}") from None
+            raise
+        finally:
+            os.close(fd)
+        return os.path.basename(tmp)
+
+    def write(self, token: str, pieces: Iterable[tuple[int, memoryview]]) -> tuple[int, str]:
+        """Write each (file offset, bytes) into the unfinished file and sync them; return
+        (bytes written, a receipt for `publish`: nothing for a file)."""
+        tmp = _where(self.path)[1] / token
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SafetensorsFileError(
+                self.path,
+                f"the unfinished file {token!r} that process 0 created is not in "
+                f"{str(tmp.parent)!r} here: every process of a multi-process save must see "
+                "the same filesystem (one shared between hosts)",
+            ) from None
+        except OSError as e:
+            raise SafetensorsFileError(self.path, f"cannot write: {e.strerror or e}") from None
+        written = 0
+        try:
+            for offset, data in pieces:
+                _pwrite_all(fd, data, offset)
+                written += len(data)
+            os.fsync(fd)
+        except OSError as e:
+            raise SafetensorsFileError(self.path, f"cannot write: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
+        return written, ""
+
+    def publish(self, token: str, receipts: Sequence[str]) -> None:
+        """Name the complete file: sync it, rename it over the target, sync the directory."""
+        del receipts  # a file needs none: every process synced its own writes
+        target, directory = _where(self.path)
+        tmp = directory / token
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except OSError as e:
+            raise SafetensorsFileError(self.path, f"cannot write: {e.strerror or e}") from None
+        _in_flight.discard(str(tmp))
+        _sync_directory(directory)
+        remove_stale_temp_files(target)
+
+    def discard(self, token: str) -> None:
+        """Remove the unfinished file (any process may; missing is fine)."""
+        tmp = str(_where(self.path)[1] / token)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        _in_flight.discard(tmp)
+
+
+@contextlib.contextmanager
+def temporaries_removed_on_sigterm() -> Iterator[None]:
+    """Around a write whose named temporary files are `_in_flight` for longer than one call
+    (a joint save waits for other processes): SIGTERM removes them, lets the block unwind
+    (a joint save tells the other processes why), then kills the process as asked."""
+    try:
+        with _removed_on_signals(named=True):
+            yield
+    except _Terminated as e:
+        signal.signal(e.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), e.signum)
+        raise
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """`pwrite` all of `data` at `offset` (a call may write less: Linux stops near 2 GiB)."""
+    data = data.cast("B")
+    while data:
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a rename in `directory` durable; a filesystem that cannot sync one is left be."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def save_arrays(

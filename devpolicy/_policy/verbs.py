@@ -21,6 +21,8 @@ from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
 from .._io import load as _safetensors
 from .._io import planning as _planning
+from .._io import saving as _saving
+from .._io.layout import DEFAULT_ALIGN
 from .._io.planning import Plan
 from .._machine.machine import VirtualMachine
 from .._names.matching import source_file
@@ -402,6 +404,67 @@ def load_file(
         into=into,
         strict=strict,
         separator=separator,
+    )
+
+
+def save_file(
+    tensors: Any,
+    path: str | os.PathLike[str],
+    *,
+    align: int = DEFAULT_ALIGN,
+    metadata: Mapping[str, str] | None = None,
+    timeout: float = _saving.JOINT_TIMEOUT,
+    policy: Policy | None = None,
+) -> None:
+    """Write arrays (numpy or JAX) as a safetensors file laid out for zero-copy loading.
+
+    `tensors` is a mapping of keys to arrays (written under those keys), or any pytree:
+    nested dicts, flax params, `nnx.state(model)`, each leaf written under its name as
+    `put` names it, less the first part (`layers/0/kernel`; no `/value`), so that
+    `load_file(path, into=tree)` fills the same tree back.
+
+    The header is padded and tensors ordered so the largest start at `align`-byte file
+    offsets (the format allows no holes between tensors). Any safetensors reader reads it.
+    Written to a temporary file and renamed: an error leaves nothing behind.
+
+    When arrays span the processes of a `jax.distributed` job, every process calls it with
+    the same tree and path (a filesystem they all see) and writes only its own shards
+    (replica 0 of each slice) into the file one process would write; one process failing
+    fails it on all (docs: Saving from many processes).
+
+    Args:
+        align: Alignment of the largest tensors' file offsets (a power of two).
+        metadata: The header's `__metadata__` (strings to strings).
+        timeout: Seconds each process of a multi-process save waits for the others at
+            each step before failing the save (a process killed or stuck never hangs it).
+        policy: Whose logging the `save_file` event follows (default: the active one).
+
+    Raises:
+        SafetensorsFileError: `path` exists but is not a regular file (a device, a FIFO, a
+            directory), or cannot be written, or another process of a multi-process save
+            failed or did not answer in `timeout` seconds; nothing is written.
+        ValueError: a bad `align`, `timeout`, dtype, name or metadata; two leaves of the
+            same name.
+        TypeError: a leaf that is not an array or number.
+
+    Example:
+        >>> import devpolicy, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+        >>> devpolicy.save_file({"w": np.ones((4, 4), np.float32)}, path)
+        >>> from safetensors.numpy import load_file
+        >>> float(load_file(path)["w"].sum())
+        16.0
+        >>> devpolicy.save_file({"layers": [{"w": np.ones(2)}], "step": np.int32(3)}, path)
+        >>> sorted(load_file(path))
+        ['layers/0/w', 'step']
+    """
+    _saving.save_file(
+        tensors,
+        path,
+        _decider_of(policy).events,
+        align=align,
+        metadata=metadata,
+        timeout=timeout,
     )
 
 

@@ -1,0 +1,234 @@
+"""Saving arrays that span processes: one safetensors file that every process of a
+`jax.distributed` job writes its own part of.
+
+The header follows from the global shapes and dtypes alone, so every process lays the
+file out alike (`layout`) and knows where each of its shards goes. Each process writes the
+shards it holds whose `replica_id` is 0 (every distinct slice is replica 0 on exactly one
+device of the job: nothing is written twice); arrays no other process can see (numpy,
+or held on one process's devices) are taken as the same everywhere and written by
+process 0. The steps, each ending in every process's verdict (`agreement`), so that one
+process's failure fails the save everywhere, with its reason:
+
+1. `layout`: every process works out the header; process 0 creates the unfinished file.
+   The processes compare headers: different trees are an error, not a mixed file.
+2. `written`: every process writes its pieces at their offsets and syncs them.
+3. `published`: process 0 renames the file into place; the save returns everywhere only
+   once it is there (the others wait for process 0's verdict alone: a process lost after
+   writing its part does not undo a complete file).
+
+Where the bytes go is a `JointTarget`: today a file on a filesystem every process sees
+(`writing.LocalJointFile`). Object storage is the seam's other side: `create` starts a
+multipart upload (its id the token), `write` uploads a process's parts and returns their
+tags as the receipt, `publish` completes the upload with every receipt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from .._base.errors import SafetensorsFileError
+from .agreement import Agreement, StepFailed
+from .format import PACKED, pack
+from .layout import Shaped, Slot, plan_layout, slice_runs, slots_of
+from .writing import LocalJointFile, check_metadata, temporaries_removed_on_sigterm
+
+#: Joint saves this process has started: the same count in every process of a job (every
+#: process saves the same trees in the same order), so it names each save's agreement.
+_saves = itertools.count()
+
+
+class JointTarget(Protocol):
+    """Where a joint save's bytes go; `writing.LocalJointFile` is today's only one."""
+
+    def create(self, header: bytes, size: int) -> str:
+        """Process 0: begin the file (`size` bytes, `header` first); return its token."""
+        ...
+
+    def write(self, token: str, pieces: Iterator[tuple[int, memoryview]]) -> tuple[int, str]:
+        """Any process: write (file offset, bytes) pieces durably; (bytes, receipt)."""
+        ...
+
+    def publish(self, token: str, receipts: Sequence[str]) -> None:
+        """Process 0, once every process has written: make the file appear, atomically."""
+        ...
+
+    def discard(self, token: str) -> None:
+        """Process 0, when the save failed: remove what was begun."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class JointSaved:
+    """What one process did in a joint save."""
+
+    nbytes: int  # the whole file
+    bytes_written: int  # by this process
+    processes: int
+
+
+def spans_processes(value: object) -> bool:
+    """Whether `value` is a JAX array some of whose shards no process here can read."""
+    return isinstance(value, jax.Array) and not value.is_fully_addressable
+
+
+def save_joint(
+    arrays: Mapping[str, Any],
+    path: Path,
+    *,
+    align: int,
+    metadata: Mapping[str, str] | None,
+    timeout: float,
+    target: JointTarget | None = None,
+) -> JointSaved:
+    """Write `arrays` (some spanning processes) as one file, together with every other
+    process of the job; every process must call this with the same names, shapes, dtypes
+    and metadata.
+
+    Raises:
+        SafetensorsFileError: this or another process failed (another's reason is named),
+            or a process did not answer within `timeout` seconds; nothing is written.
+    """
+    agreement = Agreement(f"save/{next(_saves)}", timeout)
+    me = agreement.index
+    where = target if target is not None else LocalJointFile(path)
+    token: str | None = None
+    published = False
+    with temporaries_removed_on_sigterm():
+        try:
+            # 1. layout: the same header everywhere; process 0 begins the file.
+            try:
+                tensors = {key: _tensor(value) for key, value in arrays.items()}
+                check_metadata(metadata, path)
+                header, order = plan_layout(slots_of(tensors, path), metadata, align)
+                size = 8 + len(header) + sum(slot.nbytes for slot in order)
+                if me == 0:
+                    token = where.create(header, size)
+                said = f"{hashlib.sha256(header).hexdigest()} {len(order)} {size} {token or ''}"
+            except BaseException as e:
+                _fail(agreement, "layout", e)
+                raise
+            texts = _step(agreement, "layout", said, path)
+            digests = {text.split(" ")[0] for text in texts}
+            if len(digests) > 1:
+                shown = ", ".join(
+                    f"process {i}: {text.split(' ')[1]} tensors, {text.split(' ')[2]} bytes"
+                    for i, text in enumerate(texts)
+                )
+                raise SafetensorsFileError(
+                    path,
+                    "the processes would write different files (every process must save the "
+                    f"same names, shapes, dtypes and metadata; {shown}); nothing written",
+                )
+            token = texts[0].split(" ", 3)[3]  # a name may hold spaces: the rest is it
+
+            # 2. written: each process its pieces.
+            try:
+                pieces = _pieces(tensors, order, 8 + len(header), me, path)
+                written, receipt = where.write(token, pieces)
+            except BaseException as e:
+                _fail(agreement, "written", e)
+                raise
+            receipts = _step(agreement, "written", receipt, path)
+
+            # 3. published: process 0 names the file; everyone returns once it is there.
+            try:
+                if me == 0:
+                    where.publish(token, receipts)
+                    published = True
+            except BaseException as e:
+                _fail(agreement, "published", e)
+                raise
+            # Only process 0's verdict counts: a process lost after writing its part
+            # does not undo a complete file.
+            _step(agreement, "published", "", path, waits_for=(0,))
+        finally:
+            if me == 0 and token is not None and not published:
+                where.discard(token)
+    return JointSaved(size, written + (8 + len(header) if me == 0 else 0), agreement.count)
+
+
+def _fail(agreement: Agreement, step: str, error: BaseException) -> None:
+    """Tell the other processes this one failed `step`, and why; the caller raises `error`
+    (a failure to tell them must not hide it: they then time out, naming this process)."""
+    with contextlib.suppress(Exception):
+        agreement.step(step, "", error)
+
+
+def _step(
+    agreement: Agreement,
+    step: str,
+    text: str,
+    path: Path,
+    waits_for: tuple[int, ...] | None = None,
+) -> list[str]:
+    try:
+        return agreement.step(step, text, waits_for=waits_for)
+    except StepFailed as e:
+        raise SafetensorsFileError(path, f"saved by no process: {e}; nothing written") from None
+
+
+def _tensor(value: Any) -> Shaped:
+    """A leaf as the layout sees it: global arrays as they are, anything else as numpy in
+    native byte order (what process 0 will write)."""
+    if spans_processes(value):
+        return value  # type: ignore[no-any-return]
+    array = np.asarray(value)
+    return np.require(array.astype(array.dtype.newbyteorder("="), copy=False), requirements="C")
+
+
+def _pieces(
+    tensors: Mapping[str, Any], order: list[Slot], data_start: int, me: int, path: Path
+) -> Iterator[tuple[int, memoryview]]:
+    """This process's (file offset, bytes): its replica-0 shards of global arrays, and on
+    process 0 every other array whole. One shard is on the host at a time."""
+    offset = data_start
+    for slot in order:
+        value = tensors[slot.key]
+        if spans_processes(value):
+            for shard in value.addressable_shards:
+                if shard.replica_id != 0:
+                    continue
+                bounds = tuple(
+                    s.indices(dim)[:2] for dim, s in zip(slot.shape, shard.index, strict=True)
+                )
+                yield from _runs_of(slot, np.asarray(shard.data), bounds, offset, path)
+        elif me == 0 and slot.nbytes:
+            yield from _runs_of(slot, value, tuple((0, d) for d in slot.shape), offset, path)
+        offset += slot.nbytes
+
+
+def _runs_of(
+    slot: Slot,
+    data: np.ndarray[Any, Any],
+    bounds: tuple[tuple[int, int], ...],
+    start: int,
+    path: Path,
+) -> Iterator[tuple[int, memoryview]]:
+    """A slice's bytes as the runs of the file it fills."""
+    data = np.ascontiguousarray(data)
+    if slot.dtype_name in PACKED:  # two values a byte: runs counted in values, then halved
+        offsets, run = slice_runs(slot.shape, 1, bounds)
+        if run % 2 or np.any(offsets % 2):
+            raise SafetensorsFileError(
+                path,
+                f"a shard {bounds} of this {slot.dtype_name} tensor starts or ends inside a "
+                "byte (two values a byte): shard it so every shard's rows hold an even "
+                "number of values",
+                tensor=slot.key,
+            )
+        offsets, run, flat = offsets // 2, run // 2, pack(data)
+    else:
+        offsets, run = slice_runs(slot.shape, data.dtype.itemsize, bounds)
+        flat = data.reshape(-1).view(np.uint8)
+    view = flat.data
+    for k, offset in enumerate(offsets.tolist()):
+        yield start + offset, view[k * run : (k + 1) * run]
