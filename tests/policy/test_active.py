@@ -212,10 +212,10 @@ class TestNoPolicyFound:
         assert "DEVPOLICY_REQUIRE=1" in str(warning["fix"])
 
     def test_load_file_with_no_policy_warns_once(self, tmp_path: Path) -> None:
-        """Loading a checkpoint by the discovered (empty) policy says so once."""
+        """Saving and loading a checkpoint by the discovered (empty) policy says so once."""
         path = tmp_path / "m.safetensors"
-        devpolicy.save_file({"w": np.ones((2, 2), np.float32)}, path)
         with capture_logs() as logs:
+            devpolicy.save_file({"w": np.ones((2, 2), np.float32)}, path)
             devpolicy.load_file(path)
             devpolicy.load_file(path)
         assert len(no_policy_events(logs)) == 1
