@@ -29,7 +29,7 @@ from ._base.sizes import parse_size as parse_size
 from ._decide.decision import Decision as Decision
 from ._decide.decision import Explanation as Explanation
 from ._document.schema import policy_schema as policy_schema
-from ._io.format import read_metadata as read_metadata
+from ._io.places import read_metadata as read_metadata
 from ._io.planning import DeviceLoad as DeviceLoad
 from ._io.planning import Plan as Plan
 from ._io.planning import PlannedTensor as PlannedTensor

@@ -6,6 +6,10 @@ import difflib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .locations import URLPath
 
 
 def did_you_mean(value: object, choices: Iterable[str]) -> str:
@@ -315,9 +319,9 @@ class SafetensorsFileError(DevicePolicyError, ValueError):
     """
 
     def __init__(
-        self, file: str | os.PathLike[str], problem: str, tensor: str | None = None
+        self, file: str | os.PathLike[str] | URLPath, problem: str, tensor: str | None = None
     ) -> None:
-        self.file = str(file)
+        self.file = str(file)  # a URL as shown: never its credentials
         self.tensor = tensor
         self.problem = problem
         where = f"{self.file}: tensor {tensor!r}" if tensor is not None else self.file

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from .._base.errors import EnvOverrideError, did_you_mean
 from .._base.files import check_regular
+from .remote import OPTIONS as REMOTE_OPTIONS
+from .remote import VARIABLES as REMOTE_VARIABLES
 from .schema import LOG_FORMATS, LOG_LEVELS, RuleSpec
 from .targets import (
     REJECT,
@@ -32,7 +34,10 @@ DISABLE = "DEVPOLICY_DISABLE"
 REQUIRE = "DEVPOLICY_REQUIRE"
 #: Set by `devpolicy run` for its child (the runtime variables it set from the policy).
 RUNTIME_SET = "DEVPOLICY_RUNTIME_SET"
-VARIABLES = (FILE, RULES, DEFAULT, STRICT, LOG_LEVEL, LOG_FORMAT, DISABLE, REQUIRE, RUNTIME_SET)
+VARIABLES = (
+    FILE, RULES, DEFAULT, STRICT, LOG_LEVEL, LOG_FORMAT, DISABLE, REQUIRE, RUNTIME_SET,
+    *REMOTE_VARIABLES,
+)  # fmt: skip
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -63,6 +68,8 @@ class EnvSettings:
     #: (a mesh the policy lacks is known only once the policy is read).
     rules_text: str = ""
     rule_texts: tuple[str, ...] = ()
+    #: `DEVPOLICY_REMOTE_*` by the `remote:` field each sets (`{"chunk": 16777216}`).
+    remote: Mapping[str, object] = field(default_factory=dict)
 
     def rule_error(self, index: int, problem: str, accepted: str) -> EnvOverrideError:
         """An error about rule `index` of `DEVPOLICY_RULES` that shows the value and the rule.
@@ -113,7 +120,22 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
         log_format=_choice(LOG_FORMAT, values.get(LOG_FORMAT), LOG_FORMATS),
         rules_text=values.get(RULES, ""),
         rule_texts=tuple(i.strip() for i in _items(values[RULES])) if RULES in values else (),
+        remote=_remote(values),
     )
+
+
+def _remote(values: Mapping[str, str]) -> dict[str, object]:
+    """`DEVPOLICY_REMOTE_*` by `remote:` field, each checked by the option's own rule."""
+    found: dict[str, object] = {}
+    for option in REMOTE_OPTIONS:
+        text = values.get(option.variable)
+        if text is None:
+            continue
+        try:
+            found[option.field] = option.from_text(text)
+        except ValueError as e:
+            raise EnvOverrideError(option.variable, text, str(e), option.accepted) from None
+    return found
 
 
 def _hint(name: str) -> str:

@@ -23,6 +23,7 @@ from .environment import (
     EnvSettings,
     carried,
 )
+from .remote import BY_FIELD as REMOTE_OPTIONS_BY_FIELD
 from .schema import (
     MeshSpec,
     NamesSpec,
@@ -92,6 +93,14 @@ class Settings:
     mesh_origins: Mapping[str, str] = field(default_factory=dict)
     #: How checkpoint tensor keys are named for rules (the policy's `names:`).
     names: NamesSpec = field(default_factory=NamesSpec)
+    #: How URLs are read, by `remote:` field: only the fields some layer sets (the rest keep
+    #: their defaults); each with its layer and origin (`env:DEVPOLICY_REMOTE_CHUNK`).
+    remote: Mapping[str, Setting] = field(default_factory=dict)
+
+    @property
+    def remote_values(self) -> dict[str, Any]:
+        """`remote` as plain values by field, as `options_of` takes them."""
+        return {name: setting.value for name, setting in self.remote.items()}
 
 
 def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | None) -> Settings:
@@ -146,7 +155,26 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
         if document is not None
         else {},
         names=document.spec.names if document is not None else NamesSpec(),
+        remote=_remote(document, env, code),
     )
+
+
+def _remote(document: Document | None, env: EnvSettings, code: OverridesSpec) -> dict[str, Setting]:
+    """`remote:` by field, each from the highest layer that sets it (the file's
+    `remote:`, then `DEVPOLICY_REMOTE_*`, then `load_policy(overrides={"remote": ...})`)."""
+    out: dict[str, Setting] = {}
+    if document is not None:
+        spec = document.spec.remote
+        for name in sorted(spec.model_fields_set):
+            if getattr(spec, name) is not None:
+                out[name] = Setting(getattr(spec, name), "policy", document.origin("remote", name))
+    for name, value in env.remote.items():
+        out[name] = Setting(value, "env", f"env:{REMOTE_OPTIONS_BY_FIELD[name].variable}")
+    if code.remote is not None:
+        for name in sorted(code.remote.model_fields_set):
+            if getattr(code.remote, name) is not None:
+                out[name] = Setting(getattr(code.remote, name), "code", f"code:remote.{name}")
+    return out
 
 
 def _check_meshes_named(

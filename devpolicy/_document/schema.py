@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -60,6 +61,7 @@ from .._runtime.knobs import (
     env_problem,
 )
 from .axes import ATTACHED, resolve_axes
+from .remote import BY_FIELD as REMOTE_OPTIONS_BY_FIELD
 from .targets import (
     AXIS_NAME_PATTERN,
     CHAIN_FORMS,
@@ -1057,6 +1059,99 @@ class RuntimeSpec(_Strict):
         return {**data, "env": env}
 
 
+def _remote_check(field: str) -> Callable[[Any], Any]:
+    """The check of one `remote:` option, from its table entry (`_document/remote.py`)."""
+    option = REMOTE_OPTIONS_BY_FIELD[field]
+
+    def validate(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return option.check(value)
+        except ValueError as e:
+            raise _fail(f"{e}; accepted: {option.accepted}") from None
+
+    return validate
+
+
+def _remote_schema(field: str) -> dict[str, Any]:
+    option = REMOTE_OPTIONS_BY_FIELD[field]
+    bounds = {"minimum": option.low, "maximum": option.high}
+    schemas: dict[str, dict[str, Any]] = {
+        "int": {"type": "integer", **bounds},
+        "size": {"anyOf": [{"type": "integer", **bounds},
+                           {"type": "string", "pattern": SIZE_PATTERN}]},
+        "seconds": {"type": "number", **bounds},
+        "path": {"type": "string", "minLength": 1},
+    }  # fmt: skip
+    return schemas[option.kind]
+
+
+def _remote(field: str) -> Any:
+    option = REMOTE_OPTIONS_BY_FIELD[field]
+    return Field(None, description=f"{option.description} ({option.variable})")
+
+
+class RemoteSpec(_Strict):
+    """How URLs are read (`load_file`, `plan`, `read_metadata` of `s3://`, `gs://`,
+    `hf://`, `https://`): every field optional; `DEVPOLICY_REMOTE_*` and a call's
+    `remote=` override it. Each field's check and bounds are `_document/remote.py`'s."""
+
+    concurrency: Annotated[
+        int | None,
+        BeforeValidator(_remote_check("concurrency")),
+        WithJsonSchema(_remote_schema("concurrency")),
+    ] = _remote("concurrency")
+    chunk: Annotated[
+        int | None,
+        BeforeValidator(_remote_check("chunk")),
+        WithJsonSchema(_remote_schema("chunk")),
+    ] = _remote("chunk")
+    inflight: Annotated[
+        int | None,
+        BeforeValidator(_remote_check("inflight")),
+        WithJsonSchema(_remote_schema("inflight")),
+    ] = _remote("inflight")
+    attempts: Annotated[
+        int | None,
+        BeforeValidator(_remote_check("attempts")),
+        WithJsonSchema(_remote_schema("attempts")),
+    ] = _remote("attempts")
+    backoff: Annotated[
+        float | None,
+        BeforeValidator(_remote_check("backoff")),
+        WithJsonSchema(_remote_schema("backoff")),
+    ] = _remote("backoff")
+    backoff_cap: Annotated[
+        float | None,
+        BeforeValidator(_remote_check("backoff_cap")),
+        WithJsonSchema(_remote_schema("backoff_cap")),
+    ] = _remote("backoff_cap")
+    total_time: Annotated[
+        float | None,
+        BeforeValidator(_remote_check("total_time")),
+        WithJsonSchema(_remote_schema("total_time")),
+    ] = _remote("total_time")
+    timeout: Annotated[
+        float | None,
+        BeforeValidator(_remote_check("timeout")),
+        WithJsonSchema(_remote_schema("timeout")),
+    ] = _remote("timeout")
+    cache: Annotated[
+        Path | None, BeforeValidator(_remote_check("cache")),
+        WithJsonSchema(_remote_schema("cache")),
+    ] = _remote("cache")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _budget_holds_a_chunk(self) -> RemoteSpec:
+        if self.inflight is not None and self.chunk is not None and self.inflight < self.chunk:
+            raise _fail(
+                f"inflight ({self.inflight}) is smaller than chunk ({self.chunk}): no request "
+                "would fit; give inflight at least chunk"
+            )
+        return self
+
+
 class PolicySpec(_Strict):
     """A policy document (`version: 1`)."""
 
@@ -1095,6 +1190,11 @@ class PolicySpec(_Strict):
         default_factory=RuntimeSpec,
         description="JAX's process settings (platforms, GPU memory), applied before JAX starts.",
     )
+    remote: RemoteSpec = Field(
+        default_factory=RemoteSpec,
+        description="How URLs are read: concurrency, chunk size, in-flight budget, retries, "
+        "the cache directory.",
+    )
 
     @model_validator(mode="after")
     def _meshes_carry_axis_rules(self) -> PolicySpec:
@@ -1121,6 +1221,7 @@ class OverridesSpec(_Strict):
     rules: list[RuleSpec] = Field(default_factory=list)
     logging_level: LogLevel | None = None
     logging_format: LogFormat | None = None
+    remote: RemoteSpec | None = None
 
 
 Source = Literal["code", "env", "policy", "default", "disabled"]

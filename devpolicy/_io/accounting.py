@@ -19,13 +19,13 @@ A rule that took none of the names is one of:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from .._base.events import EventLog
+from .._base.locations import location
 from .._base.sizes import format_size
 from .._decide.decision import Decision
 from .._document.layers import RuleEntry, Settings
@@ -33,9 +33,9 @@ from .._document.schema import RuleSpec
 from .._names.matching import Condition, SourceFile
 from .._names.nearby import MetNames, NearMiss, near_miss
 from .._names.prefixes import literal_prefix
-from .checkpoints import open_checkpoint
-from .format import read_header
-from .naming import PathLike, name_prefix, source_files, tensor_names
+from .naming import PathLike, name_prefix, path_text, source_files, tensor_names
+from .places import Files
+from .remote import options_of
 
 #: Patterns that take every name: a rule written with one is a catch-all.
 _CATCH_ALL = {("*", False), (".*", True), ("(?s).*", True), ("(?s:.*)", True)}
@@ -489,13 +489,16 @@ def shadowed_notes(uses: tuple[RuleUse, ...]) -> list[str]:
 def checkpoint_names(
     path: PathLike, settings: Settings, prefix: str | None = None
 ) -> list[tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]]:
-    """Every tensor of a checkpoint as `load_file` and `plan` name it (prefix, the
-    policy's `names:`), with its size, shape and file; only headers are read."""
-    checkpoint = open_checkpoint(path)
-    headers = [read_header(file) for file in checkpoint.files]
+    """Every tensor of a checkpoint (local, or at a URL) as `load_file` and `plan` name it
+    (prefix, the policy's `names:`), with its size, shape and file; only headers are read
+    (a URL: never through the cache)."""
+    options = replace(options_of(settings.remote_values), cache_dir=None)
+    with Files(options) as files:
+        checkpoint = files.checkpoint(path)
+        headers = [files.header(file) for file in checkpoint.files]
     checkpoint.check(headers)
     stem = name_prefix(checkpoint.stem, prefix, settings.names)
-    sources = source_files(checkpoint.files, path)
+    sources = source_files(checkpoint.files, location(path))
     return [
         (name, t.nbytes, t.shape, source)
         for header, source in zip(headers, sources, strict=True)
@@ -537,7 +540,7 @@ def silent_events(events: EventLog, uses: tuple[RuleUse, ...], path: PathLike) -
     """The warnings of `silent_rules` for one load, one event each; each shadowed rule at
     debug (`rule_shadowed`). A `DEVPOLICY_RULES` item that took nothing is left to the
     decider, which says it once a process (`override_matched_nothing`), not once a load."""
-    checkpoint = os.fspath(path)
+    checkpoint = path_text(path)  # a URL shown without its credentials
     for code, message in silent_rules(uses, quiet=("env",)):
         fields = {"checkpoint": checkpoint, "message": message}
         events.emit("warning", code.replace("-", "_"), fields)

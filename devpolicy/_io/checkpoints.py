@@ -12,16 +12,19 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._base.errors import SafetensorsFileError
 from .._base.files import FileRefused, read_capped, why_unopenable
+from .._base.locations import FilePath
 from .format import Header, RepeatedKeys, json_object
 
 #: The index file of a sharded Hugging Face checkpoint.
 INDEX_SUFFIX = ".safetensors.index.json"
-_MAX_INDEX_BYTES = 64 << 20
+#: The largest index read (a checkpoint of a million tensors has an index of about 64 MiB).
+MAX_INDEX_BYTES = 64 << 20
 #: Index names: `model.safetensors.index.json`, a variant's `model.safetensors.index.fp16.json`.
 _INDEX = re.compile(r".+\.safetensors\.index(\.[A-Za-z0-9_]+)?\.json")
 #: A shard of a checkpoint without an index: `model-00001-of-00003.safetensors`.
@@ -45,11 +48,11 @@ class Checkpoint:
             part of the checkpoint (see `open_checkpoint`).
     """
 
-    files: tuple[Path, ...]
+    files: tuple[FilePath, ...]
     stem: str
-    index: Path | None = None
+    index: FilePath | None = None
     expected: tuple[frozenset[str], ...] = ()
-    left_out: tuple[tuple[Path, str], ...] = ()
+    left_out: tuple[tuple[FilePath, str], ...] = ()
 
     def only(self, kept: list[bool]) -> Checkpoint:
         """The checkpoint less the files whose `kept` is False (with an index: the files
@@ -60,7 +63,7 @@ class Checkpoint:
 
     def check(self, headers: list[Header]) -> None:
         """Raise unless the files hold what the index says, each tensor in one file only."""
-        seen: dict[str, Path] = {}
+        seen: dict[str, FilePath] = {}
         for header in headers:
             for entry in header.tensors:
                 other = seen.setdefault(entry.key, header.path)
@@ -130,14 +133,49 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     given = Path(path)
     if given.is_dir():
         return _choose(given, default_prefix(given, given.name))
-    if _INDEX.fullmatch(given.name):
-        return _from_index(given, default_prefix(given.parent, given.parent.resolve().name))
+    if is_index(given.name):
+        stem = default_prefix(given.parent, given.parent.resolve().name)
+        return from_index(given, stem, _read_local_index(given))
     return Checkpoint((given,), given.name.removesuffix(".safetensors"))
 
 
 def _choose(directory: Path, stem: str) -> Checkpoint:
-    """A directory's checkpoint files by the rule `open_checkpoint` gives."""
+    """A local directory's checkpoint files by the rule `open_checkpoint` gives."""
     indexes = sorted(directory.glob("*" + INDEX_SUFFIX))
+
+    def files(unreadable: list[tuple[FilePath, str]] | None) -> tuple[FilePath, ...]:
+        found: list[tuple[Path, str]] | None = [] if unreadable is not None else None
+        listed = _checkpoint_files(directory, found)
+        if unreadable is not None and found is not None:
+            unreadable += found
+        return listed
+
+    return choose(directory, stem, files, list(indexes), _read_local_index)
+
+
+def _read_local_index(index: FilePath) -> bytes:
+    assert isinstance(index, Path)
+    try:
+        return read_capped(index, MAX_INDEX_BYTES, "a checkpoint index")
+    except FileRefused as e:
+        raise SafetensorsFileError(index, e.reason) from None
+
+
+def choose(
+    directory: FilePath,
+    stem: str,
+    list_files: Callable[[list[tuple[FilePath, str]] | None], Sequence[FilePath]],
+    indexes: Sequence[FilePath],
+    read_index: Callable[[FilePath], bytes],
+) -> Checkpoint:
+    """A folder's checkpoint by the rule `open_checkpoint` gives, from what the folder holds:
+    its `*.safetensors` files (`list_files`: with a list, each that cannot be examined goes
+    there with why instead of raising) and its `*.safetensors.index.json` files (for a
+    folder at a URL, its listing), an index read by `read_index`.
+
+    Raises:
+        SafetensorsFileError: as `open_checkpoint`, naming the folder.
+    """
     if len(indexes) > 1:
         names = ", ".join(i.name for i in indexes)
         raise SafetensorsFileError(
@@ -146,26 +184,27 @@ def _choose(directory: Path, stem: str) -> Checkpoint:
     if indexes:
         # The index names the files: one it names is opened (and its absence named) only
         # when read, so a shard no one reads may be missing; the others are left out.
-        checkpoint = _from_index(indexes[0], stem)
+        checkpoint = from_index(indexes[0], stem, read_index(indexes[0]))
         named = set(checkpoint.files)
         why = f"not in {indexes[0].name}, the checkpoint's index: name the file to load it"
-        unreadable: list[tuple[Path, str]] = []
-        others = [(f, why) for f in _checkpoint_files(directory, unreadable) if f not in named]
+        unreadable: list[tuple[FilePath, str]] = []
+        others = [(f, why) for f in list_files(unreadable) if f not in named]
         others += [(f, reason) for f, reason in unreadable if f not in named]
+        others.sort(key=lambda item: (str(item[0]), item[1]))
         return Checkpoint(
-            checkpoint.files, stem, checkpoint.index, checkpoint.expected, tuple(sorted(others))
+            checkpoint.files, stem, checkpoint.index, checkpoint.expected, tuple(others)
         )
-    files = _checkpoint_files(directory)
-    model = directory / "model.safetensors"
-    if model in files:
+    files = list_files(None)
+    model = next((f for f in files if f.name == "model.safetensors"), None)
+    if model is not None:
         why = "model.safetensors is the checkpoint (no index): name the file to load it"
         return Checkpoint((model,), stem, left_out=tuple((f, why) for f in files if f != model))
     file_names = {f.name for f in files}
     bases = {n.removesuffix(".safetensors") for n in file_names} | {
         m["stem"] for n in file_names if (m := _SHARD.fullmatch(n))
     }
-    kept: list[Path] = []
-    left_out: list[tuple[Path, str]] = []
+    kept: list[FilePath] = []
+    left_out: list[tuple[FilePath, str]] = []
     for f in files:
         variant = _VARIANT.fullmatch(f.name)
         if f.name.startswith("adapter_model"):
@@ -182,7 +221,7 @@ def _choose(directory: Path, stem: str) -> Checkpoint:
             )
         else:
             kept.append(f)
-    shards: dict[tuple[str, int], dict[int, Path]] = {}
+    shards: dict[tuple[str, int], dict[int, FilePath]] = {}
     for f in kept:
         if m := _SHARD.fullmatch(f.name):
             shards.setdefault((m["stem"], int(m["total"])), {})[int(m["number"])] = f
@@ -219,7 +258,7 @@ def _choose(directory: Path, stem: str) -> Checkpoint:
                 else ", no .safetensors files"
             ),
         )
-    left_out.sort()
+    left_out.sort(key=lambda item: (str(item[0]), item[1]))
     return Checkpoint(tuple(kept), stem, left_out=tuple(left_out))
 
 
@@ -274,11 +313,19 @@ def _checkpoint_files(
     return tuple(files)
 
 
-def _from_index(index: Path, stem: str) -> Checkpoint:
-    try:
-        raw = read_capped(index, _MAX_INDEX_BYTES, "a checkpoint index")
-    except FileRefused as e:
-        raise SafetensorsFileError(index, e.reason) from None
+def is_index(name: str) -> bool:
+    """Whether a file name is a checkpoint index's (`model.safetensors.index.json`, a
+    variant's `model.safetensors.index.fp16.json`)."""
+    return _INDEX.fullmatch(name) is not None
+
+
+def from_index(index: FilePath, stem: str, raw: bytes) -> Checkpoint:
+    """The checkpoint an index names: its files beside it, each with the tensors it holds.
+
+    Raises:
+        SafetensorsFileError: `raw` is not an index (JSON with a `weight_map` of tensor
+            names to plain file names), naming the index.
+    """
     try:
         weight_map = json.loads(raw, object_pairs_hook=json_object)["weight_map"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:

@@ -24,6 +24,7 @@ import numpy as np
 
 from .._base.errors import SafetensorsFileError
 from .foreign import what_it_is
+from .._base.locations import FilePath
 from .sources import ByteSource, file_identity, open_tensor_file
 
 #: safetensors dtype names and the numpy dtypes that hold them (F4 one value a byte: see
@@ -119,7 +120,8 @@ class TensorEntry:
 class Header:
     """A validated header: tensors in header order, and where the data starts."""
 
-    path: Path
+    #: The file: a local path, or a `URLPath` (shown without credentials).
+    path: FilePath
     file_size: int
     data_start: int
     tensors: tuple[TensorEntry, ...]
@@ -128,24 +130,6 @@ class Header:
     #: (device, inode, size, mtime in ns) of the file the header was read from: a file
     #: opened again to read its data must be the same file, unchanged.
     identity: tuple[int, ...] = ()
-
-
-def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
-    """A safetensors file's `__metadata__` (`{}` when it has none), reading its header only.
-
-    For every file of a checkpoint at once, see `Plan.metadata`.
-
-    Raises:
-        SafetensorsFileError: the file is missing, not a regular file, or malformed.
-
-    Example:
-        >>> import devpolicy, numpy as np, tempfile, os
-        >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
-        >>> devpolicy.save_file({"w": np.zeros(2)}, path, metadata={"format": "pt"})
-        >>> devpolicy.read_metadata(path)
-        {'format': 'pt'}
-    """
-    return dict(read_header(path).metadata or {})
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
@@ -166,7 +150,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         return read_header_from(f, path)
 
 
-def read_header_from(source: ByteSource, path: Path) -> Header:
+def read_header_from(source: ByteSource, path: FilePath) -> Header:
     """Read and validate the header of an open source (so data is read from the same file).
 
     `path` is what the header records as its file (`Header.path`): for a local file, the
@@ -217,7 +201,7 @@ def _read_header_from(source: ByteSource, path: Path) -> Header:
     return _parse(path, raw, size, identity)
 
 
-def _parse(path: Path, raw: bytes | bytearray, size: int, identity: tuple[int, ...]) -> Header:
+def _parse(path: FilePath, raw: bytes | bytearray, size: int, identity: tuple[int, ...]) -> Header:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -266,7 +250,7 @@ def _negative_zero(text: str) -> int | float:
     return -0.0 if text == "-0" else int(text)
 
 
-def _check_unicode(path: Path, document: dict[str, Any]) -> None:
+def _check_unicode(path: FilePath, document: dict[str, Any]) -> None:
     """Refuse a header holding a string UTF-8 cannot encode, naming the tensor it is in."""
     for key, value in document.items():
         tensor = None if key == "__metadata__" else key
@@ -321,7 +305,7 @@ def _replaced(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 _FIELDS = ("dtype", "shape", "data_offsets")
 
 
-def _entry(path: Path, key: str, value: Any, data_start: int) -> TensorEntry:
+def _entry(path: FilePath, key: str, value: Any, data_start: int) -> TensorEntry:
     # The common case first and cheaply (headers may list hundreds of thousands).
     try:
         dtype_name, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
@@ -430,7 +414,7 @@ def _shown(value: object) -> str:
     return json.dumps(value).replace("-0.0", "-0") if isinstance(value, list) else repr(value)
 
 
-def _check_extra(path: Path, key: str, extra: dict[str, Any]) -> None:
+def _check_extra(path: FilePath, key: str, extra: dict[str, Any]) -> None:
     """Refuse an ignored field the reference reader could not read either: a number out
     of JSON's range (NaN, Infinity, 1e999) or nesting past its limit."""
     stack: list[tuple[object, int]] = [(v, 3) for v in extra.values()]
@@ -454,7 +438,7 @@ def _is_count(n: object) -> bool:
     return type(n) is int and 0 <= n < _U64
 
 
-def _check_tiling(path: Path, entries: tuple[TensorEntry, ...], data_len: int) -> None:
+def _check_tiling(path: FilePath, entries: tuple[TensorEntry, ...], data_len: int) -> None:
     position = 0
     previous: str | None = None
     for entry in sorted(entries, key=lambda e: (e.begin, e.end)):

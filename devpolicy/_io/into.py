@@ -23,7 +23,7 @@ from .checkpoints import Checkpoint
 from .format import Header, TensorEntry
 from .keys import is_key, key_data_shape, key_dtype_of, key_impls
 from .mapping import x64_enabled
-from .naming import PathLike, tensor_names
+from .naming import PathLike, path_text, tensor_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +121,7 @@ def fit_into(
     unexpected = [entry.key for name, entry in by_name.items() if name not in taken]
     if missing or mismatched or (unexpected and strict):
         raise CheckpointMismatchError(
-            os.fspath(path),
+            path_text(path),
             missing=missing,
             unexpected=unexpected if strict else (),
             mismatched=mismatched,
@@ -305,7 +305,7 @@ def skipped_event(events: EventLog, path: PathLike, skipped: list[str]) -> None:
             "info",
             "into_skipped",
             {
-                "file": visible(os.fspath(path)),
+                "file": visible(path_text(path)),
                 "count": len(skipped),
                 "first": [visible(key) for key in skipped[:5]],
                 "reason": "strict=False: tensors no leaf of the tree takes are not read",

@@ -15,7 +15,7 @@ import mmap as mmap_module
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,14 +27,14 @@ from .._apply.narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from .._base.errors import NarrowingError
 from .._base.events import EventLog
 from .._base.limits import CHUNK_BYTES
+from .._base.locations import location
 from .._decide.decider import Decider
 from .._decide.decision import Decision
 from .._document.schema import NamesSpec
 from .._machine.ledger import record_each
 from .accounting import silent_events, uses_of_decisions
 from .buffers import MAP_THRESHOLD, aligned_empty
-from .checkpoints import open_checkpoint
-from .format import Header, TensorEntry, read_header_from
+from .format import Header, TensorEntry
 from .into import fit_into, shards_needed, skipped_event
 from .keys import key_impls, wrapped
 from .mapping import NARROW, map_hint, may_map, x64_enabled
@@ -46,11 +46,13 @@ from .naming import (
     source_files,
     tensor_names,
 )
-from .opening import map_tensor_file, reopen_tensor_file
+from .opening import map_tensor_file
+from .places import Files, fetched
+from .remote import options_of
 from .progress import left_out_events, mmap_refused_event, progress_bar, summary_event
 from .ranges import ShardReader
 from .readahead import ReadAhead
-from .sources import ByteSource, open_tensor_file
+from .sources import ByteSource
 from .whole import read_tensor
 
 # Arrays per `device_put`: JAX's per-array cost grows with the list (measured on 10,000
@@ -106,15 +108,20 @@ def load_file(
     into: Any = None,
     strict: bool = True,
     separator: str | None = None,
+    remote: Mapping[str, object] | None = None,
 ) -> Any:
-    """Load a safetensors file or checkpoint by `decider`'s rules: a dict of its tensors,
-    or with `into`, that tree filled. See `devpolicy.load_file`."""
+    """Load a safetensors file or checkpoint (local, or at a URL) by `decider`'s rules: a
+    dict of its tensors, or with `into`, that tree filled. See `devpolicy.load_file`."""
     check_mode(narrow)
     if not isinstance(strict, bool):
         raise TypeError(f"strict= takes True or False, got {strict!r}")
     naming = call_naming(decider.settings.names, separator)
     check_prefix(prefix)  # before anything is read
-    return _load_file(path, decider, prefix, mmap, narrow, progress, naming, into, strict)
+    options = options_of(decider.settings.remote_values, remote)
+    with Files(options, decider.events.emit) as files:
+        return _load_file(
+            path, decider, prefix, mmap, narrow, progress, naming, into, strict, files
+        )
 
 
 class _Collector:
@@ -178,21 +185,21 @@ def _load_file(
     naming: NamesSpec,
     into: Any,
     strict: bool,
+    files: Files,
 ) -> Any:
-    checkpoint = open_checkpoint(path)
+    checkpoint = files.checkpoint(path)
+    path = location(path)  # a URL from here on as shown, never with its credentials
     left_out_events(decider.events, path, checkpoint)
     unread: list[str] = []
     if into is not None and not strict:
         # An index says which file holds what: a shard no leaf needs is never opened.
         checkpoint, unread = shards_needed(into, checkpoint, naming)
     # Files are opened one at a time (a checkpoint may have more files than a process may
-    # open): once for the header, again only while read, and refused if replaced between.
-    with _OneFileOpen() as opened:
+    # open): once for the header, again only while read, and refused if replaced between
+    # (a URL: opened once, its connections let go between, every read of one version).
+    with _OneFileOpen(files) as opened:
         with _collector_paused():
-            headers = []
-            for file in checkpoint.files:
-                with open_tensor_file(file) as f:
-                    headers.append((file, read_header_from(f, file)))
+            headers = [(file, files.header(file)) for file in checkpoint.files]
         checkpoint.check([h for _, h in headers])
         fitted = None
         if into is not None:
@@ -217,11 +224,13 @@ def _load_file(
                 n,
                 t.array_nbytes,
                 t.shape,
-                map_hint(t, mmap, x64),
+                map_hint(t, mmap if files.maps(file) else False, x64),
                 rule_file,
                 None if fitted is None else fitted.attached.get(t.key),
             )
-            for (_, header), file_names, rule_file in zip(headers, names, rule_files, strict=True)
+            for (file, header), file_names, rule_file in zip(
+                headers, names, rule_files, strict=True
+            )
             for n, t in zip(file_names, header.tensors, strict=True)
         ]
         with _collector_paused():
@@ -232,9 +241,10 @@ def _load_file(
             mine = decisions[first : first + len(file_names)]
             first += len(file_names)
             started = time.perf_counter()
+            source = opened.open(header)
             with _collector_paused():
                 mapped, narrowed, bytes_read = _load_opened(
-                    opened.open(header),
+                    source,
                     header,
                     file_names,
                     mine,
@@ -246,7 +256,10 @@ def _load_file(
                 )
             seconds = time.perf_counter() - started
             mmap_refused_event(decider.events, header, mine, mmap, x64_enabled())
-            summary_event(decider.events, header, mine, seconds, mapped, narrowed, bytes_read)
+            summary_event(
+                decider.events, header, mine, seconds, mapped, narrowed, bytes_read,
+                fetched(source),
+            )  # fmt: skip
         with _collector_paused():
             _loaded(decider.events, out, [h for _, h in headers], names, decisions, x64)
             facts = [
@@ -297,12 +310,13 @@ class _OneFileOpen:
     A map of a file (for `mmap`) holds its own descriptor for as long as arrays use it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, files: Files) -> None:
+        self._files = files
         self._file: ByteSource | None = None
 
     def open(self, header: Header) -> ByteSource:
         self.close()
-        self._file = reopen_tensor_file(header)
+        self._file = self._files.data(header)
         return self._file
 
     def close(self) -> None:

@@ -8,11 +8,21 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .._base.locations import URLPath, is_url, shown_url
 from .._document.schema import NamesSpec, prefix_problem, separator_problem
 from .._names.matching import SourceFile
 from .format import Header
 
-PathLike = str | os.PathLike[str]
+#: A file or checkpoint as given: a path, or a URL (text or `URLPath`).
+PathLike = str | os.PathLike[str] | URLPath
+
+
+def path_text(path: PathLike) -> str:
+    """`path` as events and errors show it (a URL without its credentials)."""
+    if isinstance(path, URLPath):
+        return str(path)
+    text = os.fspath(path)
+    return shown_url(text) if is_url(text) else text
 
 
 def tensor_names(header: Header, stem: str, names: NamesSpec) -> list[str]:

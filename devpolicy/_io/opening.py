@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+from pathlib import Path
 
 from .._base.errors import SafetensorsFileError
 from .format import Header
@@ -27,6 +28,8 @@ def reopen_tensor_file(header: Header) -> LocalFile:
     Raises:
         SafetensorsFileError: the file cannot be opened, or is not the file it was.
     """
+    if not isinstance(header.path, Path):
+        raise SafetensorsFileError(header.path, "cannot open again: not a local file")
     source = open_tensor_file(header.path)
     try:
         info = os.fstat(source.fileno())

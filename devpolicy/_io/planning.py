@@ -1,14 +1,16 @@
 """The plan: where every tensor of a file or checkpoint would go, and whether each device
-has room, reading only headers (`devpolicy.plan`).
+has room, reading only headers (`devpolicy.plan`); for a file at a URL, what loading it
+would fetch in this process, in bytes and requests.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._base.locations import URLPath, location
 from .._base.sizes import format_size
 from .._base.visible import visible
 from .._decide.decider import Decider
@@ -21,11 +23,17 @@ from .._machine.capacity import pool_of, pool_text
 from .._machine.machine import VirtualMachine
 from .._machine.meshes import MeshLayout, layout
 from .accounting import RuleUse, sharded_nothing, silent_rules, uses_of_decisions
-from .checkpoints import open_checkpoint
-from .format import TensorEntry, read_header
+from .buffers import MAP_THRESHOLD
+from .format import Header, TensorEntry
 from .into import fit_into
 from .mapping import map_hint, x64_enabled
 from .naming import PathLike, call_naming, name_prefix, source_files, tensor_names
+from .places import Files, remote_options
+from .ranges import slice_bounds, slice_ranges
+from .readahead import small_run
+from .remote import RemoteOptions
+from .remote.source import HEAD_BYTES, planned_requests
+from .whole import remote_groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +94,29 @@ class DeviceLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class Fetch:
+    """What loading one file at a URL would fetch in this process, predicted from its
+    header: the requests `load_file` sends and the bytes they bring, with no fault retried.
+
+    Attributes:
+        file: The file's URL, as shown.
+        nbytes: Bytes fetched: the header's small read, this process's share of the
+            tensors, and the small gaps between near ranges joined into one request.
+        requests: Requests sent: the metadata request, the header's read, the data's.
+        share: Bytes of the file's tensors this process holds (each distinct slice once).
+        cached: Whether the load goes through a cache directory (`remote: cache`): then
+            the counts are of a first load, which fetches the whole file; later loads
+            fetch nothing and map the cached file.
+    """
+
+    file: str
+    nbytes: int
+    requests: int
+    share: int
+    cached: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """Every tensor of a file with its decision, and totals per device and per process.
 
@@ -107,6 +138,8 @@ class Plan:
         meshes: Each mesh a tensor is sharded over, as built on the machine planned for
             (`MeshLayout`: its shape, its split across slices for a hybrid mesh, its first
             devices in mesh order).
+        fetches: For each file at a URL, what loading it would fetch in this process
+            (`Fetch`); empty for local files.
     """
 
     file: str
@@ -118,6 +151,17 @@ class Plan:
     left_out: tuple[tuple[str, str], ...] = ()
     rules: tuple[RuleUse, ...] = ()
     meshes: tuple[MeshLayout, ...] = ()
+    fetches: tuple[Fetch, ...] = ()
+
+    @property
+    def fetch_bytes(self) -> int:
+        """Bytes `load_file` would fetch in this process over every file at a URL."""
+        return sum(f.nbytes for f in self.fetches)
+
+    @property
+    def fetch_requests(self) -> int:
+        """Requests `load_file` would send from this process over every file at a URL."""
+        return sum(f.requests for f in self.fetches)
 
     @property
     def warnings(self) -> list[tuple[str, str]]:
@@ -202,6 +246,13 @@ class Plan:
                 f"each of {self.processes} processes: {format_size(self.bytes_per_process)}"
             )
         lines += [f"mesh {m.described}" for m in self.meshes]
+        for f in self.fetches:
+            cold = " (a first load, into the cache; later loads map it)" if f.cached else ""
+            lines.append(
+                f"fetch {f.file}: {format_size(f.nbytes)} in {f.requests} request"
+                f"{'' if f.requests == 1 else 's'} (this process holds "
+                f"{format_size(f.share)}){cold}"
+            )
         if len(self.rules) > 1:  # the default alone says nothing the tensors do not
             lines.append("rules:")
             for u in self.rules:
@@ -242,6 +293,7 @@ def plan(
     into: Any = None,
     axes: Mapping[str, Sequence[str | None]] | None = None,
     strict: bool = True,
+    remote: Mapping[str, object] | None = None,
 ) -> Plan:
     """Where every tensor of a file or checkpoint would go by `decider`, or by its settings
     on `machine` (which is then also the capacity judged by); the model's names for rules
@@ -249,6 +301,7 @@ def plan(
     `devpolicy.plan`."""
     naming = call_naming(decider.settings.names, separator)
     names = _ModelNames(into, _checked_axes(axes), strict)
+    options = remote_options(decider.settings.remote_values, remote)
     if machine is not None:
         if not isinstance(machine, VirtualMachine):
             raise TypeError(
@@ -256,8 +309,10 @@ def plan(
                 f"{type(machine).__name__} {machine!r}"
             )
         virtual = Decider(decider.settings, machine, machine)
-        return _plan(path, virtual, prefix, mmap, str(machine), machine.processes, naming, names)
-    return _plan(path, decider, prefix, mmap, "this process", 1, naming, names)
+        return _plan(
+            path, virtual, prefix, mmap, str(machine), machine.processes, naming, names, options
+        )
+    return _plan(path, decider, prefix, mmap, "this process", 1, naming, names, options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,10 +367,14 @@ def _plan(
     processes: int,
     naming: NamesSpec,
     model: _ModelNames,
+    options: RemoteOptions,
 ) -> Plan:
-    checkpoint = open_checkpoint(path)
-    headers = [read_header(file) for file in checkpoint.files]
+    # Headers only: never through the cache (it would fetch whole files to plan them).
+    with Files(replace(options, cache_dir=None)) as files:
+        checkpoint = files.checkpoint(path)
+        headers = [files.header(file) for file in checkpoint.files]
     checkpoint.check(headers)
+    path = location(path)  # a URL from here on as shown, never with its credentials
     by_key: Mapping[str, Attached | None] = {}
     if model.into is not None:
         # Matched to the tree as `load_file(into=)` matches it: the same errors, the
@@ -329,7 +388,8 @@ def _plan(
     names = [n for header in headers for n in tensor_names(header, stem, naming)]
     by_file = dict(zip(checkpoint.files, source_files(checkpoint.files, path), strict=True))
     x64 = x64_enabled()
-    hints = [map_hint(e, mmap, x64) for _, e in entries]
+    maps = {file: Files(options).maps(file) for file in checkpoint.files}
+    hints = [map_hint(e, mmap if maps[h.path] else False, x64) for h, e in entries]
     outcomes = decider.decide_many(
         [
             (n, e.array_nbytes, e.shape, hint, by_file[header.path], _names_of(model, by_key, n, e))
@@ -401,6 +461,13 @@ def _plan(
     )
     used = dict.fromkeys(t.decision.mesh for t in tensors if t.decision and t.decision.mesh)
     built = [decider.meshes.build(name) for name in used]
+    fetches = []
+    first = 0
+    for header in headers:
+        decided = [t.decision for t in tensors[first : first + len(header.tensors)]]
+        first += len(header.tensors)
+        if isinstance(header.path, URLPath):
+            fetches.append(predicted_fetch(header, decided, options, x64))
     return Plan(
         str(path),
         tuple(tensors),
@@ -411,7 +478,83 @@ def _plan(
         left_out=tuple((str(file), why) for file, why in checkpoint.left_out),
         rules=uses,
         meshes=tuple(layout(b, text) for b in built if not isinstance(b, str)),
+        fetches=tuple(fetches),
     )
+
+
+def predicted_fetch(
+    header: Header, decisions: list[Decision[Any] | None], options: RemoteOptions, x64: bool
+) -> Fetch:
+    """What `load_file` fetches of the file at a URL whose header is `header`, in this
+    process: the reads the loader asks of a remote source, in its order (runs of small
+    tensors, large tensors in groups, each sharded tensor's slices in one batch), each
+    counted as the source sends it (`planned_requests`). A tensor without a device is left
+    out; on a `VirtualMachine` (decisions without a sharding) a sharded tensor's share is
+    counted as one range of its bytes per device times the process's devices."""
+    chunk = options.chunk_bytes
+    head = min(HEAD_BYTES, header.file_size)
+    requests, nbytes = 2, head  # the metadata request; the header's first small read
+    length = header.data_start - 8
+    if not (8 + length <= head and length < HEAD_BYTES):
+        more, fetched = planned_requests([(8, length)], chunk)
+        requests, nbytes = requests + more, nbytes + fetched
+    if options.cache_dir is not None:
+        more, fetched = planned_requests([(0, header.file_size)], chunk)
+        share = sum(t.nbytes for t in header.tensors)
+        return Fetch(str(header.path), fetched, 1 + more, share, cached=True)
+    calls: list[list[tuple[int, int]]] = []
+    share = 0
+    order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
+    placed = [d for d in decisions if d is not None]
+    position = 0
+    while position < len(order):
+        i = order[position]
+        entry, decision = header.tensors[i], decisions[i]
+        if decision is None:
+            position += 1
+            continue
+        if entry.packed or (decision.mesh is None and entry.nbytes >= MAP_THRESHOLD):
+            calls += [[group] for group in remote_groups(entry)]
+            share += entry.nbytes
+        elif decision.mesh is not None:
+            ranges = _held_ranges(entry, decision)
+            calls.append(ranges)
+            share += sum(length for _, length in ranges)
+        else:
+            run = small_run(header, _stand_in(decisions, placed), order, position, False, x64)
+            calls.append([(header.tensors[j].offset, header.tensors[j].nbytes) for j in run])
+            share += sum(header.tensors[j].nbytes for j in run)
+            position += len(run)
+            continue
+        position += 1
+    for call in calls:
+        more, fetched = planned_requests(call, chunk)
+        requests, nbytes = requests + more, nbytes + fetched
+    return Fetch(str(header.path), nbytes, requests, share)
+
+
+def _stand_in(
+    decisions: list[Decision[Any] | None], placed: list[Decision[Any]]
+) -> list[Decision[Any]]:
+    """`decisions` with a tensor without a device standing in as placed whole (it ends a
+    run of small tensors, as the loader never reaches it)."""
+    return [d if d is not None else placed[0] for d in decisions] if placed else []
+
+
+def _held_ranges(entry: TensorEntry, decision: Decision[Any]) -> list[tuple[int, int]]:
+    """The file ranges of the slices of `entry` this process's devices hold (each distinct
+    slice once), as the shard-local reader reads them."""
+    if decision.sharding is None:  # a VirtualMachine: its devices do not exist here
+        per_device = decision.bytes_per_device() or 0
+        return [(entry.offset, min(entry.nbytes, per_device * len(decision.local_devices)))]
+    held = decision.sharding.addressable_devices_indices_map(entry.shape).values()
+    bounds = dict.fromkeys(slice_bounds(entry, index) for index in held)
+    return [
+        run
+        for b in bounds
+        if all(stop > start for start, stop in b)
+        for run in slice_ranges(entry, b)
+    ]
 
 
 def _in_order(text: str) -> tuple[str, int]:

@@ -6,7 +6,7 @@ be mapped were read; `checkpoint_file_left_out`: a directory's files not loaded)
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -119,9 +119,12 @@ def summary_event(
     mapped: int,
     narrowed: int,
     bytes_read: int,
+    fetched: Mapping[str, Any] | None = None,
 ) -> None:
     """One event per file: where its bytes went, by which rules, and what fell back; info,
-    or a warning where a tensor fell back by the policy's chain rather than its rule's."""
+    or a warning where a tensor fell back by the policy's chain rather than its rule's; for
+    a file at a URL, what fetching it cost (`fetched`: requests, retries, bytes fetched,
+    seconds; the file's URL is shown without credentials)."""
     per_device: dict[str, list[int]] = {}
     per_rule: dict[str, int] = {}
     rank: dict[str, tuple[int, int]] = {}  # rules in the order they are tried
@@ -156,6 +159,7 @@ def summary_event(
             "bytes_read": bytes_read,
             "seconds": round(seconds, 4),
             "metadata": dict(header.metadata or {}),
+            **(fetched or {}),
         },
     )
 

@@ -23,7 +23,7 @@ from .._base.limits import ALIGN
 from .buffers import host_buffer
 from .format import Header, TensorEntry
 from .sources import ByteSource
-from .whole import PIECE_BYTES, THREADED_BYTES, read_pieces, read_range
+from .whole import PIECE_BYTES, THREADED_BYTES, read_pieces, read_range, read_ranges
 
 # A sharded tensor's slices are read through their covering range, in chunks of this
 # size, when that costs less than a system call per run; a call costs about as much as
@@ -32,6 +32,44 @@ _GATHER_BYTES = 8 * 2**20
 _CALL_BYTES = 4096
 
 _Bounds = tuple[tuple[int, int], ...]  # per dimension, [start, stop) of a slice
+
+
+def slice_bounds(entry: TensorEntry, index: tuple[slice, ...] | None) -> _Bounds:
+    """A device's index (from `addressable_devices_indices_map`) as [start, stop) per
+    dimension of `entry`."""
+    shape = entry.shape
+    given = tuple(index or ())
+    given += (slice(None),) * (len(shape) - len(given))
+    return tuple(s.indices(dim)[:2] for dim, s in zip(shape, given, strict=True))
+
+
+def slice_ranges(entry: TensorEntry, bounds: _Bounds) -> list[tuple[int, int]]:
+    """(file offset, bytes) of each contiguous run of the file that a slice of `entry` is
+    made of, in order: one per index of the leading dimensions it does not span whole.
+
+    Example:
+        >>> import numpy as np
+        >>> from devpolicy._io.format import TensorEntry
+        >>> e = TensorEntry("w", "U8", np.dtype(np.uint8), (4, 6), 0, 24, 100)
+        >>> slice_ranges(e, ((0, 4), (3, 6)))  # the right half: one run per row
+        [(103, 3), (109, 3), (115, 3), (121, 3)]
+        >>> slice_ranges(e, ((2, 4), (0, 6)))  # the bottom half: one run
+        [(112, 12)]
+    """
+    shape, itemsize = entry.shape, entry.dtype.itemsize
+    if not shape:
+        return [(entry.offset, itemsize)]
+    extents = [stop - start for start, stop in bounds]
+    split = len(shape) - 1
+    while split > 0 and extents[split] == shape[split]:
+        split -= 1
+    run = math.prod(extents[split:]) * itemsize
+    strides = [math.prod(shape[d + 1 :]) * itemsize for d in range(len(shape))]
+    first = bounds[split][0] * strides[split]
+    return [
+        (entry.offset + sum(i * strides[d] for d, i in enumerate(outer)) + first, run)
+        for outer in itertools.product(*(range(a, b) for a, b in bounds[:split]))
+    ]
 
 
 class ShardReader:
@@ -71,10 +109,7 @@ class ShardReader:
         self.lost = False  # some value changed when narrowed (under "lossy")
 
     def _bounds(self, index: tuple[slice, ...] | None) -> _Bounds:
-        shape = self._entry.shape
-        given = tuple(index or ())
-        given += (slice(None),) * (len(shape) - len(given))
-        return tuple(s.indices(dim)[:2] for dim, s in zip(shape, given, strict=True))
+        return slice_bounds(self._entry, index)
 
     def __call__(self, index: tuple[slice, ...] | None) -> np.ndarray[Any, Any]:
         bounds = self._bounds(index)
@@ -101,9 +136,13 @@ class ShardReader:
 
     def _gather(self, wanted: list[_Bounds]) -> None:
         """Read every slice in `wanted` through their covering range, where that is cheaper
-        than their runs one by one (see the class); else leave them to `_read`."""
+        than their runs one by one (see the class); else leave them to `_read`. From a
+        source without a descriptor (a URL), every run of every slice in one batch."""
         entry, shape = self._entry, self._entry.shape
         wanted = [b for b in wanted if all(stop > start for start, stop in b)]
+        if wanted and self._source.fileno() is None:
+            self._read_batched(wanted)
+            return
         if not shape or not wanted:
             return
         runs = [self._runs(b) for b in wanted]
@@ -176,6 +215,29 @@ class ShardReader:
                     out[(*where, part)] = view[(slice(lo - j0, hi - j0), *inner)]
         for bounds, out in zip(wanted, outs, strict=True):
             self._done[bounds] = self._narrowed(out)
+
+    def _read_batched(self, wanted: list[_Bounds]) -> None:
+        """Every run of every slice in `wanted`, asked of the source in one `read_many`:
+        a remote source joins near neighbours, cuts chunks and fetches them concurrently,
+        each run straight into its slice's aligned buffer. Only this process's bytes (and
+        the small gaps a joined request spans) are fetched."""
+        entry = self._entry
+        pieces: list[tuple[np.ndarray[Any, Any], int]] = []
+        arrays: list[tuple[_Bounds, np.ndarray[Any, Any]]] = []
+        for bounds in wanted:
+            runs = slice_ranges(entry, bounds)
+            total = sum(length for _, length in runs)
+            buffer = host_buffer(self._header, entry.key, max(total, 1))
+            at = 0
+            for start, length in runs:
+                pieces.append((buffer[at : at + length], start))
+                at += length
+            extents = tuple(stop - first for first, stop in bounds)
+            arrays.append((bounds, buffer[:total].view(entry.dtype).reshape(extents)))
+            self.bytes_read += total
+        read_ranges(self._source, self._header, entry, pieces)
+        for bounds, array in arrays:
+            self._done[bounds] = self._narrowed(array)
 
     def _read_together(self, wanted: list[_Bounds]) -> None:
         """Read every slice of `wanted` that is one run and not mapped, on several

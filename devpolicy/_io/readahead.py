@@ -38,7 +38,7 @@ def _read_in_runs(entry: TensorEntry, decision: Decision, mmap: bool | None, x64
     )
 
 
-def _small_run(
+def small_run(
     header: Header,
     decisions: list[Decision],
     order: list[int],
@@ -111,7 +111,7 @@ class ReadAhead:
 
     def _read(self, position: int) -> _Run:
         header, order = self._header, self._order
-        run = _small_run(header, self._decisions, order, position, self._mmap, self._x64)
+        run = small_run(header, self._decisions, order, position, self._mmap, self._x64)
         return run, _read_run(self._source, header, run)
 
     def _starts_run(self, position: int) -> bool:

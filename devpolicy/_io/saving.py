@@ -7,6 +7,7 @@ One `save_file` event per file.
 from __future__ import annotations
 
 import time
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,6 @@ from .format import dtype_name
 from .joint import save_joint, spans_processes
 from .keys import key_metadata
 from .layout import DEFAULT_ALIGN, check_align
-from .naming import PathLike
 from .writing import save_arrays
 
 #: Seconds each process of a multi-process save waits for the others at each step.
@@ -50,7 +50,7 @@ def _flat_tensors(tensors: Any) -> bool:
 
 def save_file(
     tensors: Any,
-    path: PathLike,
+    path: str | os.PathLike[str],
     events: EventLog,
     *,
     align: int = DEFAULT_ALIGN,
@@ -120,7 +120,10 @@ def _named_arrays(tensors: Any) -> dict[str, Any]:
 
 
 def _save(
-    arrays: dict[str, Any], path: PathLike, align: int, metadata: Mapping[str, str] | None
+    arrays: dict[str, Any],
+    path: str | os.PathLike[str],
+    align: int,
+    metadata: Mapping[str, str] | None,
 ) -> None:
     """Key arrays as their data, every array read to the host, then written; a leaf that
     cannot be is named with why and what to do, before anything is written."""

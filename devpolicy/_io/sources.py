@@ -21,6 +21,7 @@ from typing import Protocol
 
 from .._base.errors import SafetensorsFileError
 from .._base.files import FileRefused, open_regular
+from .._base.locations import URLPath
 
 
 class ByteSource(Protocol):
@@ -193,7 +194,7 @@ def file_identity(info: os.stat_result) -> tuple[int, ...]:
 
 
 def os_error(
-    path: str | os.PathLike[str], error: OSError, doing: str, tensor: str | None = None
+    path: str | os.PathLike[str] | URLPath, error: OSError, doing: str, tensor: str | None = None
 ) -> SafetensorsFileError:
     """An OSError met while reading or placing a tensor, as an error naming file and tensor."""
     hints = {

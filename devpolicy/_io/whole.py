@@ -29,6 +29,19 @@ _READERS = min(4, os.cpu_count() or 1)
 PIECE_BYTES = 16 * 2**20
 #: Below this one thread reads.
 THREADED_BYTES = 2 * PIECE_BYTES
+#: A tensor read from a source without a descriptor (a URL) is asked for in groups of this
+#: many bytes: the source runs each group's requests concurrently within its in-flight
+#: budget, and the progress bar moves per group.
+GROUP_BYTES = 64 * 2**20
+
+
+def remote_groups(entry: TensorEntry) -> list[tuple[int, int]]:
+    """(file offset, bytes) of each group a tensor is read in from a source without a
+    descriptor, in order (`planning` counts the requests from them)."""
+    return [
+        (entry.offset + start, min(GROUP_BYTES, entry.nbytes - start))
+        for start in range(0, entry.nbytes, GROUP_BYTES)
+    ]
 
 
 def read_range(
@@ -40,8 +53,30 @@ def read_range(
         SafetensorsFileError: the file ends first (saying how much of the tensor it
             holds) or the read fails, naming the file and the tensor.
     """
+    read_ranges(source, header, entry, [(into, offset)], batch=False)
+
+
+def read_ranges(
+    source: ByteSource,
+    header: Header,
+    entry: TensorEntry,
+    pieces: list[tuple[np.ndarray[Any, Any], int]],
+    *,
+    batch: bool = True,
+) -> None:
+    """Fill each (buffer, file offset) piece of `entry`: with `batch`, as one `read_many`
+    (a remote source joins neighbours and runs the requests concurrently), else one
+    `read_into`.
+
+    Raises:
+        SafetensorsFileError: as `read_range`.
+    """
     try:
-        source.read_into(offset, memoryview(into))  # type: ignore[arg-type]
+        if batch:
+            source.read_many([(offset, memoryview(into)) for into, offset in pieces])  # type: ignore[arg-type]
+        else:
+            ((into, offset),) = pieces
+            source.read_into(offset, memoryview(into))  # type: ignore[arg-type]
     except SourceEndedError as e:
         reached = e.end - entry.offset  # bytes of the tensor the file holds
         raise SafetensorsFileError(
@@ -58,6 +93,13 @@ def read_tensor(
 ) -> np.ndarray[Any, Any]:
     """One tensor read whole into an aligned buffer, as its array (F4 unpacked)."""
     buffer = host_buffer(header, entry.key, entry.nbytes)
+    if source.fileno() is None:
+        # A remote source: each group is one batch of its own concurrent, chunked requests.
+        for offset, length in remote_groups(entry):
+            start = offset - entry.offset
+            read_ranges(source, header, entry, [(buffer[start : start + length], offset)])
+            advance(length)
+        return as_array(entry, buffer)
     # Piece by piece, so the progress bar moves within a large tensor.
     step = PIECE_BYTES if entry.nbytes >= THREADED_BYTES and _READERS > 1 else CHUNK_BYTES
     pieces = [

@@ -11,6 +11,7 @@ from typing import Any
 
 import re2
 
+from .._base.locations import URLPath, is_url
 from .._base.sizes import format_size
 from .dialect import REGEX_LIMITS, to_re2
 from .prefixes import PrefixIndex
@@ -44,12 +45,22 @@ class SourceFile:
     names: tuple[str, ...] = field(compare=False)
 
     @classmethod
-    def of(cls, path: str | os.PathLike[str], *also: str | os.PathLike[str]) -> SourceFile:
+    def of(
+        cls, path: str | os.PathLike[str] | URLPath, *also: str | os.PathLike[str] | URLPath
+    ) -> SourceFile:
         """The source for a file at `path` (and, for a checkpoint's member, the
-        checkpoint's own path in `also`)."""
-        shown = _slashed(os.path.normpath(os.fspath(path)))
+        checkpoint's own path in `also`). A URL (`s3://bucket/ckpt/m.safetensors`, a
+        `URLPath`) is tried as shown (no credentials) and as its object's path in its
+        bucket, repository or host (`/ckpt/m.safetensors`)."""
+        if isinstance(path, URLPath) or is_url(path):
+            shown = _url_forms(path)[0]
+        else:
+            shown = _slashed(os.path.normpath(os.fspath(path)))
         forms: list[str] = []
         for given in (path, *also):
+            if isinstance(given, URLPath) or is_url(given):
+                forms += [f for f in _url_forms(given) if f not in forms]
+                continue
             text = os.fspath(given)
             for form in (os.path.normpath(text), os.path.realpath(text)):
                 form = _slashed(form)
@@ -62,7 +73,15 @@ class SourceFile:
         return self.shown
 
 
-def source_file(file: str | os.PathLike[str] | SourceFile | None) -> SourceFile | None:
+def _url_forms(url: object) -> list[str]:
+    """A URL's forms for `file:` globs: as shown, and its object's path."""
+    located = url if isinstance(url, URLPath) else URLPath(str(url))
+    return [str(located), located.object_path]
+
+
+def source_file(
+    file: str | os.PathLike[str] | URLPath | SourceFile | None,
+) -> SourceFile | None:
     """A `file=` argument as a `SourceFile` (None stays None).
 
     Raises:
@@ -74,6 +93,8 @@ def source_file(file: str | os.PathLike[str] | SourceFile | None) -> SourceFile 
     """
     if file is None or isinstance(file, SourceFile):
         return file
+    if isinstance(file, URLPath):
+        return SourceFile.of(file)
     if not isinstance(file, str | os.PathLike):
         raise TypeError(
             f"file must be a path (str or os.PathLike), got {type(file).__name__} {file!r}"

@@ -310,6 +310,7 @@ class Policy:
         into: Any = None,
         axes: Mapping[str, Sequence[str | None]] | None = None,
         strict: bool = True,
+        remote: Mapping[str, object] | None = None,
     ) -> Plan:
         """Where each tensor of a file would go by this policy (on `machine`, if given;
         with the model's names from `into` or `axes`). See `devpolicy.plan`."""
@@ -323,6 +324,7 @@ class Policy:
             into=into,
             axes=axes,
             strict=strict,
+            remote=remote,
         )
 
     def prefetch(

@@ -300,6 +300,7 @@ def load_file(
     into: None = None,
     strict: bool = True,
     separator: str | None = None,
+    remote: Mapping[str, object] | None = None,
 ) -> dict[str, jax.Array]: ...
 
 
@@ -315,6 +316,7 @@ def load_file(
     into: T,
     strict: bool = True,
     separator: str | None = None,
+    remote: Mapping[str, object] | None = None,
 ) -> T: ...
 
 
@@ -329,6 +331,7 @@ def load_file(
     into: Any = None,
     strict: bool = True,
     separator: str | None = None,
+    remote: Mapping[str, object] | None = None,
 ) -> Any:
     """Load a safetensors file, each tensor sent straight to the device its rule names.
 
@@ -338,8 +341,16 @@ def load_file(
     buffers that `device_put` adopts without a copy; accelerator-bound ones are staged one
     tensor at a time, so host memory does not grow with the file. Results are committed.
 
+    `path` may be a URL: `s3://bucket/key`, `gs://bucket/key`, `hf://org/repo[@revision]/path`
+    (models; `hf://datasets/org/repo/...` for datasets), `https://host/path`; a folder or an
+    index at a URL loads as a local one does. Each process fetches only the bytes its
+    devices hold: the header with one small ranged read, then its tensors' ranges, joined,
+    chunked and fetched concurrently straight into the host buffers; host memory holds
+    what the process keeps plus the in-flight budget. See [Loading from object storage and
+    the Hub](loading.md#loading-from-object-storage-and-the-hub).
+
     Args:
-        path: The file.
+        path: The file, folder or index: a local path or a URL.
         prefix: Name prefix (default: the file name without `.safetensors`; "" for none).
         policy: Policy to decide by (default: the active one).
         mmap: True maps every tensor whose file offset is 64-byte aligned (zero-copy; the
@@ -360,6 +371,9 @@ def load_file(
         separator: The character between the parts of the file's keys (`.` for
             `model.layers.0.mlp.up_proj.weight`), in place of the policy's
             `names.separator` for this call.
+        remote: How URLs are read for this call, over the policy's `remote:` and
+            `DEVPOLICY_REMOTE_*` (`{"concurrency": 16, "chunk": "16MiB", "cache":
+            "/var/cache/models"}`; the fields of the policy's `remote:`).
 
     Returns:
         Tensor keys (not prefixed) to committed arrays, in header order; with `into`, a
@@ -404,6 +418,7 @@ def load_file(
         into=into,
         strict=strict,
         separator=separator,
+        remote=remote,
     )
 
 
@@ -479,10 +494,14 @@ def plan(
     into: Any = None,
     axes: Mapping[str, Sequence[str | None]] | None = None,
     strict: bool = True,
+    remote: Mapping[str, object] | None = None,
 ) -> Plan:
     """Where every tensor of a file would go, reading only its header; nothing is logged.
 
-    `prefix` and `separator` name the tensors as `load_file` does.
+    `prefix` and `separator` name the tensors as `load_file` does; `path` may be a URL
+    (see `load_file`), and then the plan also predicts what loading it would fetch in this
+    process (`Plan.fetches`: bytes and requests), reading only the header; `remote` sets
+    how URLs are read, as `load_file`'s does.
 
     A rule with `axes: attached` shards each tensor by the axis names the model attaches
     to its leaf, which a header does not carry: give the model's abstract tree as `into`
@@ -534,6 +553,7 @@ def plan(
         into=into,
         axes=axes,
         strict=strict,
+        remote=remote,
     )
 
 

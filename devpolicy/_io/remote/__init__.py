@@ -23,7 +23,7 @@ from .errors import (
     RemoteReadError,
     RemoteURLError,
 )
-from .options import RemoteOptions, resolve_options
+from .options import RemoteOptions, options_of, resolve_options
 from .source import Counters, Emit, RemoteObject
 from .urls import SCHEMES, RemoteURL, is_url, parse_url, shown
 
@@ -36,6 +36,7 @@ __all__ = [
     "RangeIgnoredError",
     "RemoteCache",
     "RemoteExtraMissingError",
+    "RemoteObject",
     "RemoteOptionError",
     "RemoteOptions",
     "RemoteReadError",
@@ -44,6 +45,7 @@ __all__ = [
     "backend_for",
     "is_url",
     "open_remote",
+    "options_of",
     "parse_url",
     "resolve_options",
     "shown",
@@ -75,6 +77,7 @@ def open_remote(
     environ: Mapping[str, str] | None = None,
     options: RemoteOptions | None = None,
     emit: Emit | None = None,
+    resolved: bool = False,
     **keywords: object,
 ) -> RemoteObject | CachedFile:
     """Open a remote object for reading by ranges.
@@ -87,6 +90,8 @@ def open_remote(
         options: Options to start from (default: the defaults); the environment and
             `keywords` (any field of `RemoteOptions`) override them.
         emit: Where events go (`emit(level, event, fields)`), as `EventLog.emit` takes them.
+        resolved: `options` are final (the loader weighed `DEVPOLICY_REMOTE_*` with the
+            policy's layers): the environment is read for credentials and endpoints only.
 
     Returns:
         A `RemoteObject`, or with `cache_dir` a `CachedFile` (served from the cache, or
@@ -108,8 +113,11 @@ http://, https://, s3://
     """
     environ = os.environ if environ is None else environ
     parsed = parse_url(url)
-    resolved = resolve_options(environ, options, **keywords)
-    source = RemoteObject(backend_for(parsed, environ), resolved, emit)
-    if resolved.cache_dir is None:
+    if resolved and options is not None and not keywords:
+        final = options
+    else:
+        final = resolve_options(environ, options, **keywords)
+    source = RemoteObject(backend_for(parsed, environ), final, emit)
+    if final.cache_dir is None:
         return source
-    return RemoteCache(resolved.cache_dir).open(source)
+    return RemoteCache(final.cache_dir).open(source)

@@ -21,6 +21,7 @@ import mmap
 import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from .source import Counters, RemoteObject
@@ -69,7 +70,7 @@ class CachedFile:
                 raise OSError(f"{self.path}: the cached file ended early")
             got += n
 
-    def read_many(self, requests: list[tuple[int, memoryview]]) -> None:
+    def read_many(self, requests: Sequence[tuple[int, memoryview]]) -> None:
         """Fill each `(offset, buffer)` from the cached file."""
         for offset, buffer in requests:
             self.read_into(offset, buffer)

@@ -51,6 +51,10 @@ class GcsBackend(Backend):
             f"b/{urllib.parse.quote(url.bucket, safe='')}/o/{urllib.parse.quote(url.key, safe='')}"
         )
 
+    def auth_headers(self) -> dict[str, str]:
+        """The headers that authorise a request (none without credentials)."""
+        return self._auth()
+
     def _auth(self) -> dict[str, str]:
         if self._credentials is None:
             return {}

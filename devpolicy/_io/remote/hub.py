@@ -61,6 +61,10 @@ class HubBackend(Backend):
             f"{urllib.parse.quote(self.url.key)}"
         )
 
+    def auth_headers(self) -> dict[str, str]:
+        """The headers that authorise a request (none without credentials)."""
+        return self._auth()
+
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 

@@ -1,4 +1,8 @@
-"""How remote reads are paced and retried: defaults < `DEVPOLICY_REMOTE_*` < keywords.
+"""How remote reads are paced and retried: defaults < the policy's `remote:` <
+`DEVPOLICY_REMOTE_*` < a call's `remote=` (or `open_remote`'s keywords).
+
+The table of options (names, variables, bounds, checks) is `_document/remote.py`, which the
+schema and the environment read too; the policy's layers are weighed in `_document/layers.py`.
 
 Defaults, measured against SeaweedFS's S3 gateway on this project's 2-core machine (see
 `benchmarks/results/remote.md`): 8 concurrent requests of 8 MiB reached the throughput of
@@ -11,25 +15,25 @@ to 5 s with full jitter (three 503s cost 0.7 s at most), and 120 s in all per ra
 
 from __future__ import annotations
 
-import math
-import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..._base.errors import EnvOverrideError
-from ..._base.sizes import SIZE_FORMS, parse_size
+from ..._document.remote import BY_ATTRIBUTE, BY_FIELD, ENV_PREFIX, OPTIONS
 from .errors import RemoteOptionError
 
-ENV_PREFIX = "DEVPOLICY_REMOTE_"
-_INT = re.compile(r"^[0-9]{1,9}$")
-_SECONDS = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
+__all__ = ["ENV_PREFIX", "RemoteOptions", "env_name", "options_of", "resolve_options"]
+
+
+def _default(attribute: str) -> Any:
+    return BY_ATTRIBUTE[attribute].default
 
 
 @dataclass(frozen=True)
 class RemoteOptions:
-    """Options of remote reads.
+    """Options of remote reads (the policy's `remote:` fields, by their attribute names).
 
     Attributes:
         concurrency: Requests in flight at once per object (1-256).
@@ -44,14 +48,14 @@ class RemoteOptions:
         cache_dir: A directory to keep fetched objects in (None: no cache).
     """
 
-    concurrency: int = 8
-    chunk_bytes: int = 8 * 2**20
-    inflight_bytes: int = 128 * 2**20
-    attempts: int = 8
-    backoff_seconds: float = 0.1
-    backoff_cap_seconds: float = 5.0
-    total_seconds: float = 120.0
-    timeout_seconds: float = 30.0
+    concurrency: int = _default("concurrency")
+    chunk_bytes: int = _default("chunk_bytes")
+    inflight_bytes: int = _default("inflight_bytes")
+    attempts: int = _default("attempts")
+    backoff_seconds: float = _default("backoff_seconds")
+    backoff_cap_seconds: float = _default("backoff_cap_seconds")
+    total_seconds: float = _default("total_seconds")
+    timeout_seconds: float = _default("timeout_seconds")
     cache_dir: Path | None = None
 
     @property
@@ -64,70 +68,20 @@ class RemoteOptions:
         return float(min(self.backoff_cap_seconds, self.backoff_seconds * 2.0 ** (retry - 1)))
 
 
-# name -> (environment suffix, kind, low, high); kinds: int, size, seconds, path.
-_SPECS: dict[str, tuple[str, str, float, float]] = {
-    "concurrency": ("CONCURRENCY", "int", 1, 256),
-    "chunk_bytes": ("CHUNK", "size", 64 * 2**10, 2**30),
-    "inflight_bytes": ("INFLIGHT", "size", 64 * 2**10, 4 * 2**30),
-    "attempts": ("ATTEMPTS", "int", 1, 100),
-    "backoff_seconds": ("BACKOFF", "seconds", 0.0, 60.0),
-    "backoff_cap_seconds": ("BACKOFF_CAP", "seconds", 0.0, 600.0),
-    "total_seconds": ("TOTAL_TIME", "seconds", 0.001, 86400.0),
-    "timeout_seconds": ("TIMEOUT", "seconds", 0.001, 3600.0),
-    "cache_dir": ("CACHE", "path", 0, 0),
-}
-
-
 def env_name(option: str) -> str:
     """The environment variable of `option` (`DEVPOLICY_REMOTE_CHUNK` for `chunk_bytes`)."""
-    return ENV_PREFIX + _SPECS[option][0]
+    return BY_ATTRIBUTE[option].variable
 
 
-def _accepted(kind: str, low: float, high: float) -> str:
-    if kind == "int":
-        return f"a whole number from {int(low)} to {int(high)}"
-    if kind == "size":
-        return f"{SIZE_FORMS}, from {int(low)} to {int(high)} bytes"
-    if kind == "seconds":
-        return f"a number of seconds from {low:g} to {high:g}"
-    return "a directory path"
-
-
-def _check(option: str, value: object) -> object:
-    """`value` as `option` holds it; ValueError(problem) if it cannot be."""
-    kind, low, high = _SPECS[option][1:]
-    if kind == "path":
-        if value is None:
-            return None
-        if not isinstance(value, str | os.PathLike) or not os.fspath(value):
-            raise ValueError("not a directory path")
-        return Path(os.fspath(value))
-    if kind == "size":
-        number: float = parse_size(value)
-    elif isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected a number, got {type(value).__name__}")
-    elif kind == "int" and not isinstance(value, int):
-        raise ValueError("not a whole number")
-    else:
-        number = value
-    if not math.isfinite(number) or not low <= number <= high:
-        raise ValueError("out of range")
-    return float(number) if kind == "seconds" else int(number)
-
-
-def _from_text(option: str, text: str) -> object:
-    kind = _SPECS[option][1]
-    if kind == "path":
-        return text
-    if kind == "int":
-        if _INT.match(text) is None:
-            raise ValueError("not a whole number")
-        return int(text)
-    if kind == "seconds":
-        if _SECONDS.match(text) is None:
-            raise ValueError("not a plain number of seconds")
-        return float(text)
-    return text
+def _fits(options: RemoteOptions, where: str) -> RemoteOptions:
+    if options.inflight_bytes < options.chunk_bytes:
+        raise RemoteOptionError(
+            "inflight_bytes",
+            options.inflight_bytes,
+            f"smaller than chunk_bytes ({options.chunk_bytes}): no request would fit",
+            f"at least chunk_bytes (set {where})",
+        )
+    return options
 
 
 def resolve_options(
@@ -136,7 +90,7 @@ def resolve_options(
     **keywords: object,
 ) -> RemoteOptions:
     """The options in force: `base` (default: the defaults), then `DEVPOLICY_REMOTE_*` from
-    `environ` (default: `os.environ`), then `keywords`, later winning.
+    `environ` (default: `os.environ`), then `keywords` (attribute names), later winning.
 
     Raises:
         EnvOverrideError: a variable that cannot be read; the message names it and the
@@ -148,32 +102,64 @@ def resolve_options(
         >>> o.chunk_bytes, o.concurrency
         (16777216, 4)
     """
+    import os
+
     environ = os.environ if environ is None else environ
     values: dict[str, object] = {}
-    for option, (suffix, kind, low, high) in _SPECS.items():
-        variable = ENV_PREFIX + suffix
-        text = environ.get(variable)
-        if text is None:
+    for option in OPTIONS:
+        text = environ.get(option.variable)
+        if text is None or text == "":
             continue
         try:
-            values[option] = _check(option, _from_text(option, text.strip()))
+            values[option.attribute] = option.from_text(text)
         except ValueError as e:
-            raise EnvOverrideError(variable, text, str(e), _accepted(kind, low, high)) from None
-    known = {f.name for f in fields(RemoteOptions)}
-    for option, value in keywords.items():
-        if option not in known:
-            raise RemoteOptionError(option, value, "unknown option", ", ".join(sorted(known)))
+            raise EnvOverrideError(option.variable, text, str(e), option.accepted) from None
+    for attribute, value in keywords.items():
+        found = BY_ATTRIBUTE.get(attribute)
+        if found is None:
+            known = ", ".join(sorted(BY_ATTRIBUTE))
+            raise RemoteOptionError(attribute, value, "unknown option", known)
         try:
-            values[option] = _check(option, value)
+            values[attribute] = found.check(value)
         except ValueError as e:
-            kind, low, high = _SPECS[option][1:]
-            raise RemoteOptionError(option, value, str(e), _accepted(kind, low, high)) from None
+            raise RemoteOptionError(attribute, value, str(e), found.accepted) from None
     options = replace(base or RemoteOptions(), **values)  # type: ignore[arg-type]
-    if options.inflight_bytes < options.chunk_bytes:
-        raise RemoteOptionError(
-            "inflight_bytes",
-            options.inflight_bytes,
-            f"smaller than chunk_bytes ({options.chunk_bytes}): no request would fit",
-            f"at least chunk_bytes (set by keyword or {env_name('inflight_bytes')})",
-        )
-    return options
+    return _fits(options, f"by keyword or {env_name('inflight_bytes')}")
+
+
+def options_of(
+    settled: Mapping[str, object],
+    call: Mapping[str, object] | None = None,
+    *,
+    base: RemoteOptions | None = None,
+) -> RemoteOptions:
+    """The options in force for one call: `base` (default: the defaults), then `settled`
+    (the policy's layers: file < `DEVPOLICY_REMOTE_*` < `load_policy(overrides=)`, by
+    field), then `call` (a call's `remote=`, by field: `{"concurrency": 16, "cache":
+    "/var/cache/models"}`), later winning.
+
+    Raises:
+        RemoteOptionError: `call` is not a mapping, or holds an unknown field (listing the
+            known ones) or a bad value; or the in-flight budget is below the chunk size.
+
+    Example:
+        >>> options_of({"chunk": 16 * 2**20}, {"concurrency": 4}).chunk_bytes
+        16777216
+    """
+    values: dict[str, object] = {}
+    for field, value in settled.items():
+        values[BY_FIELD[field].attribute] = value
+    if call is not None and not isinstance(call, Mapping):
+        raise RemoteOptionError("remote", call, "not a mapping", "a dict of " + ", ".join(BY_FIELD))
+    for field, value in (call or {}).items():
+        known = BY_FIELD.get(field) if isinstance(field, str) else None
+        if known is None:
+            raise RemoteOptionError(
+                f"remote[{field!r}]", value, "unknown option", ", ".join(BY_FIELD)
+            )
+        try:
+            values[known.attribute] = known.check(value)
+        except ValueError as e:
+            raise RemoteOptionError(f"remote[{field!r}]", value, str(e), known.accepted) from None
+    options = replace(base or RemoteOptions(), **values)  # type: ignore[arg-type]
+    return _fits(options, "in the policy's remote:, DEVPOLICY_REMOTE_INFLIGHT or remote=")

@@ -64,6 +64,11 @@ class S3Backend(Backend):
             "s3", region_name=region, endpoint_url=endpoint or None, config=config
         )
 
+    @property
+    def client(self) -> Any:
+        """botocore's S3 client (presigns the listing of a folder too)."""
+        return self._client
+
     def _link(self, operation: str) -> str:
         return str(
             self._client.generate_presigned_url(

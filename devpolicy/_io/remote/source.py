@@ -89,7 +89,7 @@ class Counters:
 @dataclass
 class _Piece:
     offset: int
-    view: memoryview
+    view: memoryview | range  # a range: a piece counted by `planned_requests`, not read
 
 
 @dataclass
@@ -192,6 +192,16 @@ class RemoteObject:
             with self.counters._lock:
                 self.counters.seconds += time.monotonic() - began
 
+    def release(self) -> None:
+        """Let go of the reading threads and idle connections while the source waits (the
+        loader reads every file's header first): the next read makes them anew, of the
+        same version."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+        self._pool.close()
+
     def close(self) -> None:
         """Stop the reading threads and close the connections."""
         with self._lock:
@@ -214,43 +224,7 @@ class RemoteObject:
             )
 
     def _plan(self, pieces: list[_Piece]) -> list[_Span]:
-        """Join neighbouring pieces (gap <= COALESCE_GAP, no overlap) and cut into chunks."""
-        pieces.sort(key=lambda p: p.offset)
-        joined: list[_Span] = []
-        for piece in pieces:
-            end = piece.offset + len(piece.view)
-            last = joined[-1] if joined else None
-            if last is not None and last.end <= piece.offset <= last.end + COALESCE_GAP:
-                last.pieces.append(piece)
-                last.end = end
-            else:
-                joined.append(_Span(piece.offset, end, [piece]))
-        chunk = self.options.chunk_bytes
-        spans: list[_Span] = []
-        for span in joined:
-            if span.end - span.start <= chunk:
-                spans.append(span)
-                continue
-            cut = _Span(span.start, span.start, [])
-            for piece in span.pieces:
-                offset, view = piece.offset, piece.view
-                if cut.pieces and offset - cut.start >= chunk:
-                    spans.append(cut)
-                    cut = _Span(offset, offset, [])
-                while view:
-                    room = cut.start + chunk - offset
-                    if room <= 0:
-                        spans.append(cut)
-                        cut = _Span(offset, offset, [])
-                        room = chunk
-                    take = min(room, len(view))
-                    cut.pieces.append(_Piece(offset, view[:take]))
-                    cut.end = offset + take
-                    offset += take
-                    view = view[take:]
-            if cut.pieces:
-                spans.append(cut)
-        return spans
+        return _spans(pieces, self.options.chunk_bytes)
 
     def _threads(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -342,6 +316,7 @@ class RemoteObject:
                 if piece.offset > position:
                     response.discard(piece.offset - position)
                     received += piece.offset - position
+                assert isinstance(piece.view, memoryview)  # a range only in `planned_requests`
                 response.read_into(piece.view)
                 received += len(piece.view)
                 position = piece.offset + len(piece.view)
@@ -450,6 +425,59 @@ class RemoteObject:
             time.sleep(min(random.uniform(0, options.backoff(attempts)),
                            max(0.0, options.total_seconds - waited)))  # fmt: skip
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _spans(pieces: list[_Piece], chunk: int) -> list[_Span]:
+    """Join neighbouring pieces (gap <= COALESCE_GAP, no overlap) and cut into chunks."""
+    pieces.sort(key=lambda p: p.offset)
+    joined: list[_Span] = []
+    for piece in pieces:
+        end = piece.offset + len(piece.view)
+        last = joined[-1] if joined else None
+        if last is not None and last.end <= piece.offset <= last.end + COALESCE_GAP:
+            last.pieces.append(piece)
+            last.end = end
+        else:
+            joined.append(_Span(piece.offset, end, [piece]))
+    spans: list[_Span] = []
+    for span in joined:
+        if span.end - span.start <= chunk:
+            spans.append(span)
+            continue
+        cut = _Span(span.start, span.start, [])
+        for piece in span.pieces:
+            offset, view = piece.offset, piece.view
+            if cut.pieces and offset - cut.start >= chunk:
+                spans.append(cut)
+                cut = _Span(offset, offset, [])
+            while view:
+                room = cut.start + chunk - offset
+                if room <= 0:
+                    spans.append(cut)
+                    cut = _Span(offset, offset, [])
+                    room = chunk
+                take = min(room, len(view))
+                cut.pieces.append(_Piece(offset, view[:take]))
+                cut.end = offset + take
+                offset += take
+                view = view[take:]
+        if cut.pieces:
+            spans.append(cut)
+    return spans
+
+
+def planned_requests(ranges: Sequence[tuple[int, int]], chunk_bytes: int) -> tuple[int, int]:
+    """(requests, bytes fetched) of one `read_many` of `ranges` ((offset, length) each), as a
+    `RemoteObject` with `chunk_bytes` sends it: neighbours joined (`COALESCE_GAP`), then cut
+    into chunks; the bytes count the small gaps fetched between joined neighbours.
+
+    Example:
+        >>> planned_requests([(0, 100), (200, 100), (10 * 2**20, 5)], 2**20)
+        (2, 305)
+    """
+    pieces = [_Piece(offset, range(length)) for offset, length in ranges if length]
+    spans = _spans(pieces, chunk_bytes)
+    return len(spans), sum(span.end - span.start for span in spans)
 
 
 class _Retry(Exception):  # noqa: N818 - internal control flow of `_fetch`

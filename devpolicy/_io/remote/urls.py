@@ -13,7 +13,12 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
+from ..._base.locations import is_url, shown_url
 from .errors import RemoteURLError
+
+#: A URL as it may be shown (see `shown_url`).
+shown = shown_url
+__all__ = ["SCHEMES", "RemoteURL", "is_loopback", "is_url", "parse_url", "shown"]
 
 #: The schemes a URL may have, as errors list them.
 SCHEMES = ("gs", "hf", "http", "https", "s3")
@@ -24,41 +29,6 @@ _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _GS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _HF_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _HF_KINDS = {"models": "model", "datasets": "dataset", "spaces": "space"}
-
-
-def is_url(text: object) -> bool:
-    """Whether `text` is written as a URL (`scheme://...`) rather than a local path.
-
-    Example:
-        >>> is_url("s3://bucket/model.safetensors"), is_url("model.safetensors")
-        (True, False)
-    """
-    return isinstance(text, str) and _SCHEME.match(text) is not None
-
-
-def shown(url: str) -> str:
-    """`url` as it may be shown: no user information, no query string, no fragment.
-
-    Example:
-        >>> shown("https://user:secret@example.org/m.safetensors?X-Amz-Signature=abc")
-        'https://example.org/m.safetensors'
-    """
-    bare = url.split("#", 1)[0].split("?", 1)[0]
-    if not bare.lower().startswith(("http://", "https://")):
-        return bare  # s3, gs, hf: no user information; bucket and key kept as written
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return bare
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = host + (f":{port}" if port is not None else "")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def is_loopback(host: str) -> bool:
@@ -94,8 +64,11 @@ class RemoteURL:
     repo_type: str = ""
 
 
-def parse_url(url: str) -> RemoteURL:
+def parse_url(url: str, *, folder: bool = False) -> RemoteURL:
     """Parse a remote URL, or raise naming the part that is wrong.
+
+    With `folder`, the URL names a folder: its key (path in the repository, URL path) may
+    be empty (a bucket's or repository's top) and is given without a final `/`.
 
     Raises:
         RemoteURLError: an unknown scheme (the message lists the valid ones), a missing or
@@ -114,18 +87,20 @@ def parse_url(url: str) -> RemoteURL:
     if scheme not in SCHEMES:
         raise RemoteURLError(name, "scheme", f"unknown scheme {scheme!r}; accepted: {_schemes()}")
     rest = url[match.end() :]
+    if folder:
+        rest = rest.rstrip("/")
     if scheme in ("s3", "gs"):
-        return _bucket_url(scheme, url, name, rest)
+        return _bucket_url(scheme, url, name, rest, folder)
     if scheme == "hf":
-        return _hf_url(url, name, rest)
-    return _http_url(scheme, url, name)
+        return _hf_url(url, name, rest, folder)
+    return _http_url(scheme, url, name, folder)
 
 
 def _schemes() -> str:
     return ", ".join(f"{s}://" for s in SCHEMES)
 
 
-def _bucket_url(scheme: str, url: str, name: str, rest: str) -> RemoteURL:
+def _bucket_url(scheme: str, url: str, name: str, rest: str, folder: bool) -> RemoteURL:
     if "?" in rest or "#" in rest:
         raise RemoteURLError(name, "key", "a query string or fragment is not part of an object key")
     bucket, _, key = rest.partition("/")
@@ -137,19 +112,19 @@ def _bucket_url(scheme: str, url: str, name: str, rest: str) -> RemoteURL:
         raise RemoteURLError(
             name, "bucket", f"{bucket!r} is not a bucket name (3-63 characters of {allowed})"
         )
-    if not key:
+    if not key and not folder:
         raise RemoteURLError(name, "key", f"missing; write {scheme}://{bucket}/KEY")
     return RemoteURL(scheme, url, name, bucket, key)
 
 
-def _hf_url(url: str, name: str, rest: str) -> RemoteURL:
+def _hf_url(url: str, name: str, rest: str, folder: bool) -> RemoteURL:
     if "?" in rest or "#" in rest:
         raise RemoteURLError(name, "path", "a query string or fragment is not part of a Hub path")
     parts = rest.split("/")
     repo_type = "model"
     if parts[0] in _HF_KINDS:
         repo_type = _HF_KINDS[parts.pop(0)]
-    if len(parts) < 3:
+    if len(parts) < (2 if folder else 3):
         raise RemoteURLError(
             name,
             "repository",
@@ -166,12 +141,14 @@ def _hf_url(url: str, name: str, rest: str) -> RemoteURL:
             )
     if at and not revision:
         raise RemoteURLError(name, "revision", "empty after '@'; write @BRANCH, @TAG or @COMMIT")
-    if not path or path.endswith("/") or any(p in ("", ".", "..") for p in path.split("/")):
+    if folder and not path:
+        pass  # the repository's top
+    elif not path or path.endswith("/") or any(p in ("", ".", "..") for p in path.split("/")):
         raise RemoteURLError(name, "path", f"{path!r} is not a file path in the repository")
     return RemoteURL("hf", url, name, f"{org}/{repo}", path, revision, repo_type)
 
 
-def _http_url(scheme: str, url: str, name: str) -> RemoteURL:
+def _http_url(scheme: str, url: str, name: str, folder: bool) -> RemoteURL:
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 - raises on a malformed port
@@ -180,7 +157,7 @@ def _http_url(scheme: str, url: str, name: str) -> RemoteURL:
     host = parts.hostname or ""
     if not host:
         raise RemoteURLError(name, "host", f"missing; write {scheme}://HOST/PATH")
-    if not parts.path or parts.path.endswith("/"):
+    if not folder and (not parts.path or parts.path.endswith("/")):
         raise RemoteURLError(name, "path", "missing a file name")
     if scheme == "http" and not is_loopback(host):
         raise RemoteURLError(
@@ -189,4 +166,4 @@ def _http_url(scheme: str, url: str, name: str) -> RemoteURL:
             "plain http:// is read only from a loopback host (localhost, 127.0.0.0/8, ::1); "
             "use https://",
         )
-    return RemoteURL(scheme, url, name, host, parts.path)
+    return RemoteURL(scheme, url, name, host, parts.path.rstrip("/") if folder else parts.path)
