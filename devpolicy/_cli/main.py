@@ -80,6 +80,14 @@ def _processes(text: str) -> int:
     return count
 
 
+def _path_or_url(text: str) -> Any:
+    """A file argument: a local `Path`, or a `URLPath` for `s3://`, `gs://`, `hf://` and
+    `https://` (shown without its credentials wherever the command prints it)."""
+    from .._base.locations import location
+
+    return location(text)
+
+
 def _size(text: str) -> int:
     try:
         return devpolicy.parse_size(text)
@@ -112,11 +120,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     check_parser.add_argument(
         "--names",
-        type=Path,
+        type=_path_or_url,
         default=None,
         metavar="CKPT|TREE.json",
         help="lint against real names: a safetensors file, checkpoint directory or index "
-        "(header only), or a JSON list of names / object of name -> {shape, dtype}",
+        "(header only; a path or an s3://, gs://, hf://, https:// URL), or a JSON list of "
+        "names / object of name -> {shape, dtype}",
     )
     check_parser.add_argument(
         "--prefix", default=None, help="with a checkpoint: name prefix (default: its stem)"
@@ -141,10 +150,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain_parser.add_argument(
         "--file",
-        type=Path,
+        type=_path_or_url,
         default=None,
-        metavar="PATH",
-        help="the file it is loaded from: rules with `file:` match only with one",
+        metavar="PATH|URL",
+        help="the file it is loaded from (a path or a URL): rules with `file:` match only "
+        "with one",
     )
     _tree_option(explain_parser, "the name's")
     _machine_options(explain_parser, "decide")
@@ -155,10 +165,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan_parser.add_argument(
         "file",
-        type=Path,
+        type=_path_or_url,
         metavar="CKPT",
         help="a .safetensors file, a checkpoint directory or its index "
-        "(model.safetensors.index.json); only headers are read",
+        "(model.safetensors.index.json), local or at an s3://, gs://, hf://, https:// URL; "
+        "only headers are read",
     )
     plan_parser.add_argument(
         "--policy", type=Path, default=None, help="policy file (default: discovery)"

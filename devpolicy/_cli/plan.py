@@ -169,6 +169,15 @@ def command(args: argparse.Namespace) -> int:
         )
     for mesh in p.meshes:
         console.print(lit(f"Mesh {mesh.described}"))
+    for f in p.fetches:
+        cold = "; a first load, into the cache (later loads map it)" if f.cached else ""
+        console.print(
+            lit(
+                f"Fetch: {f.file}: {devpolicy.format_size(f.nbytes)} in {f.requests} "
+                f"request{'' if f.requests == 1 else 's'} from this process (it holds "
+                f"{devpolicy.format_size(f.share)}){cold}"
+            )
+        )
     missing = sum(map(len, unplaced.values()))
     if missing:
         console.print(Text(f"{missing} tensor(s) have no device", style="red"))
@@ -300,6 +309,16 @@ def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:
                 "given": m.given,
             }
             for m in p.meshes
+        ],
+        "fetch": [
+            {
+                "file": f.file,
+                "nbytes": f.nbytes,
+                "requests": f.requests,
+                "share": f.share,
+                "cached": f.cached,
+            }
+            for f in p.fetches
         ],
         "warnings": [{"code": code, "message": message} for code, message in p.warnings],
         "sharded_nothing": p.sharded_nothing,

@@ -1092,10 +1092,12 @@ def _remote(field: str) -> Any:
     return Field(None, description=f"{option.description} ({option.variable})")
 
 
+# Each field's check and bounds are the option table's (`remote.py`), shared with the
+# environment's reading of `DEVPOLICY_REMOTE_*`.
 class RemoteSpec(_Strict):
     """How URLs are read (`load_file`, `plan`, `read_metadata` of `s3://`, `gs://`,
     `hf://`, `https://`): every field optional; `DEVPOLICY_REMOTE_*` and a call's
-    `remote=` override it. Each field's check and bounds are `_document/remote.py`'s."""
+    `remote=` override it."""
 
     concurrency: Annotated[
         int | None,

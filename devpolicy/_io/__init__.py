@@ -10,10 +10,13 @@ One module per job, bottom to top (imports go down; `pyproject.toml` checks the 
 - `agreement` (steps the processes of a job take together, each ending in every
   process's verdict), `buffers` (aligned host memory), `checkpoints` (which files make a
   checkpoint), `layout` (where tensors, and slices of them, go in a file devpolicy
-  writes), `opening` (a local file opened again for its data, unchanged; mapped).
+  writes), `opening` (a local file opened again for its data, unchanged; mapped),
+  `remote` (the byte sources of s3://, gs://, hf:// and https:// URLs, and folders
+  listed there).
 - `keys` (PRNG key arrays stored as their key data, wrapped again on load), `mapping`
   (which tensors map, which are read), `naming` (the names tensors are decided under),
-  `whole` (whole-tensor reads, the range reads every reader shares), `writing` (atomic
+  `places` (a checkpoint local or at a URL: chosen, each file's header read, its source
+  handed over for the data), `whole` (whole-tensor reads, the range reads every reader shares), `writing` (atomic
   writes, a file several processes write together, `align_file`).
 - `accounting` (what each rule took; what must not pass in silence), `into` (filling a
   tree), `joint` (arrays that span processes, saved by all of them into one file),

@@ -11,6 +11,7 @@ import math
 import os
 
 from .._base.files import FileRefused, read_capped
+from .._base.locations import URLPath, is_url
 from .._io.accounting import (
     NEAR,
     NOTHING,
@@ -45,7 +46,7 @@ TREE_FORMS = (
 
 
 def read_names(
-    path: str | os.PathLike[str], policy: Policy, prefix: str | None = None
+    path: str | os.PathLike[str] | URLPath, policy: Policy, prefix: str | None = None
 ) -> list[NameItem]:
     """The names `check --names` lints against (see `NAMES_FORMS`).
 
@@ -54,6 +55,8 @@ def read_names(
             of the accepted forms (naming the file, and the entry).
         SafetensorsFileError: the checkpoint cannot be read.
     """
+    if isinstance(path, URLPath) or is_url(path):
+        return checkpoint_names(path, policy.settings, prefix)
     text = os.fspath(path)
     if not text.endswith(".json") or text.endswith(".safetensors.index.json"):
         return checkpoint_names(path, policy.settings, prefix)

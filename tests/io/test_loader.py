@@ -270,14 +270,14 @@ class TestFailuresNameTheFile:
         """Rewritten in place mid-load: a clear error, never short buffers or SIGBUS later."""
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({"w": np.zeros(4096, np.float32)}, path)
-        real = devpolicy._io.load.read_header_from  # type: ignore[attr-defined]
+        real = devpolicy._io.places.read_header_from  # type: ignore[attr-defined]
 
         def then_truncate(f: io.BufferedReader, where: Path) -> object:
             header = real(f, where)
             os.truncate(path, 100)
             return header
 
-        monkeypatch.setattr(devpolicy._io.load, "read_header_from", then_truncate)  # type: ignore[attr-defined]
+        monkeypatch.setattr(devpolicy._io.places, "read_header_from", then_truncate)  # type: ignore[attr-defined]
         with pytest.raises(devpolicy.SafetensorsFileError, match=r"m\.safetensors.*changed size"):
             devpolicy.load_file(path, policy=policy_of(), mmap=True)
 

@@ -26,7 +26,7 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._cli.main import main
 from devpolicy._io import load as _safetensors
-from devpolicy._io import ranges, readahead
+from devpolicy._io import places, ranges, readahead, sources
 from devpolicy._io.format import read_header
 from devpolicy._io.sources import open_tensor_file, os_error
 from tests.conftest import REPO
@@ -244,14 +244,14 @@ class TestDescriptors:
         """Opened again to be read, a file must be the one its header came from."""
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({"w": np.zeros(16, np.float32)}, path)
-        real = _safetensors.read_header_from
+        real = places.read_header_from
 
         def then_replace(f: Any, where: Path) -> object:
             header = real(f, where)
             devpolicy.save_file({"w": np.ones(16, np.float32)}, path)  # same size, new inode
             return header
 
-        monkeypatch.setattr(_safetensors, "read_header_from", then_replace)
+        monkeypatch.setattr(places, "read_header_from", then_replace)
         with pytest.raises(
             devpolicy.SafetensorsFileError,
             match=rf"^{re.escape(str(path))}: file was replaced or rewritten after its header was "
@@ -348,7 +348,7 @@ class TestSmallTensorRuns:
             for t in header.tensors
         ]
         order = _NoCopy(sorted(range(50), key=lambda i: header.tensors[i].offset))
-        run = readahead._small_run(header, decisions, order, 0, None, False)
+        run = readahead.small_run(header, decisions, order, 0, None, False)
         assert run == list(order)
 
 

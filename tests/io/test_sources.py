@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._io import load as _load
+from devpolicy._io import places as _places
 from devpolicy._io.format import Header, read_header, read_header_from
 from devpolicy._io.sources import ByteSource, LocalFile, SourceEndedError
 from tests.helpers import policy_of, run_threads
@@ -193,7 +193,7 @@ class TestASourceWithoutADescriptor:
         """Runs, whole tensors and shard slices all read through the source's own reads."""
         path, tensors = checkpoint(tmp_path)
         remote = InMemory(path.read_bytes(), str(path))
-        monkeypatch.setattr(_load, "reopen_tensor_file", lambda header: remote)
+        monkeypatch.setattr(_places, "reopen_tensor_file", lambda header: remote)
         policy = policy_of(
             meshes={"four": {"axes": {"data": 4}, "devices": "cpu"}},
             rules=[
@@ -217,7 +217,7 @@ class TestASourceWithoutADescriptor:
     ) -> None:
         path, _ = checkpoint(tmp_path)
         remote = InMemory(path.read_bytes()[:-5000], str(path))
-        monkeypatch.setattr(_load, "reopen_tensor_file", lambda header: remote)
+        monkeypatch.setattr(_places, "reopen_tensor_file", lambda header: remote)
         with pytest.raises(
             devpolicy.SafetensorsFileError,
             match=rf"^{re.escape(str(path))}: tensor '\w+': file ended after \d+ of \d+ bytes",

@@ -6,7 +6,9 @@ them all) skips the tests that need it, saying which; any other failure to start
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +38,88 @@ def payload() -> bytes:
     return os.urandom(OBJECT_SIZE)
 
 
+@dataclass
+class Checkpoints:
+    """Safetensors checkpoints every server holds: `single` (one file: a 2 MiB tensor, small
+    ones, 64-bit tokens) and `sharded` (two files and their index), as local files, with
+    where each lies below a server's root (`ckpt/model.safetensors`, `sharded/...`)."""
+
+    single: Path
+    sharded: Path
+
+    def files(self) -> dict[str, Path]:
+        """Each file by its path below a server's root."""
+        found = {"ckpt/model.safetensors": self.single}
+        for part in sorted(self.sharded.iterdir()):
+            found[f"sharded/{part.name}"] = part
+        return found
+
+
+def _write_checkpoints(root: Path) -> Checkpoints:
+    import numpy as np
+
+    import devpolicy
+
+    rng = np.random.default_rng(25)
+    single = root / "model.safetensors"
+    devpolicy.save_file(
+        {
+            "embed": rng.standard_normal((512, 1024)).astype(np.float32),
+            "norm": rng.standard_normal(1024).astype(np.float32),
+            "layers/0/w": rng.standard_normal((256, 256)).astype(np.float32),
+            "layers/0/b": rng.standard_normal(256).astype(np.float32),
+            "tokens": rng.integers(0, 50_000, 128 * 1024, dtype=np.uint16),
+        },
+        single,
+        metadata={"format": "devpolicy-tests"},
+    )
+    sharded = root / "sharded"
+    sharded.mkdir()
+    parts = {
+        "model-00001-of-00002.safetensors": {
+            "embed": rng.standard_normal((512, 512)).astype(np.float32),
+            "norm": rng.standard_normal(512).astype(np.float32),
+        },
+        "model-00002-of-00002.safetensors": {
+            "head": rng.standard_normal((512, 512)).astype(np.float32),
+        },
+    }
+    weight_map = {}
+    for name, tensors in parts.items():
+        devpolicy.save_file(tensors, sharded / name)
+        weight_map.update(dict.fromkeys(tensors, name))
+    (sharded / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    return Checkpoints(single, sharded)
+
+
 @pytest.fixture(scope="session")
-def served_root(tmp_path_factory: pytest.TempPathFactory, payload: bytes) -> Path:
-    """A folder with `model.bin` (the payload) for the HTTP servers and the Hub."""
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
+    """The checkpoints, as local files (what every server serves)."""
+    return _write_checkpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def served_root(
+    tmp_path_factory: pytest.TempPathFactory, payload: bytes, checkpoints: Checkpoints
+) -> Path:
+    """A folder with `model.bin` (the payload) and the checkpoints for the HTTP servers and
+    the Hub (`hub/org/repo/`, `hub/org/sharded/`, `hub/datasets/org/tokens/train/`)."""
     root = tmp_path_factory.mktemp("served")
     (root / "model.bin").write_bytes(payload)
     for hub_path in ("org/repo/model.bin", "datasets/org/tokens/train/model.bin"):
         (root / "hub" / hub_path).parent.mkdir(parents=True, exist_ok=True)
         (root / "hub" / hub_path).write_bytes(payload)
+    copies = {key: local for key, local in checkpoints.files().items()}
+    copies["hub/org/repo/model.safetensors"] = checkpoints.single
+    copies["hub/datasets/org/tokens/train/model.safetensors"] = checkpoints.single
+    for key, local in checkpoints.files().items():
+        if key.startswith("sharded/"):
+            copies[f"hub/org/sharded/{key.removeprefix('sharded/')}"] = local
+    for key, local in copies.items():
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, root / key)
     return root
 
 
@@ -54,6 +130,8 @@ def s3(
     """SeaweedFS's S3 gateway holding `s3://devpolicy-tests/ckpt/model.bin`."""
     server = _start(request, lambda: servers.start_seaweedfs(tmp_path_factory.mktemp("seaweedfs")))
     server.put(BUCKET, "ckpt/model.bin", payload)
+    for key, local in request.getfixturevalue("checkpoints").files().items():
+        server.put(BUCKET, key, local.read_bytes())
     return server
 
 
@@ -64,6 +142,8 @@ def gcs(
     """fake-gcs-server holding `gs://devpolicy-tests/ckpt/model.bin`."""
     server = _start(request, lambda: servers.start_fake_gcs(tmp_path_factory.mktemp("gcs")))
     server.put(BUCKET, "ckpt/model.bin", payload)
+    for key, local in request.getfixturevalue("checkpoints").files().items():
+        server.put(BUCKET, key, local.read_bytes())
     return server
 
 

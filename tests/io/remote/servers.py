@@ -356,6 +356,8 @@ class LocalHub(ThreadedApp):
         )
         app.router.add_route("*", "/{org}/{repo}/resolve/{revision}/{path:.+}", self._resolve)
         app.router.add_route("*", "/api/{kind}/{org}/{repo}/revision/{revision}", self._revision)
+        app.router.add_route("GET", "/api/{kind}/{org}/{repo}/tree/{revision}", self._tree)
+        app.router.add_route("GET", "/api/{kind}/{org}/{repo}/tree/{revision}/{path:.+}", self._tree)
         app.router.add_route("*", "/cdn/{path:.+}", self._content)
         super().__init__(app)
 
@@ -395,6 +397,31 @@ class LocalHub(ThreadedApp):
         return web.json_response(
             {"sha": HUB_COMMIT, "id": f"{request.match_info['org']}/{request.match_info['repo']}"}
         )
+
+    async def _tree(self, request: Any) -> Any:
+        """The Hub's `tree` route: a folder's entries (files and folders), not recursive."""
+        web = _aiohttp()
+        self.requests.append((request.method, request.path, None))
+        if (
+            self.token is not None
+            and request.headers.get("Authorization") != f"Bearer {self.token}"
+        ):
+            return web.Response(status=401, text="unauthorised")
+        info = request.match_info
+        kind = "datasets/" if info["kind"] == "datasets" else ""
+        repo = self.root / f"{kind}{info['org']}/{info['repo']}"
+        folder = repo / info.get("path", "")
+        if not folder.is_dir():
+            return web.Response(status=404, headers={"X-Error-Code": "EntryNotFound"})
+        entries = [
+            {
+                "type": "file" if child.is_file() else "directory",
+                "path": str(child.relative_to(repo)),
+                "size": child.stat().st_size if child.is_file() else 0,
+            }
+            for child in sorted(folder.iterdir())
+        ]
+        return web.json_response(entries)
 
     async def _content(self, request: Any) -> Any:
         web = _aiohttp()
