@@ -65,8 +65,9 @@ def test_runtime_dependencies_are_the_distributions_the_library_imports() -> Non
 
 
 def test_every_lower_bound_is_pinned_in_the_oldest_environment() -> None:
-    """`.ci/constraints-oldest.txt` pins each dependency and test tool at exactly its declared
-    lower bound, and pins nothing else: CI's oldest environment is the bounds we promise."""
+    """`.ci/constraints-oldest.txt` pins each dependency, each package of the `remote` extra
+    and each test tool at exactly its declared lower bound, and pins nothing else: CI's
+    oldest environment is the bounds we promise."""
     project = _project()
     extras: dict[str, list[str]] = project["optional-dependencies"]  # type: ignore[assignment]
     requirements = [
@@ -74,8 +75,11 @@ def test_every_lower_bound_is_pinned_in_the_oldest_environment() -> None:
         *(r for r in extras["test"] if not r.startswith("devpolicy[")),
         # The docs extra too: the test extra includes it (the suite builds the site).
         *extras["docs"],
+        # And the remote extra: the test extra includes it (the remote tests read URLs).
+        *extras["remote"],
     ]
     assert "devpolicy[docs]" in extras["test"]
+    assert "devpolicy[remote]" in extras["test"]
     declared = {name: _release(v) for name, v in _lower_bounds(requirements).items()}
     pinned = {}
     for line in CONSTRAINTS.read_text(encoding="utf-8").splitlines():
