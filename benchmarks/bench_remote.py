@@ -18,6 +18,15 @@ choice): obstore (`get_range` on N threads, and `get_ranges`), s3fs (`cat_ranges
 on N threads; plus the bytes each pulls for an 8-byte header read
 and how each treats three 503s and a body cut short (through the tests' fault proxy).
 
+With `--sharded` it measures instead what the issue asks of a load (`load_file`): one
+safetensors checkpoint of `--size` sharded over two processes (`jax.distributed` on
+127.0.0.1, two CPU devices each, fresh processes every run, methods interleaved), against
+what users write today: fetch the whole object (botocore's `get_object`, streamed to a local
+file), then `safetensors.numpy.load_file` and `jax.device_put` with the same sharding. Per
+method: the job's time (the slower process), each process's peak host memory (its own
+`VmHWM` rise) against the tensor, and the bytes each process fetched (counted at a proxy of
+its own) against its share; then the delay three 503s on one range add (through the proxy).
+
 Prints a Markdown table (median seconds, MiB/s, ratio to the floor) with the machine's state,
 and writes it to `--out`.
 """
@@ -200,13 +209,20 @@ def s3fs_ranges(endpoint: str, n: int, buf: mmap.mmap, ranges: list[tuple[int, i
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        _worker(*sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="256MiB")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--clients", action="store_true")
+    parser.add_argument("--sharded", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/remote.md")
     args = parser.parse_args()
+    if args.sharded:
+        _sharded(parse_size(args.size), args.runs, args.out)
+        return
     size, chunk, n = parse_size(args.size), 8 * 2**20, args.concurrency
     methods: dict[str, Method] = {"devpolicy": devpolicy_source, "aiohttp raw (floor)": aiohttp_raw}
     if args.clients:
@@ -317,6 +333,195 @@ def _behaviour(endpoint: str, methods: dict[str, Method], data: bytes, chunk: in
     finally:
         proxy.close()
     return lines
+
+
+# --- a sharded load over two processes, against fetch-whole-then-load ------------------
+
+
+def _worker(method: str, port: str, process: str, endpoint: str, key: str) -> None:
+    """One process of the two: load `s3://bench/<key>` by `method`, print a JSON report."""
+    import json
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 2)
+    jax.config.update("jax_platforms", "cpu")
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+    from structlog.testing import capture_logs
+
+    import devpolicy
+
+    os.environ.update(_environ(endpoint))
+    jax.distributed.initialize(f"127.0.0.1:{port}", 2, int(process), initialization_timeout=60)
+    try:
+
+        def peak() -> int:
+            with open("/proc/self/status") as f:
+                return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+
+        mesh = jax.make_mesh((4,), ("data",), devices=jax.devices())
+        sharding = NamedSharding(mesh, PartitionSpec("data"))
+        before, began = peak(), time.perf_counter()
+        fetched = requests = 0
+        if method == "devpolicy":
+            policy = devpolicy.load_policy({
+                "version": 1, "meshes": {"dp": {"axes": {"data": -1}, "devices": "cpu"}},
+                "rules": [{"match": "*", "sharding": {"mesh": "dp", "spec": ["data"]}}],
+            }, environ={})  # fmt: skip
+            with capture_logs() as events:
+                out = devpolicy.load_file(f"s3://{BUCKET}/{key}", policy=policy)
+            summary = next(e for e in events if e["event"] == "load_file")
+            fetched, requests = summary["bytes_fetched"], summary["requests"]
+        else:
+            import botocore.session
+            import safetensors.numpy
+
+            client = botocore.session.get_session().create_client(
+                "s3", endpoint_url=endpoint, region_name="us-east-1",
+                aws_access_key_id=servers.S3_ACCESS_KEY,
+                aws_secret_access_key=servers.S3_SECRET_KEY,
+            )  # fmt: skip
+            body = client.get_object(Bucket=BUCKET, Key=key)["Body"]
+            with tempfile.NamedTemporaryFile(suffix=".safetensors") as local:
+                for part in iter(lambda: body.read(8 * 2**20), b""):
+                    local.write(part)
+                    fetched += len(part)
+                local.flush()
+                requests = 1
+                arrays = safetensors.numpy.load_file(local.name)
+            out = {k: jax.device_put(v, sharding) for k, v in arrays.items()}
+            del arrays
+        for array in out.values():
+            array.block_until_ready()
+        seconds = time.perf_counter() - began
+        held = sum(s.data.nbytes for a in out.values() for s in a.addressable_shards)
+        total = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in out.values())
+        report = {"seconds": seconds, "peak_rise": peak() - before, "fetched": fetched,
+                  "requests": requests, "held": held, "total": total}  # fmt: skip
+        print(json.dumps(report), flush=True)
+    finally:
+        jax.distributed.shutdown()
+
+
+def _pair(method: str, endpoints: list[str], key: str) -> list[dict[str, Any]]:
+    import json
+    import subprocess
+
+    port = servers.free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", method, str(port), str(i), endpoint, key],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i, endpoint in enumerate(endpoints)
+    ]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode:
+            raise SystemExit(f"{method} worker failed:\n{err[-3000:]}")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports
+
+
+def _sharded(size: int, runs: int, out: str) -> None:
+    import numpy as np
+
+    import devpolicy
+
+    key = "sharded.safetensors"
+    methods = {
+        "devpolicy load_file (each process its half)": "devpolicy",
+        "get_object whole + safetensors.numpy + device_put": "baseline",
+    }
+    load_before = os.getloadavg()
+    with (
+        tempfile.TemporaryDirectory() as work,
+        servers.running(lambda: servers.start_seaweedfs(Path(work) / "weed")) as s3,
+    ):
+        local = Path(work) / key
+        rows = size // (4 * 4096)
+        devpolicy.save_file(
+            {"w": np.random.default_rng(0).standard_normal((rows, 4096), np.float32)}, local
+        )
+        s3.put(BUCKET, key, local.read_bytes())
+        local.unlink()
+        tensor = rows * 4096 * 4
+        results: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in methods}
+        for run in range(runs + 1):  # the first round warms the server and is dropped
+            for name, method in methods.items():
+                reports = _pair(method, [s3.url, s3.url], key)
+                if run:
+                    results[name].append(reports)
+        counted: dict[str, list[int]] = {}
+        delays: dict[str, float] = {}
+        with (
+            servers.running(lambda: servers.FaultProxy(s3.url)) as first,
+            servers.running(lambda: servers.FaultProxy(s3.url)) as second,
+        ):
+            for name, method in methods.items():
+                first.reset(), second.reset()
+                began = time.perf_counter()
+                _pair(method, [first.url, second.url], key)
+                clean = time.perf_counter() - began
+                counted[name] = [first.body_bytes(), second.body_bytes()]
+                first.reset(), second.reset()
+                first.faults.append(servers.Fault(
+                    "status", times=3, applies=lambda m, p, r: m == "GET" and "x-id" not in p
+                    and (r is None or not r.startswith("bytes=0-65535"))))  # fmt: skip
+                began = time.perf_counter()
+                _pair(method, [first.url, second.url], key)
+                delays[name] = time.perf_counter() - began - clean
+    load_after = os.getloadavg()
+    lines = [
+        f"# A sharded load over two processes: {format_mib(tensor)} from a local S3 server",
+        "",
+        f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, load average "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after; two processes under "
+        "jax.distributed on 127.0.0.1 (two CPU devices each, the tensor sharded in halves "
+        f"by rows), fresh processes every run, {runs} runs per method, interleaved, after one "
+        "warm-up round.",
+        "",
+        "| method | median s (the slower process) | vs fetch-whole | peak host memory per "
+        "process / tensor | bytes fetched per process / its share | three 503s add |",
+        "|---|---|---|---|---|---|",
+    ]
+    medians = {
+        name: statistics.median(max(r["seconds"] for r in reports) for reports in runs_)
+        for name, runs_ in results.items()
+    }
+    base = medians["get_object whole + safetensors.numpy + device_put"]
+    for name, runs_ in results.items():
+        peak = max(r["peak_rise"] for reports in runs_ for r in reports)
+        share = tensor / 2
+        fetched = max(counted[name]) / share
+        lines.append(
+            f"| {name} | {medians[name]:.2f} | {medians[name] / base:.2f}x | "
+            f"{peak / tensor:.2f}x | {fetched:.3f}x | {delays[name]:+.2f} s |"
+        )
+    lines += [
+        "",
+        "Bytes are counted at a proxy in front of each process (the header's small read "
+        "included); the delay of three 503s is one faulted run against one clean run through "
+        "the same proxies (botocore retries a whole `get_object` itself).",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    path = Path(out)
+    previous = path.read_text(encoding="utf-8") if path.exists() else ""
+    marker = "# A sharded load over two processes"
+    kept = previous.split(marker, 1)[0].rstrip()
+    path.write_text((kept + "\n\n" if kept else "") + text, encoding="utf-8")
+
+
+def format_mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.0f} MiB"
 
 
 if __name__ == "__main__":

@@ -153,8 +153,7 @@ def _parser() -> argparse.ArgumentParser:
         type=_path_or_url,
         default=None,
         metavar="PATH|URL",
-        help="the file it is loaded from (a path or a URL): rules with `file:` match only "
-        "with one",
+        help="the file it is loaded from (a path or a URL): rules with `file:` match only with one",
     )
     _tree_option(explain_parser, "the name's")
     _machine_options(explain_parser, "decide")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from .backend import Backend
 from .cache import CachedFile, RemoteCache
 from .errors import (
     INSTALL_HINT,
@@ -24,6 +23,7 @@ from .errors import (
     RemoteURLError,
 )
 from .options import RemoteOptions, options_of, resolve_options
+from .schemes import backend_for
 from .source import Counters, Emit, RemoteObject
 from .urls import SCHEMES, RemoteURL, is_url, parse_url, shown
 
@@ -50,25 +50,6 @@ __all__ = [
     "resolve_options",
     "shown",
 ]
-
-
-def backend_for(url: RemoteURL, environ: Mapping[str, str]) -> Backend:
-    """The backend of `url`'s scheme."""
-    if url.scheme == "s3":
-        from .s3 import S3Backend
-
-        return S3Backend(url, environ)
-    if url.scheme == "gs":
-        from .gcs import GcsBackend
-
-        return GcsBackend(url, environ)
-    if url.scheme == "hf":
-        from .hub import HubBackend
-
-        return HubBackend(url, environ)
-    from .web import WebBackend
-
-    return WebBackend(url, environ)
 
 
 def open_remote(

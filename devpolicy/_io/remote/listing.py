@@ -22,6 +22,7 @@ from .backend import Backend
 from .errors import RemoteReadError
 from .http import Dropped, Pool
 from .options import RemoteOptions
+from .schemes import backend_for
 from .urls import RemoteURL, parse_url
 
 _RETRIED = frozenset({408, 429, 500, 502, 503, 504})
@@ -43,8 +44,6 @@ def list_folder(url: str, environ: Mapping[str, str], options: RemoteOptions) ->
     parsed = parse_url(url, folder=True)
     if parsed.scheme in ("http", "https"):
         return None
-    from . import backend_for
-
     backend = backend_for(parsed, environ)
     pool = Pool(options.timeout_seconds)
     try:

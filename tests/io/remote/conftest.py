@@ -46,6 +46,7 @@ class Checkpoints:
 
     single: Path
     sharded: Path
+    tokens: Path
 
     def files(self) -> dict[str, Path]:
         """Each file by its path below a server's root."""
@@ -91,7 +92,9 @@ def _write_checkpoints(root: Path) -> Checkpoints:
     (sharded / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map})
     )
-    return Checkpoints(single, sharded)
+    tokens = root / "train.safetensors"  # the story's token file, small
+    devpolicy.save_file({"tokens": rng.integers(0, 50_000, 2**20, dtype=np.uint16)}, tokens)
+    return Checkpoints(single, sharded, tokens)
 
 
 @pytest.fixture(scope="session")
@@ -111,9 +114,10 @@ def served_root(
     for hub_path in ("org/repo/model.bin", "datasets/org/tokens/train/model.bin"):
         (root / "hub" / hub_path).parent.mkdir(parents=True, exist_ok=True)
         (root / "hub" / hub_path).write_bytes(payload)
-    copies = {key: local for key, local in checkpoints.files().items()}
+    copies = dict(checkpoints.files())
     copies["hub/org/repo/model.safetensors"] = checkpoints.single
     copies["hub/datasets/org/tokens/train/model.safetensors"] = checkpoints.single
+    copies["hub/datasets/org/tokens/train.safetensors"] = checkpoints.tokens
     for key, local in checkpoints.files().items():
         if key.startswith("sharded/"):
             copies[f"hub/org/sharded/{key.removeprefix('sharded/')}"] = local

@@ -357,7 +357,9 @@ class LocalHub(ThreadedApp):
         app.router.add_route("*", "/{org}/{repo}/resolve/{revision}/{path:.+}", self._resolve)
         app.router.add_route("*", "/api/{kind}/{org}/{repo}/revision/{revision}", self._revision)
         app.router.add_route("GET", "/api/{kind}/{org}/{repo}/tree/{revision}", self._tree)
-        app.router.add_route("GET", "/api/{kind}/{org}/{repo}/tree/{revision}/{path:.+}", self._tree)
+        app.router.add_route(
+            "GET", "/api/{kind}/{org}/{repo}/tree/{revision}/{path:.+}", self._tree
+        )
         app.router.add_route("*", "/cdn/{path:.+}", self._content)
         super().__init__(app)
 

@@ -23,6 +23,7 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._cli.main import main as cli_main
 from devpolicy._io.remote import RemoteExtraMissingError
+from tests.conftest import REPO
 
 from . import servers
 from .conftest import BUCKET, Checkpoints, Proxied, s3_environ
@@ -129,9 +130,7 @@ class TestEveryScheme:
         assert size <= summary["bytes_fetched"] <= size + 64 * 2**10
         assert summary["mapped"] == 0
 
-    def test_a_folder_loads_its_index_files(
-        self, remote: Remote, checkpoints: Checkpoints
-    ) -> None:
+    def test_a_folder_loads_its_index_files(self, remote: Remote, checkpoints: Checkpoints) -> None:
         """A folder at a URL is chosen from as a local one (its index and the files it names;
         the Hub dataset's folder: its model.safetensors beside another file), named by the
         folder's name."""
@@ -279,7 +278,9 @@ class TestOptions:
 
     def test_a_bad_call_option_lists_the_known_ones(self, remote: Remote) -> None:
         """An unknown `remote=` field is an error listing the fields."""
-        with pytest.raises(devpolicy.DevicePolicyError, match=r"unknown option; accepted: concurrency, chunk"):
+        with pytest.raises(
+            devpolicy.DevicePolicyError, match=r"unknown option; accepted: concurrency, chunk"
+        ):
             devpolicy.load_file(remote.single, policy=_policy(), remote={"chunks": 4})
 
 
@@ -325,7 +326,9 @@ class TestNoCredentialShows:
         policy = _policy()
         with capture_logs() as events:
             devpolicy.load_file("hf://org/repo/model.safetensors", policy=policy)
-            devpolicy.load_file(f"{secret_url}/ckpt/model.safetensors?sig=query-secret", policy=policy)
+            devpolicy.load_file(
+                f"{secret_url}/ckpt/model.safetensors?sig=query-secret", policy=policy
+            )
             planned = str(devpolicy.plan(f"{secret_url}/ckpt/model.safetensors", policy=policy))
         with pytest.raises(devpolicy.DevicePolicyError) as caught:
             devpolicy.load_file(f"{secret_url}/ckpt/missing.safetensors", policy=policy)
@@ -386,3 +389,36 @@ class TestCommandLine:
         )  # fmt: skip
         assert code == 0
         assert json.loads(text)["decision"]["device"] == "cpu:1"
+
+
+class TestTheStory:
+    def test_the_token_file_is_fetched_once_into_the_cache_then_mapped(
+        self,
+        hub: servers.LocalHub,
+        served_root: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path,
+        checkpoints: Checkpoints,
+    ) -> None:
+        """The Loading page's steps against a local Hub: the story's policy puts the token
+        file from `hf://datasets/...` on the host; with a cache, the first load fetches it
+        and every later one sends no data request and maps the cached file."""
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", servers.HUB_TOKEN)
+        monkeypatch.setenv("HF_HOME", str(served_root / "none"))
+        policy = devpolicy.load_policy(REPO / "policies" / "dataset-on-host.yaml", environ={})
+        url = "hf://datasets/org/tokens/train.safetensors"
+        cache = {"cache": str(tmp_path / "cache")}
+        (fetch,) = devpolicy.plan(url, policy=policy, remote=cache).fetches
+        assert fetch.cached
+        first = devpolicy.load_file(url, policy=policy, remote=cache)["tokens"]
+        hub.requests.clear()
+        with capture_logs() as events:
+            tokens = devpolicy.load_file(url, policy=policy, remote=cache)["tokens"]
+        assert [r for r in hub.requests if r[1].startswith("/cdn/")] == []
+        (summary,) = [e for e in events if e["event"] == "load_file"]
+        assert (summary["mapped"], summary["file_backed"], summary["bytes_fetched"]) == (1, True, 0)
+        assert _TEXT(*tokens.devices()).startswith("cpu")
+        local = devpolicy.load_file(checkpoints.tokens, policy=policy)["tokens"]
+        assert np.array_equal(np.asarray(tokens), np.asarray(local))
+        assert np.array_equal(np.asarray(first), np.asarray(local))
