@@ -168,8 +168,12 @@ def start_seaweedfs(workdir: Path) -> S3Server:
         weed, "server", f"-dir={workdir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         "-master.telemetry=false", "-volume.max=100", "-master.volumeSizeLimitMB=1024",
         "-s3", f"-s3.port={port}", f"-s3.port.grpc={free_port()}", f"-s3.config={config}",
-        "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]  # fmt: skip
+    # Newer releases open more gateways by default (Iceberg, Lance): off where they exist
+    # (older releases refuse the flags).
+    usage = subprocess.run([weed, "server", "-h"], capture_output=True, text=True, timeout=60)
+    command += [f"{flag}=0" for flag in ("-s3.port.iceberg", "-s3.port.lance")
+                if f"{flag} " in usage.stdout + usage.stderr]  # fmt: skip
     for name, number in ports.items():
         command += [f"-{name}.port={number}", f"-{name}.port.grpc={free_port()}"]
     process = _spawn(command, workdir, "weed.log")
