@@ -52,6 +52,7 @@ from .remote import options_of
 from .progress import left_out_events, mmap_refused_event, progress_bar, summary_event
 from .ranges import ShardReader
 from .readahead import ReadAhead
+from .remote import options_of
 from .sources import ByteSource
 from .whole import read_tensor
 

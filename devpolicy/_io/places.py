@@ -168,9 +168,8 @@ class Files:
         return header
 
     def maps(self, file: FilePath) -> bool:
-        """Whether `file`'s tensors can be mapped: a local file, or one at a URL read
-        through the cache (the cached file is mapped)."""
-        return isinstance(file, Path) or self.options.cache_dir is not None
+        """Whether `file`'s tensors can be mapped (see `can_map`)."""
+        return can_map(file, self.options)
 
     def data(self, header: Header) -> ByteSource:
         """A source of the data of the file `header` came from, the caller's to close: a
@@ -203,12 +202,10 @@ def fetched(source: ByteSource) -> dict[str, Any]:
     return {}
 
 
-def remote_options(
-    settled: Mapping[str, object], call: Mapping[str, object] | None
-) -> RemoteOptions:
-    """The options for one call: the policy's layers (`Settings.remote_values`), then the
-    call's `remote=`."""
-    return options_of(settled, call)
+def can_map(file: FilePath, options: RemoteOptions) -> bool:
+    """Whether `file`'s tensors can be mapped: a local file, or one at a URL read through
+    the cache (the cached file is mapped); otherwise every tensor is read."""
+    return isinstance(file, Path) or options.cache_dir is not None
 
 
 def _stem_of(folder: URLPath) -> str:
@@ -248,4 +245,4 @@ def read_metadata(
         return dict(files.header(file).metadata or {})
 
 
-__all__ = ["Files", "fetched", "is_url", "read_metadata", "remote_options"]
+__all__ = ["Files", "can_map", "fetched", "is_url", "read_metadata"]

@@ -28,10 +28,10 @@ from .format import Header, TensorEntry
 from .into import fit_into
 from .mapping import map_hint, x64_enabled
 from .naming import PathLike, call_naming, name_prefix, source_files, tensor_names
-from .places import Files, remote_options
+from .places import Files, can_map
 from .ranges import slice_bounds, slice_ranges
 from .readahead import small_run
-from .remote import RemoteOptions
+from .remote import RemoteOptions, options_of
 from .remote.source import HEAD_BYTES, planned_requests
 from .whole import remote_groups
 
@@ -301,7 +301,7 @@ def plan(
     `devpolicy.plan`."""
     naming = call_naming(decider.settings.names, separator)
     names = _ModelNames(into, _checked_axes(axes), strict)
-    options = remote_options(decider.settings.remote_values, remote)
+    options = options_of(decider.settings.remote_values, remote)
     if machine is not None:
         if not isinstance(machine, VirtualMachine):
             raise TypeError(
@@ -388,8 +388,7 @@ def _plan(
     names = [n for header in headers for n in tensor_names(header, stem, naming)]
     by_file = dict(zip(checkpoint.files, source_files(checkpoint.files, path), strict=True))
     x64 = x64_enabled()
-    maps = {file: Files(options).maps(file) for file in checkpoint.files}
-    hints = [map_hint(e, mmap if maps[h.path] else False, x64) for h, e in entries]
+    hints = [map_hint(e, mmap if can_map(h.path, options) else False, x64) for h, e in entries]
     outcomes = decider.decide_many(
         [
             (n, e.array_nbytes, e.shape, hint, by_file[header.path], _names_of(model, by_key, n, e))
@@ -488,9 +487,10 @@ def predicted_fetch(
     """What `load_file` fetches of the file at a URL whose header is `header`, in this
     process: the reads the loader asks of a remote source, in its order (runs of small
     tensors, large tensors in groups, each sharded tensor's slices in one batch), each
-    counted as the source sends it (`planned_requests`). A tensor without a device is left
-    out; on a `VirtualMachine` (decisions without a sharding) a sharded tensor's share is
-    counted as one range of its bytes per device times the process's devices."""
+    counted as the source sends it (`planned_requests`). On a `VirtualMachine` (decisions
+    without a sharding) a sharded tensor's share is counted as one range of its bytes per
+    device times the process's devices. With a tensor that has no device, the load stops
+    after the headers: only they are counted."""
     chunk = options.chunk_bytes
     head = min(HEAD_BYTES, header.file_size)
     requests, nbytes = 2, head  # the metadata request; the header's first small read
@@ -502,17 +502,18 @@ def predicted_fetch(
         more, fetched = planned_requests([(0, header.file_size)], chunk)
         share = sum(t.nbytes for t in header.tensors)
         return Fetch(str(header.path), fetched, 1 + more, share, cached=True)
+    if any(d is None for d in decisions):
+        # A tensor without a device: the load raises once every header is read, and
+        # fetches no data.
+        return Fetch(str(header.path), nbytes, requests, 0)
+    placed = [d for d in decisions if d is not None]
     calls: list[list[tuple[int, int]]] = []
     share = 0
     order = sorted(range(len(header.tensors)), key=lambda i: header.tensors[i].offset)
-    placed = [d for d in decisions if d is not None]
     position = 0
     while position < len(order):
         i = order[position]
-        entry, decision = header.tensors[i], decisions[i]
-        if decision is None:
-            position += 1
-            continue
+        entry, decision = header.tensors[i], placed[i]
         if entry.packed or (decision.mesh is None and entry.nbytes >= MAP_THRESHOLD):
             calls += [[group] for group in remote_groups(entry)]
             share += entry.nbytes
@@ -521,7 +522,7 @@ def predicted_fetch(
             calls.append(ranges)
             share += sum(length for _, length in ranges)
         else:
-            run = small_run(header, _stand_in(decisions, placed), order, position, False, x64)
+            run = small_run(header, placed, order, position, False, x64)
             calls.append([(header.tensors[j].offset, header.tensors[j].nbytes) for j in run])
             share += sum(header.tensors[j].nbytes for j in run)
             position += len(run)
@@ -531,14 +532,6 @@ def predicted_fetch(
         more, fetched = planned_requests(call, chunk)
         requests, nbytes = requests + more, nbytes + fetched
     return Fetch(str(header.path), nbytes, requests, share)
-
-
-def _stand_in(
-    decisions: list[Decision[Any] | None], placed: list[Decision[Any]]
-) -> list[Decision[Any]]:
-    """`decisions` with a tensor without a device standing in as placed whole (it ends a
-    run of small tensors, as the loader never reaches it)."""
-    return [d if d is not None else placed[0] for d in decisions] if placed else []
 
 
 def _held_ranges(entry: TensorEntry, decision: Decision[Any]) -> list[tuple[int, int]]:
