@@ -38,6 +38,7 @@ import asyncio
 import mmap
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -348,7 +349,6 @@ def _worker(method: str, port: str, process: str, endpoint: str, key: str) -> No
     jax.config.update("jax_platforms", "cpu")
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
-    from structlog.testing import capture_logs
 
     import devpolicy
 
@@ -382,33 +382,52 @@ def _worker(method: str, port: str, process: str, endpoint: str, key: str) -> No
             aws_secret_access_key=servers.S3_SECRET_KEY,
         )  # fmt: skip
         before, began = peak(), time.perf_counter()
-        fetched = requests = 0
-        if method == "devpolicy":
-            with capture_logs() as events:
-                out = devpolicy.load_file(f"s3://{BUCKET}/{key}", policy=policy)
-            summary = next(e for e in events if e["event"] == "load_file")
-            fetched, requests = summary["bytes_fetched"], summary["requests"]
-        else:
-            body = client.get_object(Bucket=BUCKET, Key=key)["Body"]
-            with tempfile.NamedTemporaryFile(suffix=".safetensors") as local:
-                for part in iter(lambda: body.read(8 * 2**20), b""):
-                    local.write(part)
-                    fetched += len(part)
-                local.flush()
-                requests = 1
-                arrays = safetensors.numpy.load_file(local.name)
-            out = {k: jax.device_put(v, sharding) for k, v in arrays.items()}
-            del arrays
+        fetched = requests = retries = 0
+        try:
+            out, fetched, requests, retries = _load(method, client, key, sharding, policy)
+        except Exception as e:
+            # The other process waits for this one in JAX's collectives: leave at once
+            # (its parent stops it), never through jax.distributed.shutdown's barrier.
+            print(f"{type(e).__name__}: {str(e)[:200]}", file=sys.stderr, flush=True)
+            os._exit(3)
         for array in out.values():
             array.block_until_ready()
         seconds = time.perf_counter() - began
         held = sum(s.data.nbytes for a in out.values() for s in a.addressable_shards)
         total = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in out.values())
         report = {"seconds": seconds, "peak_rise": peak() - before, "fetched": fetched,
-                  "requests": requests, "held": held, "total": total}  # fmt: skip
+                  "requests": requests, "retries": retries, "held": held,
+                  "total": total}  # fmt: skip
         print(json.dumps(report), flush=True)
     finally:
         jax.distributed.shutdown()
+
+
+def _load(
+    method: str, client: Any, key: str, sharding: Any, policy: Any
+) -> tuple[dict[str, Any], int, int, int]:
+    """(arrays, bytes fetched, requests, retries) of one load by `method`."""
+    import jax
+    import safetensors.numpy
+    from structlog.testing import capture_logs
+
+    import devpolicy
+
+    if method == "devpolicy":
+        with capture_logs() as events:
+            out = devpolicy.load_file(f"s3://{BUCKET}/{key}", policy=policy)
+        summary = next(e for e in events if e["event"] == "load_file")
+        return out, summary["bytes_fetched"], summary["requests"], summary["retries"]
+    fetched = 0
+    body = client.get_object(Bucket=BUCKET, Key=key)["Body"]
+    with tempfile.NamedTemporaryFile(suffix=".safetensors") as local:
+        for part in iter(lambda: body.read(8 * 2**20), b""):
+            local.write(part)
+            fetched += len(part)
+        local.flush()
+        arrays = safetensors.numpy.load_file(local.name)
+    out = {k: jax.device_put(v, sharding) for k, v in arrays.items()}
+    return out, fetched, 1, 0
 
 
 class _WorkerError(Exception):
@@ -482,17 +501,26 @@ def _sharded(size: int, runs: int, out: str) -> None:
         ):
             for name, method in methods.items():
                 first.reset(), second.reset()
-                clean = max(r["seconds"] for r in _pair(method, [first.url, second.url], key))
+                clean = _pair(method, [first.url, second.url], key)[0]["seconds"]
                 counted[name] = [first.body_bytes(), second.body_bytes()]
                 first.reset(), second.reset()
                 first.faults.append(servers.Fault(
                     "status", times=3, applies=lambda m, p, r: m == "GET" and "x-id" not in p
                     and (r is None or not r.startswith("bytes=0-65535"))))  # fmt: skip
                 try:
-                    faulted = _pair(method, [first.url, second.url], key)
-                    delays[name] = f"{max(r['seconds'] for r in faulted) - clean:+.2f} s"
+                    faulted = _pair(method, [first.url, second.url], key)[0]
+                    delays[name] = (
+                        f"{faulted['seconds'] - clean:+.2f} s ({faulted['retries']} retries)"
+                    )
                 except _WorkerError as e:
-                    delays[name] = f"fails: {e.args[0][:90]}"
+                    # "... (reached max retries: 2): Service Unavailable" -> 3 attempts
+                    tries = re.search(r"max retries: (\d+)", e.args[0])
+                    kind = e.args[0].split(":")[0]
+                    delays[name] = (
+                        f"fails after {int(tries.group(1)) + 1} attempts ({kind})"
+                        if tries
+                        else f"fails: {e.args[0][:60]}"
+                    )
     load_after = os.getloadavg()
     lines = [
         f"# A sharded load over two processes: {format_mib(tensor)} from a local S3 server",
@@ -526,7 +554,8 @@ def _sharded(size: int, runs: int, out: str) -> None:
         "first sharded arrays); peak host memory: the process's own VmHWM rise over the load. "
         "Bytes are counted at a proxy in front of each process (the header's small read "
         "included); the delay of three 503s on one data range is one faulted run against one "
-        "clean run through the same proxies (`get_object` with botocore's default retries).",
+        "clean run through the same proxies, in the process whose proxy answers 503 "
+        "(`get_object` with botocore's default retries).",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -47,6 +47,7 @@ __all__ = [
     "MachineSpecError",
     "NarrowingError",
     "Plan",
+    "PlannedFetch",
     "PlannedTensor",
     "Policy",
     "PolicyError",

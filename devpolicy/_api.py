@@ -32,6 +32,7 @@ from ._document.schema import policy_schema as policy_schema
 from ._io.places import read_metadata as read_metadata
 from ._io.planning import DeviceLoad as DeviceLoad
 from ._io.planning import Plan as Plan
+from ._io.planning import PlannedFetch as PlannedFetch
 from ._io.planning import PlannedTensor as PlannedTensor
 from ._io.writing import align_file as align_file
 from ._machine.capacity import Capacity as Capacity

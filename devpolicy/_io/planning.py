@@ -94,7 +94,7 @@ class DeviceLoad:
 
 
 @dataclass(frozen=True, slots=True)
-class Fetch:
+class PlannedFetch:
     """What loading one file at a URL would fetch in this process, predicted from its
     header: the requests `load_file` sends and the bytes they bring, with no fault retried.
 
@@ -139,7 +139,7 @@ class Plan:
             (`MeshLayout`: its shape, its split across slices for a hybrid mesh, its first
             devices in mesh order).
         fetches: For each file at a URL, what loading it would fetch in this process
-            (`Fetch`); empty for local files.
+            (`PlannedFetch`); empty for local files.
     """
 
     file: str
@@ -151,7 +151,7 @@ class Plan:
     left_out: tuple[tuple[str, str], ...] = ()
     rules: tuple[RuleUse, ...] = ()
     meshes: tuple[MeshLayout, ...] = ()
-    fetches: tuple[Fetch, ...] = ()
+    fetches: tuple[PlannedFetch, ...] = ()
 
     @property
     def fetch_bytes(self) -> int:
@@ -483,7 +483,7 @@ def _plan(
 
 def predicted_fetch(
     header: Header, decisions: list[Decision[Any] | None], options: RemoteOptions, x64: bool
-) -> Fetch:
+) -> PlannedFetch:
     """What `load_file` fetches of the file at a URL whose header is `header`, in this
     process: the reads the loader asks of a remote source, in its order (runs of small
     tensors, large tensors in groups, each sharded tensor's slices in one batch), each
@@ -501,11 +501,11 @@ def predicted_fetch(
     if options.cache_dir is not None:
         more, fetched = planned_requests([(0, header.file_size)], chunk)
         share = sum(t.nbytes for t in header.tensors)
-        return Fetch(str(header.path), fetched, 1 + more, share, cached=True)
+        return PlannedFetch(str(header.path), fetched, 1 + more, share, cached=True)
     if any(d is None for d in decisions):
         # A tensor without a device: the load raises once every header is read, and
         # fetches no data.
-        return Fetch(str(header.path), nbytes, requests, 0)
+        return PlannedFetch(str(header.path), nbytes, requests, 0)
     placed = [d for d in decisions if d is not None]
     calls: list[list[tuple[int, int]]] = []
     share = 0
@@ -531,7 +531,7 @@ def predicted_fetch(
     for call in calls:
         more, fetched = planned_requests(call, chunk)
         requests, nbytes = requests + more, nbytes + fetched
-    return Fetch(str(header.path), nbytes, requests, share)
+    return PlannedFetch(str(header.path), nbytes, requests, share)
 
 
 def _held_ranges(entry: TensorEntry, decision: Decision[Any]) -> list[tuple[int, int]]:
