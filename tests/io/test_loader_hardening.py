@@ -25,7 +25,7 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._cli.main import main
-from devpolicy._io import places, ranges, readahead, sources
+from devpolicy._io import places, ranges, readahead
 from devpolicy._io.format import read_header
 from devpolicy._io.sources import open_tensor_file, os_error
 from tests.conftest import REPO

@@ -22,7 +22,7 @@ from devpolicy._decide.decision import Decision
 from devpolicy._decide.items import claim, unpacked
 from devpolicy._decide.routing import NEVER_MAPPED, Route
 from devpolicy._io import load as _safetensors
-from devpolicy._io import readahead, whole
+from devpolicy._io import places, readahead, whole
 from devpolicy._io.format import read_header
 from devpolicy._io.sources import open_tensor_file
 from devpolicy._machine.inventory import _distribution_names, _installed
@@ -352,16 +352,16 @@ class TestSmallRunsReadAhead:
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         path, _ = many_small(tmp_path)
-        read_header_from = _safetensors.read_header_from
+        read_header_from = places.read_header_from
 
         def then_truncate(f: Any, where: Path) -> Any:
             header = read_header_from(f, where)
             os.truncate(path, path.stat().st_size - 4096 * 1500)  # the last runs' bytes
             return header
 
-        monkeypatch.setattr(_safetensors, "read_header_from", then_truncate)
+        monkeypatch.setattr(places, "read_header_from", then_truncate)
         # The identity check would refuse the shrunk file first; the read is what is tested.
-        monkeypatch.setattr(_safetensors, "reopen_tensor_file", lambda header: path.open("rb"))
+        monkeypatch.setattr(places, "reopen_tensor_file", lambda header: path.open("rb"))
         with pytest.raises(SafetensorsFileError, match=r"file ended after .* bytes of a run"):
             devpolicy.load_file(path, mmap=False, progress=False)
         assert not [t for t in threading.enumerate() if t.name.startswith("devpolicy-read-ahead")]
