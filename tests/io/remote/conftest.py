@@ -47,10 +47,11 @@ class Checkpoints:
     single: Path
     sharded: Path
     tokens: Path
+    wide: Path
 
     def files(self) -> dict[str, Path]:
         """Each file by its path below a server's root."""
-        found = {"ckpt/model.safetensors": self.single}
+        found = {"ckpt/model.safetensors": self.single, "ckpt/wide.safetensors": self.wide}
         for part in sorted(self.sharded.iterdir()):
             found[f"sharded/{part.name}"] = part
         return found
@@ -94,7 +95,11 @@ def _write_checkpoints(root: Path) -> Checkpoints:
     )
     tokens = root / "train.safetensors"  # the story's token file, small
     devpolicy.save_file({"tokens": rng.integers(0, 50_000, 2**20, dtype=np.uint16)}, tokens)
-    return Checkpoints(single, sharded, tokens)
+    wide = root / "wide.safetensors"  # 64-bit tensors, narrowed where JAX holds 32 bits
+    devpolicy.save_file(
+        {"ids": np.arange(300_000, dtype=np.int64), "step": np.array([7], np.int64)}, wide
+    )
+    return Checkpoints(single, sharded, tokens, wide)
 
 
 @pytest.fixture(scope="session")

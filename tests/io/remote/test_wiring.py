@@ -231,6 +231,29 @@ class TestWhatIsFetched:
         assert [e["status"] for e in events if e["event"] == "remote_retry"] == [503] * 3
 
 
+class TestNarrowing:
+    def test_64_bit_tensors_narrow_as_from_the_local_file(
+        self, remote: Remote, checkpoints: Checkpoints
+    ) -> None:
+        """With x64 off, a URL's 64-bit tensors (a large one read in groups, a small one in
+        a run) are narrowed exactly as the local file's, with the same `narrowed` events."""
+        if remote.scheme.startswith("hf"):
+            pytest.skip("the Hub's repositories hold other files")
+        url = remote.single.replace("model.safetensors", "wide.safetensors")
+        policy = _policy()
+        with capture_logs() as local_events:
+            local = devpolicy.load_file(checkpoints.wide, policy=policy)
+        with capture_logs() as events:
+            loaded = devpolicy.load_file(url, policy=policy)
+        _same(local, loaded)
+        assert loaded["ids"].dtype == np.int32
+        narrowed = [(e["name"], e["to_dtype"]) for e in events if e["event"] == "narrowed"]
+        assert narrowed == [
+            (e["name"], e["to_dtype"]) for e in local_events if e["event"] == "narrowed"
+        ]
+        assert len(narrowed) == 2
+
+
 class TestInto:
     def test_a_tree_is_filled_from_a_url(self, remote: Remote, checkpoints: Checkpoints) -> None:
         """`into=` fills a tree from a URL as from the local file."""
