@@ -5,7 +5,6 @@ every difference found before anything is read.
 from __future__ import annotations
 
 import difflib
-import os
 import unicodedata
 from dataclasses import dataclass, replace
 from typing import Any

@@ -48,7 +48,6 @@ from .naming import (
 )
 from .opening import map_tensor_file
 from .places import Files, fetched
-from .remote import options_of
 from .progress import left_out_events, mmap_refused_event, progress_bar, summary_event
 from .ranges import ShardReader
 from .readahead import ReadAhead

@@ -108,7 +108,7 @@ class Files:
                 "a folder without a checkpoint: no *.safetensors.index.json, no "
                 f"model.safetensors, no .safetensors files ({len(names)} other files)",
             )
-        return choose(folder, stem, files, indexes, self._small)
+        return choose(folder, stem, lambda _unreadable: files, indexes, self._small)
 
     def _web_folder(self, folder: URLPath, stem: str) -> Checkpoint:
         for name in WEB_FOLDER_FILES:

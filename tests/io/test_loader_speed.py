@@ -21,7 +21,6 @@ from devpolicy._decide.decider import Decider
 from devpolicy._decide.decision import Decision
 from devpolicy._decide.items import claim, unpacked
 from devpolicy._decide.routing import NEVER_MAPPED, Route
-from devpolicy._io import load as _safetensors
 from devpolicy._io import places, readahead, whole
 from devpolicy._io.format import read_header
 from devpolicy._io.sources import open_tensor_file
