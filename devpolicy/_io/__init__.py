@@ -16,8 +16,9 @@ One module per job, bottom to top (imports go down; `pyproject.toml` checks the 
 - `keys` (PRNG key arrays stored as their key data, wrapped again on load), `mapping`
   (which tensors map, which are read), `naming` (the names tensors are decided under),
   `places` (a checkpoint local or at a URL: chosen, each file's header read, its source
-  handed over for the data), `whole` (whole-tensor reads, the range reads every reader shares), `writing` (atomic
-  writes, a file several processes write together, `align_file`).
+  handed over for the data), `whole` (whole-tensor reads, the range reads every reader
+  shares), `writing` (atomic writes, a file several processes write together,
+  `align_file`).
 - `accounting` (what each rule took; what must not pass in silence), `into` (filling a
   tree), `joint` (arrays that span processes, saved by all of them into one file),
   `progress` (the bar and each file's events), `ranges` (shard-local slice reads),

@@ -23,8 +23,8 @@ import ml_dtypes
 import numpy as np
 
 from .._base.errors import SafetensorsFileError
-from .foreign import what_it_is
 from .._base.locations import FilePath
+from .foreign import what_it_is
 from .sources import ByteSource, file_identity, open_tensor_file
 
 #: safetensors dtype names and the numpy dtypes that hold them (F4 one value a byte: see
@@ -171,7 +171,7 @@ def read_header_from(source: ByteSource, path: FilePath) -> Header:
         raise SafetensorsFileError(path, found) from None
 
 
-def _read_header_from(source: ByteSource, path: Path) -> Header:
+def _read_header_from(source: ByteSource, path: FilePath) -> Header:
     size = source.size
     if size < 8:
         raise SafetensorsFileError(

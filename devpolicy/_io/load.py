@@ -274,7 +274,7 @@ def _load_file(
             )
         silent_events(decider.events, uses, path)
     for key, impl in prng.items():
-        out[key] = wrapped(out[key], impl, path, key)
+        out[key] = wrapped(out[key], impl, str(path), key)
     if fitted is not None:
         return jax.tree_util.tree_unflatten(fitted.treedef, [out[key] for key in fitted.keys])
     return {t.key: out[t.key] for _, header in headers for t in header.tensors}

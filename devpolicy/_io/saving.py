@@ -6,8 +6,8 @@ One `save_file` event per file.
 
 from __future__ import annotations
 
-import time
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
