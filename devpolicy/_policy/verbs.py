@@ -1,6 +1,10 @@
 """The module-level verbs (`devpolicy.put`, `place`, `scope`, `load_file`, ...): each decides
 by the active policy (`active`), or by its `policy=` argument, and hands the work to the
 layer that does it in one line.
+
+One concept past 650 lines: the code is a line a verb; the rest is each verb's docstring,
+the public reference (arguments, examples run as doctests) that `api.md` renders. Split,
+the reference would be split, not the code.
 """
 
 from __future__ import annotations
@@ -341,16 +345,9 @@ def load_file(
     buffers that `device_put` adopts without a copy; accelerator-bound ones are staged one
     tensor at a time, so host memory does not grow with the file. Results are committed.
 
-    `path` may be a URL: `s3://bucket/key`, `gs://bucket/key`, `hf://org/repo[@revision]/path`
-    (models; `hf://datasets/org/repo/...` for datasets), `https://host/path`; a folder or an
-    index at a URL loads as a local one does. Each process fetches only the bytes its
-    devices hold: the header with one small ranged read, then its tensors' ranges, joined,
-    chunked and fetched concurrently straight into the host buffers; host memory holds
-    what the process keeps plus the in-flight budget. See [Loading from object storage and
-    the Hub](loading.md#loading-from-object-storage-and-the-hub).
-
     Args:
-        path: The file, folder or index: a local path or a URL.
+        path: The file, folder or index: a local path or a URL ([Loading from object
+            storage and the Hub](loading.md#loading-from-object-storage-and-the-hub)).
         prefix: Name prefix (default: the file name without `.safetensors`; "" for none).
         policy: Policy to decide by (default: the active one).
         mmap: True maps every tensor whose file offset is 64-byte aligned (zero-copy; the
@@ -371,9 +368,7 @@ def load_file(
         separator: The character between the parts of the file's keys (`.` for
             `model.layers.0.mlp.up_proj.weight`), in place of the policy's
             `names.separator` for this call.
-        remote: How URLs are read for this call, over the policy's `remote:` and
-            `DEVPOLICY_REMOTE_*` (`{"concurrency": 16, "chunk": "16MiB", "cache":
-            "/var/cache/models"}`; the fields of the policy's `remote:`).
+        remote: How URLs are read here, over the policy's `remote:` (`{"cache": DIR}`).
 
     Returns:
         Tensor keys (not prefixed) to committed arrays, in header order; with `into`, a
@@ -498,10 +493,7 @@ def plan(
 ) -> Plan:
     """Where every tensor of a file would go, reading only its header; nothing is logged.
 
-    `prefix` and `separator` name the tensors as `load_file` does; `path` may be a URL
-    (see `load_file`), and then the plan also predicts what loading it would fetch in this
-    process (`Plan.fetches`: bytes and requests), reading only the header; `remote` sets
-    how URLs are read, as `load_file`'s does.
+    `prefix` and `separator` name the tensors as `load_file` does; a URL's fetch is predicted.
 
     A rule with `axes: attached` shards each tensor by the axis names the model attaches
     to its leaf, which a header does not carry: give the model's abstract tree as `into`
