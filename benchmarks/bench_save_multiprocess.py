@@ -160,7 +160,7 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def size(n: float) -> str:
+def shown_size(n: float) -> str:
     """GiB, or MiB below a tenth of one (a flat peak shows as its few MiB, not 0.00 GiB)."""
     return gib(n) if n >= 0.1 * 2**30 else f"{n / 2**20:.1f} MiB"
 
@@ -231,7 +231,7 @@ def main() -> int:
         held = state / 2
         lines.append(
             f"| {LABELS[method]} | {median:.3f} | {min(times):.3f}-{max(times):.3f} "
-            f"| {median / anchor:.2f} | {size(peaks[0])} / {size(peaks[1])} "
+            f"| {median / anchor:.2f} | {shown_size(peaks[0])} / {shown_size(peaks[1])} "
             f"| {peaks[0] / held:.2f} / {peaks[1] / held:.2f} "
             f"| {gib(written[0])} / {gib(written[1])} | {gib(runs[0][1])} |"
         )

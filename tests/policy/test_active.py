@@ -196,8 +196,9 @@ class TestNoPolicyFound:
             lambda: devpolicy.shardings("params", {"w": jax.ShapeDtypeStruct((4,), np.float32)}),
             lambda: devpolicy.place("step")(lambda: jnp.ones(2))(),
             lambda: devpolicy.resolve("x"),
+            lambda: devpolicy.save_file({"w": np.ones(2, np.float32)}, "w.safetensors"),
         ],
-        ids=["put", "shardings", "place", "resolve"],
+        ids=["put", "shardings", "place", "resolve", "save_file"],
     )
     def test_discovery_that_finds_nothing_warns_once(self, tmp_path: Path, call: object) -> None:
         """The first module-level call discovers no policy: one `no_policy` warning naming
