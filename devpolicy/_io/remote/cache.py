@@ -21,65 +21,37 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
+from ..sources import LocalFile
 from .source import Counters, RemoteObject
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class CachedFile:
+class CachedFile(LocalFile):
     """A cached remote object as a local byte source: `fileno()` is the local file, so the
     loader maps it. `name` is still the URL (as shown); `counters` say what filling cost
-    (zero requests on a hit)."""
+    (zero requests on a hit). Reads and closing are `LocalFile`'s."""
+
+    __slots__ = ("counters", "path")
 
     def __init__(self, path: Path, name: str, counters: Counters) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        super().__init__(fd, name, os.fstat(fd).st_size)
         self.path = path
-        self._name = name
         self.counters = counters
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self._size = os.fstat(self._fd).st_size
-
-    @property
-    def name(self) -> str:
-        """The URL as shown."""
-        return self._name
-
-    @property
-    def size(self) -> int:
-        """The object's size in bytes."""
-        return self._size
-
-    def fileno(self) -> int | None:
-        """The cached file's descriptor, for mapping and `preadv`."""
-        return self._fd
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
-        """Fill `buffer` from `offset` of the cached file, or raise (never short)."""
-        view = memoryview(buffer).cast("B")
-        if offset < 0 or offset + len(view) > self._size:
+        """Fill `buffer` from `offset` of the cached file, or raise (never short); a range
+        outside the object is refused as `RemoteObject` refuses it."""
+        length = memoryview(buffer).nbytes
+        if offset < 0 or offset + length > self.size:
             raise ValueError(
-                f"{self._name}: bytes {offset}-{offset + len(view) - 1} are outside the object "
-                f"({self._size} bytes)"
+                f"{self.name}: bytes {offset}-{offset + length - 1} are outside the object "
+                f"({self.size} bytes)"
             )
-        got = 0
-        while got < len(view):
-            n = os.preadv(self._fd, [view[got:]], offset + got)
-            if n == 0:
-                raise OSError(f"{self.path}: the cached file ended early")
-            got += n
-
-    def read_many(self, requests: Sequence[tuple[int, memoryview]]) -> None:
-        """Fill each `(offset, buffer)` from the cached file."""
-        for offset, buffer in requests:
-            self.read_into(offset, buffer)
-
-    def close(self) -> None:
-        """Close the file."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        super().read_into(offset, buffer)
 
 
 class RemoteCache:
