@@ -142,9 +142,7 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
     can be caught (`_removed_on_signals`) and when the interpreter exits with it unfinished
     (a daemon thread's); one a kill left is removed by the next save of `path`.
     """
-    target, directory, mode = _checked_target(path)
-    remove_stale_temp_files(target)
-    prefix = f".{target.name}.devpolicy-{host_tag()}-{os.getpid()}-"
+    target, directory, mode, prefix = _prepared_target(path)
     try:
         fd, tmp = _temporary(directory, prefix)
     except OSError as e:
@@ -184,9 +182,11 @@ def _where(path: Path) -> tuple[Path, Path]:
     return target, target.parent if str(target.parent) else Path(".")
 
 
-def _checked_target(path: Path) -> tuple[Path, Path, int]:
-    """(target, directory, mode of the new file) for a write of `path`, or a refusal before
-    anything is written: a missing directory, or something there that is not a regular file.
+def _prepared_target(path: Path) -> tuple[Path, Path, int, str]:
+    """(target, directory, mode of the new file, its temporary name's prefix) for a write of
+    `path`, or a refusal before anything is written: a missing directory, or something there
+    that is not a regular file. Leftovers of this host's dead saves of `path` are removed
+    first; the prefix is `TEMP_PATTERN`'s with this host and process.
     """
     target, directory = _where(path)
     if not directory.is_dir():
@@ -205,7 +205,8 @@ def _checked_target(path: Path) -> tuple[Path, Path, int]:
         )
     # A new file gets what a plain open() would give it.
     mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
-    return target, directory, mode
+    remove_stale_temp_files(target)
+    return target, directory, mode, f".{target.name}.devpolicy-{host_tag()}-{os.getpid()}-"
 
 
 #: Named temporary files being written, by any thread: the signal handler (main thread
@@ -428,9 +429,7 @@ class LocalJointFile:
     def create(self, header: bytes, size: int) -> str:
         """Make the unfinished file, `size` bytes with `header` (and its length) written at
         the start; return the name every process opens it by."""
-        target, directory, mode = _checked_target(self.path)
-        remove_stale_temp_files(target)
-        prefix = f".{target.name}.devpolicy-{host_tag()}-{os.getpid()}-"
+        _, directory, mode, prefix = _prepared_target(self.path)
         try:
             fd, tmp = _named_temporary(directory, prefix)
         except OSError as e:
