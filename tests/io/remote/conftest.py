@@ -32,7 +32,7 @@ def _start(request: pytest.FixtureRequest, start: Any) -> Any:
     return server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def payload() -> bytes:
     """The bytes every server holds (random, so a misplaced byte shows)."""
     return os.urandom(OBJECT_SIZE)
@@ -102,13 +102,13 @@ def _write_checkpoints(root: Path) -> Checkpoints:
     return Checkpoints(single, sharded, tokens, wide)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
     """The checkpoints, as local files (what every server serves)."""
     return _write_checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def served_root(
     tmp_path_factory: pytest.TempPathFactory, payload: bytes, checkpoints: Checkpoints
 ) -> Path:
@@ -132,7 +132,7 @@ def served_root(
     return root
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def s3(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes
 ) -> servers.S3Server:
@@ -144,7 +144,7 @@ def s3(
     return server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gcs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes
 ) -> servers.GcsServer:
@@ -156,7 +156,7 @@ def gcs(
     return server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def rclone(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, served_root: Path
 ) -> servers.Child:
@@ -166,7 +166,7 @@ def rclone(
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def plain_http(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, served_root: Path
 ) -> servers.Child:
@@ -176,7 +176,7 @@ def plain_http(
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def hub(request: pytest.FixtureRequest, served_root: Path) -> servers.LocalHub:
     """The local Hub, wanting `HUB_TOKEN`."""
     return _start(request, lambda: servers.LocalHub(served_root / "hub", token=servers.HUB_TOKEN))
@@ -191,7 +191,7 @@ class Proxied:
     url: str
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def _s3_proxy(request: pytest.FixtureRequest, s3: servers.S3Server) -> servers.FaultProxy:
     return _start(request, lambda: servers.FaultProxy(s3.url))
 
@@ -204,7 +204,7 @@ def s3_proxied(_s3_proxy: servers.FaultProxy) -> Iterator[Proxied]:
     _s3_proxy.reset()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def _rclone_proxy(request: pytest.FixtureRequest, rclone: servers.Child) -> servers.FaultProxy:
     return _start(request, lambda: servers.FaultProxy(rclone.url))
 
