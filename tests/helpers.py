@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import struct
+import subprocess
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,3 +124,71 @@ def count_data_reads(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[int]:
 
     monkeypatch.setattr(sources.os, "preadv", counting)
     return reads
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One process of a job, once it ended: its exit status, the last JSON object it
+    printed on a line of its own (None if none: killed, or aborted by JAX), its stderr."""
+
+    returncode: int
+    report: dict[str, Any] | None
+    stderr: str
+
+
+def run_job(
+    worker: Path,
+    arguments: Sequence[Sequence[str]],
+    *,
+    environs: Sequence[Mapping[str, str]] = (),
+    timeout: float = 240,
+) -> list[Finished]:
+    """Run `worker` as the processes of one jax.distributed job on 127.0.0.1, one per entry
+    of `arguments` (each called with the coordinator's port and its index first), in an
+    environment without DEVPOLICY_* and XLA_FLAGS plus that process's `environs` entry.
+    Every process is ended (killed if need be) before this returns."""
+    from tests.conftest import REPO
+
+    port = free_port()
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_") and k != "XLA_FLAGS"
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(port), str(i), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**base, **(environs[i] if environs else {})},
+            cwd=REPO,
+        )
+        for i, extra in enumerate(arguments)
+    ]
+    finished = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            report = json.loads(lines[-1]) if lines else None
+            finished.append(Finished(proc.returncode, report, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return finished
+
+
+def reports_of(finished: list[Finished]) -> list[dict[str, Any]]:
+    """Each process's report, asserting that every process exited 0 and printed one."""
+    for process in finished:
+        assert process.returncode == 0, process.stderr[-3000:]
+        assert process.report is not None, process.stderr[-3000:]
+    return [process.report for process in finished if process.report is not None]

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,48 +10,16 @@ import pytest
 
 import devpolicy
 from tests.conftest import REPO
+from tests.helpers import reports_of, run_job
 
 WORKER = REPO / "tests" / "multiprocess_worker.py"
 SHARDED_WORKER = REPO / "tests" / "sharded_worker.py"
 HYBRID_WORKER = REPO / "tests" / "hybrid_worker.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def run_two(worker: Path, *extra: str) -> list[dict[str, Any]]:
     """Run `worker` as both processes of a jax.distributed job; each prints a JSON report."""
-    port = free_port()
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_") and k != "XLA_FLAGS"
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(worker), str(port), str(i), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=REPO,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=180)
-            assert proc.returncode == 0, err[-3000:]
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return outputs
+    return reports_of(run_job(worker, [extra, extra], timeout=180))
 
 
 @pytest.mark.slow

@@ -4,10 +4,6 @@ single process reads back bit-identical, and a process that dies or fails leaves
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,45 +12,20 @@ import pytest
 
 import devpolicy
 from tests.conftest import REPO
-from tests.scenarios.test_multiprocess import free_port
+from tests.helpers import run_job
 
 WORKER = REPO / "tests" / "save_worker.py"
 TEMPS = ".model.safetensors.devpolicy-*.tmp"
 
 
-def run_job(directory: Path, mode: str) -> list[tuple[int, dict[str, Any] | None]]:
+def run_save_job(directory: Path, mode: str) -> list[tuple[int, dict[str, Any] | None]]:
     """Run both processes of the worker's job in `mode`: each one's exit status and its
     JSON report (None when it printed none: killed, or aborted by JAX's coordination)."""
-    port = free_port()
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_") and k != "XLA_FLAGS"
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), str(i), str(directory), mode],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=REPO,
-        )
-        for i in range(2)
-    ]
-    results: list[tuple[int, dict[str, Any] | None]] = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=240)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            report = json.loads(lines[-1]) if lines else None
-            if mode == "save":
-                assert proc.returncode == 0, err[-3000:]
-            results.append((proc.returncode, report))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return results
+    finished = run_job(WORKER, [[str(directory), mode]] * 2)
+    if mode == "save":
+        for process in finished:
+            assert process.returncode == 0, process.stderr[-3000:]
+    return [(process.returncode, process.report) for process in finished]
 
 
 def read_all(path: Path) -> dict[str, np.ndarray[Any, Any]]:
@@ -81,7 +52,7 @@ def same_bits(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     """One job that saves the sharded state twice (a new file, then over it)."""
     directory = tmp_path_factory.mktemp("joint")
-    results = run_job(directory, "save")
+    results = run_save_job(directory, "save")
     reports = [report for _, report in results]
     assert all(report is not None for report in reports)
     return directory, reports  # type: ignore[return-value]
@@ -162,7 +133,7 @@ class TestFailures:
         """Process 1 is killed (SIGKILL) after writing its first piece: process 0 fails the
         save after its timeout, naming process 1, removes the unfinished file, and no file
         appears."""
-        (_, first), (second_status, second) = run_job(tmp_path, "kill1")
+        (_, first), (second_status, second) = run_save_job(tmp_path, "kill1")
         assert second_status == -9
         assert second is None
         assert first is not None
@@ -181,7 +152,7 @@ class TestFailures:
         appears; its temporary file stays, and the next save of the same path removes it.
         Process 1 fails the save naming process 0, unless JAX's coordination service (run
         by process 0) aborts it first: JAX's doing, not catchable."""
-        (first_status, first), (second_status, second) = run_job(tmp_path, "kill0")
+        (first_status, first), (second_status, second) = run_save_job(tmp_path, "kill0")
         assert first_status == -9
         assert first is None
         if second is not None:
@@ -202,7 +173,7 @@ class TestFailures:
         """Process 0 gets SIGTERM mid-save: its unfinished file is removed, it tells process
         1 why (unless JAX's coordination service, which process 0 ran, aborts process 1
         first) and dies of the signal; nothing is left."""
-        (first_status, first), (second_status, second) = run_job(tmp_path, "term0")
+        (first_status, first), (second_status, second) = run_save_job(tmp_path, "term0")
         assert first_status == -15
         assert first is None
         if second is not None:
@@ -217,7 +188,7 @@ class TestFailures:
     def test_a_failed_write_fails_the_save_on_every_process(self, tmp_path: Path) -> None:
         """Process 1's writes fail (no space): it raises its own error, process 0 raises
         naming process 1 and why, and nothing is left."""
-        (_, first), (_, second) = run_job(tmp_path, "fail1")
+        (_, first), (_, second) = run_save_job(tmp_path, "fail1")
         path = tmp_path / "model.safetensors"
         assert first is not None
         assert second is not None
@@ -231,7 +202,7 @@ class TestFailures:
     def test_different_trees_are_refused_on_every_process(self, tmp_path: Path) -> None:
         """Process 1 saves one leaf more: every process refuses, saying how the files
         would differ, and nothing is written."""
-        (_, first), (_, second) = run_job(tmp_path, "differ")
+        (_, first), (_, second) = run_save_job(tmp_path, "differ")
         assert first is not None
         assert second is not None
         assert first["error"] == second["error"]

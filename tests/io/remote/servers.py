@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import free_port
+
 #: Credentials of the local S3 server's one identity: made up, as the tests need.
 S3_ACCESS_KEY = "AKIDLOCALTEST0000001"
 S3_SECRET_KEY = "local/Secret+Key/For/Tests/Only/000000001"
@@ -43,13 +45,6 @@ HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 class Missing(RuntimeError):  # noqa: N818 - read as "servers.Missing"
     """A server's binary or package is not installed here."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def binary(name: str) -> str:

@@ -3,10 +3,6 @@ a proxy of their own), and each process's plan predicts its fetch exactly."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +11,7 @@ import pytest
 
 import devpolicy
 from tests.conftest import REPO
+from tests.helpers import reports_of, run_job
 
 from . import servers
 from .conftest import BUCKET, s3_environ
@@ -23,33 +20,8 @@ WORKER = Path(__file__).with_name("remote_worker.py")
 
 
 def _run_two(url: str, local: Path, endpoints: list[str]) -> list[dict[str, Any]]:
-    port = servers.free_port()
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_") and k != "XLA_FLAGS"
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), str(i), url, str(local)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**base, **s3_environ(endpoint), "PYTHONPATH": str(REPO)},
-            cwd=REPO,
-        )
-        for i, endpoint in enumerate(endpoints)
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, err[-3000:]
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return outputs
+    environs = [{**s3_environ(endpoint), "PYTHONPATH": str(REPO)} for endpoint in endpoints]
+    return reports_of(run_job(WORKER, [[url, str(local)]] * 2, environs=environs))
 
 
 @pytest.mark.slow
