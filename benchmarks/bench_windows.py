@@ -32,11 +32,14 @@ import json
 import os
 import platform
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+# The story's token file is made the way the tests make it (tests.helpers.sparse_tensor_file).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.helpers import sparse_tensor_file
 
 STORY_TOKENS = 10_248_871_837
 MiB = 2**20
@@ -116,18 +119,6 @@ VARIANTS = {
 }
 
 
-def write_tokens(path: Path, count: int) -> None:
-    """One `tokens` tensor of `count` uint16 zeros at a 64-byte-aligned offset, sparse."""
-    header = json.dumps(
-        {"tokens": {"dtype": "U16", "shape": [count], "data_offsets": [0, 2 * count]}},
-        separators=(",", ":"),
-    ).encode()
-    header += b" " * (-(8 + len(header)) % 64)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header)
-        f.truncate(8 + len(header) + 2 * count)
-
-
 def run_child(variant: str, path: Path, args: argparse.Namespace) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -188,7 +179,7 @@ def main() -> int:
     ]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = Path(tmp) / "train.safetensors"
-        write_tokens(path, args.tokens)
+        sparse_tensor_file(path, args.tokens)
         size = path.stat().st_size
         copied = args.steps * args.batch * args.length * 2
         lines.append(
@@ -231,7 +222,7 @@ def main() -> int:
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = Path(tmp) / "train.safetensors"
-        write_tokens(path, args.tokens)
+        sparse_tensor_file(path, args.tokens)
         proc = subprocess.run(
             [
                 sys.executable,

@@ -192,3 +192,16 @@ def reports_of(finished: list[Finished]) -> list[dict[str, Any]]:
         assert process.returncode == 0, process.stderr[-3000:]
         assert process.report is not None, process.stderr[-3000:]
     return [process.report for process in finished if process.report is not None]
+
+
+def sparse_tensor_file(path: Path, elements: int, key: str = "tokens", dtype: str = "U16") -> Path:
+    """A header-correct safetensors file of one 1-D tensor whose data is a hole: its full
+    size on paper, almost nothing on disk (only headers are read by `plan`)."""
+    width = {"U16": 2, "F32": 4, "U8": 1}[dtype]
+    header = {key: {"dtype": dtype, "shape": [elements], "data_offsets": [0, elements * width]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % 64)  # the data starts 64-byte aligned: mappable
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        f.truncate(8 + len(text) + elements * width)
+    return path

@@ -8,7 +8,6 @@ import fnmatch
 import json
 import os
 import re
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -21,25 +20,12 @@ import devpolicy
 from devpolicy._cli.main import main
 from devpolicy._names.matching import SourceFile, compile_file_glob
 from tests.conftest import REPO
-from tests.helpers import policy_of, schema_form, write
+from tests.helpers import policy_of, schema_form, sparse_tensor_file, write
 
 README = REPO / "README.md"
 #: The story: the `train` split of a token dataset, one uint16 tensor of 19.09 GiB.
 STORY_TOKENS = 10_248_871_837
 GiB = 2**30
-
-
-def sparse_tensor_file(path: Path, elements: int, key: str = "tokens", dtype: str = "U16") -> Path:
-    """A header-correct safetensors file of one 1-D tensor whose data is a hole: its full
-    size on paper, almost nothing on disk (only headers are read by `plan`)."""
-    width = {"U16": 2, "F32": 4, "U8": 1}[dtype]
-    header = {key: {"dtype": dtype, "shape": [elements], "data_offsets": [0, elements * width]}}
-    text = json.dumps(header).encode()
-    text += b" " * (-(8 + len(text)) % 64)  # the data starts 64-byte aligned: mappable
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        f.truncate(8 + len(text) + elements * width)
-    return path
 
 
 def readme_first_policy() -> str:

@@ -19,8 +19,8 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._cli.main import main
 from devpolicy._decide.decider import Decider
-from tests.helpers import policy_of, write
-from tests.io.test_file_rules import STORY_TOKENS, sparse_tensor_file
+from tests.helpers import policy_of, sparse_tensor_file, write
+from tests.io.test_file_rules import STORY_TOKENS
 
 GiB = 2**30
 AUTO_THEN_GPU_THEN_CPU = {"default": "auto", "fallback": ["gpu", "cpu"]}

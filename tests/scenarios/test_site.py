@@ -40,7 +40,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import threading
@@ -57,6 +56,7 @@ import pytest
 
 import devpolicy
 from tests.conftest import REPO
+from tests.helpers import sparse_tensor_file
 
 DOCS = REPO / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
@@ -253,25 +253,13 @@ def block_outputs(stdout: str, stderr: str) -> dict[str, tuple[str, str]]:
     return {where: (texts[0], texts[-1]) for where, texts in parts.items() if len(texts) == 2}
 
 
-def write_tokens(path: Path, count: int) -> None:
-    """One `tokens` tensor of `count` uint16 zeros at a 64-byte-aligned offset, sparse on disk."""
-    header = json.dumps(
-        {"tokens": {"dtype": "U16", "shape": [count], "data_offsets": [0, 2 * count]}},
-        separators=(",", ":"),
-    ).encode()
-    header += b" " * (-(8 + len(header)) % 64)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header)
-        f.truncate(8 + len(header) + 2 * count)
-
-
 def make_project(path: Path, page: str | None = None) -> Path:
     """The project a reader has after Getting started, plus the files `page` saves."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "pyproject.toml").write_text('[project]\nname = "demo"\n', encoding="utf-8")
     shutil.copytree(REPO / "policies", path / "policies")
     shutil.copytree(REPO / "examples", path / "examples")
-    write_tokens(path / "train.safetensors", TOKENS)
+    sparse_tensor_file(path / "train.safetensors", TOKENS)
     rng = np.random.default_rng(0)
     devpolicy.save_file(
         {
