@@ -98,36 +98,37 @@ def _account_tool(*command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, check=False)
 
 
+@contextlib.contextmanager
+def temporary_account(prefix: str, *options: str) -> Iterator[pwd.struct_passwd]:
+    """A new account made by `useradd` with `options` (no home, no login), removed after
+    (its own group too, if `userdel` left it); the test skips where it cannot be made."""
+    if not ROOT or shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.skip("making accounts needs root and useradd/userdel")
+    name = f"{prefix}{secrets.token_hex(3)}"
+    made = _account_tool("useradd", "-M", *options, "-s", "/usr/sbin/nologin", name)
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        _account_tool("userdel", name)
+        if "-U" in options:
+            _account_tool("groupdel", name)  # if userdel left it
+
+
 @pytest.fixture(scope="module")
 def owner() -> Iterator[pwd.struct_passwd]:
     """A temporary account with its own private group (`useradd -U`), removed afterwards."""
-    if not ROOT or shutil.which("useradd") is None or shutil.which("userdel") is None:
-        pytest.skip("making accounts needs root and useradd/userdel")
-    name = f"dpowner{secrets.token_hex(3)}"
-    made = _account_tool("useradd", "-M", "-U", "-s", "/usr/sbin/nologin", name)
-    if made.returncode != 0:
-        pytest.skip(f"useradd failed: {made.stderr.strip()}")
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        _account_tool("userdel", name)
-        _account_tool("groupdel", name)  # if userdel left it
+    with temporary_account("dpowner", "-U") as account:
+        yield account
 
 
-@contextlib.contextmanager
-def guest_in_group_of(user: pwd.struct_passwd) -> Iterator[pwd.struct_passwd]:
+def guest_in_group_of(
+    user: pwd.struct_passwd,
+) -> contextlib.AbstractContextManager[pwd.struct_passwd]:
     """A temporary account whose primary group is `user`'s group (`useradd -g`): a member
     of it that /etc/group does not list."""
-    name = f"dpguest{secrets.token_hex(3)}"
-    made = _account_tool(
-        "useradd", "-M", "-N", "-g", str(user.pw_gid), "-s", "/usr/sbin/nologin", name
-    )
-    if made.returncode != 0:
-        pytest.skip(f"useradd failed: {made.stderr.strip()}")
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        _account_tool("userdel", name)
+    return temporary_account("dpguest", "-N", "-g", str(user.pw_gid))
 
 
 def discover_as(user: pwd.struct_passwd, cwd: Path) -> str:
