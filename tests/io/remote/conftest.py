@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -132,16 +132,24 @@ def served_root(
     return root
 
 
+Bucketed = TypeVar("Bucketed", servers.S3Server, servers.GcsServer)
+
+
+def _stocked(request: pytest.FixtureRequest, server: Bucketed, payload: bytes) -> Bucketed:
+    """`server` holding the payload at `ckpt/model.bin` and every test checkpoint's files."""
+    server.put(BUCKET, "ckpt/model.bin", payload)
+    for key, local in request.getfixturevalue("checkpoints").files().items():
+        server.put(BUCKET, key, local.read_bytes())
+    return server
+
+
 @pytest.fixture(scope="package")
 def s3(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, payload: bytes
 ) -> servers.S3Server:
     """SeaweedFS's S3 gateway holding `s3://devpolicy-tests/ckpt/model.bin`."""
     server = _start(request, lambda: servers.start_seaweedfs(tmp_path_factory.mktemp("seaweedfs")))
-    server.put(BUCKET, "ckpt/model.bin", payload)
-    for key, local in request.getfixturevalue("checkpoints").files().items():
-        server.put(BUCKET, key, local.read_bytes())
-    return server
+    return _stocked(request, server, payload)
 
 
 @pytest.fixture(scope="package")
@@ -150,10 +158,7 @@ def gcs(
 ) -> servers.GcsServer:
     """fake-gcs-server holding `gs://devpolicy-tests/ckpt/model.bin`."""
     server = _start(request, lambda: servers.start_fake_gcs(tmp_path_factory.mktemp("gcs")))
-    server.put(BUCKET, "ckpt/model.bin", payload)
-    for key, local in request.getfixturevalue("checkpoints").files().items():
-        server.put(BUCKET, key, local.read_bytes())
-    return server
+    return _stocked(request, server, payload)
 
 
 @pytest.fixture(scope="package")
