@@ -31,7 +31,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.helpers import free_port
 
@@ -56,6 +56,20 @@ def binary(name: str) -> str:
     if found is None:
         raise Missing(f"{name} is not installed: pip install 'devpolicy[test]'")
     return found
+
+
+Started = TypeVar("Started", bound="Child")
+
+
+def answering(child: Started, path: str, what: str) -> Started:
+    """`child` once a GET of `path` on it answers 200; killed (and the error raised) if it
+    exits or does not answer in time."""
+    try:
+        wait_until(lambda: http_status(child.url + path) == 200, what, child.process)
+    except BaseException:
+        child.kill()
+        raise
+    return child
 
 
 def wait_until(
@@ -239,12 +253,7 @@ def start_fake_gcs(workdir: Path) -> GcsServer:
         workdir, "fake-gcs.log",
     )  # fmt: skip
     server = GcsServer(process, url, workdir)
-    try:
-        wait_until(lambda: http_status(url + "/storage/v1/b") == 200, "fake-gcs-server", process)
-    except BaseException:
-        server.kill()
-        raise
-    return server
+    return answering(server, "/storage/v1/b", "fake-gcs-server")
 
 
 # --- plain HTTP: rclone (honours Range) and http.server (ignores it) --------------------
@@ -262,12 +271,7 @@ def start_rclone(root: Path, workdir: Path) -> Child:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     child = Child(process, url, workdir)
-    try:
-        wait_until(lambda: http_status(url + "/") == 200, "rclone serve http", process)
-    except BaseException:
-        child.kill()
-        raise
-    return child
+    return answering(child, "/", "rclone serve http")
 
 
 def start_http_server(root: Path, workdir: Path) -> Child:
@@ -281,12 +285,7 @@ def start_http_server(root: Path, workdir: Path) -> Child:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     child = Child(process, url, workdir)
-    try:
-        wait_until(lambda: http_status(url + "/") == 200, "http.server", process)
-    except BaseException:
-        child.kill()
-        raise
-    return child
+    return answering(child, "/", "http.server")
 
 
 # --- aiohttp applications on a thread: the local Hub and the fault proxy -----------------
