@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from .._base.errors import EnvOverrideError, did_you_mean
 from .._base.files import check_regular
-from .remote import OPTIONS as REMOTE_OPTIONS
 from .remote import VARIABLES as REMOTE_VARIABLES
+from .remote import from_environment as remote_from_environment
 from .schema import LOG_FORMATS, LOG_LEVELS, RuleSpec
 from .targets import (
     REJECT,
@@ -120,22 +120,8 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
         log_format=_choice(LOG_FORMAT, values.get(LOG_FORMAT), LOG_FORMATS),
         rules_text=values.get(RULES, ""),
         rule_texts=tuple(i.strip() for i in _items(values[RULES])) if RULES in values else (),
-        remote=_remote(values),
+        remote=remote_from_environment(values),
     )
-
-
-def _remote(values: Mapping[str, str]) -> dict[str, object]:
-    """`DEVPOLICY_REMOTE_*` by `remote:` field, each checked by the option's own rule."""
-    found: dict[str, object] = {}
-    for option in REMOTE_OPTIONS:
-        text = values.get(option.variable)
-        if text is None:
-            continue
-        try:
-            found[option.field] = option.from_text(text)
-        except ValueError as e:
-            raise EnvOverrideError(option.variable, text, str(e), option.accepted) from None
-    return found
 
 
 def _hint(name: str) -> str:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._base.errors import EnvOverrideError
 from .._base.sizes import SIZE_FORMS, parse_size
 
 ENV_PREFIX = "DEVPOLICY_REMOTE_"
@@ -135,3 +137,22 @@ BY_FIELD = {option.field: option for option in OPTIONS}
 BY_ATTRIBUTE = {option.attribute: option for option in OPTIONS}
 #: Every `DEVPOLICY_REMOTE_*` variable.
 VARIABLES = tuple(option.variable for option in OPTIONS)
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, object]:
+    """`DEVPOLICY_REMOTE_*` of `environ` by `remote:` field, each checked by the option's
+    own rule; an empty value counts as unset.
+
+    Raises:
+        EnvOverrideError: naming the variable, its value and the accepted forms.
+    """
+    found: dict[str, object] = {}
+    for option in OPTIONS:
+        text = environ.get(option.variable)
+        if not text:
+            continue
+        try:
+            found[option.field] = option.from_text(text)
+        except ValueError as e:
+            raise EnvOverrideError(option.variable, text, str(e), option.accepted) from None
+    return found

@@ -20,8 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..._base.errors import EnvOverrideError
-from ..._document.remote import BY_ATTRIBUTE, BY_FIELD, ENV_PREFIX, OPTIONS
+from ..._document.remote import BY_ATTRIBUTE, BY_FIELD, ENV_PREFIX, from_environment
 from .errors import RemoteOptionError
 
 __all__ = ["ENV_PREFIX", "RemoteOptions", "env_name", "options_of", "resolve_options"]
@@ -105,15 +104,9 @@ def resolve_options(
     import os
 
     environ = os.environ if environ is None else environ
-    values: dict[str, object] = {}
-    for option in OPTIONS:
-        text = environ.get(option.variable)
-        if text is None or text == "":
-            continue
-        try:
-            values[option.attribute] = option.from_text(text)
-        except ValueError as e:
-            raise EnvOverrideError(option.variable, text, str(e), option.accepted) from None
+    values: dict[str, object] = {
+        BY_FIELD[field].attribute: value for field, value in from_environment(environ).items()
+    }
     for attribute, value in keywords.items():
         found = BY_ATTRIBUTE.get(attribute)
         if found is None:
