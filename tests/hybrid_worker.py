@@ -51,7 +51,11 @@ def main() -> None:
             },
             environ={},
         )
-        report: dict[str, object] = {"process_index": jax.process_index()}
+        report: dict[str, object] = {
+            "process_index": jax.process_index(),
+            # Process 1's ids depend on the JAX: 2048, 2049 today, 131072, 131073 in 0.6.
+            "own": [d.id for d in jax.local_devices()],
+        }
         for name, (axes, dcn) in MESHES.items():
             decision = policy.resolve(f"{name}/w", shape=(8, 2))
             assert decision.sharding is not None
