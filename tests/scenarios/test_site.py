@@ -24,7 +24,7 @@ Markers, an HTML comment on the line before a block:
   output, in order (an excerpt may leave lines out, never change one), after both are
   normalised: timestamps dropped, the project's directory shown as `/home/me/project`,
   temporary directories as `/tmp/<tmp>`, free memory (`22.4 GiB free`, a table's `free`
-  column) and `seconds=` as placeholders, an event's `key='quoted value'` unquoted, table
+  column) and `seconds=` as placeholders, an event's `key='quoted value'` unquoted, a CPU's memory kinds as one placeholder, table
   borders and runs of spaces as one space.
   So a drift between a page and what the code prints fails here.
 - `<!-- shown: why -->` on a shown block that is not compared (a synopsis, an excerpt of
@@ -195,6 +195,9 @@ _SIZE = r"\d[\d,]*(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)"
 # structlog's console renderer quotes a value with spaces (`found='a b'`) in its newer
 # releases and not in the oldest we support (`found=a b`): compared without the quotes.
 _QUOTED_VALUE = re.compile(r"='([^'\n]*)'")
+# A CPU device's memory kinds: `device, pinned_host, unpinned_host` in newer JAX, only
+# `unpinned_host` in the oldest we support.
+_CPU_MEMORY_KINDS = re.compile(r"\b(?:device, )?(?:pinned_host, )?unpinned_host\b")
 _BORDERS = re.compile(r"[\s\u2500-\u257f]+")  # box drawing, and spaces
 
 
@@ -210,6 +213,7 @@ def normalised(text: str, project: Path | None = None) -> list[str]:
         line = re.sub(rf"{_SIZE} free", "<free> free", line)
         line = re.sub(r"seconds=[\d.]+", "seconds=<s>", line)
         line = _QUOTED_VALUE.sub(r"=\1", line)
+        line = _CPU_MEMORY_KINDS.sub("<memory kinds>", line)
         if "\u2503" in line:  # a rich table's header row: where its `free` column is
             cells = [c.strip() for c in line.split("\u2503")]
             free_column = cells.index("free") if "free" in cells else None
