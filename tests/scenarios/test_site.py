@@ -24,8 +24,8 @@ Markers, an HTML comment on the line before a block:
   output, in order (an excerpt may leave lines out, never change one), after both are
   normalised: timestamps dropped, the project's directory shown as `/home/me/project`,
   temporary directories as `/tmp/<tmp>`, free memory (`22.4 GiB free`, a table's `free`
-  column) and `seconds=` as placeholders, an event's `key='quoted value'` unquoted, a CPU's memory kinds as one placeholder, table
-  borders and runs of spaces as one space.
+  column) and `seconds=` as placeholders, an event's `key='quoted value'` unquoted, a
+  CPU's memory kinds as one placeholder, table borders and runs of spaces as one space.
   So a drift between a page and what the code prints fails here.
 - `<!-- shown: why -->` on a shown block that is not compared (a synopsis, an excerpt of
   a run that needs another machine); kept to a few.
