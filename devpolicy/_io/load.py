@@ -242,6 +242,7 @@ def _load_file(
             first += len(file_names)
             started = time.perf_counter()
             source = opened.open(header)
+            local = source.fileno() is not None
             with _collector_paused():
                 mapped, narrowed, bytes_read = _load_opened(
                     source,
@@ -255,7 +256,7 @@ def _load_file(
                     out,
                 )
             seconds = time.perf_counter() - started
-            mmap_refused_event(decider.events, header, mine, mmap, x64_enabled())
+            mmap_refused_event(decider.events, header, mine, mmap, x64_enabled(), local)
             summary_event(
                 decider.events, header, mine, seconds, mapped, narrowed, bytes_read,
                 fetched(source),

@@ -26,24 +26,40 @@ _TRIED_FIRST = {"code": 0, "env": 1, "policy": 2}
 
 
 def mmap_refused_event(
-    events: EventLog, header: Header, decisions: list[Decision], mmap: bool | None, x64: bool
+    events: EventLog,
+    header: Header,
+    decisions: list[Decision],
+    mmap: bool | None,
+    x64: bool,
+    local: bool = True,
 ) -> None:
-    """Once per file: why tensors that were to be mapped were read instead, and the fix."""
+    """Once per file: why tensors that were to be mapped were read instead, and the fix.
+    `local`: whether the file's bytes come from a local file (one at a URL, unless read
+    through the cache, cannot be mapped at all)."""
+    elsewhere: list[TensorEntry] = []
     unaligned: list[TensorEntry] = []
     wide: list[TensorEntry] = []
     packed: list[TensorEntry] = []
     for entry, decision in zip(header.tensors, decisions, strict=True):
         if not (decision.mmap if mmap is None else mmap) or entry.nbytes == 0:
             continue
-        if entry.packed:
+        if not local:
+            elsewhere.append(entry)
+        elif entry.packed:
             packed.append(entry)
         elif not x64 and entry.dtype_name in NARROW:
             wide.append(entry)
         elif entry.offset % ALIGN:
             unaligned.append(entry)
-    if not unaligned and not wide and not packed:
+    if not elsewhere and not unaligned and not wide and not packed:
         return
     reasons = []
+    if elsewhere:
+        reasons.append(
+            f"{header.path} is not a local file, and only a local file maps; with a cache "
+            "(`remote: {cache: DIR}` in the policy, or DEVPOLICY_REMOTE_CACHE=DIR) it is "
+            "fetched once and the cached file mapped"
+        )
     if unaligned:
         first = unaligned[0]
         aligned = header.path.with_name(header.path.stem + ".aligned.safetensors")
@@ -67,8 +83,8 @@ def mmap_refused_event(
         "mmap_refused",
         {
             "file": str(header.path),
-            "tensors": len(unaligned) + len(wide) + len(packed),
-            "nbytes": sum(e.nbytes for e in (*unaligned, *wide, *packed)),
+            "tensors": len(elsewhere) + len(unaligned) + len(wide) + len(packed),
+            "nbytes": sum(e.nbytes for e in (*elsewhere, *unaligned, *wide, *packed)),
             "reason": "; ".join(reasons),
         },
     )

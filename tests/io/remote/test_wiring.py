@@ -334,6 +334,71 @@ class TestCache:
         assert summary["cached"].startswith(str(tmp_path / "cache"))
         _same(first, second)
 
+    def test_mapping_asked_for_without_a_cache_is_refused_aloud(
+        self, s3_proxied: Proxied, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`mmap=True` or a rule's `mmap: true` on a URL with no cache: every tensor is
+        read, and one `mmap_refused` warning says why and names the cache as the fix."""
+        for name, value in s3_proxied.environ.items():
+            monkeypatch.setenv(name, value)
+        url = f"s3://{BUCKET}/ckpt/model.safetensors"
+        by_rule = devpolicy.load_policy(
+            {"version": 1, "rules": [{"match": "*", "device": "cpu:0", "mmap": True}]},
+            environ={},
+        )
+        for policy, mmap in ((_policy(), True), (by_rule, None)):
+            with capture_logs() as events:
+                loaded = devpolicy.load_file(url, policy=policy, mmap=mmap)
+            (refused,) = [e for e in events if e["event"] == "mmap_refused"]
+            assert refused["log_level"] == "warning"
+            assert refused["file"] == url
+            assert refused["tensors"] == len(loaded)
+            assert "not a local file" in refused["reason"]
+            assert "remote: {cache: DIR}" in refused["reason"]
+            assert "DEVPOLICY_REMOTE_CACHE" in refused["reason"]
+            (summary,) = [e for e in events if e["event"] == "load_file"]
+            assert summary["mapped"] == 0
+
+    def test_no_mapping_asked_for_is_no_warning(
+        self, s3_proxied: Proxied, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A URL loaded with the rules' default (no `mmap`) warns of nothing."""
+        for name, value in s3_proxied.environ.items():
+            monkeypatch.setenv(name, value)
+        with capture_logs() as events:
+            devpolicy.load_file(f"s3://{BUCKET}/ckpt/model.safetensors", policy=_policy())
+        assert [e for e in events if e["event"] == "mmap_refused"] == []
+
+
+class TestProgress:
+    class _Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def test_a_fetch_shows_a_bar_of_bytes_and_throughput(
+        self, s3_proxied: Proxied, monkeypatch: pytest.MonkeyPatch, checkpoints: Checkpoints
+    ) -> None:
+        """On a terminal, `progress=True` on a URL draws the bar a local load draws: the
+        object's name (without credentials), the bytes fetched of the total, the speed."""
+        for name, value in s3_proxied.environ.items():
+            monkeypatch.setenv(name, value)
+        for variable in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
+            monkeypatch.delenv(variable, raising=False)
+        monkeypatch.setenv("TERM", "xterm-256color")
+        monkeypatch.setenv("COLUMNS", "200")
+        url = f"s3://{BUCKET}/ckpt/model.safetensors"
+        terminal = self._Terminal()
+        with monkeypatch.context() as patched:
+            patched.setattr(sys, "stderr", terminal)
+            devpolicy.load_file(url, policy=_policy(logging={"level": "error"}), progress=True)
+        shown = terminal.getvalue()
+        number, unit = devpolicy.format_size(checkpoints.single.stat().st_size).split()
+        assert "model.safetensors" in shown
+        assert f"0.0/{number} {unit}" in shown  # from nothing
+        assert f"{number}/{number} {unit}" in shown  # to every byte
+        assert "B/s" in shown
+        assert s3_proxied.environ["AWS_SECRET_ACCESS_KEY"] not in shown
+
 
 class TestNoCredentialShows:
     def test_not_in_events_errors_plans_or_reports(
