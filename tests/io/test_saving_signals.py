@@ -28,6 +28,10 @@ pytestmark = pytest.mark.slow
 # every byte is written, until the file `release` appears.
 _SAVING = """
     import os, signal, sys, threading, time, numpy as np
+    # As a program started from a terminal has them, even when the tests run under nohup
+    # or in a background job (which start every child with SIGHUP or SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     from devpolicy._io import writing
     writing._TMPFILE = 0  # as on a filesystem without O_TMPFILE
     def held(fd):
@@ -71,7 +75,9 @@ def _ended(child: subprocess.Popen[bytes]) -> int:
     try:
         return child.wait(timeout=120)
     finally:
-        child.kill()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 class TestCaughtSignals:
