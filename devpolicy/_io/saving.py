@@ -21,7 +21,7 @@ from .format import dtype_name
 from .joint import save_joint, spans_processes
 from .keys import key_metadata
 from .layout import DEFAULT_ALIGN, check_align
-from .writing import save_arrays
+from .writing import check_local, save_arrays
 
 #: Seconds each process of a multi-process save waits for the others at each step.
 JOINT_TIMEOUT = 600.0
@@ -61,6 +61,7 @@ def save_file(
     aligned safetensors file; `devpolicy.save_file` documents it. Arrays that span
     processes make it a joint save: every process writes its part (`joint`)."""
     check_align(align)  # before any array is converted or anything written
+    check_local(path)
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))

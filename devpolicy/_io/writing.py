@@ -27,6 +27,7 @@ import numpy as np
 
 from .._base.errors import SafetensorsFileError
 from .._base.files import kind
+from .._base.locations import is_url, shown_url
 from .format import PACKED, Header, encodable, pack, read_header
 from .layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
 from .sources import SourceEndedError, open_tensor_file
@@ -53,6 +54,7 @@ def write_file(
     partial file. `metadata` (even `{}`) is written as the header's `__metadata__`.
     """
     check_align(align)
+    check_local(path)
     # ascontiguousarray would turn 0-d arrays into 1-d ones; big-endian arrays are swapped.
     arrays = {
         key: np.require(value.astype(value.dtype.newbyteorder("="), copy=False), requirements="C")
@@ -70,6 +72,18 @@ def write_file(
                 out.write(array.reshape(-1).view(np.uint8).data)
 
     _atomic_write(Path(path), header, write_data)
+
+
+def check_local(path: str | os.PathLike[str]) -> None:
+    """Refuse a URL as a place to write: `Path` would read `s3://b/m` as the local
+    `s3:/b/m` and write there if such a folder happened to exist."""
+    if is_url(path):
+        raise SafetensorsFileError(
+            shown_url(str(path)),
+            "cannot write to a URL: devpolicy reads URLs (load_file, plan, read_metadata) "
+            "but writes local files only; save to a local path (or a filesystem every "
+            "process sees) and upload it with the storage's own tool",
+        )
 
 
 def check_metadata(metadata: object, path: str | os.PathLike[str]) -> None:
@@ -105,6 +119,7 @@ def rewrite_aligned(
     Returns the new file's header.
     """
     check_align(align)
+    check_local(destination)
     header = read_header(source)
     slots = [Slot(t.key, t.dtype_name, t.shape, t.nbytes) for t in header.tensors]
     by_key = {t.key: t for t in header.tensors}
@@ -565,7 +580,8 @@ def align_file(
 
     Raises:
         SafetensorsFileError: `source` is not a readable safetensors file, or `destination`
-            exists but is not a regular file, or cannot be written; nothing is written.
+            is a URL, exists but is not a regular file, or cannot be written; nothing is
+            written.
 
     Example:
         >>> import devpolicy, numpy as np, tempfile, os

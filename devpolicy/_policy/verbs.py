@@ -450,9 +450,10 @@ def save_file(
         policy: Whose logging the `save_file` event follows (default: the active one).
 
     Raises:
-        SafetensorsFileError: `path` exists but is not a regular file (a device, a FIFO, a
-            directory), or cannot be written, or another process of a multi-process save
-            failed or did not answer in `timeout` seconds; nothing is written.
+        SafetensorsFileError: `path` is a URL (URLs are read, not written), or exists but
+            is not a regular file (a device, a FIFO, a directory), or cannot be written, or
+            another process of a multi-process save failed or did not answer in `timeout`
+            seconds; nothing is written.
         ValueError: a bad `align`, `timeout`, dtype, name or metadata; two leaves of the
             same name.
         TypeError: a leaf that is not an array or number.
