@@ -16,10 +16,13 @@ process's failure fails the save everywhere, with its reason:
    once it is there (the others wait for process 0's verdict alone: a process lost after
    writing its part does not undo a complete file).
 
-Where the bytes go is a `JointTarget`: today a file on a filesystem every process sees
-(`writing.LocalJointFile`). Object storage is the seam's other side: `create` starts a
-multipart upload (its id the token), `write` uploads a process's parts and returns their
-tags as the receipt, `publish` completes the upload with every receipt.
+Where the bytes go is a `JointTarget`: a file on a filesystem every process sees
+(`writing.LocalJointFile`), or an object in S3 (`remote.upload.RemoteUpload`): `create`
+starts a multipart upload (its id the token), `write` uploads a process's parts and returns
+their tags as the receipt, `publish` completes the upload with every receipt. Its parts are
+planned after the layout (`parts.plan_parts`): tensors whose bytes interleave between the
+processes, or are too small for a part of their own, are gathered and process 0 uploads
+them whole.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ import jax
 import numpy as np
 
 from .._base.errors import SafetensorsFileError
+from .._base.locations import FilePath
 from .agreement import Agreement, StepFailed
 from .format import PACKED, pack
 from .layout import Shaped, Slot, plan_layout, slice_runs, slots_of
+from .parts import Part, plan_parts
 from .writing import LocalJointFile, check_metadata, temporaries_removed_on_sigterm
 
 #: Joint saves this process has started: the same count in every process of a job (every
@@ -47,14 +52,22 @@ _saves = itertools.count()
 
 
 class JointTarget(Protocol):
-    """Where a joint save's bytes go; `writing.LocalJointFile` is today's only one."""
+    """Where a joint save's bytes go: a file on a filesystem every process sees
+    (`writing.LocalJointFile`), or an object written as a multipart upload
+    (`remote.upload.RemoteUpload`, which has `parted`: its parts are planned first)."""
 
     def create(self, header: bytes, size: int) -> str:
         """Process 0: begin the file (`size` bytes, `header` first); return its token."""
         ...
 
-    def write(self, token: str, pieces: Iterator[tuple[int, memoryview]]) -> tuple[int, str]:
-        """Any process: write (file offset, bytes) pieces durably; (bytes, receipt)."""
+    def write(
+        self,
+        token: str,
+        pieces: Iterator[tuple[int, memoryview]],
+        parts: Sequence[Part] | None = None,
+    ) -> tuple[int, str]:
+        """Any process: write (file offset, bytes) pieces durably; (bytes, receipt).
+        `parts`: for an upload in parts, this process's (`parts.plan_parts`)."""
         ...
 
     def publish(self, token: str, receipts: Sequence[str]) -> None:
@@ -73,6 +86,7 @@ class JointSaved:
     nbytes: int  # the whole file
     bytes_written: int  # by this process
     processes: int
+    gathered_bytes: int = 0  # of tensors gathered for process 0 to upload whole
 
 
 def spans_processes(value: object) -> bool:
@@ -82,24 +96,29 @@ def spans_processes(value: object) -> bool:
 
 def save_joint(
     arrays: Mapping[str, Any],
-    path: Path,
+    path: FilePath,
     *,
     align: int,
     metadata: Mapping[str, str] | None,
     timeout: float,
     target: JointTarget | None = None,
+    alone: bool = False,
 ) -> JointSaved:
     """Write `arrays` (some spanning processes) as one file, together with every other
     process of the job; every process must call this with the same names, shapes, dtypes
     and metadata.
 
+    `alone`: only this process saves (its own arrays, to `target`), whatever the job.
+
     Raises:
         SafetensorsFileError: this or another process failed (another's reason is named),
             or a process did not answer within `timeout` seconds; nothing is written.
     """
-    agreement = Agreement(f"save/{next(_saves)}", timeout)
+    # Alone: one process's own arrays (to an upload); not counted among the job's saves.
+    agreement = Agreement("save/alone" if alone else f"save/{next(_saves)}", timeout, alone=alone)
     me = agreement.index
-    where = target if target is not None else LocalJointFile(path)
+    gathered_bytes = 0
+    where = target if target is not None else LocalJointFile(Path(str(path)))
     token: str | None = None
     published = False
     with temporaries_removed_on_sigterm():
@@ -130,10 +149,22 @@ def save_joint(
                 )
             token = texts[0].split(" ", 3)[3]  # a name may hold spaces: the rest is it
 
-            # 2. written: each process its pieces.
+            # 2. written: each process its pieces (an upload: its parts, some tensors
+            # gathered for process 0 first).
             try:
+                mine: list[Part] | None = None
+                if getattr(where, "parted", False):
+                    plan = plan_parts(
+                        tensors,
+                        order,
+                        8 + len(header),
+                        {key: spans_processes(value) for key, value in tensors.items()},
+                    )
+                    tensors = _gathered(tensors, order, plan.gathered, me)
+                    gathered_bytes = plan.gathered_bytes
+                    mine = [part for part in plan.parts if part.process == me]
                 pieces = _pieces(tensors, order, 8 + len(header), me, path)
-                written, receipt = where.write(token, pieces)
+                written, receipt = where.write(token, pieces, mine)
             except BaseException as e:
                 _fail(agreement, "written", e)
                 raise
@@ -153,7 +184,25 @@ def save_joint(
         finally:
             if me == 0 and token is not None and not published:
                 where.discard(token)
-    return JointSaved(size, written + (8 + len(header) if me == 0 else 0), agreement.count)
+    header_bytes = 8 + len(header) if me == 0 and mine is None else 0  # uploads count it
+    return JointSaved(size, written + header_bytes, agreement.count, gathered_bytes)
+
+
+def _gathered(
+    tensors: Mapping[str, Any], order: list[Slot], keys: frozenset[str], me: int
+) -> dict[str, Any]:
+    """`tensors` with those of `keys` gathered whole as numpy on process 0 (and left out
+    elsewhere): every process takes part in each gathering, in file order."""
+    if not keys:
+        return dict(tensors)
+    from jax.experimental import multihost_utils
+
+    out = dict(tensors)
+    for slot in order:
+        if slot.key in keys:
+            whole = multihost_utils.process_allgather(tensors[slot.key], tiled=True)
+            out[slot.key] = _tensor(whole) if me == 0 else np.zeros(0, np.uint8)
+    return out
 
 
 def _fail(agreement: Agreement, step: str, error: BaseException) -> None:
@@ -167,7 +216,7 @@ def _step(
     agreement: Agreement,
     step: str,
     text: str,
-    path: Path,
+    path: FilePath,
     waits_for: tuple[int, ...] | None = None,
 ) -> list[str]:
     try:
@@ -186,7 +235,7 @@ def _tensor(value: Any) -> Shaped:
 
 
 def _pieces(
-    tensors: Mapping[str, Any], order: list[Slot], data_start: int, me: int, path: Path
+    tensors: Mapping[str, Any], order: list[Slot], data_start: int, me: int, path: FilePath
 ) -> Iterator[tuple[int, memoryview]]:
     """This process's (file offset, bytes): its replica-0 shards of global arrays, and on
     process 0 every other array whole. One shard is on the host at a time."""
@@ -211,7 +260,7 @@ def _runs_of(
     data: np.ndarray[Any, Any],
     bounds: tuple[tuple[int, int], ...],
     start: int,
-    path: Path,
+    path: FilePath,
 ) -> Iterator[tuple[int, memoryview]]:
     """A slice's bytes as the runs of the file it fills."""
     data = np.ascontiguousarray(data)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._base.errors import SafetensorsFileError
+from .._base.locations import URLPath
 from .format import MAX_HEADER, PACKED, dtype_name, encodable
 
 DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
@@ -98,7 +99,7 @@ class Shaped(Protocol):
     def nbytes(self) -> int: ...
 
 
-def slots_of(tensors: Mapping[str, Shaped], path: Path) -> list[Slot]:
+def slots_of(tensors: Mapping[str, Shaped], path: Path | URLPath) -> list[Slot]:
     """Each array's slot, refusing a name or size no safetensors reader could read back."""
     slots = []
     for key, array in tensors.items():

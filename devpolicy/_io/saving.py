@@ -17,11 +17,13 @@ import numpy as np
 
 from .._apply.leaves import ARRAY_LIKE, leaf_names
 from .._base.events import EventLog
+from .._base.locations import is_url, location
 from .format import dtype_name
-from .joint import save_joint, spans_processes
+from .joint import JointSaved, save_joint, spans_processes
 from .keys import key_metadata
 from .layout import DEFAULT_ALIGN, check_align
-from .writing import check_local, save_arrays
+from .remote.upload import upload_target
+from .writing import save_arrays
 
 #: Seconds each process of a multi-process save waits for the others at each step.
 JOINT_TIMEOUT = 600.0
@@ -61,7 +63,7 @@ def save_file(
     aligned safetensors file; `devpolicy.save_file` documents it. Arrays that span
     processes make it a joint save: every process writes its part (`joint`)."""
     check_align(align)  # before any array is converted or anything written
-    check_local(path)
+    upload = upload_target(str(path), os.environ) if is_url(path) else None
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
@@ -75,25 +77,31 @@ def save_file(
         keys, metadata = key_metadata(arrays, metadata)
         arrays = {n: jax.random.key_data(v) if n in keys else v for n, v in arrays.items()}
         saved = save_joint(
-            arrays, Path(path), align=align, metadata=metadata, timeout=float(timeout)
-        )
-        nbytes, written, processes = saved.nbytes, saved.bytes_written, saved.processes
+            arrays, location(path), align=align, metadata=metadata, timeout=float(timeout),
+            target=upload,
+        )  # fmt: skip
+    elif upload is not None:  # this process's own arrays, uploaded by it alone
+        host, metadata = _host_arrays(arrays, metadata)
+        saved = save_joint(
+            host, location(path), align=align, metadata=metadata, timeout=float(timeout),
+            target=upload, alone=True,
+        )  # fmt: skip
     else:
-        _save(arrays, path, align, metadata)
-        nbytes = written = Path(path).stat().st_size
-        processes = 1
-    events.emit(
-        "info",
-        "save_file",
-        {
-            "file": str(path),
-            "tensors": len(arrays),
-            "nbytes": nbytes,
-            "bytes_written": written,
-            "processes": processes,
-            "seconds": round(time.perf_counter() - started, 4),
-        },
-    )
+        host, metadata = _host_arrays(arrays, metadata)
+        save_arrays(host, path, align=align, metadata=metadata)
+        size = Path(path).stat().st_size
+        saved = JointSaved(size, size, 1)
+    fields: dict[str, Any] = {
+        "file": str(location(path)),
+        "tensors": len(arrays),
+        "nbytes": saved.nbytes,
+        "bytes_written": saved.bytes_written,
+        "processes": saved.processes,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+    if saved.gathered_bytes:
+        fields["gathered_bytes"] = saved.gathered_bytes
+    events.emit("info", "save_file", fields)
 
 
 def _named_arrays(tensors: Any) -> dict[str, Any]:
@@ -120,14 +128,12 @@ def _named_arrays(tensors: Any) -> dict[str, Any]:
     return arrays
 
 
-def _save(
-    arrays: dict[str, Any],
-    path: str | os.PathLike[str],
-    align: int,
-    metadata: Mapping[str, str] | None,
-) -> None:
-    """Key arrays as their data, every array read to the host, then written; a leaf that
-    cannot be is named with why and what to do, before anything is written."""
+def _host_arrays(
+    arrays: dict[str, Any], metadata: Mapping[str, str] | None
+) -> tuple[dict[str, Any], Mapping[str, str] | None]:
+    """Key arrays as their data, every array read to the host (and the metadata naming the
+    keys); a leaf that cannot be is named with why and what to do, before anything is
+    written."""
     keys, metadata = key_metadata(arrays, metadata)
     host: dict[str, Any] = {}
     for name, value in arrays.items():
@@ -147,4 +153,4 @@ def _save(
             dtype_name(host[name].dtype)
         except ValueError as e:
             raise ValueError(f"save_file(): {name!r}: {e}") from None
-    save_arrays(host, path, align=align, metadata=metadata)
+    return host, metadata

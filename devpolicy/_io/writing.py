@@ -27,7 +27,7 @@ import numpy as np
 
 from .._base.errors import SafetensorsFileError
 from .._base.files import kind
-from .._base.locations import is_url, shown_url
+from .._base.locations import URLPath, is_url, shown_url
 from .format import PACKED, Header, encodable, pack, read_header
 from .layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
 from .sources import SourceEndedError, open_tensor_file
@@ -75,18 +75,18 @@ def write_file(
 
 
 def check_local(path: str | os.PathLike[str]) -> None:
-    """Refuse a URL as a place to write: `Path` would read `s3://b/m` as the local
-    `s3:/b/m` and write there if such a folder happened to exist."""
+    """Refuse a URL as a place for a local write: `Path` would read `s3://b/m` as the
+    local `s3:/b/m` and write there if such a folder happened to exist."""
     if is_url(path):
         raise SafetensorsFileError(
             shown_url(str(path)),
             "cannot write to a URL: devpolicy reads URLs (load_file, plan, read_metadata) "
-            "but writes local files only; save to a local path (or a filesystem every "
-            "process sees) and upload it with the storage's own tool",
+            "and saves to s3:// with save_file; align a local file and upload it with the "
+            "storage's own tool",
         )
 
 
-def check_metadata(metadata: object, path: str | os.PathLike[str]) -> None:
+def check_metadata(metadata: object, path: str | os.PathLike[str] | URLPath) -> None:
     """Refuse metadata a header cannot hold: strings to strings, each encodable as UTF-8.
 
     Raises:
@@ -464,9 +464,12 @@ class LocalJointFile:
             os.close(fd)
         return os.path.basename(tmp)
 
-    def write(self, token: str, pieces: Iterable[tuple[int, memoryview]]) -> tuple[int, str]:
+    def write(
+        self, token: str, pieces: Iterable[tuple[int, memoryview]], parts: object = None
+    ) -> tuple[int, str]:
         """Write each (file offset, bytes) into the unfinished file and sync them; return
-        (bytes written, a receipt for `publish`: nothing for a file)."""
+        (bytes written, a receipt for `publish`: nothing for a file). `parts` is for an
+        upload in parts: a file takes the pieces where they fall."""
         tmp = _where(self.path)[1] / token
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)

@@ -442,6 +442,11 @@ def save_file(
     (replica 0 of each slice) into the file one process would write; one process failing
     fails it on all (docs: Saving from many processes).
 
+    `path` may be an `s3://bucket/key` URL (S3 and S3-compatible stores, credentials and
+    endpoint as botocore finds them; the `remote` extra): the file goes up as one
+    multipart upload, from this process or from every process of the job, and the object
+    appears only once the upload completes.
+
     Args:
         align: Alignment of the largest tensors' file offsets (a power of two).
         metadata: The header's `__metadata__` (strings to strings).
@@ -450,10 +455,10 @@ def save_file(
         policy: Whose logging the `save_file` event follows (default: the active one).
 
     Raises:
-        SafetensorsFileError: `path` is a URL (URLs are read, not written), or exists but
-            is not a regular file (a device, a FIFO, a directory), or cannot be written, or
-            another process of a multi-process save failed or did not answer in `timeout`
-            seconds; nothing is written.
+        SafetensorsFileError: `path` is a URL of another scheme than s3://, or exists but
+            is not a regular file (a device, a FIFO, a directory), or cannot be written (or
+            uploaded), or another process of a multi-process save failed or did not answer
+            in `timeout` seconds; nothing is written.
         ValueError: a bad `align`, `timeout`, dtype, name or metadata; two leaves of the
             same name.
         TypeError: a leaf that is not an array or number.

@@ -55,19 +55,29 @@ class S3Backend(Backend):
             config=botocore.config.Config(signature_version=UNSIGNED),
         )
         custom = "amazonaws.com" not in probe.meta.endpoint_url
-        config = botocore.config.Config(
-            signature_version="s3v4" if self._signed else UNSIGNED,
-            s3={"addressing_style": "path" if custom else "auto"},
-            retries={"max_attempts": 1},
-        )
-        self._client: Any = session.create_client(
-            "s3", region_name=region, endpoint_url=endpoint or None, config=config
-        )
+
+        def client(attempts: int) -> Any:
+            config = botocore.config.Config(
+                signature_version="s3v4" if self._signed else UNSIGNED,
+                s3={"addressing_style": "path" if custom else "auto"},
+                retries={"max_attempts": attempts, "mode": "standard"},
+            )
+            return session.create_client(
+                "s3", region_name=region, endpoint_url=endpoint or None, config=config
+            )
+
+        self._client: Any = client(1)  # reads: the source retries each range itself
+        self._client_of = client
 
     @property
     def client(self) -> Any:
         """botocore's S3 client (presigns the listing of a folder too)."""
         return self._client
+
+    def writer(self) -> Any:
+        """botocore's S3 client for uploads: its standard retries (backoff with jitter on
+        throttling, 5xx, resets and timeouts), five attempts a request."""
+        return self._client_of(5)
 
     def _link(self, operation: str) -> str:
         return str(

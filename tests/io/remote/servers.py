@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -535,6 +536,7 @@ class FaultProxy(ThreadedApp):
         fault = self._take(request.method, request.path, range_)
         kind = fault.kind if fault else None
         if fault is not None and fault.kind == "status":
+            await request.read()  # an upload's body, so the connection can carry the next
             self._record(Exchange(request.method, request.path, range_, fault.status, 0, kind))
             return web.Response(status=fault.status, text="injected", headers={"Retry-After": "0"})
         if fault is not None and fault.kind == "reset":
@@ -546,14 +548,23 @@ class FaultProxy(ThreadedApp):
             raise asyncio.CancelledError
         if fault is not None and fault.kind == "slow":
             await asyncio.sleep(fault.delay)
-        hop = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-connection"}
+        # Expect: 100-continue is between the client and this proxy (it has the body).
+        hop = {
+            "connection",
+            "keep-alive",
+            "transfer-encoding",
+            "te",
+            "upgrade",
+            "proxy-connection",
+            "expect",
+        }
         headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
         if fault is not None and fault.kind == "ignore_range":
             headers.pop("Range", None)
         body = await request.read()
         async with self._session.request(
             request.method, self.upstream + request.path_qs, headers=headers,
-            data=body or None, allow_redirects=False,
+            data=io.BytesIO(body) if body else None, allow_redirects=False,
         ) as upstream:  # fmt: skip
             out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in hop}
             response = web.StreamResponse(status=upstream.status, headers=out_headers)
