@@ -1,7 +1,8 @@
 """Saving to object storage: `devpolicy.save_file(tree, "s3://...")` against what users write
 today, side by side in one run, against a local S3 server.
 
-    python benchmarks/bench_upload.py [--size 512MiB] [--runs 3] [--out benchmarks/results/upload.md]
+    python benchmarks/bench_upload.py [--size 512MiB] [--runs 3]
+        [--out benchmarks/results/upload.md]
 
 Starts SeaweedFS's S3 gateway on 127.0.0.1 (the `test` extra installs it). Each run is a
 fresh process that builds a tree of float32 tensors of `--size` in all (64 MiB kernels
