@@ -8,8 +8,8 @@ Starts SeaweedFS's S3 gateway on 127.0.0.1 (the `test` extra installs it). Each 
 fresh process that builds a tree of float32 tensors of `--size` in all (64 MiB kernels
 and small vectors), then saves it, methods interleaved:
 
-- `devpolicy`: `save_file(tree, "s3://bench/...")`: one multipart upload, 64 MiB parts
-  assembled from the arrays, four at a time;
+- `devpolicy`: `save_file(tree, "s3://bench/...")`: one multipart upload, 8 MiB parts
+  assembled from the arrays, eight at a time;
 - `local file + upload`: `safetensors.numpy.save_file` to a local file (the page cache
   warm, a fast disk), then the file uploaded as boto3's `upload_file` does by default
   (8 MiB parts on 10 threads; here with botocore, which boto3 calls);

@@ -115,15 +115,25 @@ class TestPlanParts:
         plan = plan_parts(values, order, 100, spans)
         _check(plan, 100 + 2 * nbytes)
         assert plan.gathered == {"first"}
-        assert [p.process for p in plan.parts] == [0, 1]
+        owners = [(p.process, p.start) for p in plan.parts]
+        first_of_1 = min(start for process, start in owners if process == 1)
+        assert first_of_1 == 100 + nbytes + nbytes // 2  # the second's own rows
+        assert all(process == 0 for process, start in owners if start < first_of_1)
 
     def test_a_long_range_is_cut_into_parts_of_about_the_part_size(self) -> None:
-        """300 MiB of process 0's: five equal parts of 60 MiB."""
+        """300 MiB of process 0's: parts of about the part size, all alike; 12 MiB: two
+        parts of 6 MiB; 9 MiB: one part (two would be under 5 MiB each)."""
         values, order, spans = _file(("big", None, 300 * MIB))
         plan = plan_parts(values, order, 0, spans)
         _check(plan, 300 * MIB)
-        assert [p.end - p.start for p in plan.parts] == [60 * MIB] * 5
-        assert PART_BYTES == 64 * MIB
+        assert len(plan.parts) == -(-300 * MIB // PART_BYTES)
+        assert {p.end - p.start for p in plan.parts} <= {
+            300 * MIB // len(plan.parts),
+            300 * MIB // len(plan.parts) + 1,
+        }
+        for mib, count in ((9, 1), (12, 2), (5, 1)):
+            values, order, spans = _file(("t", None, mib * MIB))
+            assert len(plan_parts(values, order, 0, spans).parts) == count
 
     @settings(max_examples=200, deadline=None)
     @given(

@@ -24,8 +24,8 @@ from .s3 import S3Backend
 from .urls import RemoteURL, parse_url
 
 #: Parts uploading at once, per process: with the part being filled, what bounds the
-#: upload's memory (about this many parts more than the pieces themselves).
-UPLOADS_AT_ONCE = 4
+#: upload's memory (about this many parts more than the pieces themselves; 8 MiB parts).
+UPLOADS_AT_ONCE = 8
 
 
 class Part(Protocol):
