@@ -107,6 +107,17 @@ def _bucket_url(scheme: str, url: str, name: str, rest: str, folder: bool) -> Re
     form = _S3_BUCKET if scheme == "s3" else _GS_BUCKET
     if not bucket:
         raise RemoteURLError(name, "bucket", f"missing; write {scheme}://BUCKET/KEY")
+    if "@" in bucket:
+        where = (
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the shared files"
+            if scheme == "s3"
+            else "Google's application default credentials"
+        )
+        raise RemoteURLError(
+            name, "bucket",
+            f"user information (NAME:PASSWORD@) is not part of a {scheme}:// URL; "
+            f"credentials come from {where}",
+        )  # fmt: skip
     if form.match(bucket) is None or ".." in bucket:
         allowed = "lowercase letters, digits, '.', '-'" + (", '_'" if scheme == "gs" else "")
         raise RemoteURLError(

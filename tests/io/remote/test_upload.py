@@ -91,6 +91,30 @@ class TestOneProcess:
                 == (tmp_path / "small.safetensors").read_bytes()
             )
 
+    def test_odd_leaves_upload_as_they_save_locally(
+        self, s3: servers.S3Server, environ: dict[str, str], tmp_path: Path
+    ) -> None:
+        """An empty array, a 0-d one, F4 values (two a byte), bfloat16 and a PRNG key:
+        the object is the local file, byte for byte; an empty tree too."""
+        import jax
+        import ml_dtypes
+
+        tree = {
+            "empty": np.zeros((0, 3), np.float32),
+            "scalar": np.array(3, np.int64),
+            "codes": np.linspace(-6, 6, 64).astype(ml_dtypes.float4_e2m1fn).reshape(8, 8),
+            "half": np.arange(10).astype(ml_dtypes.bfloat16),
+            "key": jax.random.key(0),
+        }
+        for name, value in (("odd", tree), ("none", {})):
+            url = f"s3://{BUCKET}/saved/{name}.safetensors"
+            devpolicy.save_file(value, url, policy=_policy())
+            devpolicy.save_file(value, tmp_path / f"{name}.safetensors", policy=_policy())
+            assert (
+                _object(s3, f"saved/{name}.safetensors")
+                == (tmp_path / f"{name}.safetensors").read_bytes()
+            )
+
     def test_three_503s_on_a_part_are_retried_and_the_object_is_exact(
         self,
         s3: servers.S3Server,

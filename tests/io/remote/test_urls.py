@@ -128,6 +128,20 @@ class TestShown:
             parse_url("https://user:hunter2@example.org/dir/")
         assert "hunter2" not in str(caught.value)
 
+    @pytest.mark.parametrize("scheme", ["s3", "gs"])
+    def test_user_information_in_a_bucket_url_is_refused_unshown(self, scheme: str) -> None:
+        """`s3://KEY:SECRET@bucket/...` (credentials where they do not go): an error that
+        says where credentials come from, and shows neither the key nor the secret."""
+        url = f"{scheme}://AKIDEXAMPLE:hunter2@bucket/model.safetensors"
+        with pytest.raises(RemoteURLError) as caught:
+            parse_url(url)
+        text = str(caught.value)
+        assert "hunter2" not in text
+        assert "AKIDEXAMPLE" not in text
+        assert text.startswith(f"{scheme}://bucket/model.safetensors: bucket: ")
+        assert "user information (NAME:PASSWORD@) is not part of" in text
+        assert shown(url) == f"{scheme}://bucket/model.safetensors"
+
 
 class TestShownProperty:
     @given(
@@ -144,5 +158,7 @@ class TestShownProperty:
             f"https://{user}:{secret}@example.org/{path}",
             f"https://example.org/{path}?token={secret}",
             f"s3://bucket/{path}?sig={secret}",
+            f"s3://{user}:{secret}@bucket/{path}",
+            f"gs://{user}:{secret}@bucket/{path}",
         ):
             assert secret not in shown(url)
