@@ -112,9 +112,9 @@ class RemoteUpload:
                         )
                     part = mine[k]
                     length = min(len(data), part.end - offset)
-                    buffer, filled = filling.setdefault(
-                        part.number, (bytearray(part.end - part.start), [0])
-                    )
+                    if part.number not in filling:  # a new part's buffer, made once
+                        filling[part.number] = (bytearray(part.end - part.start), [0])
+                    buffer, filled = filling[part.number]
                     buffer[offset - part.start : offset - part.start + length] = data[:length]
                     filled[0] += length
                     if filled[0] == len(buffer):
