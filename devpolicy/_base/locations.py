@@ -38,14 +38,13 @@ def shown_url(url: str) -> str:
         'https://example.org/m.safetensors'
     """
     bare = url.split("#", 1)[0].split("?", 1)[0]
-    if bare.lower().startswith(("s3://", "gs://")):
-        # No bucket name holds `@`: what comes before one is credentials put where they
-        # do not go, never shown. (hf:// is left alone: `repo@revision` is its own.)
-        scheme, _, rest = bare.partition("://")
-        authority, slash, path = rest.partition("/")
-        return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
     if not bare.lower().startswith(("http://", "https://")):
-        return bare  # hf: no user information; repository and path kept as written
+        # s3, gs, hf: no bucket, organisation or kind holds `@` (a Hub revision follows
+        # the repository, the second name): what comes before one in the first is
+        # credentials put where they do not go, never shown.
+        scheme, _, rest = bare.partition("://")
+        first, slash, path = rest.partition("/")
+        return f"{scheme}://{first.rpartition('@')[2]}{slash}{path}"
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:

@@ -132,6 +132,12 @@ def _hf_url(url: str, name: str, rest: str, folder: bool) -> RemoteURL:
     if "?" in rest or "#" in rest:
         raise RemoteURLError(name, "path", "a query string or fragment is not part of a Hub path")
     parts = rest.split("/")
+    if "@" in parts[0]:
+        raise RemoteURLError(
+            name, "repository",
+            "user information (NAME:TOKEN@) is not part of an hf:// URL; the token comes "
+            "from HF_TOKEN or the one `hf auth login` saved",
+        )  # fmt: skip
     repo_type = "model"
     if parts[0] in _HF_KINDS:
         repo_type = _HF_KINDS[parts.pop(0)]

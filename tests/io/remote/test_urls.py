@@ -128,19 +128,29 @@ class TestShown:
             parse_url("https://user:hunter2@example.org/dir/")
         assert "hunter2" not in str(caught.value)
 
-    @pytest.mark.parametrize("scheme", ["s3", "gs"])
-    def test_user_information_in_a_bucket_url_is_refused_unshown(self, scheme: str) -> None:
-        """`s3://KEY:SECRET@bucket/...` (credentials where they do not go): an error that
-        says where credentials come from, and shows neither the key nor the secret."""
-        url = f"{scheme}://AKIDEXAMPLE:hunter2@bucket/model.safetensors"
+    @pytest.mark.parametrize(
+        ("given", "part", "told"),
+        [
+            ("s3://AKIDEXAMPLE:hunter2@bucket/model.safetensors", "bucket", "NAME:PASSWORD@"),
+            ("gs://AKIDEXAMPLE:hunter2@bucket/model.safetensors", "bucket", "NAME:PASSWORD@"),
+            ("hf://AKIDEXAMPLE:hunter2@org/repo/model.safetensors", "repository", "NAME:TOKEN@"),
+        ],
+    )
+    def test_user_information_in_a_url_is_refused_unshown(
+        self, given: str, part: str, told: str
+    ) -> None:
+        """`s3://KEY:SECRET@bucket/...`, and the same in gs:// and hf:// (credentials where
+        they do not go): an error that says where credentials come from, and shows neither
+        the name nor the secret."""
         with pytest.raises(RemoteURLError) as caught:
-            parse_url(url)
+            parse_url(given)
         text = str(caught.value)
         assert "hunter2" not in text
         assert "AKIDEXAMPLE" not in text
-        assert text.startswith(f"{scheme}://bucket/model.safetensors: bucket: ")
-        assert "user information (NAME:PASSWORD@) is not part of" in text
-        assert shown(url) == f"{scheme}://bucket/model.safetensors"
+        expected = given.replace("AKIDEXAMPLE:hunter2@", "")
+        assert text.startswith(f"{expected}: {part}: ")
+        assert f"user information ({told}) is not part of" in text
+        assert shown(given) == expected
 
 
 class TestShownProperty:
@@ -160,5 +170,7 @@ class TestShownProperty:
             f"s3://bucket/{path}?sig={secret}",
             f"s3://{user}:{secret}@bucket/{path}",
             f"gs://{user}:{secret}@bucket/{path}",
+            f"hf://{user}:{secret}@org/repo/{path}",
+            f"hf://{secret}@datasets/org/repo/{path}",
         ):
             assert secret not in shown(url)
