@@ -152,7 +152,7 @@ class Files:
     def _open(self, file: URLPath) -> RemoteObject | CachedFile:
         # The options are final here: the environment was weighed with the policy's layers.
         return open_remote(file.url, environ=self._environ, options=self.options,
-                           emit=self._emit, resolved=True)  # fmt: skip
+                           emit=self._emit)  # fmt: skip
 
     def header(self, file: FilePath) -> Header:
         """Read `file`'s header (a URL: opened, the header fetched with one small read)."""

@@ -62,7 +62,6 @@ def open_remote(
     environ: Mapping[str, str] | None = None,
     options: RemoteOptions | None = None,
     emit: Emit | None = None,
-    resolved: bool = False,
     **keywords: object,
 ) -> RemoteObject | CachedFile:
     """Open a remote object for reading by ranges.
@@ -72,11 +71,11 @@ def open_remote(
             `https://host/path` (or `http://` on a loopback host).
         environ: Where credentials, endpoints and `DEVPOLICY_REMOTE_*` are read (default:
             `os.environ`).
-        options: Options to start from (default: the defaults); the environment and
-            `keywords` (any field of `RemoteOptions`) override them.
+        options: The options, final (the loader weighed `DEVPOLICY_REMOTE_*` with the
+            policy's layers): the environment is then read for credentials and endpoints
+            only, and `keywords` (any field of `RemoteOptions`) override them. Without
+            them: the defaults, then `DEVPOLICY_REMOTE_*`, then `keywords`.
         emit: Where events go (`emit(level, event, fields)`), as `EventLog.emit` takes them.
-        resolved: `options` are final (the loader weighed `DEVPOLICY_REMOTE_*` with the
-            policy's layers): the environment is read for credentials and endpoints only.
 
     Returns:
         A `RemoteObject`, or with `cache_dir` a `CachedFile` (served from the cache, or
@@ -98,10 +97,10 @@ http://, https://, s3://
     """
     environ = os.environ if environ is None else environ
     parsed = parse_url(url)
-    if resolved and options is not None and not keywords:
-        final = options
+    if options is None:
+        final = resolve_options(environ, None, **keywords)
     else:
-        final = resolve_options(environ, options, **keywords)
+        final = resolve_options({}, options, **keywords) if keywords else options
     source = RemoteObject(backend_for(parsed, environ), final, emit)
     if final.cache_dir is None:
         return source

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from contextlib import redirect_stdout
 from dataclasses import dataclass
@@ -333,6 +334,20 @@ class TestCache:
         assert summary["bytes_fetched"] == 0
         assert summary["cached"].startswith(str(tmp_path / "cache"))
         _same(first, second)
+
+    def test_an_index_is_never_read_through_the_cache(
+        self, s3_proxied: Proxied, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """A folder loaded with DEVPOLICY_REMOTE_CACHE set: its two files are cached; its
+        index, a small file read whole, is not (the environment was weighed once, with
+        the policy's layers, not again for the index)."""
+        for name, value in s3_proxied.environ.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("DEVPOLICY_REMOTE_CACHE", str(tmp_path / "cache"))
+        policy = devpolicy.load_policy({"version": 1}, environ=dict(os.environ))
+        devpolicy.load_file(f"s3://{BUCKET}/sharded", policy=policy)
+        cached = sorted(p.name for p in (tmp_path / "cache").rglob("*") if p.is_file())
+        assert len([name for name in cached if name.endswith(".data")]) == 2, cached
 
     def test_mapping_asked_for_without_a_cache_is_refused_aloud(
         self, s3_proxied: Proxied, monkeypatch: pytest.MonkeyPatch
