@@ -242,6 +242,7 @@ def _load_file(
             first += len(file_names)
             started = time.perf_counter()
             source = opened.open(header)
+            # Only a local file maps: a source elsewhere has every tensor read.
             local = source.fileno() is not None
             with _collector_paused():
                 mapped, narrowed, bytes_read = _load_opened(
@@ -250,26 +251,21 @@ def _load_file(
                     file_names,
                     mine,
                     decider,
-                    mmap,
+                    mmap if local else False,
+                    x64,
                     narrow,
                     progress,
                     out,
                 )
             seconds = time.perf_counter() - started
-            mmap_refused_event(decider.events, header, mine, mmap, x64_enabled(), local)
+            mmap_refused_event(decider.events, header, mine, mmap, x64, local)
             summary_event(
                 decider.events, header, mine, seconds, mapped, narrowed, bytes_read,
                 fetched(source),
             )  # fmt: skip
         with _collector_paused():
             _loaded(decider.events, out, [h for _, h in headers], names, decisions, x64)
-            facts = [
-                (n, t.array_nbytes, t.shape, rule_file)
-                for (_, header), file_names, rule_file in zip(
-                    headers, names, rule_files, strict=True
-                )
-                for n, t in zip(file_names, header.tensors, strict=True)
-            ]
+            facts = [(n, nbytes, shape, rule_file) for n, nbytes, shape, _, rule_file, _ in items]
             uses = uses_of_decisions(
                 decider.settings, decider.conditions, facts, decisions, rule_files
             )
@@ -339,14 +335,13 @@ def _load_opened(
     decisions: list[Decision],
     decider: Decider,
     mmap: bool | None,
+    x64: bool,
     narrow: Narrow,
     progress: bool | None,
     out: dict[str, jax.Array],
 ) -> tuple[int, int, int]:
-    """Load one open file's tensors into `out`; (mapped, narrowed, bytes read)."""
-    if source.fileno() is None:
-        mmap = False  # only a local file maps: a source elsewhere has every tensor read
-    x64 = x64_enabled()
+    """Load one open file's tensors into `out`; (mapped, narrowed, bytes read). `mmap`:
+    False for a source that is not a local file."""
     mapped = narrowed = 0
     bytes_read = 0
     # Every 64-bit tensor that would change, so one error can list them all. Once there is

@@ -31,7 +31,7 @@ def mmap_refused_event(
     decisions: list[Decision],
     mmap: bool | None,
     x64: bool,
-    local: bool = True,
+    local: bool,
 ) -> None:
     """Once per file: why tensors that were to be mapped were read instead, and the fix.
     `local`: whether the file's bytes come from a local file (one at a URL, unless read
