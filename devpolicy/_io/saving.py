@@ -17,7 +17,7 @@ import numpy as np
 
 from .._apply.leaves import ARRAY_LIKE, leaf_names
 from .._base.events import EventLog
-from .._base.locations import is_url, location
+from .._base.locations import URLPath, location
 from .format import dtype_name
 from .joint import JointSaved, save_joint, spans_processes
 from .keys import key_metadata
@@ -63,36 +63,34 @@ def save_file(
     aligned safetensors file; `devpolicy.save_file` documents it. Arrays that span
     processes make it a joint save: every process writes its part (`joint`)."""
     check_align(align)  # before any array is converted or anything written
-    upload = upload_target(str(path), os.environ) if is_url(path) else None
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
         or not 0 < timeout < float("inf")
     ):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    file = location(path)
+    upload = upload_target(str(path), os.environ) if isinstance(file, URLPath) else None
     arrays = _named_arrays(tensors)
     started = time.perf_counter()
-    if any(spans_processes(value) for value in arrays.values()):
+    joint = any(spans_processes(value) for value in arrays.values())
+    if joint:
         # Key arrays as their key data, still sharded: each process writes its part of it.
         keys, metadata = key_metadata(arrays, metadata)
-        arrays = {n: jax.random.key_data(v) if n in keys else v for n, v in arrays.items()}
+        ready = {n: jax.random.key_data(v) if n in keys else v for n, v in arrays.items()}
+    else:
+        ready, metadata = _host_arrays(arrays, metadata)
+    if joint or upload is not None:  # alone: this process's own arrays, uploaded by it
         saved = save_joint(
-            arrays, location(path), align=align, metadata=metadata, timeout=float(timeout),
-            target=upload,
-        )  # fmt: skip
-    elif upload is not None:  # this process's own arrays, uploaded by it alone
-        host, metadata = _host_arrays(arrays, metadata)
-        saved = save_joint(
-            host, location(path), align=align, metadata=metadata, timeout=float(timeout),
-            target=upload, alone=True,
+            ready, file, align=align, metadata=metadata, timeout=float(timeout),
+            target=upload, alone=not joint,
         )  # fmt: skip
     else:
-        host, metadata = _host_arrays(arrays, metadata)
-        save_arrays(host, path, align=align, metadata=metadata)
+        save_arrays(ready, path, align=align, metadata=metadata)
         size = Path(path).stat().st_size
         saved = JointSaved(size, size, 1)
     fields: dict[str, Any] = {
-        "file": str(location(path)),
+        "file": str(file),
         "tensors": len(arrays),
         "nbytes": saved.nbytes,
         "bytes_written": saved.bytes_written,
