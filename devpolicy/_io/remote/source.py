@@ -203,12 +203,8 @@ class RemoteObject:
         self._pool.close()
 
     def close(self) -> None:
-        """Stop the reading threads and close the connections."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
-        self._pool.close()
+        """Stop the reading threads and close the connections, the backend's too."""
+        self.release()
         self._backend.close()
 
     def __repr__(self) -> str:

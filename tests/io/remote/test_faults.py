@@ -176,18 +176,17 @@ class TestNoCredentialShown:
                 s3_proxied.url, environ=s3_proxied.environ, attempts=2, backoff_seconds=0.01
             )
             try:
-                source.read_into(0, memoryview(bytearray(source.size)))
-            except RemoteReadError as e:
-                texts.append(str(e))
+                with pytest.raises(RemoteReadError) as failed_read:
+                    source.read_into(0, memoryview(bytearray(source.size)))
+                texts.append(str(failed_read.value))
             finally:
                 source.close()
-            try:
+            with pytest.raises(RemoteReadError) as failed_open:
                 open_remote(
                     "hf://org/repo/nope.bin",
                     environ={"HF_ENDPOINT": hub.url, "HF_TOKEN": servers.HUB_TOKEN},
                 )
-            except RemoteReadError as e:
-                texts.append(str(e))
+            texts.append(str(failed_open.value))
         texts += [repr(e) for e in events]
         assert len(texts) >= 3
         for secret in (

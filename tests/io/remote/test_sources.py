@@ -148,4 +148,4 @@ class TestExtra:
             match=r"^s3://b-1/k: reading from a URL needs 'botocore'.*: pip install 'devpolicy\[remote\]'$",
         ):
             open_remote("s3://b-1/k", environ={})
-        assert INSTALL_HINT in "pip install 'devpolicy[remote]'"
+        assert INSTALL_HINT == "pip install 'devpolicy[remote]'"
