@@ -9,8 +9,6 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Generic, TypeVar
 
-import numpy as np
-
 from .._decide.decider import Decider
 from .narrowing import Narrow, check_mode
 from .put import put
@@ -18,14 +16,21 @@ from .put import put
 T = TypeVar("T")
 
 
+def as_int(value: object) -> int | None:
+    """`value` as an int if it is an integer (numpy's `np.int64(10)` too) and not a bool."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return operator.index(value)
+    return None
+
+
 def prefetch(
     iterable: Iterable[T], decider: Decider, name: str, size: int, narrow: Narrow = "exact"
 ) -> BatchStream[T]:
     """Place each element by `decider`, `size` transfers ahead. See `devpolicy.prefetch`."""
-    # numpy's integers count (`np.int64(2)`); bools do not.
-    if not isinstance(size, numbers.Integral) or isinstance(size, bool | np.bool_) or size < 1:
+    whole = as_int(size)
+    if whole is None or whole < 1:
         raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
-    size = operator.index(size)
+    size = whole
     if not isinstance(name, str):
         raise TypeError(f"prefetch name must be a str, got {type(name).__name__} {name!r}")
     check_mode(narrow)

@@ -11,8 +11,6 @@ however long the stream runs.
 
 from __future__ import annotations
 
-import numbers
-import operator
 from collections.abc import Iterator
 from typing import Any, Literal, TypeAlias
 
@@ -25,22 +23,15 @@ from .._machine.capacity import host_available_bytes
 from .hostview import host_view
 from .narrowing import Narrow
 from .paging import Pager
-from .prefetch import BatchStream, prefetch
+from .prefetch import BatchStream, as_int, prefetch
 
 #: How windows are chosen: in order, or each start drawn at random.
 Order: TypeAlias = 'Literal["sequential", "random"]'
 ORDERS = ("sequential", "random")
 
 
-def _as_int(value: object) -> int | None:
-    """`value` as an int if it is an integer (numpy's `np.int64(10)` too) and not a bool."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_):
-        return operator.index(value)
-    return None
-
-
 def _positive(what: str, value: object) -> int:
-    number = _as_int(value)
+    number = as_int(value)
     if number is None or number < 1:
         raise ValueError(f"windows {what} must be an int >= 1, got {value!r}")
     return number
@@ -88,7 +79,7 @@ def windows(
     stride = length if stride is None else _positive("stride", stride)
     if steps is not None:
         steps = _positive("steps", steps)
-    number = None if seed is None else _as_int(seed)
+    number = None if seed is None else as_int(seed)
     if seed is not None and number is None:
         raise TypeError(f"windows seed must be an int or None, got {seed!r}")
     if number is not None and number < 0:
