@@ -187,13 +187,15 @@ def command(args: argparse.Namespace) -> int:
 
 def _plan_rules(console: Console, p: devpolicy.Plan) -> None:
     """What each rule took, and what should not pass in silence (exit 3's reason too)."""
+    from .._io.accounting import NEAR, NOTHING  # with the plan: `--help` stays light
+
     if len(p.rules) > 1:
         rules = Table(title="Per rule", title_justify="left")
         for column in ("rule", "pattern", "tensors", "bytes", "sharded", "why none"):
             rules.add_column(column, justify="right" if column in ("tensors", "bytes") else "left")
         for u in p.rules:
             # Yellow: a rule that took nothing and was meant to (see devpolicy's accounting).
-            missed = not u.tensors and u.status in ("near", "nothing") and u.label != "default"
+            missed = not u.tensors and u.status in (NEAR, NOTHING) and u.label != "default"
             rules.add_row(
                 lit(u.origin),
                 lit(u.label),

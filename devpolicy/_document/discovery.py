@@ -54,13 +54,14 @@ class Found:
         return "; ".join(parts) or "nowhere"
 
 
-#: How to point devpolicy at a policy when discovery finds none.
-NO_POLICY_FIX = (
+#: How to point devpolicy at a policy when discovery finds none (the error, when one is
+#: required); the warning adds how to require one.
+POLICY_POINTERS = (
     "set DEVPOLICY_FILE=path/to/devpolicy.yaml, or put devpolicy.yaml in the working "
     "directory or a parent up to the project root (or `[tool.devpolicy] policy = ...` in "
-    "its pyproject.toml), or pass the policy: bootstrap(path), load_policy(path); "
-    "DEVPOLICY_REQUIRE=1 makes a missing policy an error"
+    "its pyproject.toml), or pass the policy: bootstrap(path), load_policy(path)"
 )
+NO_POLICY_FIX = f"{POLICY_POINTERS}; DEVPOLICY_REQUIRE=1 makes a missing policy an error"
 
 
 #: Files whose presence marks a project's root: discovery never looks above it.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._base.errors import PolicyError
 from .._base.files import Untrusted, untrusted
-from .._document.discovery import NO_POLICY_FIX, Found, discover
+from .._document.discovery import NO_POLICY_FIX, POLICY_POINTERS, Found, discover
 from .._document.documents import display_path, read_document, validate_overrides
 from .._document.environment import read_env
 from .._document.layers import Settings, merge
@@ -112,7 +112,7 @@ def _refuse_nothing_found(found: Found, required: bool | None, env_require: bool
         None,
         "",
         f"no policy found (looked for {found.looked_text}), and a policy is required; "
-        f"to fix: {NO_POLICY_FIX.split('; DEVPOLICY_REQUIRE', 1)[0]}",
+        f"to fix: {POLICY_POINTERS}",
     )
 
 
