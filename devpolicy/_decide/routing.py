@@ -339,8 +339,6 @@ class Route(Generic[D]):
             shown = None  # the target as a reason names it, where not its own text
             if position == 0 and self.attached is not None:
                 found_target = self._attached_target(name, attached, shape)
-                if isinstance(found_target, AxisNamesError):
-                    raise found_target
                 if isinstance(found_target, str):
                     tried.append((self.requested, found_target))
                     continue
@@ -427,9 +425,9 @@ class Route(Generic[D]):
 
     def _attached_target(
         self, name: str, attached: Attached | None, shape: tuple[int, ...] | None
-    ) -> ShardingTarget | str | AxisNamesError | None:
+    ) -> ShardingTarget | str | None:
         """The sharding a leaf's attached names ask for, why they cannot, or None when
-        the leaf carries none.
+        the leaf carries none; names the leaf's shape cannot take raise.
 
         The spec keeps one entry per name, as JAX builds `PartitionSpec(*names)`: the
         dimensions past the names are unsharded, and the `NamedSharding` is the one JAX
@@ -444,7 +442,7 @@ class Route(Generic[D]):
                 return None
             raise NamesNeededError(name, self.context, self.attached.mesh)
         if shape is not None and len(attached.names) > len(shape):
-            return AxisNamesError(name, attached.names, shape, self.context)
+            raise AxisNamesError(name, attached.names, shape, self.context)
         return self.attached.resolved(attached)
 
     def _sharded(
