@@ -36,7 +36,7 @@ from .._document.targets import (
     parse_target,
 )
 from .._machine.capacity import Capacity
-from .._machine.machine import Machine
+from .._machine.machine import Machine, VirtualDevice, VirtualMachine
 from .._machine.meshes import Meshes, shards
 from .._names.matching import Condition, Matcher, SourceFile, compile_condition
 from .._names.nearby import Fact
@@ -590,3 +590,17 @@ class Decider(Generic[DeviceT]):
             **sharded,
             move_inputs=entry is not None and entry.spec.inputs == "move",
         )
+
+
+def virtual_decider(settings: Settings, machine: object, verb: str) -> Decider[VirtualDevice]:
+    """A decider with `settings` for the machine `machine` describes (memory as stated).
+
+    Raises:
+        TypeError: `machine` is not a `VirtualMachine`; the message names `verb`'s call.
+    """
+    if not isinstance(machine, VirtualMachine):
+        raise TypeError(
+            f"{verb}(machine=...) takes a devpolicy.VirtualMachine, got "
+            f"{type(machine).__name__} {machine!r}"
+        )
+    return Decider(settings, machine, machine)

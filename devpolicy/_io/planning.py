@@ -13,7 +13,7 @@ from typing import Any
 from .._base.locations import URLPath, location
 from .._base.sizes import format_size
 from .._base.visible import visible
-from .._decide.decider import Decider
+from .._decide.decider import Decider, virtual_decider
 from .._decide.decision import Decision, DeviceT
 from .._decide.items import maps_from_file
 from .._decide.routing import UNKNOWN_NAMES
@@ -303,12 +303,7 @@ def plan(
     names = _ModelNames(into, _checked_axes(axes), strict)
     options = options_of(decider.settings.remote_values, remote)
     if machine is not None:
-        if not isinstance(machine, VirtualMachine):
-            raise TypeError(
-                f"plan(machine=...) takes a devpolicy.VirtualMachine, got "
-                f"{type(machine).__name__} {machine!r}"
-            )
-        virtual = Decider(decider.settings, machine, machine)
+        virtual = virtual_decider(decider.settings, machine, "plan")
         return _plan(
             path, virtual, prefix, mmap, str(machine), machine.processes, naming, names, options
         )

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from .._base.errors import DeviceUnavailableError
 from .._base.files import untrusted
-from .._decide.decider import Decider
+from .._decide.decider import Decider, virtual_decider
 from .._decide.routing import Fit, Route
 from .._document.axes import ATTACHED, Attached
 from .._document.layers import RuleEntry, Setting
@@ -85,17 +85,12 @@ def lint(policy: Policy, *, machine: VirtualMachine | None = None) -> list[Findi
         >>> [f.code for f in devpolicy.lint(p)]
         ['unreachable-rule']
     """
-    if machine is not None and not isinstance(machine, VirtualMachine):
-        raise TypeError(
-            f"lint(machine=...) takes a devpolicy.VirtualMachine, got "
-            f"{type(machine).__name__} {machine!r}"
-        )
-    findings = _unreachable(policy.rules)
     settings = policy.settings
     decider: Decider[Any] = policy.decider
     capacity: Capacity[Any] = policy.capacity
     if machine is not None:
-        decider, capacity = Decider(settings, machine, machine), machine
+        decider, capacity = virtual_decider(settings, machine, "lint"), machine
+    findings = _unreachable(policy.rules)
     fit = Fit(capacity, settings.headroom.value)
     where = "this machine" if machine is None else f"the machine described ({machine})"
     # Chains that can end nowhere, each with why and the rules using it: one warning per

@@ -17,7 +17,7 @@ from .._apply.put import put, shardings
 from .._apply.scope import Scope, Scopes, make_place
 from .._base.errors import DevicePolicyError
 from .._base.events import EventLog
-from .._decide.decider import Decider
+from .._decide.decider import Decider, virtual_decider
 from .._decide.decision import Decision, Explanation
 from .._decide.routing import UNKNOWN_NAMES
 from .._document.axes import Attached
@@ -242,12 +242,7 @@ class Policy:
         attached = attached_of(axes)
         if machine is None:
             return self.decider.explain(name, nbytes, shape, source, attached)
-        if not isinstance(machine, VirtualMachine):
-            raise TypeError(
-                f"explain(machine=...) takes a devpolicy.VirtualMachine, got "
-                f"{type(machine).__name__} {machine!r}"
-            )
-        decider = Decider(self.decider.settings, machine, machine)
+        decider = virtual_decider(self.decider.settings, machine, "explain")
         return decider.explain(name, nbytes, shape, source, attached)
 
     def scope(self, name: str, *, nbytes: int | None = None) -> Scope:
