@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -401,3 +404,24 @@ def test_many_rules_without_a_literal_prefix_still_find_the_dead_one() -> None:
         "rule 300 ('[a-z]+/layer7/w') can never match"
     ]
     assert "rule 7 at <mapping>:rules[7]" in found[0].message
+
+
+@pytest.mark.parametrize("verb", ["lint", "plan", "explain"])
+def test_a_machine_that_is_not_a_virtual_machine_is_a_type_error_naming_the_call(
+    verb: str, tmp_path: Path
+) -> None:
+    """`machine="gpu=2"` (the CLI's words, not a VirtualMachine) to lint, plan or explain:
+    a TypeError naming the call and what it takes."""
+    policy = devpolicy.load_policy({"version": 1}, environ={})
+    checkpoint = tmp_path / "m.safetensors"
+    devpolicy.save_file({"w": np.zeros(2, np.float32)}, checkpoint, policy=policy)
+    calls = {
+        "lint": lambda: devpolicy.lint(policy, machine="gpu=2"),
+        "plan": lambda: devpolicy.plan(checkpoint, policy=policy, machine="gpu=2"),
+        "explain": lambda: policy.explain("w", machine="gpu=2"),
+    }
+    with pytest.raises(
+        TypeError,
+        match=rf"^{verb}\(machine=\.\.\.\) takes a devpolicy\.VirtualMachine, got str 'gpu=2'$",
+    ):
+        calls[verb]()
