@@ -27,6 +27,7 @@ from .._base.events import EventLog
 from .._document.environment import FILE_FORM, RULES
 from .._document.layers import RuleEntry, Settings
 from .._document.schema import RuleSpec
+from .._document.targets import spec_entry_text
 from .._names.matching import Condition, SourceFile
 from .._names.nearby import Fact, MetNames, near_miss
 from .decision import Decision
@@ -45,10 +46,8 @@ def item_text(spec: RuleSpec) -> str:
     pattern = f"{FILE_FORM}{spec.file}" if spec.match is None else spec.match
     if spec.sharding is None:
         return f"{pattern}={spec.device}"
-    entries = [
-        "-" if e is None else "+".join(e) if isinstance(e, list) else e for e in spec.sharding.spec
-    ]
-    return f"{pattern}={spec.sharding.mesh}[{','.join(entries)}]"
+    entries = ",".join(spec_entry_text(e) for e in spec.sharding.spec)
+    return f"{pattern}={spec.sharding.mesh}[{entries}]"
 
 
 class Overrides:

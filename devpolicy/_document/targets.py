@@ -235,8 +235,9 @@ class AttachedTarget(_OnAMesh):
 _RESOLVED_KEPT = 4096
 
 
-def spec_entry_text(entry: SpecEntry) -> str:
-    """One spec entry as text: `data`, `data+model`, or `-`."""
+def spec_entry_text(entry: SpecEntry | list[str]) -> str:
+    """One spec entry as text (a tuple of names, or the list the schema holds):
+    `data`, `data+model`, or `-`."""
     if entry is None:
         return "-"
     return entry if isinstance(entry, str) else "+".join(entry)

@@ -322,7 +322,7 @@ def _build(name: str, spec: MeshSpec, machine: Machine[D]) -> BuiltMesh[D] | str
     if spec.dcn is None:
         sizes = _sizes(list(spec.axes.values()), len(devices))
         if isinstance(sizes, str):
-            described = " x ".join(f"{n}={s}" for n, s in spec.axes.items())
+            described = shape_text(spec.axes, None)
             return f"mesh {name!r} ({described}) needs {sizes} {where} devices, {len(devices)} here"
     else:
         hybrid = _hybrid_sizes(name, spec, devices, where)
@@ -376,8 +376,8 @@ def _hybrid_sizes(
     tpu = bool(devices) and devices[0].platform == "tpu"
     unit = "slice" if tpu else "process"
     plural = "slices" if tpu else "processes"
-    within = " x ".join(f"{n}={s}" for n, s in spec.axes.items())
-    across = " x ".join(f"{n}={s}" for n, s in spec.dcn.items())
+    within = shape_text(spec.axes, None)
+    across = shape_text(spec.dcn, None)
     described = f"mesh {name!r} (in each slice {within}; slices {across})"
     per_slice = set(counts.values())
     if len(per_slice) > 1:
