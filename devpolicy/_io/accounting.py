@@ -188,9 +188,7 @@ def rule_uses(
     nbytes = [0] * (len(rules) + 1)
     sharded = [0] * (len(rules) + 1)
     examples = [""] * (len(rules) + 1)
-    parts: set[str] = set()  # every part of every name, split at `/` and `.`
     for name, position, size, _, _, was_sharded in placed:
-        parts.update(name.replace(".", "/").split("/"))
         i = len(rules) if position is None else position
         if not tensors[i]:
             examples[i] = name
@@ -198,7 +196,7 @@ def rule_uses(
         nbytes[i] += size or 0
         sharded[i] += was_sharded
     catch_alls = [_catch_all(entry.spec) for entry in rules]
-    reasons = _Reasons(rules, conditions, placed, files, parts, catch_alls)
+    reasons = _Reasons(rules, conditions, placed, files, catch_alls)
     uses = []
     for i, entry in enumerate(rules):
         status, note, near = (TOOK, "", None) if tensors[i] else reasons.why(i)
@@ -247,18 +245,27 @@ class _Reasons:
         conditions: Sequence[Condition],
         placed: Sequence[Placed],
         files: list[SourceFile],
-        parts: set[str],
         catch_alls: list[bool],
     ) -> None:
         self._rules = rules
         self._conditions = conditions
         self._placed = placed
         self._files = files
-        self._parts = parts
         self._catch_alls = catch_alls
         self._met_names: MetNames | None = None  # read on the first rule to explain
+        self._name_parts: set[str] | None = None  # likewise
         #: Each `near` rule's slip, for `_one_prefix_guess`.
         self.slips: dict[int, NearMiss] = {}
+
+    @property
+    def _parts(self) -> set[str]:
+        """Every part of every name, split at `/` and `.`: asked only of a rule that took
+        nothing, so never made on a load whose rules all took something."""
+        if self._name_parts is None:
+            self._name_parts = {
+                part for p in self._placed for part in p.name.replace(".", "/").split("/")
+            }
+        return self._name_parts
 
     @property
     def _met(self) -> MetNames:
