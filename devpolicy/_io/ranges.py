@@ -22,6 +22,7 @@ from .._base.errors import NarrowingError
 from .._base.limits import ALIGN
 from .buffers import host_buffer
 from .format import Header, TensorEntry
+from .layout import slice_runs
 from .sources import ByteSource
 from .whole import PIECE_BYTES, THREADED_BYTES, read_pieces, read_range, read_ranges
 
@@ -56,20 +57,8 @@ def slice_ranges(entry: TensorEntry, bounds: _Bounds) -> list[tuple[int, int]]:
         >>> slice_ranges(e, ((2, 4), (0, 6)))  # the bottom half: one run
         [(112, 12)]
     """
-    shape, itemsize = entry.shape, entry.dtype.itemsize
-    if not shape:
-        return [(entry.offset, itemsize)]
-    extents = [stop - start for start, stop in bounds]
-    split = len(shape) - 1
-    while split > 0 and extents[split] == shape[split]:
-        split -= 1
-    run = math.prod(extents[split:]) * itemsize
-    strides = [math.prod(shape[d + 1 :]) * itemsize for d in range(len(shape))]
-    first = bounds[split][0] * strides[split]
-    return [
-        (entry.offset + sum(i * strides[d] for d, i in enumerate(outer)) + first, run)
-        for outer in itertools.product(*(range(a, b) for a, b in bounds[:split]))
-    ]
+    offsets, run = slice_runs(entry.shape, entry.dtype.itemsize, bounds)
+    return [(start, run) for start in (entry.offset + offsets).tolist()]
 
 
 class ShardReader:
@@ -263,25 +252,14 @@ class ShardReader:
 
     def _run_start(self, bounds: _Bounds) -> tuple[int, int]:
         """(file offset, bytes) of a slice that is one run."""
-        entry, shape = self._entry, self._entry.shape
-        itemsize = entry.dtype.itemsize
-        split, run, _ = self._runs(bounds)
-        strides = [math.prod(shape[d + 1 :]) * itemsize for d in range(len(shape))]
-        start = entry.offset + sum(bounds[d][0] * strides[d] for d in range(split + 1))
-        return start, run
+        return slice_ranges(self._entry, bounds)[0]
 
     def _read(self, bounds: _Bounds) -> np.ndarray[Any, Any]:
-        entry, shape = self._entry, self._entry.shape
-        itemsize = entry.dtype.itemsize
+        entry = self._entry
         extents = tuple(stop - start for start, stop in bounds)
-        split, run, _ = self._runs(bounds)
-        inner = math.prod(shape[split + 1 :]) if shape else 1
-        strides = [math.prod(shape[d + 1 :]) * itemsize for d in range(len(shape))]
-        first = bounds[split][0] * inner * itemsize if shape else 0  # a scalar: one item
-        starts = [
-            entry.offset + sum(i * strides[d] for d, i in enumerate(outer)) + first
-            for outer in itertools.product(*(range(a, b) for a, b in bounds[:split]))
-        ]
+        runs = slice_ranges(entry, bounds)
+        starts = [start for start, _ in runs]
+        run = runs[0][1] if runs else 0
         count = math.prod(extents)
         if count and len(starts) == 1 and self._region is not None and starts[0] % ALIGN == 0:
             self.mapped += 1
