@@ -11,7 +11,6 @@ the end; a transient failure is retried as a read is; no credential is ever show
 from __future__ import annotations
 
 import json
-import random
 import time
 import urllib.parse
 import xml.etree.ElementTree as ElementTree
@@ -23,9 +22,9 @@ from .errors import RemoteReadError
 from .http import Dropped, Pool
 from .options import RemoteOptions
 from .schemes import backend_for
+from .source import RETRIED, paused_to_retry
 from .urls import RemoteURL, parse_url
 
-_RETRIED = frozenset({408, 429, 500, 502, 503, 504})
 _S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 #: Pages followed at most (a folder of a million objects at 1,000 a page).
 _MAX_PAGES = 1000
@@ -72,7 +71,7 @@ def _get(
                 body = response.small_body(64 * 2**20)
                 return body, response.headers
             response.small_body(0)
-            if status not in _RETRIED:
+            if status not in RETRIED:
                 if status in (401, 403):
                     problem = f"access refused; {backend.auth_hint()}"
                 elif status == 404:
@@ -84,11 +83,9 @@ def _get(
             problem = f"status {status}"
         except Dropped as e:
             problem = e.problem
-        waited = time.monotonic() - began
-        if attempts == options.attempts or waited >= options.total_seconds:
+        if not paused_to_retry(options, attempts, began):
             raise RemoteReadError(name, f"cannot list the folder: {problem}; gave up",
                                   status=status, attempts=attempts)  # fmt: skip
-        time.sleep(random.uniform(0, options.backoff(attempts)))
     raise AssertionError("unreachable")  # pragma: no cover
 
 

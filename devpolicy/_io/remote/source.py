@@ -42,7 +42,21 @@ COALESCE_GAP = 2**20
 #: Bytes fetched with the first small read and kept, so the header's two reads (its length,
 #: then the header) cost one request together.
 HEAD_BYTES = 64 * 2**10
-_RETRIED = frozenset({408, 429, 500, 502, 503, 504})
+RETRIED = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def paused_to_retry(options: RemoteOptions, attempts: int, began: float) -> bool:
+    """After failed attempt `attempts` of a request first sent at `began` (monotonic):
+    False when the attempts or the time are spent; else True, once a jittered backoff
+    (never past the time left) has passed."""
+    waited = time.monotonic() - began
+    if attempts == options.attempts or waited >= options.total_seconds:
+        return False
+    time.sleep(min(random.uniform(0, options.backoff(attempts)),
+                   max(0.0, options.total_seconds - waited)))  # fmt: skip
+    return True
+
+
 _CONTENT_RANGE = re.compile(r"^bytes ([0-9]+)-([0-9]+)/([0-9]+|\*)$")
 
 Emit = Callable[[str, str, Mapping[str, Any]], None]
@@ -365,7 +379,7 @@ class RemoteObject:
         """A status other than 200/206: retry (raise `_Retry`) or fail for good."""
         status = response.status
         response.close()
-        if status in _RETRIED:
+        if status in RETRIED:
             raise _Retry(f"status {status}", status, 0)
         if self._backend.expired(status):
             raise _Retry(f"status {status}: the link expired", status, 0, at_once=True)
@@ -407,19 +421,16 @@ class RemoteObject:
                     request = fallback()
                     continue
                 response.close()
-                if status not in _RETRIED:
+                if status not in RETRIED:
                     raise RemoteReadError(self.name, _refusal(status, backend),
                                           status=status, attempts=attempts)  # fmt: skip
                 problem = f"status {status}"
             except Dropped as e:
                 problem = e.problem
-            waited = time.monotonic() - began
-            if attempts == options.attempts or waited >= options.total_seconds:
+            if not paused_to_retry(options, attempts, began):
                 raise RemoteReadError(self.name, f"{problem}; gave up opening it",
                                       status=status, attempts=attempts)  # fmt: skip
             self.counters.add(retries=1)
-            time.sleep(min(random.uniform(0, options.backoff(attempts)),
-                           max(0.0, options.total_seconds - waited)))  # fmt: skip
         raise AssertionError("unreachable")  # pragma: no cover
 
 
