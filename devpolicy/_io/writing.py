@@ -21,7 +21,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -258,21 +258,35 @@ def _temporary(directory: Path, prefix: str) -> tuple[int, str | None]:
     return _named_temporary(directory, prefix)
 
 
+_Made = TypeVar("_Made")
+
+
 def _named_temporary(directory: Path, prefix: str) -> tuple[int, str]:
     """A new named temporary file in `directory`: (descriptor, name), `_in_flight`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    tmp, fd = _claim_name(directory, prefix, lambda path, _: os.open(path, flags, 0o600))
+    return fd, tmp
+
+
+def _claim_name(
+    directory: Path, prefix: str, create: Callable[[str, str], _Made]
+) -> tuple[str, _Made]:
+    """A free temporary name in `directory` that `create(path, name)` made a file of
+    (raising FileExistsError when taken), and what `create` returned: recorded in
+    `_in_flight` before it exists, so a signal between the two removes nothing else."""
     for _ in range(100):
-        tmp = str(directory / f"{prefix}{os.urandom(6).hex()}.tmp")
-        # In the set before it exists: a signal between the two removes nothing else.
+        name = f"{prefix}{os.urandom(6).hex()}.tmp"
+        tmp = str(directory / name)
         _in_flight.add(tmp)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            made = create(tmp, name)
         except FileExistsError:
             _in_flight.discard(tmp)
             continue
         except BaseException:
             _in_flight.discard(tmp)
             raise
-        return fd, tmp
+        return tmp, made
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(directory))
 
 
@@ -293,22 +307,16 @@ def _named(fd: int, directory: Path, prefix: str) -> str:
     # would link the /proc symlink itself) only when given a directory descriptor.
     directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for _ in range(100):
-            name = f"{prefix}{os.urandom(6).hex()}.tmp"
-            tmp = str(directory / name)
-            _in_flight.add(tmp)
-            try:
-                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=directory_fd, follow_symlinks=True)
-            except FileExistsError:
-                _in_flight.discard(tmp)
-                continue
-            except BaseException:
-                _in_flight.discard(tmp)
-                raise
-            return tmp
+        tmp, _ = _claim_name(
+            directory,
+            prefix,
+            lambda _, name: os.link(
+                f"/proc/self/fd/{fd}", name, dst_dir_fd=directory_fd, follow_symlinks=True
+            ),
+        )
+        return tmp
     finally:
         os.close(directory_fd)
-    raise FileExistsError(errno.EEXIST, "no free temporary name", str(directory))
 
 
 # Unnamed files need O_TMPFILE (Linux) and /proc to name them by descriptor afterwards.
