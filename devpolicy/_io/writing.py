@@ -165,7 +165,7 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
             path, f"cannot write in {str(directory)!r}: {e.strerror}"
         ) from None
     try:
-        with _removed_on_signals(named=tmp is not None):
+        with temporaries_removed_on_sigterm(named=tmp is not None):
             try:
                 os.fchmod(fd, mode)
                 with os.fdopen(fd, "wb") as out:
@@ -179,13 +179,10 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
                 os.replace(tmp, target)
             except OSError as e:
                 raise SafetensorsFileError(path, f"cannot write: {e.strerror or e}") from None
-    except BaseException as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, _Terminated):  # the temporary file is gone: now die as asked
-            signal.signal(e.signum, signal.SIG_DFL)
-            os.kill(os.getpid(), e.signum)
-        raise
+            except BaseException:  # before a signal's kill: the file goes first
+                if tmp is not None:
+                    Path(tmp).unlink(missing_ok=True)
+                raise
     finally:
         if tmp is not None:
             _in_flight.discard(tmp)
@@ -529,12 +526,14 @@ class LocalJointFile:
 
 
 @contextlib.contextmanager
-def temporaries_removed_on_sigterm() -> Iterator[None]:
-    """Around a write whose named temporary files are `_in_flight` for longer than one call
-    (a joint save waits for other processes): SIGTERM removes them, lets the block unwind
-    (a joint save tells the other processes why), then kills the process as asked."""
+def temporaries_removed_on_sigterm(*, named: bool = True) -> Iterator[None]:
+    """Around a write whose named temporary files are `_in_flight` (a joint save's, which
+    waits for other processes; a single save's): SIGTERM, SIGINT or SIGHUP removes them,
+    lets the block unwind (a joint save tells the other processes why), then kills the
+    process as asked. `named` False: the file has no name yet (`O_TMPFILE`) and goes
+    with the process, so nothing is installed."""
     try:
-        with _removed_on_signals(named=True):
+        with _removed_on_signals(named=named):
             yield
     except _Terminated as e:
         signal.signal(e.signum, signal.SIG_DFL)
