@@ -108,14 +108,10 @@ def key_impls(header: Header) -> dict[str, str]:
     return found
 
 
+@functools.cache
 def key_dtype_of(impl: str) -> Any | None:
     """The key dtype of implementation `impl` (`key<fry>` for threefry2x32), or None for
     a name this JAX does not know."""
-    return _key_dtype(impl)
-
-
-@functools.cache
-def _key_dtype(impl: str) -> Any | None:
     try:
         return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
     except (ValueError, TypeError, KeyError):
