@@ -195,6 +195,11 @@ class Proxied:
     environ: dict[str, str]
     url: str
 
+    def setenv(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Point this process's environment at the proxy (for the test's duration)."""
+        for name, value in self.environ.items():
+            monkeypatch.setenv(name, value)
+
 
 @pytest.fixture(scope="package")
 def _s3_proxy(request: pytest.FixtureRequest, s3: servers.S3Server) -> servers.FaultProxy:

@@ -124,8 +124,7 @@ class TestOneProcess:
     ) -> None:
         """Through a proxy that answers the first three part uploads with 503: the parts
         are sent again, and the object is byte for byte the local file."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         s3_proxied.proxy.faults.append(
             servers.Fault("status", times=3, applies=lambda method, path, range_: method == "PUT")
         )

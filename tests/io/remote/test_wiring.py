@@ -167,8 +167,7 @@ class TestWhatIsFetched:
     ) -> None:
         """`plan` reads only the header (two requests: the object's size, then one small
         ranged read) and predicts what the load then sends, request for request."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         url = f"s3://{BUCKET}/ckpt/model.safetensors"
         policy = _policy(remote={"chunk": "256KiB"})
         planned = devpolicy.plan(url, policy=policy)
@@ -191,8 +190,7 @@ class TestWhatIsFetched:
         """Sharded over two of this process's four devices' columns, a tensor is still read
         whole (every slice is held here), joined into few requests, values exact; the plan
         says the same bytes."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         url = f"s3://{BUCKET}/ckpt/model.safetensors"
         policy = devpolicy.load_policy(
             {
@@ -217,8 +215,7 @@ class TestWhatIsFetched:
         self, s3_proxied: Proxied, monkeypatch: pytest.MonkeyPatch, checkpoints: Checkpoints
     ) -> None:
         """Three 503s on one data range cost retries the load event reports; bytes exact."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         s3_proxied.proxy.faults.append(
             servers.Fault("status", times=3, applies=lambda m, p, r: m == "GET" and r is not None
                           and not r.startswith("bytes=0-"))
@@ -275,8 +272,7 @@ class TestOptions:
     ) -> None:
         """`remote:` in the policy sets the chunk size; DEVPOLICY_REMOTE_CHUNK overrides it;
         `remote=` overrides both (seen in the requests the plan predicts)."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         url = f"s3://{BUCKET}/ckpt/model.safetensors"
         document = {"version": 1, "remote": {"chunk": "128KiB"}}
         by_file = devpolicy.load_policy(document, environ={})
@@ -318,8 +314,7 @@ class TestCache:
     ) -> None:
         """With a cache (the policy's `remote: cache`), the first load fetches the file once;
         the second sends no data request and maps the cached file (file-backed arrays)."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         url = f"s3://{BUCKET}/ckpt/model.safetensors"
         policy = _policy(remote={"cache": str(tmp_path / "cache")})
         first = devpolicy.load_file(url, policy=policy, mmap=True)
@@ -341,8 +336,7 @@ class TestCache:
         """A folder loaded with DEVPOLICY_REMOTE_CACHE set: its two files are cached; its
         index, a small file read whole, is not (the environment was weighed once, with
         the policy's layers, not again for the index)."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         monkeypatch.setenv("DEVPOLICY_REMOTE_CACHE", str(tmp_path / "cache"))
         policy = devpolicy.load_policy({"version": 1}, environ=dict(os.environ))
         devpolicy.load_file(f"s3://{BUCKET}/sharded", policy=policy)
@@ -354,8 +348,7 @@ class TestCache:
     ) -> None:
         """`mmap=True` or a rule's `mmap: true` on a URL with no cache: every tensor is
         read, and one `mmap_refused` warning says why and names the cache as the fix."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         url = f"s3://{BUCKET}/ckpt/model.safetensors"
         by_rule = devpolicy.load_policy(
             {"version": 1, "rules": [{"match": "*", "device": "cpu:0", "mmap": True}]},
@@ -378,8 +371,7 @@ class TestCache:
         self, s3_proxied: Proxied, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """A URL loaded with the rules' default (no `mmap`) warns of nothing."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         with capture_logs() as events:
             devpolicy.load_file(f"s3://{BUCKET}/ckpt/model.safetensors", policy=_policy())
         assert [e for e in events if e["event"] == "mmap_refused"] == []
@@ -395,8 +387,7 @@ class TestProgress:
     ) -> None:
         """On a terminal, `progress=True` on a URL draws the bar a local load draws: the
         object's name (without credentials), the bytes fetched of the total, the speed."""
-        for name, value in s3_proxied.environ.items():
-            monkeypatch.setenv(name, value)
+        s3_proxied.setenv(monkeypatch)
         for variable in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
             monkeypatch.delenv(variable, raising=False)
         monkeypatch.setenv("TERM", "xterm-256color")
