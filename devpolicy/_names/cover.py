@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import interegular
 from interegular import patterns as _ip
 
+from .dialect import ascii_members
+
 # The most NFA states one pattern may have once its counted repeats are written out.
 _MAX_NFA_STATES = 2_000
 # The most (later, earlier) state-set pairs one inclusion check may visit.
@@ -132,7 +134,9 @@ _CONTROL_ESCAPES = frozenset("ntrfv")
 # [0-9] and [\t\n\v\f\r ], not Python's Unicode sets, which interegular follows. Outside a
 # class interegular returns one shared object per escape, so `_convert` swaps in the
 # dialect's set.
-_DIALECT_CLASSES = {"d": frozenset("0123456789"), "s": frozenset("\t\n\v\f\r ")}
+_DIALECT_CLASSES = {
+    letter: frozenset(map(chr, ascii_members(f"\\{letter}"))) for letter in ("d", "s")
+}
 _CLASS_ESCAPES = frozenset("dDsS")
 
 

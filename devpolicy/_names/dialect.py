@@ -80,7 +80,7 @@ class DialectError(ValueError):
         super().__init__(f"{kind} regular expression {pattern!r}: {reason}")
 
 
-def _ascii_members(escape: str) -> frozenset[int]:
+def ascii_members(escape: str) -> frozenset[int]:
     """The ASCII code points Python's `re` puts in a class escape in ASCII mode."""
     test = re.compile(escape, re.ASCII).fullmatch
     return frozenset(c for c in range(128) if test(chr(c)))
@@ -89,12 +89,12 @@ def _ascii_members(escape: str) -> frozenset[int]:
 # Each category as (its ASCII members, whether every non-ASCII code point is a member).
 # Read from Python's own `re`, so `\s` is exactly its set ([\t\n\v\f\r ]), not RE2's.
 _CATEGORIES: dict[Any, tuple[frozenset[int], bool]] = {
-    _sre.CATEGORY_DIGIT: (_ascii_members(r"\d"), False),
-    _sre.CATEGORY_NOT_DIGIT: (_ascii_members(r"\D"), True),
-    _sre.CATEGORY_SPACE: (_ascii_members(r"\s"), False),
-    _sre.CATEGORY_NOT_SPACE: (_ascii_members(r"\S"), True),
-    _sre.CATEGORY_WORD: (_ascii_members(r"\w"), False),
-    _sre.CATEGORY_NOT_WORD: (_ascii_members(r"\W"), True),
+    _sre.CATEGORY_DIGIT: (ascii_members(r"\d"), False),
+    _sre.CATEGORY_NOT_DIGIT: (ascii_members(r"\D"), True),
+    _sre.CATEGORY_SPACE: (ascii_members(r"\s"), False),
+    _sre.CATEGORY_NOT_SPACE: (ascii_members(r"\S"), True),
+    _sre.CATEGORY_WORD: (ascii_members(r"\w"), False),
+    _sre.CATEGORY_NOT_WORD: (ascii_members(r"\W"), True),
 }
 
 
