@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from devpolicy._base.sizes import parse_size  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
+
 METHODS = ["devpolicy", "flax", "orbax", "allgather"]
 LABELS = {
     "devpolicy": "devpolicy.save_file (one safetensors file)",
@@ -120,13 +124,6 @@ jax.distributed.shutdown()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def run_job(method: str, directory: Path, size: int) -> list[dict[str, Any]]:
     """One fresh 2-process job saving with `method`; each process's report."""
     port = free_port()
@@ -163,14 +160,6 @@ def gib(n: float) -> str:
 def shown_size(n: float) -> str:
     """GiB, or MiB below a tenth of one (a flat peak shows as its few MiB, not 0.00 GiB)."""
     return gib(n) if n >= 0.1 * 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def parse_size(text: str) -> int:
-    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-    for unit, factor in units.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
 
 
 def main() -> int:
