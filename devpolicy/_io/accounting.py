@@ -372,20 +372,14 @@ def _one_prefix_guess(uses: tuple[RuleUse, ...], reasons: _Reasons) -> tuple[Rul
     for i, use in enumerate(uses):
         slip = broad.get(i)
         if slip is not None and words != {slip.word}:
-            use = RuleUse(
-                use.origin,
-                use.label,
-                use.tensors,
-                use.nbytes,
-                use.shards,
-                use.sharded,
-                use.catch_all,
-                False,
-                use.example,
-                OTHER_NAMES,
-                f"no name holds its first word {slip.word!r}",
-                position=use.position,
-                layer=use.layer,
+            use = replace(
+                use,
+                applies=False,
+                status=OTHER_NAMES,
+                note=f"no name holds its first word {slip.word!r}",
+                meant=0,  # no longer a near miss: what it would have meant goes too
+                meant_example="",
+                meant_by="",
             )
         out.append(use)
     return tuple(out)
