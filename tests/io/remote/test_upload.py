@@ -22,7 +22,7 @@ WORKER = Path(__file__).parent / "upload_worker.py"
 
 
 def _values() -> dict[str, np.ndarray[Any, Any]]:
-    """Two tensors larger than a part (64 MiB) together, and small ones between."""
+    """Two 40 MiB tensors (many 8 MiB parts together), and small ones between."""
     rng = np.random.default_rng(7)
     return {
         "embed": rng.standard_normal((4096, 2560)).astype(np.float32),  # 40 MiB
@@ -30,6 +30,17 @@ def _values() -> dict[str, np.ndarray[Any, Any]]:
         "out": rng.standard_normal((2560, 4096)).astype(np.float32),  # 40 MiB
         "step": np.array(7, np.int32),
     }
+
+
+@pytest.fixture(scope="module")
+def saved_locally(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, np.ndarray[Any, Any]], bytes]:
+    """`_values()` and the file a local `save_file` writes of them."""
+    values = _values()
+    path = tmp_path_factory.mktemp("local") / "local.safetensors"
+    devpolicy.save_file(values, path, policy=_policy())
+    return values, path.read_bytes()
 
 
 def _object(s3: servers.S3Server, key: str) -> bytes:
@@ -55,20 +66,20 @@ def _policy() -> devpolicy.Policy:
 
 class TestOneProcess:
     def test_the_object_is_the_file_a_local_save_writes(
-        self, s3: servers.S3Server, environ: dict[str, str], tmp_path: Path
+        self,
+        s3: servers.S3Server,
+        environ: dict[str, str],
+        saved_locally: tuple[dict[str, np.ndarray[Any, Any]], bytes],
     ) -> None:
         """An 80 MiB save goes up in parts and reads back, byte for byte the local file;
         `load_file` of the URL gives the values; the event shows the URL and the bytes."""
-        values = _values()
+        values, local = saved_locally
         url = f"s3://{BUCKET}/saved/model.safetensors"
         with capture_logs() as events:
             devpolicy.save_file(values, url, policy=_policy())
-        devpolicy.save_file(values, tmp_path / "local.safetensors", policy=_policy())
-        assert (
-            _object(s3, "saved/model.safetensors") == (tmp_path / "local.safetensors").read_bytes()
-        )
+        assert _object(s3, "saved/model.safetensors") == local
         (event,) = [e for e in events if e["event"] == "save_file"]
-        size = (tmp_path / "local.safetensors").stat().st_size
+        size = len(local)
         assert (event["file"], event["nbytes"], event["bytes_written"]) == (url, size, size)
         assert event["processes"] == 1
         assert "gathered_bytes" not in event
@@ -120,7 +131,7 @@ class TestOneProcess:
         s3: servers.S3Server,
         s3_proxied: Proxied,
         monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path,
+        saved_locally: tuple[dict[str, np.ndarray[Any, Any]], bytes],
     ) -> None:
         """Through a proxy that answers the first three part uploads with 503: the parts
         are sent again, and the object is byte for byte the local file."""
@@ -128,16 +139,12 @@ class TestOneProcess:
         s3_proxied.proxy.faults.append(
             servers.Fault("status", times=3, applies=lambda method, path, range_: method == "PUT")
         )
-        values = _values()
+        values, local = saved_locally
         url = f"s3://{BUCKET}/saved/retried.safetensors"
         devpolicy.save_file(values, url, policy=_policy())
-        devpolicy.save_file(values, tmp_path / "local.safetensors", policy=_policy())
         refused = [e for e in s3_proxied.proxy.exchanges if e.status == 503]
         assert [e.method for e in refused] == ["PUT"] * 3
-        assert (
-            _object(s3, "saved/retried.safetensors")
-            == (tmp_path / "local.safetensors").read_bytes()
-        )
+        assert _object(s3, "saved/retried.safetensors") == local
 
     def test_a_failed_part_leaves_no_object_and_no_upload(
         self, s3: servers.S3Server, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
