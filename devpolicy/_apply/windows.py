@@ -376,8 +376,7 @@ class WindowStream(BatchStream[Any]):
         gathered = self._windows[offsets]  # one copy of just these windows
         pager = self._pager
         if pager is not None and pager.active:
-            for row in offsets.tolist():
-                pager.release(row, self._length)
+            pager.release(offsets, self._length)  # the group's pages, in one go
         buffer = self._buffer(count, shape, plan.reuse)
         target = self._target
         if target is None:

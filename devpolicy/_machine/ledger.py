@@ -593,5 +593,9 @@ def _stream_records(placed: dict[int, _Record]) -> None:
     for tally in list(_tallies):
         for ref in list(tally.recent):
             array = ref()
-            if array is not None:
-                placed.setdefault(id(array), (ref, tally.name, tally.origin, tally.rule))
+            if array is None:
+                continue
+            found = placed.get(id(array))
+            # A record of a dead array whose id this batch now has is no record of it.
+            if found is None or found[0]() is not array:
+                placed[id(array)] = (ref, tally.name, tally.origin, tally.rule)

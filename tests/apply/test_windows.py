@@ -415,6 +415,30 @@ class TestFlatMemory:
         second.close()
         assert "rr" not in flags()
 
+    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.parametrize("sweep_cheaper", [True, False], ids=["sweep", "blocks"])
+    def test_a_release_takes_the_way_that_has_cost_less(
+        self, tmp_path: Path, sweep_cheaper: bool
+    ) -> None:
+        """Where a sweep of the view has cost less than a call per window, a release
+        gives back the whole view (pages no window came from too); else only the blocks
+        the windows lie in, and the other pages stay."""
+        tokens = mapped_tokens(tmp_path, 2**22)
+        view = devpolicy.host_view(tokens)
+        pager = _paging.Pager(view, random=True)
+        assert int(view[: 2**20].sum()) == 0  # 2 MiB faulted in, far from the windows
+        assert int(view[3 * 2**20 :].sum()) == 0
+        assert resident(view) >= 2 * 2**20
+        pager._per_call, pager._sweep = (1.0, 0.5) if sweep_cheaper else (1e-6, 1.0)
+        pager.release(np.arange(3 * 2**20, 4 * 2**20, 2**16).reshape(2, -1), 1024)
+        if sweep_cheaper:
+            assert resident(view) == 0
+        else:
+            # 2 MiB at the start stay, and the half of the 2 MiB at the end between the
+            # windows' 64 KiB blocks (16 windows, 128 KiB apart).
+            assert abs(resident(view) - 3 * 2**20) < 2**16
+        pager.close()
+
     def test_sequential_windows_give_their_pages_back_too(self, tmp_path: Path) -> None:
         """A sequential pass over a mapped file keeps only about a batch resident, and
         every window holds the values written (pages given back read back the same)."""
