@@ -3,11 +3,14 @@ writes by hand, a double-buffered `device_put` loop, and batches already on the 
 
     python benchmarks/bench_loop.py [--rounds 5] [--batches 400] [--steps 100]
         [--tokens 268435456] [--length 1025] [--batch 32] [--dim D] [--vocab 32000]
-        [--out benchmarks/results/loop.md]
+        [--mapped DIR] [--out FILE]
 
 One process, one command, on whatever platform JAX finds (the CPU here, an accelerator
 where there is one: nothing in the script names a platform). Tokens: a `--tokens` uint16
-array in host memory (2**28 is 512 MiB), random windows of `--length` x `--batch`.
+array in host memory (2**28 is 512 MiB), random windows of `--length` x `--batch`. With
+`--mapped DIR`, a file of `--tokens` uint16 tokens (sparse: zeros) is written in DIR and
+mapped read-only (`np.memmap`) instead, every feeder reading the same mapping: the
+story's 19.09 GiB file is `--tokens 10248871837`.
 
 The feeders, each taking turns with the others in every round (A, B, C, A, B, C...):
 
@@ -183,6 +186,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--dim", type=int, default=None)
+    parser.add_argument("--mapped", type=Path, default=None, help="map a sparse token file here")
     parser.add_argument("--out", type=Path, default=None, help="write the tables as Markdown")
     args = parser.parse_args()
     backend = jax.default_backend()
@@ -206,7 +210,16 @@ def main() -> int:
         },
         environ={},
     )
-    tokens = np.random.default_rng(0).integers(0, args.vocab, args.tokens, dtype=np.uint16)
+    if args.mapped is None:
+        tokens = np.random.default_rng(0).integers(0, args.vocab, args.tokens, dtype=np.uint16)
+        held = f"{args.tokens:,} uint16 in host memory ({args.tokens * 2 / 2**20:,.0f} MiB)"
+    else:
+        from tests.helpers import sparse_tensor_file
+
+        path = sparse_tensor_file(args.mapped / "bench_loop_tokens.safetensors", args.tokens)
+        start = path.stat().st_size - 2 * args.tokens
+        tokens = np.memmap(path, np.uint16, mode="r", offset=start, shape=(args.tokens,))
+        held = f"{args.tokens:,} uint16 mapped from a sparse file ({args.tokens / 2**29:,.2f} GiB)"
     length, size = args.length, args.batch
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
@@ -214,14 +227,14 @@ def main() -> int:
         "",
         f"`python benchmarks/bench_loop.py --rounds {args.rounds} --batches {args.batches} "
         f"--steps {args.steps} --tokens {args.tokens} --length {length} --batch {size} "
-        f"--vocab {args.vocab} --dim {dim}`",
+        f"--vocab {args.vocab} --dim {dim}{' --mapped DIR' if args.mapped else ''}`",
         "",
         f"- platform: {backend}, {len(devices)} devices ({device.device_kind}); "
         f"{os.cpu_count()} host cores; load average at start: {load}",
         f"- Python {platform.python_version()}, jax {jax.__version__}, numpy "
         f"{np.__version__}, {platform.system()} {platform.release()} {platform.machine()}",
-        f"- tokens: {args.tokens:,} uint16 in host memory ({args.tokens * 2 / 2**20:,.0f} "
-        f"MiB); batches of {size} random windows of {length} ({size * length * 2 / 1000:,.1f} KB)",
+        f"- tokens: {held}; batches of {size} random windows of {length} "
+        f"({size * length * 2 / 1000:,.1f} KB)",
         "",
     ]
     print("\n".join(lines), flush=True)
@@ -278,6 +291,9 @@ def main() -> int:
         feeders,
         lambda f: step_rate(fed, f, steps),
     )
+    if args.mapped is not None:
+        del tokens
+        path.unlink()
     text = "\n".join(lines) + "\n"
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
