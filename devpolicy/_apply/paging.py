@@ -51,7 +51,8 @@ _BLOCK = max(65_536, mmap.PAGESIZE)
 #: cost is measured again).
 _SWEEP_EVERY = 64
 
-_lock = threading.Lock()
+# Re-entrant: a stream collected (its pager closed) while this thread holds it.
+_lock = threading.RLock()
 #: Views with random-access advice, by (start, end): how many streams asked for it.
 _random_advised: dict[tuple[int, int], int] = {}
 

@@ -25,6 +25,7 @@ memory stays flat however long the stream runs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from collections import deque
@@ -466,6 +467,12 @@ class WindowStream(BatchStream[Any]):
                     "origin": tally.origin,
                 },
             )
+
+    def __del__(self) -> None:
+        # A stream dropped unclosed ends its paging advice, as its generator's `finally`
+        # did (no event: logging from a collection is not safe).
+        with contextlib.suppress(Exception):  # a finaliser never raises
+            self._stop()
 
     def close(self) -> None:
         """Drop the batches in flight and end the stream (its paging advice included).

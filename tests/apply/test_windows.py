@@ -3,6 +3,7 @@ them, placed by the policy), and the warning for arrays JAX cannot index with x6
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
@@ -438,6 +439,19 @@ class TestFlatMemory:
             # windows' 64 KiB blocks (16 windows, 128 KiB apart).
             assert abs(resident(view) - 3 * 2**20) < 2**16
         pager.close()
+
+    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    def test_a_stream_dropped_unclosed_ends_its_advice(self, tmp_path: Path) -> None:
+        """A random stream that is read, then dropped without `close()`, gives the
+        kernel's default read-ahead back when it is collected."""
+        tokens = mapped_tokens(tmp_path, 2**20)
+        view = devpolicy.host_view(tokens)
+        stream = devpolicy.windows(tokens, 8, 4, order="random", seed=0, policy=policy_of())
+        next(stream)
+        assert "rr" in {f for m in mapping_of(view) for f in m["VmFlags"].split()}
+        del stream
+        gc.collect()
+        assert "rr" not in {f for m in mapping_of(view) for f in m["VmFlags"].split()}
 
     def test_sequential_windows_give_their_pages_back_too(self, tmp_path: Path) -> None:
         """A sequential pass over a mapped file keeps only about a batch resident, and
