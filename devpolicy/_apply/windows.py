@@ -18,9 +18,14 @@ buffer is reused only once every batch placed from it is ready (its transfer fin
 none of them holds the buffer itself (checked by address the first time a buffer is used,
 so a platform that adopts buffers unexpectedly only costs the reuse, never correctness).
 
-Where the view is a file mapping, the pages a batch was copied from are given back once it
-is copied, and a random stream tells the kernel not to read ahead (`paging`): resident
-memory stays flat however long the stream runs.
+Where the view is a file mapping, the pages a group of batches was copied from are given
+back once it is copied, and a random stream tells the kernel not to read ahead
+(`paging`): resident memory stays flat however long the stream runs.
+
+No read-ahead thread: the same stream read ahead by a thread into a queue
+(`benchmarks/bench_loop.py`, `devpolicy + thread`) was no faster than the stream alone on
+the 2-core CPU measured, and noisier: the GIL serialises the Python part, and the copies
+are too short for their released GIL to pay for the hand-offs.
 """
 
 from __future__ import annotations

@@ -769,3 +769,14 @@ class TestStream:
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         (batch,) = devpolicy.windows(tokens, 64, 2, stride=first, policy=policy_of())
         assert np.asarray(batch).tolist() == [[0] * 64, list(range(1, 65))]
+
+    def test_under_devpolicy_disable_batches_are_a_plain_device_put(self) -> None:
+        """DEVPOLICY_DISABLE: batches land where `jax.device_put` puts them (the default
+        device, uncommitted), as `put` does, values unchanged."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:3"}, environ={"DEVPOLICY_DISABLE": "1"}
+        )
+        out = list(devpolicy.windows(np.arange(20, dtype=np.int32), 5, 2, policy=policy))
+        assert {where(b) for b in out} == {"cpu:0"}
+        assert not any(b.committed for b in out)
+        assert np.asarray(out[1]).tolist() == [[10, 11, 12, 13, 14], [15, 16, 17, 18, 19]]
