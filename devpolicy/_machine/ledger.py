@@ -500,7 +500,7 @@ def _free(memory: Capacity, device: jax.Device, kind: str | None) -> tuple[int |
     return memory.free_bytes(device), pool_text(pool)
 
 
-# Streams (`prefetch`, `windows`): a stream's batches are counted, not recorded one by
+# Streams (`windows`): a stream's batches are counted, not recorded one by
 # one. Each stream keeps weak references to its last `STREAM_RECENT` batches (the ones in
 # flight and the few a loop still holds), and `report` finds those under the stream's
 # name; a batch kept longer than that shows as `unplaced`.
