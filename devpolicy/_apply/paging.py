@@ -21,10 +21,12 @@ into) or a private writable mapping it would throw data away, so those are left 
 `MADV_RANDOM` also saves the disk the read-ahead: random windows from a file not in the
 page cache read what they copy, not 64 times as much.
 
-Giving back costs about 0.5 ms a step of 32 windows in a JAX process (one `madvise` a
-block, about 15-25 us each; `benchmarks/bench_windows.py`, paired). Sweeping the whole
-view instead (one call) costs as much or more once its page tables are spread over the
-file (the kernel walks all of them), so the sweep is only the rare backstop.
+Giving back block by block costs about 0.5 ms a step of 32 windows in a JAX process (one
+`madvise` a block, about 15-25 us each; `benchmarks/bench_windows.py`, paired). Sweeping
+the whole view (one call) costs about as much as one step's blocks once its page tables
+are spread over the file (the kernel walks all of them), so it pays where a release
+covers many windows at once: `windows` gives back a group of batches (up to 8) at a
+time, and `Pager` takes whichever way has cost less (`Pager.release`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import itertools
 import mmap
 import sys
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -42,12 +45,14 @@ import numpy as np
 #: this size (its `fault_around_bytes`, 64 KiB by default since Linux 3.15), so a window's
 #: pages are given back by the blocks they lie in.
 _BLOCK = max(65_536, mmap.PAGESIZE)
-#: Every this many batches the whole view is given back too: what a kernel maps beyond
-#: the blocks (a larger fault-around, a large folio mapped at once) cannot pile up. It
-#: costs one walk of the view's page tables (about 0.4 ms for 19 GiB).
+#: Every this many releases the way not taken is taken once: a sweep of the whole view
+#: where blocks are cheaper (what a kernel maps beyond the blocks, a larger fault-around
+#: or a large folio mapped at once, cannot pile up), the blocks where sweeps are (their
+#: cost is measured again).
 _SWEEP_EVERY = 64
 
-_lock = threading.Lock()
+# Re-entrant: a stream collected (its pager closed) while this thread holds it.
+_lock = threading.RLock()
 #: Views with random-access advice, by (start, end): how many streams asked for it.
 _random_advised: dict[tuple[int, int], int] = {}
 
@@ -117,9 +122,20 @@ def releasable_range(view: np.ndarray[Any, Any]) -> tuple[int, int] | None:
 class Pager:
     """Gives back the pages that windows of one mapped view were copied from.
 
-    One per stream. `release` is called with each batch's offsets once the batch is
-    copied; `close` ends the random-access advice when the last random stream over the
-    view ends. On anything that is not a safe file mapping it does nothing.
+    One per stream. `release` is called with the offsets of the windows just copied (a
+    batch, or a group of batches); `close` ends the random-access advice when the last
+    random stream over the view ends. On anything that is not a safe file mapping it does
+    nothing.
+
+    Two ways to give them back, the cheaper one taken, by what each has cost this
+    stream: the 64 KiB blocks the windows lie in, one `madvise` per run of blocks (about
+    5-25 us a call), or the whole view in one call (its cost grows with the page tables
+    the view has: about 0.4 ms for 19 GiB mapped and sampled at random). 256 random
+    windows (8 batches of 32) are 256 calls, or one sweep for a third to a tenth of the
+    time; 32 windows in a row are one call. Each way is timed when taken; the first
+    release takes the blocks, the second the sweep, and every `_SWEEP_EVERY`-th sweeps
+    (the backstop) or, where sweeping won, takes the blocks again, so a change of costs
+    is seen.
 
     Example:
         >>> import numpy as np
@@ -133,9 +149,11 @@ class Pager:
     def __init__(self, view: np.ndarray[Any, Any], *, random: bool) -> None:
         self._range = releasable_range(view)
         self._advised: tuple[int, int] | None = None  # the range given MADV_RANDOM
-        self._batches = 0
+        self._batches = 0  # releases so far
         self._data = view.ctypes.data
         self._row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
+        self._per_call: float | None = None  # seconds a block madvise has cost
+        self._sweep: float | None = None  # seconds a sweep of the view has cost
         if self._range is not None and random:
             with _lock:
                 count = _random_advised.get(self._range, 0)
@@ -155,32 +173,58 @@ class Pager:
         self._range = None  # e.g. a device mapping that refuses the advice
         return False
 
-    def release(self, offsets: list[int], length: int) -> None:
-        """Give back the blocks that the windows at `offsets` (`length` rows each) lie in."""
+    def release(self, offsets: Any, length: int) -> None:
+        """Give back the blocks that the windows at `offsets` (`length` rows each; a
+        sequence or an integer array of any shape) lie in, or the whole view where that
+        has cost less."""
         bounds = self._range
         if bounds is None:
             return
-        low, high = bounds
         self._batches += 1
-        if self._batches % _SWEEP_EVERY == 0:
-            self._advise(low, high, mmap.MADV_DONTNEED)
+        starts = np.asarray(offsets, dtype=np.int64).reshape(-1)
+        if not starts.size:
             return
+        per_call, sweep = self._per_call, self._sweep
+        probe = self._batches % _SWEEP_EVERY == 0
+        if sweep is None and per_call is not None:
+            swept = True  # the second release: learn what a sweep costs
+        elif sweep is None or per_call is None:
+            swept = False  # the first: learn what the blocks cost
+        else:
+            swept = sweep < starts.size * per_call
+            if probe:  # the backstop sweep, or a look at the blocks where sweeps won
+                swept = not swept
+        clock = time.perf_counter()
+        if swept:
+            self._advise(bounds[0], bounds[1], mmap.MADV_DONTNEED)
+            spent = time.perf_counter() - clock
+            self._sweep = spent if sweep is None else (sweep + spent) / 2
+            return
+        calls = self._release_blocks(bounds, starts, length)
+        if calls:
+            spent = (time.perf_counter() - clock) / calls
+            self._per_call = spent if per_call is None else (per_call + spent) / 2
+
+    def _release_blocks(
+        self, bounds: tuple[int, int], starts: np.ndarray[Any, Any], length: int
+    ) -> int:
+        """madvise the runs of 64 KiB blocks the windows lie in; returns the calls made."""
+        low, high = bounds
         row, data = self._row, self._data
-        blocks = sorted(
-            (
-                max(low, (data + offset * row) // _BLOCK * _BLOCK),
-                min(high, -(-(data + (offset + length) * row) // _BLOCK) * _BLOCK),
-            )
-            for offset in offsets
-        )
-        start, end = blocks[0]
-        for lo, hi in blocks[1:]:
-            if lo > end:
-                if not self._advise(start, end, mmap.MADV_DONTNEED):
-                    return
-                start = lo
-            end = max(end, hi)
-        self._advise(start, end, mmap.MADV_DONTNEED)
+        starts = np.sort(starts)
+        los = np.maximum(low, (data + starts * row) // _BLOCK * _BLOCK)
+        his = np.minimum(high, -(-(data + (starts + length) * row) // _BLOCK) * _BLOCK)
+        reach = np.maximum.accumulate(his)
+        # A new run starts where a block begins past everything before it.
+        breaks = np.flatnonzero(los[1:] > reach[:-1]) + 1
+        firsts = np.concatenate(([0], breaks))
+        lasts = np.concatenate((breaks - 1, [starts.size - 1]))
+        calls = 0
+        for lo, hi in zip(los[firsts].tolist(), reach[lasts].tolist(), strict=True):
+            calls += 1
+            if not self._advise(lo, hi, mmap.MADV_DONTNEED):
+                break
+        return calls
 
     def close(self) -> None:
         """End this stream's random-access advice (the last stream over a view restores

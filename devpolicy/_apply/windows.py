@@ -1,33 +1,71 @@
 """Batches of windows sampled from a host array, placed by the policy ahead of use.
 
 The windows are cut from a zero-copy numpy view of the host array (`host_view`), so
-offsets past 2**31 work with x64 disabled, and only the batch is ever copied: into a
-64-byte-aligned buffer that a CPU device adopts without a second copy. Each batch then
-goes through `prefetch`, decided and logged like any `put`. Where the view is a file
-mapping, the pages a batch was copied from are given back once it is copied, and a
-random stream tells the kernel not to read ahead (`paging`): resident memory stays flat
-however long the stream runs.
+offsets past 2**31 work with x64 disabled, and only the batch is ever copied. Everything
+that is the same for every batch is done once per stream (`WindowStream`): the decision
+(one `placement` event, once per batch shape), the narrowing plan, the ledger's tally, and
+one `stream_ended` event with the counts when the stream ends or is closed. Per batch
+there is one vectorised gather (a fancy index of a strided 2-D view of the windows), a
+copy into a host buffer, and a share of one `device_put`: small batches are sent a group
+at a time (up to `GROUP_MAX` batches, `GROUP_BYTES` in all, in one call), which is what
+makes the stream faster than a hand loop that sends each batch alone (on this CPU one
+`device_put` of 8 batches costs about a third of 8 calls of one; `benchmarks/bench_loop.py`).
+
+Host buffers: a device that adopts an aligned host buffer instead of copying it (JAX's
+CPU client) gets a fresh aligned buffer per group, which it then owns (zero copies, and
+no batch ever changes under its user). Anywhere else the buffers are a small ring, and a
+buffer is reused only once every batch placed from it is ready (its transfer finished) and
+none of them holds the buffer itself (checked by address the first time a buffer is used,
+so a platform that adopts buffers unexpectedly only costs the reuse, never correctness).
+
+Where the view is a file mapping, the pages a group of batches was copied from are given
+back once it is copied, and a random stream tells the kernel not to read ahead
+(`paging`): resident memory stays flat however long the stream runs.
+
+No read-ahead thread: the same stream read ahead by a thread into a queue
+(`benchmarks/bench_loop.py`, `devpolicy + thread`) was no faster than the stream alone on
+the 2-core CPU measured, and noisier: the GIL serialises the Python part, and the copies
+are too short for their released GIL to pay for the hand-offs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import math
+import weakref
+from collections import deque
 from typing import Any, Literal, TypeAlias
 
+import jax
 import numpy as np
 
+from .._base.errors import NarrowingError
 from .._base.limits import ALIGN
 from .._base.sizes import format_size
 from .._decide.decider import Decider
+from .._decide.decision import Decision
+from .._decide.routing import NEVER_MAPPED
 from .._machine.capacity import host_available_bytes
+from .._machine.ledger import StreamTally, open_stream
 from .hostview import host_view
-from .narrowing import Narrow
+from .narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
 from .paging import Pager
-from .prefetch import BatchStream, as_int, prefetch
+from .prefetch import BatchStream, as_int
 
 #: How windows are chosen: in order, or each start drawn at random.
 Order: TypeAlias = 'Literal["sequential", "random"]'
 ORDERS = ("sequential", "random")
+
+#: Batches sent in one `device_put`, at most, and their bytes at most: a call's fixed cost
+#: (about 100 us on this CPU, most of a small batch's time) is shared by the group, and
+#: a group stays small beside host and device memory.
+GROUP_MAX = 8
+GROUP_BYTES = 4 * 2**20
+#: Platforms whose devices adopt a 64-byte-aligned host buffer rather than copy it:
+#: batches bound there get a fresh buffer per group, never a reused one.
+ADOPTING = frozenset({"cpu"})
+#: Memory kinds that are host memory: a buffer placed there may be adopted too.
+_HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
 
 
 def _positive(what: str, value: object) -> int:
@@ -84,6 +122,12 @@ def windows(
         raise TypeError(f"windows seed must be an int or None, got {seed!r}")
     if number is not None and number < 0:
         raise ValueError(f"windows seed must be >= 0, got {seed!r}")
+    whole = as_int(size)
+    if whole is None or whole < 1:
+        raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
+    if not isinstance(name, str):
+        raise TypeError(f"windows name must be a str, got {type(name).__name__} {name!r}")
+    check_mode(narrow)
     if view.ndim == 0 or view.shape[0] < length:
         rows = view.shape[0] if view.ndim else 0
         raise ValueError(
@@ -91,67 +135,354 @@ def windows(
             f"dimension; the array has {rows} (shape {view.shape})"
         )
     starts = view.shape[0] - length + 1  # every offset a window can start at
+    sampler: _Random | _Sequential
     if order == "random":
         _batch_fits(view, length, batch, batch)
-        source = _random(view, length, batch, starts, number, steps)
+        sampler = _Random(starts, batch, number, steps)
     else:
         _batch_fits(view, length, batch, -(-starts // stride))
-        source = _sequential(view, length, batch, starts, stride, steps)
-    return prefetch(source, decider, name, size, narrow)
+        sampler = _Sequential(starts, batch, stride, steps)
+    return WindowStream(view, length, batch, sampler, decider, name, whole, narrow)
 
 
-def _sequential(
-    view: np.ndarray[Any, Any], length: int, batch: int, starts: int, stride: int, steps: int | None
-) -> Iterator[np.ndarray[Any, Any]]:
+class _Random:
+    """`batch` starts per step, each drawn uniformly (with replacement) from every offset a
+    window fits at; endless unless `steps` is given. A group of k batches is one draw of
+    (k, batch): numpy's generator gives the same numbers as k draws of `batch` (tested),
+    so a seed gives the same batches however they are grouped."""
+
+    __slots__ = ("_batch", "_left", "_rng", "_starts", "random")
+
+    def __init__(self, starts: int, batch: int, seed: int | None, steps: int | None) -> None:
+        self._rng = np.random.default_rng(seed)
+        self._starts = starts
+        self._batch = batch
+        self._left = steps
+        self.random = True
+
+    def take(self, count: int) -> np.ndarray[Any, Any] | None:
+        """The starts of up to `count` more batches, shape (k, batch); None when done."""
+        if self._left is not None:
+            count = min(count, self._left)
+            if count == 0:
+                return None
+            self._left -= count
+        out: np.ndarray[Any, Any] = self._rng.integers(
+            0, self._starts, size=(count, self._batch), dtype=np.int64
+        )
+        return out
+
+
+class _Sequential:
     """Windows at 0, stride, 2*stride, ... in order, `batch` at a time (the last batch may
     be smaller), for one pass or `steps` batches, whichever ends first."""
-    count = -(-starts // stride)  # windows in one pass
-    pager = Pager(view, random=False)
-    try:
-        for step, first in enumerate(range(0, count, batch)):
-            if steps is not None and step >= steps:
-                return
-            n = min(batch, count - first)
-            offsets = [(first + i) * stride for i in range(n)]
-            out = _gather(view, length, offsets)
-            pager.release(offsets, length)
-            yield out
-    finally:
-        pager.close()
+
+    __slots__ = ("_batch", "_count", "_left", "_next", "_stride", "random")
+
+    def __init__(self, starts: int, batch: int, stride: int, steps: int | None) -> None:
+        self._count = -(-starts // stride)  # windows in one pass
+        self._next = 0  # the next window's index
+        self._batch = batch
+        self._stride = stride
+        self._left = steps
+        self.random = False
+
+    def take(self, count: int) -> np.ndarray[Any, Any] | None:
+        """The starts of up to `count` more batches of one size, shape (k, n); None when
+        done. The last, smaller batch comes alone."""
+        remaining = self._count - self._next
+        if remaining <= 0 or self._left == 0:
+            return None
+        full = remaining // self._batch
+        k, n = (min(count, full), self._batch) if full else (1, remaining)
+        if self._left is not None:
+            k = min(k, self._left)
+            self._left -= k
+        first = self._next
+        self._next += k * n
+        return (np.arange(first, first + k * n, dtype=np.int64) * self._stride).reshape(k, n)
 
 
-def _random(
-    view: np.ndarray[Any, Any],
-    length: int,
-    batch: int,
-    starts: int,
-    seed: int | None,
-    steps: int | None,
-) -> Iterator[np.ndarray[Any, Any]]:
-    """`batch` windows per step, each starting at an offset drawn uniformly (with
-    replacement) from every offset a window fits at; endless unless `steps` is given."""
-    rng = np.random.default_rng(seed)
-    pager = Pager(view, random=True)  # no read-ahead, pages given back: RSS stays flat
-    try:
-        step = 0
-        while steps is None or step < steps:
-            offsets = rng.integers(0, starts, size=batch, dtype=np.int64).tolist()
-            out = _gather(view, length, offsets)
-            pager.release(offsets, length)
-            yield out
-            step += 1
-    finally:
-        pager.close()
-
-
-def _gather(view: np.ndarray[Any, Any], length: int, offsets: list[int]) -> np.ndarray[Any, Any]:
-    """The windows at `offsets` stacked, copied into one aligned buffer: only the batch's
-    bytes are read, wherever in the (possibly mapped, 64-bit indexed) view they lie."""
-    shape = (len(offsets), length, *view.shape[1:])
-    nbytes = int(np.prod(shape, dtype=np.int64)) * view.dtype.itemsize
+def _aligned(nbytes: int) -> np.ndarray[Any, Any]:
+    """`nbytes` of uninitialised host memory starting at a multiple of `ALIGN`."""
     raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % ALIGN  # aligned: a CPU device adopts it without a copy
-    out: np.ndarray[Any, Any] = raw[start : start + nbytes].view(view.dtype).reshape(shape)
-    for i, offset in enumerate(offsets):
-        out[i] = view[offset : offset + length]
-    return out
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start : start + nbytes]
+
+
+class _Buffer:
+    """One group's host memory: `count` batches of `shape`, each at an aligned offset,
+    and the batches placed from it (weakly: a batch its user dropped needs no waiting)."""
+
+    __slots__ = ("batches", "checked", "high", "low", "placed", "shape")
+
+    def __init__(self, count: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        nbytes = math.prod(shape) * dtype.itemsize
+        step = -(-nbytes // ALIGN) * ALIGN
+        raw = _aligned(max(1, step * count))
+        self.low = raw.ctypes.data
+        self.high = self.low + raw.nbytes
+        self.shape = (count, *shape)
+        self.batches = [
+            raw[i * step : i * step + nbytes].view(dtype).reshape(shape) for i in range(count)
+        ]
+        self.placed: list[Any] = []
+        self.checked = False  # whether the batches placed from it were seen to copy it
+
+    def ready(self) -> None:
+        """Wait for the transfers that read this buffer."""
+        for ref in self.placed:
+            array = ref()
+            if array is not None:
+                array.block_until_ready()
+        self.placed = []
+
+    def held_by(self, arrays: list[Any]) -> bool:
+        """Whether any of `arrays` (placed from this buffer) holds the buffer's memory."""
+        for array in arrays:
+            try:
+                if len(array.sharding.device_set) == 1:
+                    pointers = [array.unsafe_buffer_pointer()]
+                else:
+                    pointers = [s.data.unsafe_buffer_pointer() for s in array.addressable_shards]
+            except Exception:  # a platform that does not say: assume the worst
+                return True
+            if any(self.low <= p < self.high for p in pointers):
+                return True
+        return False
+
+
+class _Shape:
+    """What one batch shape of a stream is decided and sent as, worked out once."""
+
+    __slots__ = ("decision", "destination", "local", "nbytes", "reuse")
+
+    def __init__(self, decision: Decision[Any], nbytes: int, disabled: bool) -> None:
+        self.decision = decision
+        self.nbytes = nbytes
+        self.destination = None if disabled else decision.destination
+        # Several processes: each builds only its rows of a sharded global batch.
+        self.local = decision.mesh is not None and not disabled and jax.process_count() > 1
+        sharding = decision.sharding
+        devices = sharding.device_set if sharding is not None else {decision.device}
+        self.reuse = (
+            not disabled
+            and decision.memory_kind not in _HOST_KINDS
+            and all(getattr(d, "platform", "cpu") not in ADOPTING for d in devices)
+        )
+
+    def place(self, batches: list[np.ndarray[Any, Any]]) -> list[Any]:
+        """The batches placed: one `device_put` for the group where one process holds it."""
+        if self.local:
+            sharding = self.decision.sharding
+            return [
+                jax.make_array_from_process_local_data(sharding, b)  # type: ignore[no-untyped-call]
+                for b in batches
+            ]
+        if self.destination is None:  # disabled: what JAX does without devpolicy
+            return list(jax.device_put(batches))
+        return list(jax.device_put(batches, self.destination))
+
+
+class WindowStream(BatchStream[Any]):
+    """The placed batches of `devpolicy.windows`: a `BatchStream` whose batches are cut,
+    decided and sent by the stream itself, a group at a time (module docstring)."""
+
+    __slots__ = (
+        "_buffers",
+        "_dtype",
+        "_ended",
+        "_group",
+        "_handed",
+        "_length",
+        "_narrowed",
+        "_pager",
+        "_ring",
+        "_sampler",
+        "_shapes",
+        "_tally",
+        "_target",
+        "_view",
+        "_windows",
+    )
+
+    def __init__(
+        self,
+        view: np.ndarray[Any, Any],
+        length: int,
+        batch: int,
+        sampler: _Random | _Sequential,
+        decider: Decider,
+        name: str,
+        size: int,
+        narrow: Narrow,
+    ) -> None:
+        super().__init__(iter(()), name, size, decider, narrow)
+        self._source = None
+        self._in_flight = deque()
+        self._view = view
+        self._length = length
+        self._sampler = sampler
+        # Every window as a row of a 2-D (starts, length, ...) view: one fancy index
+        # gathers a whole group, with numpy's 64-bit offsets.
+        starts = view.shape[0] - length + 1
+        self._windows = np.lib.stride_tricks.as_strided(
+            view,
+            shape=(starts, length, *view.shape[1:]),
+            strides=(view.strides[0], *view.strides),
+            writeable=False,
+        )
+        # Narrowed once per batch where x64 is off and the tokens are 64-bit.
+        x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
+        self._target: np.dtype[Any] | None = None if x64 else NARROWER.get(view.dtype)
+        self._dtype: np.dtype[Any] = self._target or view.dtype
+        nbytes = length * batch * self._dtype.itemsize * math.prod(view.shape[1:])
+        self._group = max(1, min(GROUP_MAX, GROUP_BYTES // max(1, nbytes)))
+        self._shapes: dict[tuple[int, ...], _Shape] = {}
+        self._ring: deque[_Buffer] = deque()
+        self._buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
+        self._pager: Pager | None = None  # made at the first batch
+        self._tally: StreamTally | None = None
+        self._narrowed: set[bool] = set()  # the exactness already reported
+        self._handed = 0
+        self._ended = False
+
+    def _shape(self, shape: tuple[int, ...]) -> _Shape:
+        found = self._shapes.get(shape)
+        if found is None:
+            decider = self._decider
+            nbytes = math.prod(shape) * self._dtype.itemsize
+            # As `put(name, batch)` decides one leaf; a process-local part's shape says
+            # nothing of the global one across processes.
+            known = None if jax.process_count() > 1 else shape
+            (decision,) = decider.resolve_many([(self._name, nbytes, known, NEVER_MAPPED)])
+            found = self._shapes[shape] = _Shape(decision, nbytes, decider.disabled)
+            if self._tally is None:
+                self._tally = open_stream(
+                    self._name, decision.origin, decision.rule, decision.device_text
+                )
+        return found
+
+    def _buffer(self, count: int, shape: tuple[int, ...], reuse: bool) -> _Buffer:
+        """Host memory for a group: the ring's oldest buffer once its transfers are done,
+        or a new one (always, for a device that adopts host buffers)."""
+        ring = self._ring
+        if reuse and len(ring) >= self._buffers:
+            oldest = ring.popleft()
+            oldest.ready()
+            if oldest.shape == (count, *shape):
+                return oldest
+        return _Buffer(count, shape, self._dtype)
+
+    def _cut(self, offsets: np.ndarray[Any, Any]) -> list[Any]:
+        """The batches at `offsets` (k, n): gathered, given back, narrowed, placed."""
+        count, n = offsets.shape
+        shape = (n, self._length, *self._view.shape[1:])
+        plan = self._shape(shape)
+        gathered = self._windows[offsets]  # one copy of just these windows
+        pager = self._pager
+        if pager is not None and pager.active:
+            pager.release(offsets, self._length)  # the group's pages, in one go
+        buffer = self._buffer(count, shape, plan.reuse)
+        target = self._target
+        if target is None:
+            for out, batch in zip(buffer.batches, gathered, strict=True):
+                np.copyto(out, batch)
+        else:
+            for out, batch in zip(buffer.batches, gathered, strict=True):
+                self._narrow_into(batch, out, target)
+        placed = plan.place(buffer.batches)
+        if plan.reuse and (buffer.checked or not buffer.held_by(placed)):
+            # Reused once its transfers are done; never if a batch holds it.
+            buffer.checked = True
+            buffer.placed = [weakref.ref(a) for a in placed]
+            self._ring.append(buffer)
+        assert self._tally is not None
+        self._tally.add(placed, plan.nbytes * count)
+        return placed
+
+    def _narrow_into(
+        self, batch: np.ndarray[Any, Any], out: np.ndarray[Any, Any], target: np.dtype[Any]
+    ) -> None:
+        """Narrow one 64-bit batch into `out`: refused where values would change (exact),
+        else one `narrowed` event per stream (and one more the first time a batch loses)."""
+        _, problem = narrow_into(batch, out)
+        if problem is not None and self._narrow == "exact":
+            raise NarrowingError([(self._name, problem)])
+        exact = problem is None
+        if not self._narrowed or (not exact and False not in self._narrowed):
+            narrowed_event(self._decider.events, self._name, batch, target, exact)
+            self._narrowed.add(exact)
+
+    def _fill(self, in_flight: deque[Any]) -> None:
+        if self._pager is None and self._pulling:
+            self._pager = Pager(self._view, random=self._sampler.random)
+        while self._pulling and len(in_flight) < self._size:
+            offsets = self._sampler.take(self._group)
+            if offsets is None:
+                self._stop()
+                return
+            in_flight.extend(self._cut(offsets))
+
+    def _stop(self) -> None:
+        """No more batches will be cut: end the paging advice now (not at collection)."""
+        self._pulling = False
+        pager, self._pager = self._pager, None
+        if pager is not None:
+            pager.close()
+
+    def __next__(self) -> Any:
+        in_flight = self._in_flight
+        assert in_flight is not None
+        if len(in_flight) < self._size and self._pulling:
+            self._fill(in_flight)
+        if in_flight:
+            current = in_flight.popleft()
+            self._handed += 1
+            if len(in_flight) < self._size and self._pulling:
+                self._fill(in_flight)
+            return current
+        self._end("ended", [])
+        raise StopIteration
+
+    def _end(self, how: str, dropped: list[Any]) -> None:
+        """The stream's one `stream_ended` event, and its tally closed; once."""
+        if self._ended:
+            return
+        self._ended = True
+        self._stop()
+        tally = self._tally
+        if tally is None:
+            return  # nothing was ever cut: nothing to say
+        tally.close()
+        events = self._decider.events
+        first = events.first_time(("stream_ended", tally.name, tally.device, tally.origin))
+        level = "info" if first else "debug"
+        if events.enabled(level):
+            events.emit(
+                level,
+                "stream_ended",
+                {
+                    "name": tally.name,
+                    "how": how,
+                    "batches": self._handed,
+                    "nbytes": tally.nbytes - sum(a.nbytes for a in dropped),
+                    "dropped": len(dropped),
+                    "device": tally.device,
+                    "origin": tally.origin,
+                },
+            )
+
+    def __del__(self) -> None:
+        # A stream dropped unclosed ends its paging advice, as its generator's `finally`
+        # did (no event: logging from a collection is not safe).
+        with contextlib.suppress(Exception):  # a finaliser never raises
+            self._stop()
+
+    def close(self) -> None:
+        """Drop the batches in flight and end the stream (its paging advice included).
+        Closing again does nothing; the stream then yields nothing more."""
+        dropped = list(self._in_flight or ())
+        self._in_flight = deque()
+        self._ring.clear()
+        self._end("closed", dropped)

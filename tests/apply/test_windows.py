@@ -3,6 +3,7 @@ them, placed by the policy), and the warning for arrays JAX cannot index with x6
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
@@ -415,6 +416,43 @@ class TestFlatMemory:
         second.close()
         assert "rr" not in flags()
 
+    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.parametrize("sweep_cheaper", [True, False], ids=["sweep", "blocks"])
+    def test_a_release_takes_the_way_that_has_cost_less(
+        self, tmp_path: Path, sweep_cheaper: bool
+    ) -> None:
+        """Where a sweep of the view has cost less than a call per window, a release
+        gives back the whole view (pages no window came from too); else only the blocks
+        the windows lie in, and the other pages stay."""
+        tokens = mapped_tokens(tmp_path, 2**22)
+        view = devpolicy.host_view(tokens)
+        pager = _paging.Pager(view, random=True)
+        assert int(view[: 2**20].sum()) == 0  # 2 MiB faulted in, far from the windows
+        assert int(view[3 * 2**20 :].sum()) == 0
+        assert resident(view) >= 2 * 2**20
+        pager._per_call, pager._sweep = (1.0, 0.5) if sweep_cheaper else (1e-6, 1.0)
+        pager.release(np.arange(3 * 2**20, 4 * 2**20, 2**16).reshape(2, -1), 1024)
+        if sweep_cheaper:
+            assert resident(view) == 0
+        else:
+            # 2 MiB at the start stay, and the half of the 2 MiB at the end between the
+            # windows' 64 KiB blocks (16 windows, 128 KiB apart).
+            assert abs(resident(view) - 3 * 2**20) < 2**16
+        pager.close()
+
+    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    def test_a_stream_dropped_unclosed_ends_its_advice(self, tmp_path: Path) -> None:
+        """A random stream that is read, then dropped without `close()`, gives the
+        kernel's default read-ahead back when it is collected."""
+        tokens = mapped_tokens(tmp_path, 2**20)
+        view = devpolicy.host_view(tokens)
+        stream = devpolicy.windows(tokens, 8, 4, order="random", seed=0, policy=policy_of())
+        next(stream)
+        assert "rr" in {f for m in mapping_of(view) for f in m["VmFlags"].split()}
+        del stream
+        gc.collect()
+        assert "rr" not in {f for m in mapping_of(view) for f in m["VmFlags"].split()}
+
     def test_sequential_windows_give_their_pages_back_too(self, tmp_path: Path) -> None:
         """A sequential pass over a mapped file keeps only about a batch resident, and
         every window holds the values written (pages given back read back the same)."""
@@ -568,3 +606,177 @@ class TestHugeArrays:
             jax.config.update("jax_enable_x64", False)
         assert not [e for e in logs if e["event"] == "huge_array_x64_off"]
         del x
+
+
+def old_random_batches(tokens: np.ndarray, length: int, batch: int, seed: int, steps: int) -> list:
+    """The batches random windows gave before streams were grouped: one draw of `batch`
+    starts a step, each window sliced and stacked."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        starts = rng.integers(0, len(tokens) - length + 1, size=batch, dtype=np.int64)
+        out.append(np.stack([tokens[s : s + length] for s in starts.tolist()]))
+    return out
+
+
+class TestStream:
+    """What is the same for every batch is done once per stream: one decision, one event
+    at the end with the counts, the ledger's tally; the batches are cut and sent a group
+    at a time, into host buffers never changed under their user."""
+
+    def test_a_seed_gives_the_same_batches_as_one_draw_a_step(self) -> None:
+        """Grouping draws several steps' starts at once, and they are the same numbers as
+        one draw a step (odd batch sizes too), so a seed's batches did not change."""
+        tokens = np.arange(5000, dtype=np.int32)
+        for batch in (1, 7, 32):
+            stream = devpolicy.windows(
+                tokens, 33, batch, order="random", seed=3, steps=21, policy=policy_of()
+            )
+            got = [np.asarray(b) for b in stream]
+            expected = old_random_batches(tokens, 33, batch, 3, 21)
+            assert len(got) == 21
+            for a, b in zip(got, expected, strict=True):
+                np.testing.assert_array_equal(a, b)
+
+    def test_one_placement_and_one_stream_event_however_many_batches(self) -> None:
+        """200 batches at debug level: one `placement` event (the decision), no repeats,
+        and one `stream_ended` event with the count, bytes, device and rule."""
+        policy = policy_of(rules=BATCH_RULES, logging={"level": "debug"})
+        tokens = np.arange(10_000, dtype=np.uint16)
+        with capture_logs() as logs:
+            for _ in devpolicy.windows(
+                tokens, 64, 4, order="random", seed=0, steps=200, policy=policy
+            ):
+                pass
+        batch_events = [e for e in logs if e.get("name") == "batch"]
+        assert [e["event"] for e in batch_events] == ["placement", "stream_ended"]
+        (ended,) = [e for e in logs if e["event"] == "stream_ended"]
+        assert (ended["how"], ended["batches"], ended["dropped"]) == ("ended", 200, 0)
+        assert (ended["nbytes"], ended["device"]) == (200 * 4 * 64 * 2, "cpu:1")
+        assert ended["origin"].endswith("rules[1]")
+
+    def test_closing_says_how_many_batches_were_used_and_dropped(self) -> None:
+        """A stream closed early ends with one event: batches handed out, and those in
+        flight dropped."""
+        policy = policy_of(rules=BATCH_RULES)
+        stream = devpolicy.windows(np.arange(1000), 10, 2, order="random", policy=policy)
+        with capture_logs() as logs:
+            next(stream)
+            next(stream)
+            stream.close()
+            stream.close()
+        (ended,) = [e for e in logs if e["event"] == "stream_ended"]
+        assert (ended["how"], ended["batches"]) == ("closed", 2)
+        assert ended["dropped"] >= 1
+
+    def test_the_ledger_counts_a_stream_and_names_its_recent_batches(self) -> None:
+        """`ledger.streams()` counts the batches a stream placed; `report` finds the
+        batches still held under the stream's name."""
+        from devpolicy._machine import ledger
+
+        policy = policy_of(rules=[{"match": "counted_batch", "device": "cpu:2"}])
+        stream = devpolicy.windows(
+            np.arange(100, dtype=np.float32), 5, 3, name="counted_batch", policy=policy
+        )
+        held = list(stream)
+        (tally,) = [s for s in ledger.streams() if s.name == "counted_batch"]
+        assert (tally.batches, tally.device, tally.open) == (7, "cpu:2", False)
+        assert tally.nbytes == 6 * 3 * 5 * 4 + 2 * 5 * 4  # the last batch holds two windows
+        entries = devpolicy.report().by_device["cpu:2"].entries
+        named = [e for e in entries if "counted_batch" in e.names]
+        assert sum(e.arrays for e in named) == len(held) == 7
+
+    @pytest.mark.parametrize("adopted", [True, False], ids=["adopted", "copied"])
+    def test_batches_never_change_under_their_user(
+        self, monkeypatch: pytest.MonkeyPatch, adopted: bool
+    ) -> None:
+        """With the host-buffer ring in use on the CPU (as on an accelerator): where the
+        device adopts the aligned buffers, none is reused (one per group); where it copies
+        them (buffers made unaligned here), a few are reused over and over. Either way
+        every batch still holds its own windows after 240 more were cut."""
+        from devpolicy._apply import windows as _windows
+
+        monkeypatch.setattr(_windows, "ADOPTING", frozenset())
+        made: list[int] = []
+
+        def buffer(nbytes: int) -> np.ndarray:
+            raw = np.empty(nbytes + 128, np.uint8)
+            start = (-raw.ctypes.data) % 64 + (0 if adopted else 16)
+            made.append(nbytes)
+            return raw[start : start + nbytes]
+
+        monkeypatch.setattr(_windows, "_aligned", buffer)
+        tokens = np.arange(2**16, dtype=np.uint32)
+        stream = devpolicy.windows(
+            tokens, 256, 4, order="random", seed=1, steps=240, policy=policy_of(rules=BATCH_RULES)
+        )
+        held = list(stream)
+        groups = 240 // _windows.GROUP_MAX
+        assert len(made) == (groups if adopted else 3)
+        for batch in held:
+            values = np.asarray(batch)
+            np.testing.assert_array_equal(values, values[:, :1] + np.arange(256))
+        expected = old_random_batches(tokens, 256, 4, 1, 240)
+        for a, b in zip(held, expected, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), b)
+
+    def test_on_the_cpu_a_batch_is_the_buffer_it_was_cut_into(self) -> None:
+        """A CPU device adopts the aligned group buffer: no second copy of a batch."""
+        (batch,) = devpolicy.windows(np.arange(64, dtype=np.uint16), 64, 1, policy=policy_of())
+        assert batch.unsafe_buffer_pointer() % 64 == 0
+        assert batch.is_fully_replicated
+
+    def test_batches_are_sharded_over_a_mesh_by_the_rule(self) -> None:
+        """A sharded batch rule: each batch split by rows over the 4 devices, values
+        exact, the last smaller batch decided for its own shape."""
+        mesh = {"grid": {"axes": {"data": 4}, "devices": "cpu"}}
+        rule = {"match": "batch", "sharding": {"mesh": "grid", "spec": ["data"]}}
+        policy = policy_of(meshes=mesh, rules=[rule], fallback=["cpu:3"])
+        tokens = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
+        out = list(devpolicy.windows(tokens, 4, 8, stride=3, policy=policy))
+        assert [b.shape for b in out] == [(8, 4, 8)] * 1 + [(5, 4, 8)]
+        assert out[0].sharding.spec == jax.sharding.PartitionSpec("data")
+        assert len(out[0].sharding.device_set) == 4
+        starts = [s for b in out for s in np.asarray(b)[:, 0, 0].tolist()]
+        assert starts == [8 * 3 * i for i in range(13)]
+
+    def test_64_bit_tokens_are_narrowed_once_checked_each_batch(self) -> None:
+        """int64 tokens with x64 off: every batch is narrowed to int32 and checked; one
+        `narrowed` event for the stream; a batch that would change is refused, naming
+        the batch; with narrow='lossy' it is narrowed with one warning."""
+        tokens = np.arange(1000, dtype=np.int64)
+        policy = policy_of(rules=BATCH_RULES)
+        with capture_logs() as logs:
+            out = list(devpolicy.windows(tokens, 10, 4, steps=20, policy=policy))
+        assert {b.dtype for b in out} == {np.dtype(np.int32)}
+        assert [e["event"] for e in logs].count("narrowed") == 1
+        tokens[500] = 2**40
+        with pytest.raises(devpolicy.NarrowingError, match=r"tensor 'batch'"):
+            list(devpolicy.windows(tokens, 10, 4, policy=policy))
+        with capture_logs() as logs:
+            lossy = list(devpolicy.windows(tokens, 10, 4, narrow="lossy", policy=policy))
+        assert len(lossy) == 25
+        warned = [e for e in logs if e["event"] == "narrowed" and e["log_level"] == "warning"]
+        assert len(warned) == 1
+
+    def test_windows_past_2_31_are_gathered_with_64_bit_offsets(self, tmp_path: Path) -> None:
+        """A mapped 2**31 + 2**20 token file: sequential windows that start past 2**31
+        hold the values written there (one fancy index of the window view)."""
+        n = 2**31 + 2**20
+        first = 2**31 + 12345
+        path = tmp_path / "big.safetensors"
+        sparse_tokens(path, n, {first: np.arange(1, 65)})
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        (batch,) = devpolicy.windows(tokens, 64, 2, stride=first, policy=policy_of())
+        assert np.asarray(batch).tolist() == [[0] * 64, list(range(1, 65))]
+
+    def test_under_devpolicy_disable_batches_are_a_plain_device_put(self) -> None:
+        """DEVPOLICY_DISABLE: batches land where `jax.device_put` puts them (the default
+        device, uncommitted), as `put` does, values unchanged."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:3"}, environ={"DEVPOLICY_DISABLE": "1"}
+        )
+        out = list(devpolicy.windows(np.arange(20, dtype=np.int32), 5, 2, policy=policy))
+        assert {where(b) for b in out} == {"cpu:0"}
+        assert not any(b.committed for b in out)
+        assert np.asarray(out[1]).tolist() == [[10, 11, 12, 13, 14], [15, 16, 17, 18, 19]]

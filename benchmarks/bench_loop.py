@@ -1,0 +1,304 @@
+"""The story's loop, measured side by side: `devpolicy.windows` against the loop a user
+writes by hand, a double-buffered `device_put` loop, and batches already on the device.
+
+    python benchmarks/bench_loop.py [--rounds 5] [--batches 400] [--steps 100]
+        [--tokens 268435456] [--length 1025] [--batch 32] [--dim D] [--vocab 32000]
+        [--mapped DIR] [--out FILE]
+
+One process, one command, on whatever platform JAX finds (the CPU here, an accelerator
+where there is one: nothing in the script names a platform). Tokens: a `--tokens` uint16
+array in host memory (2**28 is 512 MiB), random windows of `--length` x `--batch`. With
+`--mapped DIR`, a file of `--tokens` uint16 tokens (sparse: zeros) is written in DIR and
+mapped read-only (`np.memmap`) instead, every feeder reading the same mapping: the
+story's 19.09 GiB file is `--tokens 10248871837`.
+
+The feeders, each taking turns with the others in every round (A, B, C, A, B, C...):
+
+- `hand loop`: 32 random slices, `np.stack`, `jax.device_put(batch, device)` each step;
+- `double-buffered`: the same, the next batch's `device_put` issued before this one is
+  used (one transfer always in flight);
+- `devpolicy.windows`: `devpolicy.windows(tokens, length, batch, order="random", ...)`;
+- `devpolicy + thread`: the same stream read ahead by a thread into a queue of 4 (does a
+  read-ahead thread help, given the GIL?);
+- `pre-placed` (the step only): the batches placed before the clock starts: the ceiling,
+  the input fully hidden.
+
+Two measures: the pipeline alone (no step: each batch is waited for, `block_until_ready`,
+then dropped), on one device and sharded by rows over every device of the default
+platform (4 fake CPU devices here); and the step: a jitted embedding lookup into a
+`--vocab` x `--dim` table and a `--dim` x `--dim` matmul, fed by each feeder. `--dim`
+defaults to 1,024 on an accelerator and 64 on the CPU (a 1,024-wide step takes about a
+second a batch on a 2-core CPU, and would hide any feeder). Medians of `--rounds`, and
+the ratio of each feeder to the hand loop in the same rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+if "jax" not in sys.modules:  # 4 CPU devices for the sharded pipeline (CPU platform only)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=4".strip()
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import devpolicy
+
+Feeder = Callable[[int], Iterator[Any]]
+
+
+def hand(tokens: np.ndarray, length: int, batch: int, where: Any, seed: int) -> Feeder:
+    """What a user writes: slices, np.stack, device_put, each step."""
+
+    def feed(n: int) -> Iterator[Any]:
+        rng = np.random.default_rng(seed)
+        starts = len(tokens) - length + 1
+        for _ in range(n):
+            offsets = rng.integers(0, starts, size=batch)
+            yield jax.device_put(np.stack([tokens[o : o + length] for o in offsets]), where)
+
+    return feed
+
+
+def double_buffered(tokens: np.ndarray, length: int, batch: int, where: Any, seed: int) -> Feeder:
+    """The hand loop with the next batch's transfer issued before this one is used."""
+
+    def feed(n: int) -> Iterator[Any]:
+        rng = np.random.default_rng(seed)
+        starts = len(tokens) - length + 1
+
+        def make() -> Any:
+            offsets = rng.integers(0, starts, size=batch)
+            return jax.device_put(np.stack([tokens[o : o + length] for o in offsets]), where)
+
+        ahead = make()
+        for i in range(n):
+            current = ahead
+            if i + 1 < n:
+                ahead = make()
+            yield current
+
+    return feed
+
+
+def stream(
+    tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy, seed: int
+) -> Feeder:
+    def feed(n: int) -> Iterator[Any]:
+        with devpolicy.windows(
+            tokens, length, batch, order="random", seed=seed, steps=n, policy=policy
+        ) as batches:
+            yield from batches
+
+    return feed
+
+
+def threaded(feeder: Feeder) -> Feeder:
+    """`feeder` read ahead by a thread into a queue of 4."""
+
+    def feed(n: int) -> Iterator[Any]:
+        ahead: queue.Queue[Any] = queue.Queue(maxsize=4)
+        done = object()
+
+        def run() -> None:
+            for item in feeder(n):
+                ahead.put(item)
+            ahead.put(done)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        while (item := ahead.get()) is not done:
+            yield item
+        thread.join()
+
+    return feed
+
+
+def pipeline_rate(feeder: Feeder, n: int) -> float:
+    """Batches a second, each waited for and dropped."""
+    start = time.perf_counter()
+    for b in feeder(n):
+        b.block_until_ready()
+    return n / (time.perf_counter() - start)
+
+
+def step_rate(step: Callable[[Any], Any], feeder: Feeder, n: int) -> float:
+    """Steps a second of `step` fed by `feeder`; the clock stops when the last is done."""
+    start = time.perf_counter()
+    loss = None
+    for b in feeder(n):
+        loss = step(b)
+    assert loss is not None
+    loss.block_until_ready()
+    return n / (time.perf_counter() - start)
+
+
+def side_by_side(
+    feeders: dict[str, Feeder], rounds: int, measure: Callable[[Feeder], float]
+) -> dict[str, list[float]]:
+    """Each feeder measured once per round, taking turns; one warm-up round first."""
+    for feeder in feeders.values():
+        measure(feeder)
+    rates: dict[str, list[float]] = {name: [] for name in feeders}
+    for _ in range(rounds):
+        for name, feeder in feeders.items():
+            rates[name].append(measure(feeder))
+    return rates
+
+
+def table(title: str, unit: str, rates: dict[str, list[float]], base: str) -> list[str]:
+    lines = [
+        f"**{title}**",
+        "",
+        f"| feeder | {unit}, median | x {base}, median of rounds | each round |",
+        "|---|---|---|---|",
+    ]
+    for name, values in rates.items():
+        ratio = statistics.median(v / b for v, b in zip(values, rates[base], strict=True))
+        each = ", ".join(f"{v:,.0f}" for v in values)
+        lines.append(f"| {name} | {statistics.median(values):,.0f} | {ratio:.2f} | {each} |")
+    return [*lines, ""]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=400, help="batches a pipeline run")
+    parser.add_argument("--steps", type=int, default=100, help="steps a step run")
+    parser.add_argument("--tokens", type=int, default=2**28)
+    parser.add_argument("--length", type=int, default=1025)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=32_000)
+    parser.add_argument("--dim", type=int, default=None)
+    parser.add_argument("--mapped", type=Path, default=None, help="map a sparse token file here")
+    parser.add_argument("--out", type=Path, default=None, help="write the tables as Markdown")
+    args = parser.parse_args()
+    backend = jax.default_backend()
+    devices = jax.local_devices(backend=backend)
+    dim = args.dim or (64 if backend == "cpu" else 1024)
+    device = devices[0]
+    mesh = jax.make_mesh((len(devices),), ("data",), devices=devices)
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    target = devpolicy.inventory().text(device)
+    quiet = {"level": "warning"}
+    single = devpolicy.load_policy(
+        {"version": 1, "logging": quiet, "rules": [{"match": "batch", "device": target}]},
+        environ={},
+    )
+    sharded = devpolicy.load_policy(
+        {
+            "version": 1,
+            "logging": quiet,
+            "meshes": {"rows": {"axes": {"data": len(devices)}, "devices": backend}},
+            "rules": [{"match": "batch", "sharding": {"mesh": "rows", "spec": ["data"]}}],
+        },
+        environ={},
+    )
+    if args.mapped is None:
+        tokens = np.random.default_rng(0).integers(0, args.vocab, args.tokens, dtype=np.uint16)
+        held = f"{args.tokens:,} uint16 in host memory ({args.tokens * 2 / 2**20:,.0f} MiB)"
+    else:
+        from tests.helpers import sparse_tensor_file
+
+        path = sparse_tensor_file(args.mapped / "bench_loop_tokens.safetensors", args.tokens)
+        start = path.stat().st_size - 2 * args.tokens
+        tokens = np.memmap(path, np.uint16, mode="r", offset=start, shape=(args.tokens,))
+        held = f"{args.tokens:,} uint16 mapped from a sparse file ({args.tokens / 2**29:,.2f} GiB)"
+    length, size = args.length, args.batch
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [
+        "# The story's loop: devpolicy.windows against a hand loop, side by side",
+        "",
+        f"`python benchmarks/bench_loop.py --rounds {args.rounds} --batches {args.batches} "
+        f"--steps {args.steps} --tokens {args.tokens} --length {length} --batch {size} "
+        f"--vocab {args.vocab} --dim {dim}{' --mapped DIR' if args.mapped else ''}`",
+        "",
+        f"- platform: {backend}, {len(devices)} devices ({device.device_kind}); "
+        f"{os.cpu_count()} host cores; load average at start: {load}",
+        f"- Python {platform.python_version()}, jax {jax.__version__}, numpy "
+        f"{np.__version__}, {platform.system()} {platform.release()} {platform.machine()}",
+        f"- tokens: {held}; batches of {size} random windows of {length} "
+        f"({size * length * 2 / 1000:,.1f} KB)",
+        "",
+    ]
+    print("\n".join(lines), flush=True)
+
+    def pipelines(where: Any, policy: devpolicy.Policy) -> dict[str, Feeder]:
+        return {
+            "hand loop": hand(tokens, length, size, where, 1),
+            "double-buffered": double_buffered(tokens, length, size, where, 1),
+            "devpolicy.windows": stream(tokens, length, size, policy, 1),
+            "devpolicy + thread": threaded(stream(tokens, length, size, policy, 1)),
+        }
+
+    def run(title: str, unit: str, feeders: dict[str, Feeder], measure: Any) -> None:
+        rates = side_by_side(feeders, args.rounds, measure)
+        part = table(title, unit, rates, "hand loop")
+        print("\n".join(part), flush=True)
+        lines.extend(part)
+
+    n = args.batches
+    run(
+        f"The pipeline alone, one device ({target}): {n} batches a run",
+        "batches/s",
+        pipelines(device, single),
+        lambda f: pipeline_rate(f, n),
+    )
+    run(
+        f"The pipeline alone, sharded by rows over {len(devices)} devices: {n} batches a run",
+        "batches/s",
+        pipelines(rows, sharded),
+        lambda f: pipeline_rate(f, n),
+    )
+
+    keys = jax.random.split(jax.random.key(0))
+    table_ = jax.device_put(jax.random.normal(keys[0], (args.vocab, dim), jnp.float32), device)
+    weight = jax.device_put(jax.random.normal(keys[1], (dim, dim), jnp.float32), device)
+
+    @jax.jit
+    def step(table: Any, weight: Any, batch: Any) -> Any:
+        hidden = table[batch[:, :-1].astype(jnp.int32)] @ weight  # lookup, then matmul
+        return jnp.mean(hidden * hidden)
+
+    def fed(batch: Any) -> Any:
+        return step(table_, weight, batch)
+
+    steps = args.steps
+    placed = list(hand(tokens, length, size, device, 2)(steps))
+    jax.block_until_ready(placed)
+    feeders = pipelines(device, single)
+    feeders["pre-placed"] = lambda n: iter(placed[:n])
+    run(
+        f"The step (lookup in a {args.vocab:,} x {dim} table, {dim} x {dim} matmul), one "
+        f"device: {steps} steps a run",
+        "steps/s",
+        feeders,
+        lambda f: step_rate(fed, f, steps),
+    )
+    if args.mapped is not None:
+        del tokens
+        path.unlink()
+    text = "\n".join(lines) + "\n"
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
