@@ -59,6 +59,9 @@ _skipped_files: dict[str, bool] = {}
 _shown_files: dict[str, str] = {}
 
 _local = threading.local()
+# (this thread's guard state getter, the level enum), set by `_install`: `arm` is on the
+# scope path, so it takes them from here rather than asking compat each time.
+_guard: list[Any] = []
 _install_lock = threading.Lock()
 _installed: list[bool] = [False]
 
@@ -150,7 +153,7 @@ def arm(watch: Watch, rule: str | None = None) -> _Token:
     if not _installed[0]:
         _install()
     h2d, d2d, d2h = watch.levels()
-    state, _level = compat.transfer_guard_state()
+    state = _guard[0]()
     token = (
         getattr(_local, "watch", None),
         getattr(_local, "rule", None),
@@ -171,7 +174,7 @@ def arm(watch: Watch, rule: str | None = None) -> _Token:
 
 def disarm(token: _Token) -> None:
     """Undo the `arm` that returned `token` (arms nest, per thread)."""
-    state, _level = compat.transfer_guard_state()
+    state = _guard[0]()
     _local.watch, _local.rule, h2d, d2d, d2h = token
     state.host_to_device = h2d
     state.device_to_device = d2d
@@ -221,6 +224,9 @@ def _install() -> None:
     with _install_lock:
         if _installed[0]:
             return
+        state, level = compat.transfer_guard_state()
+        del state
+        _guard[:] = [compat.transfer_guard_getter(), level]
         handlers = compat.shard_arg_handlers()
         array_type = compat.array_type()
         for kind, handler in list(handlers.items()):

@@ -66,6 +66,15 @@ def transfer_guard_state() -> tuple[Any, Any]:
     return guard_lib.thread_local_state(), guard_lib.TransferGuardLevel
 
 
+def transfer_guard_getter() -> Callable[[], Any]:
+    """The function that returns this thread's transfer-guard state (see above)."""
+    from jax._src import config as jax_config
+
+    config: Any = jax_config
+    getter: Callable[[], Any] = config.guard_lib.thread_local_state
+    return getter
+
+
 def shard_arg_handlers() -> dict[Any, Any]:
     """JAX's argument-sharding handler per argument type (numpy arrays, scalars, arrays)."""
     from jax._src.interpreters import pxla
