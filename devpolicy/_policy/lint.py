@@ -22,6 +22,7 @@ from .._document.layers import RuleEntry, Setting
 from .._document.schema import MeshSpec
 from .._document.targets import ShardingTarget
 from .._machine.capacity import Capacity
+from .._machine.inventory import THIS_PROCESS
 from .._machine.machine import D, VirtualMachine
 from .._names.cover import CoverJudge
 from .._names.hints import guess_example, required_literal
@@ -48,7 +49,8 @@ class Finding:
             `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
             `runtime-conflict`, `runtime-env-wins`, `runtime-opt-in`,
             `runtime-allow-unused`, `untrusted-policy`, `file-never-matches`,
-            `regex-is-a-fragment`, `attached-without-axis-rules`; against real names (`lint_names`):
+            `regex-is-a-fragment`, `attached-without-axis-rules`, `transfers-left-to-jax`,
+            `transfers-watch-nothing`; against real names (`lint_names`):
             `rule-matched-nothing`, `not-sharded`.
         message: What is wrong and what to do.
     """
@@ -107,6 +109,7 @@ def lint(policy: Policy, *, machine: VirtualMachine | None = None) -> list[Findi
     findings += _file_rules(policy.rules)
     findings += _path_fragments(policy.rules)
     findings += _attached_without_table(policy.rules, settings.meshes)
+    findings += _transfers_findings(policy, machine)
     return findings + _unused_meshes(policy) + _runtime_findings(policy)
 
 
@@ -613,3 +616,49 @@ def _unused_meshes(policy: Policy) -> list[Finding]:
         for name in policy.settings.meshes
         if name not in used
     ]
+
+
+def _transfers_findings(policy: Policy, machine: VirtualMachine | None) -> list[Finding]:
+    """`transfers:` that does not do what it reads as: `device_to_host` is JAX's own guard
+    (no event, no count, JAX's error), and `host_to_device` on a machine without an
+    accelerator watches nothing while `host_local` allows (every device is a CPU)."""
+    transfers = policy.settings.transfers
+    findings = []
+    d2h = transfers.get("device_to_host")
+    if d2h is not None and d2h.value != "allow":
+        what = (
+            "JAX's own C++ log line on stderr (no transfer event, not counted)"
+            if d2h.value == "log"
+            else "JAX's own JaxRuntimeError (not TransferRefusedError, not counted)"
+        )
+        findings.append(
+            Finding(
+                "warning",
+                d2h.origin,
+                "transfers-left-to-jax",
+                f"transfers.device_to_host: {d2h.value} is handed to JAX's transfer guard: "
+                f"{what}; a host read of an array goes through jaxlib's C++ buffer protocol, "
+                "where devpolicy cannot see it (docs: Transfers, What cannot be seen)",
+            )
+        )
+    h2d = transfers.get("host_to_device")
+    host_local = transfers.get("host_local")
+    if (
+        h2d is not None
+        and h2d.value != "allow"
+        and (host_local is None or host_local.value == "allow")
+    ):
+        texts = (machine if machine is not None else THIS_PROCESS).available()
+        if all(text.startswith("cpu") for text in texts):
+            where = "this machine" if machine is None else f"the machine described ({machine})"
+            findings.append(
+                Finding(
+                    "warning",
+                    h2d.origin,
+                    "transfers-watch-nothing",
+                    f"transfers.host_to_device: {h2d.value} watches nothing on {where}: every "
+                    "device is a CPU, and host data into a CPU device is host_local, which "
+                    f"allows; set host_local: {h2d.value} to watch it",
+                )
+            )
+    return findings

@@ -102,3 +102,30 @@ class TestEnvironment:
             devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_TRANSFERS": value})
         assert caught.value.variable == "DEVPOLICY_TRANSFERS"
         assert "field=mode" in caught.value.accepted
+
+
+class TestLint:
+    def test_device_to_host_is_said_to_be_jaxs_own_guard(self) -> None:
+        p = devpolicy.load_policy(
+            {"version": 1, "transfers": {"device_to_host": "log"}}, environ={}
+        )
+        (finding,) = [f for f in devpolicy.lint(p) if f.code == "transfers-left-to-jax"]
+        assert finding.severity == "warning"
+        assert "JAX's own C++ log line" in finding.message
+
+    def test_host_to_device_on_a_cpu_only_machine_watches_nothing(self) -> None:
+        """Every device here is a CPU: host_to_device without host_local sees nothing."""
+        p = devpolicy.load_policy({"version": 1, "transfers": "log"}, environ={})
+        codes = [f.code for f in devpolicy.lint(p)]
+        assert "transfers-watch-nothing" in codes
+        p = devpolicy.load_policy(
+            {"version": 1, "transfers": {"host_to_device": "log", "host_local": "log"}},
+            environ={},
+        )
+        assert "transfers-watch-nothing" not in [f.code for f in devpolicy.lint(p)]
+
+    def test_a_machine_with_a_gpu_is_watched(self) -> None:
+        p = devpolicy.load_policy({"version": 1, "transfers": "log"}, environ={})
+        machine = devpolicy.VirtualMachine("gpu=1x16GiB")
+        codes = [f.code for f in devpolicy.lint(p, machine=machine)]
+        assert "transfers-watch-nothing" not in codes
