@@ -53,7 +53,9 @@ _DIRECTIONS = (
 
 # Where the user's code is not: frames in these folders are skipped to find the site.
 _SKIPPED: tuple[str, ...] = ()
-# co_filename -> whether a frame there is skipped (a few hundred files at most).
+# Both caches hold one entry per source file seen (a program's files: a few hundred).
+_FILES_LIMIT = 4096
+# co_filename -> whether a frame there is skipped.
 _skipped_files: dict[str, bool] = {}
 # co_filename -> the path shown (relative to the working directory where inside it).
 _shown_files: dict[str, str] = {}
@@ -234,6 +236,10 @@ def _install() -> None:
                 handlers[kind] = _watched(handler, host=kind is not array_type)
         ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
         _SKIPPED = (*compat.package_dirs(), ours)
+        owner = compat.device_put_owner()
+        put = owner.batched_device_put
+        if not getattr(put, "_devpolicy_watched", False):
+            owner.batched_device_put = _explicit_put(put)
         _installed[0] = True
 
 
@@ -251,6 +257,45 @@ def _watched(handler: Callable[..., Any], host: bool) -> Callable[..., Any]:
 
     watched._devpolicy_watched = True  # type: ignore[attr-defined]
     return watched
+
+
+# The code of every argument handler's wrapper: how `_explicit_put` knows one is running.
+_WATCHED_CODE = _watched(lambda *a: None, host=True).__code__
+
+
+def _explicit_put(put: Callable[..., Any]) -> Callable[..., Any]:
+    """JAX's `batched_device_put`, run again when the guard refuses it outside an argument
+    transfer: JAX's own placement helpers (`jax.make_array_from_callback`,
+    `make_array_from_single_device_arrays`) go straight to it, and JAX's guard takes them
+    for implicit (jax#40285). They place on purpose: never counted, never refused."""
+
+    def watched_put(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return put(*args, **kwargs)
+        except Exception as e:
+            if _direction(e) is None or getattr(_local, "watch", None) is None:
+                raise
+            if _in_argument_transfer(sys._getframe(1)):
+                raise  # the argument handler's wrapper reports it
+            state = _guard[0]()
+            before = state.explicit_device_put
+            state.explicit_device_put = True
+            try:
+                return put(*args, **kwargs)
+            finally:
+                state.explicit_device_put = before
+
+    watched_put._devpolicy_watched = True  # type: ignore[attr-defined]
+    return watched_put
+
+
+def _in_argument_transfer(frame: Any) -> bool:
+    """Whether a watched argument handler is on the stack (the error is its to report)."""
+    while frame is not None:
+        if frame.f_code is _WATCHED_CODE:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _direction(error: BaseException) -> str | None:
@@ -376,6 +421,8 @@ def _site(frame: Any) -> tuple[str, str]:
         filename = frame.f_code.co_filename
         skipped = _skipped_files.get(filename)
         if skipped is None:
+            if len(_skipped_files) >= _FILES_LIMIT:
+                _skipped_files.clear()  # code made up without end (exec): start over
             skipped = _skipped_files[filename] = filename.startswith(_SKIPPED)
         if not skipped:
             return f"{_shown(filename)}:{frame.f_lineno}", _function(frame.f_code)
@@ -391,6 +438,8 @@ def _shown(filename: str) -> str:
             shown = filename if relative.startswith("..") else relative
         except ValueError:  # another drive (Windows)
             shown = filename
+        if len(_shown_files) >= _FILES_LIMIT:
+            _shown_files.clear()
         _shown_files[filename] = shown
     return shown
 

@@ -83,6 +83,14 @@ def shard_arg_handlers() -> dict[Any, Any]:
     return handlers
 
 
+def device_put_owner() -> Any:
+    """The module whose `batched_device_put` every JAX placement of host data and every
+    argument transfer goes through (looked up there at each call, so it can be wrapped)."""
+    from jax._src.interpreters import pxla
+
+    return pxla
+
+
 def array_type() -> type:
     """The type of a concrete jax.Array (`ArrayImpl`)."""
     from jax._src.array import ArrayImpl

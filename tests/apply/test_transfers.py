@@ -183,6 +183,17 @@ class TestRefused:
         assert b.devices() == c.devices() == d["k"].devices() == {cpus[2]}
         assert devpolicy.report().transfers == ()
 
+    def test_jaxs_own_placement_helpers_are_explicit(self, cpus: list[jax.Device]) -> None:
+        """make_array_from_callback places on purpose (JAX's guard says implicit: jax#40285)."""
+        p = policy_of(transfers={"host_to_device": "disallow", "host_local": "disallow"})
+        sharding = SingleDeviceSharding(cpus[3])
+        with devpolicy.activate(p):
+            x = jax.make_array_from_callback(HOST.shape, sharding, lambda index: HOST[index])
+            with pytest.raises(devpolicy.TransferRefusedError):
+                TWICE(HOST)  # an argument transfer is still refused
+        assert x.devices() == {cpus[3]}
+        assert devpolicy.report().transfers == ()
+
     def test_a_guard_the_user_set_is_left_to_jax(self) -> None:
         """Outside any watching policy, JAX's own disallow raises JAX's own error."""
         with jax.transfer_guard("disallow"), pytest.raises(Exception, match="Disallowed"):
