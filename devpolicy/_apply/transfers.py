@@ -183,6 +183,19 @@ def disarm(token: _Token) -> None:
     state.device_to_host = d2h
 
 
+def suspend() -> _Token | None:
+    """Stop watching this thread until `disarm(token)` (a policy without `transfers:`
+    activated inside one with it); None, and nothing done, when nothing is watched."""
+    if getattr(_local, "watch", None) is None:
+        return None
+    state = _guard[0]()
+    token = (_local.watch, _local.rule, state.host_to_device, state.device_to_device,
+             state.device_to_host)  # fmt: skip
+    _local.watch = _local.rule = None
+    state.host_to_device = state.device_to_device = state.device_to_host = None
+    return token
+
+
 @contextmanager
 def watching(watch: Watch | None, rule: str | None = None) -> Iterator[None]:
     """`arm`/`disarm` around a block; nothing at all when `watch` is None."""

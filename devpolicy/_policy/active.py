@@ -15,7 +15,7 @@ from types import TracebackType
 
 from .._apply.calls import Active
 from .._apply.scope import Scopes
-from .._apply.transfers import arm, disarm
+from .._apply.transfers import arm, disarm, suspend
 from .._decide.decider import Decider
 from .loading import forget_nothing_found, load_policy, loaded_files
 from .policy import Policy
@@ -154,8 +154,9 @@ class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
             )
         self.policy = policy
         # `transfers:` watches this thread while the policy is active (JAX's guard is
-        # per thread; `propagate` carries it into workers).
-        self._watched = arm(policy.watch) if policy.watch is not None else None
+        # per thread; `propagate` carries it into workers); a policy without it, activated
+        # inside one with it, stops the watch until it exits.
+        self._watched = arm(policy.watch) if policy.watch is not None else suspend()
         self._outermost = _ACTIVE.get() is None
         self._token: Token[Policy | None] = _ACTIVE.set(policy)
         if self._outermost:

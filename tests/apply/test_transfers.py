@@ -222,6 +222,17 @@ class TestWhereItApplies:
             assert guard_levels() != before
         assert guard_levels() == before
 
+    def test_a_policy_without_transfers_activated_inside_stops_the_watch(self) -> None:
+        """Watching applies while the watching policy is the active one, nowhere else."""
+        before = guard_levels()
+        with capture_logs() as logs, devpolicy.activate(policy_of(transfers=WATCH_ALL)):
+            with devpolicy.activate(policy_of()):
+                assert guard_levels() == (None, None, None)
+                TWICE(HOST)
+            TWICE(HOST)
+        assert len(transfers(logs)) == 1
+        assert guard_levels() == before
+
     def test_place_watches_each_call(self) -> None:
         """A function decorated by a policy with `transfers:` is watched while it runs."""
         p = policy_of(transfers=WATCH_ALL)
