@@ -459,3 +459,39 @@ def _shown(filename: str) -> str:
 
 def _function(code: Any) -> str:
     return str(getattr(code, "co_qualname", code.co_name))
+
+
+def lint_transfers(
+    transfers: Mapping[str, Any], devices: Sequence[str], where: str
+) -> list[tuple[str, str, str]]:
+    """(origin, code, message) of each `transfers:` field that does not do what it reads as
+    on a machine with `devices` (target texts): `device_to_host` is JAX's own guard (no
+    event, no count, JAX's error), and `host_to_device` watches nothing where every device
+    is a CPU while `host_local` allows."""
+    found = []
+    d2h = transfers.get(D2H)
+    if d2h is not None and d2h.value != "allow":
+        what = (
+            "JAX's own C++ log line on stderr (no transfer event, not counted)"
+            if d2h.value == "log"
+            else "JAX's own JaxRuntimeError (not TransferRefusedError, not counted)"
+        )
+        found.append((
+            d2h.origin,
+            "transfers-left-to-jax",
+            f"transfers.device_to_host: {d2h.value} is handed to JAX's transfer guard: "
+            f"{what}; a host read of an array goes through jaxlib's C++ buffer protocol, "
+            "where devpolicy cannot see it (docs: Transfers, What cannot be seen)",
+        ))  # fmt: skip
+    h2d, local = transfers.get(H2D), transfers.get(HOST_LOCAL)
+    quiet_local = local is None or local.value == "allow"
+    cpu_only = all(text.startswith("cpu") for text in devices)
+    if h2d is not None and h2d.value != "allow" and quiet_local and cpu_only:
+        found.append((
+            h2d.origin,
+            "transfers-watch-nothing",
+            f"transfers.host_to_device: {h2d.value} watches nothing on {where}: every "
+            "device is a CPU, and host data into a CPU device is host_local, which "
+            f"allows; set host_local: {h2d.value} to watch it",
+        ))  # fmt: skip
+    return found

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._apply.transfers import lint_transfers
 from .._base.errors import DeviceUnavailableError
 from .._base.files import untrusted
 from .._decide.decider import Decider, virtual_decider
@@ -619,46 +620,8 @@ def _unused_meshes(policy: Policy) -> list[Finding]:
 
 
 def _transfers_findings(policy: Policy, machine: VirtualMachine | None) -> list[Finding]:
-    """`transfers:` that does not do what it reads as: `device_to_host` is JAX's own guard
-    (no event, no count, JAX's error), and `host_to_device` on a machine without an
-    accelerator watches nothing while `host_local` allows (every device is a CPU)."""
-    transfers = policy.settings.transfers
-    findings = []
-    d2h = transfers.get("device_to_host")
-    if d2h is not None and d2h.value != "allow":
-        what = (
-            "JAX's own C++ log line on stderr (no transfer event, not counted)"
-            if d2h.value == "log"
-            else "JAX's own JaxRuntimeError (not TransferRefusedError, not counted)"
-        )
-        findings.append(
-            Finding(
-                "warning",
-                d2h.origin,
-                "transfers-left-to-jax",
-                f"transfers.device_to_host: {d2h.value} is handed to JAX's transfer guard: "
-                f"{what}; a host read of an array goes through jaxlib's C++ buffer protocol, "
-                "where devpolicy cannot see it (docs: Transfers, What cannot be seen)",
-            )
-        )
-    h2d = transfers.get("host_to_device")
-    host_local = transfers.get("host_local")
-    if (
-        h2d is not None
-        and h2d.value != "allow"
-        and (host_local is None or host_local.value == "allow")
-    ):
-        texts = (machine if machine is not None else THIS_PROCESS).available()
-        if all(text.startswith("cpu") for text in texts):
-            where = "this machine" if machine is None else f"the machine described ({machine})"
-            findings.append(
-                Finding(
-                    "warning",
-                    h2d.origin,
-                    "transfers-watch-nothing",
-                    f"transfers.host_to_device: {h2d.value} watches nothing on {where}: every "
-                    "device is a CPU, and host data into a CPU device is host_local, which "
-                    f"allows; set host_local: {h2d.value} to watch it",
-                )
-            )
-    return findings
+    """`transfers:` that does not do what it reads as (see `transfers.lint_transfers`)."""
+    texts = (machine if machine is not None else THIS_PROCESS).available()
+    where = "this machine" if machine is None else f"the machine described ({machine})"
+    found = lint_transfers(policy.settings.transfers, texts, where)
+    return [Finding("warning", origin, code, message) for origin, code, message in found]
