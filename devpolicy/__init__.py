@@ -60,6 +60,7 @@ __all__ = [
     "ScopeInCoroutineError",
     "StaticCapacity",
     "ThreadPoolExecutor",
+    "TransferRefusedError",
     "UnmatchedNameError",
     "UntrustedPolicyError",
     "VirtualDevice",

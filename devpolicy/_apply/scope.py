@@ -8,6 +8,7 @@ function to `calls.decorate`, which wraps each call. `Scopes` keeps one Scope pe
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from .._decide.decider import Decider
 from .._decide.decision import Decision
 from .calls import DeciderSource, Inputs, decorate
 from .default_device import NOT_SWAPPED, MeshToken, enter, leave, restore_device, swap_device
+from .transfers import Watch, arm, disarm, watching
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -118,6 +120,64 @@ class Scope:
         return f"<devpolicy.Scope name={self._name!r} nbytes={self._nbytes!r}>"
 
 
+class WatchedScope(Scope):
+    """A Scope of a policy with `transfers:`: JAX's implicit transfers in the thread are
+    watched while it is entered, or while the function it decorates runs (see
+    `devpolicy.transfers`). A policy without `transfers:` makes plain Scopes, whose cost
+    this adds nothing to."""
+
+    __slots__ = ("_watch", "_watch_stacks")
+
+    def __init__(
+        self,
+        source: DeciderSource,
+        name: str,
+        nbytes: int | None,
+        commit: bool | None = None,
+        inputs: Inputs = None,
+        *,
+        watch: Watch,
+    ) -> None:
+        super().__init__(source, name, nbytes, commit, inputs)
+        self._watch = watch
+        self._watch_stacks: dict[int, list[Any]] = {}
+
+    def __enter__(self) -> Decision:
+        decision = Scope.__enter__(self)
+        token = arm(self._watch, decision.origin)
+        ident = get_ident()
+        stack = self._watch_stacks.get(ident)
+        if stack is None:
+            self._watch_stacks[ident] = [token]
+        else:
+            stack.append(token)
+        return decision
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        stack = self._watch_stacks.get(get_ident())
+        if stack:
+            disarm(stack.pop())
+        Scope.__exit__(self, exc_type, exc, tb)
+
+    def __call__(self, fn: F) -> F:
+        """Decorate `fn`: each call is decided afresh, runs inside the scope, and has its
+        implicit transfers watched (plain functions; generators and coroutines are
+        watched only where the policy is active)."""
+        wrapped = Scope.__call__(self, fn)
+        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn):
+            return wrapped
+        if inspect.isasyncgenfunction(fn):
+            return wrapped
+        watch = self._watch
+
+        @functools.wraps(fn)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            with watching(watch):
+                return wrapped(*args, **kwargs)
+
+        return watched  # type: ignore[return-value]
+
+
 class Scopes:
     """The scope for each name of one source, made once: a Scope is re-entrant (per-thread
     stacks), so one object per name serves every `with`, and a repeat costs no construction.
@@ -129,10 +189,12 @@ class Scopes:
         True
     """
 
-    __slots__ = ("_source", "by_name")
+    __slots__ = ("_source", "_watch", "by_name")
 
-    def __init__(self, source: DeciderSource) -> None:
+    def __init__(self, source: DeciderSource, watch: Watch | None = None) -> None:
         self._source = source
+        #: The policy's `transfers:`, when it has one: its scopes watch transfers.
+        self._watch = watch
         #: The scopes made so far, by name. Never replaced (only cleared), so a caller may
         #: keep its `get` for a lookup without a call of ours.
         self.by_name: dict[str, Scope] = {}
@@ -140,7 +202,11 @@ class Scopes:
     def make(self, name: str, nbytes: int | None) -> Scope:
         """A new scope for `name`, kept for the next lookup in `by_name` when unsized (sized
         scopes are made afresh: sizes vary per call). Callers look in `by_name` first."""
-        scope = Scope(self._source, name, nbytes)
+        scope = (
+            Scope(self._source, name, nbytes)
+            if self._watch is None
+            else WatchedScope(self._source, name, nbytes, watch=self._watch)
+        )
         if nbytes is None and type(name) is str:
             if len(self.by_name) >= CACHE_GENERATION:
                 self.by_name.clear()  # a stream of made-up names: start over, nothing is lost
@@ -159,22 +225,35 @@ def default_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
-def make_place(source: DeciderSource, name: Any, commit: bool | None, inputs: Inputs = None) -> Any:
-    """Implement `place` for both `@place` and `@place("name")`."""
+def make_place(
+    source: DeciderSource,
+    name: Any,
+    commit: bool | None,
+    inputs: Inputs = None,
+    watch: Watch | None = None,
+) -> Any:
+    """Implement `place` for both `@place` and `@place("name")` (`watch`: the policy's
+    `transfers:`, whose scopes watch implicit transfers)."""
     if commit is not None and not isinstance(commit, bool):
         raise TypeError(f"place(commit=...) must be a bool or None, got {commit!r}")
     if inputs not in (None, "keep", "move"):
         raise ValueError(f"place(inputs=...) must be 'move', 'keep' or None, got {inputs!r}")
+
+    def make(scope_name: str) -> Scope:
+        if watch is None:
+            return Scope(source, scope_name, None, commit, inputs)
+        return WatchedScope(source, scope_name, None, commit, inputs, watch=watch)
+
     if callable(name):
-        return Scope(source, default_name(name), None, commit, inputs)(name)
+        return make(default_name(name))(name)
     if name is not None and not isinstance(name, str):
         raise TypeError(
             f"place() takes a name (str) or a function, got {type(name).__name__} {name!r}"
         )
     if name is not None:
-        return Scope(source, name, None, commit, inputs)
+        return make(name)
 
     def decorator(fn: F) -> F:
-        return Scope(source, default_name(fn), None, commit, inputs)(fn)
+        return make(default_name(fn))(fn)
 
     return decorator

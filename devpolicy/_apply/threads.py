@@ -14,6 +14,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import jax
 
+from .transfers import current_watch, watching
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -22,8 +24,9 @@ def propagate(fn: Callable[P, R]) -> Callable[P, R]:
     """Wrap `fn` to run with the caller's current default device and devpolicy context.
 
     What is captured is taken now, when `propagate` is called: JAX's default device in
-    this thread (a devpolicy scope, `@place` body or raw `jax.default_device`) and the
-    context variables, which carry `devpolicy.activate`. Wherever the wrapper then runs
+    this thread (a devpolicy scope, `@place` body or raw `jax.default_device`), the
+    context variables, which carry `devpolicy.activate`, and the policy watching implicit
+    transfers here (`transfers:`). Wherever the wrapper then runs
     (another thread, an executor, `asyncio.to_thread`), it runs inside both.
 
     Example:
@@ -38,11 +41,12 @@ def propagate(fn: Callable[P, R]) -> Callable[P, R]:
     """
     device = jax.config.jax_default_device  # type: ignore[attr-defined]
     context = contextvars.copy_context()
+    watch = current_watch()
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         def call() -> R:
-            with jax.default_device(device):
+            with jax.default_device(device), watching(watch):
                 return fn(*args, **kwargs)
 
         # A Context can be entered by one thread at a time; a copy per call lets the

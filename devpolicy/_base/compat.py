@@ -51,3 +51,67 @@ def mesh_context() -> Callable[[Any], AbstractContextManager[Any]]:
     sharding: Any = jax.sharding  # Any: not every jax has `use_mesh` for the type checker
     use_mesh: Callable[[Any], AbstractContextManager[Any]] = sharding.use_mesh
     return use_mesh
+
+
+# Implicit transfers (`_apply/transfers`): JAX's transfer guard and argument sharding. The
+# guard's thread-local state (`guard_lib`) and `pxla.shard_arg_handlers` are the same from
+# jax 0.6 to 0.12; they are private, so they are reached here only.
+def transfer_guard_state() -> tuple[Any, Any]:
+    """This thread's transfer-guard state (settable `host_to_device`, `device_to_device`,
+    `device_to_host`, `explicit_device_put`) and the level enum (`ALLOW`, `LOG`, ...)."""
+    from jax._src import config as jax_config
+
+    config: Any = jax_config
+    guard_lib = config.guard_lib
+    return guard_lib.thread_local_state(), guard_lib.TransferGuardLevel
+
+
+def transfer_guard_getter() -> Callable[[], Any]:
+    """The function that returns this thread's transfer-guard state (see above)."""
+    from jax._src import config as jax_config
+
+    config: Any = jax_config
+    getter: Callable[[], Any] = config.guard_lib.thread_local_state
+    return getter
+
+
+def shard_arg_handlers() -> dict[Any, Any]:
+    """JAX's argument-sharding handler per argument type (numpy arrays, scalars, arrays)."""
+    from jax._src.interpreters import pxla
+
+    handlers: dict[Any, Any] = pxla.shard_arg_handlers
+    return handlers
+
+
+def device_put_owner() -> Any:
+    """The module whose `batched_device_put` every JAX placement of host data and every
+    argument transfer goes through (looked up there at each call, so it can be wrapped)."""
+    from jax._src.interpreters import pxla
+
+    return pxla
+
+
+def array_type() -> type:
+    """The type of a concrete jax.Array (`ArrayImpl`)."""
+    from jax._src.array import ArrayImpl
+
+    return ArrayImpl
+
+
+def backends_started() -> bool:
+    """Whether JAX's backends have started (asking which devices exist would start them)."""
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def package_dirs() -> list[str]:
+    """The folders of jax, jaxlib and numpy: frames there are never the user's code."""
+    import os
+    import sys
+
+    import jax
+
+    # jaxlib is loaded by jax; read from sys.modules so the layers below never import it.
+    modules = [jax, sys.modules["jaxlib"], sys.modules["numpy"]]
+    return [os.path.dirname(m.__file__ or "") + os.sep for m in modules]

@@ -446,3 +446,48 @@ class CheckpointMismatchError(DevicePolicyError, ValueError):
 
 def _counted(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
+
+
+class TransferRefusedError(DevicePolicyError, RuntimeError):
+    """A transfer JAX would have made implicitly was refused by the policy's `transfers:`.
+
+    Raised where the transfer happened (a jit call, an operation mixing numpy and arrays),
+    before anything was copied; chained from JAX's own transfer-guard error.
+
+    Attributes:
+        site: `path/file.py:LINE` of the user's code that asked for the transfer.
+        direction: `host_to_device`, `device_to_device`, `device_to_host` or `host_local`.
+        source: `numpy` (host data) or the device text the array was on (`cpu:0`).
+        devices: The destination devices' texts.
+        nbytes: The bytes it would have moved, over every destination.
+        field: The `transfers:` field that refused it (`host_local` for host data into a
+            CPU device, else the direction).
+        origin: Where that field was written: the policy's `file:line`, or
+            `env:DEVPOLICY_TRANSFERS`.
+    """
+
+    def __init__(
+        self,
+        site: str,
+        direction: str,
+        source: str,
+        devices: tuple[str, ...],
+        nbytes: int,
+        what: str,
+        field: str,
+        origin: str,
+    ) -> None:
+        self.site = site
+        self.field = field
+        self.direction = direction
+        self.source = source
+        self.devices = devices
+        self.nbytes = nbytes
+        self.origin = origin
+        super().__init__(
+            f"{site}: implicit {direction} transfer of {what} ({nbytes} bytes) from {source} "
+            f"to {', '.join(devices)} refused by transfers.{field}: disallow ({origin}). "
+            "Fix: jax.device_put it explicitly where it is made (or devpolicy.put / "
+            "devpolicy.to), or write a rule that places it where it is used; or set "
+            f"transfers.{field} to log or allow"
+        )

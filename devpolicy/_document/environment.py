@@ -12,7 +12,14 @@ from .._base.errors import EnvOverrideError, did_you_mean
 from .._base.files import check_regular
 from .remote import VARIABLES as REMOTE_VARIABLES
 from .remote import from_environment as remote_from_environment
-from .schema import LOG_FORMATS, LOG_LEVELS, RuleSpec
+from .schema import (
+    LOG_FORMATS,
+    LOG_LEVELS,
+    TRANSFER_DIRECTIONS,
+    TRANSFER_FIELDS,
+    TRANSFER_MODES,
+    RuleSpec,
+)
 from .targets import (
     REJECT,
     SHARDING_FORMS,
@@ -30,12 +37,15 @@ STRICT = "DEVPOLICY_STRICT"
 LOG_LEVEL = "DEVPOLICY_LOG_LEVEL"
 LOG_FORMAT = "DEVPOLICY_LOG_FORMAT"
 DISABLE = "DEVPOLICY_DISABLE"
+#: `transfers:` of the policy, overridden (`log`, or `device_to_device=disallow,...`).
+TRANSFERS = "DEVPOLICY_TRANSFERS"
 #: A policy must be found (discovery that finds none raises instead of warning).
 REQUIRE = "DEVPOLICY_REQUIRE"
 #: Set by `devpolicy run` for its child (the runtime variables it set from the policy).
 RUNTIME_SET = "DEVPOLICY_RUNTIME_SET"
 VARIABLES = (
     FILE, RULES, DEFAULT, STRICT, LOG_LEVEL, LOG_FORMAT, DISABLE, REQUIRE, RUNTIME_SET,
+    TRANSFERS,
     *REMOTE_VARIABLES,
 )  # fmt: skip
 
@@ -70,6 +80,8 @@ class EnvSettings:
     rule_texts: tuple[str, ...] = ()
     #: `DEVPOLICY_REMOTE_*` by the `remote:` field each sets (`{"chunk": 16777216}`).
     remote: Mapping[str, object] = field(default_factory=dict)
+    #: `DEVPOLICY_TRANSFERS` by the `transfers:` field each item sets (`{"host_to_device": "log"}`).
+    transfers: Mapping[str, str] = field(default_factory=dict)
 
     def rule_error(self, index: int, problem: str, accepted: str) -> EnvOverrideError:
         """An error about rule `index` of `DEVPOLICY_RULES` that shows the value and the rule.
@@ -121,7 +133,53 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
         rules_text=values.get(RULES, ""),
         rule_texts=tuple(i.strip() for i in _items(values[RULES])) if RULES in values else (),
         remote=remote_from_environment(values),
+        transfers=_transfers(values.get(TRANSFERS)),
     )
+
+
+TRANSFERS_FORMS = (
+    f"a mode for every direction ({', '.join(TRANSFER_MODES)}), or "
+    f"field=mode[,field=mode...] with field one of {', '.join(TRANSFER_FIELDS)}"
+)
+
+
+def _transfers(value: str | None) -> dict[str, str]:
+    """`DEVPOLICY_TRANSFERS`: `log` (every direction) or `device_to_device=disallow,...`.
+
+    Example:
+        >>> _transfers("device_to_device=disallow, host_to_device=log")
+        {'device_to_device': 'disallow', 'host_to_device': 'log'}
+    """
+    if value is None:
+        return {}
+    text = value.strip()
+    if "=" not in text:
+        if text not in TRANSFER_MODES:
+            hint = did_you_mean(text, TRANSFER_MODES)
+            raise EnvOverrideError(
+                TRANSFERS, value, f"unknown transfer mode {text!r}{hint}", TRANSFERS_FORMS
+            )
+        return dict.fromkeys(TRANSFER_DIRECTIONS, text)
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        name, sep, mode = (part.strip() for part in item.partition("="))
+        if not sep or name not in TRANSFER_FIELDS:
+            hint = did_you_mean(name, TRANSFER_FIELDS) if name else ""
+            raise EnvOverrideError(
+                TRANSFERS, value, f"item {item.strip()!r}: unknown field{hint}", TRANSFERS_FORMS
+            )
+        if mode not in TRANSFER_MODES:
+            hint = did_you_mean(mode, TRANSFER_MODES)
+            raise EnvOverrideError(
+                TRANSFERS,
+                value,
+                f"item {item.strip()!r}: unknown mode {mode!r}{hint}",
+                TRANSFERS_FORMS,
+            )
+        if name in out:
+            raise EnvOverrideError(TRANSFERS, value, f"{name} is given twice", TRANSFERS_FORMS)
+        out[name] = mode
+    return out
 
 
 def _hint(name: str) -> str:

@@ -20,6 +20,7 @@ from .environment import (
     LOG_LEVEL,
     RULES,
     STRICT,
+    TRANSFERS,
     EnvSettings,
     carried,
 )
@@ -96,6 +97,9 @@ class Settings:
     #: How URLs are read, by `remote:` field: only the fields some layer sets (the rest keep
     #: their defaults); each with its layer and origin (`env:DEVPOLICY_REMOTE_CHUNK`).
     remote: Mapping[str, Setting] = field(default_factory=dict)
+    #: What is done with JAX's implicit transfers, by `transfers:` field: only the fields
+    #: some layer sets; empty when no layer has `transfers:` (nothing is watched).
+    transfers: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
     def remote_values(self) -> dict[str, Any]:
@@ -156,7 +160,28 @@ def merge(document: Document | None, env: EnvSettings, code: OverridesSpec | Non
         else {},
         names=document.spec.names if document is not None else NamesSpec(),
         remote=_remote(document, env, code),
+        transfers=_transfers(document, env),
     )
+
+
+def _transfers(document: Document | None, env: EnvSettings) -> dict[str, Setting]:
+    """`transfers:` by field, each from the highest layer that sets it (the file's
+    `transfers:`, then `DEVPOLICY_TRANSFERS`)."""
+    out: dict[str, Setting] = {}
+    spec = document.spec.transfers if document is not None else None
+    if spec is not None:
+        assert document is not None
+        for name in sorted(spec.model_fields_set):
+            value = getattr(spec, name)
+            if value is not None:
+                # `transfers: log` has no line per field: the section's line is the origin.
+                origin = document.origin("transfers", name)
+                if origin.endswith(name):
+                    origin = document.origin("transfers")
+                out[name] = Setting(value, "policy", origin)
+    for name, value in env.transfers.items():
+        out[name] = Setting(value, "env", f"env:{TRANSFERS}")
+    return out
 
 
 def _remote(document: Document | None, env: EnvSettings, code: OverridesSpec) -> dict[str, Setting]:

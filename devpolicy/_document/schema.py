@@ -1154,6 +1154,72 @@ class RemoteSpec(_Strict):
         return self
 
 
+# `transfers:` (issue 35): what devpolicy does with the placements JAX makes on its own.
+TRANSFER_MODES = ("allow", "log", "disallow")
+#: The directions a bare `transfers: MODE` sets (`host_local` keeps its own default).
+TRANSFER_DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
+#: Every field of `transfers:`, in the order they are shown.
+TRANSFER_FIELDS = (*TRANSFER_DIRECTIONS, "host_local")
+TransferMode = Annotated[
+    str,
+    BeforeValidator(_choice(TRANSFER_MODES, "transfer mode")),
+    WithJsonSchema({"enum": list(TRANSFER_MODES)}),
+]
+
+
+class TransfersSpec(_Strict):
+    """What is done with a transfer JAX makes implicitly, per direction: `allow` (nothing),
+    `log` (a `transfer` event, counted in `report()`), `disallow` (TransferRefusedError)."""
+
+    host_to_device: TransferMode | None = Field(
+        None, description="numpy, Python scalars and host buffers copied onto an accelerator."
+    )
+    device_to_device: TransferMode | None = Field(
+        None, description="An array copied from the device(s) it is on to others."
+    )
+    device_to_host: TransferMode | None = Field(
+        None, description="An accelerator's array read by the host (`float(x)`, `np.asarray`)."
+    )
+    host_local: TransferMode | None = Field(
+        None,
+        description="numpy or a host buffer into a CPU device (JAX calls it host-to-device); "
+        "`allow` unless set, so CPU-only jobs are not flooded.",
+    )
+
+
+def _transfers_shorthand(value: Any) -> Any:
+    """`transfers: log` is every direction at `log` (`host_local` keeps its default)."""
+    if isinstance(value, str):
+        mode = _choice(TRANSFER_MODES, "transfer mode")(value)
+        return dict.fromkeys(TRANSFER_DIRECTIONS, mode)
+    return value
+
+
+TransfersField = Annotated[
+    TransfersSpec | None,
+    BeforeValidator(_transfers_shorthand),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"enum": list(TRANSFER_MODES), "description": "every direction at once"},
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        name: {
+                            "enum": list(TRANSFER_MODES),
+                            "description": TransfersSpec.model_fields[name].description,
+                        }
+                        for name in TRANSFER_FIELDS
+                    },
+                },
+            ],
+            "description": "What is done with the transfers JAX makes implicitly.",
+        }
+    ),
+]
+
+
 class PolicySpec(_Strict):
     """A policy document (`version: 1`)."""
 
@@ -1196,6 +1262,12 @@ class PolicySpec(_Strict):
         default_factory=RemoteSpec,
         description="How URLs are read: concurrency, chunk size, in-flight budget, retries, "
         "the cache directory.",
+    )
+    transfers: TransfersField = Field(
+        None,
+        description="What is done with the transfers JAX makes implicitly (a numpy argument "
+        "of a jit, an array copied to another device): `allow`, `log` or `disallow`, per "
+        "direction or for all at once.",
     )
 
     @model_validator(mode="after")

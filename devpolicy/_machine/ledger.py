@@ -162,6 +162,9 @@ class Ledger:
     arrays: int = 0
     sharded: int = 0
     shards: int = 0
+    #: The implicit transfers JAX made while a policy with `transfers:` watched, by site,
+    #: most bytes first (see `TransferSite`); empty when nothing watched.
+    transfers: tuple[TransferSite, ...] = ()
 
     @property
     def by_device(self) -> Mapping[str, LedgerDevice]:
@@ -224,6 +227,7 @@ class Ledger:
             f"total: {_total(self.arrays, self.sharded, self.shards)}, "
             f"{format_size(self.nbytes)}{_backed(self.file_backed)}"
         )
+        lines += transfer_lines(self.transfers)
         return "\n".join(lines)
 
     def __rich__(self) -> Any:
@@ -479,7 +483,13 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
                 sum(e.sharded for e in entries),
             )
         )
-    return Ledger(tuple(devices), len(owners), sum(spread for _, spread in owners), shards)
+    return Ledger(
+        tuple(devices),
+        len(owners),
+        sum(spread for _, spread in owners),
+        shards,
+        transfer_sites(),
+    )
 
 
 def _kind(device: jax.Device, kind: str | None) -> str | None:
@@ -599,3 +609,88 @@ def _stream_records(placed: dict[int, _Record]) -> None:
             # A record of a dead array whose id this batch now has is no record of it.
             if found is None or found[0]() is not array:
                 placed[id(array)] = (ref, tally.name, tally.origin, tally.rule)
+
+
+# Implicit transfers (`transfers:` of a policy): counted by site while a policy watches.
+# Sites are lines of code, so the table is bounded by the program's size; a program that
+# generates code without end is cut off at _TRANSFER_SITES_LIMIT (the rest are counted
+# under the last row's key, never lost from the totals).
+_TRANSFER_SITES_LIMIT = 4096
+#: How many sites `str(report())` shows (`Ledger.transfers` holds them all).
+TRANSFER_LINES = 10
+# (site, direction) -> [count, nbytes, function, devices]
+_transfers: dict[tuple[str, str], list[Any]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class TransferSite:
+    """The implicit transfers JAX made at one line of code, in one direction.
+
+    Attributes:
+        site: `path/file.py:LINE` of the user's code.
+        direction: `host_to_device`, `device_to_device`, `device_to_host` or `host_local`.
+        count: How many transfers (one per array moved).
+        nbytes: The bytes moved in all (each destination's share once).
+        devices: The destination devices seen, as texts.
+        function: The function the line is in.
+    """
+
+    site: str
+    direction: str
+    count: int
+    nbytes: int
+    devices: tuple[str, ...]
+    function: str
+
+
+def count_transfer(
+    site: str, direction: str, nbytes: int, devices: tuple[str, ...], function: str
+) -> int:
+    """Count one implicit transfer; returns how many there have been at `site` before it."""
+    key = (site, direction)
+    row = _transfers.get(key)
+    if row is None:
+        if len(_transfers) >= _TRANSFER_SITES_LIMIT:
+            key = ("<other sites>", direction)
+            row = _transfers.get(key)
+        if row is None:
+            row = _transfers[key] = [0, 0, function, set()]
+    seen: int = row[0]
+    row[0] = seen + 1
+    row[1] += nbytes
+    row[3].update(devices)
+    return seen
+
+
+def transfer_sites() -> tuple[TransferSite, ...]:
+    """Every site counted so far, most bytes first."""
+    rows = [
+        TransferSite(site, direction, count, nbytes, tuple(sorted(devices)), function)
+        for (site, direction), (count, nbytes, function, devices) in list(_transfers.items())
+    ]
+    return tuple(sorted(rows, key=lambda r: (-r.nbytes, -r.count, r.site)))
+
+
+def forget_transfers() -> None:
+    """Start counting implicit transfers afresh (tests, or a job between phases)."""
+    _transfers.clear()
+
+
+def transfer_lines(sites: tuple[TransferSite, ...]) -> list[str]:
+    """The report's lines for implicit transfers: the top sites by bytes."""
+    if not sites:
+        return []
+    total = sum(s.nbytes for s in sites)
+    count = sum(s.count for s in sites)
+    lines = [
+        f"implicit transfers: {_plural(count, 'transfer')}, {format_size(total)} "
+        f"at {_plural(len(sites), 'site')}:"
+    ]
+    for s in sites[:TRANSFER_LINES]:
+        lines.append(
+            f"  {s.site}  {s.direction}  {_plural(s.count, 'transfer')}  "
+            f"{format_size(s.nbytes)}  to {', '.join(s.devices)}"
+        )
+    if len(sites) > TRANSFER_LINES:
+        lines.append(f"  ... {len(sites) - TRANSFER_LINES} more (Ledger.transfers)")
+    return lines

@@ -15,6 +15,7 @@ from types import TracebackType
 
 from .._apply.calls import Active
 from .._apply.scope import Scopes
+from .._apply.transfers import arm, disarm, suspend
 from .._decide.decider import Decider
 from .loading import forget_nothing_found, load_policy, loaded_files
 from .policy import Policy
@@ -133,7 +134,9 @@ class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
     Takes effect at once. Used as `with devpolicy.activate(p):`, the previous policy
     comes back on exit. The activation holds in this context (thread or asyncio task and
     what it starts with a copied context); the earliest outermost activation still open
-    also serves threads that have activated none.
+    also serves threads that have activated none. A policy with `transfers:` watches JAX's
+    implicit transfers in the activating thread until it exits (see
+    [Transfers](transfers.md)).
 
     Example:
         >>> import devpolicy
@@ -150,6 +153,10 @@ class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
                 f"got {type(policy).__name__}"
             )
         self.policy = policy
+        # `transfers:` watches this thread while the policy is active (JAX's guard is
+        # per thread; `propagate` carries it into workers); a policy without it, activated
+        # inside one with it, stops the watch until it exits.
+        self._watched = arm(policy.watch) if policy.watch is not None else suspend()
         self._outermost = _ACTIVE.get() is None
         self._token: Token[Policy | None] = _ACTIVE.set(policy)
         if self._outermost:
@@ -174,6 +181,9 @@ class activate:  # noqa: N801 - used as a function: devpolicy.activate(policy)
                 "in the same task or thread"
             ) from e
         finally:
+            if self._watched is not None:
+                disarm(self._watched)
+                self._watched = None
             if self._outermost:
                 with _lock:
                     if self in _outermost:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._apply.transfers import lint_transfers
 from .._base.errors import DeviceUnavailableError
 from .._base.files import untrusted
 from .._decide.decider import Decider, virtual_decider
@@ -22,6 +23,7 @@ from .._document.layers import RuleEntry, Setting
 from .._document.schema import MeshSpec
 from .._document.targets import ShardingTarget
 from .._machine.capacity import Capacity
+from .._machine.inventory import THIS_PROCESS
 from .._machine.machine import D, VirtualMachine
 from .._names.cover import CoverJudge
 from .._names.hints import guess_example, required_literal
@@ -48,7 +50,8 @@ class Finding:
             `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
             `runtime-conflict`, `runtime-env-wins`, `runtime-opt-in`,
             `runtime-allow-unused`, `untrusted-policy`, `file-never-matches`,
-            `regex-is-a-fragment`, `attached-without-axis-rules`; against real names (`lint_names`):
+            `regex-is-a-fragment`, `attached-without-axis-rules`, `transfers-left-to-jax`,
+            `transfers-watch-nothing`; against real names (`lint_names`):
             `rule-matched-nothing`, `not-sharded`.
         message: What is wrong and what to do.
     """
@@ -107,6 +110,7 @@ def lint(policy: Policy, *, machine: VirtualMachine | None = None) -> list[Findi
     findings += _file_rules(policy.rules)
     findings += _path_fragments(policy.rules)
     findings += _attached_without_table(policy.rules, settings.meshes)
+    findings += _transfers_findings(policy, machine)
     return findings + _unused_meshes(policy) + _runtime_findings(policy)
 
 
@@ -613,3 +617,11 @@ def _unused_meshes(policy: Policy) -> list[Finding]:
         for name in policy.settings.meshes
         if name not in used
     ]
+
+
+def _transfers_findings(policy: Policy, machine: VirtualMachine | None) -> list[Finding]:
+    """`transfers:` that does not do what it reads as (see `transfers.lint_transfers`)."""
+    texts = (machine if machine is not None else THIS_PROCESS).available()
+    where = "this machine" if machine is None else f"the machine described ({machine})"
+    found = lint_transfers(policy.settings.transfers, texts, where)
+    return [Finding("warning", origin, code, message) for origin, code, message in found]

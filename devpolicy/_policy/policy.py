@@ -15,6 +15,7 @@ from .._apply.calls import Inputs
 from .._apply.moves import move_to
 from .._apply.put import put, shardings
 from .._apply.scope import Scope, Scopes, make_place
+from .._apply.transfers import Watch, explicitly, watch_of
 from .._base.errors import DevicePolicyError
 from .._base.events import EventLog
 from .._decide.decider import Decider, virtual_decider
@@ -64,7 +65,7 @@ class Policy:
         'cpu:1'
     """
 
-    __slots__ = ("_found", "_scope_of", "_scopes", "decider")
+    __slots__ = ("_found", "_scope_of", "_scopes", "decider", "watch")
 
     def __init__(
         self, settings: Settings, found: str = "", capacity: Capacity | None = None
@@ -74,7 +75,9 @@ class Policy:
             settings, capacity if capacity is not None else DeviceMemory(), THIS_PROCESS
         )
         self._found = found
-        self._scopes = Scopes(self.decider)
+        #: The policy's `transfers:` compiled, or None when it has none (nothing watched).
+        self.watch: Watch | None = watch_of(settings.transfers, self.decider.events)
+        self._scopes = Scopes(self.decider, self.watch)
         self._scope_of = self._scopes.by_name.get
 
     @property
@@ -266,15 +269,15 @@ class Policy:
         self, name: Any = None, /, *, commit: bool | None = None, inputs: Inputs = None
     ) -> Any:
         """Decorator: run the function in this policy's scope for `name`. See `devpolicy.place`."""
-        return make_place(self.decider, name, commit, inputs)
+        return make_place(self.decider, name, commit, inputs, self.watch)
 
     def to(self, x: T, name: str) -> T:
         """Move `x`'s arrays to where `name` goes by this policy. See `devpolicy.to`."""
-        return move_to(self.decider, x, name)
+        return explicitly(move_to, self.decider, x, name)
 
     def put(self, name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         """Place an array or pytree by this policy. See `devpolicy.put`."""
-        return put(self.decider, name, x, narrow)
+        return explicitly(put, self.decider, name, x, narrow)
 
     def shardings(self, name: str, tree: T) -> T:
         """The sharding `put(name, ...)` would give each leaf, by this policy. See
@@ -292,7 +295,7 @@ class Policy:
     def load_file(self, path: str | os.PathLike[str], *, into: Any = None, **options: Any) -> Any:
         """Load a safetensors file by this policy (with `into`, filling that tree). See
         `devpolicy.load_file`."""
-        return _safetensors.load_file(path, self.decider, into=into, **options)
+        return explicitly(_safetensors.load_file, path, self.decider, into=into, **options)
 
     def plan(
         self,

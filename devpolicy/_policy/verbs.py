@@ -21,6 +21,7 @@ from .._apply import windows as _windows
 from .._apply.calls import Inputs
 from .._apply.moves import move_to
 from .._apply.scope import Scope, make_place
+from .._apply.transfers import explicitly
 from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
 from .._io import load as _safetensors
@@ -175,7 +176,7 @@ def to(x: T, name: str) -> T:
         >>> devpolicy.inventory().text(*h2.devices()), h2.committed
         ('cpu:2', True)
     """
-    return move_to(ACTIVE_DECIDER.decider(), x, name)
+    return explicitly(move_to, ACTIVE_DECIDER.decider(), x, name)
 
 
 def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
@@ -208,7 +209,7 @@ def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         ...     print(e.problems)
         (('ids', 'values 7..1099511627776 do not fit int32 (-2147483648..2147483647)'),)
     """
-    return _put.put(ACTIVE_DECIDER.decider(), name, x, narrow)
+    return explicitly(_put.put, ACTIVE_DECIDER.decider(), name, x, narrow)
 
 
 def shardings(name: str, tree: T) -> T:
@@ -403,7 +404,8 @@ def load_file(
         >>> devpolicy.inventory().text(*out["dense"]["kernel"].devices()), int(out["step"])
         ('cpu:2', 7)
     """
-    return _safetensors.load_file(
+    return explicitly(
+        _safetensors.load_file,
         path,
         _decider_of(policy),
         prefix=prefix,
@@ -612,8 +614,10 @@ def windows(
     to the device the policy decides for `name`. The windows are cut from a zero-copy
     numpy view of `tokens` (`host_view`), so any offset works, past 2**31 included, with
     x64 disabled; only the batch is copied, never the array. Each batch has shape
-    `(batch, length, *tokens.shape[1:])` and goes through `prefetch`: decided (and
-    logged) like `put(name, ...)`, with up to `size` transfers in flight.
+    `(batch, length, *tokens.shape[1:])`. The stream is decided once, like
+    `put(name, ...)` (one `placement` event, and one `stream_ended` event with its counts
+    when it ends or is closed); small batches are sent up to 8 to a `device_put`, so at
+    least `size` and at most `size + 7` batches are in flight.
 
     Args:
         tokens: A `jax.Array` on one host device, or a numpy array (a memmap is fine).
