@@ -58,8 +58,8 @@ from jax.sharding import SingleDeviceSharding
 device = jax.devices()[0]
 # The device's own name in a policy: its platform and its index among that platform's.
 index = [d.id for d in jax.local_devices(backend=device.platform)].index(device.id)
-policy = devpolicy.load_policy(
-    {"version": 1, "default": f"{device.platform}:{index}"}, environ={})
+target = f"{device.platform}:{index}"
+policy = devpolicy.load_policy({"version": 1, "default": target}, environ={})
 kinds = {m.kind for m in device.addressable_memories()}
 
 def aligned_tree(path):
@@ -233,10 +233,11 @@ def main() -> int:
             with open(path, "rb") as f:
                 while f.read(64 * 2**20):
                     pass
-        samples: dict[str, list[dict[str, object]]] = {case: [] for _, case, _ in CASES}
+        every = [case for _, case, _ in CASES]
+        samples: dict[str, list[dict[str, object]]] = {case: [] for case in every}
         load_start = os.getloadavg()
         for _ in range(args.runs):
-            for _, case, _ in CASES:
+            for case in every:
                 samples[case].append(run_child(case, plain, aligned))
         load_end = os.getloadavg()
     first = samples["devpolicy"][0]
@@ -256,7 +257,7 @@ def main() -> int:
         "small array"
     )
     medians: dict[str, float] = {}
-    for _, case, _ in CASES:
+    for case in every:
         times = [float(s["seconds"]) for s in samples[case] if "seconds" in s]  # type: ignore[arg-type]
         if times:
             medians[case] = statistics.median(times)
@@ -264,20 +265,24 @@ def main() -> int:
     floor = medians[floor_case]
     say(f"- floor: {next(label for label, c, _ in CASES if c == floor_case)}, {floor:.4f} s")
     say()
-    say("| case | median s | best-worst s | GiB/s | x floor | peak RSS | x tree |")
-    say("|---|---|---|---|---|---|---|")
-    for label, case, _ in CASES:
-        if case not in medians:
-            say(f"| {label} | n/a (no such memory kind) | | | | | |")
-            continue
-        times = [float(s["seconds"]) for s in samples[case]]  # type: ignore[arg-type]
-        peak = statistics.median(float(s["peak"]) for s in samples[case])  # type: ignore[arg-type]
-        rate = nbytes / 2**30 / medians[case] if medians[case] > 0 else float("inf")
-        ratio = medians[case] / floor if floor > 0 else float("inf")
-        say(
-            f"| {label} | {medians[case]:.4f} | {min(times):.4f}-{max(times):.4f} | "
-            f"{rate:.2f} | {ratio:.2f} | {gib(peak)} | {peak / nbytes:.2f} |"
-        )
+
+    def rows(labelled: list[tuple[str, str]], floor: float) -> None:
+        say("| case | median s | best-worst s | GiB/s | x floor | peak RSS | x tree |")
+        say("|---|---|---|---|---|---|---|")
+        for label, case in labelled:
+            if case not in medians:
+                say(f"| {label} | n/a (no such memory kind) | | | | | |")
+                continue
+            times = [float(s["seconds"]) for s in samples[case]]  # type: ignore[arg-type]
+            peak = statistics.median(float(s["peak"]) for s in samples[case])  # type: ignore[arg-type]
+            rate = nbytes / 2**30 / medians[case] if medians[case] > 0 else float("inf")
+            ratio = medians[case] / floor if floor > 0 else float("inf")
+            say(
+                f"| {label} | {medians[case]:.4f} | {min(times):.4f}-{max(times):.4f} | "
+                f"{rate:.2f} | {ratio:.2f} | {gib(peak)} | {peak / nbytes:.2f} |"
+            )
+
+    rows([(label, case) for label, case, _ in CASES], floor)
     ours = medians["devpolicy"]
     say()
     say(
