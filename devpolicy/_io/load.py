@@ -2,8 +2,10 @@
 its own device, lean and exact.
 
 The entry of the I/O wing, and the one loop that places a file's tensors: each tensor is
-mapped (`mapping`), read in a run of small ones (`readahead`), read whole (`whole`) or,
-sharded, read slice by slice (`ranges`), all from a byte source (`sources`). Filling a
+mapped (`mapping`), read in a run of small ones or read whole, one ahead of the loop
+(`readahead`, `whole`), or, sharded, read slice by slice (`ranges`), all from a byte
+source (`sources`); what is mapped or read is sent in batches, several in flight
+(`transfers`). Filling a
 tree is `into`; what the load says, `progress`; the rule-use warnings, `accounting`.
 """
 
