@@ -163,8 +163,19 @@ CASES = [
 ]
 
 
+#: The caller's JAX_PLATFORMS, for the children: the parent runs on the CPU backend only
+#: (writing the files starts a backend), since one process at a time may hold a TPU.
+_PLATFORMS = os.environ.get("JAX_PLATFORMS")
+
+
 def run_child(case: str, plain: Path, aligned: Path) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("DEVPOLICY_") and k != "JAX_PLATFORMS"
+    }
+    if _PLATFORMS is not None:
+        env["JAX_PLATFORMS"] = _PLATFORMS
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, case, str(plain), str(aligned)],
         capture_output=True,
@@ -194,6 +205,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="append the results here")
     args = parser.parse_args()
 
+    os.environ["JAX_PLATFORMS"] = "cpu"  # the children get the caller's (`_PLATFORMS`)
     import jax
     import numpy as np
     from safetensors.numpy import save_file as plain_save
