@@ -46,7 +46,7 @@ from .._decide.decider import Decider
 from .._decide.decision import Decision
 from .._decide.routing import NEVER_MAPPED
 from .._machine.capacity import host_available_bytes
-from .._machine.ledger import StreamTally, open_stream
+from .._machine.streams import StreamTally, open_stream
 from .hostview import host_view
 from .narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
 from .paging import Pager

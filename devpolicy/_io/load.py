@@ -2,8 +2,10 @@
 its own device, lean and exact.
 
 The entry of the I/O wing, and the one loop that places a file's tensors: each tensor is
-mapped (`mapping`), read in a run of small ones (`readahead`), read whole (`whole`) or,
-sharded, read slice by slice (`ranges`), all from a byte source (`sources`). Filling a
+mapped (`mapping`), read in a run of small ones or read whole, one ahead of the loop
+(`readahead`, `whole`), or, sharded, read slice by slice (`ranges`), all from a byte
+source (`sources`); what is mapped or read is sent in batches, several in flight
+(`sending`). Filling a
 tree is `into`; what the load says, `progress`; the rule-use warnings, `accounting`.
 """
 
@@ -15,7 +17,7 @@ import mmap as mmap_module
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,7 +28,6 @@ from .._apply.hostview import INDEX_LIMIT, warn_unindexable
 from .._apply.narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from .._base.errors import NarrowingError
 from .._base.events import EventLog
-from .._base.limits import CHUNK_BYTES
 from .._base.locations import location
 from .._decide.decider import Decider
 from .._decide.decision import Decision
@@ -50,51 +51,11 @@ from .opening import map_tensor_file
 from .places import Files, fetched
 from .progress import left_out_events, mmap_refused_event, progress_bar, summary_event
 from .ranges import ShardReader
-from .readahead import ReadAhead
+from .readahead import ReadAhead, reads_whole
 from .remote import options_of
+from .sending import Sender
 from .sources import ByteSource
 from .whole import read_tensor
-
-# Arrays per `device_put`: JAX's per-array cost grows with the list (measured on 10,000
-# 16 KiB arrays: 0.23 s in lists of 32-128, 0.30 s in lists of 1,024, 0.60 s one by one).
-_PUT_BATCH = 128
-
-
-class _Transfers:
-    """Arrays waiting to be sent to their devices, sent together in one `device_put`.
-
-    One call for many small tensors instead of one each: JAX's per-call cost (~25 us) is
-    most of what a small tensor costs. Each batch is waited for, so host staging stays
-    bounded by one batch.
-    """
-
-    __slots__ = ("_advance", "_arrays", "_destinations", "_keys", "_nbytes", "_out")
-
-    def __init__(self, out: dict[str, jax.Array], advance: Callable[[int], None]) -> None:
-        self._out = out
-        self._advance = advance
-        self._keys: list[str] = []
-        self._arrays: list[np.ndarray[Any, Any]] = []
-        self._destinations: list[Any] = []
-        self._nbytes = 0
-
-    def add(self, key: str, array: np.ndarray[Any, Any], decision: Decision, nbytes: int) -> None:
-        self._keys.append(key)
-        self._arrays.append(array)
-        self._destinations.append(decision.destination)
-        self._nbytes += nbytes
-        if self._nbytes >= CHUNK_BYTES or len(self._keys) >= _PUT_BATCH:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._keys:
-            return
-        placed: list[jax.Array] = jax.device_put(self._arrays, self._destinations)
-        for array in placed:
-            array.block_until_ready()
-        self._out.update(zip(self._keys, placed, strict=True))
-        self._advance(self._nbytes)
-        self._keys, self._arrays, self._destinations, self._nbytes = [], [], [], 0
 
 
 def load_file(
@@ -352,9 +313,11 @@ def _load_opened(
     region: mmap_module.mmap | None = None
     with (
         progress_bar(header, total, progress) as advance,
-        ReadAhead(source, header, decisions, order, mmap, x64) as ahead,
+        ReadAhead(source, header, decisions, order, mmap, x64, advance) as ahead,
     ):
-        transfers = _Transfers(out, advance)
+        # Sent as they are read, batched, several calls in flight: reading the next
+        # tensors overlaps the transfer of the last ones (`sending`).
+        sender = Sender(out, advance)
         position = 0
         while position < len(order):
             i = order[position]
@@ -366,17 +329,12 @@ def _load_opened(
             if entry.packed:
                 # Packed in the file (F4, two values a byte): read whole and unpacked to
                 # one value a byte, as JAX holds them; never mapped, sharded after reading.
-                transfers.flush()
-                unpacked = jax.device_put(
-                    read_tensor(source, header, entry, advance), decision.destination
-                )
-                unpacked.block_until_ready()
-                out[entry.key] = unpacked
+                sender.add(entry.key, read_tensor(source, header, entry, advance), decision, 0)
                 position += 1
                 continue
             if decision.mesh is not None:
                 # Sharded: this process reads only the slices its devices hold.
-                transfers.flush()
+                sender.flush()
                 if region is None and target is None and may_map(entry, decision, mmap):
                     region = map_tensor_file(source, header)
                 assert decision.sharding is not None
@@ -416,7 +374,7 @@ def _load_opened(
                 array: np.ndarray[Any, Any] = np.frombuffer(
                     region, entry.dtype, count=count, offset=entry.offset
                 ).reshape(entry.shape)
-                transfers.add(entry.key, array, decision, 0)
+                sender.add(entry.key, array, decision, 0)
                 mapped += 1
                 position += 1
                 continue
@@ -433,14 +391,15 @@ def _load_opened(
                             problems.append((small.key, problem))
                         narrowed += 1
                     if not problems:
-                        transfers.add(small.key, array, decisions[j], small.nbytes)
+                        sender.add(small.key, array, decisions[j], small.nbytes)
                 position += len(run)
                 continue
-            # A large tensor goes alone, read in chunks (the progress bar moves within
-            # it), and is waited for: for an accelerator its host buffer is freed
-            # before the next is read; on the host it is adopted without a copy.
-            transfers.flush()
-            array = read_tensor(source, header, entry, advance)
+            # A large tensor is read whole (in pieces, on several threads; the progress
+            # bar moves within it), on the read-ahead's thread while the tensor before
+            # it is sent; it is sent without waiting, the host bytes in flight bounded
+            # (`sending`). On the host it is adopted without a copy.
+            assert reads_whole(entry, decision, mmap, x64)
+            array = ahead.tensor_at(position)
             if target is not None:
                 array, problem = _narrowed(
                     header, entry, array, target, narrow, decider.events, names[i]
@@ -448,17 +407,13 @@ def _load_opened(
                 narrowed += 1
                 if problem is not None:
                     problems.append((entry.key, problem))
-            if problems:
-                position += 1
-                continue
-            placed = jax.device_put(array, decision.destination)
-            placed.block_until_ready()
-            out[entry.key] = placed
+            if not problems:
+                sender.add(entry.key, array, decision, 0)
             del array
             position += 1
         if problems:
             raise NarrowingError(problems, str(header.path))
-        transfers.flush()
+        sender.finish()
     whole = zip(header.tensors, decisions, strict=True)
     bytes_read += sum(t.nbytes for t, d in whole if d.mesh is None)
     return mapped, narrowed, bytes_read

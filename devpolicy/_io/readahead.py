@@ -1,17 +1,21 @@
-"""Runs of small tensors, read while the run before them is placed.
+"""What the loader reads next, read while what it read last is placed: a run of small
+tensors, or a large tensor read whole.
 
 Small tensors that lie back to back in the file are read as one run: one scattered
 `preadv` of a local file, each tensor into its own aligned slot of one buffer (a source
-without a descriptor reads the same slots with `read_many`). The next run is read on a
-second thread while this one is placed.
+without a descriptor reads the same slots with `read_many`). A large tensor that is
+neither mapped, sharded nor packed is read whole (`whole.read_tensor`). The next run or
+large tensor is read on a second thread while this one is sent to its device, so the disk
+(or the network) and the link to the device are busy at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,6 +26,7 @@ from .buffers import MAP_THRESHOLD, host_buffer
 from .format import Header, TensorEntry
 from .mapping import NARROW, may_map
 from .sources import ByteSource, SourceEndedError, os_error
+from .whole import read_tensor
 
 _READ_BATCH = 1024  # tensors per scattered read (Linux's IOV_MAX)
 
@@ -32,6 +37,18 @@ def _read_in_runs(entry: TensorEntry, decision: Decision, mmap: bool | None, x64
     narrowed = not x64 and entry.dtype_name in NARROW  # narrowing reads, never maps
     return (
         entry.nbytes < MAP_THRESHOLD
+        and not entry.packed
+        and decision.mesh is None
+        and (narrowed or not may_map(entry, decision, mmap))
+    )
+
+
+def reads_whole(entry: TensorEntry, decision: Decision, mmap: bool | None, x64: bool) -> bool:
+    """Whether the loader reads a tensor whole, on its own: large, and neither packed
+    (unpacked on its own), sharded (read slice by slice) nor mapped."""
+    narrowed = not x64 and entry.dtype_name in NARROW  # narrowing reads, never maps
+    return (
+        entry.nbytes >= MAP_THRESHOLD
         and not entry.packed
         and decision.mesh is None
         and (narrowed or not may_map(entry, decision, mmap))
@@ -70,13 +87,15 @@ def small_run(
 
 
 class ReadAhead:
-    """Runs of small tensors, each read while the run before it is placed: the next run's
-    read is started on a second thread as a run is handed out.
+    """Runs of small tensors and large tensors read whole, each read while the one before
+    it is placed: the next one's read is started on a second thread as one is handed out.
 
     A read into fresh memory is mostly the kernel faulting in pages (the GIL released);
-    placing is JAX's per-array work in Python. On two cores they overlap: 10,000 tensors
-    of 1-64 KiB loaded in 1.10-1.36 s against 1.62-1.93 s without (interleaved runs). At
-    most one run is read ahead, so host staging stays bounded by two runs.
+    placing is JAX's per-array work in Python and, for an accelerator, the transfer. On
+    two cores they overlap: 10,000 tensors of 1-64 KiB loaded in 1.10-1.36 s against
+    1.62-1.93 s without (interleaved runs). At most one run or tensor is read ahead, so
+    host staging grows by at most one large tensor (or one run, up to `CHUNK_BYTES`).
+    `advance` moves the progress bar as a large tensor is read (from the reading thread).
     """
 
     def __init__(
@@ -87,36 +106,58 @@ class ReadAhead:
         order: list[int],
         mmap: bool | None,
         x64: bool,
+        advance: Callable[[int], None] = lambda _n: None,
     ) -> None:
         self._source, self._header, self._decisions = source, header, decisions
         self._order, self._mmap, self._x64 = order, mmap, x64
+        self._advance = advance
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: tuple[int, Future[_Run]] | None = None
+        self._pending: tuple[int, Future[Any]] | None = None
 
     def run_at(self, position: int) -> _Run:
         """The run of small tensors starting at `order[position]`, read."""
+        found = cast("_Run", self._take(position, self._read))
+        self._ahead(position + len(found[0]))
+        return found
+
+    def tensor_at(self, position: int) -> np.ndarray[Any, Any]:
+        """The large tensor at `order[position]`, read whole (`reads_whole`)."""
+        found = cast("np.ndarray[Any, Any]", self._take(position, self._read_whole))
+        self._ahead(position + 1)
+        return found
+
+    def _take(self, position: int, read: Callable[[int], Any]) -> Any:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == position:
-            found = pending[1].result()  # a read error is raised here, where it belongs
+            return pending[1].result()  # a read error is raised here, where it belongs
+        if pending is not None:
+            _settled(pending[1])
+        return read(position)
+
+    def _ahead(self, following: int) -> None:
+        """Start reading what is at `order[following]`, if the loader reads it here."""
+        if following >= len(self._order):
+            return
+        i = self._order[following]
+        entry, decision = self._header.tensors[i], self._decisions[i]
+        if _read_in_runs(entry, decision, self._mmap, self._x64):
+            read: Callable[[int], Any] = self._read
+        elif reads_whole(entry, decision, self._mmap, self._x64):
+            read = self._read_whole
         else:
-            if pending is not None:
-                _settled(pending[1])
-            found = self._read(position)
-        following = position + len(found[0])
-        if following < len(self._order) and self._starts_run(following):
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, "devpolicy-read-ahead")
-            self._pending = (following, self._pool.submit(self._read, following))
-        return found
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, "devpolicy-read-ahead")
+        self._pending = (following, self._pool.submit(read, following))
 
     def _read(self, position: int) -> _Run:
         header, order = self._header, self._order
         run = small_run(header, self._decisions, order, position, self._mmap, self._x64)
         return run, _read_run(self._source, header, run)
 
-    def _starts_run(self, position: int) -> bool:
-        i = self._order[position]
-        return _read_in_runs(self._header.tensors[i], self._decisions[i], self._mmap, self._x64)
+    def _read_whole(self, position: int) -> np.ndarray[Any, Any]:
+        entry = self._header.tensors[self._order[position]]
+        return read_tensor(self._source, self._header, entry, self._advance)
 
     def __enter__(self) -> ReadAhead:
         return self

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import jax
@@ -21,6 +20,7 @@ import jax
 from .._base.sizes import format_size
 from .capacity import Capacity, DeviceMemory, host_available_bytes, pool_of, pool_text
 from .inventory import inventory
+from .streams import recent_batches
 
 #: The origin shown for live arrays devpolicy did not place.
 UNPLACED = "unplaced"
@@ -510,105 +510,13 @@ def _free(memory: Capacity, device: jax.Device, kind: str | None) -> tuple[int |
     return memory.free_bytes(device), pool_text(pool)
 
 
-# Streams (`windows`): a stream's batches are counted, not recorded one by
-# one. Each stream keeps weak references to its last `STREAM_RECENT` batches (the ones in
-# flight and the few a loop still holds), and `report` finds those under the stream's
-# name; a batch kept longer than that shows as `unplaced`.
-
-#: How many of a stream's latest batches `report` can name.
-STREAM_RECENT = 64
-#: Streams whose counts `streams()` still shows after they ended.
-_ENDED_KEPT = 16
-
-
-@dataclass(slots=True, eq=False)
-class StreamTally:
-    """One stream's batches, counted: what `add` was given, and weak references to the
-    latest (`STREAM_RECENT`) so that `report` names them. Not thread-safe: one stream is
-    read by one consumer."""
-
-    name: str
-    origin: str
-    rule: int | None
-    device: str
-    batches: int = 0
-    nbytes: int = 0
-    open: bool = True
-    recent: deque[weakref.ref[Any]] = field(default_factory=lambda: deque(maxlen=STREAM_RECENT))
-
-    def add(self, arrays: list[Any], nbytes: int) -> None:
-        """Count the batches `arrays` (`nbytes` in all), placed by this stream."""
-        self.recent.extend(map(weakref.ref, arrays))
-        self.batches += len(arrays)
-        self.nbytes += nbytes
-
-    def close(self) -> None:
-        """The stream ended: its counts stay readable (`streams()`) for a while."""
-        self.open = False
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerStream:
-    """One stream's batches (`devpolicy.prefetch`, `devpolicy.windows`).
-
-    Attributes:
-        name: The name its batches were placed as.
-        origin: Where the rule that placed them was written.
-        device: Where they went (`cpu:1`, or a mesh's text).
-        batches: How many batches it has placed so far.
-        nbytes: Their bytes in all.
-        open: Whether the stream is still running (not ended or closed).
-    """
-
-    name: str
-    origin: str
-    device: str
-    batches: int
-    nbytes: int
-    open: bool
-
-
-_tallies: list[StreamTally] = []
-
-
-def open_stream(name: str, origin: str, rule: int | None, device: str) -> StreamTally:
-    """A new stream's tally, listed by `streams()` (and its recent batches by `report`)."""
-    tally = StreamTally(name, origin, rule, device)
-    ended = [t for t in _tallies if not t.open]
-    if len(ended) > _ENDED_KEPT:  # only the latest ended streams are kept
-        dropped = {id(t) for t in ended[: len(ended) - _ENDED_KEPT]}
-        _tallies[:] = [t for t in _tallies if id(t) not in dropped]
-    _tallies.append(tally)
-    return tally
-
-
-def streams() -> tuple[LedgerStream, ...]:
-    """The streams of this process, open ones and the latest that ended, oldest first.
-
-    Example:
-        >>> import devpolicy, numpy as np
-        >>> p = devpolicy.load_policy({"version": 1})
-        >>> batches = list(devpolicy.windows(np.arange(8), 2, 2, name="tally", policy=p))
-        >>> [(s.name, s.batches, s.nbytes, s.open) for s in streams() if s.name == "tally"][-1]
-        ('tally', 2, 32, False)
-    """
-    return tuple(
-        LedgerStream(t.name, t.origin, t.device, t.batches, t.nbytes, t.open)
-        for t in list(_tallies)
-    )
-
-
 def _stream_records(placed: dict[int, _Record]) -> None:
     """Add the streams' recent batches to `placed` (a copy), where not recorded already."""
-    for tally in list(_tallies):
-        for ref in list(tally.recent):
-            array = ref()
-            if array is None:
-                continue
-            found = placed.get(id(array))
-            # A record of a dead array whose id this batch now has is no record of it.
-            if found is None or found[0]() is not array:
-                placed[id(array)] = (ref, tally.name, tally.origin, tally.rule)
+    for array, ref, tally in recent_batches():
+        found = placed.get(id(array))
+        # A record of a dead array whose id this batch now has is no record of it.
+        if found is None or found[0]() is not array:
+            placed[id(array)] = (ref, tally.name, tally.origin, tally.rule)
 
 
 # Implicit transfers (`transfers:` of a policy): counted by site while a policy watches.

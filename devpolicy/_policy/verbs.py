@@ -343,8 +343,9 @@ def load_file(
     Every tensor is named `<prefix>/<key>` (prefix defaults to the file's stem) and resolved
     with its size known, so size rules apply; one file may load to several devices. Nothing
     is first made on the default device. Host-bound tensors are read into 64-byte-aligned
-    buffers that `device_put` adopts without a copy; accelerator-bound ones are staged one
-    tensor at a time, so host memory does not grow with the file. Results are committed.
+    buffers that `device_put` adopts without a copy; accelerator-bound ones are read one
+    ahead of their transfer and sent without waiting, at most 512 MiB of host bytes in
+    flight, so host memory does not grow with the file. Results are committed.
 
     Args:
         path: The file, folder or index: a local path or a URL ([Loading from object

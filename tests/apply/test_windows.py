@@ -670,16 +670,16 @@ class TestStream:
         assert ended["dropped"] >= 1
 
     def test_the_ledger_counts_a_stream_and_names_its_recent_batches(self) -> None:
-        """`ledger.streams()` counts the batches a stream placed; `report` finds the
+        """`streams.streams()` counts the batches a stream placed; `report` finds the
         batches still held under the stream's name."""
-        from devpolicy._machine import ledger
+        from devpolicy._machine import streams
 
         policy = policy_of(rules=[{"match": "counted_batch", "device": "cpu:2"}])
         stream = devpolicy.windows(
             np.arange(100, dtype=np.float32), 5, 3, name="counted_batch", policy=policy
         )
         held = list(stream)
-        (tally,) = [s for s in ledger.streams() if s.name == "counted_batch"]
+        (tally,) = [s for s in streams.streams() if s.name == "counted_batch"]
         assert (tally.batches, tally.device, tally.open) == (7, "cpu:2", False)
         assert tally.nbytes == 6 * 3 * 5 * 4 + 2 * 5 * 4  # the last batch holds two windows
         entries = devpolicy.report().by_device["cpu:2"].entries
