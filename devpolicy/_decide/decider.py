@@ -541,9 +541,15 @@ class Decider(Generic[DeviceT]):
             source = "disabled"
         device = choice.device if choice.device is not None else self.machine.default_device()
         reason = None
+        resolved = None
+        target_used = choice.target
+        if isinstance(target_used, Target) and target_used.is_accelerator:
+            index = target_used.index or 0
+            resolved = f"{target_used.platform}:{index} -> {self.machine.text(device)}"
         if choice.tried:
             passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
-            reason = f"{passed}; used {choice.target.text}"
+            used = choice.target.text if resolved is None else resolved
+            reason = f"{passed}; used {used}"
             host = getattr(device, "platform", None) == "cpu"
             if choice.short_accelerator and host and nbytes is not None:
                 reason += f" (the host: no accelerator in the chain can hold {format_size(nbytes)})"
@@ -589,6 +595,7 @@ class Decider(Generic[DeviceT]):
             mmap=False if entry is None else entry.spec.mmap,
             **sharded,
             move_inputs=entry is not None and entry.spec.inputs == "move",
+            resolved=None if self.disabled else resolved,
         )
 
 
