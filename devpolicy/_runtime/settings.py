@@ -32,6 +32,7 @@ from .knobs import (
     KNOBS,
     MEM_FRACTION_VAR,
     OLD_MEM_FRACTION_VAR,
+    PLATFORMS_VAR,
     RUNTIME_SET_VAR,
     XLA_FLAGS_VAR,
     Knob,
@@ -93,6 +94,7 @@ class RuntimeSettings:
     Attributes:
         knobs: Each knob the policy sets (or the environment overrides), in table order.
         conflicts: Settings in the environment that contradict each other.
+        hidden: Accelerators installed here that the policy's `platforms` leaves out.
 
     Example:
         >>> import devpolicy
@@ -103,6 +105,9 @@ class RuntimeSettings:
 
     knobs: tuple[RuntimeKnob, ...]
     conflicts: tuple[str, ...]
+    #: Accelerators installed here that the policy's `platforms` leaves out, each said
+    #: with the policy's `file:line` (a warning: JAX will not use the machine's chip).
+    hidden: tuple[str, ...] = ()
 
     def assignments(self) -> dict[str, str]:
         """The variables devpolicy sets (the policy's knobs the user has not set)."""
@@ -142,6 +147,8 @@ class RuntimeSettings:
                 fields[f"{key}_state"] = k.state
         if self.conflicts:
             fields["conflicts"] = list(self.conflicts)
+        if self.hidden:
+            fields["hidden"] = list(self.hidden)
         return fields
 
     def applied_fields(self, file: str | None, found: str) -> dict[str, Any]:
@@ -205,27 +212,116 @@ def installed_gpu_platforms() -> tuple[str, ...]:
     return tuple(found)
 
 
+@functools.cache
+def tpu_installed() -> bool:
+    """Whether JAX could start a TPU backend here: libtpu is installed (the `libtpu`
+    module, found without importing it) or `TPU_LIBRARY_PATH` names a file, as JAX's
+    `cloud_tpu_init.get_tpu_library_path` looks for it."""
+    path = os.environ.get("TPU_LIBRARY_PATH")
+    if path and os.path.isfile(path):
+        return True
+    try:
+        return importlib.util.find_spec("libtpu") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def installed_accelerators(
+    gpus: tuple[str, ...] | None = None, tpu: bool | None = None
+) -> tuple[str, ...]:
+    """The accelerator platforms JAX could start here, in its order of preference (`tpu`,
+    then the GPU plugins `cuda`, `rocm`), read without starting (or importing) JAX.
+
+    Example:
+        >>> installed_accelerators(gpus=("cuda",), tpu=True)
+        ('tpu', 'cuda')
+    """
+    has_tpu = tpu_installed() if tpu is None else tpu
+    return (("tpu",) if has_tpu else ()) + (installed_gpu_platforms() if gpus is None else gpus)
+
+
 # The plan: policy values, the environment, and what wins --------------------------------
+
+_NO_GPU = "no GPU plugin installed (jax-cuda*-plugin, jax-rocm*-plugin)"
+_NO_TPU = "no TPU runtime installed (libtpu: pip install 'jax[tpu]')"
 
 
 def _translate_platforms(
-    value: tuple[str, ...], origin: str, gpus: tuple[str, ...]
+    value: tuple[str, ...], origin: str, gpus: tuple[str, ...], tpu: bool
 ) -> tuple[list[str], str]:
+    """JAX_PLATFORMS for a policy's `platforms`: `gpu` as the GPU plugins installed,
+    `accelerator` as the TPU if libtpu is installed, else those plugins; a platform that
+    is not installed is dropped with a note (JAX_PLATFORMS is strict: one platform that
+    cannot start leaves JAX with no backend at all).
+
+    Raises:
+        PolicyError: nothing listed is installed (add cpu as a fallback).
+    """
+    accelerators = ("tpu",) if tpu else gpus
     out: list[str] = []
+    notes: list[str] = []
     for platform in value:
-        for p in gpus if platform == "gpu" else (platform,):
+        if platform == "gpu":
+            found = gpus
+            notes.append(
+                f"gpu -> {','.join(gpus)} (installed GPU plugins)"
+                if gpus
+                else f"gpu dropped: {_NO_GPU}"
+            )
+        elif platform == "accelerator":
+            found = accelerators
+            notes.append(
+                f"accelerator -> {','.join(accelerators)}"
+                if accelerators
+                else f"accelerator dropped: {_NO_TPU}; {_NO_GPU}"
+            )
+        elif platform == "tpu" and not tpu:
+            found = ()
+            notes.append(f"tpu dropped: {_NO_TPU}")
+        else:
+            found = (platform,)
+        for p in found:
             if p not in out:
                 out.append(p)
-    note = ""
-    if "gpu" in value:
-        note = (
-            f"gpu -> {','.join(gpus)} (installed GPU plugins)"
-            if gpus
-            else "gpu dropped: no GPU plugin installed (jax-cuda*-plugin, jax-rocm*-plugin)"
-        )
+    note = "; ".join(notes)
     if not out:
         raise PolicyError([_problem(origin, "runtime.platforms", f"{note}; add cpu as a fallback")])
     return out, note
+
+
+def _hidden(
+    value: tuple[str, ...], started: list[str], origin: str, installed: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The accelerators installed here that `started` (JAX_PLATFORMS from the policy's
+    `platforms`) leaves out: one line for each, naming it and the policy's line."""
+    return tuple(
+        f"{origin}: runtime.platforms [{', '.join(value)}] hides {platform}, installed here: "
+        f"JAX will not use it (write `accelerator` in `platforms`, or leave `platforms` out)"
+        for platform in installed
+        if platform not in started
+    )
+
+
+def jax_platform(platforms: str | None, installed: tuple[str, ...]) -> str:
+    """The platform JAX will make its default: the first of `platforms` (JAX_PLATFORMS
+    text; `cuda`, `rocm` are `gpu`), or with none given the first accelerator installed
+    (JAX's own preference), else `cpu`. A GPU plugin that finds no GPU leaves JAX on the
+    CPU: this cannot be told without starting JAX, so such a machine counts as a GPU one.
+
+    Example:
+        >>> jax_platform("cuda,cpu", ()), jax_platform(None, ("tpu",)), jax_platform(None, ())
+        ('gpu', 'tpu', 'cpu')
+    """
+    first = platforms.split(",")[0].strip() if platforms else (installed[:1] or ("cpu",))[0]
+    return "gpu" if first in ("cuda", "rocm") else first
+
+
+def _not_applying(knob: Knob, platform: str) -> str:
+    """The note of a GPU-only knob where JAX will not start a GPU."""
+    return (
+        f"does not apply: only a GPU backend reads {knob.variables[0]}, and JAX will use "
+        f"{platform} here"
+    )
 
 
 def _problem(origin: str, field: str, message: str) -> Problem:
@@ -238,10 +334,12 @@ def _host_device_count(xla_flags: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _policy_text(name: str, value: Any, origin: str, gpus: tuple[str, ...]) -> tuple[str, str]:
+def _policy_text(
+    name: str, value: Any, origin: str, gpus: tuple[str, ...], tpu: bool
+) -> tuple[str, str]:
     """The variable text for a policy value, and a note on any translation."""
     if name == "platforms":
-        platforms, note = _translate_platforms(tuple(value), origin, gpus)
+        platforms, note = _translate_platforms(tuple(value), origin, gpus, tpu)
         return ",".join(platforms), note
     if isinstance(value, bool):
         return bool_text(value), ""
@@ -259,19 +357,28 @@ def plan_runtime(
     environ: Mapping[str, str],
     *,
     gpu_platforms: tuple[str, ...] | None = None,
+    tpu: bool | None = None,
 ) -> RuntimeSettings:
     """Decide each knob: the policy's value, unless the user set one of its variables.
+
+    `platforms` never leaves JAX without a backend: a platform that is not installed is
+    dropped with a note; one the machine has that the policy leaves out is in `hidden`.
+    A GPU-only knob is noted as not applying where JAX will not start a GPU.
 
     Args:
         wanted: The policy's `runtime:` fields by knob name (`env.NAME` for `env:` entries).
         environ: The environment as it is now.
         gpu_platforms: Installed GPU platforms (default: looked up).
+        tpu: Whether libtpu is installed (default: looked up).
 
     Raises:
         PolicyError: a value the installed JAX cannot take (`platforms: [gpu]` with no
             GPU plugin installed), with file:line.
     """
     gpus = installed_gpu_platforms() if gpu_platforms is None else gpu_platforms
+    has_tpu = tpu_installed() if tpu is None else tpu
+    installed = installed_accelerators(gpus, has_tpu)
+
     ours = set(filter(None, environ.get(RUNTIME_SET_VAR, "").split(",")))
 
     def given(variable: str) -> str | None:
@@ -293,11 +400,18 @@ def plan_runtime(
             f"both {CPU_DEVICES_VAR} and {XLA_FLAGS_VAR} {HOST_DEVICE_COUNT_FLAG} are set; "
             f"{CPU_DEVICES_VAR} wins: drop one"
         )
+    using: str | None = None  # the platform JAX will use, once `platforms` is planned
     for knob in KNOBS:
         if knob.name not in wanted:
             continue
         setting = wanted[knob.name]
-        text, note = _policy_text(knob.name, setting.value, setting.origin, gpus)
+        text, note = _policy_text(knob.name, setting.value, setting.origin, gpus, has_tpu)
+        if knob.gpu:
+            if using is None:
+                platforms = next((k.text for k in knobs if k.knob == "platforms"), None)
+                using = jax_platform(platforms or environ.get(PLATFORMS_VAR), installed)
+            if using != "gpu":
+                note = _not_applying(knob, using)
         variable = knob.variables[0]
         if knob.name == "memory_fraction":
             variable = memory_fraction_variable()
@@ -344,7 +458,13 @@ def plan_runtime(
             )
         else:
             knobs.append(RuntimeKnob(key, text, text, "policy", setting.origin, name, config))
-    return RuntimeSettings(tuple(knobs), tuple(conflicts))
+    hidden: tuple[str, ...] = ()
+    chosen = next((k for k in knobs if k.knob == "platforms" and k.source == "policy"), None)
+    listed: tuple[str, ...] = tuple(wanted["platforms"].value) if chosen is not None else ()
+    # `accelerator` took the one JAX prefers: nothing is hidden that the policy asked for.
+    if chosen is not None and "accelerator" not in listed:
+        hidden = _hidden(listed, chosen.text.split(","), chosen.origin, installed)
+    return RuntimeSettings(tuple(knobs), tuple(conflicts), hidden)
 
 
 def _user_value(
@@ -527,7 +647,7 @@ def with_state(plan: RuntimeSettings, environ: Mapping[str, str]) -> RuntimeSett
     if not _jax_started():
         return plan
     knobs = tuple(replace(k, state=_running_state(k, environ)[0]) for k in plan.knobs)
-    return RuntimeSettings(knobs, plan.conflicts)
+    return replace(plan, knobs=knobs)
 
 
 def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> RuntimeSettings:
