@@ -588,7 +588,11 @@ class Decider(Generic[DeviceT]):
             origin=self.settings.default.origin if entry is None else entry.origin,
             source=source,
             fallback_reason=reason,
-            fallback_declared=reason is not None and choice.declared,
+            # A declared way taken because an accelerator could not hold the bytes is still
+            # news (the data outgrew the chip): only a way taken for any other reason is.
+            fallback_declared=reason is not None
+            and choice.declared
+            and not choice.short_accelerator,
             nbytes=nbytes,
             commit=True if entry is None else entry.spec.commit,
             is_auto=choice.device is None or self.disabled,

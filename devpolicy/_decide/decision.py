@@ -45,7 +45,8 @@ class Decision(Generic[DeviceT]):
         fallback_reason: None, or why `requested` could not be had and what was used instead.
         fallback_declared: Whether that fallback went the way the deciding rule wrote (its
             own `fallback:` chain, `sharding.indivisible: replicate`): logged at info, where
-            one the policy's chain took is a warning.
+            one the policy's chain took is a warning, and so is one taken because an
+            accelerator could not hold the bytes.
         nbytes: The size the decision was made for, when known.
         commit: Whether `@place` commits results to `device`.
         is_auto: Whether the decision defers to JAX's own default device (`auto`, and

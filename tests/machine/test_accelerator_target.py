@@ -145,3 +145,16 @@ class TestEverywhereATargetGoes:
         """`get_device("accelerator")` without one raises DeviceUnavailableError."""
         with pytest.raises(devpolicy.DeviceUnavailableError, match="no accelerator"):
             devpolicy.get_device("accelerator")
+
+
+class TestDeclaredOrNews:
+    def test_bytes_the_chip_cannot_hold_are_news_even_down_a_declared_chain(self) -> None:
+        """`fallback: [cpu]` written by the rule: taken because the TPU is too small, it is
+        not `fallback_declared` (a warning), unlike the same way taken for a missing chip."""
+        policy = policy_of(rules=ON_ACCELERATOR)
+        small_tpu = VirtualMachine(["tpu=1x1GiB"])
+        decision = decide_on(policy, "model/w", small_tpu, nbytes=2 * 2**30)
+        assert decision.device_text == "cpu:0"
+        assert "needs 2.0 GiB, 1.0 GiB free on tpu:0" in str(decision.fallback_reason)
+        assert not decision.fallback_declared
+        assert decide_on(policy, "model/w", VirtualMachine([]), nbytes=2**20).fallback_declared
