@@ -517,38 +517,6 @@ class TestInstalledJax:
                 assert knob.config in jax.config._value_holders
 
 
-GPU = "gpu" in devpolicy.available_backends()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason="needs a GPU")
-class TestOnGpu:
-    STATS = """
-        import json, devpolicy, jax
-        devpolicy.bootstrap('p.yaml')
-        jax.numpy.zeros(1).block_until_ready()
-        print(json.dumps(jax.devices('gpu')[0].memory_stats()))
-    """
-
-    def test_memory_fraction_sets_the_pool_limit(self, tmp_path: Path) -> None:
-        """0.3 gives a bytes_limit about half that of 0.6 (both fractions of the same memory)."""
-        limits = []
-        for fraction in (0.3, 0.6):
-            policy_file(tmp_path, f"platforms: [gpu, cpu]\nmemory_fraction: {fraction}")
-            result = python(self.STATS, tmp_path)
-            assert result.returncode == 0, result.stderr
-            limits.append(last_json(result.stdout)["bytes_limit"])
-        assert 0.45 < limits[0] / limits[1] < 0.55
-
-    def test_no_preallocation_leaves_the_pool_nearly_empty(self, tmp_path: Path) -> None:
-        """preallocate false: bytes_in_use stays near zero after start."""
-        policy_file(tmp_path, "platforms: [gpu, cpu]\npreallocate: false")
-        result = python(self.STATS, tmp_path)
-        assert result.returncode == 0, result.stderr
-        stats = last_json(result.stdout)
-        assert stats["bytes_in_use"] < 64 * 2**20
-
-
 def planned(runtime: dict[str, Any], gpus: tuple[str, ...], tpu: bool) -> _settings.RuntimeSettings:
     """The runtime plan of a policy with `runtime` on a machine where `gpus` and (if
     `tpu`) libtpu are installed, with nothing set in the environment."""
