@@ -14,7 +14,7 @@ KNOWN_PLATFORMS = ("cpu", "gpu", "tpu")
 PLATFORM_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 #: The accelerator-neutral target: the first of `ACCELERATOR_PLATFORMS` this machine has.
 ACCELERATOR = "accelerator"
-#: What `accelerator` may resolve to, in JAX's order of preference (a TPU, then a GPU).
+#: What `accelerator` may resolve to, in order: a TPU, then a GPU (a machine has one or the other).
 ACCELERATOR_PLATFORMS = ("tpu", "gpu")
 AUTO = "auto"
 #: Only as a default: names no rule matches raise instead of being placed.

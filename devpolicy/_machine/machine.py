@@ -203,8 +203,8 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def accelerator_of(platforms: Iterable[str]) -> str | None:
-    """The platform `accelerator` resolves to on a machine with `platforms`: the first of
-    JAX's order of preference (a TPU, then a GPU), or None where it has neither.
+    """The platform `accelerator` resolves to on a machine with `platforms`: its TPU if it
+    has one, else its GPU, or None where it has neither.
 
     Example:
         >>> accelerator_of(["cpu", "gpu", "tpu"]), accelerator_of(["cpu"])

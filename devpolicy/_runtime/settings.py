@@ -8,19 +8,16 @@ JAX is consulted (lazily) only to read or set a backend that is already running.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
 import importlib.util
-import os
-import pkgutil
 import re
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .._base.errors import PolicyError, Problem, RuntimeTooLateError
+from .._base.errors import PolicyError, RuntimeTooLateError
 from .knobs import (
     CPU_DEVICES_VAR,
     FIX,
@@ -39,6 +36,14 @@ from .knobs import (
     bool_text,
     env_needs_allow,
     holdable_problem,
+)
+from .platforms import (
+    hidden_by,
+    installed_accelerators,
+    installed_gpu_platforms,
+    jax_platform,
+    tpu_installed,
+    translate_platforms,
 )
 
 
@@ -186,134 +191,7 @@ def memory_fraction_variable() -> str:
     return MEM_FRACTION_VAR if MEM_FRACTION_VAR in source else OLD_MEM_FRACTION_VAR
 
 
-@functools.cache
-def installed_gpu_platforms() -> tuple[str, ...]:
-    """GPU platforms whose JAX plugin is installed: `cuda`, `rocm` (ROCm only with /dev/kfd).
-
-    JAX finds plugins as modules of the `jax_plugins` namespace or `jax_plugins` entry
-    points (`xla_cuda12`, `xla_cuda13`, `xla_rocm7`...); so does this, without importing them.
-    """
-    names: set[str] = set()
-    # A broken distribution's metadata must not stop start-up.
-    with contextlib.suppress(Exception):
-        names |= {e.name for e in importlib.metadata.entry_points(group="jax_plugins")}
-    try:
-        spec = importlib.util.find_spec("jax_plugins")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        names |= {m.name for m in pkgutil.iter_modules(list(spec.submodule_search_locations))}
-    found = []
-    if any("cuda" in n for n in names):
-        found.append("cuda")
-    # JAX_PLATFORMS=rocm fails start-up on a machine without an AMD GPU (cuda is skipped).
-    if any("rocm" in n for n in names) and os.path.exists("/dev/kfd"):
-        found.append("rocm")
-    return tuple(found)
-
-
-@functools.cache
-def tpu_installed() -> bool:
-    """Whether JAX could start a TPU backend here: libtpu is installed (the `libtpu`
-    module, found without importing it) or `TPU_LIBRARY_PATH` names a file, as JAX's
-    `cloud_tpu_init.get_tpu_library_path` looks for it."""
-    path = os.environ.get("TPU_LIBRARY_PATH")
-    if path and os.path.isfile(path):
-        return True
-    try:
-        return importlib.util.find_spec("libtpu") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def installed_accelerators(
-    gpus: tuple[str, ...] | None = None, tpu: bool | None = None
-) -> tuple[str, ...]:
-    """The accelerator platforms JAX could start here, in its order of preference (`tpu`,
-    then the GPU plugins `cuda`, `rocm`), read without starting (or importing) JAX.
-
-    Example:
-        >>> installed_accelerators(gpus=("cuda",), tpu=True)
-        ('tpu', 'cuda')
-    """
-    has_tpu = tpu_installed() if tpu is None else tpu
-    return (("tpu",) if has_tpu else ()) + (installed_gpu_platforms() if gpus is None else gpus)
-
-
 # The plan: policy values, the environment, and what wins --------------------------------
-
-_NO_GPU = "no GPU plugin installed (jax-cuda*-plugin, jax-rocm*-plugin)"
-_NO_TPU = "no TPU runtime installed (libtpu: pip install 'jax[tpu]')"
-
-
-def _translate_platforms(
-    value: tuple[str, ...], origin: str, gpus: tuple[str, ...], tpu: bool
-) -> tuple[list[str], str]:
-    """JAX_PLATFORMS for a policy's `platforms`: `gpu` as the GPU plugins installed,
-    `accelerator` as the TPU if libtpu is installed, else those plugins; a platform that
-    is not installed is dropped with a note (JAX_PLATFORMS is strict: one platform that
-    cannot start leaves JAX with no backend at all).
-
-    Raises:
-        PolicyError: nothing listed is installed (add cpu as a fallback).
-    """
-    accelerators = ("tpu",) if tpu else gpus
-    out: list[str] = []
-    notes: list[str] = []
-    for platform in value:
-        if platform == "gpu":
-            found = gpus
-            notes.append(
-                f"gpu -> {','.join(gpus)} (installed GPU plugins)"
-                if gpus
-                else f"gpu dropped: {_NO_GPU}"
-            )
-        elif platform == "accelerator":
-            found = accelerators
-            notes.append(
-                f"accelerator -> {','.join(accelerators)}"
-                if accelerators
-                else f"accelerator dropped: {_NO_TPU}; {_NO_GPU}"
-            )
-        elif platform == "tpu" and not tpu:
-            found = ()
-            notes.append(f"tpu dropped: {_NO_TPU}")
-        else:
-            found = (platform,)
-        for p in found:
-            if p not in out:
-                out.append(p)
-    note = "; ".join(notes)
-    if not out:
-        raise PolicyError([_problem(origin, "runtime.platforms", f"{note}; add cpu as a fallback")])
-    return out, note
-
-
-def _hidden(
-    value: tuple[str, ...], started: list[str], origin: str, installed: tuple[str, ...]
-) -> tuple[str, ...]:
-    """The accelerators installed here that `started` (JAX_PLATFORMS from the policy's
-    `platforms`) leaves out: one line for each, naming it and the policy's line."""
-    return tuple(
-        f"{origin}: runtime.platforms [{', '.join(value)}] hides {platform}, installed here: "
-        f"JAX will not use it (write `accelerator` in `platforms`, or leave `platforms` out)"
-        for platform in installed
-        if platform not in started
-    )
-
-
-def jax_platform(platforms: str | None, installed: tuple[str, ...]) -> str:
-    """The platform JAX will make its default: the first of `platforms` (JAX_PLATFORMS
-    text; `cuda`, `rocm` are `gpu`), or with none given the first accelerator installed
-    (JAX's own preference), else `cpu`. A GPU plugin that finds no GPU leaves JAX on the
-    CPU: this cannot be told without starting JAX, so such a machine counts as a GPU one.
-
-    Example:
-        >>> jax_platform("cuda,cpu", ()), jax_platform(None, ("tpu",)), jax_platform(None, ())
-        ('gpu', 'tpu', 'cpu')
-    """
-    first = platforms.split(",")[0].strip() if platforms else (installed[:1] or ("cpu",))[0]
-    return "gpu" if first in ("cuda", "rocm") else first
 
 
 def _not_applying(knob: Knob, platform: str) -> str:
@@ -322,11 +200,6 @@ def _not_applying(knob: Knob, platform: str) -> str:
         f"does not apply: only a GPU backend reads {knob.variables[0]}, and JAX will use "
         f"{platform} here"
     )
-
-
-def _problem(origin: str, field: str, message: str) -> Problem:
-    file, _, line = origin.rpartition(":")
-    return Problem(file or origin, int(line) if line.isdigit() else None, field, message)
 
 
 def _host_device_count(xla_flags: str) -> str | None:
@@ -339,7 +212,7 @@ def _policy_text(
 ) -> tuple[str, str]:
     """The variable text for a policy value, and a note on any translation."""
     if name == "platforms":
-        platforms, note = _translate_platforms(tuple(value), origin, gpus, tpu)
+        platforms, note = translate_platforms(tuple(value), origin, gpus, tpu)
         return ",".join(platforms), note
     if isinstance(value, bool):
         return bool_text(value), ""
@@ -463,7 +336,7 @@ def plan_runtime(
     listed: tuple[str, ...] = tuple(wanted["platforms"].value) if chosen is not None else ()
     # `accelerator` took the one JAX prefers: nothing is hidden that the policy asked for.
     if chosen is not None and "accelerator" not in listed:
-        hidden = _hidden(listed, chosen.text.split(","), chosen.origin, installed)
+        hidden = hidden_by(listed, chosen.text.split(","), chosen.origin, installed)
     return RuntimeSettings(tuple(knobs), tuple(conflicts), hidden)
 
 

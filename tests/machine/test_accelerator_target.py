@@ -38,7 +38,7 @@ class TestResolution:
     def test_a_described_machine_resolves_it_to_its_tpu_then_its_gpu(
         self, devices: list[str], device: str
     ) -> None:
-        """TPU first, then GPU (JAX's order of preference); with neither, the rule's
+        """TPU first, then GPU; with neither, the rule's
         fallback to the CPU is taken."""
         policy = policy_of(rules=ON_ACCELERATOR)
         decision = decide_on(policy, "model/w", VirtualMachine(devices))

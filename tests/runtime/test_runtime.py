@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import devpolicy
 from devpolicy._cli.main import main
 from devpolicy._runtime import knobs as _runtime
+from devpolicy._runtime import platforms as _platforms
 from devpolicy._runtime import settings as _settings
 from tests.conftest import REPO
 from tests.helpers import write
@@ -134,7 +135,7 @@ class TestBootstrap:
             "import devpolicy; devpolicy.bootstrap('p.yaml')\n" + textwrap.dedent(REPORT), tmp_path
         )
         assert result.returncode == 0, result.stderr
-        wanted = ",".join([*_settings.installed_gpu_platforms(), "cpu"])
+        wanted = ",".join([*_platforms.installed_gpu_platforms(), "cpu"])
         assert last_json(result.stdout)["env"]["JAX_PLATFORMS"] == wanted
 
     def test_env_section_reaches_jax_config_options_read_at_import(self, tmp_path: Path) -> None:
@@ -229,7 +230,7 @@ class TestTooLate:
         states = last_json(result.stdout)
         assert states["cpu_devices"] == "in effect"
         assert states["preallocate"].startswith("inert")
-        if not _settings.installed_gpu_platforms():
+        if not _platforms.installed_gpu_platforms():
             assert states["platforms"] == "in effect"
 
     def test_a_platform_list_the_running_process_excluded_is_too_late(self, tmp_path: Path) -> None:
@@ -619,7 +620,7 @@ class TestPlatformsInstalled:
         finding out imports no JAX."""
         code = """
             import sys
-            from devpolicy._runtime.settings import tpu_installed
+            from devpolicy._runtime.platforms import tpu_installed
             print(tpu_installed(), "jax" in sys.modules)
         """
         library = write(tmp_path / "runtime" / "the-tpu-library.so", "")
@@ -635,12 +636,12 @@ class TestPlatformsInstalled:
         """`platforms: [cpu]` where libtpu is installed: lint's `runtime-hides-accelerator`."""
         library = write(tmp_path / "runtime" / "the-tpu-library.so", "")
         monkeypatch.setenv("TPU_LIBRARY_PATH", str(library))
-        _settings.tpu_installed.cache_clear()
+        _platforms.tpu_installed.cache_clear()
         try:
             path = write(tmp_path / "p.yaml", "version: 1\nruntime:\n  platforms: [cpu]\n")
             found = devpolicy.lint(devpolicy.load_policy(path, environ={}))
         finally:
-            _settings.tpu_installed.cache_clear()
+            _platforms.tpu_installed.cache_clear()
         (finding,) = [f for f in found if f.code == "runtime-hides-accelerator"]
         assert finding.origin.endswith("p.yaml:3")
         assert finding.message.startswith("runtime.platforms [cpu] hides tpu, installed here")
