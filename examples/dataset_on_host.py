@@ -2,14 +2,15 @@
 
 Writes a synthetic stream of uint16 tokens (and a small model checkpoint) as safetensors,
 loads both with `devpolicy.load_file` under `policies/dataset-on-host.yaml`, applied by
-`devpolicy.bootstrap` before JAX starts (no GPU preallocation, CPU fallback; the tokens
-stay on the host, mapped from their file, and the parameters go to the compute device),
+`devpolicy.bootstrap` before JAX starts (JAX starts the accelerator installed here and the
+CPU; the tokens stay on the host, mapped from their file, and the parameters go to
+`accelerator`: the TPU on a TPU VM, the GPU on a GPU box),
 then runs a few training-style steps on batches of random windows that
 `devpolicy.windows` cuts from the host tokens (a zero-copy view: any offset works, past
 2**31 included) and sends to the compute device ahead of use. Every decision is logged
 on stderr; `devpolicy.report()` prints where the live bytes are at the end, by device and
-by rule. On a machine without a GPU the policy falls back to the CPU and each event says
-why.
+by rule. On a machine without a TPU or GPU the policy's rules go to the CPU, as they
+declare, and each event says why (at info: no warning).
 
     python examples/dataset_on_host.py --size 64MiB
 """
@@ -72,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(f"--size: {e}")
 
-    # First, before any JAX computation: the policy's `runtime:` (no preallocation, CPU
-    # fallback) takes effect, and the policy becomes the active one.
+    # First, before any JAX computation: the policy's `runtime:` (the accelerator installed,
+    # then the CPU) takes effect, and the policy becomes the active one.
     activation = devpolicy.bootstrap(args.policy)
     backends = ", ".join(devpolicy.available_backends())
     print(f"policy {activation.policy.found}; backends: {backends}", file=sys.stderr)

@@ -63,6 +63,7 @@ def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> 
                     "default": device == default,
                 }
             )
+    accelerator = _accelerator_line(inv)
     if args.json:
         backends: dict[str, dict[str, Any]] = {
             p: {"available": True, "reason": None} for p in inv.devices
@@ -71,10 +72,12 @@ def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> 
         payload = {
             "process_index": inv.process_index,
             "default_platform": inv.default_platform,
+            "accelerator": f"accelerator:0 -> {inv.accelerator}:0" if inv.accelerator else None,
             "backends": backends,
             "devices": rows,
             "runtime": [_knob_row(k) for k in runtime.knobs] if runtime else [],
             "runtime_conflicts": list(runtime.conflicts) if runtime else [],
+            "runtime_hidden": list(runtime.hidden) if runtime else [],
         }
         print(json.dumps(payload, indent=2))
         return EXIT_OK
@@ -102,9 +105,18 @@ def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> 
             row["free_from"],
         )
     console.print(table)
+    console.print(lit(accelerator))
     if runtime is not None:
         _print_runtime(console, runtime)
     return EXIT_OK
+
+
+def _accelerator_line(inv: devpolicy.Inventory) -> str:
+    """What the target `accelerator` resolves to in this process, or why it names nothing."""
+    if inv.accelerator is None:
+        why = "; ".join(f"{p}: {inv.missing[p]}" for p in ("tpu", "gpu") if p in inv.missing)
+        return f"accelerator: none in this process (a TPU, else a GPU; {why})"
+    return f"accelerator: accelerator:0 -> {inv.accelerator}:0 (a TPU, else a GPU)"
 
 
 def _knob_row(knob: devpolicy.RuntimeKnob) -> dict[str, Any]:
@@ -136,3 +148,5 @@ def _print_runtime(console: Console, runtime: devpolicy.RuntimeSettings) -> None
         console.print(table)
     for conflict in runtime.conflicts:
         console.print(lit(f"runtime conflict: {conflict}", "yellow"))
+    for hidden in runtime.hidden:
+        console.print(lit(f"runtime warning: {hidden}", "yellow"))

@@ -94,6 +94,8 @@ def command(args: argparse.Namespace) -> int:
         console.print(Text("\n").join(lit(line, "red") for line in str(e.error).split("\n")))
         return EXIT_FINDINGS
     d = e.decision
+    if d.resolved is not None:
+        console.print(lit(f"resolved: {d.resolved}"))
     line = Text("decision: ")
     line.append_text(lit(d.device_text, "bold"))
     line.append_text(lit(f" (requested {d.requested}; source {d.source}; origin {d.origin}"))

@@ -52,10 +52,12 @@ def command(args: argparse.Namespace) -> int:
         for k in runtime.knobs:
             if k.source == "env":
                 print(f"# {one_line(f'{k.knob}: {k.note}')}", file=sys.stderr)
+        for hidden in runtime.hidden:
+            print(f"# warning: {one_line(hidden)}", file=sys.stderr)
         return EXIT_OK
-    level = "warning" if runtime.conflicts else "info"
+    level = "warning" if runtime.conflicts or runtime.hidden else "info"
     events.emit(level, "runtime", runtime.applied_fields(settings.file, loaded.how))
-    for conflict in runtime.conflicts:
+    for conflict in (*runtime.conflicts, *runtime.hidden):
         print(f"devpolicy run: warning: {one_line(conflict)}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()

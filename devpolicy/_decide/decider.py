@@ -541,9 +541,15 @@ class Decider(Generic[DeviceT]):
             source = "disabled"
         device = choice.device if choice.device is not None else self.machine.default_device()
         reason = None
+        resolved = None
+        target_used = choice.target
+        if isinstance(target_used, Target) and target_used.is_accelerator:
+            index = target_used.index or 0
+            resolved = f"{target_used.platform}:{index} -> {self.machine.text(device)}"
         if choice.tried:
             passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
-            reason = f"{passed}; used {choice.target.text}"
+            used = choice.target.text if resolved is None else resolved
+            reason = f"{passed}; used {used}"
             host = getattr(device, "platform", None) == "cpu"
             if choice.short_accelerator and host and nbytes is not None:
                 reason += f" (the host: no accelerator in the chain can hold {format_size(nbytes)})"
@@ -582,13 +588,18 @@ class Decider(Generic[DeviceT]):
             origin=self.settings.default.origin if entry is None else entry.origin,
             source=source,
             fallback_reason=reason,
-            fallback_declared=reason is not None and choice.declared,
+            # A declared way taken because an accelerator could not hold the bytes is still
+            # news (the data outgrew the chip): only a way taken for any other reason is.
+            fallback_declared=reason is not None
+            and choice.declared
+            and not choice.short_accelerator,
             nbytes=nbytes,
             commit=True if entry is None else entry.spec.commit,
             is_auto=choice.device is None or self.disabled,
             mmap=False if entry is None else entry.spec.mmap,
             **sharded,
             move_inputs=entry is not None and entry.spec.inputs == "move",
+            resolved=None if self.disabled else resolved,
         )
 
 

@@ -45,7 +45,8 @@ class Decision(Generic[DeviceT]):
         fallback_reason: None, or why `requested` could not be had and what was used instead.
         fallback_declared: Whether that fallback went the way the deciding rule wrote (its
             own `fallback:` chain, `sharding.indivisible: replicate`): logged at info, where
-            one the policy's chain took is a warning.
+            one the policy's chain took is a warning, and so is one taken because an
+            accelerator could not hold the bytes.
         nbytes: The size the decision was made for, when known.
         commit: Whether `@place` commits results to `device`.
         is_auto: Whether the decision defers to JAX's own default device (`auto`, and
@@ -67,6 +68,8 @@ class Decision(Generic[DeviceT]):
         attached: Whether the deciding rule shards by each leaf's own names (`axes:
             attached`); then `axes` are the names the leaf carried (None: mesh axes, as
             flax's `Partitioned` attaches, or no names at all, see `fallback_reason`).
+        resolved: What the accelerator-neutral target used resolved to on this machine
+            (`accelerator:0 -> tpu:0`), else None.
 
     Example:
         >>> import devpolicy
@@ -100,6 +103,7 @@ class Decision(Generic[DeviceT]):
     axes: tuple[str | None, ...] | None = None
     attached: bool = False
     fallback_declared: bool = False
+    resolved: str | None = None
     #: What `jax.device_put` is given: the bare device where that says it all (the cheaper
     #: call, about 17 us against 25 us), else the sharding. Worked out once, in
     #: `__post_init__`, not as a property: a repeat `@place` call that commits its result
@@ -179,6 +183,8 @@ class Decision(Generic[DeviceT]):
                 sharded["axes"] = logical_text(self.axes)
             if self.attached:
                 sharded["attached"] = True
+        if self.resolved is not None:
+            sharded["resolved"] = self.resolved
         return {
             "name": self.name,
             "device": self.device_text,
@@ -237,6 +243,8 @@ class Explanation(Generic[DeviceT]):
             lines.append("  no rule matched: the default applies")
         for target, why in self.fallback:
             lines.append(f"  passed over {target}: {why}")
+        if self.decision is not None and self.decision.resolved is not None:
+            lines.append(f"  resolved: {self.decision.resolved}")
         if self.decision is not None:
             lines.append(f"  decision: {self.decision}")
         else:

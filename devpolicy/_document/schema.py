@@ -63,6 +63,7 @@ from .._runtime.knobs import (
 from .axes import ATTACHED, resolve_axes
 from .remote import BY_FIELD as REMOTE_OPTIONS_BY_FIELD
 from .targets import (
+    ACCELERATOR,
     AXIS_NAME_PATTERN,
     CHAIN_FORMS,
     INDIVISIBLE,
@@ -314,12 +315,12 @@ AXIS_RULES_DESCRIPTION = (
 
 def _mesh_devices(value: Any) -> Any:
     if isinstance(value, str):
-        if value == "auto" or value in PLATFORM_ALIASES:
+        if value in ("auto", ACCELERATOR) or value in PLATFORM_ALIASES:
             return value
-        hint = did_you_mean(value, ["auto", *PLATFORM_ALIASES])
+        hint = did_you_mean(value, ["auto", ACCELERATOR, *PLATFORM_ALIASES])
         raise _fail(
-            f"unknown backend {value!r}{hint}; accepted: auto, {', '.join(PLATFORM_ALIASES)}, "
-            "or a list of targets"
+            f"unknown backend {value!r}{hint}; accepted: auto, {ACCELERATOR}, "
+            f"{', '.join(PLATFORM_ALIASES)}, or a list of targets"
         )
     return value
 

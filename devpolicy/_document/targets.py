@@ -12,12 +12,19 @@ from .axes import Attached, AxisRule, resolve_attached
 KNOWN_PLATFORMS = ("cpu", "gpu", "tpu")
 #: Spellings accepted for a platform, mapped to JAX's platform name.
 PLATFORM_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+#: The accelerator-neutral target: the first of `ACCELERATOR_PLATFORMS` this machine has.
+ACCELERATOR = "accelerator"
+#: What `accelerator` may resolve to, in order: a TPU, then a GPU (a machine has one or the other).
+ACCELERATOR_PLATFORMS = ("tpu", "gpu")
 AUTO = "auto"
 #: Only as a default: names no rule matches raise instead of being placed.
 REJECT = "reject"
 MAX_INDEX = 65535
-TARGET_FORMS = "auto, or cpu, gpu, tpu, cuda, rocm optionally followed by :N (e.g. gpu:1)"
-TARGET_PATTERN = r"^(auto|(cpu|gpu|tpu|cuda|rocm)(:(0|[1-9][0-9]{0,4}))?)$"
+TARGET_FORMS = (
+    "auto, or cpu, gpu, tpu, cuda, rocm, accelerator (the machine's TPU, else its GPU) "
+    "optionally followed by :N (e.g. gpu:1, accelerator:1)"
+)
+TARGET_PATTERN = r"^(auto|(accelerator|cpu|gpu|tpu|cuda|rocm)(:(0|[1-9][0-9]{0,4}))?)$"
 #: A mesh axis name: what `jax.sharding.PartitionSpec` entries name.
 AXIS_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _TARGET = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]*))?")
@@ -29,7 +36,8 @@ class Target:
 
     Attributes:
         text: The text as written (`cuda:1`).
-        platform: JAX's platform name (`gpu`), or `auto`.
+        platform: JAX's platform name (`gpu`), `accelerator` (the machine resolves it to
+            the first of `ACCELERATOR_PLATFORMS` it has), or `auto`.
         index: Index into the platform's process-local devices; None means the first.
     """
 
@@ -41,6 +49,22 @@ class Target:
     def is_auto(self) -> bool:
         """Whether this target defers to JAX's own default device."""
         return self.platform == AUTO
+
+    @property
+    def is_accelerator(self) -> bool:
+        """Whether this target names the accelerator the machine has, whichever it is."""
+        return self.platform == ACCELERATOR
+
+    def on(self, platform: str) -> Target:
+        """This target on `platform` (what `accelerator:1` resolves to on a machine whose
+        accelerator is `platform`).
+
+        Example:
+            >>> parse_target("accelerator:1").on("tpu")
+            Target(text='tpu:1', platform='tpu', index=1)
+        """
+        text = platform if self.index is None else f"{platform}:{self.index}"
+        return Target(text, platform, self.index)
 
     def __str__(self) -> str:
         return self.text
@@ -55,6 +79,8 @@ def parse_target(text: object) -> Target:
     Example:
         >>> parse_target("cuda:1")
         Target(text='cuda:1', platform='gpu', index=1)
+        >>> parse_target("accelerator").platform
+        'accelerator'
     """
     if not isinstance(text, str):
         raise ValueError(
@@ -66,14 +92,14 @@ def parse_target(text: object) -> Target:
     m = _TARGET.fullmatch(text)
     if m is None:
         head = text.split(":", 1)[0].strip()
-        hint = did_you_mean(head, [AUTO, *PLATFORM_ALIASES])
+        hint = did_you_mean(head, [AUTO, ACCELERATOR, *PLATFORM_ALIASES])
         raise ValueError(f"not a target: {text!r}{hint}; accepted: {TARGET_FORMS}")
     name, index = m.groups()
     if name == AUTO:
         raise ValueError(f"{text!r}: `auto` takes no device index; accepted: {TARGET_FORMS}")
-    platform = PLATFORM_ALIASES.get(name)
+    platform = ACCELERATOR if name == ACCELERATOR else PLATFORM_ALIASES.get(name)
     if platform is None:
-        hint = did_you_mean(name, [AUTO, *PLATFORM_ALIASES])
+        hint = did_you_mean(name, [AUTO, ACCELERATOR, *PLATFORM_ALIASES])
         raise ValueError(
             f"unknown platform {name!r} in target {text!r}{hint}; accepted: {TARGET_FORMS}"
         )

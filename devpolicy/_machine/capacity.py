@@ -150,6 +150,8 @@ class StaticCapacity:
         self._free: dict[str, int] = {}
         for target, size in free.items():
             parsed = parse_target(target)
+            if parsed.is_accelerator:  # this process's accelerator, if it has one
+                parsed = parsed.on(inventory().accelerator or parsed.platform)
             text = f"{parsed.platform}:{parsed.index or 0}"
             self._free[text] = parse_size(size)
 

@@ -14,8 +14,14 @@ import jax.extend
 from jax.sharding import AxisType, Mesh
 
 from .._base.errors import DeviceUnavailableError, did_you_mean
-from .._document.targets import KNOWN_PLATFORMS, PLATFORM_ALIASES, Target, parse_target
-from .machine import out_of_range
+from .._document.targets import (
+    ACCELERATOR,
+    KNOWN_PLATFORMS,
+    PLATFORM_ALIASES,
+    Target,
+    parse_target,
+)
+from .machine import accelerator_of, no_accelerator, out_of_range, resolved_platforms
 
 GPU_HINT = "pip install 'devpolicy[cuda13]'"
 TPU_HINT = "pip install 'jax[tpu]'"
@@ -66,11 +72,24 @@ class Inventory:
         return [self.text(d) for devices in self.devices.values() for d in devices]
 
     def missing_for(self, platforms: set[str]) -> dict[str, str]:
-        """Why each of `platforms` is absent, for those that are (errors name only these)."""
-        return {p: why for p, why in self.missing.items() if p in platforms}
+        """Why each of `platforms` is absent, for those that are (errors name only these;
+        `accelerator` stands for TPU and GPU)."""
+        asked = resolved_platforms(platforms)
+        return {p: why for p, why in self.missing.items() if p in asked}
+
+    @property
+    def accelerator(self) -> str | None:
+        """The platform `accelerator` resolves to in this process (`tpu`, `gpu`), or None."""
+        return accelerator_of(self.devices)
 
     def find(self, target: Target) -> jax.Device | str:
-        """The device a (non-auto) target names, or why it cannot be had."""
+        """The device a (non-auto) target names, or why it cannot be had; `accelerator`
+        is the first TPU or GPU backend this process has."""
+        if target.is_accelerator:
+            platform = self.accelerator
+            if platform is None:
+                return no_accelerator("in this process")
+            target = target.on(platform)
         devices = self.devices.get(target.platform)
         if devices is None:
             return f"no {target.platform} backend in this process"
@@ -88,7 +107,12 @@ class Inventory:
 
     def backend_devices(self, platform: str) -> list[jax.Device] | str:
         """Every process's devices of `platform` (a mesh of a jax.distributed job spans
-        them all), or why there are none."""
+        them all; `accelerator`: the first TPU or GPU backend), or why there are none."""
+        if platform == ACCELERATOR:
+            found = self.accelerator
+            if found is None:
+                return no_accelerator("in this process")
+            platform = found
         if platform not in self.devices:
             why = self.missing.get(platform, "not started")
             return f"no {platform} backend in this process ({why})"
@@ -257,9 +281,11 @@ def available_backends() -> dict[str, list[jax.Device]]:
 
 
 def get_device(target: str) -> jax.Device:
-    """Resolve one target text (`cpu`, `gpu:1`, `cuda`, `auto`) to a device, without fallback.
+    """Resolve one target text (`cpu`, `gpu:1`, `cuda`, `accelerator`, `auto`) to a device,
+    without fallback.
 
-    `auto` is the device JAX would use for a new array in this thread right now.
+    `auto` is the device JAX would use for a new array in this thread right now;
+    `accelerator` the first device of this process's TPU backend, else its GPU backend.
 
     Raises:
         ValueError: if `target` is not target text.
@@ -336,6 +362,11 @@ class ThisProcess:
     def default_platform(self) -> str:
         """The platform JAX uses by default."""
         return inventory().default_platform
+
+    @property
+    def accelerator(self) -> str | None:
+        """See `Inventory.accelerator`."""
+        return inventory().accelerator
 
     def find(self, target: Target) -> jax.Device | str:
         """See `Inventory.find`."""

@@ -18,7 +18,13 @@ from typing_extensions import TypeVar
 
 from .._base.errors import MachineSpecError, did_you_mean
 from .._base.sizes import SIZE_FORMS, format_size, parse_size
-from .._document.targets import KNOWN_PLATFORMS, PLATFORM_ALIASES, Target
+from .._document.targets import (
+    ACCELERATOR,
+    ACCELERATOR_PLATFORMS,
+    KNOWN_PLATFORMS,
+    PLATFORM_ALIASES,
+    Target,
+)
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -60,7 +66,7 @@ MAX_DEVICES = 65536
 #: What JAX 0.10 offers on every backend; a described machine is assumed to offer the same.
 VIRTUAL_MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
 # The order JAX prefers backends in: the default is the first one present.
-_PREFERENCE = ("tpu", "gpu", "cpu")
+_PREFERENCE = (*ACCELERATOR_PLATFORMS, "cpu")
 # ASCII only, with nothing around the parts: `str.isdigit` and `int` also take '٣', '²'
 # (isdigit only) and ' 3', which a count written on a command line never means.
 _BACKEND = re.compile(r"([A-Za-z][A-Za-z0-9_]*)=(.*)", re.ASCII | re.DOTALL)
@@ -84,8 +90,14 @@ class Machine(Protocol[D]):
         """The platform `devices: auto` meshes use."""
         ...
 
+    @property
+    def accelerator(self) -> str | None:
+        """The platform `accelerator` resolves to (`tpu`, then `gpu`), or None."""
+        ...
+
     def find(self, target: Target) -> D | str:
-        """The device a (non-auto) target names in this process, or why it cannot be had."""
+        """The device a (non-auto) target names in this process (`accelerator`: on the
+        platform `accelerator` is), or why it cannot be had."""
         ...
 
     def default_device(self) -> D:
@@ -188,6 +200,31 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
         flat, coord = divmod(flat, size)
         coords.append(coord)
     return tuple(reversed(coords))
+
+
+def accelerator_of(platforms: Iterable[str]) -> str | None:
+    """The platform `accelerator` resolves to on a machine with `platforms`: its TPU if it
+    has one, else its GPU, or None where it has neither.
+
+    Example:
+        >>> accelerator_of(["cpu", "gpu", "tpu"]), accelerator_of(["cpu"])
+        ('tpu', None)
+    """
+    have = set(platforms)
+    return next((p for p in ACCELERATOR_PLATFORMS if p in have), None)
+
+
+def resolved_platforms(platforms: set[str]) -> set[str]:
+    """`platforms` with `accelerator` standing for every platform it may resolve to (what
+    an error lists as absent)."""
+    if ACCELERATOR not in platforms:
+        return platforms
+    return (platforms - {ACCELERATOR}) | set(ACCELERATOR_PLATFORMS)
+
+
+def no_accelerator(where: str) -> str:
+    """Why `accelerator` names no device: `where` has neither a TPU nor a GPU backend."""
+    return f"no accelerator ({' or '.join(ACCELERATOR_PLATFORMS)} backend) {where}"
 
 
 def out_of_range(target: Target, count: int) -> str:
@@ -296,8 +333,30 @@ class VirtualMachine:
         """Process 0's devices of `platform` (none if absent)."""
         return [d for d in self._devices.get(platform, []) if d.process_index == 0]
 
+    @property
+    def accelerator(self) -> str | None:
+        """The platform `accelerator` resolves to here (`tpu`, `gpu`), or None.
+
+        Example:
+            >>> VirtualMachine(["tpu=1x16GiB"]).accelerator, VirtualMachine([]).accelerator
+            ('tpu', None)
+        """
+        return accelerator_of(self._backends)
+
     def find(self, target: Target) -> VirtualDevice | str:
-        """The device a (non-auto) target names in process 0, or why it cannot be had."""
+        """The device a (non-auto) target names in process 0, or why it cannot be had;
+        `accelerator` is the first TPU or GPU backend described.
+
+        Example:
+            >>> from devpolicy._document.targets import parse_target
+            >>> VirtualMachine(["gpu=2x80GiB"]).find(parse_target("accelerator:1"))
+            VirtualDevice(platform='gpu', id=1, process_index=0, index=1)
+        """
+        if target.is_accelerator:
+            platform = self.accelerator
+            if platform is None:
+                return no_accelerator(f"on the planned machine ({self})")
+            target = target.on(platform)
         local = self.local(target.platform)
         if not local:
             return f"no {target.platform} backend on the planned machine ({self})"
@@ -311,7 +370,13 @@ class VirtualMachine:
         return self.local(self.default_platform)[0]
 
     def backend_devices(self, platform: str) -> list[VirtualDevice] | str:
-        """Every process's devices of `platform`, process by process."""
+        """Every process's devices of `platform` (`accelerator`: the first TPU or GPU
+        backend), process by process."""
+        if platform == ACCELERATOR:
+            found = self.accelerator
+            if found is None:
+                return no_accelerator(f"on the planned machine ({self})")
+            platform = found
         devices = self._devices.get(platform)
         if devices is None:
             return f"no {platform} backend on the planned machine ({self})"
@@ -326,11 +391,12 @@ class VirtualMachine:
         return [str(d) for p in self._backends for d in self.local(p)]
 
     def missing_for(self, platforms: set[str]) -> dict[str, str]:
-        """Each of `platforms` the description lacks."""
+        """Each of `platforms` the description lacks (`accelerator`: TPU and GPU)."""
+        asked = resolved_platforms(platforms)
         return {
             p: f"not on the planned machine ({self})"
             for p in KNOWN_PLATFORMS
-            if p in platforms and p not in self._backends
+            if p in asked and p not in self._backends
         }
 
     def memory_kinds(self, device: VirtualDevice) -> tuple[str, ...]:

@@ -404,7 +404,7 @@ def _hybrid_sizes(
 def _where(devices: str | list[str], machine: Machine[D]) -> str:
     if isinstance(devices, list):
         return "listed"
-    return machine.default_platform if devices == AUTO else PLATFORM_ALIASES[devices]
+    return machine.default_platform if devices == AUTO else PLATFORM_ALIASES.get(devices, devices)
 
 
 def _devices(devices: str | list[str], machine: Machine[D]) -> list[D] | str:
@@ -416,5 +416,8 @@ def _devices(devices: str | list[str], machine: Machine[D]) -> list[D] | str:
                 return f"{text}: {device}"
             found.append(device)
         return found
-    platform = machine.default_platform if devices == AUTO else PLATFORM_ALIASES[devices]
+    # `accelerator` is resolved by the machine (its first TPU or GPU backend).
+    platform = (
+        machine.default_platform if devices == AUTO else PLATFORM_ALIASES.get(devices, devices)
+    )
     return machine.backend_devices(platform)

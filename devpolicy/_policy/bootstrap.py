@@ -18,7 +18,9 @@ def bootstrap(source: PolicyInput | None = None, *, required: bool | None = None
     `import jax`), so call this before any JAX computation. Environment variables the
     user has set win over the policy (reported with `source=env`). One `runtime` event
     names the policy file applied and how it was found, every variable set
-    (`set=["JAX_PLATFORMS=cpu", ...]`), and each knob's effective value and source.
+    (`set=["JAX_PLATFORMS=cpu", ...]`), and each knob's effective value and source; it is
+    a warning where the environment contradicts itself or the policy's `platforms` hides
+    an accelerator installed here (`hidden`, naming it and the policy's line).
 
     All or nothing: if a value cannot be applied (JAX refuses it), or a backend is already
     running and a knob differs from what it runs with, this raises and the environment
@@ -54,7 +56,7 @@ def bootstrap(source: PolicyInput | None = None, *, required: bool | None = None
     plan = apply_runtime(plan_runtime(policy.settings.runtime, os.environ), os.environ)
     settings = policy.settings
     if settings.file is not None or plan.knobs or plan.conflicts:
-        level = "warning" if plan.conflicts else "info"
+        level = "warning" if plan.conflicts or plan.hidden else "info"
         policy.events.emit(level, "runtime", plan.applied_fields(settings.file, policy.found))
     return activate(policy)
 

@@ -48,7 +48,7 @@ class Finding:
         origin: Where: `file:line`, `env:DEVPOLICY_RULES`, ...
         code: A stable short name: `unreachable-rule`, `missing-device`,
             `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
-            `runtime-conflict`, `runtime-env-wins`, `runtime-opt-in`,
+            `runtime-conflict`, `runtime-env-wins`, `runtime-hides-accelerator`, `runtime-opt-in`,
             `runtime-allow-unused`, `untrusted-policy`, `file-never-matches`,
             `regex-is-a-fragment`, `attached-without-axis-rules`, `transfers-left-to-jax`,
             `transfers-watch-nothing`; against real names (`lint_names`):
@@ -583,6 +583,11 @@ def _opt_ins(wanted: Mapping[str, Setting]) -> list[Finding]:
 def _runtime_environment(policy: Policy) -> list[Finding]:
     runtime = plan_runtime(policy.settings.runtime, os.environ)
     findings = [Finding("warning", "env", "runtime-conflict", c) for c in runtime.conflicts]
+    origin = policy.settings.runtime["platforms"].origin if runtime.hidden else ""
+    findings += [
+        Finding("warning", origin, "runtime-hides-accelerator", h.removeprefix(f"{origin}: "))
+        for h in runtime.hidden
+    ]
     findings += [
         Finding(
             "warning",

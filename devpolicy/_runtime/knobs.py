@@ -17,7 +17,8 @@ from typing import Any
 
 from .._base.compat import allocators, release
 
-PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
+#: `accelerator`: the TPU if libtpu is installed, else the GPU plugins installed.
+PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu", "accelerator")
 #: What the installed jaxlib's `generate_pjrt_gpu_plugin_options` accepts for
 #: XLA_PYTHON_CLIENT_ALLOCATOR (`vmm` from jaxlib 0.10, `address` from 0.11).
 ALLOCATORS = allocators(release("jaxlib"))
@@ -78,7 +79,8 @@ KNOBS: tuple[Knob, ...] = (
         False,
         False,
         "backends to start, in order; the first present is the default. `gpu` becomes the "
-        "GPU plugins installed (`cuda`, `rocm`)",
+        "GPU plugins installed (`cuda`, `rocm`), `accelerator` the TPU if libtpu is "
+        "installed, else those plugins; a platform not installed is dropped",
     ),
     Knob(
         "cpu_devices",

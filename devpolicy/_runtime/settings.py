@@ -8,19 +8,16 @@ JAX is consulted (lazily) only to read or set a backend that is already running.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
 import importlib.util
-import os
-import pkgutil
 import re
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .._base.errors import PolicyError, Problem, RuntimeTooLateError
+from .._base.errors import PolicyError, RuntimeTooLateError
 from .knobs import (
     CPU_DEVICES_VAR,
     FIX,
@@ -32,12 +29,21 @@ from .knobs import (
     KNOBS,
     MEM_FRACTION_VAR,
     OLD_MEM_FRACTION_VAR,
+    PLATFORMS_VAR,
     RUNTIME_SET_VAR,
     XLA_FLAGS_VAR,
     Knob,
     bool_text,
     env_needs_allow,
     holdable_problem,
+)
+from .platforms import (
+    hidden_by,
+    installed_accelerators,
+    installed_gpu_platforms,
+    jax_platform,
+    tpu_installed,
+    translate_platforms,
 )
 
 
@@ -93,6 +99,7 @@ class RuntimeSettings:
     Attributes:
         knobs: Each knob the policy sets (or the environment overrides), in table order.
         conflicts: Settings in the environment that contradict each other.
+        hidden: Accelerators installed here that the policy's `platforms` leaves out.
 
     Example:
         >>> import devpolicy
@@ -103,6 +110,9 @@ class RuntimeSettings:
 
     knobs: tuple[RuntimeKnob, ...]
     conflicts: tuple[str, ...]
+    #: Accelerators installed here that the policy's `platforms` leaves out, each said
+    #: with the policy's `file:line` (a warning: JAX will not use the machine's chip).
+    hidden: tuple[str, ...] = ()
 
     def assignments(self) -> dict[str, str]:
         """The variables devpolicy sets (the policy's knobs the user has not set)."""
@@ -142,6 +152,8 @@ class RuntimeSettings:
                 fields[f"{key}_state"] = k.state
         if self.conflicts:
             fields["conflicts"] = list(self.conflicts)
+        if self.hidden:
+            fields["hidden"] = list(self.hidden)
         return fields
 
     def applied_fields(self, file: str | None, found: str) -> dict[str, Any]:
@@ -179,58 +191,15 @@ def memory_fraction_variable() -> str:
     return MEM_FRACTION_VAR if MEM_FRACTION_VAR in source else OLD_MEM_FRACTION_VAR
 
 
-@functools.cache
-def installed_gpu_platforms() -> tuple[str, ...]:
-    """GPU platforms whose JAX plugin is installed: `cuda`, `rocm` (ROCm only with /dev/kfd).
-
-    JAX finds plugins as modules of the `jax_plugins` namespace or `jax_plugins` entry
-    points (`xla_cuda12`, `xla_cuda13`, `xla_rocm7`...); so does this, without importing them.
-    """
-    names: set[str] = set()
-    # A broken distribution's metadata must not stop start-up.
-    with contextlib.suppress(Exception):
-        names |= {e.name for e in importlib.metadata.entry_points(group="jax_plugins")}
-    try:
-        spec = importlib.util.find_spec("jax_plugins")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        names |= {m.name for m in pkgutil.iter_modules(list(spec.submodule_search_locations))}
-    found = []
-    if any("cuda" in n for n in names):
-        found.append("cuda")
-    # JAX_PLATFORMS=rocm fails start-up on a machine without an AMD GPU (cuda is skipped).
-    if any("rocm" in n for n in names) and os.path.exists("/dev/kfd"):
-        found.append("rocm")
-    return tuple(found)
-
-
 # The plan: policy values, the environment, and what wins --------------------------------
 
 
-def _translate_platforms(
-    value: tuple[str, ...], origin: str, gpus: tuple[str, ...]
-) -> tuple[list[str], str]:
-    out: list[str] = []
-    for platform in value:
-        for p in gpus if platform == "gpu" else (platform,):
-            if p not in out:
-                out.append(p)
-    note = ""
-    if "gpu" in value:
-        note = (
-            f"gpu -> {','.join(gpus)} (installed GPU plugins)"
-            if gpus
-            else "gpu dropped: no GPU plugin installed (jax-cuda*-plugin, jax-rocm*-plugin)"
-        )
-    if not out:
-        raise PolicyError([_problem(origin, "runtime.platforms", f"{note}; add cpu as a fallback")])
-    return out, note
-
-
-def _problem(origin: str, field: str, message: str) -> Problem:
-    file, _, line = origin.rpartition(":")
-    return Problem(file or origin, int(line) if line.isdigit() else None, field, message)
+def _not_applying(knob: Knob, platform: str) -> str:
+    """The note of a GPU-only knob where JAX will not start a GPU."""
+    return (
+        f"does not apply: only a GPU backend reads {knob.variables[0]}, and JAX will use "
+        f"{platform} here"
+    )
 
 
 def _host_device_count(xla_flags: str) -> str | None:
@@ -238,10 +207,12 @@ def _host_device_count(xla_flags: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _policy_text(name: str, value: Any, origin: str, gpus: tuple[str, ...]) -> tuple[str, str]:
+def _policy_text(
+    name: str, value: Any, origin: str, gpus: tuple[str, ...], tpu: bool
+) -> tuple[str, str]:
     """The variable text for a policy value, and a note on any translation."""
     if name == "platforms":
-        platforms, note = _translate_platforms(tuple(value), origin, gpus)
+        platforms, note = translate_platforms(tuple(value), origin, gpus, tpu)
         return ",".join(platforms), note
     if isinstance(value, bool):
         return bool_text(value), ""
@@ -259,19 +230,28 @@ def plan_runtime(
     environ: Mapping[str, str],
     *,
     gpu_platforms: tuple[str, ...] | None = None,
+    tpu: bool | None = None,
 ) -> RuntimeSettings:
     """Decide each knob: the policy's value, unless the user set one of its variables.
+
+    `platforms` never leaves JAX without a backend: a platform that is not installed is
+    dropped with a note; one the machine has that the policy leaves out is in `hidden`.
+    A GPU-only knob is noted as not applying where JAX will not start a GPU.
 
     Args:
         wanted: The policy's `runtime:` fields by knob name (`env.NAME` for `env:` entries).
         environ: The environment as it is now.
         gpu_platforms: Installed GPU platforms (default: looked up).
+        tpu: Whether libtpu is installed (default: looked up).
 
     Raises:
         PolicyError: a value the installed JAX cannot take (`platforms: [gpu]` with no
             GPU plugin installed), with file:line.
     """
     gpus = installed_gpu_platforms() if gpu_platforms is None else gpu_platforms
+    has_tpu = tpu_installed() if tpu is None else tpu
+    installed = installed_accelerators(gpus, has_tpu)
+
     ours = set(filter(None, environ.get(RUNTIME_SET_VAR, "").split(",")))
 
     def given(variable: str) -> str | None:
@@ -293,11 +273,18 @@ def plan_runtime(
             f"both {CPU_DEVICES_VAR} and {XLA_FLAGS_VAR} {HOST_DEVICE_COUNT_FLAG} are set; "
             f"{CPU_DEVICES_VAR} wins: drop one"
         )
+    using: str | None = None  # the platform JAX will use, once `platforms` is planned
     for knob in KNOBS:
         if knob.name not in wanted:
             continue
         setting = wanted[knob.name]
-        text, note = _policy_text(knob.name, setting.value, setting.origin, gpus)
+        text, note = _policy_text(knob.name, setting.value, setting.origin, gpus, has_tpu)
+        if knob.gpu:
+            if using is None:
+                platforms = next((k.text for k in knobs if k.knob == "platforms"), None)
+                using = jax_platform(platforms or environ.get(PLATFORMS_VAR), installed)
+            if using != "gpu":
+                note = _not_applying(knob, using)
         variable = knob.variables[0]
         if knob.name == "memory_fraction":
             variable = memory_fraction_variable()
@@ -344,7 +331,13 @@ def plan_runtime(
             )
         else:
             knobs.append(RuntimeKnob(key, text, text, "policy", setting.origin, name, config))
-    return RuntimeSettings(tuple(knobs), tuple(conflicts))
+    hidden: tuple[str, ...] = ()
+    chosen = next((k for k in knobs if k.knob == "platforms" and k.source == "policy"), None)
+    listed: tuple[str, ...] = tuple(wanted["platforms"].value) if chosen is not None else ()
+    # `accelerator` took the one JAX prefers: nothing is hidden that the policy asked for.
+    if chosen is not None and "accelerator" not in listed:
+        hidden = hidden_by(listed, chosen.text.split(","), chosen.origin, installed)
+    return RuntimeSettings(tuple(knobs), tuple(conflicts), hidden)
 
 
 def _user_value(
@@ -527,7 +520,7 @@ def with_state(plan: RuntimeSettings, environ: Mapping[str, str]) -> RuntimeSett
     if not _jax_started():
         return plan
     knobs = tuple(replace(k, state=_running_state(k, environ)[0]) for k in plan.knobs)
-    return RuntimeSettings(knobs, plan.conflicts)
+    return replace(plan, knobs=knobs)
 
 
 def apply_runtime(plan: RuntimeSettings, environ: MutableMapping[str, str]) -> RuntimeSettings:

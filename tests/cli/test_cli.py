@@ -163,6 +163,21 @@ class TestDevices:
         assert "cpu:3" in out
         assert "pinned_host" in out
 
+    def test_says_what_the_accelerator_target_resolves_to(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A line (and a JSON field) for `accelerator`: here, none, with each reason."""
+        assert main(["devices"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        if devpolicy.inventory().accelerator is None:
+            assert "accelerator: none in this process (a TPU, else a GPU; tpu: " in out
+        else:
+            assert f"accelerator: accelerator:0 -> {devpolicy.inventory().accelerator}:0" in out
+        assert main(["devices", "--json"]) == 0
+        payload = json.loads(capsys.readouterr().out)
+        accelerator = devpolicy.inventory().accelerator
+        assert payload["accelerator"] == (accelerator and f"accelerator:0 -> {accelerator}:0")
+
 
 class TestCheck:
     def test_clean_policy_exits_0(
@@ -733,3 +748,31 @@ class TestPlanSaysWhatAndWhy:
         assert out.count("no device [1]") == 50
         assert out.count("no device [2]") == 1
         assert "for name" not in out
+
+
+class TestAcceleratorOnDescribedMachines:
+    @pytest.mark.parametrize(
+        ("devices", "resolved"),
+        [("tpu=1x16GiB", "accelerator:0 -> tpu:0"), ("gpu=2x80GiB", "accelerator:0 -> gpu:0")],
+    )
+    def test_explain_prints_the_resolution(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], devices: str, resolved: str
+    ) -> None:
+        """`explain --devices tpu=...` resolves `accelerator` there and says to what."""
+        path = write(
+            tmp_path / "p.yaml",
+            "version: 1\nrules:\n  - match: 'model/*'\n    device: accelerator\n    fallback: [cpu]\n",
+        )
+        assert main(["explain", "model/w", "--policy", str(path), "--devices", devices]) == 0
+        out = capsys.readouterr().out
+        assert f"resolved: {resolved}" in out
+        assert f"decision: {resolved.split(' -> ')[1]} (requested accelerator" in out
+
+    def test_check_of_a_tpu_list_without_libtpu_is_valid(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`platforms: [tpu, gpu, cpu]` here: nothing but the CPU is installed, so JAX would
+        start the CPU, and check finds nothing to say about it."""
+        path = write(tmp_path / "p.yaml", "version: 1\nruntime:\n  platforms: [tpu, gpu, cpu]\n")
+        assert main(["check", str(path)]) == 0
+        assert "valid, no findings" in capsys.readouterr().out

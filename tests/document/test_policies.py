@@ -63,12 +63,64 @@ class TestBehaviour:
         assert (d.device.platform, d.mmap) == ("cpu", True)
 
     def test_multi_gpu_splits_layers(self) -> None:
-        """Layers 0-11 ask for gpu:0, layers 12-23 for gpu:1."""
+        """Layers 0-11 ask for accelerator:0, layers 12-23 for accelerator:1."""
         policy = devpolicy.load_policy(REPO / "policies" / "multi-gpu.yaml", environ={})
-        assert policy.resolve("model/layers/3/w").requested == "gpu:0"
-        assert policy.resolve("model/layers/17/w").requested == "gpu:1"
-        assert policy.resolve("model/head").requested == "gpu:1"
+        assert policy.resolve("model/layers/3/w").requested == "accelerator:0"
+        assert policy.resolve("model/layers/17/w").requested == "accelerator:1"
+        assert policy.resolve("model/head").requested == "accelerator:1"
         assert policy.resolve("dataset/train").device.platform == "cpu"
+
+    @pytest.mark.parametrize(
+        ("devices", "first", "second"),
+        [
+            (["gpu=2x80GiB"], "gpu:0", "gpu:1"),
+            (["tpu=8x16GiB"], "tpu:0", "tpu:1"),
+            (["tpu=1x16GiB"], "tpu:0", "tpu:0"),
+            ([], "cpu:0", "cpu:0"),
+        ],
+    )
+    def test_multi_gpu_splits_layers_over_whichever_accelerators_there_are(
+        self, devices: list[str], first: str, second: str
+    ) -> None:
+        """The same file on two GPUs, a TPU VM, one chip (the second half falls back to the
+        first) and a laptop."""
+        policy = devpolicy.load_policy(REPO / "policies" / "multi-gpu.yaml", environ={})
+        machine = devpolicy.VirtualMachine(devices)
+        placed = [
+            policy.explain(name, machine=machine).decision
+            for name in ("model/layers/3/w", "model/layers/17/w")
+        ]
+        assert [d.device_text if d is not None else None for d in placed] == [first, second]
+
+    @pytest.mark.parametrize("name", ["dataset-on-host.yaml", "single-gpu.yaml"])
+    @pytest.mark.parametrize(
+        ("devices", "device"),
+        [(["tpu=1x16GiB"], "tpu:0"), (["gpu=1x80GiB"], "gpu:0"), ([], "cpu:0")],
+    )
+    def test_the_accelerator_policies_use_the_chip_of_every_kind_of_machine(
+        self, name: str, devices: list[str], device: str
+    ) -> None:
+        """The model goes to the TPU on a TPU VM, the GPU on a GPU box, the CPU on a
+        laptop: one file for the three."""
+        policy = devpolicy.load_policy(REPO / "policies" / name, environ={})
+        decision = policy.explain(
+            "model/w", nbytes=2**20, machine=devpolicy.VirtualMachine(devices)
+        ).decision
+        assert decision is not None
+        assert decision.device_text == device
+
+    def test_a_tpu_plan_of_the_demo_policy_puts_the_model_on_the_chip(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`devpolicy plan --devices tpu=1x16GiB` with the shipped demo policy: the model's
+        tensors on tpu:0, not on the host."""
+        path = tmp_path / "model.safetensors"
+        devpolicy.save_file({"embed": np.zeros((64, 8), np.float32)}, path)
+        policy = REPO / "policies" / "dataset-on-host.yaml"
+        argv = ["plan", str(path), "--policy", str(policy), "--devices", "tpu=1x16GiB", "--json"]
+        assert main(argv) == 0
+        (tensor,) = json.loads(capsys.readouterr().out)["tensors"]
+        assert (tensor["name"], tensor["device"]) == ("model/embed", "tpu:0")
 
     def test_single_gpu_sends_what_does_not_fit_to_the_host(self) -> None:
         """With a stated 1 GiB free on the accelerator (here cpu:0 stands in), 2 GiB goes elsewhere."""

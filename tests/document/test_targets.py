@@ -22,6 +22,8 @@ class TestParseTarget:
             ("cuda:0", "gpu", 0),
             ("rocm:2", "gpu", 2),
             ("tpu:7", "tpu", 7),
+            ("accelerator", "accelerator", None),
+            ("accelerator:1", "accelerator", 1),
         ],
     )
     def test_platforms_aliases_and_indices(
@@ -35,6 +37,8 @@ class TestParseTarget:
         [
             ("CPU", r"did you mean 'cpu'\?"),
             ("gpuu", r"did you mean 'gpu'\?"),
+            ("accelerater", r"did you mean 'accelerator'\?"),
+            ("accel:0", r"^unknown platform 'accel'.*accelerator"),
             ("gpu:-1", r"^not a target: 'gpu:-1'"),
             ("gpu:01", r"^not a target: 'gpu:01'"),
             ("gpu: 1", r"^not a target"),
@@ -72,3 +76,15 @@ class TestParseTarget:
     def test_every_platform_index_pair_parses(self, platform: str, index: int) -> None:
         """`platform:N` parses for every platform spelling and index in range."""
         assert parse_target(f"{platform}:{index}").index == index
+
+
+class TestAcceleratorTarget:
+    def test_the_neutral_target_takes_a_platform_keeping_its_index(self) -> None:
+        """`accelerator:1` on a TPU machine is `tpu:1`; without an index it stays without."""
+        assert parse_target("accelerator:1").on("tpu") == Target("tpu:1", "tpu", 1)
+        assert parse_target("accelerator").on("gpu") == Target("gpu", "gpu", None)
+
+    def test_only_the_neutral_target_says_it_is_one(self) -> None:
+        """`is_accelerator` is true for `accelerator` alone, not for a platform's name."""
+        assert parse_target("accelerator:0").is_accelerator
+        assert not any(parse_target(t).is_accelerator for t in ("tpu", "gpu", "cuda", "auto"))

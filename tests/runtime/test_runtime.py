@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import devpolicy
 from devpolicy._cli.main import main
 from devpolicy._runtime import knobs as _runtime
+from devpolicy._runtime import platforms as _platforms
 from devpolicy._runtime import settings as _settings
 from tests.conftest import REPO
 from tests.helpers import write
@@ -134,7 +135,7 @@ class TestBootstrap:
             "import devpolicy; devpolicy.bootstrap('p.yaml')\n" + textwrap.dedent(REPORT), tmp_path
         )
         assert result.returncode == 0, result.stderr
-        wanted = ",".join([*_settings.installed_gpu_platforms(), "cpu"])
+        wanted = ",".join([*_platforms.installed_gpu_platforms(), "cpu"])
         assert last_json(result.stdout)["env"]["JAX_PLATFORMS"] == wanted
 
     def test_env_section_reaches_jax_config_options_read_at_import(self, tmp_path: Path) -> None:
@@ -229,12 +230,13 @@ class TestTooLate:
         states = last_json(result.stdout)
         assert states["cpu_devices"] == "in effect"
         assert states["preallocate"].startswith("inert")
-        if not _settings.installed_gpu_platforms():
+        if not _platforms.installed_gpu_platforms():
             assert states["platforms"] == "in effect"
 
     def test_a_platform_list_the_running_process_excluded_is_too_late(self, tmp_path: Path) -> None:
-        """Started with jax_platforms=cpu, a policy asking [tpu, cpu] is named as differing."""
-        policy_file(tmp_path, "platforms: [tpu, cpu]")
+        """Started with jax_platforms=cpu, a policy asking [tpu, cpu] is named as differing
+        (libtpu stands installed: TPU_LIBRARY_PATH names a file, as JAX reads it)."""
+        library = policy_file(tmp_path, "platforms: [tpu, cpu]")
         code = """
             import jax, devpolicy
             jax.config.update('jax_platforms', 'cpu')
@@ -244,7 +246,7 @@ class TestTooLate:
             except devpolicy.RuntimeTooLateError as e:
                 print(e.knobs[0][:3])
         """
-        result = python(code, tmp_path)
+        result = python(code, tmp_path, TPU_LIBRARY_PATH=str(library))
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "('platforms', 'tpu,cpu', 'cpu (default cpu)')"
 
@@ -516,33 +518,130 @@ class TestInstalledJax:
                 assert knob.config in jax.config._value_holders
 
 
-GPU = "gpu" in devpolicy.available_backends()
+def planned(runtime: dict[str, Any], gpus: tuple[str, ...], tpu: bool) -> _settings.RuntimeSettings:
+    """The runtime plan of a policy with `runtime` on a machine where `gpus` and (if
+    `tpu`) libtpu are installed, with nothing set in the environment."""
+    policy = devpolicy.load_policy({"version": 1, "runtime": runtime}, environ={})
+    return _settings.plan_runtime(policy.settings.runtime, {}, gpu_platforms=gpus, tpu=tpu)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason="needs a GPU")
-class TestOnGpu:
-    STATS = """
-        import json, devpolicy, jax
-        devpolicy.bootstrap('p.yaml')
-        jax.numpy.zeros(1).block_until_ready()
-        print(json.dumps(jax.devices('gpu')[0].memory_stats()))
-    """
+class TestPlatformsInstalled:
+    @pytest.mark.parametrize(
+        ("gpus", "tpu", "started"),
+        [
+            ((), False, "cpu"),
+            (("cuda",), False, "cuda,cpu"),
+            ((), True, "tpu,cpu"),
+            (("rocm",), False, "rocm,cpu"),
+        ],
+    )
+    def test_accelerator_is_the_plugin_installed_then_the_cpu(
+        self, gpus: tuple[str, ...], tpu: bool, started: str
+    ) -> None:
+        """`[accelerator, cpu]`: a laptop, a GPU box and a TPU VM each start what they have."""
+        plan = planned({"platforms": ["accelerator", "cpu"]}, gpus, tpu)
+        assert plan.assignments()["JAX_PLATFORMS"] == started
+        assert plan.hidden == ()
 
-    def test_memory_fraction_sets_the_pool_limit(self, tmp_path: Path) -> None:
-        """0.3 gives a bytes_limit about half that of 0.6 (both fractions of the same memory)."""
-        limits = []
-        for fraction in (0.3, 0.6):
-            policy_file(tmp_path, f"platforms: [gpu, cpu]\nmemory_fraction: {fraction}")
-            result = python(self.STATS, tmp_path)
-            assert result.returncode == 0, result.stderr
-            limits.append(last_json(result.stdout)["bytes_limit"])
-        assert 0.45 < limits[0] / limits[1] < 0.55
+    def test_tpu_without_libtpu_is_dropped_with_a_note(self) -> None:
+        """`[tpu, cpu]` where libtpu is not installed starts the CPU (JAX_PLATFORMS is
+        strict: `tpu,cpu` would start no backend at all)."""
+        plan = planned({"platforms": ["tpu", "cpu"]}, (), False)
+        assert plan.assignments()["JAX_PLATFORMS"] == "cpu"
+        assert plan.knobs[0].note.startswith("tpu dropped: no TPU runtime installed (libtpu")
 
-    def test_no_preallocation_leaves_the_pool_nearly_empty(self, tmp_path: Path) -> None:
-        """preallocate false: bytes_in_use stays near zero after start."""
-        policy_file(tmp_path, "platforms: [gpu, cpu]\npreallocate: false")
-        result = python(self.STATS, tmp_path)
-        assert result.returncode == 0, result.stderr
-        stats = last_json(result.stdout)
-        assert stats["bytes_in_use"] < 64 * 2**20
+    def test_every_platform_of_the_list_not_installed_is_dropped(self) -> None:
+        """`[tpu, gpu, cpu]` on a CPU machine is `cpu`, each drop noted."""
+        plan = planned({"platforms": ["tpu", "gpu", "cpu"]}, (), False)
+        assert plan.assignments()["JAX_PLATFORMS"] == "cpu"
+        assert "tpu dropped" in plan.knobs[0].note
+        assert "gpu dropped" in plan.knobs[0].note
+
+    def test_accelerator_alone_where_there_is_none_is_a_policy_error(self) -> None:
+        """Nothing to start: said at the field, with the fix."""
+        with pytest.raises(devpolicy.PolicyError, match=r"accelerator dropped.*add cpu"):
+            planned({"platforms": ["accelerator"]}, (), False)
+
+    @pytest.mark.parametrize(
+        ("platforms", "gpus", "tpu", "hidden"),
+        [
+            (["gpu", "cpu"], (), True, "tpu"),
+            (["cpu"], ("cuda",), False, "cuda"),
+            (["cpu"], (), True, "tpu"),
+        ],
+    )
+    def test_a_list_that_hides_an_installed_accelerator_says_so_once(
+        self, platforms: list[str], gpus: tuple[str, ...], tpu: bool, hidden: str
+    ) -> None:
+        """One line naming the platform and the policy's field, and the fix."""
+        plan = planned({"platforms": platforms}, gpus, tpu)
+        (line,) = plan.hidden
+        assert line.startswith("<mapping>:runtime.platforms: runtime.platforms [")
+        assert f"hides {hidden}, installed here" in line
+        assert "accelerator" in line
+
+    def test_hiding_is_a_warning_of_the_runtime_event_and_of_check(self, tmp_path: Path) -> None:
+        """The plan's `hidden` becomes a field of the `runtime` event and a lint finding."""
+        plan = planned({"platforms": ["cpu"]}, (), True)
+        assert plan.event_fields()["hidden"] == list(plan.hidden)
+
+    @pytest.mark.parametrize(
+        ("platforms", "gpus", "tpu", "using"),
+        [
+            (["accelerator", "cpu"], (), True, "tpu"),
+            (["accelerator", "cpu"], (), False, "cpu"),
+            (None, (), True, "tpu"),
+            (None, (), False, "cpu"),
+        ],
+    )
+    def test_gpu_only_knobs_say_they_do_not_apply_off_a_gpu(
+        self, platforms: list[str] | None, gpus: tuple[str, ...], tpu: bool, using: str
+    ) -> None:
+        """preallocate, the memory fraction, the allocator: noted as not applying where JAX
+        will use a TPU or the CPU, naming the platform."""
+        runtime: dict[str, Any] = {"preallocate": False, "memory_fraction": 0.5}
+        if platforms is not None:
+            runtime["platforms"] = platforms
+        plan = planned(runtime, gpus, tpu)
+        notes = {k.knob: k.note for k in plan.knobs}
+        for knob in ("preallocate", "memory_fraction"):
+            assert notes[knob].startswith("does not apply: only a GPU backend reads")
+            assert notes[knob].endswith(f"JAX will use {using} here")
+
+    def test_gpu_only_knobs_apply_silently_on_a_gpu(self) -> None:
+        """With a GPU plugin first, preallocate has no note."""
+        plan = planned(
+            {"platforms": ["accelerator", "cpu"], "preallocate": False}, ("cuda",), False
+        )
+        assert {k.knob: k.note for k in plan.knobs}["preallocate"] == ""
+
+    def test_libtpu_is_found_without_starting_jax(self, tmp_path: Path) -> None:
+        """TPU_LIBRARY_PATH naming a file counts as libtpu installed, as JAX reads it;
+        finding out imports no JAX."""
+        code = """
+            import sys
+            from devpolicy._runtime.platforms import tpu_installed
+            print(tpu_installed(), "jax" in sys.modules)
+        """
+        library = write(tmp_path / "runtime" / "the-tpu-library.so", "")
+        assert python(code, tmp_path, TPU_LIBRARY_PATH=str(library)).stdout.split() == [
+            "True",
+            "False",
+        ]
+        assert python(code, tmp_path).stdout.split() == ["False", "False"]
+
+    def test_check_warns_of_a_hidden_accelerator_at_the_policy_line(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`platforms: [cpu]` where libtpu is installed: lint's `runtime-hides-accelerator`."""
+        library = write(tmp_path / "runtime" / "the-tpu-library.so", "")
+        monkeypatch.setenv("TPU_LIBRARY_PATH", str(library))
+        _platforms.tpu_installed.cache_clear()
+        try:
+            path = write(tmp_path / "p.yaml", "version: 1\nruntime:\n  platforms: [cpu]\n")
+            found = devpolicy.lint(devpolicy.load_policy(path, environ={}))
+        finally:
+            _platforms.tpu_installed.cache_clear()
+        (finding,) = [f for f in found if f.code == "runtime-hides-accelerator"]
+        assert finding.origin.endswith("p.yaml:3")
+        assert finding.message.startswith("runtime.platforms [cpu] hides tpu, installed here")

@@ -100,17 +100,3 @@ class TestDatasetOnHost:
             match=r"(?s)^no device for 'gpu:0' for name 'model/w'.*available: cpu:0, cpu:1, cpu:2, cpu:3",
         ):
             devpolicy.put("model", {"w": np.ones(2)})
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif("gpu" not in devpolicy.available_backends(), reason="needs a GPU")
-class TestOnAGpu:
-    def test_dataset_stays_on_host_while_model_goes_to_gpu(
-        self, dataset: Path, policy_path: Path
-    ) -> None:
-        """On a GPU machine the dataset is on the CPU and the model on gpu:0, no fallback."""
-        tokens = load_train(dataset)["tokens"]
-        w = devpolicy.put("model", {"w": np.ones(2)})["w"]
-        assert next(iter(tokens.devices())).platform == "cpu"
-        assert next(iter(w.devices())) == devpolicy.get_device("gpu:0")
-        assert devpolicy.resolve("model/w").fallback_reason is None

@@ -1,0 +1,204 @@
+"""The accelerator lane in one command: install what it needs, run its tests, the README's
+demo and the accelerator benchmarks on whatever accelerator JAX finds, print one table.
+
+    python benchmarks/accelerator_lane.py [--wheels DIR] [--runs 5] [--out lane.md]
+
+Run it from a checkout of the project (its `tests/`, `examples/` and `policies/` are
+used). `--wheels DIR`: install devpolicy and the lane's test tools (pytest, hypothesis,
+safetensors) from the wheels in DIR, offline (`pip --no-index --find-links DIR`), keeping
+the machine's own jax and jaxlib at the versions installed (a constraint pins them).
+Without it, what is installed (or the checkout on PYTHONPATH) is used.
+
+Then, one after another (only one process at a time can hold a TPU; this one never
+imports JAX):
+
+1. `pytest tests/accelerator`: the lane's tests, each skipped, with the reason, where
+   JAX finds no accelerator (the CPU twins of its claims run everywhere);
+2. `examples/dataset_on_host.py` with the shipped policy: where the model and batches
+   went, and how many warnings it printed (none is the claim);
+3. `benchmarks/bench_accelerator.py`: loading onto the chip and windows to it.
+
+The table (and with `--out`, a Markdown copy) says the date, the machine and each
+result. The exit status is pytest's (0: passed or skipped), or the demo's if it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+#: What the lane needs besides devpolicy (and the jax the machine has).
+TOOLS = ("pytest", "hypothesis", "safetensors")
+#: JAX warns at `import jax` on a TPU v5e whose transparent huge pages are off; the suite
+#: turns warnings into errors, and that one would stop the TPU backend from starting.
+IGNORED = ("ignore:Transparent hugepages are not enabled:UserWarning",)
+
+
+def installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install(wheels: Path) -> None:
+    """devpolicy and the lane's tools from `wheels`, offline, jax and jaxlib kept."""
+    pins = [f"{n}=={v}" for n in ("jax", "jaxlib") if (v := installed(n)) is not None]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(pins) + "\n")
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--find-links",
+        str(wheels),
+        "--constraint",
+        f.name,
+        "devpolicy",
+        *TOOLS,
+    ]
+    print("$", " ".join(command), flush=True)
+    subprocess.run(command, check=True, env=helper_env())
+    os.unlink(f.name)
+
+
+def helper_env() -> dict[str, str]:
+    """The environment of a helper that must not hold the chip: JAX kept on the CPU."""
+    return os.environ | {"JAX_PLATFORMS": "cpu"}
+
+
+def chip_env() -> dict[str, str]:
+    """The environment of a step that uses the chip: the checkout first on the path, no
+    GPU preallocation (a child of the tests starts its own backend), steering variables of
+    this shell left out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "JAX_PLATFORMS"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    return env
+
+
+def run_tests(folder: Path) -> tuple[int, list[tuple[str, str, str]]]:
+    """pytest over tests/accelerator: its exit status and (test, outcome, detail) rows."""
+    report = folder / "lane.xml"
+    command = [sys.executable, "-m", "pytest", "tests/accelerator", "-q", "-rs"]
+    command += [f"-W{w}" for w in IGNORED]
+    command += ["-p", "no:cacheprovider", f"--junitxml={report}"]
+    print("$", " ".join(command), flush=True)
+    status = subprocess.run(command, cwd=REPO, env=chip_env(), check=False).returncode
+    rows = []
+    if report.exists():
+        for case in ET.parse(report).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+            outcome, detail = "passed", ""
+            for child in case:
+                if child.tag in ("skipped", "failure", "error"):
+                    outcome = {"skipped": "skipped", "failure": "FAILED", "error": "ERROR"}[
+                        child.tag
+                    ]
+                    detail = (child.get("message") or "").splitlines()[0][:160]
+            rows.append((name, outcome, detail))
+    return status, rows
+
+
+def run_demo() -> tuple[int, list[tuple[str, str, str]]]:
+    """The README's demo, unchanged: where model and batch went, and warnings printed."""
+    command = [sys.executable, "examples/dataset_on_host.py", "--size", "64MiB"]
+    print("$", " ".join(command), flush=True)
+    result = subprocess.run(
+        command, cwd=REPO, env=chip_env(), capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        return result.returncode, [("demo", "FAILED", result.stderr.strip().splitlines()[-1:][0])]
+    warnings = [line for line in result.stderr.splitlines() if "[warning" in line]
+    device = ""
+    found = {}
+    for line in result.stdout.splitlines():
+        header = re.match(r"^(\w+:\d+): ", line)
+        if header:
+            device = header[1]
+        for name in ("model/embed", "batch", "dataset/tokens"):
+            if re.search(rf"\b{re.escape(name)}\b", line) and line.startswith("  "):
+                found[name] = device
+    placed = ", ".join(f"{n} on {d}" for n, d in found.items())
+    return 0, [
+        ("demo: placements", "passed" if found else "FAILED", placed or "no report"),
+        ("demo: warnings", "passed" if not warnings else "FAILED", f"{len(warnings)} printed"),
+    ]
+
+
+def run_benchmarks(runs: int) -> list[tuple[str, str, str]]:
+    command = [sys.executable, "benchmarks/bench_accelerator.py", "--json", "--runs", str(runs)]
+    print("$", " ".join(command), flush=True)
+    result = subprocess.run(
+        command, cwd=REPO, env=chip_env(), capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        return [("benchmarks", "FAILED", result.stderr.strip().splitlines()[-1:][0])]
+    rows = []
+    for line in result.stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if "methods" in r:
+            cells = [
+                f"{m} {v['median']:.3g} ({v['low']:.3g}-{v['high']:.3g})"
+                for m, v in r["methods"].items()
+            ]
+            note = f" [{r['note']}]" if r.get("note") else ""
+            rows.append((f"bench: {r['row']}", r["unit"], "; ".join(cells) + note))
+        else:
+            detail = ", ".join(f"{k} {v}" for k, v in r.items() if k != "row")
+            rows.append((f"bench: {r['row']}", "", detail))
+    return rows
+
+
+def table(rows: list[tuple[str, str, str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    return "\n".join(
+        f"{a.ljust(widths[0])}  {b.ljust(widths[1])}  {c}".rstrip() for a, b, c in rows
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--wheels", type=Path, help="install devpolicy and the tools from here")
+    parser.add_argument("--runs", type=int, default=5, help="benchmark runs of each method")
+    parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
+    args = parser.parse_args(argv)
+    if args.wheels is not None:
+        install(args.wheels)
+    with tempfile.TemporaryDirectory() as folder:
+        status, rows = run_tests(Path(folder))
+    demo_status, demo = run_demo()
+    rows += demo
+    rows += run_benchmarks(args.runs)
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    head = (
+        f"accelerator lane, {when}: Python {platform.python_version()}, jax "
+        f"{installed('jax')}, jaxlib {installed('jaxlib')}, libtpu {installed('libtpu')}, "
+        f"devpolicy {installed('devpolicy') or 'from the checkout'}"
+    )
+    text = f"{head}\n\n{table([('what', 'outcome', 'detail'), *rows])}"
+    print("\n" + text)
+    if args.out is not None:
+        args.out.write_text(f"{head}\n\n```\n{table(rows)}\n```\n", encoding="utf-8")
+    return status if status not in (0, 5) else demo_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
