@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -59,6 +60,10 @@ def command(args: argparse.Namespace) -> int:
             "fallback": [{"target": t, "reason": why} for t, why in e.fallback],
             "decision": None if e.decision is None else e.decision.event_fields(),
             "error": e.error,
+            "transfers": {
+                field: {"mode": s.value, "source": s.source, "origin": s.origin}
+                for field, s in policy.settings.transfers.items()
+            },
         }
         print(json.dumps(payload, indent=2))
         return EXIT_OK if e.decision is not None else EXIT_FINDINGS
@@ -107,4 +112,11 @@ def command(args: argparse.Namespace) -> int:
         console.print(
             lit(f"sharded over mesh {d.mesh!r}: {d.shards} pieces on {d.mesh_devices} devices{per}")
         )
+    _print_transfers(console, policy)
     return EXIT_OK
+
+
+def _print_transfers(console: Console, policy: devpolicy.Policy) -> None:
+    """What the policy does with JAX's implicit transfers, field by field, where it says."""
+    for field, s in policy.settings.transfers.items():
+        console.print(lit(f"transfers.{field}: {s.value} (source {s.source}; origin {s.origin})"))

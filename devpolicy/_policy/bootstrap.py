@@ -55,9 +55,15 @@ def bootstrap(source: PolicyInput | None = None, *, required: bool | None = None
     policy = load_policy(source, required=required)
     plan = apply_runtime(plan_runtime(policy.settings.runtime, os.environ), os.environ)
     settings = policy.settings
-    if settings.file is not None or plan.knobs or plan.conflicts:
+    if settings.file is not None or plan.knobs or plan.conflicts or settings.transfers:
         level = "warning" if plan.conflicts or plan.hidden else "info"
-        policy.events.emit(level, "runtime", plan.applied_fields(settings.file, policy.found))
+        fields = plan.applied_fields(settings.file, policy.found)
+        if settings.transfers:  # `transfers:` and DEVPOLICY_TRANSFERS, as they take effect
+            fields["transfers"] = [
+                f"{field}={s.value} ({s.source}: {s.origin})"
+                for field, s in settings.transfers.items()
+            ]
+        policy.events.emit(level, "runtime", fields)
     return activate(policy)
 
 

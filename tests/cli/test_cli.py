@@ -293,6 +293,22 @@ class TestExplain:
         assert payload["decision"]["device"] == "cpu:0"
         assert payload["nbytes"] == 2**30
 
+    def test_explain_shows_the_transfers_setting_with_its_layer(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`transfers:` and DEVPOLICY_TRANSFERS show in explain, each field with its layer;
+        a policy without them shows no transfers line."""
+        policy = write(tmp_path / "p.yaml", "version: 1\ntransfers: log\n")
+        monkeypatch.setenv("DEVPOLICY_TRANSFERS", "device_to_device=disallow")
+        assert main(["explain", "model/w", "--policy", str(policy)]) == 0
+        out = capsys.readouterr().out
+        assert "transfers.device_to_device: disallow (source env; origin env:DEVPOLICY_TRANSFERS)" in out
+        assert "transfers.host_to_device: log (source policy; origin " in out
+        monkeypatch.delenv("DEVPOLICY_TRANSFERS")
+        plain = write(tmp_path / "plain.yaml", "version: 1\n")
+        assert main(["explain", "model/w", "--policy", str(plain), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["transfers"] == {}
+
     def test_explain_shape_shows_the_spec_or_why_it_does_not_divide(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:

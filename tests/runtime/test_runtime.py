@@ -110,6 +110,21 @@ class TestBootstrap:
         assert (event["x64"], event["x64_source"]) == (True, "policy")
         assert event["policy"] == "p.yaml"
 
+    def test_the_runtime_event_reports_transfers_with_each_fields_layer(
+        self, tmp_path: Path
+    ) -> None:
+        """`transfers:` and DEVPOLICY_TRANSFERS show in the runtime event as they take effect."""
+        write(tmp_path / "p.yaml", "version: 1\nlogging:\n  format: json\ntransfers: log\n")
+        result = python(
+            "import devpolicy; devpolicy.bootstrap('p.yaml')",
+            tmp_path,
+            DEVPOLICY_TRANSFERS="host_to_device=disallow",
+        )
+        assert result.returncode == 0, result.stderr
+        event = runtime_event(result.stderr)
+        assert "host_to_device=disallow (env: env:DEVPOLICY_TRANSFERS)" in event["transfers"]
+        assert "device_to_device=log (policy: p.yaml:4)" in event["transfers"]
+
     def test_a_user_variable_beats_the_policy_and_is_reported_as_env(self, tmp_path: Path) -> None:
         """JAX_NUM_CPU_DEVICES=2 and PREALLOCATE=true set by the user win, with source=env."""
         policy_file(tmp_path, "cpu_devices: 4\npreallocate: false")
