@@ -302,7 +302,10 @@ class TestExplain:
         monkeypatch.setenv("DEVPOLICY_TRANSFERS", "device_to_device=disallow")
         assert main(["explain", "model/w", "--policy", str(policy)]) == 0
         out = capsys.readouterr().out
-        assert "transfers.device_to_device: disallow (source env; origin env:DEVPOLICY_TRANSFERS)" in out
+        assert (
+            "transfers.device_to_device: disallow (source env; origin env:DEVPOLICY_TRANSFERS)"
+            in out
+        )
         assert "transfers.host_to_device: log (source policy; origin " in out
         monkeypatch.delenv("DEVPOLICY_TRANSFERS")
         plain = write(tmp_path / "plain.yaml", "version: 1\n")
