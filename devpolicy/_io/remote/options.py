@@ -20,10 +20,50 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..._base.errors import EnvOverrideError
 from ..._document.remote import BY_ATTRIBUTE, BY_FIELD, ENV_PREFIX, from_environment
 from .errors import RemoteOptionError
+from .urls import RemoteURL
 
-__all__ = ["ENV_PREFIX", "RemoteOptions", "env_name", "options_of", "resolve_options"]
+__all__ = [
+    "ENV_PREFIX",
+    "OFFLINE",
+    "RemoteOptions",
+    "env_name",
+    "offline_switch",
+    "options_of",
+    "resolve_options",
+]
+
+#: Our offline switch, for every scheme: a complete cache entry is served with no request.
+OFFLINE = ENV_PREFIX + "OFFLINE"
+_YES = ("1", "true", "yes", "on")
+_NO = ("", "0", "false", "no", "off")
+
+
+def offline_switch(url: RemoteURL, environ: Mapping[str, str]) -> str | None:
+    """The variable that makes reading `url` offline, or None: `DEVPOLICY_REMOTE_OFFLINE`
+    for every scheme, and the Hub's own `HF_HUB_OFFLINE` for hf:// (read as
+    `huggingface_hub` reads it: 1, ON, YES or TRUE).
+
+    Raises:
+        EnvOverrideError: `DEVPOLICY_REMOTE_OFFLINE` is neither yes nor no.
+
+    Example:
+        >>> from devpolicy._io.remote.urls import parse_url
+        >>> offline_switch(parse_url("hf://org/repo/m.safetensors"), {"HF_HUB_OFFLINE": "1"})
+        'HF_HUB_OFFLINE'
+    """
+    text = environ.get(OFFLINE, "").strip().lower()
+    if text in _YES:
+        return OFFLINE
+    if text not in _NO:
+        raise EnvOverrideError(OFFLINE, environ[OFFLINE], "neither yes nor no", "1 or 0 "
+                               "(also true/false, yes/no, on/off; empty: 0)")  # fmt: skip
+    hub = environ.get("HF_HUB_OFFLINE", "").strip().upper()
+    if url.scheme == "hf" and hub in ("1", "ON", "YES", "TRUE"):
+        return "HF_HUB_OFFLINE"
+    return None
 
 
 def _default(attribute: str) -> Any:

@@ -22,6 +22,7 @@ import random
 import re
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -195,13 +196,14 @@ class RemoteObject:
             else:
                 executor = self._threads()
                 futures = [executor.submit(self._fetch, span) for span in spans]
-                failure: BaseException | None = None
-                for future in futures:
-                    error = future.exception()
-                    if error is not None and failure is None:
-                        failure = error
-                if failure is not None:
-                    raise failure
+                failures = [e for e in (f.exception() for f in futures) if e is not None]
+                del futures
+                if failures:
+                    # The others' frames hold views of the caller's buffers (a cache's map
+                    # among them) in reference cycles: let them go now, not at a collection.
+                    for other in failures[1:]:
+                        forget_frames(other)
+                    raise failures[0]
         finally:
             with self.counters._lock:
                 self.counters.seconds += time.monotonic() - began
@@ -267,14 +269,15 @@ class RemoteObject:
         pieces = list(span.pieces)
         while True:
             attempts += 1
-            problem: str
             try:
                 received = self._attempt(start, span.end, pieces, attempts)
             except _Retry as failed:
-                retry = failed
+                # Its fields, not the exception: its frames hold views of the buffers.
+                problem, status, received = failed.problem, failed.status, failed.received
+                at_once = failed.at_once
+                forget_frames(failed)
             else:
                 return
-            problem, status, received = retry.problem, retry.status, retry.received
             start, pieces = _advance(start, pieces, received)
             waited = time.monotonic() - began
             if attempts >= options.attempts or waited >= options.total_seconds:
@@ -287,7 +290,7 @@ class RemoteObject:
                     status=status,
                     attempts=attempts,
                 )
-            delay = 0.0 if retry.at_once else random.uniform(0, options.backoff(attempts))
+            delay = 0.0 if at_once else random.uniform(0, options.backoff(attempts))
             delay = min(delay, max(0.0, options.total_seconds - waited))
             self.counters.add(retries=1)
             self._emit("info", "remote_retry", {
@@ -432,6 +435,21 @@ class RemoteObject:
                                       status=status, attempts=attempts)  # fmt: skip
             self.counters.add(retries=1)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def forget_frames(error: BaseException) -> None:
+    """Clear the finished frames of `error`'s tracebacks (its cause's and context's too), so
+    that the views of the buffers they hold are let go now: a map (the cache's) can then be
+    closed, where else closing it raises `BufferError` over the real error."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
 
 
 def _spans(pieces: list[_Piece], chunk: int) -> list[_Span]:
