@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,7 @@ class RemoteObject:
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._head: bytes | None = None
+        self._failed: RemoteReadError | None = None
         try:
             self.stat = self._stat()
         except BaseException:
@@ -189,15 +190,32 @@ class RemoteObject:
         if not pieces:
             return
         spans = self._plan(pieces)
+        if self._failed is not None:
+            raise RemoteReadError(
+                self.name,
+                f"the server was found unreachable by an earlier read ({self._failed}); "
+                "nothing more is asked of it",
+                byte_range=(spans[0].start, spans[-1].end), attempts=0,
+            )  # fmt: skip
         began = time.monotonic()
+        cancel = threading.Event()
         try:
             if len(spans) == 1:
-                self._fetch(spans[0])
+                self._fetch(spans[0], cancel)
             else:
                 executor = self._threads()
-                futures = [executor.submit(self._fetch, span) for span in spans]
-                failures = [e for e in (f.exception() for f in futures) if e is not None]
-                del futures
+                futures = [executor.submit(self._fetch, span, cancel) for span in spans]
+                done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+                if pending:  # one failed for good: the others stop, those not begun at once
+                    cancel.set()
+                    for future in pending:
+                        future.cancel()
+                    wait(pending)
+                failures = [
+                    e for f in futures if not f.cancelled()
+                    for e in [f.exception()] if e is not None and not isinstance(e, _Cancelled)
+                ]  # fmt: skip
+                del futures, done, pending
                 if failures:
                     # The others' frames hold views of the caller's buffers (a cache's map
                     # among them) in reference cycles: let them go now, not at a collection.
@@ -259,18 +277,27 @@ class RemoteObject:
 
     # -- one range, retried ---------------------------------------------------------------
 
-    def _fetch(self, span: _Span) -> None:
-        """Receive `span` into its pieces, retrying what is left after each failure."""
+    def _fetch(self, span: _Span, cancel: threading.Event | None = None) -> None:
+        """Receive `span` into its pieces, retrying what is left after each failure, within
+        `attempts` and `total_seconds` (a deadline every wait honours). When another range
+        of the same read failed for good (`cancel` set), stop at once.
+
+        Raises:
+            RemoteReadError: failed for good (and `cancel` set); `_Cancelled` when stopped.
+        """
         options = self.options
         began = time.monotonic()
+        deadline = began + options.total_seconds
         attempts = 0
         status: int | None = None
         start = span.start
         pieces = list(span.pieces)
         while True:
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled
             attempts += 1
             try:
-                received = self._attempt(start, span.end, pieces, attempts)
+                received = self._attempt(start, span.end, pieces, attempts, deadline)
             except _Retry as failed:
                 # Its fields, not the exception: its frames hold views of the buffers.
                 problem, status, received = failed.problem, failed.status, failed.received
@@ -282,14 +309,19 @@ class RemoteObject:
             waited = time.monotonic() - began
             if attempts >= options.attempts or waited >= options.total_seconds:
                 limit = (f"{options.attempts} attempts" if attempts >= options.attempts
-                         else f"{options.total_seconds:g} s")  # fmt: skip
-                raise RemoteReadError(
+                         else f"{options.total_seconds:g} s (total_time)")  # fmt: skip
+                failure = RemoteReadError(
                     self.name,
                     f"{problem}; gave up after {limit}",
                     byte_range=(span.start, span.end),
                     status=status,
                     attempts=attempts,
                 )
+                if cancel is not None:
+                    cancel.set()
+                if status is None:  # no answer at all: the server is unreachable
+                    self._failed = failure
+                raise failure
             delay = 0.0 if at_once else random.uniform(0, options.backoff(attempts))
             delay = min(delay, max(0.0, options.total_seconds - waited))
             self.counters.add(retries=1)
@@ -297,9 +329,14 @@ class RemoteObject:
                 "url": self.name, "range": f"{span.start}-{span.end - 1}", "status": status,
                 "problem": problem, "attempt": attempts, "delay_s": round(delay, 3),
             })  # fmt: skip
-            time.sleep(delay)
+            if cancel is not None and cancel.wait(delay):
+                raise _Cancelled
+            if cancel is None:
+                time.sleep(delay)
 
-    def _attempt(self, start: int, end: int, pieces: list[_Piece], attempts: int) -> int:
+    def _attempt(
+        self, start: int, end: int, pieces: list[_Piece], attempts: int, deadline: float
+    ) -> int:
         """One request for bytes `start`..`end`; returns the bytes received, or raises `_Retry`
         (with what was received before the failure) or a final error."""
         url, headers = self._backend.data_request(start, end)
@@ -307,7 +344,7 @@ class RemoteObject:
         headers["Range"] = f"bytes={start}-{end - 1}"
         self.counters.add(requests=1)
         try:
-            response = self._pool.request("GET", url, headers)
+            response = self._pool.request("GET", url, headers, deadline=deadline)
         except Dropped as e:
             raise _Retry(e.problem, None, 0) from e
         status = response.status
@@ -411,7 +448,9 @@ class RemoteObject:
             self.counters.add(requests=1)
             status: int | None = None
             try:
-                response = self._pool.request(method, url, headers, follow=follow)
+                response = self._pool.request(
+                    method, url, headers, follow=follow, deadline=began + options.total_seconds
+                )
                 status = response.status
                 if status < 400:
                     try:
@@ -503,6 +542,10 @@ def planned_requests(ranges: Sequence[tuple[int, int]], chunk_bytes: int) -> tup
     pieces = [_Piece(offset, range(length)) for offset, length in ranges if length]
     spans = _spans(pieces, chunk_bytes)
     return len(spans), sum(span.end - span.start for span in spans)
+
+
+class _Cancelled(Exception):  # noqa: N818 - internal: another range of the read failed for good
+    pass
 
 
 class _Retry(Exception):  # noqa: N818 - internal control flow of `_fetch`
