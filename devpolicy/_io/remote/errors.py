@@ -82,6 +82,8 @@ class RemoteReadError(DevicePolicyError, OSError):
         facts = [f"status {status}" if status is not None else "no response"]
         facts.append(f"{attempts} attempt{'s' if attempts != 1 else ''}")
         super().__init__(f"{where}: {problem} ({', '.join(facts)})")
+        # What a reader that reports `OSError.strerror` (as for a local file) shows.
+        self.strerror = str(self)
 
 
 class RangeIgnoredError(RemoteReadError):

@@ -20,8 +20,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..._base.errors import EnvOverrideError
-from ..._document.remote import BY_ATTRIBUTE, BY_FIELD, ENV_PREFIX, from_environment
+from ..._document.remote import (
+    BY_ATTRIBUTE,
+    BY_FIELD,
+    ENV_PREFIX,
+    OFFLINE_VARIABLE,
+    from_environment,
+    offline_of,
+)
 from .errors import RemoteOptionError
 from .urls import RemoteURL
 
@@ -36,9 +42,7 @@ __all__ = [
 ]
 
 #: Our offline switch, for every scheme: a complete cache entry is served with no request.
-OFFLINE = ENV_PREFIX + "OFFLINE"
-_YES = ("1", "true", "yes", "on")
-_NO = ("", "0", "false", "no", "off")
+OFFLINE = OFFLINE_VARIABLE
 
 
 def offline_switch(url: RemoteURL, environ: Mapping[str, str]) -> str | None:
@@ -54,12 +58,8 @@ def offline_switch(url: RemoteURL, environ: Mapping[str, str]) -> str | None:
         >>> offline_switch(parse_url("hf://org/repo/m.safetensors"), {"HF_HUB_OFFLINE": "1"})
         'HF_HUB_OFFLINE'
     """
-    text = environ.get(OFFLINE, "").strip().lower()
-    if text in _YES:
+    if offline_of(environ):
         return OFFLINE
-    if text not in _NO:
-        raise EnvOverrideError(OFFLINE, environ[OFFLINE], "neither yes nor no", "1 or 0 "
-                               "(also true/false, yes/no, on/off; empty: 0)")  # fmt: skip
     hub = environ.get("HF_HUB_OFFLINE", "").strip().upper()
     if url.scheme == "hf" and hub in ("1", "ON", "YES", "TRUE"):
         return "HF_HUB_OFFLINE"
@@ -165,21 +165,31 @@ def options_of(
     call: Mapping[str, object] | None = None,
     *,
     base: RemoteOptions | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> RemoteOptions:
-    """The options in force for one call: `base` (default: the defaults), then `settled`
-    (the policy's layers: file < `DEVPOLICY_REMOTE_*` < `load_policy(overrides=)`, by
-    field), then `call` (a call's `remote=`, by field: `{"concurrency": 16, "cache":
-    "/var/cache/models"}`), later winning.
+    """The options in force for one call: `base` (default: the defaults), then
+    `DEVPOLICY_REMOTE_*` of `environ` (default: `os.environ`), then `settled` (the policy's
+    layers: file < `DEVPOLICY_REMOTE_*` < `load_policy(overrides=)`, by field), then `call`
+    (a call's `remote=`, by field: `{"concurrency": 16, "cache": "/var/cache/models"}`),
+    later winning. The variables are read and checked here too, so that they count (and a
+    bad one is refused) the same with a policy or without one (an empty `settled`).
 
     Raises:
+        EnvOverrideError: a `DEVPOLICY_REMOTE_*` variable that cannot be read, naming it
+            and the accepted values.
         RemoteOptionError: `call` is not a mapping, or holds an unknown field (listing the
             known ones) or a bad value; or the in-flight budget is below the chunk size.
 
     Example:
-        >>> options_of({"chunk": 16 * 2**20}, {"concurrency": 4}).chunk_bytes
+        >>> options_of({"chunk": 16 * 2**20}, {"concurrency": 4}, environ={}).chunk_bytes
         16777216
     """
-    values: dict[str, object] = {}
+    import os
+
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {
+        BY_FIELD[field].attribute: value for field, value in from_environment(environ).items()
+    }
     for field, value in settled.items():
         values[BY_FIELD[field].attribute] = value
     if call is not None and not isinstance(call, Mapping):

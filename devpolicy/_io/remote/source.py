@@ -342,6 +342,7 @@ class RemoteObject:
         url, headers = self._backend.data_request(start, end)
         whole = start == 0 and end == self.size
         headers["Range"] = f"bytes={start}-{end - 1}"
+        headers["Accept-Encoding"] = "identity"  # the bytes as stored, never compressed
         self.counters.add(requests=1)
         try:
             response = self._pool.request("GET", url, headers, deadline=deadline)
@@ -381,7 +382,16 @@ class RemoteObject:
         return received
 
     def _check_response(self, response: Response, start: int, end: int, attempts: int) -> None:
-        """The response is the range asked of the version first seen, or raise."""
+        """The response is the range asked of the version first seen, as stored, or raise."""
+        encoding = (response.header("Content-Encoding") or "identity").strip().lower()
+        if encoding != "identity":
+            response.close()
+            raise RemoteReadError(
+                self.name,
+                f"the server sent the bytes encoded (Content-Encoding {encoding[:40]!r}) though "
+                "only the bytes as stored (identity) were asked; they are not the file's bytes",
+                byte_range=(start, end), status=response.status, attempts=attempts,
+            )  # fmt: skip
         length = response.header("Content-Length")
         if response.status == 206:
             match = _CONTENT_RANGE.match(response.header("Content-Range") or "")

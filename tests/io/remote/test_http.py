@@ -157,3 +157,56 @@ class TestNoSecretInMessages:
         """A 70,000-character host is a RemoteURLError, not a raw UnicodeError."""
         with pytest.raises(RemoteURLError, match="host"):
             open_remote("https://" + "a" * 70_000 + "/m.bin", environ={}, attempts=1)
+
+
+def _ranged(extra: str = "", validators: str = 'ETag: "v1"\r\n') -> Callable[..., None]:
+    """A server of BODY that honours Range, with `extra` headers on data responses."""
+
+    def answer(asked: Asked, send: Callable[[bytes], None]) -> None:
+        if asked.line.startswith("HEAD"):
+            send(f"HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\n{validators}\r\n".encode())
+            return
+        first, last = (int(x) for x in asked.headers["range"][6:].split("-"))
+        body = BODY[first : last + 1]
+        head = f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{SIZE}\r\n"
+        send(f"{head}Content-Length: {len(body)}\r\n{validators}{extra}\r\n".encode() + body)
+
+    return answer
+
+
+class TestWhatIsTaken:
+    def test_an_encoded_body_is_refused_and_identity_asked(
+        self, scripted: Callable[..., Scripted]
+    ) -> None:
+        """A range sent gzip-encoded is never taken as the file's bytes; identity is asked."""
+        server = scripted(_ranged("Content-Encoding: gzip\r\n"))
+        source = open_remote(f"{server.url}/m.bin", environ={}, attempts=1)
+        try:
+            with pytest.raises(RemoteReadError, match="Content-Encoding 'gzip'"):
+                source.read_into(0, memoryview(bytearray(SIZE)))
+        finally:
+            source.close()
+        assert server.asked[-1].headers["accept-encoding"] == "identity"
+
+    def test_a_server_without_validators_is_refused(
+        self, scripted: Callable[..., Scripted]
+    ) -> None:
+        """A server sending neither ETag nor Last-Modified is refused when opened: a
+        replaced file could not be noticed."""
+        server = scripted(_ranged(validators=""))
+        with pytest.raises(RemoteReadError, match="neither ETag nor Last-Modified"):
+            open_remote(f"{server.url}/m.bin", environ={}, attempts=1)
+
+    def test_a_header_read_failure_says_why(self, scripted: Callable[..., Scripted]) -> None:
+        """A failure reading a file's header at a URL says what failed, never `None`."""
+        import devpolicy
+
+        def answer(asked: Asked, send: Callable[[bytes], None]) -> None:
+            if not _head(asked, send):
+                send(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+
+        server = scripted(answer)
+        with pytest.raises(DevicePolicyError) as caught:
+            devpolicy.read_metadata(f"{server.url}/m.safetensors", remote={"attempts": 1})
+        assert "None" not in str(caught.value)
+        assert "status 403" in str(caught.value)
