@@ -314,3 +314,23 @@ class TestOffline:
         """DEVPOLICY_REMOTE_OFFLINE takes 1/0 (and true/false, yes/no, on/off) only."""
         with pytest.raises(DevicePolicyError, match=r"DEVPOLICY_REMOTE_OFFLINE.*accepted"):
             open_remote("s3://devpolicy-tests/x.bin", environ={"DEVPOLICY_REMOTE_OFFLINE": "maybe"})
+
+
+class TestLeftovers:
+    def test_a_newer_version_removes_the_older_ones_leftovers(
+        self, s3: servers.S3Server, s3_proxied: Proxied, payload: bytes, tmp_path: Path
+    ) -> None:
+        """Leftovers of a cut-short fill of one version are removed by the fill of a newer
+        version of the same URL (they would never be resumed)."""
+        key = "ckpt/leftovers.bin"
+        url = f"s3://{BUCKET}/{key}"
+        s3.put(BUCKET, key, payload)
+        s3_proxied.proxy.faults.append(servers.Fault("status", times=1000, applies=_gets))
+        with pytest.raises(RemoteReadError):
+            open_remote(url, environ=s3_proxied.environ, cache_dir=tmp_path, attempts=1)
+        assert len(list(tmp_path.glob("*.partial"))) == 1
+        s3_proxied.proxy.reset()
+        s3.put(BUCKET, key, payload[::-1])
+        open_remote(url, environ=s3_proxied.environ, cache_dir=tmp_path).close()
+        assert list(tmp_path.glob("*.partial")) == []
+        assert list(tmp_path.glob("*.progress")) == []
