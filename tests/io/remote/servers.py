@@ -626,7 +626,9 @@ class Scripted:
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._clients: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -635,7 +637,10 @@ class Scripted:
             except OSError:
                 return
             self.connections += 1
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+            self._clients.append(client)
+            thread = threading.Thread(target=self._serve, args=(client,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
 
     def _serve(self, client: socket.socket) -> None:
         with client, contextlib.suppress(OSError), client.makefile("rb") as reader:
@@ -652,6 +657,11 @@ class Scripted:
                 self.answer(asked, client.sendall)
 
     def close(self) -> None:
-        """Stop accepting (open connections end with their threads)."""
+        """Stop accepting, end every connection, and wait for their threads."""
         self._closed.set()
+        for sock in (self._listener, *self._clients):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept or recv
         self._listener.close()
+        for thread in self._threads:
+            thread.join(timeout=30)
