@@ -231,8 +231,10 @@ def _resolve(path: str | os.PathLike[str]) -> tuple[str, list[tuple[str, os.stat
     return here, links
 
 
-def untrusted(path: str | os.PathLike[str]) -> Untrusted | None:
-    """Why a file could hold contents that neither you nor root chose, or None.
+def untrusted(path: str | os.PathLike[str], what: str = "the policy") -> Untrusted | None:
+    """Why a file (or directory) could hold contents that neither you nor root chose, or None.
+
+    `what` names it in the fixes (`move the policy into a directory of your own`).
 
     The reasoning is git's (`safe.directory`, after CVE-2022-24765) carried to one file.
     Whoever can write the file, or change which file its name refers to, chooses what it
@@ -301,7 +303,7 @@ def untrusted(path: str | os.PathLike[str]) -> Untrusted | None:
                 "and its owner can put another file in its place",
                 held.st_uid,
                 user_name(held.st_uid),
-                "move the policy into a directory of your own",
+                f"move {what} into a directory of your own",
             )
         writable = _others_can_write(held)
         if writable is not None and not held.st_mode & stat.S_ISVTX:
@@ -311,6 +313,6 @@ def untrusted(path: str | os.PathLike[str]) -> Untrusted | None:
                 "another file in its place",
                 held.st_uid,
                 user_name(held.st_uid),
-                f"chmod go-w {directory}, or move the policy into a directory of your own",
+                f"chmod go-w {directory}, or move {what} into a directory of your own",
             )
     return None

@@ -82,6 +82,9 @@ class Overrides:
         self._seen: dict[str, tuple[str, SourceFile | None, int | None]] = {}
         _LIVE.add(self)
         _arm_at_exit()
+        if self._items:  # collected before the end: what it would have said is kept
+            weakref.finalize(self, _collected, self._rules, self._conditions, self._events,
+                             self._items, self._taken, self._warned, self._seen)  # fmt: skip
 
     def decided(self, decision: Decision[Any], source: SourceFile | None) -> None:
         """A fresh decision: which item took it, and a name to show per rule."""
@@ -268,7 +271,37 @@ def _arm_at_exit() -> None:
         atexit.register(at_exit)
 
 
+#: What the items of policies collected before the end would say then, by message (at most
+#: `MAX_COLLECTED`: a program that makes a policy per step repeats the same few messages).
+_COLLECTED: dict[str, tuple[EventLog, dict[str, Any]]] = {}
+MAX_COLLECTED = 64
+
+
+def _collected(
+    rules: Any, conditions: Any, events: EventLog, items: Any, taken: Any, warned: Any, seen: Any
+) -> None:
+    """A decider's overrides were collected (its policy dropped: `load_file(f,
+    policy=load_policy(...))`): their items that took nothing are said at the end all the
+    same. Its names are final now: no load can use that policy again."""
+    ghost = object.__new__(Overrides)
+    for name, value in (("_rules", rules), ("_conditions", conditions), ("_events", events),
+                        ("_items", items), ("_taken", taken), ("_warned", warned),
+                        ("_seen", seen)):  # fmt: skip
+        object.__setattr__(ghost, name, value)
+    for index, message in ghost.unused():
+        if message in _COLLECTED or len(_COLLECTED) >= MAX_COLLECTED:
+            continue
+        fields = {"variable": RULES, "item": index,
+                  "rule": item_text(rules[items[index]].spec), "message": message}  # fmt: skip
+        _COLLECTED[message] = (events, fields)
+
+
 def at_exit() -> None:
-    """The end of the process: each item of a live policy that took nothing says so."""
+    """The end of the process: each item that took nothing says so, of a live policy or of
+    one collected before."""
     for overrides in list(_LIVE):
         overrides.say_unused()
+    collected = list(_COLLECTED.values())
+    _COLLECTED.clear()
+    for events, fields in collected:
+        events.emit("warning", "override_matched_nothing", fields)

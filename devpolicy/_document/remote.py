@@ -135,8 +135,30 @@ OPTIONS: tuple[RemoteOption, ...] = (
 )  # fmt: skip
 BY_FIELD = {option.field: option for option in OPTIONS}
 BY_ATTRIBUTE = {option.attribute: option for option in OPTIONS}
+#: The offline switch (a complete cache entry is served with no request; see
+#: `_io/remote/options.offline_switch`): read where a URL is opened, not a `remote:` field.
+OFFLINE_VARIABLE = ENV_PREFIX + "OFFLINE"
+OFFLINE_YES = ("1", "true", "yes", "on")
+OFFLINE_NO = ("", "0", "false", "no", "off")
+OFFLINE_ACCEPTED = "1 or 0 (also true/false, yes/no, on/off; empty: 0)"
+
+
+def offline_of(environ: Mapping[str, str]) -> bool:
+    """Whether `DEVPOLICY_REMOTE_OFFLINE` is on.
+
+    Raises:
+        EnvOverrideError: it is neither yes nor no, naming the accepted values.
+    """
+    text = environ.get(OFFLINE_VARIABLE, "")
+    if text.strip().lower() in OFFLINE_YES:
+        return True
+    if text.strip().lower() not in OFFLINE_NO:
+        raise EnvOverrideError(OFFLINE_VARIABLE, text, "neither yes nor no", OFFLINE_ACCEPTED)
+    return False
+
+
 #: Every `DEVPOLICY_REMOTE_*` variable.
-VARIABLES = tuple(option.variable for option in OPTIONS)
+VARIABLES = (*(option.variable for option in OPTIONS), OFFLINE_VARIABLE)
 
 
 def from_environment(environ: Mapping[str, str]) -> dict[str, object]:
@@ -147,6 +169,7 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, object]:
         EnvOverrideError: naming the variable, its value and the accepted forms.
     """
     found: dict[str, object] = {}
+    offline_of(environ)  # not a `remote:` field, but checked with the others
     for option in OPTIONS:
         text = environ.get(option.variable)
         if not text:

@@ -187,3 +187,23 @@ class TestAnItemThatStopsMappingSaysSo:
 )
 def test_an_item_is_shown_as_it_is_written(spec: RuleSpec, text: str) -> None:
     assert overrides.item_text(spec) == text
+
+
+class TestACollectedPolicyStillSays:
+    def test_an_item_of_a_collected_policy_warns_at_the_end(self, tmp_path: Path) -> None:
+        """`load_file(f, policy=load_policy(...))` with an item that took nothing: the policy
+        is gone when the process ends, and the item still says it took nothing (once)."""
+        import gc
+
+        train, _ = _files(tmp_path)
+        devpolicy.load_file(
+            train,
+            policy=devpolicy.load_policy(STORY, environ={"DEVPOLICY_RULES": "nosuch/*=cpu:1"}),
+        )
+        gc.collect()
+        with capture_logs() as logs:
+            overrides.at_exit()
+            overrides.at_exit()
+        said = [m for m in _said(logs, "override_matched_nothing") if "nosuch/*" in m]
+        assert len(said) == 1
+        assert said[0].startswith("DEVPOLICY_RULES item 0 ('nosuch/*=cpu:1') took nothing")

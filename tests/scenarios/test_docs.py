@@ -57,6 +57,17 @@ class TestReadme:
         assert "examples/dataset_on_host.py" in commands[0]
         assert "pytest" in commands[1]
 
+    def test_the_demo_installs_the_package_alone(self) -> None:
+        """The demo's command installs devpolicy and nothing else (no extra: the test
+        servers and the docs toolchain are about 100 packages); the test command installs
+        the test extra itself."""
+        readme = (REPO / "README.md").read_text(encoding="utf-8")
+        block = re.search(r"## Quick start\n.*?```(?:bash|sh)?\n(.*?)```", readme, re.S)
+        assert block is not None
+        demo, tests = [line.strip() for line in block.group(1).splitlines() if line.strip()]
+        assert demo == "pip install -e . && python examples/dataset_on_host.py"
+        assert tests == 'pip install -e ".[test]" && python -m pytest'
+
     def test_ci_runs_the_readme_test_command(self) -> None:
         """.ci/run ends with the README's test command, verbatim."""
         readme = (REPO / "README.md").read_text(encoding="utf-8")

@@ -21,12 +21,14 @@ from .errors import (
     INSTALL_HINT,
     ObjectChangedError,
     RangeIgnoredError,
+    RemoteCacheError,
     RemoteExtraMissingError,
+    RemoteOfflineError,
     RemoteOptionError,
     RemoteReadError,
     RemoteURLError,
 )
-from .options import RemoteOptions, options_of, resolve_options
+from .options import RemoteOptions, offline_switch, options_of, resolve_options
 from .schemes import backend_for
 from .source import Counters, Emit, RemoteObject
 from .urls import SCHEMES, RemoteURL, is_url, parse_url, shown
@@ -39,8 +41,10 @@ __all__ = [
     "ObjectChangedError",
     "RangeIgnoredError",
     "RemoteCache",
+    "RemoteCacheError",
     "RemoteExtraMissingError",
     "RemoteObject",
+    "RemoteOfflineError",
     "RemoteOptionError",
     "RemoteOptions",
     "RemoteReadError",
@@ -48,6 +52,7 @@ __all__ = [
     "RemoteURLError",
     "backend_for",
     "is_url",
+    "offline_switch",
     "open_remote",
     "options_of",
     "parse_url",
@@ -85,7 +90,10 @@ def open_remote(
         RemoteURLError: the URL cannot be read (unknown scheme, malformed part).
         RemoteExtraMissingError: the scheme needs a package of the `remote` extra.
         RemoteReadError: the object cannot be opened (no access, no such object, the server
-            failing past the retries).
+            failing past the retries); `RemoteOfflineError` offline (see `offline_switch`)
+            when the cache holds no complete entry of it.
+        RemoteCacheError: the cache cannot be used (another account's, writable by others,
+            not writable).
 
     Example:
         >>> try:
@@ -101,6 +109,16 @@ http://, https://, s3://
         final = resolve_options(environ, None, **keywords)
     else:
         final = resolve_options({}, options, **keywords) if keywords else options
+    switch = offline_switch(parsed, environ)
+    if switch is not None:
+        if final.cache_dir is None:
+            raise RemoteOfflineError(
+                parsed.name,
+                f"offline ({switch}=1) and no cache to serve it from (remote: cache, "
+                f"DEVPOLICY_REMOTE_CACHE): nothing was asked of the server; set a cache and "
+                f"load it once online, or unset {switch}",
+            )
+        return RemoteCache(final.cache_dir).offline(parsed.name, switch)
     source = RemoteObject(backend_for(parsed, environ), final, emit)
     if final.cache_dir is None:
         return source

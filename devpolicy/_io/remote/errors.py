@@ -82,6 +82,8 @@ class RemoteReadError(DevicePolicyError, OSError):
         facts = [f"status {status}" if status is not None else "no response"]
         facts.append(f"{attempts} attempt{'s' if attempts != 1 else ''}")
         super().__init__(f"{where}: {problem} ({', '.join(facts)})")
+        # What a reader that reports `OSError.strerror` (as for a local file) shows.
+        self.strerror = str(self)
 
 
 class RangeIgnoredError(RemoteReadError):
@@ -92,3 +94,25 @@ class RangeIgnoredError(RemoteReadError):
 class ObjectChangedError(RemoteReadError):
     """The object changed (ETag, generation or size) after it was opened: its bytes would mix
     two versions."""
+
+
+class RemoteCacheError(DevicePolicyError, OSError):
+    """The remote cache directory, or an entry in it, cannot be used: another account
+    could have chosen its contents, it cannot be written, or an entry is damaged. The
+    load does not go on uncached (a cache was asked for): the message says how to fix it,
+    or to load without the cache.
+
+    Attributes:
+        path: The directory or entry concerned.
+    """
+
+    def __init__(self, path: str, problem: str, fix: str) -> None:
+        self.path = path
+        super().__init__(
+            f"remote cache (remote: cache, DEVPOLICY_REMOTE_CACHE) {path}: {problem}; {fix}"
+        )
+
+
+class RemoteOfflineError(RemoteReadError):
+    """Offline (`DEVPOLICY_REMOTE_OFFLINE=1`, or `HF_HUB_OFFLINE=1` for hf://) and the file
+    is not complete in the cache: nothing was asked of the server."""

@@ -17,15 +17,20 @@ per-range retry counts the load event reports need the responses in hand.
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from .urls import shown
+from .errors import RemoteURLError
+from .urls import is_loopback, shown
 
 #: Redirects followed per request, at most (the Hub sends one, presigned links one or two).
 MAX_REDIRECTS = 5
@@ -113,7 +118,69 @@ class Response:
         self._connection.close()
 
 
+class OutOfTimeError(TimeoutError):
+    """The request's deadline (`total_time`) passed while waiting for its answer."""
+
+
+class _TimedIO(io.RawIOBase):
+    """A connection's socket as a raw stream whose every receive waits at most the
+    connection's `timeout`, and never past its `deadline`: a server sending a byte now and
+    then (headers or body) cannot hold a read past it."""
+
+    def __init__(self, sock: socket.socket, connection: _HTTP | _HTTPS) -> None:
+        self._sock = sock
+        self._connection = connection
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        connection = self._connection
+        wait = connection.timeout
+        if connection.deadline is not None:
+            left = connection.deadline - time.monotonic()
+            if left <= 0:
+                raise OutOfTimeError("the deadline passed")
+            wait = left if wait is None else min(wait, left)
+        self._sock.settimeout(wait)
+        return self._sock.recv_into(buffer)
+
+
+class _TimedResponse(http.client.HTTPResponse):
+    def __init__(
+        self, sock: socket.socket, *args: Any, connection: _HTTP | _HTTPS, **kw: Any
+    ) -> None:
+        super().__init__(sock, *args, **kw)
+        self.fp.close()  # the plain reader `HTTPResponse` made: ours checks the deadline
+        self.fp = io.BufferedReader(_TimedIO(sock, connection))
+
+
+class _HTTP(http.client.HTTPConnection):
+    """A connection with a deadline (monotonic seconds, or None) that every receive of its
+    responses honours (see `_TimedIO`)."""
+
+    deadline: float | None = None
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.response_class = functools.partial(_TimedResponse, connection=self)  # type: ignore[assignment]
+
+
+class _HTTPS(http.client.HTTPSConnection):
+    """`_HTTP` over TLS."""
+
+    deadline: float | None = None
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.response_class = functools.partial(_TimedResponse, connection=self)  # type: ignore[assignment]
+
+
 def _problem(error: BaseException) -> str:
+    """What went wrong, in our words: never the client's own message, which can quote the
+    URL (its query's signature) or a header (a token)."""
+    if isinstance(error, OutOfTimeError):
+        return "the range's total_time ran out waiting for bytes"
     if isinstance(error, TimeoutError | socket.timeout):
         return "timed out waiting for bytes"
     if isinstance(error, ConnectionResetError):
@@ -124,7 +191,39 @@ def _problem(error: BaseException) -> str:
         return "the server closed the connection without answering"
     if isinstance(error, ConnectionRefusedError):
         return "the connection was refused"
-    return f"{type(error).__name__}: {error}"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return f"the server's certificate was refused ({error.verify_message})"
+    if isinstance(error, OSError) and error.strerror:
+        return f"{type(error).__name__}: {error.strerror}"
+    return type(error).__name__
+
+
+def _key(parts: urllib.parse.SplitResult) -> Key:
+    """(scheme, host, port) of a URL: what a change of drops credentials."""
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
+
+
+def _followable(before: str, url: str) -> urllib.parse.SplitResult:
+    """`url`'s parts, when a redirect from `before` may go there; else raise (before any
+    connection to it)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    host = parts.hostname or ""
+    if scheme == "https" and host:
+        return parts
+    if scheme == "http" and host and is_loopback(host):
+        return parts
+    where = f"{scheme}://" if scheme not in ("http", "https") else shown(url)
+    raise RemoteURLError(
+        shown(before), "redirect",
+        f"the server redirected to {where}, which is refused: a redirect is followed only "
+        "to https://, or to http:// on a loopback host",
+    )  # fmt: skip
 
 
 class Pool:
@@ -146,10 +245,8 @@ class Pool:
         if scheme == "https":
             if self._context is None:
                 self._context = ssl.create_default_context()
-            return http.client.HTTPSConnection(
-                host, port, timeout=self.timeout, context=self._context
-            )
-        return http.client.HTTPConnection(host, port, timeout=self.timeout)
+            return _HTTPS(host, port, timeout=self.timeout, context=self._context)
+        return _HTTP(host, port, timeout=self.timeout)
 
     def put(self, key: Key, connection: http.client.HTTPConnection) -> None:
         """Keep `connection` for the next request to `key`."""
@@ -165,32 +262,51 @@ class Pool:
                 connection.close()
 
     def request(
-        self, method: str, url: str, headers: Mapping[str, str], *, follow: bool = True
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        follow: bool = True,
+        deadline: float | None = None,
     ) -> Response:
         """Send a request (following redirects unless `follow` is false), returning the
-        response before its body.
+        response before its body. With `deadline` (monotonic seconds), no wait of the
+        request or its response (headers and body) goes past it.
+
+        A redirect is followed only to `https://`, or to `http://` on a loopback host (as a
+        URL given directly); credentials (`Authorization`, cookies, a URL's user
+        information) are dropped when the scheme, host or port changes.
 
         Raises:
             Dropped: no response came (refused, reset, timed out).
+            RemoteURLError: a redirect to a scheme or host that is refused (before any
+                connection to it).
         """
         headers = dict(headers)
-        origin = urllib.parse.urlsplit(url).netloc
+        origin = _key(urllib.parse.urlsplit(url))
         for _ in range(MAX_REDIRECTS + 1):
-            response = self._once(method, url, headers)
+            response = self._once(method, url, headers, deadline)
             if not follow or response.status not in _REDIRECTS or not response.header("Location"):
                 return response
             location = response.header("Location") or ""
             response.small_body()
+            before = url
             url = urllib.parse.urljoin(url, location)
-            if urllib.parse.urlsplit(url).netloc != origin:
+            parts = _followable(before, url)
+            if _key(parts) != origin:
                 headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+                if parts.username is not None or parts.password is not None:
+                    url = urllib.parse.urlunsplit(
+                        parts._replace(netloc=parts.netloc.rpartition("@")[2])
+                    )
         raise Dropped(f"more than {MAX_REDIRECTS} redirects (last to {shown(url)})")
 
-    def _once(self, method: str, url: str, headers: Mapping[str, str]) -> Response:
+    def _once(
+        self, method: str, url: str, headers: Mapping[str, str], deadline: float | None = None
+    ) -> Response:
         parts = urllib.parse.urlsplit(url)
-        scheme = parts.scheme.lower()
-        port = parts.port or (443 if scheme == "https" else 80)
-        key: Key = (scheme, parts.hostname or "", port)
+        key = _key(parts)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         sent = dict(headers)
         if parts.username is not None and "Authorization" not in sent:
@@ -207,6 +323,10 @@ class Pool:
             fresh = connection is None
             if connection is None:
                 connection = self._new(key)
+            if isinstance(connection, _HTTP | _HTTPS):
+                connection.deadline = deadline
+                if fresh and deadline is not None:  # connecting, too, ends by the deadline
+                    connection.timeout = max(0.001, min(self.timeout, deadline - time.monotonic()))
             try:
                 connection.request(method, target, headers=sent)
                 raw = connection.getresponse()
@@ -215,5 +335,13 @@ class Pool:
                 if fresh:
                     raise Dropped(_problem(e)) from e
                 continue
+            except ValueError:  # a header or the URL holds a character HTTP does not allow
+                connection.close()
+                raise RemoteURLError(
+                    shown(url), "request", "a header (a token?) or the URL holds a character "
+                    "HTTP does not allow (a space, a line break or another control character)",
+                ) from None  # fmt: skip
+            if isinstance(connection, _HTTP | _HTTPS):
+                connection.timeout = self.timeout
             return Response(raw.status, raw.headers, url, connection, raw, key, self)
         raise AssertionError("unreachable")  # pragma: no cover

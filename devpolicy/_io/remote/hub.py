@@ -26,10 +26,17 @@ _KIND_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 
 
 def hub_token(environ: Mapping[str, str]) -> str | None:
-    """The Hub token as `huggingface_hub` finds it, or None."""
-    token = environ.get("HF_TOKEN") or environ.get("HUGGING_FACE_HUB_TOKEN")
-    if token:
-        return token.strip()
+    """The Hub token as `huggingface_hub` finds it, or None.
+
+    Raises:
+        RemoteReadError: the token holds a line break or another control character (a
+            token file of two lines, a pasted CRLF): it would break the request's header.
+            The message says where the token came from, never the token.
+    """
+    for variable in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        token = environ.get(variable)
+        if token:
+            return _checked(token.strip(), variable)
     path = environ.get("HF_TOKEN_PATH")
     if not path:
         home = environ.get("HF_HOME") or os.path.join(
@@ -38,9 +45,19 @@ def hub_token(environ: Mapping[str, str]) -> str | None:
         path = os.path.join(home, "token")
     try:
         text = Path(path).read_text(encoding="utf-8").strip()
-    except OSError:
+    except (OSError, UnicodeError):
         return None
-    return text or None
+    return _checked(text, f"the token file {path} (HF_TOKEN_PATH, HF_HOME)") or None
+
+
+def _checked(token: str, where: str) -> str:
+    if any(c < " " or c == "\x7f" for c in token):
+        raise RemoteReadError(
+            "hf://",
+            f"the Hub token from {where} holds a line break or another control character "
+            "(not shown); set HF_TOKEN to the token alone, on one line",
+        )
+    return token
 
 
 class HubBackend(Backend):

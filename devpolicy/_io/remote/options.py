@@ -20,10 +20,50 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..._document.remote import BY_ATTRIBUTE, BY_FIELD, ENV_PREFIX, from_environment
+from ..._document.remote import (
+    BY_ATTRIBUTE,
+    BY_FIELD,
+    ENV_PREFIX,
+    OFFLINE_VARIABLE,
+    from_environment,
+    offline_of,
+)
 from .errors import RemoteOptionError
+from .urls import RemoteURL
 
-__all__ = ["ENV_PREFIX", "RemoteOptions", "env_name", "options_of", "resolve_options"]
+__all__ = [
+    "ENV_PREFIX",
+    "OFFLINE",
+    "RemoteOptions",
+    "env_name",
+    "offline_switch",
+    "options_of",
+    "resolve_options",
+]
+
+#: Our offline switch, for every scheme: a complete cache entry is served with no request.
+OFFLINE = OFFLINE_VARIABLE
+
+
+def offline_switch(url: RemoteURL, environ: Mapping[str, str]) -> str | None:
+    """The variable that makes reading `url` offline, or None: `DEVPOLICY_REMOTE_OFFLINE`
+    for every scheme, and the Hub's own `HF_HUB_OFFLINE` for hf:// (read as
+    `huggingface_hub` reads it: 1, ON, YES or TRUE).
+
+    Raises:
+        EnvOverrideError: `DEVPOLICY_REMOTE_OFFLINE` is neither yes nor no.
+
+    Example:
+        >>> from devpolicy._io.remote.urls import parse_url
+        >>> offline_switch(parse_url("hf://org/repo/m.safetensors"), {"HF_HUB_OFFLINE": "1"})
+        'HF_HUB_OFFLINE'
+    """
+    if offline_of(environ):
+        return OFFLINE
+    hub = environ.get("HF_HUB_OFFLINE", "").strip().upper()
+    if url.scheme == "hf" and hub in ("1", "ON", "YES", "TRUE"):
+        return "HF_HUB_OFFLINE"
+    return None
 
 
 def _default(attribute: str) -> Any:
@@ -125,21 +165,31 @@ def options_of(
     call: Mapping[str, object] | None = None,
     *,
     base: RemoteOptions | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> RemoteOptions:
-    """The options in force for one call: `base` (default: the defaults), then `settled`
-    (the policy's layers: file < `DEVPOLICY_REMOTE_*` < `load_policy(overrides=)`, by
-    field), then `call` (a call's `remote=`, by field: `{"concurrency": 16, "cache":
-    "/var/cache/models"}`), later winning.
+    """The options in force for one call: `base` (default: the defaults), then
+    `DEVPOLICY_REMOTE_*` of `environ` (default: `os.environ`), then `settled` (the policy's
+    layers: file < `DEVPOLICY_REMOTE_*` < `load_policy(overrides=)`, by field), then `call`
+    (a call's `remote=`, by field: `{"concurrency": 16, "cache": "/var/cache/models"}`),
+    later winning. The variables are read and checked here too, so that they count (and a
+    bad one is refused) the same with a policy or without one (an empty `settled`).
 
     Raises:
+        EnvOverrideError: a `DEVPOLICY_REMOTE_*` variable that cannot be read, naming it
+            and the accepted values.
         RemoteOptionError: `call` is not a mapping, or holds an unknown field (listing the
             known ones) or a bad value; or the in-flight budget is below the chunk size.
 
     Example:
-        >>> options_of({"chunk": 16 * 2**20}, {"concurrency": 4}).chunk_bytes
+        >>> options_of({"chunk": 16 * 2**20}, {"concurrency": 4}, environ={}).chunk_bytes
         16777216
     """
-    values: dict[str, object] = {}
+    import os
+
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {
+        BY_FIELD[field].attribute: value for field, value in from_environment(environ).items()
+    }
     for field, value in settled.items():
         values[BY_FIELD[field].attribute] = value
     if call is not None and not isinstance(call, Mapping):

@@ -22,8 +22,9 @@ import random
 import re
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,7 @@ class RemoteObject:
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._head: bytes | None = None
+        self._failed: RemoteReadError | None = None
         try:
             self.stat = self._stat()
         except BaseException:
@@ -188,20 +190,38 @@ class RemoteObject:
         if not pieces:
             return
         spans = self._plan(pieces)
+        if self._failed is not None:
+            raise RemoteReadError(
+                self.name,
+                f"the server was found unreachable by an earlier read ({self._failed}); "
+                "nothing more is asked of it",
+                byte_range=(spans[0].start, spans[-1].end), attempts=0,
+            )  # fmt: skip
         began = time.monotonic()
+        cancel = threading.Event()
         try:
             if len(spans) == 1:
-                self._fetch(spans[0])
+                self._fetch(spans[0], cancel)
             else:
                 executor = self._threads()
-                futures = [executor.submit(self._fetch, span) for span in spans]
-                failure: BaseException | None = None
-                for future in futures:
-                    error = future.exception()
-                    if error is not None and failure is None:
-                        failure = error
-                if failure is not None:
-                    raise failure
+                futures = [executor.submit(self._fetch, span, cancel) for span in spans]
+                done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+                if pending:  # one failed for good: the others stop, those not begun at once
+                    cancel.set()
+                    for future in pending:
+                        future.cancel()
+                    wait(pending)
+                failures = [
+                    e for f in futures if not f.cancelled()
+                    for e in [f.exception()] if e is not None and not isinstance(e, _Cancelled)
+                ]  # fmt: skip
+                del futures, done, pending
+                if failures:
+                    # The others' frames hold views of the caller's buffers (a cache's map
+                    # among them) in reference cycles: let them go now, not at a collection.
+                    for other in failures[1:]:
+                        forget_frames(other)
+                    raise failures[0]
         finally:
             with self.counters._lock:
                 self.counters.seconds += time.monotonic() - began
@@ -257,54 +277,75 @@ class RemoteObject:
 
     # -- one range, retried ---------------------------------------------------------------
 
-    def _fetch(self, span: _Span) -> None:
-        """Receive `span` into its pieces, retrying what is left after each failure."""
+    def _fetch(self, span: _Span, cancel: threading.Event | None = None) -> None:
+        """Receive `span` into its pieces, retrying what is left after each failure, within
+        `attempts` and `total_seconds` (a deadline every wait honours). When another range
+        of the same read failed for good (`cancel` set), stop at once.
+
+        Raises:
+            RemoteReadError: failed for good (and `cancel` set); `_Cancelled` when stopped.
+        """
         options = self.options
         began = time.monotonic()
+        deadline = began + options.total_seconds
         attempts = 0
         status: int | None = None
         start = span.start
         pieces = list(span.pieces)
         while True:
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled
             attempts += 1
-            problem: str
             try:
-                received = self._attempt(start, span.end, pieces, attempts)
+                received = self._attempt(start, span.end, pieces, attempts, deadline)
             except _Retry as failed:
-                retry = failed
+                # Its fields, not the exception: its frames hold views of the buffers.
+                problem, status, received = failed.problem, failed.status, failed.received
+                at_once = failed.at_once
+                forget_frames(failed)
             else:
                 return
-            problem, status, received = retry.problem, retry.status, retry.received
             start, pieces = _advance(start, pieces, received)
             waited = time.monotonic() - began
             if attempts >= options.attempts or waited >= options.total_seconds:
                 limit = (f"{options.attempts} attempts" if attempts >= options.attempts
-                         else f"{options.total_seconds:g} s")  # fmt: skip
-                raise RemoteReadError(
+                         else f"{options.total_seconds:g} s (total_time)")  # fmt: skip
+                failure = RemoteReadError(
                     self.name,
                     f"{problem}; gave up after {limit}",
                     byte_range=(span.start, span.end),
                     status=status,
                     attempts=attempts,
                 )
-            delay = 0.0 if retry.at_once else random.uniform(0, options.backoff(attempts))
+                if cancel is not None:
+                    cancel.set()
+                if status is None:  # no answer at all: the server is unreachable
+                    self._failed = failure
+                raise failure
+            delay = 0.0 if at_once else random.uniform(0, options.backoff(attempts))
             delay = min(delay, max(0.0, options.total_seconds - waited))
             self.counters.add(retries=1)
             self._emit("info", "remote_retry", {
                 "url": self.name, "range": f"{span.start}-{span.end - 1}", "status": status,
                 "problem": problem, "attempt": attempts, "delay_s": round(delay, 3),
             })  # fmt: skip
-            time.sleep(delay)
+            if cancel is not None and cancel.wait(delay):
+                raise _Cancelled
+            if cancel is None:
+                time.sleep(delay)
 
-    def _attempt(self, start: int, end: int, pieces: list[_Piece], attempts: int) -> int:
+    def _attempt(
+        self, start: int, end: int, pieces: list[_Piece], attempts: int, deadline: float
+    ) -> int:
         """One request for bytes `start`..`end`; returns the bytes received, or raises `_Retry`
         (with what was received before the failure) or a final error."""
         url, headers = self._backend.data_request(start, end)
         whole = start == 0 and end == self.size
         headers["Range"] = f"bytes={start}-{end - 1}"
+        headers["Accept-Encoding"] = "identity"  # the bytes as stored, never compressed
         self.counters.add(requests=1)
         try:
-            response = self._pool.request("GET", url, headers)
+            response = self._pool.request("GET", url, headers, deadline=deadline)
         except Dropped as e:
             raise _Retry(e.problem, None, 0) from e
         status = response.status
@@ -341,7 +382,16 @@ class RemoteObject:
         return received
 
     def _check_response(self, response: Response, start: int, end: int, attempts: int) -> None:
-        """The response is the range asked of the version first seen, or raise."""
+        """The response is the range asked of the version first seen, as stored, or raise."""
+        encoding = (response.header("Content-Encoding") or "identity").strip().lower()
+        if encoding != "identity":
+            response.close()
+            raise RemoteReadError(
+                self.name,
+                f"the server sent the bytes encoded (Content-Encoding {encoding[:40]!r}) though "
+                "only the bytes as stored (identity) were asked; they are not the file's bytes",
+                byte_range=(start, end), status=response.status, attempts=attempts,
+            )  # fmt: skip
         length = response.header("Content-Length")
         if response.status == 206:
             match = _CONTENT_RANGE.match(response.header("Content-Range") or "")
@@ -408,7 +458,9 @@ class RemoteObject:
             self.counters.add(requests=1)
             status: int | None = None
             try:
-                response = self._pool.request(method, url, headers, follow=follow)
+                response = self._pool.request(
+                    method, url, headers, follow=follow, deadline=began + options.total_seconds
+                )
                 status = response.status
                 if status < 400:
                     try:
@@ -432,6 +484,21 @@ class RemoteObject:
                                       status=status, attempts=attempts)  # fmt: skip
             self.counters.add(retries=1)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def forget_frames(error: BaseException) -> None:
+    """Clear the finished frames of `error`'s tracebacks (its cause's and context's too), so
+    that the views of the buffers they hold are let go now: a map (the cache's) can then be
+    closed, where else closing it raises `BufferError` over the real error."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
 
 
 def _spans(pieces: list[_Piece], chunk: int) -> list[_Span]:
@@ -485,6 +552,10 @@ def planned_requests(ranges: Sequence[tuple[int, int]], chunk_bytes: int) -> tup
     pieces = [_Piece(offset, range(length)) for offset, length in ranges if length]
     spans = _spans(pieces, chunk_bytes)
     return len(spans), sum(span.end - span.start for span in spans)
+
+
+class _Cancelled(Exception):  # noqa: N818 - internal: another range of the read failed for good
+    pass
 
 
 class _Retry(Exception):  # noqa: N818 - internal control flow of `_fetch`

@@ -83,6 +83,12 @@ def parse_url(url: str, *, folder: bool = False) -> RemoteURL:
     if match is None:
         raise RemoteURLError(str(url), "scheme", f"not a URL; accepted schemes: {_schemes()}")
     name = shown(url)
+    if any(c <= " " or c == "\x7f" for c in url):
+        # Never quoted: the query (a signature) or the user information may hold it.
+        raise RemoteURLError(
+            name, "characters", "a space, line break or other control character; "
+            "percent-encode it (a space is %20)",
+        )  # fmt: skip
     scheme = match.group(1).lower()
     if scheme not in SCHEMES:
         raise RemoteURLError(name, "scheme", f"unknown scheme {scheme!r}; accepted: {_schemes()}")
@@ -148,6 +154,13 @@ def _hf_url(url: str, name: str, rest: str, folder: bool) -> RemoteURL:
             "write hf://ORG/REPO[@REVISION]/PATH (or hf://datasets/ORG/REPO[@REVISION]/PATH)",
         )
     org, repo, path = parts[0], parts[1], "/".join(parts[2:])
+    if ":" in org or ":" in repo.partition("@")[0]:
+        raise RemoteURLError(
+            f"hf://{'...' if ':' in org else org}/.../{path}",  # never the secret
+            "repository",
+            "user information (NAME:TOKEN@) is not part of an hf:// URL (not shown here); "
+            "the token comes from HF_TOKEN or the one `hf auth login` saved",
+        )  # fmt: skip
     repo, at, revision = repo.partition("@")
     revision = urllib.parse.unquote(revision) if at else "main"
     for label, value in (("organisation", org), ("repository", repo)):
@@ -165,6 +178,22 @@ def _hf_url(url: str, name: str, rest: str, folder: bool) -> RemoteURL:
     return RemoteURL("hf", url, name, f"{org}/{repo}", path, revision, repo_type)
 
 
+def _check_host(name: str, host: str) -> None:
+    """Refuse a host name no resolver takes (over 253 characters, a label over 63, one
+    IDNA cannot encode), as a URL error rather than the codec's."""
+    if host.startswith("[") or ":" in host:
+        return  # an IPv6 address, checked by `urlsplit`
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError:
+        encoded = b""
+    if not encoded or len(encoded) > 253 or any(len(label) > 63 for label in encoded.split(b".")):
+        raise RemoteURLError(
+            name[:200], "host", f"not a host name ({len(host)} characters; at most 253, "
+            "63 between dots)",
+        )  # fmt: skip
+
+
 def _http_url(scheme: str, url: str, name: str, folder: bool) -> RemoteURL:
     try:
         parts = urllib.parse.urlsplit(url)
@@ -174,6 +203,7 @@ def _http_url(scheme: str, url: str, name: str, folder: bool) -> RemoteURL:
     host = parts.hostname or ""
     if not host:
         raise RemoteURLError(name, "host", f"missing; write {scheme}://HOST/PATH")
+    _check_host(name, host)
     if not folder and (not parts.path or parts.path.endswith("/")):
         raise RemoteURLError(name, "path", "missing a file name")
     if scheme == "http" and not is_loopback(host):

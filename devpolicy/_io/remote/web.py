@@ -1,10 +1,12 @@
 """https://host/path (and http:// on loopback): any server that honours `Range`.
 
 The size comes from a HEAD (or, where HEAD is refused, from the `Content-Range` of a one-byte
-GET), the version from `ETag`, else `Last-Modified`. Data reads send `If-Match` when the ETag
-is a strong one, and each response's validator is checked as well. A URL's user information
-becomes HTTP Basic authorisation; its query string (a presigned link's signature) is sent and
-never shown.
+GET), the version from `ETag`, else `Last-Modified`; a server that sends neither is refused
+(a replaced file could not be noticed). `Last-Modified` counts whole seconds: a file
+replaced by one of the same size within the same second is not noticed; prefer ETag. Data
+reads send `If-Match` when the ETag is a strong one, and each response's validator is
+checked as well. A URL's user information becomes HTTP Basic authorisation; its query string
+(a presigned link's signature) is sent and never shown.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ class WebBackend(Backend):
         etag = response.header("ETag")
         self._by_etag = etag is not None
         version = etag or response.header("Last-Modified")
+        if version is None:
+            response.small_body()
+            raise RemoteReadError(
+                self.name,
+                "the server sends neither ETag nor Last-Modified: a file replaced during the "
+                "load could not be told from the one opened, and its bytes could mix two "
+                "versions; serve it from a server that sends ETag (object storage does)",
+                status=response.status,
+            )
         if response.status == 206:
             match = _TOTAL.match(response.header("Content-Range") or "")
             response.small_body()

@@ -602,3 +602,66 @@ def running(start: Callable[[], Any]) -> Iterator[Any]:
             server.kill()
         else:
             server.close()
+
+
+@dataclass
+class Asked:
+    """One request a `Scripted` server received: its request line and headers."""
+
+    line: str
+    headers: dict[str, str]
+
+
+class Scripted:
+    """A raw HTTP/1.1 server on 127.0.0.1 whose answers a test writes byte by byte:
+    `answer(asked, send)` gets each request and a `send(bytes)` that writes to the client
+    (so it can trickle, stop part way or redirect). Each connection runs on its own thread;
+    `asked` records every request; `connections` counts connections accepted."""
+
+    def __init__(self, answer: Callable[[Asked, Callable[[bytes], None]], None]) -> None:
+        self.answer = answer
+        self.asked: list[Asked] = []
+        self.connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._closed = threading.Event()
+        self._clients: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self._clients.append(client)
+            thread = threading.Thread(target=self._serve, args=(client,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client, contextlib.suppress(OSError), client.makefile("rb") as reader:
+            while not self._closed.is_set():
+                line = reader.readline().decode("latin-1").strip()
+                if not line:
+                    return
+                headers: dict[str, str] = {}
+                while (header := reader.readline().decode("latin-1").strip()) != "":
+                    name, _, value = header.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                asked = Asked(line, headers)
+                self.asked.append(asked)
+                self.answer(asked, client.sendall)
+
+    def close(self) -> None:
+        """Stop accepting, end every connection, and wait for their threads."""
+        self._closed.set()
+        for sock in (self._listener, *self._clients):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept or recv
+        self._listener.close()
+        for thread in self._threads:
+            thread.join(timeout=30)

@@ -114,3 +114,32 @@ class TestResolve:
         with pytest.raises(RemoteOptionError, match=message) as caught:
             resolve_options({}, **keywords)
         assert isinstance(caught.value, DevicePolicyError)
+
+
+class TestWithoutAPolicy:
+    @pytest.mark.parametrize(
+        ("variable", "value"),
+        [
+            ("DEVPOLICY_REMOTE_ATTEMPTS", "-3"),
+            ("DEVPOLICY_REMOTE_TIMEOUT", "nan"),
+            ("DEVPOLICY_REMOTE_CHUNK", "1e400"),
+            ("DEVPOLICY_REMOTE_OFFLINE", "sometimes"),
+        ],
+    )
+    def test_bad_values_are_refused_with_no_policy_given(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str, value: str
+    ) -> None:
+        """With no policy (none given, none found), a bad DEVPOLICY_REMOTE_* is an error
+        naming the variable and the accepted values, as with a policy file."""
+        import numpy as np
+
+        import devpolicy
+
+        (tmp_path / ".git").mkdir()  # a project root of its own: no policy found above it
+        monkeypatch.chdir(tmp_path)
+        devpolicy.save_file({"w": np.zeros(2)}, tmp_path / "m.safetensors")
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(EnvOverrideError, match=rf"^{variable}=.*accepted: "):
+            devpolicy.load_file(tmp_path / "m.safetensors")
+        with pytest.raises(EnvOverrideError, match=rf"^{variable}="):
+            devpolicy.load_policy({"version": 1})

@@ -77,7 +77,7 @@ class TestParse:
             ("hf://org/repo@/m.bin", r"^hf://org/repo@/m\.bin: revision: empty after '@'"),
             (
                 "hf://org/re po/m.bin",
-                r"^hf://org/re po/m\.bin: repository: repository 're po' is not a Hub name",
+                r"^hf://org/re po/m\.bin: characters: a space, line break or other control character",
             ),
             (
                 "hf://org/repo/a/../b",
