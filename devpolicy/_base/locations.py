@@ -44,6 +44,12 @@ def shown_url(url: str) -> str:
         # credentials put where they do not go, never shown.
         scheme, _, rest = bare.partition("://")
         first, slash, path = rest.partition("/")
+        if scheme.lower() == "hf":
+            # The repository may carry `@revision`, but never `NAME:TOKEN@` before it.
+            second, slash2, tail = path.partition("/")
+            user, at, repository = second.partition("@")
+            if at and ":" in user:
+                path = f"{repository}{slash2}{tail}"
         return f"{scheme}://{first.rpartition('@')[2]}{slash}{path}"
     try:
         parts = urllib.parse.urlsplit(url)

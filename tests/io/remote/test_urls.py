@@ -115,12 +115,19 @@ class TestShown:
             ),
             ("https://example.org:8443/m.bin#frag", "https://example.org:8443/m.bin"),
             ("s3://bucket/key", "s3://bucket/key"),
+            ("hf://org/repo@v1.0/m.bin", "hf://org/repo@v1.0/m.bin"),
         ],
     )
     def test_credentials_are_never_shown(self, url: str, expected: str) -> None:
         """User information, query strings and fragments (where credentials travel) are dropped."""
         assert shown(url) == expected
         assert parse_url(url).name == expected
+
+    def test_a_token_before_a_hub_repository_is_never_shown(self) -> None:
+        """`hf://org/NAME:TOKEN@repo/...` (refused when parsed) is shown without the token;
+        a revision after the repository stays."""
+        assert shown("hf://org/u:SECRET@repo/m.bin") == "hf://org/repo/m.bin"
+        assert shown("hf://org/u:SECRET@repo@v1/m.bin") == "hf://org/repo@v1/m.bin"
 
     def test_an_error_never_shows_the_password(self) -> None:
         """A malformed URL with a password is reported without it."""
@@ -172,5 +179,7 @@ class TestShownProperty:
             f"gs://{user}:{secret}@bucket/{path}",
             f"hf://{user}:{secret}@org/repo/{path}",
             f"hf://{secret}@datasets/org/repo/{path}",
+            f"hf://org/{user}:{secret}@repo/{path}",
+            f"hf://org/{user}:{secret}@repo@main/{path}",
         ):
             assert secret not in shown(url)
