@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jax
@@ -105,8 +105,9 @@ class TestEvents:
     def test_a_scope_reports_its_rule_as_the_transfers_rule(self) -> None:
         """Inside `policy.scope(name)` the event carries the origin of the deciding rule."""
         p = policy_of(rules=[{"match": "x", "device": "cpu:1"}], transfers=WATCH_ALL)
+        doubled = jax.jit(lambda a: a * 2)
         with capture_logs() as logs, p.scope("x"):
-            jnp.asarray(HOST)
+            doubled(HOST)
         (event,) = transfers(logs)
         assert event["rule"] == "<mapping>:rules[0]"
         assert event["devices"] == ["cpu:1"]
@@ -265,6 +266,16 @@ class TestWhereItApplies:
         assert str(event["site"]).endswith(site)
 
 
+def guard_sees(transfer: Callable[[], object]) -> bool:
+    """Whether JAX's own guard refuses `transfer` (what it cannot see, nobody can)."""
+    with jax.transfer_guard("disallow"):
+        try:
+            transfer()
+        except Exception:
+            return True
+    return False
+
+
 class TestReferenceProgram:
     def test_every_site_the_guard_can_see_is_reported(self, cpus: list[jax.Device]) -> None:
         """Each marked line of tests/transfers_reference.py is reported with its line,
@@ -284,6 +295,8 @@ class TestReferenceProgram:
             path, _, line = row.site.rpartition(":")
             assert path.endswith("transfers_reference.py"), row
             sites[int(line)] = row
+        if not guard_sees(lambda: jnp.asarray(HOST)):  # jax 0.6: jnp.asarray is no transfer
+            marked = {n: m for n, m in marked.items() if m[0] != "jnp.asarray of numpy"}
         assert set(sites) == set(marked)
         for number, (kind, direction) in marked.items():
             row = sites[number]

@@ -193,8 +193,9 @@ _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z? ?")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _SIZE = r"\d[\d,]*(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)"
 # structlog's console renderer quotes a value with spaces (`found='a b'`) in its newer
-# releases and not in the oldest we support (`found=a b`): compared without the quotes.
-_QUOTED_VALUE = re.compile(r"='([^'\n]*)'")
+# releases and not in the oldest we support (`found=a b`): compared without the quotes
+# (double quotes where the value holds a single quote: `note="pip install 'x'"`).
+_QUOTED_VALUE = re.compile(r"='([^'\n]*)'" + r'|="([^"\n]*)"')
 # A CPU device's memory kinds: `device, pinned_host, unpinned_host` in newer JAX, only
 # `unpinned_host` in the oldest we support.
 _CPU_MEMORY_KINDS = re.compile(r"\b(?:device, )?(?:pinned_host, )?unpinned_host\b")
@@ -212,7 +213,7 @@ def normalised(text: str, project: Path | None = None) -> list[str]:
         line = _TIMESTAMP.sub("", raw)
         line = re.sub(rf"{_SIZE} free", "<free> free", line)
         line = re.sub(r"seconds=[\d.]+", "seconds=<s>", line)
-        line = _QUOTED_VALUE.sub(r"=\1", line)
+        line = _QUOTED_VALUE.sub(lambda m: "=" + (m[1] if m[1] is not None else m[2]), line)
         line = _CPU_MEMORY_KINDS.sub("<memory kinds>", line)
         if "\u2503" in line:  # a rich table's header row: where its `free` column is
             cells = [c.strip() for c in line.split("\u2503")]
