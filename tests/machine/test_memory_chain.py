@@ -46,7 +46,7 @@ class TestTheFallbackIsJudgedToo:
         why = "needs 30.0 GiB, 24.0 GiB free on gpu:0, keeping 10% free"
         assert e.fallback == (("auto", why), ("gpu", why))
         assert e.decision.fallback_reason == (
-            f"auto: {why}; gpu: {why}; used cpu (the host: no accelerator in the chain can "
+            f"auto, gpu: {why}; used cpu (the host: no accelerator in the chain can "
             "hold 30.0 GiB)"
         )
 
