@@ -66,18 +66,27 @@ def load(path: Path | None) -> devpolicy.Policy:
 
 
 def described_machine(args: argparse.Namespace) -> devpolicy.VirtualMachine | None:
-    """The machine `--devices`/`--processes` describe, or None for this one.
+    """The machine `--devices`/`--processes`/`--slices` describe, or None for this one.
 
     Raises:
-        ValueError: `--processes` without `--devices` (main reports it as a usage error).
+        ValueError: `--processes` or `--slices` without `--devices` (main reports it as a
+            usage error).
+        MachineSpecError: `--slices` that does not split the processes evenly.
     """
     if args.devices:
-        return devpolicy.VirtualMachine(args.devices, args.processes or 1, option="--devices")
-    if args.processes is not None:
-        raise ValueError(
-            "--processes plans a machine described by --devices; add "
-            "--devices BACKEND=COUNTxSIZE (e.g. --devices gpu=8x80GiB)"
+        return devpolicy.VirtualMachine(
+            args.devices,
+            args.processes or 1,
+            args.slices,
+            option="--devices",
+            slices_option="--slices",
         )
+    for option, example in (("processes", "gpu=8x80GiB"), ("slices", "tpu=4x16GiB")):
+        if getattr(args, option) is not None:
+            raise ValueError(
+                f"--{option} plans a machine described by --devices; add "
+                f"--devices BACKEND=COUNTxSIZE (e.g. --devices {example})"
+            )
     return None
 
 

@@ -63,7 +63,7 @@ def _devices_item(text: str) -> str:
     return text
 
 
-def _processes(text: str) -> int:
+def _processes(text: str, what: str = "process") -> int:
     # ASCII digits only, as in --devices (`isdigit`/`int` would also take '٣', '²' and
     # ' 3'), and never more digits than `int` takes: a 5,000-digit count is out of range.
     digits = text.lstrip("0")
@@ -74,7 +74,7 @@ def _processes(text: str) -> int:
     if count is None or not 1 <= count <= _MAX_PROCESSES:
         shown = text if len(text) <= 20 else f"{text[:20]}... ({len(text):,} characters)"
         raise argparse.ArgumentTypeError(
-            f"{shown!r} is not a process count; accepted: a whole number 1..{_MAX_PROCESSES}, "
+            f"{shown!r} is not a {what} count; accepted: a whole number 1..{_MAX_PROCESSES}, "
             "in the digits 0-9"
         )
     return count
@@ -248,8 +248,8 @@ def _tree_option(parser: argparse.ArgumentParser, whose: str) -> None:
 
 
 def _machine_options(parser: argparse.ArgumentParser, verb: str) -> None:
-    """`--devices` and `--processes`: a machine you do not have, for `plan`, `explain` and
-    `check`."""
+    """`--devices`, `--processes` and `--slices`: a machine you do not have, for `plan`,
+    `explain` and `check`."""
     parser.add_argument(
         "--devices",
         action="append",
@@ -265,6 +265,14 @@ def _machine_options(parser: argparse.ArgumentParser, verb: str) -> None:
         default=None,
         metavar="N",
         help="with --devices: N identical processes, each with those devices (default 1)",
+    )
+    parser.add_argument(
+        "--slices",
+        type=lambda text: _processes(text, "slice"),
+        default=None,
+        metavar="N",
+        help="with --devices tpu=...: the processes' TPUs are in N slices, the processes "
+        "split evenly over them (default 1: one pod slice); off TPU each process is a slice",
     )
 
 

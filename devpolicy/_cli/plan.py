@@ -300,6 +300,7 @@ def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:
             for d in p.devices
         ],
         "processes": [{"process": i, "nbytes": p.bytes_per_process} for i in range(p.processes)],
+        "slices": p.slices,
         "rules": [use_json(u) for u in p.rules],
         "meshes": [
             {

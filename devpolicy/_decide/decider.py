@@ -9,7 +9,7 @@ write in `advice`; the fallback walk itself in `routing`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
@@ -547,7 +547,7 @@ class Decider(Generic[DeviceT]):
             index = target_used.index or 0
             resolved = f"{target_used.platform}:{index} -> {self.machine.text(device)}"
         if choice.tried:
-            passed = "; ".join(f"{t}: {why}" for t, why in choice.tried)
+            passed = passed_over(choice.tried)
             used = choice.target.text if resolved is None else resolved
             reason = f"{passed}; used {used}"
             host = getattr(device, "platform", None) == "cpu"
@@ -615,3 +615,18 @@ def virtual_decider(settings: Settings, machine: object, verb: str) -> Decider[V
             f"{type(machine).__name__} {machine!r}"
         )
     return Decider(settings, machine, machine)
+
+
+def passed_over(tried: Sequence[tuple[str, str]]) -> str:
+    """The targets passed over with why, each reason said once after every target passed
+    over for it, in the order the walk first met it.
+
+    Example:
+        >>> passed_over([("gpu:0", "no gpu backend"), ("cpu:9", "out of range"),
+        ...              ("gpu", "no gpu backend")])
+        'gpu:0, gpu: no gpu backend; cpu:9: out of range'
+    """
+    grouped: dict[str, list[str]] = {}
+    for target, why in tried:
+        grouped.setdefault(why, []).append(str(target))
+    return "; ".join(f"{', '.join(targets)}: {why}" for why, targets in grouped.items())

@@ -81,9 +81,10 @@ class JointTarget(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class JointSaved:
-    """What one process did in a joint save."""
+    """What one process did in a joint save (the `save_file` event's fields)."""
 
-    nbytes: int  # the whole file
+    file_bytes: int  # the whole file's size
+    nbytes: int  # its tensors' bytes (every process's, as written: header and padding not)
     bytes_written: int  # by this process
     processes: int
     gathered_bytes: int = 0  # of tensors gathered for process 0 to upload whole
@@ -185,7 +186,8 @@ def save_joint(
             if me == 0 and token is not None and not published:
                 where.discard(token)
     header_bytes = 8 + len(header) if me == 0 and mine is None else 0  # uploads count it
-    return JointSaved(size, written + header_bytes, agreement.count, gathered_bytes)
+    data = sum(slot.nbytes for slot in order)
+    return JointSaved(size, data, written + header_bytes, agreement.count, gathered_bytes)
 
 
 def _gathered(

@@ -206,7 +206,7 @@ def _load_file(
             # Only a local file maps: a source elsewhere has every tensor read.
             local = source.fileno() is not None
             with _collector_paused():
-                mapped, narrowed, bytes_read = _load_opened(
+                mapped, narrowed, counted = _load_opened(
                     source,
                     header,
                     file_names,
@@ -221,7 +221,7 @@ def _load_file(
             seconds = time.perf_counter() - started
             mmap_refused_event(decider.events, header, mine, mmap, x64, local)
             summary_event(
-                decider.events, header, mine, seconds, mapped, narrowed, bytes_read,
+                decider.events, header, mine, seconds, mapped, narrowed, counted,
                 fetched(source),
             )  # fmt: skip
         with _collector_paused():
@@ -300,11 +300,12 @@ def _load_opened(
     narrow: Narrow,
     progress: bool | None,
     out: dict[str, jax.Array],
-) -> tuple[int, int, int]:
-    """Load one open file's tensors into `out`; (mapped, narrowed, bytes read). `mmap`:
-    False for a source that is not a local file."""
+) -> tuple[int, int, tuple[int, int]]:
+    """Load one open file's tensors into `out`; (mapped, narrowed, (bytes read, bytes
+    mapped)): bytes copied out of the file apart from bytes left views of its map.
+    `mmap`: False for a source that is not a local file."""
     mapped = narrowed = 0
-    bytes_read = 0
+    bytes_read = bytes_mapped = whole_mapped = 0
     # Every 64-bit tensor that would change, so one error can list them all. Once there is
     # one, nothing else is placed: only the 64-bit tensors are still judged.
     problems: list[tuple[str, str]] = []
@@ -362,6 +363,7 @@ def _load_opened(
                     narrowed += 1
                 out[entry.key] = placed
                 bytes_read += reader.bytes_read
+                bytes_mapped += reader.bytes_mapped
                 mapped += reader.mapped
                 advance(entry.nbytes)
                 position += 1
@@ -376,6 +378,7 @@ def _load_opened(
                 ).reshape(entry.shape)
                 sender.add(entry.key, array, decision, 0)
                 mapped += 1
+                whole_mapped += entry.nbytes
                 position += 1
                 continue
             if entry.nbytes < MAP_THRESHOLD:
@@ -415,8 +418,9 @@ def _load_opened(
             raise NarrowingError(problems, str(header.path))
         sender.finish()
     whole = zip(header.tensors, decisions, strict=True)
-    bytes_read += sum(t.nbytes for t, d in whole if d.mesh is None)
-    return mapped, narrowed, bytes_read
+    # Every tensor left whole was read, but those mapped.
+    bytes_read += sum(t.nbytes for t, d in whole if d.mesh is None) - whole_mapped
+    return mapped, narrowed, (bytes_read, bytes_mapped + whole_mapped)
 
 
 def _narrowed(

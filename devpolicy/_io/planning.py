@@ -128,6 +128,9 @@ class Plan:
             description (`cpu=1 (memory unknown), gpu=8x80GiB; 2 processes`).
         processes: How many processes load it, each alike (a `VirtualMachine`'s
             `processes`; 1 for this process).
+        slices: How many slices those processes are in, as a hybrid mesh spans them (a
+            `VirtualMachine`'s `slices`: its TPU slices, or off TPU one per process; 1 for
+            this process).
         metadata: Each file's `__metadata__` (`{}` when it has none), keyed by the
             file's path as the `load_file` event's `file` gives it.
         left_out: For a checkpoint directory, each of its `*.safetensors` files that is
@@ -147,6 +150,7 @@ class Plan:
     devices: tuple[DeviceLoad, ...]
     machine: str = "this process"
     processes: int = 1
+    slices: int = 1
     metadata: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     left_out: tuple[tuple[str, str], ...] = ()
     rules: tuple[RuleUse, ...] = ()
@@ -304,10 +308,9 @@ def plan(
     options = options_of(decider.settings.remote_values, remote)
     if machine is not None:
         virtual = virtual_decider(decider.settings, machine, "plan")
-        return _plan(
-            path, virtual, prefix, mmap, str(machine), machine.processes, naming, names, options
-        )
-    return _plan(path, decider, prefix, mmap, "this process", 1, naming, names, options)
+        described = (str(machine), machine.processes, machine.slices)
+        return _plan(path, virtual, prefix, mmap, described, naming, names, options)
+    return _plan(path, decider, prefix, mmap, ("this process", 1, 1), naming, names, options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,12 +361,12 @@ def _plan(
     decider: Decider[DeviceT],
     prefix: str | None,
     mmap: bool | None,
-    machine: str,
-    processes: int,
+    described: tuple[str, int, int],
     naming: NamesSpec,
     model: _ModelNames,
     options: RemoteOptions,
 ) -> Plan:
+    machine, processes, slices = described
     # Headers only: never through the cache (it would fetch whole files to plan them).
     with Files(replace(options, cache_dir=None)) as files:
         checkpoint = files.checkpoint(path)
@@ -468,6 +471,7 @@ def _plan(
         tuple(devices),
         machine,
         processes,
+        slices,
         metadata={str(header.path): dict(header.metadata or {}) for header in headers},
         left_out=tuple((str(file), why) for file, why in checkpoint.left_out),
         rules=uses,

@@ -134,13 +134,16 @@ def summary_event(
     seconds: float,
     mapped: int,
     narrowed: int,
-    bytes_read: int,
+    counted: tuple[int, int],
     fetched: Mapping[str, Any] | None = None,
 ) -> None:
     """One event per file: where its bytes went, by which rules, and what fell back; info,
     or a warning where a tensor fell back by the policy's chain rather than its rule's; for
     a file at a URL, what fetching it cost (`fetched`: requests, retries, bytes fetched,
-    seconds; the file's URL is shown without credentials)."""
+    seconds; the file's URL is shown without credentials). `counted`: (bytes read, bytes
+    mapped), each field one meaning as docs/logging.md says: `bytes_read` the bytes copied
+    out of the file, `bytes_mapped` those left views of its map (never read here)."""
+    bytes_read, bytes_mapped = counted
     per_device: dict[str, list[int]] = {}
     per_rule: dict[str, int] = {}
     rank: dict[str, tuple[int, int]] = {}  # rules in the order they are tried
@@ -173,6 +176,7 @@ def summary_event(
             "file_backed": mapped > 0,
             "narrowed": narrowed,
             "bytes_read": bytes_read,
+            "bytes_mapped": bytes_mapped,
             "seconds": round(seconds, 4),
             "metadata": dict(header.metadata or {}),
             **(fetched or {}),

@@ -93,7 +93,8 @@ class ShardReader:
         self._done: dict[_Bounds, np.ndarray[Any, Any]] = {}
         # Every distinct slice the process will ask for, so they can be read together.
         self._wanted = list(dict.fromkeys(self._bounds(index) for index in wanted))
-        self.bytes_read = 0
+        self.bytes_read = 0  # copied out of the file
+        self.bytes_mapped = 0  # slices that are views of the mapped file
         self.mapped = 0
         self.lost = False  # some value changed when narrowed (under "lossy")
 
@@ -263,7 +264,7 @@ class ShardReader:
         count = math.prod(extents)
         if count and len(starts) == 1 and self._region is not None and starts[0] % ALIGN == 0:
             self.mapped += 1
-            self.bytes_read += run
+            self.bytes_mapped += run
             view = np.frombuffer(self._region, entry.dtype, count=count, offset=starts[0])
             return view.reshape(extents)
         buffer = host_buffer(self._header, entry.key, max(run * len(starts), 1))

@@ -21,7 +21,7 @@ from .._base.locations import URLPath, location
 from .format import dtype_name
 from .joint import JointSaved, save_joint, spans_processes
 from .keys import key_metadata
-from .layout import DEFAULT_ALIGN, check_align
+from .layout import DEFAULT_ALIGN, check_align, slots_of
 from .remote.upload import upload_target
 from .writing import save_arrays
 
@@ -88,11 +88,15 @@ def save_file(
     else:
         save_arrays(ready, path, align=align, metadata=metadata)
         size = Path(path).stat().st_size
-        saved = JointSaved(size, size, 1)
+        data = sum(slot.nbytes for slot in slots_of(ready, Path(path)))
+        saved = JointSaved(size, data, size, 1)
+    # One meaning per field across every event (docs/logging.md): `nbytes` the tensors'
+    # bytes, `file_bytes` the file's size.
     fields: dict[str, Any] = {
         "file": str(file),
         "tensors": len(arrays),
         "nbytes": saved.nbytes,
+        "file_bytes": saved.file_bytes,
         "bytes_written": saved.bytes_written,
         "processes": saved.processes,
         "seconds": round(time.perf_counter() - started, 4),

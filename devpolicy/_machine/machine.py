@@ -59,6 +59,7 @@ DEVICES_FORMS = (
     "memory unknown)"
 )
 PROCESSES_FORMS = "a whole number of processes, 1 or more"
+SLICES_FORMS = "a whole number of slices that divides the processes"
 #: Devices of a described machine, all processes together: a large pod is a few tens of
 #: thousands; past this a typo (`--processes 65536`) would build billions of objects.
 MAX_PLANNED_DEVICES = 1 << 20
@@ -243,12 +244,16 @@ class VirtualDevice:
         id: Its id across every process (process-major, like JAX's).
         process_index: The process it belongs to.
         index: Its index among its process's devices of its platform (`gpu:3` has 3).
+        slice_index: The slice a TPU belongs to (the processes split evenly over the
+            slices, as on a multi-slice TPU job); None off TPU, where each process is a
+            slice (see `slice_of`).
     """
 
     platform: str
     id: int
     process_index: int
     index: int
+    slice_index: int | None = None
 
     def __str__(self) -> str:
         return f"{self.platform}:{self.index}"
@@ -268,24 +273,41 @@ class VirtualMachine:
     it is unknown and never judged too small). `cpu` is always present (`cpu=1` unless
     given). `processes` identical processes each have these devices: a mesh over `gpu`
     spans processes x 8 devices, and targets such as `gpu:3` name each process's own.
+    The TPUs of the processes are in `slices` slices (default 1: a pod of 64 hosts is one
+    slice), the processes split evenly over them in order, as JAX's `slice_index` has
+    them; a hybrid mesh (`dcn`) spans the slices. CPU and GPU devices have no slices: for
+    them each process is one (JAX's `process_is_granule`), and `slices`, if given, must
+    be the processes.
     Decisions are made in process 0; every process decides alike. It is also the capacity
     placement judges sizes by: each device has its stated memory, all of it free.
 
     Args:
         devices: One `BACKEND=COUNTxSIZE` text per backend.
         processes: How many identical processes.
+        slices: How many TPU slices the processes are in (None: 1 with a TPU backend,
+            else one per process).
+        option: What names the devices in errors (`--devices` on the command line).
+        slices_option: What names the slices in errors (`--slices`).
 
     Raises:
-        MachineSpecError: naming the bad text and the accepted form.
+        MachineSpecError: naming the bad text or count and the accepted form.
 
     Example:
         >>> vm = VirtualMachine(["gpu=8x80GiB"], processes=2)
         >>> str(vm), len(vm.backend_devices("gpu"))
         ('cpu=1 (memory unknown), gpu=8x80GiB; 2 processes', 16)
+        >>> str(VirtualMachine(["tpu=4x16GiB"], processes=64, slices=2))
+        'cpu=1 (memory unknown), tpu=4x16GiB; 64 processes in 2 slices'
     """
 
     def __init__(
-        self, devices: Iterable[str], processes: int = 1, *, option: str = "devices"
+        self,
+        devices: Iterable[str],
+        processes: int = 1,
+        slices: int | None = None,
+        *,
+        option: str = "devices",
+        slices_option: str = "slices",
     ) -> None:
         if isinstance(devices, str):
             devices = [devices]
@@ -307,11 +329,21 @@ class VirtualMachine:
                 f"{total:,} devices in all; a plan describes at most {MAX_PLANNED_DEVICES:,}",
                 f"{PROCESSES_FORMS}, with processes x devices at most {MAX_PLANNED_DEVICES:,}",
             )
+        self.tpu = "tpu" in backends
+        #: How many slices a hybrid mesh spans: the TPU slices, or off TPU the processes.
+        self.slices = check_slices(slices, self.processes, self.tpu, slices_option)
+        per_slice = self.processes // self.slices
         # Listed in the order `devpolicy devices` lists backends.
         self._backends = {p: backends[p] for p in sorted(backends, key=_rank)}
         self._devices = {
             platform: [
-                VirtualDevice(platform, process * b.count + i, process, i)
+                VirtualDevice(
+                    platform,
+                    process * b.count + i,
+                    process,
+                    i,
+                    process // per_slice if platform == "tpu" else None,
+                )
                 for process in range(self.processes)
                 for i in range(b.count)
             ]
@@ -350,7 +382,7 @@ class VirtualMachine:
         Example:
             >>> from devpolicy._document.targets import parse_target
             >>> VirtualMachine(["gpu=2x80GiB"]).find(parse_target("accelerator:1"))
-            VirtualDevice(platform='gpu', id=1, process_index=0, index=1)
+            VirtualDevice(platform='gpu', id=1, process_index=0, index=1, slice_index=None)
         """
         if target.is_accelerator:
             platform = self.accelerator
@@ -411,8 +443,8 @@ class VirtualMachine:
         dcn: tuple[int, ...] | None = None,
     ) -> tuple[Mesh | None, tuple[VirtualDevice, ...]]:
         """No JAX mesh (its devices do not exist); every device in mesh order: as listed
-        (process-major), or for a hybrid mesh as `hybrid_order` lays the slices out (each
-        process a slice)."""
+        (process-major), or for a hybrid mesh as `hybrid_order` lays the slices out (TPU
+        slices, or off TPU each process a slice)."""
         if math.prod(sizes) != len(devices):  # pragma: no cover - the sizing checks this
             raise ValueError(f"{len(devices)} devices for a mesh of {math.prod(sizes)}")
         if dcn is None:
@@ -440,6 +472,8 @@ class VirtualMachine:
             for p, b in self._backends.items()
         ]
         count = f"{self.processes} process{'' if self.processes == 1 else 'es'}"
+        if self.tpu:
+            count += f" in {self.slices} slice{'' if self.slices == 1 else 's'}"
         return f"{', '.join(parts)}; {count}"
 
     def __repr__(self) -> str:
@@ -533,3 +567,43 @@ def check_processes(value: object, option: str = "processes") -> int:
     if not 1 <= value <= MAX_DEVICES:
         raise MachineSpecError(option, value, "out of range", PROCESSES_FORMS)
     return value
+
+
+def check_slices(value: object, processes: int, tpu: bool, option: str = "slices") -> int:
+    """How many slices `processes` processes are in: `value` (None: 1 on a machine with
+    TPUs, else one per process), which must divide them evenly (and, without TPUs, be
+    them: CPU and GPU devices have no slices, each process is one).
+
+    Raises:
+        MachineSpecError: naming `option`, the value, and every count that would do.
+
+    Example:
+        >>> check_slices(None, 64, tpu=True), check_slices(None, 4, tpu=False)
+        (1, 4)
+        >>> try:
+        ...     check_slices(3, 4, tpu=True)
+        ... except MachineSpecError as e:
+        ...     print(e.accepted)
+        a whole number of slices that divides the processes, for 4 processes: 1, 2 or 4
+    """
+    if value is None:
+        return 1 if tpu else processes
+    valid = [n for n in range(1, processes + 1) if processes % n == 0] if tpu else [processes]
+    shown = ", ".join(map(str, valid[:-1])) + (" or " if len(valid) > 1 else "") + str(valid[-1])
+    accepted = f"{SLICES_FORMS}, for {processes} process{'' if processes == 1 else 'es'}: {shown}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        problem = "not a whole number"
+    elif value < 1:
+        problem = "out of range"
+    elif value > processes:
+        problem = f"more slices than the {processes} processes"
+    elif processes % value:
+        problem = f"{processes} processes do not split evenly over {value} slices"
+    elif not tpu and value != processes:
+        problem = (
+            "the machine has no tpu backend: CPU and GPU devices have no slices, each "
+            "process is one (JAX's process_is_granule)"
+        )
+    else:
+        return value
+    raise MachineSpecError(option, value, problem, accepted)

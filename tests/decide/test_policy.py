@@ -100,8 +100,23 @@ class TestFallback:
         policy = policy_of(fallback=["gpu", "cpu"], rules=[{"match": "model/*", "device": "gpu:0"}])
         d = policy.resolve("model/w")
         assert (d.device, d.requested) == (cpus[0], "gpu:0")
+        assert d.fallback_reason == "gpu:0, gpu: no gpu backend in this process; used cpu"
+
+    @pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+    def test_targets_passed_over_for_one_reason_are_named_together(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """Each reason is said once, after every target passed over for it, in the order
+        the walk first met it: gpu:0 and gpu (tried third) share one."""
+        policy = policy_of(
+            fallback=["cpu:9", "gpu", "cpu:2"],
+            rules=[{"match": "*", "device": "gpu:0"}],
+        )
+        d = policy.resolve("x")
+        assert d.device == cpus[2]
         assert d.fallback_reason == (
-            "gpu:0: no gpu backend in this process; gpu: no gpu backend in this process; used cpu"
+            "gpu:0, gpu: no gpu backend in this process; "
+            "cpu:9: index 9 out of range (4 local cpu devices: cpu:0..cpu:3); used cpu:2"
         )
 
     def test_index_out_of_range_falls_back(self, cpus: list[jax.Device]) -> None:

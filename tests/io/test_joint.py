@@ -174,16 +174,18 @@ class TestPackedShards:
 
 class TestSaveEvent:
     def test_one_process_saving_writes_the_whole_file(self, tmp_path: Path) -> None:
-        """The `save_file` event: the file, its tensors and bytes, the bytes this process
-        wrote (all of them, alone) and how many processes wrote it."""
+        """The `save_file` event: the file, its tensors, their bytes (`nbytes`, as every
+        event counts arrays) apart from the file's size (`file_bytes`), the bytes this
+        process wrote (all of them, alone) and how many processes wrote it."""
         path = tmp_path / "w.safetensors"
         with capture_logs() as logs:
             devpolicy.save_file({"w": np.ones((4, 4), np.float32), "b": np.zeros(3)}, path)
         (event,) = [e for e in logs if e["event"] == "save_file"]
         size = path.stat().st_size
         assert event["log_level"] == "info"
-        assert (event["file"], event["tensors"], event["nbytes"]) == (str(path), 2, size)
-        assert (event["bytes_written"], event["processes"]) == (size, 1)
+        assert (event["file"], event["tensors"], event["nbytes"]) == (str(path), 2, 64 + 24)
+        assert (event["file_bytes"], event["bytes_written"], event["processes"]) == (size, size, 1)
+        assert size > 88
 
     @pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan"), True, "5"])
     def test_a_bad_timeout_is_refused_before_anything_is_written(

@@ -116,6 +116,21 @@ class TestZeroCopy:
         assert summary["mapped"] == 1
         assert where(out["t"]) == "cpu:1"
 
+    def test_a_mapped_tensor_is_bytes_mapped_and_a_read_one_bytes_read(
+        self, tmp_path: Path
+    ) -> None:
+        """`bytes_read` counts only bytes copied out of the file; a mapped tensor's are
+        `bytes_mapped`: the same file mapped, then read."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"t": np.zeros(4096, np.uint8)}, path)
+        policy = policy_of(rules=[{"match": "*", "device": "cpu:1"}])
+        fields = ("mapped", "bytes_mapped", "bytes_read")
+        for mmap, expected in ((True, (1, 4096, 0)), (False, (0, 0, 4096))):
+            with capture_logs() as logs:
+                devpolicy.load_file(path, policy=policy, mmap=mmap)
+            summary = next(e for e in logs if e["event"] == "load_file")
+            assert tuple(summary[f] for f in fields) == expected
+
     def test_rule_mmap_flag_is_honoured(self, tmp_path: Path) -> None:
         """`mmap: true` on the rule maps without a loader option; unaligned tensors are read."""
         path = tmp_path / "m.safetensors"

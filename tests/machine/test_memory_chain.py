@@ -46,8 +46,7 @@ class TestTheFallbackIsJudgedToo:
         why = "needs 30.0 GiB, 24.0 GiB free on gpu:0, keeping 10% free"
         assert e.fallback == (("auto", why), ("gpu", why))
         assert e.decision.fallback_reason == (
-            f"auto: {why}; gpu: {why}; used cpu (the host: no accelerator in the chain can "
-            "hold 30.0 GiB)"
+            f"auto, gpu: {why}; used cpu (the host: no accelerator in the chain can hold 30.0 GiB)"
         )
 
     def test_the_explain_command_decides_the_host(

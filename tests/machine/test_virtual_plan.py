@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 import devpolicy
 from devpolicy._cli.main import main
+from devpolicy._document.schema import MeshSpec
+from devpolicy._machine.meshes import Meshes
 from tests.helpers import policy_of, write
 
 NO_GPU = "gpu" not in devpolicy.available_backends()
@@ -489,3 +491,139 @@ class TestHybridMeshPlans:
             "train[fsdp]: mesh 'train' (in each slice fsdp=4; slices fsdp=2) needs 2 slices of "
             "4 gpu devices each, 1 process of 4 here (each process is a slice); used cpu"
         )
+
+
+POD_YAML = """\
+version: 1
+meshes:
+  train:
+    axes: {data: 1, fsdp: -1}
+    dcn: {data: -1}
+    devices: tpu
+rules:
+  - match: 'm/*'
+    sharding: {mesh: train, spec: [[data, fsdp]]}
+"""
+POD_MESH_SPECS = {"train": MeshSpec(axes={"data": 1, "fsdp": -1}, dcn={"data": -1}, devices="tpu")}
+
+
+class TestSlices:
+    def test_a_tpu_pod_of_many_hosts_is_one_slice(self) -> None:
+        """A v5e pod, 64 hosts x 4 chips in one slice, is one slice as JAX sees it: a mesh
+        with dcn data=-1 is data=1 x fsdp=256, not one slice per host."""
+        vm = devpolicy.VirtualMachine(["tpu=4x16GiB"], processes=64)
+        assert vm.slices == 1
+        assert str(vm) == "cpu=1 (memory unknown), tpu=4x16GiB; 64 processes in 1 slice"
+        built = Meshes(POD_MESH_SPECS, vm).build("train")
+        assert not isinstance(built, str)
+        assert built.shape == {"data": 1, "fsdp": 256}
+        assert built.dcn == {"data": 1, "fsdp": 1}
+
+    def test_slices_split_the_processes_evenly_as_jaxs_slice_index(self) -> None:
+        """4 hosts in 2 slices: hosts 0-1 are slice 0, hosts 2-3 slice 1; data=2 x fsdp=8,
+        each data row one slice's devices."""
+        vm = devpolicy.VirtualMachine(["tpu=4x16GiB"], processes=4, slices=2)
+        tpus = vm.backend_devices("tpu")
+        assert isinstance(tpus, list)
+        assert [(d.process_index, d.slice_index) for d in tpus[::4]] == [
+            (0, 0), (1, 0), (2, 1), (3, 1),
+        ]  # fmt: skip
+        assert str(vm) == "cpu=1 (memory unknown), tpu=4x16GiB; 4 processes in 2 slices"
+        built = Meshes(POD_MESH_SPECS, vm).build("train")
+        assert not isinstance(built, str)
+        assert built.shape == {"data": 2, "fsdp": 8}
+        assert [d.slice_index for d in built.devices] == [0] * 8 + [1] * 8
+        assert [d.process_index for d in built.devices[:8]] == [0] * 4 + [1] * 4
+
+    @pytest.mark.parametrize(
+        ("processes", "slices", "problem"),
+        [
+            (4, 3, r"4 processes do not split evenly over 3 slices"),
+            (4, 8, r"more slices than the 4 processes"),
+            (4, 0, r"out of range"),
+            (4, True, r"not a whole number"),
+            (4, 1.5, r"not a whole number"),
+        ],
+    )
+    def test_a_bad_split_names_the_option_and_the_valid_counts(
+        self, processes: int, slices: object, problem: str
+    ) -> None:
+        """Slices must divide the processes: a MachineSpecError naming `slices`, the problem
+        and every count that would do."""
+        with pytest.raises(devpolicy.MachineSpecError, match=rf"^slices .*: {problem}") as e:
+            devpolicy.VirtualMachine(["tpu=4"], processes=processes, slices=slices)  # type: ignore[arg-type]
+        assert e.value.accepted.endswith("for 4 processes: 1, 2 or 4")
+
+    def test_on_gpu_each_process_stays_a_slice(self) -> None:
+        """GPUs have no slices (JAX's process_is_granule): each process is one, as before;
+        slices other than the processes is refused, saying so."""
+        vm = devpolicy.VirtualMachine(["gpu=4"], processes=2)
+        assert vm.slices == 2
+        assert str(vm) == "cpu=1 (memory unknown), gpu=4 (memory unknown); 2 processes"
+        assert str(devpolicy.VirtualMachine(["gpu=4"], processes=2, slices=2)) == str(vm)
+        with pytest.raises(devpolicy.MachineSpecError, match=r"^slices 1: .*no tpu backend"):
+            devpolicy.VirtualMachine(["gpu=4"], processes=2, slices=1)
+
+    def test_plan_names_the_slices_and_plans_the_mesh_over_them(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--devices tpu=4x16GiB --processes 4 --slices 2 --json: the machine and `slices`
+        say 2 slices, and the hybrid mesh has one data row per slice."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.zeros((64, 16), np.float32)}, path)
+        policy = write(tmp_path / "p.yaml", POD_YAML)
+        status = main(
+            ["plan", str(path), "--policy", str(policy), "--json",
+             "--devices", "tpu=4x16GiB", "--processes", "4", "--slices", "2"]
+        )  # fmt: skip
+        payload = json.loads(capsys.readouterr().out)
+        assert status == 0
+        assert payload["machine"] == "cpu=1 (memory unknown), tpu=4x16GiB; 4 processes in 2 slices"
+        assert payload["slices"] == 2
+        (mesh,) = payload["meshes"]
+        assert (mesh["shape"], mesh["dcn"]) == ({"data": 2, "fsdp": 8}, {"data": 2, "fsdp": 1})
+        main(["plan", str(path), "--policy", str(policy),
+              "--devices", "tpu=4x16GiB", "--processes", "4"])  # fmt: skip
+        out = capsys.readouterr().out
+        assert "on cpu=1 (memory unknown), tpu=4x16GiB; 4 processes in 1 slice" in out
+        assert "Mesh train: data=1 (1x1) x fsdp=16 (1x16)" in out
+
+    @pytest.mark.parametrize("command", ["plan", "explain", "check"])
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--slices", "2"], "--slices plans a machine described by --devices"),
+            (["--devices", "tpu=4", "--processes", "4", "--slices", "3"],
+             "--slices 3: 4 processes do not split evenly over 3 slices"),
+            (["--devices", "tpu=4", "--slices", "0"], "argument --slices: '0' is not a slice count"),
+        ],
+    )  # fmt: skip
+    def test_bad_slices_exit_2_naming_the_option(
+        self,
+        tmp_path: Path,
+        command: str,
+        args: list[str],
+        message: str,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """--slices without --devices, a split that is not even, and a bad count exit 2."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"w": np.zeros((4,), np.float32)}, path)
+        policy = write(tmp_path / "p.yaml", POD_YAML)
+        subject = {"plan": [str(path)], "explain": ["m/w"], "check": [str(policy)]}[command]
+        more = [] if command == "check" else ["--policy", str(policy)]
+        assert exit_status([command, *subject, *more, *args]) == 2
+        assert message in capsys.readouterr().err
+
+    def test_explain_decides_on_the_described_slices(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """explain --slices 2 with the spec [data]: data spans the 2 slices, so 2 pieces
+        over the 16 devices (one per slice, not one per process)."""
+        policy = write(tmp_path / "p.yaml", POD_YAML.replace("[[data, fsdp]]", "[data]"))
+        status = main(
+            ["explain", "m/w", "--policy", str(policy), "--shape", "64,16",
+             "--devices", "tpu=4x16GiB", "--processes", "4", "--slices", "2"]
+        )  # fmt: skip
+        assert status == 0
+        assert "sharded over mesh 'train': 2 pieces on 16 devices" in capsys.readouterr().out

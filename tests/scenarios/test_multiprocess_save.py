@@ -102,7 +102,7 @@ class TestSavedFromTwoProcesses:
         for save in range(2):  # a new file, and the same written over it
             events = [report["saves"][save] for report in reports]
             assert [e["process_index"] for e in events] == [0, 1]
-            assert all(e["processes"] == 2 and e["nbytes"] == size for e in events)
+            assert all(e["processes"] == 2 and e["file_bytes"] == size for e in events)
             assert all(e["tensors"] == 9 for e in events)
             assert sum(e["bytes_written"] for e in events) == size
             for event in events:
