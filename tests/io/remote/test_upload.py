@@ -80,7 +80,7 @@ class TestOneProcess:
         assert _object(s3, "saved/model.safetensors") == local
         (event,) = [e for e in events if e["event"] == "save_file"]
         size = len(local)
-        assert (event["file"], event["nbytes"], event["bytes_written"]) == (url, size, size)
+        assert (event["file"], event["file_bytes"], event["bytes_written"]) == (url, size, size)
         assert event["processes"] == 1
         assert "gathered_bytes" not in event
         loaded = devpolicy.load_file(url, policy=_policy())
@@ -216,7 +216,7 @@ def test_two_processes_upload_their_own_parts(s3: servers.S3Server, tmp_path: Pa
     header = 8 + int.from_bytes(reference[:8], "little")
     for report in reports:
         assert report["saved"]["processes"] == 2
-        assert report["saved"]["nbytes"] == len(reference)
+        assert report["saved"]["file_bytes"] == len(reference)
         assert report["saved"]["gathered_bytes"] == len(reference) - header - rows
         assert report["saved"]["gathered_bytes"] >= columns
     written = [report["saved"]["bytes_written"] for report in reports]
