@@ -225,6 +225,12 @@ def explicitly(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     if getattr(_local, "watch", None) is None:
         return fn(*args, **kwargs)
     state, _level = compat.transfer_guard_state()
+    return _as_explicit(state, fn, *args, **kwargs)
+
+
+def _as_explicit(state: Any, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Call `fn` with this thread's guard `state` marking device_puts explicit (JAX lets
+    them through), then put the mark back as it was."""
     before = state.explicit_device_put
     state.explicit_device_put = True
     try:
@@ -290,13 +296,7 @@ def _explicit_put(put: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             if _in_argument_transfer(sys._getframe(1)):
                 raise  # the argument handler's wrapper reports it
-            state = _guard[0]()
-            before = state.explicit_device_put
-            state.explicit_device_put = True
-            try:
-                return put(*args, **kwargs)
-            finally:
-                state.explicit_device_put = before
+            return _as_explicit(_guard[0](), put, *args, **kwargs)
 
     watched_put._devpolicy_watched = True  # type: ignore[attr-defined]
     return watched_put
