@@ -21,6 +21,7 @@ from .._document.targets import (
     Target,
     parse_target,
 )
+from .._runtime.platforms import tpu_installed
 from .machine import accelerator_of, no_accelerator, out_of_range, resolved_platforms
 
 GPU_HINT = "pip install 'devpolicy[cuda13]'"
@@ -216,7 +217,7 @@ def missing_reason(platform: str, error: Exception, environ: Mapping[str, str]) 
             excluded = f"JAX_PLATFORMS={raw} excludes {platform}"
             if platform == "gpu" and not _installed(("jax-cuda", "jax-rocm")):
                 return f"no CUDA or ROCm plugin is installed ({excluded} too): {GPU_HINT}"
-            if platform == "tpu" and not _installed(("libtpu",)):
+            if platform == "tpu" and not tpu_installed():
                 return f"no TPU runtime (libtpu) is installed ({excluded} too): {TPU_HINT}"
             return excluded
         prefix = f"JAX_PLATFORMS={raw} but "
@@ -228,7 +229,7 @@ def missing_reason(platform: str, error: Exception, environ: Mapping[str, str]) 
             f"{prefix}the GPU plugin ({', '.join(plugins)}) did not start: no usable GPU or "
             f"driver? ({_jax_says(error)})"
         )
-    if platform == "tpu" and not _installed(("libtpu",)):
+    if platform == "tpu" and not tpu_installed():
         return f"{prefix}no TPU runtime (libtpu) is installed: {TPU_HINT}"
     return f"{prefix}JAX could not start it ({_jax_says(error)})"
 
