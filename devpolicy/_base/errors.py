@@ -164,7 +164,23 @@ class AxisNamesError(DevicePolicyError, ValueError):
         )
 
 
-class EnvOverrideError(DevicePolicyError, ValueError):
+class ValueRefusedError(DevicePolicyError, ValueError):
+    """One value given by name (an environment variable, an option, a keyword) that cannot
+    be used: the shared form of `EnvOverrideError`, `MachineSpecError` and
+    `RemoteOptionError`, never raised itself.
+
+    Attributes:
+        value: The value as given.
+        accepted: The forms that would be accepted.
+    """
+
+    def __init__(self, where: str, value: object, problem: str, accepted: str) -> None:
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"{where}{value!r}: {problem}; accepted: {accepted}")
+
+
+class EnvOverrideError(ValueRefusedError):
     """A `DEVPOLICY_*` environment variable holds a value devpolicy cannot use.
 
     Attributes:
@@ -173,14 +189,14 @@ class EnvOverrideError(DevicePolicyError, ValueError):
         accepted: The forms that would be accepted.
     """
 
+    value: str
+
     def __init__(self, variable: str, value: str, problem: str, accepted: str) -> None:
         self.variable = variable
-        self.value = value
-        self.accepted = accepted
-        super().__init__(f"{variable}={value!r}: {problem}; accepted: {accepted}")
+        super().__init__(f"{variable}=", value, problem, accepted)
 
 
-class MachineSpecError(DevicePolicyError, ValueError):
+class MachineSpecError(ValueRefusedError):
     """A description of a machine to plan for (`gpu=8x80GiB`) that cannot be read.
 
     Attributes:
@@ -191,9 +207,7 @@ class MachineSpecError(DevicePolicyError, ValueError):
 
     def __init__(self, option: str, value: object, problem: str, accepted: str) -> None:
         self.option = option
-        self.value = value
-        self.accepted = accepted
-        super().__init__(f"{option} {value!r}: {problem}; accepted: {accepted}")
+        super().__init__(f"{option} ", value, problem, accepted)
 
 
 class UnmatchedNameError(DevicePolicyError, LookupError):

@@ -6,7 +6,7 @@ also an `OSError`, as a failed local read is.
 
 from __future__ import annotations
 
-from ..._base.errors import DevicePolicyError
+from ..._base.errors import DevicePolicyError, ValueRefusedError
 
 #: What to run when the remote extra is not installed.
 INSTALL_HINT = "pip install 'devpolicy[remote]'"
@@ -26,7 +26,7 @@ class RemoteURLError(DevicePolicyError, ValueError):
         super().__init__(f"{url}: {part}: {problem}")
 
 
-class RemoteOptionError(DevicePolicyError, ValueError):
+class RemoteOptionError(ValueRefusedError):
     """A remote option given by keyword that cannot be used.
 
     Attributes:
@@ -37,9 +37,7 @@ class RemoteOptionError(DevicePolicyError, ValueError):
 
     def __init__(self, option: str, value: object, problem: str, accepted: str) -> None:
         self.option = option
-        self.value = value
-        self.accepted = accepted
-        super().__init__(f"{option}={value!r}: {problem}; accepted: {accepted}")
+        super().__init__(f"{option}=", value, problem, accepted)
 
 
 class RemoteExtraMissingError(DevicePolicyError, ImportError):
