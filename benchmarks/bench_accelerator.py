@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         rows.append(row("start (import jax to devices listed)", "s", {"jax": [started]}))
         with tempfile.TemporaryDirectory() as folder:
-            size = devpolicy.parse_size(args.size)
+            size = devpolicy.sizes.parse_size(args.size)
             rows.append(bench_load(chip, args.target, Path(folder), size, args.runs))
             rows.append(bench_windows(chip, args.target, Path(folder), args.steps, args.runs))
     for r in rows:

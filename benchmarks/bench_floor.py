@@ -228,7 +228,7 @@ def main() -> int:
     ]
     say(f"`python benchmarks/bench_floor.py {' '.join(shown)}`")
     say()
-    size = devpolicy.parse_size(args.size)
+    size = devpolicy.sizes.parse_size(args.size)
     per = size // args.tensors // 4
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         plain, aligned = Path(tmp) / "plain.safetensors", Path(tmp) / "aligned.safetensors"

@@ -222,8 +222,8 @@ def main() -> int:
     report.say()
     for line in machine_state():
         report.say(line)
-    size = devpolicy.parse_size(args.size)
-    sharded_sizes = [devpolicy.parse_size(s) for s in args.sharded_sizes.split(",") if s]
+    size = devpolicy.sizes.parse_size(args.size)
+    sharded_sizes = [devpolicy.sizes.parse_size(s) for s in args.sharded_sizes.split(",") if s]
     verdicts: list[str] = []
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

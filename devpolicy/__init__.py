@@ -15,8 +15,15 @@ Example:
 """
 
 import importlib
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+from . import errors as errors
+from . import sizes as sizes
+from . import threads as threads
+from . import types as types
+from ._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._api import *  # noqa: F403
@@ -26,60 +33,29 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
     __version__ = "0.0.0+unknown"
 
+# What a user writes in code: the policy, the verbs, the inputs a user builds, the errors
+# caught most. Records are in `types`, every error in `errors`, helpers in `sizes`/`threads`.
 __all__ = [
-    "AxisNamesError",
-    "BatchStream",
     "Capacity",
-    "CheckpointMismatchError",
-    "Decision",
-    "DeviceLoad",
-    "DeviceMemory",
     "DevicePolicyError",
     "DeviceUnavailableError",
-    "EnvOverrideError",
-    "Explanation",
-    "Finding",
-    "HostViewError",
-    "Inventory",
-    "Ledger",
-    "LedgerDevice",
-    "LedgerEntry",
-    "MachineSpecError",
-    "NarrowingError",
-    "Plan",
-    "PlannedFetch",
-    "PlannedTensor",
     "Policy",
     "PolicyError",
-    "Problem",
-    "RuntimeKnob",
-    "RuntimeSettings",
-    "RuntimeTooLateError",
     "SafetensorsFileError",
-    "Scope",
-    "ScopeInCoroutineError",
     "StaticCapacity",
-    "ThreadPoolExecutor",
-    "TransferRefusedError",
-    "UnmatchedNameError",
-    "UntrustedPolicyError",
-    "VirtualDevice",
     "VirtualMachine",
     "__version__",
     "activate",
     "active_policy",
     "align_file",
-    "available_backends",
     "bootstrap",
     "explain",
-    "format_size",
     "get_device",
     "host_view",
     "inventory",
     "lint",
     "load_file",
     "load_policy",
-    "parse_size",
     "place",
     "plan",
     "policy_schema",
@@ -98,13 +74,29 @@ __all__ = [
     "windows",
 ]
 
+# Names that left the top level: each still resolves, with a DeprecationWarning naming
+# where it lives now. Not in `__all__` or `dir()`.
+_MOVED = {
+    **{name: "devpolicy.errors" for name in errors.__all__ if name not in __all__},
+    **dict.fromkeys(types.__all__, "devpolicy.types"),
+    **dict.fromkeys(sizes.__all__, "devpolicy.sizes"),
+    **dict.fromkeys(threads.__all__, "devpolicy.threads"),
+}
+_REPLACED = {"available_backends": "devpolicy.inventory().devices"}
+
+_public_getattr = lazy_names(__name__, __all__)[0]
+
 
 def __getattr__(name: str) -> Any:
     # PEP 562: the API (and with it JAX) is imported on first use, not at `import devpolicy`.
     if name in __all__:
-        value = getattr(importlib.import_module("devpolicy._api"), name)
-        globals()[name] = value
-        return value
+        return _public_getattr(name)
+    if name in _MOVED or name in _REPLACED:
+        new = _REPLACED.get(name) or f"{_MOVED[name]}.{name}"
+        warnings.warn(
+            f"devpolicy.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2
+        )
+        return getattr(importlib.import_module("devpolicy._api"), name)
     if name.startswith("_") and not name.startswith("__"):
         try:
             return importlib.import_module(f"devpolicy.{name}")

@@ -1,7 +1,8 @@
 """Every public name, imported from the module that owns it.
 
-`devpolicy/__init__.py` loads this module on the first access to a public name, so that
-`import devpolicy` and `devpolicy --help` stay light (no JAX, pydantic or structlog).
+`devpolicy/__init__.py` and the public namespaces (`errors`, `types`, `sizes`, `threads`)
+load this module on the first access to one of their names, so that `import devpolicy` and
+`devpolicy --help` stay light (no JAX, pydantic or structlog).
 """
 
 from ._apply.hostview import host_view as host_view
@@ -35,6 +36,14 @@ from ._io.planning import DeviceLoad as DeviceLoad
 from ._io.planning import Plan as Plan
 from ._io.planning import PlannedFetch as PlannedFetch
 from ._io.planning import PlannedTensor as PlannedTensor
+from ._io.remote.errors import ObjectChangedError as ObjectChangedError
+from ._io.remote.errors import RangeIgnoredError as RangeIgnoredError
+from ._io.remote.errors import RemoteCacheError as RemoteCacheError
+from ._io.remote.errors import RemoteExtraMissingError as RemoteExtraMissingError
+from ._io.remote.errors import RemoteOfflineError as RemoteOfflineError
+from ._io.remote.errors import RemoteOptionError as RemoteOptionError
+from ._io.remote.errors import RemoteReadError as RemoteReadError
+from ._io.remote.errors import RemoteURLError as RemoteURLError
 from ._io.writing import align_file as align_file
 from ._machine.capacity import Capacity as Capacity
 from ._machine.capacity import DeviceMemory as DeviceMemory

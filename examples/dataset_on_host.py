@@ -69,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", type=Path, default=POLICY, help="policy file")
     args = parser.parse_args(argv)
     try:
-        nbytes = devpolicy.parse_size(args.size)
+        nbytes = devpolicy.sizes.parse_size(args.size)
     except ValueError as e:
         parser.error(f"--size: {e}")
 
     # First, before any JAX computation: the policy's `runtime:` (the accelerator installed,
     # then the CPU) takes effect, and the policy becomes the active one.
     activation = devpolicy.bootstrap(args.policy)
-    backends = ", ".join(devpolicy.available_backends())
+    backends = ", ".join(devpolicy.inventory().devices)
     print(f"policy {activation.policy.found}; backends: {backends}", file=sys.stderr)
 
     with tempfile.TemporaryDirectory() as tmp, activation:

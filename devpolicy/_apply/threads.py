@@ -66,7 +66,7 @@ class ThreadPoolExecutor(concurrent.futures.ThreadPoolExecutor):
     Example:
         >>> import devpolicy, jax.numpy as jnp
         >>> with devpolicy.activate(devpolicy.load_policy({"version": 1, "default": "cpu:1"})):
-        ...     with devpolicy.ThreadPoolExecutor(2) as pool, devpolicy.scope("batches"):
+        ...     with devpolicy.threads.ThreadPoolExecutor(2) as pool, devpolicy.scope("batches"):
         ...         arrays = list(pool.map(lambda i: jnp.full(2, i), range(3)))
         >>> {devpolicy.inventory().text(*a.devices()) for a in arrays}
         {'cpu:1'}

@@ -27,6 +27,8 @@ def did_you_mean(value: object, choices: Iterable[str]) -> str:
 class DevicePolicyError(Exception):
     """Base class of every error devpolicy raises.
 
+    Never raised itself: `except DevicePolicyError` catches every error of `devpolicy.errors`.
+
     Example:
         >>> import devpolicy
         >>> try:
@@ -63,6 +65,10 @@ class Problem:
 class PolicyError(DevicePolicyError, ValueError):
     """A policy document is malformed or invalid.
 
+    Raised by `load_policy`, `bootstrap` and `devpolicy check` when the document (a file, a
+    mapping, `overrides=`) is malformed or invalid, and by discovery that finds no policy when
+    one is required (`required=True`, `DEVPOLICY_REQUIRE=1`).
+
     Every problem found is listed (not just the first); `file`, `line` and `field`
     describe the first one.
 
@@ -94,6 +100,10 @@ class PolicyError(DevicePolicyError, ValueError):
 class DeviceUnavailableError(DevicePolicyError, RuntimeError):
     """No device could be had for a target or for a whole fallback chain.
 
+    Raised by `get_device` for a target this process lacks, and wherever a name is decided
+    (`resolve`, `scope`, `@place`, `put`, `to`, `load_file`) when no target of its rule's
+    fallback chain can be had.
+
     Attributes:
         requested: The target text that was asked for (for example `gpu:1`).
         tried: Each target tried, with why it could not be had.
@@ -122,6 +132,9 @@ class DeviceUnavailableError(DevicePolicyError, RuntimeError):
 class AxisNamesError(DevicePolicyError, ValueError):
     """The axis names a model attached to an array (`axes: attached`) name more dimensions
     than the array has: a question of naming in the model, not of devices.
+
+    Raised wherever a leaf is decided under an `axes: attached` rule (`put`, `shardings`,
+    `load_file(into=tree)`) with names for more dimensions than it has.
 
     Fewer names than dimensions are not an error: the rest are unsharded, as
     `PartitionSpec` pads them.
@@ -183,6 +196,9 @@ class ValueRefusedError(DevicePolicyError, ValueError):
 class EnvOverrideError(ValueRefusedError):
     """A `DEVPOLICY_*` environment variable holds a value devpolicy cannot use.
 
+    Raised by `load_policy`, `bootstrap` and each loading of a policy, and by URL reads
+    (`DEVPOLICY_REMOTE_*`), when a variable they read cannot be used.
+
     Attributes:
         variable: The variable's name.
         value: Its value.
@@ -199,6 +215,8 @@ class EnvOverrideError(ValueRefusedError):
 class MachineSpecError(ValueRefusedError):
     """A description of a machine to plan for (`gpu=8x80GiB`) that cannot be read.
 
+    Raised by `VirtualMachine(...)` and by `devpolicy plan --devices/--processes/--slices`.
+
     Attributes:
         option: What held it: `--devices`, `--processes`, or a `VirtualMachine` argument.
         value: The text (or value) as given.
@@ -212,6 +230,9 @@ class MachineSpecError(ValueRefusedError):
 
 class UnmatchedNameError(DevicePolicyError, LookupError):
     """A name no rule matches, under a policy whose default is `reject`.
+
+    Raised wherever a name is decided (`resolve`, `scope`, `@place`, `put`, `to`, `load_file`)
+    and no rule matches it under `default: reject`.
 
     Attributes:
         name: The name.
@@ -231,6 +252,8 @@ class UnmatchedNameError(DevicePolicyError, LookupError):
 class ScopeInCoroutineError(DevicePolicyError, RuntimeError):
     """`with devpolicy.scope(...)` was written directly in an `async def` body.
 
+    Raised on entering `devpolicy.scope(...)` (or `Policy.scope`) in a coroutine.
+
     `jax.default_device` is thread-local, not task-local: held across an `await`, other
     tasks on the event loop would see the device, and the thread could be left on it.
     """
@@ -248,6 +271,9 @@ class ScopeInCoroutineError(DevicePolicyError, RuntimeError):
 
 class NarrowingError(DevicePolicyError, ValueError):
     """64-bit data would change if narrowed to 32 bits (JAX with x64 disabled).
+
+    Raised by `put`, `prefetch`, `windows` and `load_file` with `narrow="exact"` (the default)
+    while JAX has x64 disabled.
 
     Every offending tensor is listed, not only the first; nothing has been placed.
 
@@ -293,6 +319,9 @@ class NarrowingError(DevicePolicyError, ValueError):
 class RuntimeTooLateError(DevicePolicyError, RuntimeError):
     """`runtime:` settings came after JAX started a backend, and the backend runs otherwise.
 
+    Raised by `bootstrap` when the policy's `runtime:` differs from what JAX's running backend
+    was started with.
+
     Most runtime knobs are read once, when the first backend starts; changing them later
     would be silently ignored, so devpolicy refuses instead. Nothing has been changed.
 
@@ -326,6 +355,9 @@ class RuntimeTooLateError(DevicePolicyError, RuntimeError):
 class SafetensorsFileError(DevicePolicyError, ValueError):
     """A safetensors file is missing, truncated or malformed; nothing was loaded.
 
+    Raised by `load_file`, `plan`, `read_metadata` and `align_file` for a file that is missing,
+    truncated or malformed, and by `save_file` for one that cannot be written.
+
     Attributes:
         file: The file.
         tensor: The tensor concerned, if one is.
@@ -344,6 +376,8 @@ class SafetensorsFileError(DevicePolicyError, ValueError):
 
 class HostViewError(DevicePolicyError, ValueError):
     """An array cannot be seen as a zero-copy numpy view of host memory (`host_view`).
+
+    Raised by `host_view` (and `windows` over such an array).
 
     Attributes:
         array: What the array is and where it is (`uint16[10248871837] on gpu:0`).
@@ -366,6 +400,9 @@ class HostViewError(DevicePolicyError, ValueError):
 class UntrustedPolicyError(PolicyError):
     """A policy file that someone other than you (or root) could have written or put in
     place was found by discovery, and is refused.
+
+    Raised by discovery (`load_policy()` with no source, `bootstrap()`, a module-level verb with
+    no policy active) for a file it found that it does not trust.
 
     Discovery reads files nobody named; a file another user could plant (in a
     world-writable directory above your project, say) must not change your program. This
@@ -396,6 +433,9 @@ class UntrustedPolicyError(PolicyError):
 
 class CheckpointMismatchError(DevicePolicyError, ValueError):
     """A checkpoint does not fit the tree given to `load_file(path, into=tree)`.
+
+    Raised by `load_file(path, into=tree)` (and `plan(path, into=tree)`) before anything is
+    read.
 
     Every difference is listed at once (the message shows the first 20 of each kind, the
     attributes hold all); nothing has been loaded.
@@ -464,6 +504,9 @@ def _counted(count: int, one: str, many: str) -> str:
 
 class TransferRefusedError(DevicePolicyError, RuntimeError):
     """A transfer JAX would have made implicitly was refused by the policy's `transfers:`.
+
+    Raised while a policy whose `transfers:` says `disallow` is active, in the code that would
+    make the transfer.
 
     Raised where the transfer happened (a jit call, an operation mixing numpy and arrays),
     before anything was copied; chained from JAX's own transfer-guard error.

@@ -29,13 +29,17 @@ def command(args: argparse.Namespace) -> int:
     try:
         policy = load(args.policy)
     except devpolicy.PolicyError as e:
-        code = "untrusted-policy" if isinstance(e, devpolicy.UntrustedPolicyError) else "invalid"
+        code = (
+            "untrusted-policy"
+            if isinstance(e, devpolicy.errors.UntrustedPolicyError)
+            else "invalid"
+        )
         findings = [
             {"severity": "error", "origin": _where(p), "code": code, "message": _what(p)}
             for p in e.problems
         ]
         return _report_check(args, label, findings, invalid=True)
-    except devpolicy.EnvOverrideError as e:
+    except devpolicy.errors.EnvOverrideError as e:
         findings = [
             {
                 "severity": "error",
@@ -66,11 +70,11 @@ def command(args: argparse.Namespace) -> int:
     )
 
 
-def _where(problem: devpolicy.Problem) -> str:
+def _where(problem: devpolicy.types.Problem) -> str:
     return problem.file if problem.line is None else f"{problem.file}:{problem.line}"
 
 
-def _what(problem: devpolicy.Problem) -> str:
+def _what(problem: devpolicy.types.Problem) -> str:
     return f"{problem.field}: {problem.message}" if problem.field else problem.message
 
 

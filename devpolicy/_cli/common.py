@@ -57,7 +57,7 @@ def one_line(text: object) -> str:
 
 def size_text(n: int | None) -> str:
     """A byte count as `format_size` writes it; `-` when unknown."""
-    return "-" if n is None else devpolicy.format_size(n)
+    return "-" if n is None else devpolicy.sizes.format_size(n)
 
 
 def load(path: Path | None) -> devpolicy.Policy:

@@ -19,7 +19,7 @@ from .common import EXIT_OK, lit, new_console, size_text
 
 def _memory(device: Any) -> tuple[int | None, int | None, str]:
     """Free and total bytes as memory-aware placement sees them, and where they come from."""
-    free, total = devpolicy.DeviceMemory().usage(device)
+    free, total = devpolicy.types.DeviceMemory().usage(device)
     return free, total, "host RAM" if total is None else "memory_stats"
 
 
@@ -29,7 +29,7 @@ def command(args: argparse.Namespace) -> int:
     # those a program under this policy gets.
     try:
         activation = devpolicy.bootstrap(args.policy)
-    except (devpolicy.PolicyError, devpolicy.EnvOverrideError) as e:
+    except (devpolicy.PolicyError, devpolicy.errors.EnvOverrideError) as e:
         if args.policy is not None:
             raise
         print(f"devpolicy devices: runtime knobs not applied: {e}", file=sys.stderr)
@@ -111,7 +111,7 @@ def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> 
     return EXIT_OK
 
 
-def _accelerator_line(inv: devpolicy.Inventory) -> str:
+def _accelerator_line(inv: devpolicy.types.Inventory) -> str:
     """What the target `accelerator` resolves to in this process, or why it names nothing."""
     if inv.accelerator is None:
         why = "; ".join(f"{p}: {inv.missing[p]}" for p in ("tpu", "gpu") if p in inv.missing)
@@ -119,7 +119,7 @@ def _accelerator_line(inv: devpolicy.Inventory) -> str:
     return f"accelerator: accelerator:0 -> {inv.accelerator}:0 (a TPU, else a GPU)"
 
 
-def _knob_row(knob: devpolicy.RuntimeKnob) -> dict[str, Any]:
+def _knob_row(knob: devpolicy.types.RuntimeKnob) -> dict[str, Any]:
     return {
         "knob": knob.knob,
         "value": knob.text,
@@ -132,7 +132,7 @@ def _knob_row(knob: devpolicy.RuntimeKnob) -> dict[str, Any]:
     }
 
 
-def _print_runtime(console: Console, runtime: devpolicy.RuntimeSettings) -> None:
+def _print_runtime(console: Console, runtime: devpolicy.types.RuntimeSettings) -> None:
     if not runtime.knobs:
         console.print(Text("runtime: the policy sets no runtime knobs"))
     else:

@@ -68,7 +68,7 @@ def command(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
         return EXIT_OK if e.decision is not None else EXIT_FINDINGS
     console = new_console()
-    size = "size unknown" if e.nbytes is None else devpolicy.format_size(e.nbytes)
+    size = "size unknown" if e.nbytes is None else devpolicy.sizes.format_size(e.nbytes)
     how = f"; found by {policy.found}" if args.policy is None else ""
     source = "" if args.file is None else f" from {args.file}"
     console.print(lit(f"{e.name} ({size}){source} under {policy.file or 'no policy file'}{how}"))
@@ -108,7 +108,7 @@ def command(args: argparse.Namespace) -> int:
     console.print(line)
     if d.is_sharded:
         share = d.bytes_per_device()
-        per = f"; {devpolicy.format_size(share)} per device" if share is not None else ""
+        per = f"; {devpolicy.sizes.format_size(share)} per device" if share is not None else ""
         console.print(
             lit(f"sharded over mesh {d.mesh!r}: {d.shards} pieces on {d.mesh_devices} devices{per}")
         )

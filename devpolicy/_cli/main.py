@@ -52,13 +52,13 @@ def _capacity_item(text: str) -> tuple[str, int]:
         devpolicy.StaticCapacity({target.strip(): size.strip()})  # checks target and size
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
-    return target.strip(), devpolicy.parse_size(size.strip())
+    return target.strip(), devpolicy.sizes.parse_size(size.strip())
 
 
 def _devices_item(text: str) -> str:
     try:
         devpolicy.VirtualMachine([text], option="--devices")  # checks the text
-    except devpolicy.MachineSpecError as e:
+    except devpolicy.errors.MachineSpecError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--devices ")) from None
     return text
 
@@ -90,7 +90,7 @@ def _path_or_url(text: str) -> Any:
 
 def _size(text: str) -> int:
     try:
-        return devpolicy.parse_size(text)
+        return devpolicy.sizes.parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

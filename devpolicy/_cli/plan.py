@@ -164,7 +164,7 @@ def command(args: argparse.Namespace) -> int:
         console.print(
             lit(
                 f"Per process: {count} process{'es' if p.processes > 1 else ''} holds "
-                f"{devpolicy.format_size(p.bytes_per_process)} on {len(p.devices)} devices"
+                f"{devpolicy.sizes.format_size(p.bytes_per_process)} on {len(p.devices)} devices"
             )
         )
     for mesh in p.meshes:
@@ -173,9 +173,9 @@ def command(args: argparse.Namespace) -> int:
         cold = "; a first load, into the cache (later loads map it)" if f.cached else ""
         console.print(
             lit(
-                f"Fetch: {f.file}: {devpolicy.format_size(f.nbytes)} in {f.requests} "
+                f"Fetch: {f.file}: {devpolicy.sizes.format_size(f.nbytes)} in {f.requests} "
                 f"request{'' if f.requests == 1 else 's'} from this process (it holds "
-                f"{devpolicy.format_size(f.share)}){cold}"
+                f"{devpolicy.sizes.format_size(f.share)}){cold}"
             )
         )
     missing = sum(map(len, unplaced.values()))
@@ -185,7 +185,7 @@ def command(args: argparse.Namespace) -> int:
     return status
 
 
-def _plan_rules(console: Console, p: devpolicy.Plan) -> None:
+def _plan_rules(console: Console, p: devpolicy.types.Plan) -> None:
     """What each rule took, and what should not pass in silence (exit 3's reason too)."""
     from .._io.accounting import NEAR, NOTHING  # with the plan: `--help` stays light
 
@@ -217,7 +217,7 @@ def _plan_rules(console: Console, p: devpolicy.Plan) -> None:
         )
 
 
-def _unplaced(p: devpolicy.Plan) -> dict[str, list[str]]:
+def _unplaced(p: devpolicy.types.Plan) -> dict[str, list[str]]:
     """The tensors without a device, by reason (the error without the tensor's own name,
     so a layer of tensors that fail alike shares one), in order of first appearance."""
     found: dict[str, list[str]] = {}
@@ -228,7 +228,7 @@ def _unplaced(p: devpolicy.Plan) -> dict[str, list[str]]:
     return found
 
 
-def _plan_notes(console: Console, p: devpolicy.Plan, unplaced: dict[str, list[str]]) -> None:
+def _plan_notes(console: Console, p: devpolicy.types.Plan, unplaced: dict[str, list[str]]) -> None:
     """Why the tensors without a device have none, once per reason, numbered as their rows
     refer to them (every target tried, as `explain` says), and the rule to write for large
     tensors only the default placed."""
@@ -253,14 +253,14 @@ def _plan_notes(console: Console, p: devpolicy.Plan, unplaced: dict[str, list[st
         name = Path(first.file or p.file).name
         more = f" and {len(large) - 1} more" if len(large) > 1 else ""
         text = (
-            f"{first.name}{more}: {devpolicy.format_size(first.nbytes)} placed by the "
+            f"{first.name}{more}: {devpolicy.sizes.format_size(first.nbytes)} placed by the "
             f"default only ({first.decision.device_text if first.decision else ''}); to say "
             f'where it goes on every machine, add a rule:\n  - file: "{name}"\n    device: cpu'
         )
         console.print(Text("\n").join(lit(line, "yellow") for line in text.split("\n")))
 
 
-def _plan_json(p: devpolicy.Plan) -> dict[str, Any]:
+def _plan_json(p: devpolicy.types.Plan) -> dict[str, Any]:
     return {
         "file": p.file,
         "machine": p.machine,

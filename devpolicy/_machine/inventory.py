@@ -268,14 +268,14 @@ def available_backends() -> dict[str, list[jax.Device]]:
 
     JAX has no call for this (jax-ml/jax#6459): it makes you probe `jax.devices(name)`
     and catch `RuntimeError`. Why each absent backend is absent is in
-    `devpolicy.inventory().missing`.
+    `devpolicy.inventory().missing`. `devpolicy.available_backends` is deprecated: use
+    `devpolicy.inventory().devices`.
 
     Returns:
         Platform name (`cpu`, `gpu`, `tpu`, ...) mapped to its local devices.
 
     Example:
-        >>> import devpolicy
-        >>> "cpu" in devpolicy.available_backends()
+        >>> "cpu" in available_backends()
         True
     """
     return {platform: list(devices) for platform, devices in inventory().devices.items()}

@@ -205,7 +205,7 @@ def put(name: str, x: T, *, narrow: Literal["exact", "lossy"] = "exact") -> T:
         ['cpu:3', 'cpu:0']
         >>> try:
         ...     p.put("ids", np.array([2**40, 7]))
-        ... except devpolicy.NarrowingError as e:
+        ... except devpolicy.errors.NarrowingError as e:
         ...     print(e.problems)
         (('ids', 'values 7..1099511627776 do not fit int32 (-2147483648..2147483647)'),)
     """

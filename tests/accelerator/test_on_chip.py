@@ -68,7 +68,7 @@ class TestMemory:
         """A tensor bigger than the chip's free memory (`memory_stats`): plain JAX raises
         RESOURCE_EXHAUSTED making it there; the memory-aware chain decides the host, with
         a warning that says how much was free."""
-        free = devpolicy.DeviceMemory().free_bytes(chip)
+        free = devpolicy.types.DeviceMemory().free_bytes(chip)
         assert free is not None
         count = (free + 2**30) // 4
         with pytest.raises(Exception, match=r"RESOURCE_EXHAUSTED|[Oo]ut of memory"):
@@ -92,7 +92,7 @@ class TestMemory:
         """DeviceMemory reads `memory_stats`: bytes_limit - bytes_in_use."""
         stats = chip.memory_stats()
         assert stats is not None
-        assert devpolicy.DeviceMemory().free_bytes(chip) == (
+        assert devpolicy.types.DeviceMemory().free_bytes(chip) == (
             stats["bytes_limit"] - stats["bytes_in_use"]
         )
 

@@ -51,7 +51,9 @@ def test_numpy_into_a_chip_jit_is_a_warning_crossing_host_and_accelerator(
 
 def test_disallow_refuses_numpy_into_a_chip_jit(chip: jax.Device) -> None:
     step, factor = scaled(chip)
-    refused = pytest.raises(devpolicy.TransferRefusedError, match=r"transfers\.host_to_device")
+    refused = pytest.raises(
+        devpolicy.errors.TransferRefusedError, match=r"transfers\.host_to_device"
+    )
     with devpolicy.activate(chip_policy(host_to_device="disallow")), refused:
         step(HOST, factor)
 

@@ -423,7 +423,7 @@ class TestNothingSilent:
             ]
         )
         with pytest.raises(
-            devpolicy.AxisNamesError,
+            devpolicy.errors.AxisNamesError,
             match=r"^attached axis names \(embed, mlp, norm\) of 'params/w' \(rule <mapping>:rules\[0\]\) name 3 dimensions, but the array has 2: \(4, 4\)\n",
         ):
             policy.put("params", {"w": boxes((4, 4), ("embed", "mlp", "norm"))})

@@ -28,7 +28,7 @@ class TestPut:
     def test_int64_that_does_not_fit_is_refused_not_zeroed(self, policy: devpolicy.Policy) -> None:
         """`put` of 2**40 in int64 raises NarrowingError instead of returning int32 [0]."""
         with pytest.raises(
-            devpolicy.NarrowingError,
+            devpolicy.errors.NarrowingError,
             match=r"^tensor 'x': values 1099511627776\.\.1099511627776 do not fit int32 .*"
             r"narrow='lossy'",
         ) as info:
@@ -45,7 +45,7 @@ class TestPut:
             "ids": np.array([2**40]),
             "w": np.array([0.1], np.float64),
         }
-        with capture_logs() as logs, pytest.raises(devpolicy.NarrowingError) as info:
+        with capture_logs() as logs, pytest.raises(devpolicy.errors.NarrowingError) as info:
             policy.put("params", tree)
         assert [t for t, _ in info.value.problems] == ["params/ids", "params/w"]
         assert str(info.value).startswith("2 tensors would change in 32 bits:\n")
@@ -78,13 +78,13 @@ class TestPut:
         self, policy: devpolicy.Policy
     ) -> None:
         """JAX's bare OverflowError becomes a NarrowingError naming the leaf."""
-        with pytest.raises(devpolicy.NarrowingError, match=r"^tensor 'n': values"):
+        with pytest.raises(devpolicy.errors.NarrowingError, match=r"^tensor 'n': values"):
             policy.put("n", 2**40)
         assert int(policy.put("n", 7)) == 7
 
     def test_numpy_scalar_and_complex_are_judged(self, policy: devpolicy.Policy) -> None:
         """np.int64 scalars and complex128 arrays go the same way as arrays."""
-        with pytest.raises(devpolicy.NarrowingError):
+        with pytest.raises(devpolicy.errors.NarrowingError):
             policy.put("s", np.int64(2**40))
         out = policy.put("c", np.array([1 + 2j]))
         assert out.dtype == np.complex64
@@ -98,7 +98,7 @@ class TestPut:
         """devpolicy.put with the active policy refuses the same way."""
         with (
             devpolicy.activate(policy_of()),
-            pytest.raises(devpolicy.NarrowingError, match=r"tensor 'x'"),
+            pytest.raises(devpolicy.errors.NarrowingError, match=r"tensor 'x'"),
         ):
             devpolicy.put("x", np.array([2**40]))
 
@@ -118,7 +118,7 @@ class TestPrefetch:
         """A batch of int64 token ids beyond int32 is an error, not zeros."""
         batches = [np.arange(3, dtype=np.int64), np.array([2**40])]
         stream = policy.prefetch(batches)
-        with pytest.raises(devpolicy.NarrowingError, match=r"tensor 'batch'"):
+        with pytest.raises(devpolicy.errors.NarrowingError, match=r"tensor 'batch'"):
             list(stream)
         lossy = list(policy.prefetch(batches, narrow="lossy"))
         assert [b.dtype for b in lossy] == [np.int32, np.int32]
@@ -137,7 +137,7 @@ class TestLoadFile:
             },
             str(path),
         )
-        with pytest.raises(devpolicy.NarrowingError) as info:
+        with pytest.raises(devpolicy.errors.NarrowingError) as info:
             devpolicy.load_file(path, policy=policy_of())
         assert info.value.file == str(path)
         assert [t for t, _ in info.value.problems] == ["a", "c"]

@@ -132,7 +132,7 @@ class TestPolicyFormat:
     def test_an_environment_sharding_over_an_unknown_mesh_names_the_variable(self) -> None:
         """The mesh must exist in the policy; the error names DEVPOLICY_RULES."""
         with pytest.raises(
-            devpolicy.EnvOverrideError, match=r"^DEVPOLICY_RULES=.*unknown mesh 'gird'"
+            devpolicy.errors.EnvOverrideError, match=r"^DEVPOLICY_RULES=.*unknown mesh 'gird'"
         ):
             devpolicy.load_policy(
                 {"version": 1, "meshes": MESH}, environ={"DEVPOLICY_RULES": "a=gird[data]"}
@@ -233,7 +233,7 @@ class TestDecisions:
 
     def test_a_missing_backend_falls_back(self, cpus: list[jax.Device]) -> None:
         """A mesh over gpu on a CPU-only machine: the fallback, and the backend's reason."""
-        if "gpu" in devpolicy.available_backends():
+        if "gpu" in devpolicy.inventory().devices:
             pytest.skip("this machine has a GPU")
         policy = policy_of(
             meshes={"g": {"axes": {"data": -1}, "devices": "gpu"}},
@@ -456,7 +456,7 @@ class TestShardLocalLoading:
         """Narrowing applies per slice; a loss in any slice raises naming the tensor."""
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({"w": np.array([1, 2, 3, 2**40], np.int64)}, path)
-        with pytest.raises(devpolicy.NarrowingError, match=r"tensor 'w'"):
+        with pytest.raises(devpolicy.errors.NarrowingError, match=r"tensor 'w'"):
             devpolicy.load_file(path, policy=sharded(["data"], match="m/w"))
 
     def test_a_checkpoint_index_loads_its_files_as_one(self, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def policy(rule: dict[str, Any], **extra: Any) -> devpolicy.Policy:
     return devpolicy.load_policy(document)
 
 
-def on_8_gpus(rule: dict[str, Any], shape: tuple[int, ...]) -> devpolicy.Decision[Any]:
+def on_8_gpus(rule: dict[str, Any], shape: tuple[int, ...]) -> devpolicy.types.Decision[Any]:
     """The decision for a bf16 array of `shape` named `embed`, by `rule` over a tensor=8
     mesh, on a described machine of 8 GPUs (the policy's chain ends at the host)."""
     p = devpolicy.load_policy(

@@ -85,8 +85,8 @@ class TestPropagate:
 
 class TestExecutor:
     def test_submit_and_map_carry_the_submitters_scope(self, cpus: list[jax.Device]) -> None:
-        """devpolicy.ThreadPoolExecutor is a drop-in pool whose tasks see the scope."""
-        with devpolicy.ThreadPoolExecutor(2) as pool:
+        """devpolicy.threads.ThreadPoolExecutor is a drop-in pool whose tasks see the scope."""
+        with devpolicy.threads.ThreadPoolExecutor(2) as pool:
             with POLICY.scope("d3"):
                 submitted = pool.submit(jnp.zeros, 2)
                 mapped = list(pool.map(lambda i: jnp.full(1, i), range(4)))
@@ -105,7 +105,7 @@ class TestCoroutines:
                 await asyncio.sleep(0)
 
         with pytest.raises(
-            devpolicy.ScopeInCoroutineError,
+            devpolicy.errors.ScopeInCoroutineError,
             match=r"Decorate the async function with @devpolicy\.place\('d1'\)",
         ):
             asyncio.run(main())

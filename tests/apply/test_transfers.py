@@ -140,7 +140,7 @@ class TestRefused:
         p = devpolicy.load_policy(path)
         with devpolicy.activate(p):
             site = here(2)
-            with pytest.raises(devpolicy.TransferRefusedError) as caught:
+            with pytest.raises(devpolicy.errors.TransferRefusedError) as caught:
                 TWICE(HOST)
         e = caught.value
         assert isinstance(e, devpolicy.DevicePolicyError)
@@ -190,7 +190,7 @@ class TestRefused:
         sharding = SingleDeviceSharding(cpus[3])
         with devpolicy.activate(p):
             x = jax.make_array_from_callback(HOST.shape, sharding, lambda index: HOST[index])
-            with pytest.raises(devpolicy.TransferRefusedError):
+            with pytest.raises(devpolicy.errors.TransferRefusedError):
                 TWICE(HOST)  # an argument transfer is still refused
         assert x.devices() == {cpus[3]}
         assert devpolicy.report().transfers == ()
@@ -210,7 +210,7 @@ class TestWhereItApplies:
         assert p.watch is None
         with devpolicy.activate(p), p.scope("x"):
             assert guard_levels() == before
-        assert type(p.scope("x")) is devpolicy.Scope
+        assert type(p.scope("x")) is devpolicy.types.Scope
 
     def test_the_guard_is_restored_when_the_policy_is_left(self) -> None:
         """activate and scope arm JAX's guard on entry and restore it on exit."""

@@ -131,7 +131,7 @@ class TestHostView:
             np.zeros(4), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
         )
         with pytest.raises(
-            devpolicy.HostViewError,
+            devpolicy.errors.HostViewError,
             match=r"^float32\[4\] over 2 devices: sharded over 2 devices, so its memory is "
             r"not one buffer; view each shard",
         ):
@@ -141,7 +141,9 @@ class TestHostView:
         """A donated or deleted array has no memory to view."""
         x = jnp.zeros(3)
         x.delete()
-        with pytest.raises(devpolicy.HostViewError, match=r"^float32\[3\]: the array is deleted"):
+        with pytest.raises(
+            devpolicy.errors.HostViewError, match=r"^float32\[3\]: the array is deleted"
+        ):
             devpolicy.host_view(x)
 
     def test_a_traced_value_is_refused(self) -> None:
@@ -152,7 +154,9 @@ class TestHostView:
             devpolicy.host_view(x)
             return x
 
-        with pytest.raises(devpolicy.HostViewError, match=r"^traced float32\[2\]: a value inside"):
+        with pytest.raises(
+            devpolicy.errors.HostViewError, match=r"^traced float32\[2\]: a value inside"
+        ):
             f(jnp.zeros(2))
 
     @pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint4, jnp.int2, jnp.float4_e2m1fn])
@@ -161,7 +165,7 @@ class TestHostView:
         no view; the error says so and how to get the copy, and does not make it."""
         x = jnp.zeros(64, dtype)
         with pytest.raises(
-            devpolicy.HostViewError,
+            devpolicy.errors.HostViewError,
             match=rf"^{x.dtype}\[64\] on cpu:0: host_view does not support [24]-bit types: "
             r"JAX gives numpy a sub-byte array only as a copy, never its own buffer, so no "
             r"view of it is zero-copy; np\.asarray\(array\) makes that copy \(64 B, a byte a "
@@ -352,7 +356,7 @@ class TestWindows:
         """Tokens not on a host device: the error says where they are and what to do."""
         monkeypatch.setattr(_hostview, "_HOST_PLATFORMS", frozenset({"tpu"}))
         with pytest.raises(
-            devpolicy.HostViewError,
+            devpolicy.errors.HostViewError,
             match=r"^uint16\[8\] on cpu:0: not on a host device: a view would first copy "
             r"16 bytes to the host; place it on the host",
         ):
@@ -751,7 +755,7 @@ class TestStream:
         assert {b.dtype for b in out} == {np.dtype(np.int32)}
         assert [e["event"] for e in logs].count("narrowed") == 1
         tokens[500] = 2**40
-        with pytest.raises(devpolicy.NarrowingError, match=r"tensor 'batch'"):
+        with pytest.raises(devpolicy.errors.NarrowingError, match=r"tensor 'batch'"):
             list(devpolicy.windows(tokens, 10, 4, policy=policy))
         with capture_logs() as logs:
             lossy = list(devpolicy.windows(tokens, 10, 4, narrow="lossy", policy=policy))

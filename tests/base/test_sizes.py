@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devpolicy import format_size, parse_size
+from devpolicy.sizes import format_size, parse_size
 
 
 class TestParseSize:

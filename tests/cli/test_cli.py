@@ -16,7 +16,7 @@ from devpolicy._cli.main import main
 from tests.conftest import REPO
 from tests.helpers import schema_form, write
 
-NO_GPU = "gpu" not in devpolicy.available_backends()
+NO_GPU = "gpu" not in devpolicy.inventory().devices
 
 
 def run_cli(
@@ -696,16 +696,17 @@ class TestMachineCounts:
     def test_virtual_machine_raises_machine_spec_error_for_each(self, count: str) -> None:
         """The Python API parses the same text the same way, never with a raw ValueError."""
         with pytest.raises(
-            devpolicy.MachineSpecError,
+            devpolicy.errors.MachineSpecError,
             match=r"^devices 'gpu=.*': .*(COUNT: the digits 0-9, nothing else|a count of .*devices \(1\.\.65536\))",
         ) as info:
             devpolicy.VirtualMachine([f"gpu={count}"])
-        assert type(info.value) is devpolicy.MachineSpecError
+        assert type(info.value) is devpolicy.errors.MachineSpecError
 
     def test_a_5000_digit_count_names_its_length(self) -> None:
         """A count too long for `int` is out of range, said in a line a person can read."""
         with pytest.raises(
-            devpolicy.MachineSpecError, match=r"a count of 5,000 digits of devices \(1\.\.65536\)"
+            devpolicy.errors.MachineSpecError,
+            match=r"a count of 5,000 digits of devices \(1\.\.65536\)",
         ):
             devpolicy.VirtualMachine(["gpu=" + "9" * 5000])
 

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 import devpolicy
 from tests.helpers import needs_cpu_pinned_host, policy_of, write
 
-NO_GPU = "gpu" not in devpolicy.available_backends()
+NO_GPU = "gpu" not in devpolicy.inventory().devices
 
 
 class TestResolve:

@@ -63,7 +63,7 @@ class TestAttachedNamesAsJaxReadsThem:
     def test_more_names_than_dimensions_raise_axis_names_error(self) -> None:
         """Three names on a 2-D array: AxisNamesError with the name, the names and the
         shape, not DeviceUnavailableError, and the fallback is not taken."""
-        with pytest.raises(devpolicy.AxisNamesError) as raised:
+        with pytest.raises(devpolicy.errors.AxisNamesError) as raised:
             attached_policy().decider.decide(
                 "params/w", 64, (4, 4), attached=Attached(("embed", "mlp", "kv"))
             )
@@ -85,8 +85,8 @@ class TestAttachedNamesAsJaxReadsThem:
                 ("params/b", 64, (4, 4), 0, None, Attached(("embed", "mlp"))),
             ]
         )
-        assert isinstance(results[0], devpolicy.AxisNamesError)
-        assert isinstance(results[1], devpolicy.Decision)
+        assert isinstance(results[0], devpolicy.errors.AxisNamesError)
+        assert isinstance(results[1], devpolicy.types.Decision)
         assert results[1].spec == ("fsdp", "tensor")
 
     def test_explain_shows_the_naming_error(self) -> None:
@@ -100,7 +100,7 @@ class TestAttachedNamesAsJaxReadsThem:
 
     def test_a_0d_leaf_with_names_is_a_naming_error(self) -> None:
         """A scalar has no dimension to name: names on it are more than it has."""
-        with pytest.raises(devpolicy.AxisNamesError, match=r"the array has 0: \(\)"):
+        with pytest.raises(devpolicy.errors.AxisNamesError, match=r"the array has 0: \(\)"):
             attached_policy().decider.decide("params/s", 4, (), attached=Attached(("embed",)))
 
 

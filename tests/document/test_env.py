@@ -147,14 +147,14 @@ class TestBadValues:
         self, variable: str, value: str, message: str
     ) -> None:
         """Each bad value names the variable, the value and what is accepted."""
-        with pytest.raises(devpolicy.EnvOverrideError, match=message) as info:
+        with pytest.raises(devpolicy.errors.EnvOverrideError, match=message) as info:
             devpolicy.load_policy(BASE, environ={variable: value})
         assert (info.value.variable, info.value.value) == (variable, value)
 
     def test_process_environment_is_read_by_default(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without `environ=`, os.environ is read."""
         monkeypatch.setenv("DEVPOLICY_STRICT", "sure")
-        with pytest.raises(devpolicy.EnvOverrideError, match="DEVPOLICY_STRICT"):
+        with pytest.raises(devpolicy.errors.EnvOverrideError, match="DEVPOLICY_STRICT"):
             devpolicy.load_policy(BASE)
 
     @given(st.text(max_size=30))
@@ -162,7 +162,7 @@ class TestBadValues:
         """Random DEVPOLICY_RULES values never leak another exception."""
         try:
             read_env({"DEVPOLICY_RULES": value})
-        except devpolicy.EnvOverrideError as e:
+        except devpolicy.errors.EnvOverrideError as e:
             variable = e.variable
         else:
             return
@@ -172,14 +172,14 @@ class TestBadValues:
 class TestMessages:
     def test_accepted_forms_are_listed_once(self) -> None:
         """The parser's own list is not repeated by the variable's."""
-        with pytest.raises(devpolicy.EnvOverrideError) as info:
+        with pytest.raises(devpolicy.errors.EnvOverrideError) as info:
             devpolicy.load_policy(BASE, environ={"DEVPOLICY_DEFAULT": "gpuu"})
         assert str(info.value).count("accepted:") == 1
 
     def test_semicolons_or_two_equals_in_one_item_are_errors(self) -> None:
         """'a=cpu;b=gpu' is two rules glued together: say so instead of matching nothing."""
         with pytest.raises(
-            devpolicy.EnvOverrideError,
+            devpolicy.errors.EnvOverrideError,
             match=r"item 0 \('dataset/\*=cpu:1;model/\*=gpu'\) holds more than one rule; separate rules with ','",
         ):
             devpolicy.load_policy(BASE, environ={"DEVPOLICY_RULES": "dataset/*=cpu:1;model/*=gpu"})
@@ -187,7 +187,7 @@ class TestMessages:
     def test_default_reject_is_suggested(self) -> None:
         """A misspelt `reject` gets a did-you-mean in the environment and in YAML."""
         with pytest.raises(
-            devpolicy.EnvOverrideError, match=r"did you mean 'reject'\?.*; or reject"
+            devpolicy.errors.EnvOverrideError, match=r"did you mean 'reject'\?.*; or reject"
         ):
             devpolicy.load_policy(BASE, environ={"DEVPOLICY_DEFAULT": "rejct"})
         with pytest.raises(
@@ -223,7 +223,7 @@ class TestMeshEntryMessages:
     )
     def test_a_bad_mesh_entry_shows_the_value_and_the_rule(self, rules: str, said: str) -> None:
         """A sharding the policy's meshes contradict names the variable's value, not 'item 0'."""
-        with pytest.raises(devpolicy.EnvOverrideError, match=said) as info:
+        with pytest.raises(devpolicy.errors.EnvOverrideError, match=said) as info:
             devpolicy.load_policy(MESHED, environ={"DEVPOLICY_RULES": rules})
         assert info.value.value == rules
 
@@ -296,7 +296,7 @@ class TestFileItems:
         ],
     )
     def test_a_misspelt_or_empty_file_form_is_refused(self, value: str, said: str) -> None:
-        with pytest.raises(devpolicy.EnvOverrideError, match=said) as info:
+        with pytest.raises(devpolicy.errors.EnvOverrideError, match=said) as info:
             read_env({"DEVPOLICY_RULES": value})
         assert "file:GLOB for every tensor of the files GLOB matches" in str(info.value)
 

@@ -148,7 +148,7 @@ class TestBehaviour:
         a pod, kernels are sharded over all its devices."""
         path = REPO / "policies" / "fsdp-sharded.yaml"
         policy = devpolicy.load_policy(path, environ={})
-        if "gpu" not in devpolicy.available_backends():
+        if "gpu" not in devpolicy.inventory().devices:
             d = policy.resolve("model/layer0/kernel", nbytes=4096, shape=(32, 32))
             assert d.device.platform == "cpu"
             assert "mesh 'fsdp'" in (d.fallback_reason or "")
@@ -181,7 +181,7 @@ class TestBehaviour:
     def test_strict_debug_rejects_unplanned_names(self) -> None:
         """Anything not listed is an error."""
         policy = devpolicy.load_policy(REPO / "policies" / "strict-debug.yaml", environ={})
-        with pytest.raises(devpolicy.UnmatchedNameError):
+        with pytest.raises(devpolicy.errors.UnmatchedNameError):
             policy.resolve("surprise")
         assert policy.resolve("dataset/x").device.platform == "cpu"
 

@@ -98,7 +98,7 @@ class TestEnvironment:
         ],
     )
     def test_a_malformed_value_names_the_variable(self, value: str, message: str) -> None:
-        with pytest.raises(devpolicy.EnvOverrideError, match=message) as caught:
+        with pytest.raises(devpolicy.errors.EnvOverrideError, match=message) as caught:
             devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_TRANSFERS": value})
         assert caught.value.variable == "DEVPOLICY_TRANSFERS"
         assert "field=mode" in caught.value.accepted

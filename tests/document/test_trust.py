@@ -148,7 +148,7 @@ def discover_as(user: pwd.struct_passwd, cwd: Path) -> str:
         os.setgroups([]); os.setgid({user.pw_gid}); os.setuid({user.pw_uid})
         try:
             print("trusted", devpolicy.load_policy(environ={{}}).file)
-        except devpolicy.UntrustedPolicyError as e:
+        except devpolicy.errors.UntrustedPolicyError as e:
             print("refused", str(e).splitlines()[0])
     """
     result = python(code, cwd)
@@ -185,7 +185,7 @@ class TestPlantedPolicy:
         (shared / "scratch").mkdir()
         monkeypatch.chdir(shared / "scratch")
         nobody = _nobody()
-        with pytest.raises(devpolicy.UntrustedPolicyError) as caught:
+        with pytest.raises(devpolicy.errors.UntrustedPolicyError) as caught:
             devpolicy.load_policy(environ={})
         error = caught.value
         assert isinstance(error, devpolicy.PolicyError)
@@ -207,7 +207,7 @@ class TestPlantedPolicy:
         scratch = shared / "scratch"
         scratch.mkdir()
         monkeypatch.chdir(scratch)
-        with pytest.raises(devpolicy.UntrustedPolicyError):
+        with pytest.raises(devpolicy.errors.UntrustedPolicyError):
             devpolicy.load_policy(environ={})
         if marker == ".git":
             (scratch / ".git").mkdir()
@@ -241,7 +241,7 @@ class TestPlantedPolicy:
             import os, devpolicy
             try:
                 devpolicy.bootstrap()
-            except devpolicy.UntrustedPolicyError as e:
+            except devpolicy.errors.UntrustedPolicyError as e:
                 print(type(e).__name__, os.environ.get("JAX_COMPILATION_CACHE_DIR"))
             """,
             scratch,
@@ -271,7 +271,7 @@ class TestPlantedPolicy:
         (shared / "scratch").mkdir()
         monkeypatch.chdir(shared / "scratch")
         with pytest.raises(
-            devpolicy.UntrustedPolicyError,
+            devpolicy.errors.UntrustedPolicyError,
             match=r"(?s)pyproject\.toml: refused: owned by nobody .*DEVPOLICY_FILE=.*mine\.yaml",
         ):
             devpolicy.load_policy(environ={})
@@ -292,7 +292,7 @@ class TestWritableByOthers:
         assert devpolicy.load_policy(environ={}).resolve("x").device_text == "cpu:2"
         shared.chmod(0o777)
         with pytest.raises(
-            devpolicy.UntrustedPolicyError,
+            devpolicy.errors.UntrustedPolicyError,
             match=r"^/.*/shared/devpolicy\.yaml: refused: its directory /.*/shared is "
             r"world-writable \(mode 0777\) without the sticky bit",
         ) as caught:
@@ -305,7 +305,7 @@ class TestWritableByOthers:
         path = write(tmp_path / "devpolicy.yaml", POLICY)
         path.chmod(mode)
         with pytest.raises(
-            devpolicy.UntrustedPolicyError,
+            devpolicy.errors.UntrustedPolicyError,
             match=rf"^devpolicy\.yaml: refused: world-writable \(mode 0{mode:o}\)",
         ):
             devpolicy.load_policy(environ={})
@@ -318,7 +318,7 @@ class TestWritableByOthers:
         os.chown(path, -1, _nobody().pw_gid)
         path.chmod(0o664)
         with pytest.raises(
-            devpolicy.UntrustedPolicyError,
+            devpolicy.errors.UntrustedPolicyError,
             match=r"^devpolicy\.yaml: refused: group-writable \(mode 0664\)",
         ):
             devpolicy.load_policy(environ={})
@@ -397,7 +397,7 @@ class TestSymlinkChains:
         (project / "devpolicy.yaml").symlink_to(hop)
         monkeypatch.chdir(project)
         with pytest.raises(
-            devpolicy.UntrustedPolicyError,
+            devpolicy.errors.UntrustedPolicyError,
             match=rf"^devpolicy\.yaml: refused: a symlink on the way to it, {re.escape(str(hop))}, "
             r"is owned by nobody \(uid \d+\), not by you \(root\)",
         ) as caught:
@@ -415,7 +415,7 @@ class TestSymlinkChains:
         hop = link_as_nobody(shared / "lnk", project / "conf")
         monkeypatch.chdir(project)
         with pytest.raises(
-            devpolicy.UntrustedPolicyError,
+            devpolicy.errors.UntrustedPolicyError,
             match=rf"^\.\./lnk/real\.yaml: refused: a symlink on the way to it, {re.escape(str(hop))}, "
             r"is owned by nobody",
         ):

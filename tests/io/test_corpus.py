@@ -42,7 +42,7 @@ def env_case(id: str, environ: dict[str, str], match: str) -> Case:
     def run(tmp: Path) -> Any:
         return devpolicy.load_policy({"version": 1}, environ=environ)
 
-    return Case(id, run, devpolicy.EnvOverrideError, match)
+    return Case(id, run, devpolicy.errors.EnvOverrideError, match)
 
 
 def file_case(id: str, content: bytes, match: str) -> Case:

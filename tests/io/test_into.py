@@ -110,7 +110,10 @@ def test_load_file_into_lists_every_difference_at_once_and_loads_nothing(
         "layers": [{"w": np.zeros(4, np.int8)}, {"w": np.zeros(4, np.int16)}],
         "head": np.zeros(2),
     }
-    with capture_logs() as events, pytest.raises(devpolicy.CheckpointMismatchError) as caught:
+    with (
+        capture_logs() as events,
+        pytest.raises(devpolicy.errors.CheckpointMismatchError) as caught,
+    ):
         devpolicy.load_file(path, into=wrong)
     e = caught.value
     assert e.missing == ("head",)
@@ -130,7 +133,7 @@ def test_load_file_into_with_strict_false_leaves_other_tensors_unread(tmp_path: 
     path = tmp_path / "ckpt.safetensors"
     tensors = {"w": np.ones((4, 4), np.float32), "opt/mu": np.zeros((256, 256), np.float32)}
     devpolicy.save_file(tensors, path)
-    with pytest.raises(devpolicy.CheckpointMismatchError, match=r"unexpected: 'opt/mu'"):
+    with pytest.raises(devpolicy.errors.CheckpointMismatchError, match=r"unexpected: 'opt/mu'"):
         devpolicy.load_file(path, into={"w": np.zeros((4, 4), np.float32)})
     with capture_logs() as events:
         out = devpolicy.load_file(path, into={"w": np.zeros((4, 4), np.float32)}, strict=False)
@@ -141,7 +144,7 @@ def test_load_file_into_with_strict_false_leaves_other_tensors_unread(tmp_path: 
     assert skipped["count"] == 1
     assert skipped["first"] == ["opt/mu"]
     # Missing leaves stay an error: strict only forgives extra tensors.
-    with pytest.raises(devpolicy.CheckpointMismatchError, match=r"missing: 'v'"):
+    with pytest.raises(devpolicy.errors.CheckpointMismatchError, match=r"missing: 'v'"):
         devpolicy.load_file(path, into={"w": np.zeros((4, 4)), "v": np.zeros(1)}, strict=False)
 
 
@@ -176,7 +179,7 @@ def test_load_file_into_matches_dotted_keys_with_a_per_call_separator(tmp_path: 
             "embed_tokens": {"weight": np.zeros((8, 2), np.float32)},
         }
     }
-    with pytest.raises(devpolicy.CheckpointMismatchError, match=r"pass separator="):
+    with pytest.raises(devpolicy.errors.CheckpointMismatchError, match=r"pass separator="):
         devpolicy.load_file(path, into=tree)
     policy = devpolicy.load_policy(
         {"version": 1, "rules": [{"match": "llama/model/layers/*", "device": "cpu:3"}]}

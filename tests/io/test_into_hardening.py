@@ -90,7 +90,7 @@ class TestLookAlikeNames:
         points that differ, not two names that look the same."""
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({"dense/kernel": np.ones(2, np.float32)}, path)
-        with pytest.raises(devpolicy.CheckpointMismatchError) as caught:
+        with pytest.raises(devpolicy.errors.CheckpointMismatchError) as caught:
             devpolicy.load_file(path, into={"dense": {"kern\u0435l": np.ones(2, np.float32)}})
         assert (
             "leaf 'dense/kern\u0435l' and tensor 'dense/kernel' look alike but differ: "
@@ -102,7 +102,7 @@ class TestLookAlikeNames:
         """A zero-width space in a tensor key is shown, with the position it is at."""
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({"w\u200b": np.ones(2, np.float32)}, path)
-        with pytest.raises(devpolicy.CheckpointMismatchError) as caught:
+        with pytest.raises(devpolicy.errors.CheckpointMismatchError) as caught:
             devpolicy.load_file(path, into={"w": np.ones(2, np.float32)}, strict=False)
         assert (
             r"leaf 'w' and tensor 'w\u200b' look alike but differ: at character 2 the "
@@ -112,7 +112,7 @@ class TestLookAlikeNames:
     def test_names_that_differ_plainly_get_no_look_alike_line(self, tmp_path: Path) -> None:
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({"kernel": np.ones(2, np.float32)}, path)
-        with pytest.raises(devpolicy.CheckpointMismatchError) as caught:
+        with pytest.raises(devpolicy.errors.CheckpointMismatchError) as caught:
             devpolicy.load_file(path, into={"bias": np.ones(2, np.float32)})
         assert "look alike" not in str(caught.value)
 

@@ -82,7 +82,7 @@ class TestKeyMismatches:
         """uint32 data the file does not name as keys never silently becomes keys."""
         path = tmp_path / "k.safetensors"
         reference_save({"key": np.zeros(2, np.uint32)}, str(path))
-        with pytest.raises(devpolicy.CheckpointMismatchError) as caught:
+        with pytest.raises(devpolicy.errors.CheckpointMismatchError) as caught:
             devpolicy.load_file(path, into={"key": jax.random.key(0)})
         ((leaf, why),) = caught.value.mismatched
         assert leaf == "key"
@@ -94,7 +94,7 @@ class TestKeyMismatches:
     def test_keys_of_another_implementation_are_a_mismatch(self, tmp_path: Path) -> None:
         path = tmp_path / "k.safetensors"
         devpolicy.save_file({"key": jax.random.key(0, impl="rbg")}, path)
-        with pytest.raises(devpolicy.CheckpointMismatchError) as caught:
+        with pytest.raises(devpolicy.errors.CheckpointMismatchError) as caught:
             devpolicy.load_file(path, into={"key": jax.random.key(0)})
         assert list(caught.value.mismatched) == [
             ("key", "the file's 'key' holds rbg keys, the leaf is key<fry>[]")
@@ -103,7 +103,7 @@ class TestKeyMismatches:
     def test_keys_of_another_shape_are_a_mismatch(self, tmp_path: Path) -> None:
         path = tmp_path / "k.safetensors"
         devpolicy.save_file({"key": jax.random.split(jax.random.key(0), 2)}, path)
-        with pytest.raises(devpolicy.CheckpointMismatchError) as caught:
+        with pytest.raises(devpolicy.errors.CheckpointMismatchError) as caught:
             devpolicy.load_file(path, into={"key": jax.random.key(0)})
         assert list(caught.value.mismatched) == [
             (

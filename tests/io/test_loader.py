@@ -181,7 +181,7 @@ class TestNarrowing:
     ) -> None:
         """A value that would change stops the load, naming tensor, range and the fixes."""
         reference_save({"x": array}, str(tmp_path / "x.safetensors"))
-        with pytest.raises(devpolicy.NarrowingError, match=message) as info:
+        with pytest.raises(devpolicy.errors.NarrowingError, match=message) as info:
             devpolicy.load_file(tmp_path / "x.safetensors", policy=policy_of())
         assert "jax_enable_x64" in str(info.value)
         assert "narrow='lossy'" in str(info.value)
@@ -501,7 +501,9 @@ class TestReviewRegressions:
     def test_overflowing_float64_is_a_narrowing_error_not_a_warning(self, tmp_path: Path) -> None:
         """1e300 does not fit float32: NarrowingError, even with warnings as errors."""
         reference_save({"x": np.array([1e300])}, str(tmp_path / "x.safetensors"))
-        with pytest.raises(devpolicy.NarrowingError, match=r"1 values lose precision in float32"):
+        with pytest.raises(
+            devpolicy.errors.NarrowingError, match=r"1 values lose precision in float32"
+        ):
             devpolicy.load_file(tmp_path / "x.safetensors", policy=policy_of())
         out = devpolicy.load_file(tmp_path / "x.safetensors", policy=policy_of(), narrow="lossy")
         assert np.isinf(np.asarray(out["x"])[0])

@@ -456,6 +456,7 @@ class TestShardedNarrowing:
         dtype = np.int64 if isinstance(values[0], int) else np.float64
         devpolicy.save_file({"w": np.array(values, dtype)}, path)
         with pytest.raises(
-            devpolicy.NarrowingError, match=rf"^{re.escape(str(path))}: tensor 'w': {message}"
+            devpolicy.errors.NarrowingError,
+            match=rf"^{re.escape(str(path))}: tensor 'w': {message}",
         ):
             devpolicy.load_file(path, policy=sharded(["data"]))

@@ -136,7 +136,7 @@ def test_a_fresh_nnx_model_with_another_shape_is_told_every_difference(tmp_path:
             super().__init__(rngs)
             self.head = nnx.Linear(8, 2, rngs=rngs)
 
-    with pytest.raises(devpolicy.CheckpointMismatchError) as caught:
+    with pytest.raises(devpolicy.errors.CheckpointMismatchError) as caught:
         devpolicy.load_file(path, into=nnx.state(Wider(nnx.Rngs(0))))
     assert [name for name, _ in caught.value.mismatched] == ["head/bias", "head/kernel"]
 

@@ -14,7 +14,7 @@ from tests.helpers import policy_of
 
 def decide_on(
     policy: devpolicy.Policy, name: str, machine: VirtualMachine, **given: object
-) -> devpolicy.Decision:
+) -> devpolicy.types.Decision:
     """The decision `policy` makes for `name` on a machine described in words."""
     decision = policy.explain(name, machine=machine, **given).decision  # type: ignore[arg-type]
     assert decision is not None

@@ -131,7 +131,7 @@ class TestFitsRules:
 class TestCapacitySources:
     def test_device_memory_uses_host_ram_for_devices_without_stats(self) -> None:
         """CPU devices report no memory stats; available RAM stands in."""
-        free = devpolicy.DeviceMemory().free_bytes(devpolicy.get_device("cpu:1"))
+        free = devpolicy.types.DeviceMemory().free_bytes(devpolicy.get_device("cpu:1"))
         assert free is not None
         assert free > 0
 
@@ -142,7 +142,7 @@ class TestCapacitySources:
             def memory_stats(self) -> dict[str, int]:
                 return {"bytes_limit": 1000, "bytes_in_use": 300}
 
-        assert devpolicy.DeviceMemory().free_bytes(Reporting()) == 700  # type: ignore[arg-type]
+        assert devpolicy.types.DeviceMemory().free_bytes(Reporting()) == 700  # type: ignore[arg-type]
 
     def test_static_capacity_validates_its_input(self) -> None:
         """Stated capacities use target text and sizes, checked at once."""
@@ -160,7 +160,7 @@ class TestCapacitySources:
             devpolicy.load_policy({"version": 1, "headroom": 1.5}, environ={})
 
 
-class _HostOf1000(devpolicy.DeviceMemory):
+class _HostOf1000(devpolicy.types.DeviceMemory):
     """Host RAM as if 1000 bytes were free: CPU devices report no stats, so they share it."""
 
     def usage(self, device: jax.Device) -> tuple[int | None, int | None]:
@@ -171,7 +171,7 @@ class TestSharedHostMemory:
     def test_cpu_devices_share_one_pool(self) -> None:
         """Every CPU device draws on the same host RAM; a stated capacity is per device."""
         cpus = [devpolicy.get_device(f"cpu:{i}") for i in range(4)]
-        assert len({pool_of(devpolicy.DeviceMemory(), d) for d in cpus}) == 1
+        assert len({pool_of(devpolicy.types.DeviceMemory(), d) for d in cpus}) == 1
         static = devpolicy.StaticCapacity({"cpu:0": 10, "cpu:1": 10})
         assert len({pool_of(static, d) for d in cpus}) == 4
 
@@ -189,7 +189,7 @@ class TestSharedHostMemory:
             environ={},
         )
         a, b = policy.decide_many([("a", 600), ("b", 600)])
-        assert isinstance(a, devpolicy.Decision)
+        assert isinstance(a, devpolicy.types.Decision)
         assert a.device_text == "cpu:1"
         # cpu:3 draws on the same host RAM as cpu:2: nothing in the chain can hold b.
         assert isinstance(b, devpolicy.DeviceUnavailableError)

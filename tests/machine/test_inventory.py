@@ -19,7 +19,7 @@ from devpolicy._machine.inventory import missing_reason
 class TestInventory:
     def test_available_backends_lists_the_cpu_devices(self, cpus: list[jax.Device]) -> None:
         """The four fake CPU devices are listed in JAX's order."""
-        assert devpolicy.available_backends()["cpu"] == cpus
+        assert _inventory.available_backends()["cpu"] == cpus
 
     def test_absent_backends_have_a_reason_and_never_raise(self) -> None:
         """On a CPU-only install gpu and tpu are absent, each with a reason a user can act on."""
@@ -31,7 +31,7 @@ class TestInventory:
             ("no CUDA or ROCm plugin is installed: pip install", "the GPU plugin (")
         )
         assert "tpu" in inv.missing
-        assert "gpu" not in devpolicy.available_backends()
+        assert "gpu" not in devpolicy.inventory().devices
 
     def test_device_text_is_the_process_local_index(self, cpus: list[jax.Device]) -> None:
         """Devices read as the target text that names them."""
@@ -62,7 +62,7 @@ class TestGetDevice:
 
     def test_missing_backend_says_why(self) -> None:
         """Asking for an absent backend names it and why, with what to install."""
-        if "gpu" in devpolicy.available_backends():
+        if "gpu" in devpolicy.inventory().devices:
             pytest.skip("this machine has a GPU")
         with pytest.raises(
             devpolicy.DeviceUnavailableError,
@@ -104,7 +104,7 @@ class TestBackendsThatCannotStart:
         self, platforms: str, reasons: dict[str, str], tmp_path: Path
     ) -> None:
         """With JAX_PLATFORMS naming a backend that cannot start, nothing raises a raw error."""
-        if "gpu" in devpolicy.available_backends() and platforms == "cuda":
+        if "gpu" in devpolicy.inventory().devices and platforms == "cuda":
             pytest.skip("a CUDA plugin is installed here")
         script = (
             "import json, devpolicy, numpy as np\n"

@@ -33,7 +33,9 @@ rules:
 """
 
 
-def mine(device: devpolicy.LedgerDevice, policy: devpolicy.Policy) -> list[devpolicy.LedgerEntry]:
+def mine(
+    device: devpolicy.types.LedgerDevice, policy: devpolicy.Policy
+) -> list[devpolicy.types.LedgerEntry]:
     """The entries of `device` placed by `policy`'s rules (other tests' arrays may still be
     alive in this process)."""
     origins = {rule.origin for rule in policy.rules}

@@ -18,7 +18,7 @@ from devpolicy._document.schema import MeshSpec
 from devpolicy._machine.meshes import Meshes
 from tests.helpers import policy_of, write
 
-NO_GPU = "gpu" not in devpolicy.available_backends()
+NO_GPU = "gpu" not in devpolicy.inventory().devices
 KiB = 1024
 
 MESHES = {"fsdp": {"axes": {"data": 2, "model": -1}, "devices": "gpu"}}
@@ -97,20 +97,22 @@ class TestVirtualMachine:
         self, text: str, problem: str
     ) -> None:
         """Each bad description is a MachineSpecError with the text, the problem and the form."""
-        with pytest.raises(devpolicy.MachineSpecError, match=rf"^devices '.*': {problem}") as e:
+        with pytest.raises(
+            devpolicy.errors.MachineSpecError, match=rf"^devices '.*': {problem}"
+        ) as e:
             devpolicy.VirtualMachine([text])
         assert e.value.value == text
         assert "accepted: BACKEND=COUNTxSIZE such as gpu=8x80GiB" in str(e.value)
 
     def test_a_backend_described_twice_is_an_error(self) -> None:
         """gpu and cuda name one backend: describing it twice is ambiguous."""
-        with pytest.raises(devpolicy.MachineSpecError, match=r"gpu is described twice"):
+        with pytest.raises(devpolicy.errors.MachineSpecError, match=r"gpu is described twice"):
             devpolicy.VirtualMachine(["gpu=8x80GiB", "cuda=2"])
 
     @pytest.mark.parametrize("processes", [0, -1, True, 1.5, "2"])
     def test_a_process_count_is_a_whole_number_of_at_least_one(self, processes: object) -> None:
         """Zero, negative, bool, float and text counts are refused, naming `processes`."""
-        with pytest.raises(devpolicy.MachineSpecError, match=r"^processes "):
+        with pytest.raises(devpolicy.errors.MachineSpecError, match=r"^processes "):
             devpolicy.VirtualMachine(["gpu=8"], processes=processes)  # type: ignore[arg-type]
 
     @given(st.text(max_size=30))
@@ -119,7 +121,7 @@ class TestVirtualMachine:
         outcome: object
         try:
             outcome = devpolicy.VirtualMachine([text])
-        except devpolicy.MachineSpecError as e:
+        except devpolicy.errors.MachineSpecError as e:
             outcome = e
         if isinstance(outcome, devpolicy.VirtualMachine):
             assert "cpu" in outcome.platforms
@@ -387,7 +389,9 @@ class TestPlanCommand:
 
 def test_a_machine_of_too_many_devices_is_refused_before_anything_is_built() -> None:
     """`--processes 65536` of 65,536 GPUs is a typo, refused at once, not billions of objects."""
-    with pytest.raises(devpolicy.MachineSpecError, match=r"^processes 65536: .* devices in all"):
+    with pytest.raises(
+        devpolicy.errors.MachineSpecError, match=r"^processes 65536: .* devices in all"
+    ):
         devpolicy.VirtualMachine(["gpu=65536x80GiB"], processes=65536)
 
 
@@ -550,7 +554,7 @@ class TestSlices:
     ) -> None:
         """Slices must divide the processes: a MachineSpecError naming `slices`, the problem
         and every count that would do."""
-        with pytest.raises(devpolicy.MachineSpecError, match=rf"^slices .*: {problem}") as e:
+        with pytest.raises(devpolicy.errors.MachineSpecError, match=rf"^slices .*: {problem}") as e:
             devpolicy.VirtualMachine(["tpu=4"], processes=processes, slices=slices)  # type: ignore[arg-type]
         assert e.value.accepted.endswith("for 4 processes: 1, 2 or 4")
 
@@ -561,7 +565,7 @@ class TestSlices:
         assert vm.slices == 2
         assert str(vm) == "cpu=1 (memory unknown), gpu=4 (memory unknown); 2 processes"
         assert str(devpolicy.VirtualMachine(["gpu=4"], processes=2, slices=2)) == str(vm)
-        with pytest.raises(devpolicy.MachineSpecError, match=r"^slices 1: .*no tpu backend"):
+        with pytest.raises(devpolicy.errors.MachineSpecError, match=r"^slices 1: .*no tpu backend"):
             devpolicy.VirtualMachine(["gpu=4"], processes=2, slices=1)
 
     def test_plan_names_the_slices_and_plans_the_mesh_over_them(

@@ -285,7 +285,7 @@ class TestNoPolicyFound:
         """A value that is not a boolean is an EnvOverrideError listing the accepted ones."""
         monkeypatch.setenv("DEVPOLICY_REQUIRE", "please")
         with pytest.raises(
-            devpolicy.EnvOverrideError,
+            devpolicy.errors.EnvOverrideError,
             match=r"^DEVPOLICY_REQUIRE='please': not a boolean; accepted: 1, true, yes, on",
         ):
             devpolicy.load_policy()

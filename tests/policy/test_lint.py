@@ -14,7 +14,7 @@ from devpolicy._names.matching import compile_condition
 from tests.helpers import policy_of, run_threads
 from tests.strategies import PATTERNS, names_matching
 
-NO_GPU = "gpu" not in devpolicy.available_backends()
+NO_GPU = "gpu" not in devpolicy.inventory().devices
 
 
 def codes(**fields: object) -> list[tuple[str, str]]:
@@ -32,7 +32,7 @@ def sharded(match: str, spec: list[str | None], **extra: object) -> dict[str, ob
     return {"match": match, "sharding": {"mesh": "m", "spec": spec}, **extra}
 
 
-def lint_sharded(rules: list[dict[str, object]], **fields: object) -> list[devpolicy.Finding]:
+def lint_sharded(rules: list[dict[str, object]], **fields: object) -> list[devpolicy.types.Finding]:
     """Lint rules over a mesh `m` of the 4 CPU devices (`data: 4`)."""
     meshes = {"m": {"axes": {"data": 4}, "devices": "cpu"}}
     return devpolicy.lint(policy_of(meshes=meshes, rules=rules, **fields))
@@ -215,7 +215,7 @@ class TestReject:
         policy = policy_of(default="reject", rules=[rule("dataset/*")])
         assert policy.resolve("dataset/x").device_text == "cpu:0"
         with pytest.raises(
-            devpolicy.UnmatchedNameError,
+            devpolicy.errors.UnmatchedNameError,
             match=r"^no rule matches 'model/w' and the default is `reject` \(<mapping>:default\); add a rule for it \(rules tried: 'dataset/\*'\)$",
         ):
             policy.resolve("model/w")
@@ -223,7 +223,7 @@ class TestReject:
     def test_reject_from_the_environment(self) -> None:
         """DEVPOLICY_DEFAULT=reject works without editing the policy."""
         policy = devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_DEFAULT": "reject"})
-        with pytest.raises(devpolicy.UnmatchedNameError):
+        with pytest.raises(devpolicy.errors.UnmatchedNameError):
             policy.resolve("x")
         assert policy.explain("x").error is not None
 

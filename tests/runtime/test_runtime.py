@@ -218,7 +218,7 @@ class TestTooLate:
             jax.devices()
             try:
                 devpolicy.bootstrap('p.yaml')
-            except devpolicy.RuntimeTooLateError as e:
+            except devpolicy.errors.RuntimeTooLateError as e:
                 print(e)
                 print(os.environ.get('JAX_NUM_CPU_DEVICES'), jax.config.jax_enable_x64)
         """
@@ -258,7 +258,7 @@ class TestTooLate:
             jax.devices()
             try:
                 devpolicy.bootstrap('p.yaml')
-            except devpolicy.RuntimeTooLateError as e:
+            except devpolicy.errors.RuntimeTooLateError as e:
                 print(e.knobs[0][:3])
         """
         result = python(code, tmp_path, TPU_LIBRARY_PATH=str(library))

@@ -65,7 +65,7 @@ def abstract_tree() -> dict[str, Any]:
     }
 
 
-def by_name(plan: devpolicy.Plan) -> dict[str, devpolicy.PlannedTensor]:
+def by_name(plan: devpolicy.types.Plan) -> dict[str, devpolicy.types.PlannedTensor]:
     return {t.name: t for t in plan.tensors}
 
 
@@ -109,7 +109,7 @@ class TestPlan:
     def test_a_tree_that_does_not_fit_is_the_error_load_file_gives(self, checkpoint: Path) -> None:
         """A leaf the checkpoint lacks: CheckpointMismatchError before anything is planned."""
         tree = {**abstract_tree(), "extra": jax.ShapeDtypeStruct((2,), np.float32)}
-        with pytest.raises(devpolicy.CheckpointMismatchError, match=r"missing: 'extra'"):
+        with pytest.raises(devpolicy.errors.CheckpointMismatchError, match=r"missing: 'extra'"):
             devpolicy.plan(checkpoint, policy=policy_of(**POLICY), into=tree)
 
     def test_names_by_tensor_name_decide_too(self, checkpoint: Path) -> None:

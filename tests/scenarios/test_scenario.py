@@ -78,7 +78,7 @@ class TestDatasetOnHost:
         self, policy_path: Path, cpus: list[jax.Device]
     ) -> None:
         """model/* asks for gpu:0; without one it goes to cpu and the event says why."""
-        if "gpu" in devpolicy.available_backends():
+        if "gpu" in devpolicy.inventory().devices:
             pytest.skip("this machine has a GPU")
         with capture_logs() as logs:
             w = devpolicy.put("model", {"w": np.ones((4, 4), np.float32)})["w"]
@@ -89,7 +89,7 @@ class TestDatasetOnHost:
         self, policy_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """DEVPOLICY_STRICT=1 makes the missing GPU an error listing what exists."""
-        if "gpu" in devpolicy.available_backends():
+        if "gpu" in devpolicy.inventory().devices:
             pytest.skip("this machine has a GPU")
         monkeypatch.setenv("DEVPOLICY_STRICT", "1")
         with pytest.raises(

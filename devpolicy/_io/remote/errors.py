@@ -15,6 +15,9 @@ INSTALL_HINT = "pip install 'devpolicy[remote]'"
 class RemoteURLError(DevicePolicyError, ValueError):
     """A URL devpolicy cannot read from: an unknown scheme, or a malformed part.
 
+    Raised by `load_file`, `plan`, `read_metadata` and `save_file` for such a URL, before any
+    request.
+
     Attributes:
         url: The URL as shown (credentials removed).
         part: Which part is wrong (`scheme`, `bucket`, `key`, `repository`, `revision`, `host`).
@@ -29,6 +32,9 @@ class RemoteURLError(DevicePolicyError, ValueError):
 class RemoteOptionError(ValueRefusedError):
     """A remote option given by keyword that cannot be used.
 
+    Raised by `load_file`, `plan` and `read_metadata` for a `remote=` field (or a `remote:`
+    value in code) that is unknown or out of range.
+
     Attributes:
         option: The keyword.
         value: Its value.
@@ -41,7 +47,11 @@ class RemoteOptionError(ValueRefusedError):
 
 
 class RemoteExtraMissingError(DevicePolicyError, ImportError):
-    """Reading a URL needs a package of the `remote` extra that is not installed."""
+    """Reading a URL needs a package of the `remote` extra that is not installed.
+
+    Raised by `load_file`, `plan`, `read_metadata` and `save_file` for an s3:// (or gs://) URL
+    when botocore (or google-auth) is not installed.
+    """
 
     def __init__(self, url: str, package: str) -> None:
         self.url = url
@@ -54,6 +64,9 @@ class RemoteExtraMissingError(DevicePolicyError, ImportError):
 
 class RemoteReadError(DevicePolicyError, OSError):
     """A read from a remote object failed for good (after any retries).
+
+    Raised by `load_file`, `plan`, `read_metadata` (and `save_file` to s3://) when a request for
+    a URL's bytes or listing fails after its retries.
 
     Attributes:
         url: The object's URL as shown (credentials removed).
@@ -86,12 +99,18 @@ class RemoteReadError(DevicePolicyError, OSError):
 
 class RangeIgnoredError(RemoteReadError):
     """The server answered a ranged read with the whole object (status 200): it ignores
-    `Range`, and devpolicy never takes a whole body as a range."""
+    `Range`, and devpolicy never takes a whole body as a range.
+
+    Raised by `load_file` and `plan` reading a URL from such a server.
+    """
 
 
 class ObjectChangedError(RemoteReadError):
     """The object changed (ETag, generation or size) after it was opened: its bytes would mix
-    two versions."""
+    two versions.
+
+    Raised by `load_file` while reading a URL whose object is replaced mid-load.
+    """
 
 
 class RemoteCacheError(DevicePolicyError, OSError):
@@ -99,6 +118,9 @@ class RemoteCacheError(DevicePolicyError, OSError):
     could have chosen its contents, it cannot be written, or an entry is damaged. The
     load does not go on uncached (a cache was asked for): the message says how to fix it,
     or to load without the cache.
+
+    Raised by `load_file`, `plan` and `read_metadata` of a URL with `remote: cache` (or
+    `DEVPOLICY_REMOTE_CACHE`) set.
 
     Attributes:
         path: The directory or entry concerned.
@@ -113,4 +135,7 @@ class RemoteCacheError(DevicePolicyError, OSError):
 
 class RemoteOfflineError(RemoteReadError):
     """Offline (`DEVPOLICY_REMOTE_OFFLINE=1`, or `HF_HUB_OFFLINE=1` for hf://) and the file
-    is not complete in the cache: nothing was asked of the server."""
+    is not complete in the cache: nothing was asked of the server.
+
+    Raised by `load_file`, `plan` and `read_metadata` of a URL while offline.
+    """

@@ -398,7 +398,7 @@ class TestProgress:
             patched.setattr(sys, "stderr", terminal)
             devpolicy.load_file(url, policy=_policy(logging={"level": "error"}), progress=True)
         shown = terminal.getvalue()
-        number, unit = devpolicy.format_size(checkpoints.single.stat().st_size).split()
+        number, unit = devpolicy.sizes.format_size(checkpoints.single.stat().st_size).split()
         assert "model.safetensors" in shown
         assert f"0.0/{number} {unit}" in shown  # from nothing
         assert f"{number}/{number} {unit}" in shown  # to every byte
