@@ -3,6 +3,9 @@
 Write a YAML policy once (names to devices, with fallbacks and size conditions), then
 apply it with `@place`, `scope` and `put`. Every decision is a structlog `placement`
 event, and `DEVPOLICY_*` environment variables override the policy without code changes.
+The top level holds what you write in code; every error is in `devpolicy.errors`, the records
+the verbs give back in `devpolicy.types`, and two helpers not about placement in
+`devpolicy.sizes` and `devpolicy.threads`.
 
 Example:
     >>> import devpolicy, jax.numpy as jnp
@@ -92,11 +95,14 @@ def __getattr__(name: str) -> Any:
     if name in __all__:
         return _public_getattr(name)
     if name in _MOVED or name in _REPLACED:
+        # Imported before the warning: importing JAX changes the warning filters, which
+        # would let the same warning show twice for one `from devpolicy import X`.
+        value = getattr(importlib.import_module("devpolicy._api"), name)
         new = _REPLACED.get(name) or f"{_MOVED[name]}.{name}"
         warnings.warn(
             f"devpolicy.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2
         )
-        return getattr(importlib.import_module("devpolicy._api"), name)
+        return value
     if name.startswith("_") and not name.startswith("__"):
         try:
             return importlib.import_module(f"devpolicy.{name}")

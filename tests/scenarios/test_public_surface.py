@@ -293,6 +293,22 @@ class TestDeprecated:
                 devpolicy.Plan  # noqa: B018
             assert [w.filename for w in caught] == [__file__]
 
+    def test_a_from_import_of_a_moved_name_warns_once(self) -> None:
+        """`from devpolicy import NarrowingError` in a fresh process shows one warning at
+        the importing line, though Python reads the name twice and JAX loads between."""
+        result = subprocess.run(
+            [sys.executable, "-W", "default", "-c", "from devpolicy import NarrowingError"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        shown = [line for line in result.stderr.splitlines() if "DeprecationWarning" in line]
+        assert shown == [
+            "<string>:1: DeprecationWarning: devpolicy.NarrowingError is deprecated: "
+            "use devpolicy.errors.NarrowingError"
+        ]
+
     def test_a_current_name_does_not_warn(self) -> None:
         """The names that stay, and every namespace spelling, warn about nothing."""
         with warnings.catch_warnings():
