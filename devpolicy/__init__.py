@@ -82,6 +82,7 @@ __all__ = [
     "parse_size",
     "place",
     "plan",
+    "plan_transfers",
     "policy_schema",
     "prefetch",
     "propagate",
