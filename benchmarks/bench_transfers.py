@@ -64,6 +64,15 @@ def report(title: str, cases: list[Case], samples: dict[str, list[float]]) -> No
         )
 
 
+class _Silent(transfers.Watch):
+    """A watch that arms JAX's guard as `watch` does but reports nothing (all modes allow)."""
+
+    def __init__(self, watch: transfers.Watch | None) -> None:
+        assert watch is not None
+        super().__init__({}, watch.events)
+        self._levels = watch.levels()
+
+
 def first_event_ms(policy: devpolicy.Policy, sites: int, rounds: int) -> list[float]:
     """Milliseconds the first event at a new site adds, per round (new code objects, so new
     sites, each compiled before timing; the same code run unwatched is the baseline)."""
@@ -134,6 +143,20 @@ def main() -> None:
         finally:
             transfers.disarm(token)
 
+    # The floor: the same refusal and rerun with nothing reported (a watch whose guard
+    # refuses as the real one does, but whose every mode is allow). What an event costs
+    # above this is devpolicy's: finding the line, counting, the event.
+    silent = _Silent(watched.watch)
+
+    def refused_unreported() -> object:
+        token = transfers.arm(silent)
+        try:
+            for _ in range(10):
+                out = twice(host)
+            return out
+        finally:
+            transfers.disarm(token)
+
     def unwatched_nothing() -> object:
         for _ in range(10):
             out = twice(placed)
@@ -163,6 +186,7 @@ def main() -> None:
         ("with jax.transfer_guard('log') (JAX's own)", jax_guard_log, None),
         ("10 x jit(numpy) unwatched", unwatched_event, None),
         ("10 x jit(numpy) watched: an event each", watched_event, "10 x jit(numpy) unwatched"),
+        ("10 x jit(numpy) refused, unreported", refused_unreported, "10 x jit(numpy) unwatched"),
         ("10 x jit(placed) unwatched", unwatched_nothing, None),
         ("10 x jit(placed) watched: moves nothing", watched_nothing, "10 x jit(placed) unwatched"),
     ]  # fmt: skip

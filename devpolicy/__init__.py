@@ -61,6 +61,7 @@ __all__ = [
     "load_policy",
     "place",
     "plan",
+    "plan_transfers",
     "policy_schema",
     "prefetch",
     "propagate",

@@ -66,6 +66,7 @@ from ._policy.lint import Finding as Finding
 from ._policy.lint import lint as lint
 from ._policy.loading import load_policy as load_policy
 from ._policy.policy import Policy as Policy
+from ._policy.transfer_plans import plan_transfers as plan_transfers
 from ._policy.verbs import explain as explain
 from ._policy.verbs import load_file as load_file
 from ._policy.verbs import place as place

@@ -391,41 +391,42 @@ def _report(watch: Watch, site: str, function: str, move: Move, rule: str | None
 def _moves(direction: str, host: bool, xs: Sequence[Any], shardings: Sequence[Any]) -> list[Move]:
     """What each argument of a refused sharding step would have moved."""
     inv = inventory()
-    out: list[Move] = []
-    for x, sharding in zip(xs, shardings, strict=False):
-        devices = list(sharding.addressable_devices)
-        shape = tuple(int(n) for n in getattr(x, "shape", ()))
-        dtype = np.dtype(x.dtype)
-        shard = math.prod(sharding.shard_shape(shape)) * dtype.itemsize
-        on_cpu = all(d.platform == "cpu" for d in devices)
-        if host:
-            targets = devices
-            source = "numpy"
-            crosses = not on_cpu
-        else:
-            held = x.sharding
-            if held.is_equivalent_to(sharding, len(shape)):
-                continue
-            here = set(held.device_set)
-            # Devices that already hold all of it get nothing.
-            whole = held.is_fully_replicated
-            targets = [d for d in devices if d not in here or not whole]
-            source = ",".join(inv.text(d) for d in sorted(here, key=lambda d: d.id))
-            crosses = any(d.platform == "cpu" for d in here) != on_cpu
-        texts = tuple(inv.text(d) for d in sorted(targets, key=lambda d: d.id))
-        out.append(
-            Move(
-                direction,
-                source,
-                texts,
-                shard * len(targets),
-                shape,
-                str(dtype),
-                len(shape) == 0,
-                crosses,
-            )
-        )
-    return out
+    found = (
+        move_into(x, sharding, host, direction, inv)
+        for x, sharding in zip(xs, shardings, strict=False)
+    )
+    return [move for move in found if move is not None]
+
+
+def move_into(x: Any, sharding: Any, host: bool, direction: str, inv: Any) -> Move | None:
+    """What placing `x` (host data when `host`, else an array) as `sharding` moves, or
+    None where it already is so. `x` needs `shape` and `dtype` (and, an array, `sharding`).
+
+    A destination device that already holds all of the array gets nothing; every other
+    gets its shard, so the bytes are the bytes that cross, once per destination.
+    """
+    devices = list(sharding.addressable_devices)
+    shape = tuple(int(n) for n in getattr(x, "shape", ()))
+    dtype = np.dtype(x.dtype)
+    shard = math.prod(sharding.shard_shape(shape)) * dtype.itemsize
+    on_cpu = all(d.platform == "cpu" for d in devices)
+    if host:
+        targets = devices
+        source = "numpy"
+        crosses = not on_cpu
+    else:
+        held = x.sharding
+        if held.is_equivalent_to(sharding, len(shape)):
+            return None
+        here = set(held.device_set)
+        whole = held.is_fully_replicated
+        targets = [d for d in devices if d not in here or not whole]
+        source = ",".join(inv.text(d) for d in sorted(here, key=lambda d: d.id))
+        crosses = any(d.platform == "cpu" for d in here) != on_cpu
+    texts = tuple(inv.text(d) for d in sorted(targets, key=lambda d: d.id))
+    return Move(
+        direction, source, texts, shard * len(targets), shape, str(dtype), len(shape) == 0, crosses
+    )
 
 
 def _site(frame: Any) -> tuple[str, str]:

@@ -65,3 +65,19 @@ def test_device_to_host_is_left_to_jaxs_own_guard(chip: jax.Device) -> None:
     with devpolicy.activate(chip_policy(device_to_host="disallow")), refused:
         float(x[0, 0])
     assert float(x[0, 0]) == 1.0
+
+
+def test_plan_transfers_predicts_numpy_into_a_chip_jit_as_the_call_reports_it(
+    chip: jax.Device,
+) -> None:
+    """The plan's move onto the chip is the event of the real call: devices, bytes, mode."""
+    step, factor = scaled(chip)
+    policy = chip_policy(host_to_device="log")
+    plan = devpolicy.plan_transfers(step, (HOST, factor), policy=policy)
+    (moved,) = plan.moved
+    with capture_logs() as logs, devpolicy.activate(policy):
+        step(HOST, factor)
+    (event,) = [e for e in logs if e["event"] == "transfer"]
+    assert (moved.argument, moved.direction, moved.mode) == ("args[0]", "host_to_device", "log")
+    assert list(moved.devices) == event["devices"]
+    assert moved.nbytes == event["nbytes"] == HOST.nbytes
