@@ -6,6 +6,8 @@ load this module on the first access to one of their names, so that `import devp
 """
 
 from ._apply.hostview import host_view as host_view
+from ._apply.jit_arguments import PlannedArgument as PlannedArgument
+from ._apply.jit_arguments import TransferPlan as TransferPlan
 from ._apply.prefetch import BatchStream as BatchStream
 from ._apply.scope import Scope as Scope
 from ._apply.threads import ThreadPoolExecutor as ThreadPoolExecutor

@@ -1,7 +1,8 @@
 """The records devpolicy gives back: what a call decided, planned, found or holds.
 
 A user reads these and annotates with them, and never builds one: `resolve` gives a
-`Decision`, `explain` an `Explanation`, `plan` a `Plan`, `report` a `Ledger`, `inventory` an
+`Decision`, `explain` an `Explanation`, `plan` a `Plan`, `plan_transfers` a
+`TransferPlan` (of `PlannedArgument`s), `report` a `Ledger`, `inventory` an
 `Inventory`, `lint` `Finding`s, `runtime_settings` `RuntimeSettings`, `scope` a `Scope`,
 `prefetch` and `windows` a `BatchStream`; `PolicyError.problems` holds `Problem`s;
 `DeviceMemory` is the `Capacity` devpolicy uses when none is given; a `VirtualMachine`'s
@@ -30,12 +31,14 @@ if TYPE_CHECKING:
     from ._api import LedgerDevice as LedgerDevice
     from ._api import LedgerEntry as LedgerEntry
     from ._api import Plan as Plan
+    from ._api import PlannedArgument as PlannedArgument
     from ._api import PlannedFetch as PlannedFetch
     from ._api import PlannedTensor as PlannedTensor
     from ._api import Problem as Problem
     from ._api import RuntimeKnob as RuntimeKnob
     from ._api import RuntimeSettings as RuntimeSettings
     from ._api import Scope as Scope
+    from ._api import TransferPlan as TransferPlan
     from ._api import VirtualDevice as VirtualDevice
 
 __all__ = [
@@ -50,12 +53,14 @@ __all__ = [
     "LedgerDevice",
     "LedgerEntry",
     "Plan",
+    "PlannedArgument",
     "PlannedFetch",
     "PlannedTensor",
     "Problem",
     "RuntimeKnob",
     "RuntimeSettings",
     "Scope",
+    "TransferPlan",
     "VirtualDevice",
 ]
 

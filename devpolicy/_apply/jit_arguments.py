@@ -105,10 +105,11 @@ def predict(
 ) -> TransferPlan:
     """What `step(*args, **kwargs)` would move, by `watch`'s modes (see `TransferPlan`).
 
+    `step.lower(...)` raises what the call itself would raise (incompatible devices, a
+    shape the in_shardings do not divide).
+
     Raises:
         DevicePolicyError: `step` is not a jitted function (it has no `lower`).
-        Whatever `step.lower(...)` raises for these arguments: the error the call itself
-        would raise (incompatible devices, a shape the in_shardings do not divide).
     """
     lower = getattr(step, "lower", None)
     name = getattr(step, "__qualname__", None) or getattr(step, "__name__", repr(step))

@@ -32,11 +32,11 @@ def plan_transfers(
     policy's `host_local` field decides its mode). A `ShapeDtypeStruct` without a
     sharding has no placement to compare: its `source` is `unknown`, never a move.
 
+    Lowering `step` for these arguments raises what the call itself would raise
+    (arguments committed to incompatible devices, a shape its shardings do not divide).
+
     Raises:
         DevicePolicyError: `step` is not a jitted function.
-        Whatever lowering `step` for these arguments raises: the error the call itself
-        would raise (arguments committed to incompatible devices, a shape its shardings
-        do not divide).
 
     Example:
         >>> import devpolicy, jax, numpy as np

@@ -133,7 +133,7 @@ class TestThePolicysMode:
             ("args[1]", "log"),
         ]
         assert [a.argument for a in plan.refused] == ["args[0]"]
-        with devpolicy.activate(p), pytest.raises(devpolicy.TransferRefusedError):
+        with devpolicy.activate(p), pytest.raises(devpolicy.errors.TransferRefusedError):
             step(w, HOST)
 
     def test_the_active_policy_is_used_when_none_is_given(self) -> None:

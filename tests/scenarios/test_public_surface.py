@@ -49,6 +49,7 @@ TOP = [
     "load_policy",
     "place",
     "plan",
+    "plan_transfers",
     "policy_schema",
     "prefetch",
     "propagate",
@@ -103,12 +104,14 @@ TYPES = [
     "LedgerDevice",
     "LedgerEntry",
     "Plan",
+    "PlannedArgument",
     "PlannedFetch",
     "PlannedTensor",
     "Problem",
     "RuntimeKnob",
     "RuntimeSettings",
     "Scope",
+    "TransferPlan",
     "VirtualDevice",
 ]
 
