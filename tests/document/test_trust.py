@@ -26,7 +26,7 @@ from devpolicy._base import files as _files
 from devpolicy._cli.main import main
 from devpolicy._document import discovery as _discovery
 from tests.helpers import write
-from tests.runtime.test_runtime import TIMEOUT, clean_env, last_json, python
+from tests.runtime.test_settings import TIMEOUT, clean_env, last_json, python
 
 ROOT = os.geteuid() == 0
 POLICY = "version: 1\ndefault: cpu:2\n"

@@ -202,7 +202,7 @@ class TestPlace:
 
     def test_bare_decorator_uses_module_and_qualname(self) -> None:
         """@place without arguments names the function `module.qualname`."""
-        policy = policy_of(rules=[{"match": "tests.apply.test_placement.*", "device": "cpu:2"}])
+        policy = policy_of(rules=[{"match": "tests.apply.test_scope.*", "device": "cpu:2"}])
 
         @policy.place
         def helper() -> None:
@@ -212,7 +212,7 @@ class TestPlace:
             helper()
         assert (
             logs[0]["name"]
-            == "tests.apply.test_placement.TestPlace.test_bare_decorator_uses_module_and_qualname.<locals>.helper"
+            == "tests.apply.test_scope.TestPlace.test_bare_decorator_uses_module_and_qualname.<locals>.helper"
         )
         assert logs[0]["device"] == "cpu:2"
 
