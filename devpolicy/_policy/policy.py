@@ -23,9 +23,9 @@ from .._decide.decision import Decision, Explanation
 from .._decide.routing import UNKNOWN_NAMES
 from .._document.axes import Attached
 from .._document.layers import RuleEntry, Settings
-from .._io import load as _safetensors
-from .._io import planning as _planning
-from .._io.planning import Plan
+from .._io.planning import plan as _planning
+from .._io.planning.plan import Plan
+from .._io.reading import load as _safetensors
 from .._machine.capacity import Capacity, DeviceMemory
 from .._machine.inventory import THIS_PROCESS
 from .._machine.machine import VirtualMachine

@@ -12,7 +12,8 @@ import os
 
 from .._base.files import FileRefused, read_capped
 from .._base.locations import URLPath, is_url
-from .._io.accounting import (
+from .._io.format.header import DTYPES
+from .._io.reading.accounting import (
     NEAR,
     NOTHING,
     Placed,
@@ -21,7 +22,6 @@ from .._io.accounting import (
     rule_uses,
     silent_rules,
 )
-from .._io.format import DTYPES
 from .._names.matching import SourceFile
 from .lint import Finding
 from .policy import Policy

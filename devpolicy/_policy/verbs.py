@@ -24,11 +24,11 @@ from .._apply.scope import Scope, make_place
 from .._apply.transfers import explicitly
 from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
-from .._io import load as _safetensors
-from .._io import planning as _planning
-from .._io import saving as _saving
-from .._io.layout import DEFAULT_ALIGN
-from .._io.planning import Plan
+from .._io.format.layout import DEFAULT_ALIGN
+from .._io.planning import plan as _planning
+from .._io.planning.plan import Plan
+from .._io.reading import load as _safetensors
+from .._io.writing import saving as _saving
 from .._machine.machine import VirtualMachine
 from .._names.matching import source_file
 from .active import ACTIVE_DECIDER, ACTIVE_SCOPES

@@ -20,7 +20,7 @@ import structlog
 from structlog.testing import LogCapture
 
 import devpolicy
-from devpolicy._io import load as _load
+from devpolicy._io.reading import load as _load
 from tests.conftest import REPO
 
 POLICY = {"version": 1}
@@ -158,7 +158,7 @@ class TestNeverPausedBesideAnotherThread:
 
 _FORK_DURING_LOAD = """
     import gc, json, os, sys, numpy as np, devpolicy
-    from devpolicy._io import load as _load
+    from devpolicy._io.reading import load as _load
     policy = devpolicy.load_policy({"version": 1, "logging": {"level": "error"}}, environ={})
     devpolicy.save_file({f"w{i}": np.ones(4, np.float32) for i in range(10)}, "m.safetensors")
     placing = _load._load_opened

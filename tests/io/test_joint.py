@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._io import writing
-from devpolicy._io.joint import _runs_of
-from devpolicy._io.layout import Slot, plan_layout, slice_runs, slots_of
-from devpolicy._io.writing import LocalJointFile, write_file
+from devpolicy._io.format.layout import Slot, plan_layout, slice_runs, slots_of
+from devpolicy._io.writing import local_files as writing
+from devpolicy._io.writing.joint_save import _runs_of
+from devpolicy._io.writing.local_files import LocalJointFile, write_file
 
 
 @st.composite

@@ -285,14 +285,16 @@ class TestFailuresNameTheFile:
         """Rewritten in place mid-load: a clear error, never short buffers or SIGBUS later."""
         path = tmp_path / "m.safetensors"
         devpolicy.save_file({"w": np.zeros(4096, np.float32)}, path)
-        real = devpolicy._io.places.read_header_from  # type: ignore[attr-defined]
+        real = devpolicy._io.reading.checkpoint_sources.read_header_from  # type: ignore[attr-defined]
 
         def then_truncate(f: io.BufferedReader, where: Path) -> object:
             header = real(f, where)
             os.truncate(path, 100)
             return header
 
-        monkeypatch.setattr(devpolicy._io.places, "read_header_from", then_truncate)  # type: ignore[attr-defined]
+        monkeypatch.setattr(
+            devpolicy._io.reading.checkpoint_sources, "read_header_from", then_truncate
+        )  # type: ignore[attr-defined]
         with pytest.raises(devpolicy.SafetensorsFileError, match=r"m\.safetensors.*changed size"):
             devpolicy.load_file(path, policy=policy_of(), mmap=True)
 
@@ -307,7 +309,7 @@ class TestFailuresNameTheFile:
         def no_memory(nbytes: int) -> None:
             raise OSError(12, "Cannot allocate memory")
 
-        monkeypatch.setattr(devpolicy._io.buffers, "aligned_empty", no_memory)  # type: ignore[attr-defined]
+        monkeypatch.setattr(devpolicy._io.reading.buffers, "aligned_empty", no_memory)  # type: ignore[attr-defined]
         with pytest.raises(
             devpolicy.SafetensorsFileError, match=r"m\.safetensors.*'w'.*not enough memory"
         ):

@@ -25,9 +25,10 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._cli.main import main
-from devpolicy._io import places, ranges, readahead
-from devpolicy._io.format import read_header
-from devpolicy._io.sources import open_tensor_file, os_error
+from devpolicy._io.format.header import read_header
+from devpolicy._io.format.sources import open_tensor_file, os_error
+from devpolicy._io.reading import checkpoint_sources as places
+from devpolicy._io.reading import ranges, readahead
 from tests.conftest import REPO
 from tests.helpers import count_data_reads, policy_of, within
 
@@ -119,7 +120,7 @@ class TestWriteTargets:
 
 _SAVE_STUCK = """
     import os, sys, threading, time, numpy as np
-    from devpolicy._io import writing as _tensorfile
+    from devpolicy._io.writing import local_files as _tensorfile
     if sys.argv[2] == "named":
         _tensorfile._TMPFILE = 0  # as on a filesystem without O_TMPFILE
     def stuck(fd):

@@ -21,9 +21,11 @@ from devpolicy._decide.decider import Decider
 from devpolicy._decide.decision import Decision
 from devpolicy._decide.items import claim, unpacked
 from devpolicy._decide.routing import NEVER_MAPPED, Route
-from devpolicy._io import places, readahead, whole
-from devpolicy._io.format import read_header
-from devpolicy._io.sources import open_tensor_file
+from devpolicy._io.format.header import read_header
+from devpolicy._io.format.sources import open_tensor_file
+from devpolicy._io.reading import checkpoint_sources as places
+from devpolicy._io.reading import readahead
+from devpolicy._io.reading import tensor_reads as whole
 from devpolicy._machine.inventory import _distribution_names, _installed
 
 QUIET = {"level": "debug"}

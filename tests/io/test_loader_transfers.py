@@ -17,9 +17,10 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._base.errors import SafetensorsFileError
-from devpolicy._io import load, places, readahead, sending
-from devpolicy._io.buffers import MAP_THRESHOLD
-from devpolicy._io.sources import open_tensor_file
+from devpolicy._io.format.sources import open_tensor_file
+from devpolicy._io.reading import checkpoint_sources as places
+from devpolicy._io.reading import load, readahead, sending
+from devpolicy._io.reading.buffers import MAP_THRESHOLD
 
 MIB = 2**20
 

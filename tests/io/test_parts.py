@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devpolicy._io.layout import Slot
-from devpolicy._io.parts import MIN_PART, PART_BYTES, plan_parts
+from devpolicy._io.format.layout import Slot
+from devpolicy._io.writing.upload_parts import MIN_PART, PART_BYTES, plan_parts
 
 MIB = 2**20
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import devpolicy
-from devpolicy._io import writing
+from devpolicy._io.writing import local_files as writing
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ _SAVING = """
     # or in a background job (which start every child with SIGHUP or SIGINT ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    from devpolicy._io import writing
+    from devpolicy._io.writing import local_files as writing
     writing._TMPFILE = 0  # as on a filesystem without O_TMPFILE
     def held(fd):
         open("started", "w").close()
@@ -178,7 +178,7 @@ def _dead_pid() -> int:
 
 _FORK_WHILE_SAVING = """
     import os, sys, threading, time, numpy as np
-    from devpolicy._io import writing
+    from devpolicy._io.writing import local_files as writing
     writing._TMPFILE = 0
     def held(fd):
         open("started", "w").close()

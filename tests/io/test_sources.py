@@ -13,9 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._io import places as _places
-from devpolicy._io.format import Header, read_header, read_header_from
-from devpolicy._io.sources import ByteSource, LocalFile, SourceEndedError
+from devpolicy._io.format.header import Header, read_header, read_header_from
+from devpolicy._io.format.sources import ByteSource, LocalFile, SourceEndedError
+from devpolicy._io.reading import checkpoint_sources as _places
 from tests.helpers import policy_of, run_threads
 
 DATA = bytes(range(256)) * 64  # 16 KiB, every byte's value its offset mod 256

@@ -17,10 +17,10 @@ from safetensors.numpy import load_file as reference_load
 from safetensors.numpy import save_file as reference_save
 
 import devpolicy
-from devpolicy._io.format import DTYPES, read_header, read_header_from
-from devpolicy._io.opening import map_tensor_file
-from devpolicy._io.sources import open_tensor_file, os_error
-from devpolicy._io.writing import rewrite_aligned, write_file
+from devpolicy._io.format.header import DTYPES, read_header, read_header_from
+from devpolicy._io.format.sources import open_tensor_file, os_error
+from devpolicy._io.reading.reopening import map_tensor_file
+from devpolicy._io.writing.local_files import rewrite_aligned, write_file
 from tests.helpers import safetensors_bytes, within
 
 

@@ -6,7 +6,7 @@ retried, or, with a cache directory, a `CachedFile` the loader maps like a local
 `listing.list_folder` lists a folder (S3, GCS, the Hub) so that a checkpoint folder at a
 URL is chosen from as a local one; `schemes.backend_for` picks a scheme's backend; options
 are resolved by `options` over the table in `_document/remote.py`. The loader reaches all of
-this through `_io/places.py`.
+this through `_io/reading/checkpoint_sources.py`.
 Needs the `remote` extra for s3:// (botocore) and gs:// off an emulator (google-auth);
 hf:// and https:// need nothing beyond Python.
 """

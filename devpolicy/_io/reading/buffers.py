@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from .._base.limits import ALIGN
-from .format import Header
-from .sources import os_error
+from ..._base.limits import ALIGN
+from ..format.header import Header
+from ..format.sources import os_error
 
 #: Below this a map per tensor costs more than it saves: smaller tensors are read (in runs
 #: of several at once), larger ones mapped or read alone; buffers this large are anonymous

@@ -35,7 +35,7 @@ def what_it_is(source: ByteSource) -> str | None:
 
     Example:
         >>> import numpy as np, tempfile, os
-        >>> from devpolicy._io.sources import open_tensor_file
+        >>> from devpolicy._io.format.sources import open_tensor_file
         >>> path = os.path.join(tempfile.mkdtemp(), "w.npy")
         >>> np.save(path, np.zeros(3))
         >>> with open_tensor_file(path) as f:

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from .._base.errors import SafetensorsFileError
-from .._base.limits import CHUNK_BYTES
+from ..._base.errors import SafetensorsFileError
+from ..._base.limits import CHUNK_BYTES
+from ..format.header import Header, TensorEntry, as_array
+from ..format.sources import ByteSource, SourceEndedError, os_error
 from .buffers import host_buffer
-from .format import Header, TensorEntry, as_array
-from .sources import ByteSource, SourceEndedError, os_error
 
 # Threads reading one large tensor (or a sharded tensor's slices) at once. A read into
 # fresh memory is mostly the kernel faulting in pages and copying from the page cache,
@@ -37,7 +37,7 @@ GROUP_BYTES = 64 * 2**20
 
 def remote_groups(entry: TensorEntry) -> list[tuple[int, int]]:
     """(file offset, bytes) of each group a tensor is read in from a source without a
-    descriptor, in order (`planning` counts the requests from them)."""
+    descriptor, in order (`plan` counts the requests from them)."""
     return [
         (entry.offset + start, min(GROUP_BYTES, entry.nbytes - start))
         for start in range(0, entry.nbytes, GROUP_BYTES)

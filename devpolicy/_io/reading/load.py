@@ -2,11 +2,11 @@
 its own device, lean and exact.
 
 The entry of the I/O wing, and the one loop that places a file's tensors: each tensor is
-mapped (`mapping`), read in a run of small ones or read whole, one ahead of the loop
-(`readahead`, `whole`), or, sharded, read slice by slice (`ranges`), all from a byte
+mapped (`map_or_read`), read in a run of small ones or read whole, one ahead of the loop
+(`readahead`, `tensor_reads`), or, sharded, read slice by slice (`ranges`), all from a byte
 source (`sources`); what is mapped or read is sent in batches, several in flight
 (`sending`). Filling a
-tree is `into`; what the load says, `progress`; the rule-use warnings, `accounting`.
+tree is `fill_tree`; what the load says, `progress`; the rule-use warnings, `accounting`.
 """
 
 from __future__ import annotations
@@ -24,21 +24,24 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._apply.hostview import INDEX_LIMIT, warn_unindexable
-from .._apply.narrowing import Narrow, check_mode, narrow_into, narrowed_event
-from .._base.errors import NarrowingError
-from .._base.events import EventLog
-from .._base.locations import location
-from .._decide.decider import Decider
-from .._decide.decision import Decision
-from .._document.schema import NamesSpec
-from .._machine.ledger import record_each
+from ..._apply.hostview import INDEX_LIMIT, warn_unindexable
+from ..._apply.narrowing import Narrow, check_mode, narrow_into, narrowed_event
+from ..._base.errors import NarrowingError
+from ..._base.events import EventLog
+from ..._base.locations import location
+from ..._decide.decider import Decider
+from ..._decide.decision import Decision
+from ..._document.schema import NamesSpec
+from ..._machine.ledger import record_each
+from ..format.header import Header, TensorEntry
+from ..format.keys import key_impls, wrapped
+from ..format.sources import ByteSource
+from ..remote import options_of
 from .accounting import silent_events, uses_of_decisions
 from .buffers import MAP_THRESHOLD, aligned_empty
-from .format import Header, TensorEntry
-from .into import fit_into, shards_needed, skipped_event
-from .keys import key_impls, wrapped
-from .mapping import NARROW, map_hint, may_map, x64_enabled
+from .checkpoint_sources import Files, fetched
+from .fill_tree import fit_into, shards_needed, skipped_event
+from .map_or_read import NARROW, map_hint, may_map, x64_enabled
 from .naming import (
     PathLike,
     call_naming,
@@ -47,15 +50,12 @@ from .naming import (
     source_files,
     tensor_names,
 )
-from .opening import map_tensor_file
-from .places import Files, fetched
 from .progress import left_out_events, mmap_refused_event, progress_bar, summary_event
 from .ranges import ShardReader
 from .readahead import ReadAhead, reads_whole
-from .remote import options_of
+from .reopening import map_tensor_file
 from .sending import Sender
-from .sources import ByteSource
-from .whole import read_tensor
+from .tensor_reads import read_tensor
 
 
 def load_file(

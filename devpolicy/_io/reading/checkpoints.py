@@ -3,7 +3,7 @@
 A directory's files are chosen as transformers chooses them (its index, else
 `model.safetensors`, else one complete set of shards or its plain files), never merged
 by accident; every other `*.safetensors` file is left out with the reason. Only names
-and the index are read here: headers are `format`'s. No JAX here.
+and the index are read here: headers are `header`'s. No JAX here.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._base.errors import SafetensorsFileError
-from .._base.files import FileRefused, read_capped, why_unopenable
-from .._base.locations import FilePath
-from .format import Header, RepeatedKeys, json_object
+from ..._base.errors import SafetensorsFileError
+from ..._base.files import FileRefused, read_capped, why_unopenable
+from ..._base.locations import FilePath
+from ..format.header import Header, RepeatedKeys, json_object
 
 #: The index file of a sharded Hugging Face checkpoint.
 INDEX_SUFFIX = ".safetensors.index.json"

@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .._base.errors import SafetensorsFileError
-from .._base.files import kind
-from .._base.locations import URLPath, is_url, shown_url
-from .format import PACKED, Header, encodable, pack, read_header
-from .layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
-from .sources import SourceEndedError, open_tensor_file
+from ..._base.errors import SafetensorsFileError
+from ..._base.files import kind
+from ..._base.locations import URLPath, is_url, shown_url
+from ..format.header import PACKED, Header, encodable, pack, read_header
+from ..format.layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
+from ..format.sources import SourceEndedError, open_tensor_file
 
 #: Named temporary files of `save_arrays`/`align_file` (where the filesystem has no
 #: `O_TMPFILE`) are `.<name>.devpolicy-<host>-<pid>-<random>.tmp` beside the target (so a

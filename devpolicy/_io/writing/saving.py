@@ -1,6 +1,6 @@
 """Saving a tree or a mapping of arrays as a safetensors file laid out for zero-copy
 loading, each leaf under the name `load_file(into=...)` reads it back by; arrays that span
-the processes of a `jax.distributed` job are written by all of them together (`joint`).
+the processes of a `jax.distributed` job are written by all of them together (`joint_save`).
 One `save_file` event per file.
 """
 
@@ -15,15 +15,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._apply.leaves import ARRAY_LIKE, leaf_names
-from .._base.events import EventLog
-from .._base.locations import URLPath, location
-from .format import dtype_name
-from .joint import JointSaved, save_joint, spans_processes
-from .keys import key_metadata
-from .layout import DEFAULT_ALIGN, check_align, slots_of
-from .remote.upload import upload_target
-from .writing import save_arrays
+from ..._apply.leaves import ARRAY_LIKE, leaf_names
+from ..._base.events import EventLog
+from ..._base.locations import URLPath, location
+from ..format.header import dtype_name
+from ..format.keys import key_metadata
+from ..format.layout import DEFAULT_ALIGN, check_align, slots_of
+from ..remote.upload import upload_target
+from .joint_save import JointSaved, save_joint, spans_processes
+from .local_files import save_arrays
 
 #: Seconds each process of a multi-process save waits for the others at each step.
 JOINT_TIMEOUT = 600.0
@@ -61,7 +61,7 @@ def save_file(
 ) -> None:
     """Write `tensors` (a mapping of keys to arrays, or a tree named leaf by leaf) as one
     aligned safetensors file; `devpolicy.save_file` documents it. Arrays that span
-    processes make it a joint save: every process writes its part (`joint`)."""
+    processes make it a joint save: every process writes its part (`joint_save`)."""
     check_align(align)  # before any array is converted or anything written
     if (
         isinstance(timeout, bool)

@@ -14,10 +14,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._base.limits import ALIGN
-from .._decide.decision import Decision
-from .._decide.routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
-from .format import TensorEntry
+from ..._base.limits import ALIGN
+from ..._decide.decision import Decision
+from ..._decide.routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
+from ..format.header import TensorEntry
 
 #: What a 64-bit tensor is held as with x64 off (JAX's own narrowing), by safetensors dtype.
 NARROW: dict[str, np.dtype[Any]] = {

@@ -19,14 +19,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from .._base.errors import SafetensorsFileError
-from .._base.limits import ALIGN, CHUNK_BYTES
-from .._decide.decision import Decision
+from ..._base.errors import SafetensorsFileError
+from ..._base.limits import ALIGN, CHUNK_BYTES
+from ..._decide.decision import Decision
+from ..format.header import Header, TensorEntry
+from ..format.sources import ByteSource, SourceEndedError, os_error
 from .buffers import MAP_THRESHOLD, host_buffer
-from .format import Header, TensorEntry
-from .mapping import NARROW, may_map
-from .sources import ByteSource, SourceEndedError, os_error
-from .whole import read_tensor
+from .map_or_read import NARROW, may_map
+from .tensor_reads import read_tensor
 
 _READ_BATCH = 1024  # tensors per scattered read (Linux's IOV_MAX)
 

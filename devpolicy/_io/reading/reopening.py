@@ -12,9 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from .._base.errors import SafetensorsFileError
-from .format import Header
-from .sources import ByteSource, LocalFile, file_identity, open_tensor_file, os_error
+from ..._base.errors import SafetensorsFileError
+from ..format.header import Header
+from ..format.sources import ByteSource, LocalFile, file_identity, open_tensor_file, os_error
 
 
 def reopen_tensor_file(header: Header) -> LocalFile:

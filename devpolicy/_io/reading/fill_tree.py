@@ -12,16 +12,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._apply.leaves import leaf_names_and_axes, leaf_shape_dtype
-from .._base.errors import CheckpointMismatchError
-from .._base.events import EventLog
-from .._base.visible import visible
-from .._document.axes import Attached
-from .._document.schema import NamesSpec
+from ..._apply.leaves import leaf_names_and_axes, leaf_shape_dtype
+from ..._base.errors import CheckpointMismatchError
+from ..._base.events import EventLog
+from ..._base.visible import visible
+from ..._document.axes import Attached
+from ..._document.schema import NamesSpec
+from ..format.header import Header, TensorEntry
+from ..format.keys import is_key, key_data_shape, key_dtype_of, key_impls
 from .checkpoints import Checkpoint
-from .format import Header, TensorEntry
-from .keys import is_key, key_data_shape, key_dtype_of, key_impls
-from .mapping import x64_enabled
+from .map_or_read import x64_enabled
 from .naming import PathLike, path_text, tensor_names
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .._base.locations import URLPath, is_url, shown_url
-from .._document.schema import NamesSpec, prefix_problem, separator_problem
-from .._names.matching import SourceFile
-from .format import Header
+from ..._base.locations import URLPath, is_url, shown_url
+from ..._document.schema import NamesSpec, prefix_problem, separator_problem
+from ..._names.matching import SourceFile
+from ..format.header import Header
 
 #: A file or checkpoint as given: a path, or a URL (text or `URLPath`).
 PathLike = str | os.PathLike[str] | URLPath

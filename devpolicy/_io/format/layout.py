@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._base.errors import SafetensorsFileError
-from .._base.locations import URLPath
-from .format import MAX_HEADER, PACKED, dtype_name, encodable
+from ..._base.errors import SafetensorsFileError
+from ..._base.locations import URLPath
+from .header import MAX_HEADER, PACKED, dtype_name, encodable
 
 DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
 #: Largest alignment accepted: past the 2 MiB huge page nothing gains, and the header pads to it.

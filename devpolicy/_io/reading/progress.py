@@ -10,14 +10,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from .._base.events import EventLog
-from .._base.limits import ALIGN
-from .._base.sizes import format_size
-from .._base.visible import visible
-from .._decide.decision import Decision
+from ..._base.events import EventLog
+from ..._base.limits import ALIGN
+from ..._base.sizes import format_size
+from ..._base.visible import visible
+from ..._decide.decision import Decision
+from ..format.header import Header, TensorEntry
 from .checkpoints import Checkpoint
-from .format import Header, TensorEntry
-from .mapping import NARROW
+from .map_or_read import NARROW
 from .naming import PathLike
 
 #: Files larger than this show a progress bar on a terminal (`progress=None`).

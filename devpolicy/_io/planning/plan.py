@@ -10,30 +10,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._base.locations import URLPath, location
-from .._base.sizes import format_size
-from .._base.visible import visible
-from .._decide.decider import Decider, virtual_decider
-from .._decide.decision import Decision, DeviceT
-from .._decide.items import maps_from_file
-from .._decide.routing import UNKNOWN_NAMES
-from .._document.axes import Attached
-from .._document.schema import NamesSpec
-from .._machine.capacity import pool_of, pool_text
-from .._machine.machine import VirtualMachine
-from .._machine.meshes import MeshLayout, layout
-from .accounting import RuleUse, sharded_nothing, silent_rules, uses_of_decisions
-from .buffers import MAP_THRESHOLD
-from .format import Header, TensorEntry
-from .into import fit_into
-from .mapping import map_hint, x64_enabled
-from .naming import PathLike, call_naming, name_prefix, source_files, tensor_names
-from .places import Files, can_map
-from .ranges import slice_bounds, slice_ranges
-from .readahead import small_run
-from .remote import RemoteOptions, options_of
-from .remote.source import HEAD_BYTES, planned_requests
-from .whole import remote_groups
+from ..._base.locations import URLPath, location
+from ..._base.sizes import format_size
+from ..._base.visible import visible
+from ..._decide.decider import Decider, virtual_decider
+from ..._decide.decision import Decision, DeviceT
+from ..._decide.items import maps_from_file
+from ..._decide.routing import UNKNOWN_NAMES
+from ..._document.axes import Attached
+from ..._document.schema import NamesSpec
+from ..._machine.capacity import pool_of, pool_text
+from ..._machine.machine import VirtualMachine
+from ..._machine.meshes import MeshLayout, layout
+from ..format.header import Header, TensorEntry
+from ..reading.accounting import RuleUse, sharded_nothing, silent_rules, uses_of_decisions
+from ..reading.buffers import MAP_THRESHOLD
+from ..reading.checkpoint_sources import Files, can_map
+from ..reading.fill_tree import fit_into
+from ..reading.map_or_read import map_hint, x64_enabled
+from ..reading.naming import PathLike, call_naming, name_prefix, source_files, tensor_names
+from ..reading.ranges import slice_bounds, slice_ranges
+from ..reading.readahead import small_run
+from ..reading.tensor_reads import remote_groups
+from ..remote import RemoteOptions, options_of
+from ..remote.source import HEAD_BYTES, planned_requests
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._base.limits import CHUNK_BYTES
-from .._decide.decision import Decision
+from ..._base.limits import CHUNK_BYTES
+from ..._decide.decision import Decision
 
 # Arrays per `device_put`: JAX's per-array cost grows with the list (measured on 10,000
 # 16 KiB arrays: 0.23 s in lists of 32-128, 0.30 s in lists of 1,024, 0.60 s one by one).

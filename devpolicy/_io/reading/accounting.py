@@ -24,18 +24,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from .._base.events import EventLog
-from .._base.locations import location
-from .._base.sizes import format_size
-from .._decide.decision import Decision
-from .._document.layers import RuleEntry, Settings
-from .._document.schema import RuleSpec
-from .._names.matching import Condition, SourceFile
-from .._names.nearby import MetNames, NearMiss, near_miss
-from .._names.prefixes import literal_prefix
+from ..._base.events import EventLog
+from ..._base.locations import location
+from ..._base.sizes import format_size
+from ..._decide.decision import Decision
+from ..._document.layers import RuleEntry, Settings
+from ..._document.schema import RuleSpec
+from ..._names.matching import Condition, SourceFile
+from ..._names.nearby import MetNames, NearMiss, near_miss
+from ..._names.prefixes import literal_prefix
+from ..remote import options_of
+from .checkpoint_sources import Files
 from .naming import PathLike, name_prefix, path_text, source_files, tensor_names
-from .places import Files
-from .remote import options_of
 
 #: Patterns that take every name: a rule written with one is a catch-all.
 _CATCH_ALL = {("*", False), (".*", True), ("(?s).*", True), ("(?s:.*)", True)}

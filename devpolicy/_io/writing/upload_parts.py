@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .format import PACKED
-from .layout import Slot, slice_runs
+from ..format.header import PACKED
+from ..format.layout import Slot, slice_runs
 
 #: S3's smallest part (all but the last), and the size parts are cut to where a process's
 #: range is longer (measured: 8 MiB parts, eight at a time, took 0.62x the time of 64 MiB

@@ -6,7 +6,7 @@ file out alike (`layout`) and knows where each of its shards goes. Each process 
 shards it holds whose `replica_id` is 0 (every distinct slice is replica 0 on exactly one
 device of the job: nothing is written twice); arrays no other process can see (numpy,
 or held on one process's devices) are taken as the same everywhere and written by
-process 0. The steps, each ending in every process's verdict (`agreement`), so that one
+process 0. The steps, each ending in every process's verdict (`joint_steps`), so that one
 process's failure fails the save everywhere, with its reason:
 
 1. `layout`: every process works out the header; process 0 creates the unfinished file.
@@ -17,10 +17,10 @@ process's failure fails the save everywhere, with its reason:
    writing its part does not undo a complete file).
 
 Where the bytes go is a `JointTarget`: a file on a filesystem every process sees
-(`writing.LocalJointFile`), or an object in S3 (`remote.upload.RemoteUpload`): `create`
+(`local_files.LocalJointFile`), or an object in S3 (`remote.upload.RemoteUpload`): `create`
 starts a multipart upload (its id the token), `write` uploads a process's parts and returns
 their tags as the receipt, `publish` completes the upload with every receipt. Its parts are
-planned after the layout (`parts.plan_parts`): tensors whose bytes interleave between the
+planned after the layout (`upload_parts.plan_parts`): tensors whose bytes interleave between the
 processes, or are too small for a part of their own, are gathered and process 0 uploads
 them whole.
 """
@@ -38,13 +38,13 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from .._base.errors import SafetensorsFileError
-from .._base.locations import FilePath
-from .agreement import Agreement, StepFailed
-from .format import PACKED, pack
-from .layout import Shaped, Slot, plan_layout, slice_runs, slots_of
-from .parts import Part, plan_parts
-from .writing import LocalJointFile, check_metadata, temporaries_removed_on_sigterm
+from ..._base.errors import SafetensorsFileError
+from ..._base.locations import FilePath
+from ..format.header import PACKED, pack
+from ..format.layout import Shaped, Slot, plan_layout, slice_runs, slots_of
+from .joint_steps import Agreement, StepFailed
+from .local_files import LocalJointFile, check_metadata, temporaries_removed_on_sigterm
+from .upload_parts import Part, plan_parts
 
 #: Joint saves this process has started: the same count in every process of a job (every
 #: process saves the same trees in the same order), so it names each save's agreement.
@@ -53,7 +53,7 @@ _saves = itertools.count()
 
 class JointTarget(Protocol):
     """Where a joint save's bytes go: a file on a filesystem every process sees
-    (`writing.LocalJointFile`), or an object written as a multipart upload
+    (`local_files.LocalJointFile`), or an object written as a multipart upload
     (`remote.upload.RemoteUpload`, which has `parted`: its parts are planned first)."""
 
     def create(self, header: bytes, size: int) -> str:
@@ -67,7 +67,7 @@ class JointTarget(Protocol):
         parts: Sequence[Part] | None = None,
     ) -> tuple[int, str]:
         """Any process: write (file offset, bytes) pieces durably; (bytes, receipt).
-        `parts`: for an upload in parts, this process's (`parts.plan_parts`)."""
+        `parts`: for an upload in parts, this process's (`upload_parts.plan_parts`)."""
         ...
 
     def publish(self, token: str, receipts: Sequence[str]) -> None:

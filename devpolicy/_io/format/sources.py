@@ -19,9 +19,9 @@ import resource
 from collections.abc import Sequence
 from typing import Protocol
 
-from .._base.errors import SafetensorsFileError
-from .._base.files import FileRefused, open_regular
-from .._base.locations import URLPath
+from ..._base.errors import SafetensorsFileError
+from ..._base.files import FileRefused, open_regular
+from ..._base.locations import URLPath
 
 
 class ByteSource(Protocol):

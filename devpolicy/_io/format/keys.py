@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base.errors import SafetensorsFileError
-from .format import Header
+from ..._base.errors import SafetensorsFileError
+from .header import Header
 
 #: The `__metadata__` entry naming each key tensor's implementation.
 KEYS_METADATA = "devpolicy.prng_keys"

@@ -1,7 +1,7 @@
 """Where a checkpoint's files are, on this machine or at a URL: the checkpoint chosen, each
 file's header read, and its bytes opened for the data.
 
-A local path goes to `checkpoints` (the choice of files) and `sources`/`opening` (each file
+A local path goes to `checkpoints` (the choice of files) and `sources`/`reopening` (each file
 opened for its header, then again for its data, unchanged). A URL (`s3://`, `gs://`,
 `hf://`, `https://`) goes to `remote`: a folder is listed (S3, GCS, the Hub; a web server
 is asked for the index, then `model.safetensors`) and chosen from by the same rule as a
@@ -19,8 +19,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._base.errors import SafetensorsFileError
-from .._base.locations import FilePath, URLPath, is_url, location
+from ..._base.errors import SafetensorsFileError
+from ..._base.locations import FilePath, URLPath, is_url, location
+from ..format.header import Header, read_header_from
+from ..format.sources import ByteSource, open_tensor_file
+from ..remote import (
+    CachedFile,
+    RemoteObject,
+    RemoteOptions,
+    RemoteReadError,
+    open_remote,
+    options_of,
+    resolve_options,
+)
+from ..remote.listing import list_folder
+from ..remote.source import Emit
 from .checkpoints import (
     INDEX_SUFFIX,
     MAX_INDEX_BYTES,
@@ -30,20 +43,7 @@ from .checkpoints import (
     is_index,
     open_checkpoint,
 )
-from .format import Header, read_header_from
-from .opening import reopen_tensor_file
-from .remote import (
-    CachedFile,
-    RemoteObject,
-    RemoteOptions,
-    RemoteReadError,
-    open_remote,
-    options_of,
-    resolve_options,
-)
-from .remote.listing import list_folder
-from .remote.source import Emit
-from .sources import ByteSource, open_tensor_file
+from .reopening import reopen_tensor_file
 
 #: What a web server is asked for, in turn, when a folder at an https:// URL is named (it
 #: cannot be listed): the index, then the single file, as transformers asks the Hub.

@@ -7,7 +7,7 @@ follows, then the data. Ranges must tile the data section exactly: no holes, no 
 The header is read from a byte source (`sources.ByteSource`), so it is read the same way
 wherever the file lives; a file that is not safetensors is named as what it is (`foreign`).
 Where files go on disk is `checkpoints`; how written files are laid out is `layout`, and
-written, `writing`. No JAX here.
+written, `local_files`. No JAX here.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .._base.errors import SafetensorsFileError
-from .._base.locations import FilePath
+from ..._base.errors import SafetensorsFileError
+from ..._base.locations import FilePath
 from .foreign import what_it_is
 from .sources import ByteSource, file_identity, open_tensor_file
 

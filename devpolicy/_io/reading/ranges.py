@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from .._apply.narrowing import Narrow, loss_in_pieces, narrow_into
-from .._base.errors import NarrowingError
-from .._base.limits import ALIGN
+from ..._apply.narrowing import Narrow, loss_in_pieces, narrow_into
+from ..._base.errors import NarrowingError
+from ..._base.limits import ALIGN
+from ..format.header import Header, TensorEntry
+from ..format.layout import slice_runs
+from ..format.sources import ByteSource
 from .buffers import host_buffer
-from .format import Header, TensorEntry
-from .layout import slice_runs
-from .sources import ByteSource
-from .whole import PIECE_BYTES, THREADED_BYTES, read_pieces, read_range, read_ranges
+from .tensor_reads import PIECE_BYTES, THREADED_BYTES, read_pieces, read_range, read_ranges
 
 # A sharded tensor's slices are read through their covering range, in chunks of this
 # size, when that costs less than a system call per run; a call costs about as much as
@@ -50,7 +50,7 @@ def slice_ranges(entry: TensorEntry, bounds: _Bounds) -> list[tuple[int, int]]:
 
     Example:
         >>> import numpy as np
-        >>> from devpolicy._io.format import TensorEntry
+        >>> from devpolicy._io.format.header import TensorEntry
         >>> e = TensorEntry("w", "U8", np.dtype(np.uint8), (4, 6), 0, 24, 100)
         >>> slice_ranges(e, ((0, 4), (3, 6)))  # the right half: one run per row
         [(103, 3), (109, 3), (115, 3), (121, 3)]
