@@ -38,7 +38,9 @@ def _layer_folders() -> list[str]:
 def _sub_layer_folders(folder: str) -> list[str]:
     """The sub-folders of a layer folder, top first, as its contract orders them (`_io/reading`);
     siblings of one level (`reading | writing`) in the contract's order."""
-    contract = next((c for c in _contracts() if c.get("containers") == [f"devpolicy.{folder}"]), None)
+    contract = next(
+        (c for c in _contracts() if c.get("containers") == [f"devpolicy.{folder}"]), None
+    )
     if contract is None:
         return []
     return [

@@ -17,13 +17,13 @@ from ..._decide.decider import Decider, virtual_decider
 from ..._decide.decision import Decision, DeviceT
 from ..._decide.items import maps_from_file
 from ..._decide.routing import UNKNOWN_NAMES
+from ..._decide.rule_use import RuleUse, sharded_nothing, silent_rules, uses_of_decisions
 from ..._document.axes import Attached
 from ..._document.schema import NamesSpec
 from ..._machine.capacity import pool_of, pool_text
 from ..._machine.machine import VirtualMachine
 from ..._machine.meshes import MeshLayout, layout
 from ..format.header import Header, TensorEntry
-from ..reading.accounting import RuleUse, sharded_nothing, silent_rules, uses_of_decisions
 from ..reading.buffers import MAP_THRESHOLD
 from ..reading.checkpoint_sources import Files, can_map
 from ..reading.fill_tree import fit_into

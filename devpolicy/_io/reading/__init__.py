@@ -14,7 +14,8 @@ Bottom to top:
   of small tensors, or a large tensor, read one ahead while the last is placed).
 - `fill_tree` (`load_file(into=...)`: a tree's leaves matched to tensors) and `progress`
   (the bar and each file's events).
-- `load`: `load_file` and the loop that places a file's tensors.
+- `load`: `load_file` and the loop that places a file's tensors; the rule-use warnings
+  (judged by `_decide/rule_use`) said once a load.
 
 Only a local file is mapped or read with scattered `preadv` calls (the fast paths behind
 `fileno()`); everything else goes through the source. `buffers`, `checkpoints`, `naming`,

@@ -5,8 +5,8 @@ The entry of the I/O wing, and the one loop that places a file's tensors: each t
 mapped (`map_or_read`), read in a run of small ones or read whole, one ahead of the loop
 (`readahead`, `tensor_reads`), or, sharded, read slice by slice (`ranges`), all from a byte
 source (`sources`); what is mapped or read is sent in batches, several in flight
-(`sending`). Filling a
-tree is `fill_tree`; what the load says, `progress`; the rule-use warnings, `accounting`.
+(`sending`). Filling a tree is `fill_tree`; what the load says, `progress`; the rule-use
+warnings are judged by `_decide/rule_use` and said here (`silent_events`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from ..._base.events import EventLog
 from ..._base.locations import location
 from ..._decide.decider import Decider
 from ..._decide.decision import Decision
+from ..._decide.rule_use import RuleUse, shadowed_notes, silent_rules, uses_of_decisions
 from ..._document.schema import NamesSpec
 from ..._machine.ledger import record_each
 from ..format.header import Header, TensorEntry
 from ..format.keys import key_impls, wrapped
 from ..format.sources import ByteSource
 from ..remote import options_of
-from .accounting import silent_events, uses_of_decisions
 from .buffers import MAP_THRESHOLD, aligned_empty
 from .checkpoint_sources import Files, fetched
 from .fill_tree import fit_into, shards_needed, skipped_event
@@ -47,6 +47,7 @@ from .naming import (
     call_naming,
     check_prefix,
     name_prefix,
+    path_text,
     source_files,
     tensor_names,
 )
@@ -447,3 +448,16 @@ def _narrowed(
         file=str(header.path),
     )
     return result, None
+
+
+def silent_events(events: EventLog, uses: tuple[RuleUse, ...], path: PathLike) -> None:
+    """The warnings of `silent_rules` for one load, one event each; each shadowed rule at
+    debug (`rule_shadowed`). A `DEVPOLICY_RULES` item that took nothing is left to the
+    decider, which says it once a process (`override_matched_nothing`), not once a load."""
+    checkpoint = path_text(path)  # a URL shown without its credentials
+    for code, message in silent_rules(uses, quiet=("env",)):
+        fields = {"checkpoint": checkpoint, "message": message}
+        events.emit("warning", code.replace("-", "_"), fields)
+    if events.enabled("debug"):
+        for message in shadowed_notes(uses):
+            events.emit("debug", "rule_shadowed", {"checkpoint": checkpoint, "message": message})

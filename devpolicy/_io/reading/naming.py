@@ -1,17 +1,22 @@
 """The names a checkpoint's tensors are decided under: `<prefix>/<key>`, the key's parts
 joined by `/` whatever separator the file uses; one naming for the load, `into=`, the plan
-and the rule-use accounting. No JAX here.
+and the rule-use accounting; every tensor of a checkpoint so named (`checkpoint_names`,
+headers only). No JAX here.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
-from ..._base.locations import URLPath, is_url, shown_url
+from ..._base.locations import URLPath, is_url, location, shown_url
+from ..._document.layers import Settings
 from ..._document.schema import NamesSpec, prefix_problem, separator_problem
 from ..._names.matching import SourceFile
 from ..format.header import Header
+from ..remote import options_of
+from .checkpoint_sources import Files
 
 #: A file or checkpoint as given: a path, or a URL (text or `URLPath`).
 PathLike = str | os.PathLike[str] | URLPath
@@ -74,3 +79,23 @@ def call_naming(names: NamesSpec, separator: str | None) -> NamesSpec:
     if problem is not None:
         raise ValueError(f"separator= takes {problem}")
     return names.model_copy(update={"separator": separator})
+
+
+def checkpoint_names(
+    path: PathLike, settings: Settings, prefix: str | None = None
+) -> list[tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]]:
+    """Every tensor of a checkpoint (local, or at a URL) as `load_file` and `plan` name it
+    (prefix, the policy's `names:`), with its size, shape and file; only headers are read
+    (a URL: never through the cache)."""
+    options = replace(options_of(settings.remote_values), cache_dir=None)
+    with Files(options) as files:
+        checkpoint = files.checkpoint(path)
+        headers = [files.header(file) for file in checkpoint.files]
+    checkpoint.check(headers)
+    stem = name_prefix(checkpoint.stem, prefix, settings.names)
+    sources = source_files(checkpoint.files, location(path))
+    return [
+        (name, t.nbytes, t.shape, source)
+        for header, source in zip(headers, sources, strict=True)
+        for name, t in zip(tensor_names(header, stem, settings.names), header.tensors, strict=True)
+    ]

@@ -15,6 +15,10 @@ A rule that took none of the names is one of:
 - `other-names`: its first word is no part of any name and no slip explains it
   (`dataset/*` in a model's load): written for other names, counted;
 - `nothing`: none of the above; a warning when the default or a catch-all took names.
+
+A judgement about rules, so it sits beside the decider and reads no file: the I/O wing
+hands it the names a load or a plan met (`_io/reading/naming.checkpoint_names` reads them
+from a checkpoint) and says its verdicts as each load's events.
 """
 
 from __future__ import annotations
@@ -24,18 +28,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from ..._base.events import EventLog
-from ..._base.locations import location
-from ..._base.sizes import format_size
-from ..._decide.decision import Decision
-from ..._document.layers import RuleEntry, Settings
-from ..._document.schema import RuleSpec
-from ..._names.matching import Condition, SourceFile
-from ..._names.nearby import MetNames, NearMiss, near_miss
-from ..._names.prefixes import literal_prefix
-from ..remote import options_of
-from .checkpoint_sources import Files
-from .naming import PathLike, name_prefix, path_text, source_files, tensor_names
+from .._base.sizes import format_size
+from .._document.layers import RuleEntry, Settings
+from .._document.schema import RuleSpec
+from .._names.matching import Condition, SourceFile
+from .._names.nearby import MetNames, NearMiss, near_miss
+from .._names.prefixes import literal_prefix
+from .decision import Decision
 
 #: Patterns that take every name: a rule written with one is a catch-all.
 _CATCH_ALL = {("*", False), (".*", True), ("(?s).*", True), ("(?s:.*)", True)}
@@ -487,26 +486,6 @@ def shadowed_notes(uses: tuple[RuleUse, ...]) -> list[str]:
     ]
 
 
-def checkpoint_names(
-    path: PathLike, settings: Settings, prefix: str | None = None
-) -> list[tuple[str, int | None, tuple[int, ...] | None, SourceFile | None]]:
-    """Every tensor of a checkpoint (local, or at a URL) as `load_file` and `plan` name it
-    (prefix, the policy's `names:`), with its size, shape and file; only headers are read
-    (a URL: never through the cache)."""
-    options = replace(options_of(settings.remote_values), cache_dir=None)
-    with Files(options) as files:
-        checkpoint = files.checkpoint(path)
-        headers = [files.header(file) for file in checkpoint.files]
-    checkpoint.check(headers)
-    stem = name_prefix(checkpoint.stem, prefix, settings.names)
-    sources = source_files(checkpoint.files, location(path))
-    return [
-        (name, t.nbytes, t.shape, source)
-        for header, source in zip(headers, sources, strict=True)
-        for name, t in zip(tensor_names(header, stem, settings.names), header.tensors, strict=True)
-    ]
-
-
 def uses_of_decisions(
     settings: Settings,
     conditions: Sequence[Condition],
@@ -535,16 +514,3 @@ def uses_of_decisions(
         ],
         sources,
     )
-
-
-def silent_events(events: EventLog, uses: tuple[RuleUse, ...], path: PathLike) -> None:
-    """The warnings of `silent_rules` for one load, one event each; each shadowed rule at
-    debug (`rule_shadowed`). A `DEVPOLICY_RULES` item that took nothing is left to the
-    decider, which says it once a process (`override_matched_nothing`), not once a load."""
-    checkpoint = path_text(path)  # a URL shown without its credentials
-    for code, message in silent_rules(uses, quiet=("env",)):
-        fields = {"checkpoint": checkpoint, "message": message}
-        events.emit("warning", code.replace("-", "_"), fields)
-    if events.enabled("debug"):
-        for message in shadowed_notes(uses):
-            events.emit("debug", "rule_shadowed", {"checkpoint": checkpoint, "message": message})

@@ -15,8 +15,8 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._cli.common import EXIT_NOT_SHARDED
 from devpolicy._cli.main import main
+from devpolicy._decide.rule_use import Placed, rule_label, rule_uses, silent_rules
 from devpolicy._document.schema import RuleSpec
-from devpolicy._io.reading.accounting import Placed, rule_label, rule_uses, silent_rules
 from tests.conftest import REPO
 from tests.helpers import policy_of, write
 
