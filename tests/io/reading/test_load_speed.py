@@ -1,6 +1,6 @@
 """The loader's fast paths decide and report exactly what the per-name path does: runs of
 names one rule decides alike (memory judged, fallbacks, shardings, maps), the ledger
-filled for a whole file at once (the collector's pause: test_collector_pause.py)."""
+filled for a whole file at once (the collector's pause: test_load_collector.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PRNG key arrays saved and loaded (`_io/keys`): written as their key data with the
+"""PRNG key arrays saved and loaded (`_io/format/keys`): written as their key data with the
 implementation named in the file's metadata, given back as key arrays; and every leaf that
 cannot be saved named with what to do."""
 

@@ -1,6 +1,6 @@
-"""Which process uploads which part of a file saved to object storage (`_io/parts.py`),
-for arrays laid out over the devices of several processes (described, not run: the
-2-process upload itself is tests/io/remote/test_upload.py)."""
+"""Which process uploads which part of a file saved to object storage
+(`_io/writing/upload_parts.py`), for arrays laid out over the devices of several processes
+(described, not run: the 2-process upload itself is tests/io/remote/test_upload.py)."""
 
 from __future__ import annotations
 

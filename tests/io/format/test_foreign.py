@@ -1,4 +1,4 @@
-"""Files that are not safetensors (`_io/foreign`): `load_file`, `plan` and `read_metadata`
+"""Files that are not safetensors (`_io/format/foreign`): `load_file`, `plan` and `read_metadata`
 name a NumPy `.npy` or `.npz`, a PyTorch checkpoint or a pickle as what it is, with what to
 do, instead of a header error."""
 
