@@ -3,6 +3,8 @@ that owns it (the decider, placement, the safetensors loader, prefetch)."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -24,7 +26,7 @@ from .._decide.routing import UNKNOWN_NAMES
 from .._document.axes import Attached
 from .._document.layers import RuleEntry, Settings
 from .._io.planning import plan as _planning
-from .._io.planning.plan import Plan
+from .._io.planning.plan import Plan, PlanOptions
 from .._io.reading import load as _safetensors
 from .._machine.capacity import Capacity, DeviceMemory
 from .._machine.inventory import THIS_PROCESS
@@ -295,35 +297,13 @@ class Policy:
     def load_file(self, path: str | os.PathLike[str], *, into: Any = None, **options: Any) -> Any:
         """Load a safetensors file by this policy (with `into`, filling that tree). See
         `devpolicy.load_file`."""
-        return explicitly(_safetensors.load_file, path, self.decider, into=into, **options)
+        given = options_from(_safetensors.LoadOptions, "load_file", {"into": into, **options})
+        return explicitly(_safetensors.load_file, path, self.decider, given)
 
-    def plan(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        prefix: str | None = None,
-        mmap: bool | None = None,
-        machine: VirtualMachine | None = None,
-        separator: str | None = None,
-        into: Any = None,
-        axes: Mapping[str, Sequence[str | None]] | None = None,
-        strict: bool = True,
-        remote: Mapping[str, object] | None = None,
-    ) -> Plan:
+    def plan(self, path: str | os.PathLike[str], **options: Any) -> Plan:
         """Where each tensor of a file would go by this policy (on `machine`, if given;
         with the model's names from `into` or `axes`). See `devpolicy.plan`."""
-        return _planning.plan(
-            path,
-            self.decider,
-            prefix=prefix,
-            mmap=mmap,
-            machine=machine,
-            separator=separator,
-            into=into,
-            axes=axes,
-            strict=strict,
-            remote=remote,
-        )
+        return _planning.plan(path, self.decider, options_from(PlanOptions, "plan", options))
 
     def prefetch(
         self,
@@ -365,3 +345,49 @@ class Policy:
             size=size,
             narrow=narrow,
         )
+
+
+OptionsT = TypeVar("OptionsT")
+
+
+def options_from(options: type[OptionsT], verb: str, given: Mapping[str, Any]) -> OptionsT:
+    """A verb's keywords as its options record (`LoadOptions`, `PlanOptions`: the one
+    definition of their names and defaults); a keyword it has no field for is the
+    `TypeError` Python raises for a function's."""
+    known = {f.name for f in dataclasses.fields(options)}  # type: ignore[arg-type]
+    for name in given:
+        if name not in known:
+            raise TypeError(f"{verb}() got an unexpected keyword argument {name!r}")
+    return options(**given)
+
+
+def verb_signature(
+    options: type, *leading: inspect.Parameter, returns: str, policy: bool = True
+) -> inspect.Signature:
+    """The signature a verb taking `**options` shows at run time (`help`, a notebook's
+    hints), made from its options record so that it is written once: `leading` (the path),
+    then every field as a keyword with its default, `policy=` after the first where the
+    verb takes one."""
+    keywords = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                          annotation=f.type)
+        for f in dataclasses.fields(options)
+    ]  # fmt: skip
+    if policy:
+        keywords.insert(
+            1,
+            inspect.Parameter(
+                "policy", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Policy | None"
+            ),
+        )
+    return inspect.Signature([*leading, *keywords], return_annotation=returns)
+
+
+Policy.plan.__signature__ = verb_signature(  # type: ignore[attr-defined]
+    PlanOptions,
+    inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                      annotation="str | os.PathLike[str]"),
+    returns="Plan",
+    policy=False,
+)  # fmt: skip

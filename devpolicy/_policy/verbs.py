@@ -9,6 +9,7 @@ the reference would be split, not the code.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -26,13 +27,13 @@ from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
 from .._io.format.layout import DEFAULT_ALIGN
 from .._io.planning import plan as _planning
-from .._io.planning.plan import Plan
+from .._io.planning.plan import Plan, PlanOptions
 from .._io.reading import load as _safetensors
 from .._io.writing import saving as _saving
 from .._machine.machine import VirtualMachine
 from .._names.matching import source_file
 from .active import ACTIVE_DECIDER, ACTIVE_SCOPES
-from .policy import Policy, attached_of
+from .policy import Policy, attached_of, options_from, verb_signature
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -325,19 +326,7 @@ def load_file(
 ) -> T: ...
 
 
-def load_file(
-    path: str | os.PathLike[str],
-    *,
-    prefix: str | None = None,
-    policy: Policy | None = None,
-    mmap: bool | None = None,
-    narrow: Literal["exact", "lossy"] = "exact",
-    progress: bool | None = None,
-    into: Any = None,
-    strict: bool = True,
-    separator: str | None = None,
-    remote: Mapping[str, object] | None = None,
-) -> Any:
+def load_file(path: str | os.PathLike[str], *, policy: Policy | None = None, **options: Any) -> Any:
     """Load a safetensors file, each tensor sent straight to the device its rule names.
 
     Every tensor is named `<prefix>/<key>` (prefix defaults to the file's stem) and resolved
@@ -405,19 +394,18 @@ def load_file(
         >>> devpolicy.inventory().text(*out["dense"]["kernel"].devices()), int(out["step"])
         ('cpu:2', 7)
     """
-    return explicitly(
-        _safetensors.load_file,
-        path,
-        _decider_of(policy),
-        prefix=prefix,
-        mmap=mmap,
-        narrow=narrow,
-        progress=progress,
-        into=into,
-        strict=strict,
-        separator=separator,
-        remote=remote,
-    )
+    # The keywords are the overloads' (what the docs show) and `LoadOptions`'s fields (their
+    # one definition: names, defaults, and the signature `help` shows, below).
+    given = options_from(_safetensors.LoadOptions, "load_file", options)
+    return explicitly(_safetensors.load_file, path, _decider_of(policy), given)
+
+
+load_file.__signature__ = verb_signature(  # type: ignore[attr-defined]
+    _safetensors.LoadOptions,
+    inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                      annotation="str | os.PathLike[str]"),
+    returns="Any",
+)  # fmt: skip
 
 
 def save_file(
@@ -544,9 +532,7 @@ def plan(
         >>> t.decision.device_text, t.decision.mesh_devices, t.decision.bytes_per_device()
         ('fsdp[data+model]', 16, 64)
     """
-    return _planning.plan(
-        path,
-        _decider_of(policy),
+    given = PlanOptions(
         prefix=prefix,
         mmap=mmap,
         machine=machine,
@@ -556,6 +542,7 @@ def plan(
         strict=strict,
         remote=remote,
     )
+    return _planning.plan(path, _decider_of(policy), given)
 
 
 def prefetch(

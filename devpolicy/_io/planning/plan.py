@@ -286,31 +286,36 @@ class Plan:
         )
 
 
-def plan(
-    path: PathLike,
-    decider: Decider,
-    *,
-    prefix: str | None = None,
-    mmap: bool | None = None,
-    machine: VirtualMachine | None = None,
-    separator: str | None = None,
-    into: Any = None,
-    axes: Mapping[str, Sequence[str | None]] | None = None,
-    strict: bool = True,
-    remote: Mapping[str, object] | None = None,
-) -> Plan:
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """What one `plan` call asks: every keyword of the verb but `policy`, the one
+    definition the module-level verb, `Policy.plan` and the plan share. See
+    `devpolicy.plan` for each."""
+
+    prefix: str | None = None
+    mmap: bool | None = None
+    machine: VirtualMachine | None = None
+    separator: str | None = None
+    into: Any = None
+    axes: Mapping[str, Sequence[str | None]] | None = None
+    strict: bool = True
+    remote: Mapping[str, object] | None = None
+
+
+def plan(path: PathLike, decider: Decider, options: PlanOptions) -> Plan:
     """Where every tensor of a file or checkpoint would go by `decider`, or by its settings
-    on `machine` (which is then also the capacity judged by); the model's names for rules
-    with `axes: attached` from `into` (its tree) or `axes` (by tensor name). See
-    `devpolicy.plan`."""
-    naming = call_naming(decider.settings.names, separator)
-    names = _ModelNames(into, _checked_axes(axes), strict)
-    options = options_of(decider.settings.remote_values, remote)
+    on `options.machine` (which is then also the capacity judged by); the model's names for
+    rules with `axes: attached` from `options.into` (its tree) or `options.axes` (by tensor
+    name). See `devpolicy.plan`."""
+    naming = call_naming(decider.settings.names, options.separator)
+    names = _ModelNames(options.into, _checked_axes(options.axes), options.strict)
+    remote = options_of(decider.settings.remote_values, options.remote)
+    prefix, mmap, machine = options.prefix, options.mmap, options.machine
     if machine is not None:
         virtual = virtual_decider(decider.settings, machine, "plan")
         described = (str(machine), machine.processes, machine.slices)
-        return _plan(path, virtual, prefix, mmap, described, naming, names, options)
-    return _plan(path, decider, prefix, mmap, ("this process", 1, 1), naming, names, options)
+        return _plan(path, virtual, prefix, mmap, described, naming, names, remote)
+    return _plan(path, decider, prefix, mmap, ("this process", 1, 1), naming, names, remote)
 
 
 @dataclass(frozen=True, slots=True)

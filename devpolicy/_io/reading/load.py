@@ -19,7 +19,8 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -59,31 +60,33 @@ from .sending import Sender
 from .tensor_reads import read_tensor
 
 
-def load_file(
-    path: PathLike,
-    decider: Decider,
-    *,
-    prefix: str | None = None,
-    mmap: bool | None = None,
-    narrow: Narrow = "exact",
-    progress: bool | None = None,
-    into: Any = None,
-    strict: bool = True,
-    separator: str | None = None,
-    remote: Mapping[str, object] | None = None,
-) -> Any:
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How one `load_file` call loads: every keyword of the verb but `policy`, the one
+    definition the module-level verb, `Policy.load_file` and the loader share. See
+    `devpolicy.load_file` for each."""
+
+    prefix: str | None = None
+    mmap: bool | None = None
+    narrow: Literal["exact", "lossy"] = "exact"
+    progress: bool | None = None
+    into: Any = None
+    strict: bool = True
+    separator: str | None = None
+    remote: Mapping[str, object] | None = None
+
+
+def load_file(path: PathLike, decider: Decider, options: LoadOptions) -> Any:
     """Load a safetensors file or checkpoint (local, or at a URL) by `decider`'s rules: a
-    dict of its tensors, or with `into`, that tree filled. See `devpolicy.load_file`."""
-    check_mode(narrow)
-    if not isinstance(strict, bool):
-        raise TypeError(f"strict= takes True or False, got {strict!r}")
-    naming = call_naming(decider.settings.names, separator)
-    check_prefix(prefix)  # before anything is read
-    options = options_of(decider.settings.remote_values, remote)
-    with Files(options, decider.events.emit) as files:
-        return _load_file(
-            path, decider, prefix, mmap, narrow, progress, naming, into, strict, files
-        )
+    dict of its tensors, or with `options.into`, that tree filled. See `devpolicy.load_file`."""
+    check_mode(options.narrow)
+    if not isinstance(options.strict, bool):
+        raise TypeError(f"strict= takes True or False, got {options.strict!r}")
+    naming = call_naming(decider.settings.names, options.separator)
+    check_prefix(options.prefix)  # before anything is read
+    remote = options_of(decider.settings.remote_values, options.remote)
+    with Files(remote, decider.events.emit) as files:
+        return _load_file(path, decider, options, naming, files)
 
 
 class _Collector:
@@ -138,17 +141,10 @@ os.register_at_fork(after_in_child=_collector_after_fork)
 
 
 def _load_file(
-    path: PathLike,
-    decider: Decider,
-    prefix: str | None,
-    mmap: bool | None,
-    narrow: Narrow,
-    progress: bool | None,
-    naming: NamesSpec,
-    into: Any,
-    strict: bool,
-    files: Files,
+    path: PathLike, decider: Decider, options: LoadOptions, naming: NamesSpec, files: Files
 ) -> Any:
+    prefix, mmap, narrow, progress = options.prefix, options.mmap, options.narrow, options.progress
+    into, strict = options.into, options.strict
     checkpoint = files.checkpoint(path)
     path = location(path)  # a URL from here on as shown, never with its credentials
     left_out_events(decider.events, path, checkpoint)
