@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..._base.locations import URLPath, location
+from ..._base.locations import URLPath
 from ..._base.sizes import format_size
 from ..._base.visible import visible
 from ..._decide.decider import Decider, virtual_decider
@@ -25,7 +25,7 @@ from ..._machine.machine import VirtualMachine
 from ..._machine.meshes import MeshLayout, layout
 from ..format.header import Header, TensorEntry
 from ..reading.buffers import MAP_THRESHOLD
-from ..reading.checkpoint_sources import Files, can_map
+from ..reading.checkpoint_sources import Files, Where, can_map
 from ..reading.fill_tree import fit_into
 from ..reading.map_or_read import map_hint, x64_enabled
 from ..reading.naming import PathLike, call_naming, name_prefix, source_files, tensor_names
@@ -373,11 +373,12 @@ def _plan(
 ) -> Plan:
     machine, processes, slices = described
     # Headers only: never through the cache (it would fetch whole files to plan them).
+    where = Where.of(path)  # parsed once: nothing below parses the path again
     with Files(replace(options, cache_dir=None)) as files:
-        checkpoint = files.checkpoint(path)
+        checkpoint = files.checkpoint(where)
         headers = [files.header(file) for file in checkpoint.files]
     checkpoint.check(headers)
-    path = location(path)  # a URL from here on as shown, never with its credentials
+    path = where.place  # a URL from here on as shown, never with its credentials
     by_key: Mapping[str, Attached | None] = {}
     if model.into is not None:
         # Matched to the tree as `load_file(into=)` matches it: the same errors, the

@@ -9,13 +9,17 @@ local folder, an index names the files beside it, and each file is opened once (
 metadata request) and its header read with one small ranged read. Its connections are let
 go while the other headers are read, and the same source then reads its data, so every
 byte comes from the version whose header was read. No JAX here.
+
+The path is parsed once (`Where.of`): where it is, whether it names a folder, and for a
+URL its parts as its scheme's backend reads them; that value flows down to the listing
+and to the object's opening, and nothing below parses the path again.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +32,10 @@ from ..remote import (
     RemoteObject,
     RemoteOptions,
     RemoteReadError,
+    RemoteURL,
     open_remote,
     options_of,
+    parse_url,
     resolve_options,
 )
 from ..remote.listing import list_folder
@@ -48,6 +54,38 @@ from .reopening import reopen_tensor_file
 #: What a web server is asked for, in turn, when a folder at an https:// URL is named (it
 #: cannot be listed): the index, then the single file, as transformers asks the Hub.
 WEB_FOLDER_FILES = ("model" + INDEX_SUFFIX, "model.safetensors")
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """The path a load, a plan or a name list names, parsed once.
+
+    Attributes:
+        place: Where it is: a `Path`, or a `URLPath` (shown without its credentials).
+        folder: Whether a URL names a folder (ending in `/`, or its last part without
+            a `.`): its files are chosen as a local folder's are.
+        url: A URL's parts as its scheme's backend reads them (a folder's as a folder's),
+            or None for a local path.
+    """
+
+    place: FilePath
+    folder: bool = False
+    url: RemoteURL | None = None
+
+    @classmethod
+    def of(cls, path: Any) -> Where:
+        """`path` (text, a path or a `URLPath`) parsed.
+
+        Raises:
+            TypeError: `path` is neither text, a path nor a `URLPath`.
+            RemoteURLError: a URL that cannot be read (unknown scheme, malformed part).
+        """
+        place = location(path)
+        if isinstance(place, Path):
+            return cls(place)
+        text = str(path) if isinstance(path, str) else place.url
+        folder = text.endswith("/") or "." not in place.name
+        return cls(place, folder, parse_url(place.url, folder=folder))
 
 
 class Files:
@@ -70,34 +108,36 @@ class Files:
         self._emit = emit
         self._environ = os.environ if environ is None else environ
         self._remote: dict[FilePath, RemoteObject | CachedFile] = {}
+        self._urls: dict[FilePath, RemoteURL] = {}  # the URLs parsed already, by place
 
     # -- the checkpoint --------------------------------------------------------------
 
-    def checkpoint(self, path: Any) -> Checkpoint:
+    def checkpoint(self, where: Where) -> Checkpoint:
         """A file, a folder or an index, local or at a URL (see `open_checkpoint`).
 
-        A URL ending in `/`, or whose last part has no `.`, is a folder: its files are
-        chosen as a local folder's are (index, else `model.safetensors`, else one complete
-        set of shards or its plain files).
+        A folder at a URL (`where.folder`) has its files chosen as a local folder's are
+        (index, else `model.safetensors`, else one complete set of shards or its plain
+        files).
 
         Raises:
             SafetensorsFileError: as `open_checkpoint`, naming the path or URL.
             RemoteReadError: a URL cannot be read or listed (naming the URL, never a
                 credential).
         """
-        place = location(path)
+        place = where.place
         if isinstance(place, Path):
             return open_checkpoint(place)
-        text = str(path) if isinstance(path, str) else place.url
-        if text.endswith("/") or "." not in place.name:
-            return self._folder(place)
+        assert where.url is not None
+        if where.folder:
+            return self._folder(place, where.url)
+        self._urls[place] = where.url
         if is_index(place.name):
             return from_index(place, _stem_of(place.parent), self._small(place))
         return Checkpoint((place,), place.stem)
 
-    def _folder(self, folder: URLPath) -> Checkpoint:
+    def _folder(self, folder: URLPath, url: RemoteURL) -> Checkpoint:
         stem = _stem_of(folder)
-        names = list_folder(folder.url, self._environ, self.options)
+        names = list_folder(url, self._environ, self.options)
         if names is None:
             return self._web_folder(folder, stem)
         files = [folder / n for n in names if n.endswith(".safetensors") and not n.startswith(".")]
@@ -133,8 +173,8 @@ class Files:
         """A small file at a URL read whole (an index), never through the cache."""
         assert isinstance(file, URLPath)
         source = open_remote(
-            file.url, environ=self._environ, options=replace(self.options, cache_dir=None),
-            emit=self._emit,
+            self._url(file), environ=self._environ,
+            options=replace(self.options, cache_dir=None), emit=self._emit,
         )  # fmt: skip
         try:
             if source.size > MAX_INDEX_BYTES:
@@ -149,9 +189,15 @@ class Files:
 
     # -- each file ---------------------------------------------------------------------
 
+    def _url(self, file: FilePath) -> RemoteURL | str:
+        """The parsed URL of `file` where it was parsed already (the path the call named),
+        else its text: a file a folder or an index names is parsed as it is opened."""
+        assert isinstance(file, URLPath)
+        return self._urls.pop(file, None) or file.url
+
     def _open(self, file: URLPath) -> RemoteObject | CachedFile:
         # The options are final here: the environment was weighed with the policy's layers.
-        return open_remote(file.url, environ=self._environ, options=self.options,
+        return open_remote(self._url(file), environ=self._environ, options=self.options,
                            emit=self._emit)  # fmt: skip
 
     def header(self, file: FilePath) -> Header:
@@ -245,4 +291,4 @@ def read_metadata(
         return dict(files.header(file).metadata or {})
 
 
-__all__ = ["Files", "can_map", "fetched", "is_url", "read_metadata"]
+__all__ = ["Files", "Where", "can_map", "fetched", "is_url", "read_metadata"]

@@ -29,7 +29,6 @@ from ..._apply.hostview import INDEX_LIMIT, warn_unindexable
 from ..._apply.narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ..._base.errors import NarrowingError
 from ..._base.events import EventLog
-from ..._base.locations import location
 from ..._decide.decider import Decider
 from ..._decide.decision import Decision
 from ..._decide.rule_use import RuleUse, shadowed_notes, silent_rules, uses_of_decisions
@@ -40,7 +39,7 @@ from ..format.keys import key_impls, wrapped
 from ..format.sources import ByteSource
 from ..remote import options_of
 from .buffers import MAP_THRESHOLD, aligned_empty
-from .checkpoint_sources import Files, fetched
+from .checkpoint_sources import Files, Where, fetched
 from .fill_tree import fit_into, shards_needed, skipped_event
 from .map_or_read import NARROW, map_hint, may_map, x64_enabled
 from .naming import (
@@ -145,8 +144,9 @@ def _load_file(
 ) -> Any:
     prefix, mmap, narrow, progress = options.prefix, options.mmap, options.narrow, options.progress
     into, strict = options.into, options.strict
-    checkpoint = files.checkpoint(path)
-    path = location(path)  # a URL from here on as shown, never with its credentials
+    where = Where.of(path)  # parsed once: nothing below parses the path again
+    checkpoint = files.checkpoint(where)
+    path = where.place  # a URL from here on as shown, never with its credentials
     left_out_events(decider.events, path, checkpoint)
     unread: list[str] = []
     if into is not None and not strict:

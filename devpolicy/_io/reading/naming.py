@@ -10,13 +10,13 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from ..._base.locations import URLPath, is_url, location, shown_url
+from ..._base.locations import URLPath, is_url, shown_url
 from ..._document.layers import Settings
 from ..._document.schema import NamesSpec, prefix_problem, separator_problem
 from ..._names.matching import SourceFile
 from ..format.header import Header
 from ..remote import options_of
-from .checkpoint_sources import Files
+from .checkpoint_sources import Files, Where
 
 #: A file or checkpoint as given: a path, or a URL (text or `URLPath`).
 PathLike = str | os.PathLike[str] | URLPath
@@ -88,12 +88,13 @@ def checkpoint_names(
     (prefix, the policy's `names:`), with its size, shape and file; only headers are read
     (a URL: never through the cache)."""
     options = replace(options_of(settings.remote_values), cache_dir=None)
+    where = Where.of(path)
     with Files(options) as files:
-        checkpoint = files.checkpoint(path)
+        checkpoint = files.checkpoint(where)
         headers = [files.header(file) for file in checkpoint.files]
     checkpoint.check(headers)
     stem = name_prefix(checkpoint.stem, prefix, settings.names)
-    sources = source_files(checkpoint.files, location(path))
+    sources = source_files(checkpoint.files, where.place)
     return [
         (name, t.nbytes, t.shape, source)
         for header, source in zip(headers, sources, strict=True)
