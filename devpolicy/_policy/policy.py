@@ -297,13 +297,13 @@ class Policy:
     def load_file(self, path: str | os.PathLike[str], *, into: Any = None, **options: Any) -> Any:
         """Load a safetensors file by this policy (with `into`, filling that tree). See
         `devpolicy.load_file`."""
-        given = options_from(_safetensors.LoadOptions, "load_file", {"into": into, **options})
+        given = _options_from(_safetensors.LoadOptions, "load_file", {"into": into, **options})
         return explicitly(_safetensors.load_file, path, self.decider, given)
 
     def plan(self, path: str | os.PathLike[str], **options: Any) -> Plan:
         """Where each tensor of a file would go by this policy (on `machine`, if given;
         with the model's names from `into` or `axes`). See `devpolicy.plan`."""
-        return _planning.plan(path, self.decider, options_from(PlanOptions, "plan", options))
+        return _planning.plan(path, self.decider, _options_from(PlanOptions, "plan", options))
 
     def prefetch(
         self,
@@ -350,7 +350,14 @@ class Policy:
 OptionsT = TypeVar("OptionsT")
 
 
-def options_from(options: type[OptionsT], verb: str, given: Mapping[str, Any]) -> OptionsT:
+def options_record(options: type[OptionsT], keywords: Mapping[str, Any]) -> OptionsT:
+    """A verb's options record (`LoadOptions`, `PlanOptions`: the one definition of its
+    keywords) from the verb's own arguments, `locals()` taken before anything else: each
+    field by its name, so the verb's body never lists the keywords again."""
+    return options(**{f.name: keywords[f.name] for f in dataclasses.fields(options)})  # type: ignore[arg-type]
+
+
+def _options_from(options: type[OptionsT], verb: str, given: Mapping[str, Any]) -> OptionsT:
     """A verb's keywords as its options record (`LoadOptions`, `PlanOptions`: the one
     definition of their names and defaults); a keyword it has no field for is the
     `TypeError` Python raises for a function's."""
@@ -361,33 +368,22 @@ def options_from(options: type[OptionsT], verb: str, given: Mapping[str, Any]) -
     return options(**given)
 
 
-def verb_signature(
-    options: type, *leading: inspect.Parameter, returns: str, policy: bool = True
-) -> inspect.Signature:
-    """The signature a verb taking `**options` shows at run time (`help`, a notebook's
-    hints), made from its options record so that it is written once: `leading` (the path),
-    then every field as a keyword with its default, `policy=` after the first where the
-    verb takes one."""
+def _verb_signature(options: type, *leading: inspect.Parameter, returns: str) -> inspect.Signature:
+    """The signature a method taking `**options` shows at run time (`help`, a notebook's
+    hints), made from its options record so that it is written once: `leading` (self, the
+    path), then every field as a keyword with its default."""
     keywords = [
         inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                           annotation=f.type)
         for f in dataclasses.fields(options)
     ]  # fmt: skip
-    if policy:
-        keywords.insert(
-            1,
-            inspect.Parameter(
-                "policy", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Policy | None"
-            ),
-        )
     return inspect.Signature([*leading, *keywords], return_annotation=returns)
 
 
-Policy.plan.__signature__ = verb_signature(  # type: ignore[attr-defined]
+Policy.plan.__signature__ = _verb_signature(  # type: ignore[attr-defined]
     PlanOptions,
     inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
     inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                       annotation="str | os.PathLike[str]"),
     returns="Plan",
-    policy=False,
 )  # fmt: skip

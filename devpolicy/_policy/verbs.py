@@ -9,7 +9,6 @@ the reference would be split, not the code.
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -33,7 +32,7 @@ from .._io.writing import saving as _saving
 from .._machine.machine import VirtualMachine
 from .._names.matching import source_file
 from .active import ACTIVE_DECIDER, ACTIVE_SCOPES
-from .policy import Policy, attached_of, options_from, verb_signature
+from .policy import Policy, attached_of, options_record
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -326,7 +325,19 @@ def load_file(
 ) -> T: ...
 
 
-def load_file(path: str | os.PathLike[str], *, policy: Policy | None = None, **options: Any) -> Any:
+def load_file(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    policy: Policy | None = None,
+    mmap: bool | None = None,
+    narrow: Literal["exact", "lossy"] = "exact",
+    progress: bool | None = None,
+    into: Any = None,
+    strict: bool = True,
+    separator: str | None = None,
+    remote: Mapping[str, object] | None = None,
+) -> Any:
     """Load a safetensors file, each tensor sent straight to the device its rule names.
 
     Every tensor is named `<prefix>/<key>` (prefix defaults to the file's stem) and resolved
@@ -394,18 +405,8 @@ def load_file(path: str | os.PathLike[str], *, policy: Policy | None = None, **o
         >>> devpolicy.inventory().text(*out["dense"]["kernel"].devices()), int(out["step"])
         ('cpu:2', 7)
     """
-    # The keywords are the overloads' (what the docs show) and `LoadOptions`'s fields (their
-    # one definition: names, defaults, and the signature `help` shows, below).
-    given = options_from(_safetensors.LoadOptions, "load_file", options)
+    given = options_record(_safetensors.LoadOptions, locals())  # first: only the keywords
     return explicitly(_safetensors.load_file, path, _decider_of(policy), given)
-
-
-load_file.__signature__ = verb_signature(  # type: ignore[attr-defined]
-    _safetensors.LoadOptions,
-    inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                      annotation="str | os.PathLike[str]"),
-    returns="Any",
-)  # fmt: skip
 
 
 def save_file(
@@ -532,16 +533,7 @@ def plan(
         >>> t.decision.device_text, t.decision.mesh_devices, t.decision.bytes_per_device()
         ('fsdp[data+model]', 16, 64)
     """
-    given = PlanOptions(
-        prefix=prefix,
-        mmap=mmap,
-        machine=machine,
-        separator=separator,
-        into=into,
-        axes=axes,
-        strict=strict,
-        remote=remote,
-    )
+    given = options_record(PlanOptions, locals())  # first: only the keywords
     return _planning.plan(path, _decider_of(policy), given)
 
 
