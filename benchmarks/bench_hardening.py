@@ -124,10 +124,10 @@ def run_finding(path: Path) -> float:
     does with `mmap=True` (no reading, no placing: only the batching), with the loader's
     own functions and a real decision."""
     import devpolicy
-    from devpolicy._io.buffers import MAP_THRESHOLD as _MAP_THRESHOLD
-    from devpolicy._io.format import read_header
-    from devpolicy._io.mapping import may_map as _may_map
-    from devpolicy._io.readahead import _small_run
+    from devpolicy._io.format.header import read_header
+    from devpolicy._io.reading.buffers import MAP_THRESHOLD as _MAP_THRESHOLD
+    from devpolicy._io.reading.map_or_read import may_map as _may_map
+    from devpolicy._io.reading.readahead import _small_run
 
     policy = devpolicy.load_policy(
         {"version": 1, "default": "cpu", "logging": {"level": "error"}}, environ={}

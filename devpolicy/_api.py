@@ -33,11 +33,11 @@ from ._base.sizes import parse_size as parse_size
 from ._decide.decision import Decision as Decision
 from ._decide.decision import Explanation as Explanation
 from ._document.schema import policy_schema as policy_schema
-from ._io.places import read_metadata as read_metadata
-from ._io.planning import DeviceLoad as DeviceLoad
-from ._io.planning import Plan as Plan
-from ._io.planning import PlannedFetch as PlannedFetch
-from ._io.planning import PlannedTensor as PlannedTensor
+from ._io.planning.plan import DeviceLoad as DeviceLoad
+from ._io.planning.plan import Plan as Plan
+from ._io.planning.plan import PlannedFetch as PlannedFetch
+from ._io.planning.plan import PlannedTensor as PlannedTensor
+from ._io.reading.checkpoint_sources import read_metadata as read_metadata
 from ._io.remote.errors import ObjectChangedError as ObjectChangedError
 from ._io.remote.errors import RangeIgnoredError as RangeIgnoredError
 from ._io.remote.errors import RemoteCacheError as RemoteCacheError
@@ -46,7 +46,7 @@ from ._io.remote.errors import RemoteOfflineError as RemoteOfflineError
 from ._io.remote.errors import RemoteOptionError as RemoteOptionError
 from ._io.remote.errors import RemoteReadError as RemoteReadError
 from ._io.remote.errors import RemoteURLError as RemoteURLError
-from ._io.writing import align_file as align_file
+from ._io.writing.local_files import align_file as align_file
 from ._machine.capacity import Capacity as Capacity
 from ._machine.capacity import DeviceMemory as DeviceMemory
 from ._machine.capacity import StaticCapacity as StaticCapacity

@@ -109,8 +109,8 @@ def count_data_reads(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[int]:
     header goes through the same source and is left out), filled as a load runs."""
     import os
 
-    from devpolicy._io import sources
-    from devpolicy._io.format import read_header
+    from devpolicy._io.format import sources
+    from devpolicy._io.format.header import read_header
 
     reads: list[int] = []
     real = os.preadv

@@ -187,7 +187,7 @@ def command(args: argparse.Namespace) -> int:
 
 def _plan_rules(console: Console, p: devpolicy.types.Plan) -> None:
     """What each rule took, and what should not pass in silence (exit 3's reason too)."""
-    from .._io.accounting import NEAR, NOTHING  # with the plan: `--help` stays light
+    from .._decide.rule_use import NEAR, NOTHING  # with the plan: `--help` stays light
 
     if len(p.rules) > 1:
         rules = Table(title="Per rule", title_justify="left")

@@ -1,31 +1,20 @@
 """Bytes read and written: safetensors files, checkpoints, the loader, the plan, saving.
 
-One module per job, bottom to top (imports go down; `pyproject.toml` checks the order):
+One folder per job, bottom to top (imports go down; `pyproject.toml` checks the order, and
+each folder's own order below):
 
-- `sources`: where a file's bytes come from. `ByteSource` is what every reader reads
-  ranges of; `LocalFile` (opened safely: regular files only, never blocking) is today's
-  only one. A new place bytes live is a new source, not a second loader.
-- `foreign`: what a file that is not safetensors is (`.npy`, `.npz`, PyTorch, pickle).
-- `format`: dtypes, tensor entries, headers read from a source and validated.
-- `agreement` (steps the processes of a job take together, each ending in every
-  process's verdict), `buffers` (aligned host memory), `checkpoints` (which files make a
-  checkpoint), `layout` (where tensors, and slices of them, go in a file devpolicy
-  writes), `opening` (a local file opened again for its data, unchanged; mapped),
-  `remote` (the byte sources of s3://, gs://, hf:// and https:// URLs, and folders
-  listed there).
-- `keys` (PRNG key arrays stored as their key data, wrapped again on load), `mapping`
-  (which tensors map, which are read), `naming` (the names tensors are decided under),
-  `places` (a checkpoint local or at a URL: chosen, each file's header read, its source
-  handed over for the data), `whole` (whole-tensor reads, the range reads every reader
-  shares), `writing` (atomic writes, a file several processes write together,
-  `align_file`).
-- `accounting` (what each rule took; what must not pass in silence), `into` (filling a
-  tree), `joint` (arrays that span processes, saved by all of them into one file),
-  `progress` (the bar and each file's events), `ranges` (shard-local slice reads),
-  `readahead` (runs of small tensors, read one run ahead).
-- `load` (`load_file` and the loop that places a file's tensors), `planning` (`plan`),
-  `saving` (`save_file`).
+- `format/`: the file and where its bytes come from: `sources` (`ByteSource`, what every
+  reader reads ranges of; `LocalFile`, a local file opened safely), `foreign` (what a file
+  that is not safetensors is), `header` (the safetensors format: dtypes, tensor entries,
+  headers read and validated), `layout` (how a file devpolicy writes is laid out) and
+  `keys` (PRNG key arrays stored as their key data).
+- `remote/`: the byte sources of s3://, gs://, hf:// and https:// URLs, folders listed
+  there, and an s3:// object written as one multipart upload.
+- `reading/`: a checkpoint found and its tensors read and placed, up to `load_file`
+  (`reading.load`).
+- `writing/`: files written, alone or by every process of a job together, up to
+  `save_file` (`writing.saving`). Reading and writing never import each other.
+- `planning/`: `plan`, what a load would do, asked of the readers without reading.
 
-`sources`, `foreign`, `format`, `buffers`, `checkpoints`, `layout`, `naming`, `opening`, `whole`,
-`writing` and `ranges` never import JAX.
+A new place bytes live is a new source (`format.sources`, `remote/`), not a second loader.
 """

@@ -3,6 +3,8 @@ that owns it (the decider, placement, the safetensors loader, prefetch)."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -23,9 +25,9 @@ from .._decide.decision import Decision, Explanation
 from .._decide.routing import UNKNOWN_NAMES
 from .._document.axes import Attached
 from .._document.layers import RuleEntry, Settings
-from .._io import load as _safetensors
-from .._io import planning as _planning
-from .._io.planning import Plan
+from .._io.planning import plan as _planning
+from .._io.planning.plan import Plan, PlanOptions
+from .._io.reading import load as _safetensors
 from .._machine.capacity import Capacity, DeviceMemory
 from .._machine.inventory import THIS_PROCESS
 from .._machine.machine import VirtualMachine
@@ -295,35 +297,13 @@ class Policy:
     def load_file(self, path: str | os.PathLike[str], *, into: Any = None, **options: Any) -> Any:
         """Load a safetensors file by this policy (with `into`, filling that tree). See
         `devpolicy.load_file`."""
-        return explicitly(_safetensors.load_file, path, self.decider, into=into, **options)
+        given = _options_from(_safetensors.LoadOptions, "load_file", {"into": into, **options})
+        return explicitly(_safetensors.load_file, path, self.decider, given)
 
-    def plan(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        prefix: str | None = None,
-        mmap: bool | None = None,
-        machine: VirtualMachine | None = None,
-        separator: str | None = None,
-        into: Any = None,
-        axes: Mapping[str, Sequence[str | None]] | None = None,
-        strict: bool = True,
-        remote: Mapping[str, object] | None = None,
-    ) -> Plan:
+    def plan(self, path: str | os.PathLike[str], **options: Any) -> Plan:
         """Where each tensor of a file would go by this policy (on `machine`, if given;
         with the model's names from `into` or `axes`). See `devpolicy.plan`."""
-        return _planning.plan(
-            path,
-            self.decider,
-            prefix=prefix,
-            mmap=mmap,
-            machine=machine,
-            separator=separator,
-            into=into,
-            axes=axes,
-            strict=strict,
-            remote=remote,
-        )
+        return _planning.plan(path, self.decider, _options_from(PlanOptions, "plan", options))
 
     def prefetch(
         self,
@@ -365,3 +345,45 @@ class Policy:
             size=size,
             narrow=narrow,
         )
+
+
+OptionsT = TypeVar("OptionsT")
+
+
+def options_record(options: type[OptionsT], keywords: Mapping[str, Any]) -> OptionsT:
+    """A verb's options record (`LoadOptions`, `PlanOptions`: the one definition of its
+    keywords) from the verb's own arguments, `locals()` taken before anything else: each
+    field by its name, so the verb's body never lists the keywords again."""
+    return options(**{f.name: keywords[f.name] for f in dataclasses.fields(options)})  # type: ignore[arg-type]
+
+
+def _options_from(options: type[OptionsT], verb: str, given: Mapping[str, Any]) -> OptionsT:
+    """A verb's keywords as its options record (`LoadOptions`, `PlanOptions`: the one
+    definition of their names and defaults); a keyword it has no field for is the
+    `TypeError` Python raises for a function's."""
+    known = {f.name for f in dataclasses.fields(options)}  # type: ignore[arg-type]
+    for name in given:
+        if name not in known:
+            raise TypeError(f"{verb}() got an unexpected keyword argument {name!r}")
+    return options(**given)
+
+
+def _verb_signature(options: type, *leading: inspect.Parameter, returns: str) -> inspect.Signature:
+    """The signature a method taking `**options` shows at run time (`help`, a notebook's
+    hints), made from its options record so that it is written once: `leading` (self, the
+    path), then every field as a keyword with its default."""
+    keywords = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                          annotation=f.type)
+        for f in dataclasses.fields(options)
+    ]  # fmt: skip
+    return inspect.Signature([*leading, *keywords], return_annotation=returns)
+
+
+Policy.plan.__signature__ = _verb_signature(  # type: ignore[attr-defined]
+    PlanOptions,
+    inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                      annotation="str | os.PathLike[str]"),
+    returns="Plan",
+)  # fmt: skip

@@ -12,16 +12,9 @@ import os
 
 from .._base.files import FileRefused, read_capped
 from .._base.locations import URLPath, is_url
-from .._io.accounting import (
-    NEAR,
-    NOTHING,
-    Placed,
-    RuleUse,
-    checkpoint_names,
-    rule_uses,
-    silent_rules,
-)
-from .._io.format import DTYPES
+from .._decide.rule_use import NEAR, NOTHING, Placed, RuleUse, rule_uses, silent_rules
+from .._io.format.header import DTYPES
+from .._io.reading.naming import checkpoint_names
 from .._names.matching import SourceFile
 from .lint import Finding
 from .policy import Policy

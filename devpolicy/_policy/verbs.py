@@ -24,15 +24,15 @@ from .._apply.scope import Scope, make_place
 from .._apply.transfers import explicitly
 from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
-from .._io import load as _safetensors
-from .._io import planning as _planning
-from .._io import saving as _saving
-from .._io.layout import DEFAULT_ALIGN
-from .._io.planning import Plan
+from .._io.format.layout import DEFAULT_ALIGN
+from .._io.planning import plan as _planning
+from .._io.planning.plan import Plan, PlanOptions
+from .._io.reading import load as _safetensors
+from .._io.writing import saving as _saving
 from .._machine.machine import VirtualMachine
 from .._names.matching import source_file
 from .active import ACTIVE_DECIDER, ACTIVE_SCOPES
-from .policy import Policy, attached_of
+from .policy import Policy, attached_of, options_record
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -405,19 +405,8 @@ def load_file(
         >>> devpolicy.inventory().text(*out["dense"]["kernel"].devices()), int(out["step"])
         ('cpu:2', 7)
     """
-    return explicitly(
-        _safetensors.load_file,
-        path,
-        _decider_of(policy),
-        prefix=prefix,
-        mmap=mmap,
-        narrow=narrow,
-        progress=progress,
-        into=into,
-        strict=strict,
-        separator=separator,
-        remote=remote,
-    )
+    given = options_record(_safetensors.LoadOptions, locals())  # first: only the keywords
+    return explicitly(_safetensors.load_file, path, _decider_of(policy), given)
 
 
 def save_file(
@@ -544,18 +533,8 @@ def plan(
         >>> t.decision.device_text, t.decision.mesh_devices, t.decision.bytes_per_device()
         ('fsdp[data+model]', 16, 64)
     """
-    return _planning.plan(
-        path,
-        _decider_of(policy),
-        prefix=prefix,
-        mmap=mmap,
-        machine=machine,
-        separator=separator,
-        into=into,
-        axes=axes,
-        strict=strict,
-        remote=remote,
-    )
+    given = options_record(PlanOptions, locals())  # first: only the keywords
+    return _planning.plan(path, _decider_of(policy), given)
 
 
 def prefetch(

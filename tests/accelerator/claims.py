@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 import devpolicy
-from devpolicy._io.format import DTYPES
+from devpolicy._io.format.header import DTYPES
 from tests.apply.test_windows import sparse_tokens
 
 

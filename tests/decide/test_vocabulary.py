@@ -552,7 +552,7 @@ def test_a_separated_key_is_named_as_its_slashed_path(
     from types import SimpleNamespace
 
     from devpolicy._document.schema import NamesSpec
-    from devpolicy._io.naming import tensor_names as _names
+    from devpolicy._io.reading.naming import tensor_names as _names
 
     header: Any = SimpleNamespace(tensors=[SimpleNamespace(key=separator.join(parts))])
     slashed = "/".join(parts)

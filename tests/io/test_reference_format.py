@@ -23,7 +23,7 @@ import safetensors
 import structlog
 
 import devpolicy
-from devpolicy._io.format import (
+from devpolicy._io.format.header import (
     DTYPES,
     UNHOLDABLE,
     TensorEntry,

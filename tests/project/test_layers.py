@@ -35,11 +35,28 @@ def _layer_folders() -> list[str]:
     return [str(name).removeprefix("devpolicy.") for name in layers["layers"]]  # type: ignore[attr-defined]
 
 
+def _sub_layer_folders(folder: str) -> list[str]:
+    """The sub-folders of a layer folder, top first, as its contract orders them (`_io/reading`);
+    siblings of one level (`reading | writing`) in the contract's order."""
+    contract = next(
+        (c for c in _contracts() if c.get("containers") == [f"devpolicy.{folder}"]), None
+    )
+    if contract is None:
+        return []
+    return [
+        f"{folder}/{name.strip()}"
+        for level in contract["layers"]  # type: ignore[attr-defined]
+        for name in str(level).split("|")
+        if (PACKAGE / folder / name.strip() / "__init__.py").exists()
+    ]
+
+
 def _page_map() -> list[tuple[str, list[str]]]:
-    """(folder, modules) for each row of the page's map table, top first."""
+    """(folder, modules) for each row of the page's map table, top first; a sub-folder's row
+    (`_io/reading/`) follows its folder's."""
     rows = []
     for line in DEVELOPMENT.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^\| `(_\w+)/` \|.*\| (.*) \|$", line)
+        m = re.match(r"^\| `(_[\w/]+)/` \|.*\| (.*) \|$", line)
         if m:
             rows.append((m.group(1), re.findall(r"`(\w+)`", m.group(2))))
     return rows
@@ -86,7 +103,12 @@ def test_the_development_page_maps_the_layers_in_the_contracts_order() -> None:
     """docs/development.md's map lists the layer folders top first, in exactly the order the
     `layers` contract checks, so the page cannot drift from what CI enforces."""
     folders = [folder for folder, _ in _page_map()]
-    assert folders == [f for f in _layer_folders() if not f.endswith("_api")]
+    assert folders == [
+        row
+        for f in _layer_folders()
+        if not f.endswith("_api")
+        for row in (f, *_sub_layer_folders(f))
+    ]
 
 
 def test_the_development_page_names_every_module_of_each_folder() -> None:
@@ -100,6 +122,8 @@ def test_every_folder_of_the_package_is_a_layer() -> None:
     """No folder of the package sits outside the contracts (a new folder must be placed)."""
     folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert folders == {f for f in _layer_folders() if not f.endswith("_api")}
+    sub_folders = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.glob("*/*/__init__.py")}
+    assert sub_folders == {s for f in folders for s in _sub_layer_folders(f)}
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ retried, or, with a cache directory, a `CachedFile` the loader maps like a local
 `listing.list_folder` lists a folder (S3, GCS, the Hub) so that a checkpoint folder at a
 URL is chosen from as a local one; `schemes.backend_for` picks a scheme's backend; options
 are resolved by `options` over the table in `_document/remote.py`. The loader reaches all of
-this through `_io/places.py`.
+this through `_io/reading/checkpoint_sources.py`.
 Needs the `remote` extra for s3:// (botocore) and gs:// off an emulator (google-auth);
 hf:// and https:// need nothing beyond Python.
 """
@@ -62,7 +62,7 @@ __all__ = [
 
 
 def open_remote(
-    url: str,
+    url: str | RemoteURL,
     *,
     environ: Mapping[str, str] | None = None,
     options: RemoteOptions | None = None,
@@ -73,7 +73,8 @@ def open_remote(
 
     Args:
         url: `s3://bucket/key`, `gs://bucket/key`, `hf://[datasets/]org/repo[@rev]/path`,
-            `https://host/path` (or `http://` on a loopback host).
+            `https://host/path` (or `http://` on a loopback host), as text or parsed
+            already (`parse_url`: the loader parses a path once, and hands it down).
         environ: Where credentials, endpoints and `DEVPOLICY_REMOTE_*` are read (default:
             `os.environ`).
         options: The options, final (the loader weighed `DEVPOLICY_REMOTE_*` with the
@@ -104,7 +105,7 @@ def open_remote(
 http://, https://, s3://
     """
     environ = os.environ if environ is None else environ
-    parsed = parse_url(url)
+    parsed = url if isinstance(url, RemoteURL) else parse_url(url)
     if options is None:
         final = resolve_options(environ, None, **keywords)
     else:

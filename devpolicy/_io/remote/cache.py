@@ -36,7 +36,7 @@ import zlib
 from pathlib import Path
 
 from ..._base.files import untrusted
-from ..sources import LocalFile
+from ..format.sources import LocalFile
 from .errors import RemoteCacheError, RemoteOfflineError
 from .source import Counters, RemoteObject, forget_frames
 

@@ -37,7 +37,7 @@ class GcsBackend(Backend):
             self.endpoint = "https://storage.googleapis.com"
             try:
                 # By name: google-auth belongs to the `remote` extra, not to the runtime
-                # dependencies that tests/scenarios/test_packaging.py holds imports to.
+                # dependencies that tests/project/test_packaging.py holds imports to.
                 auth = importlib.import_module("google.auth")
                 exceptions = importlib.import_module("google.auth.exceptions")
             except ImportError as e:

@@ -30,9 +30,12 @@ _S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 _MAX_PAGES = 1000
 
 
-def list_folder(url: str, environ: Mapping[str, str], options: RemoteOptions) -> list[str] | None:
+def list_folder(
+    url: str | RemoteURL, environ: Mapping[str, str], options: RemoteOptions
+) -> list[str] | None:
     """The names of the files directly in the folder `url` (not in its subfolders), sorted;
-    None for a scheme that cannot list (https://, http://).
+    None for a scheme that cannot list (https://, http://). `url` as text, or parsed
+    already as a folder's (`parse_url(..., folder=True)`).
 
     Raises:
         RemoteURLError: the URL is not a folder's (a malformed bucket or repository).
@@ -40,7 +43,7 @@ def list_folder(url: str, environ: Mapping[str, str], options: RemoteOptions) ->
         RemoteReadError: the folder cannot be listed (no access, no such bucket or
             repository, the server failing past the retries), naming the URL.
     """
-    parsed = parse_url(url, folder=True)
+    parsed = url if isinstance(url, RemoteURL) else parse_url(url, folder=True)
     if parsed.scheme in ("http", "https"):
         return None
     backend = backend_for(parsed, environ)

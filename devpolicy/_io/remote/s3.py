@@ -30,7 +30,7 @@ class S3Backend(Backend):
         super().__init__(url, environ)
         try:
             # By name: botocore belongs to the `remote` extra, not to the runtime dependencies
-            # that tests/scenarios/test_packaging.py holds devpolicy's imports to.
+            # that tests/project/test_packaging.py holds devpolicy's imports to.
             botocore = importlib.import_module("botocore")
             importlib.import_module("botocore.config")
             importlib.import_module("botocore.session")

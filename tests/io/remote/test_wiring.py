@@ -11,6 +11,7 @@ import io
 import json
 import os
 import sys
+from collections import Counter
 from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,9 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
+from devpolicy._base import locations
 from devpolicy._cli.main import main as cli_main
-from devpolicy._io.remote import RemoteExtraMissingError
+from devpolicy._io.remote import RemoteExtraMissingError, urls
 from tests.conftest import REPO
 
 from . import servers
@@ -159,6 +161,39 @@ class TestEveryScheme:
         (fetch,) = planned.fetches
         assert fetch.file == remote.single
         assert fetch.share == sum(t.nbytes for t in planned.tensors)
+
+    def test_each_url_a_load_meets_is_parsed_once(
+        self, remote: Remote, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The path a load names is located once, and every URL it meets (that one, a
+        folder's files, an index) is parsed once: the parsed value flows down to the listing
+        and to the object's opening, which never parse it again."""
+        located: Counter[str] = Counter()
+        parsed: Counter[str] = Counter()
+
+        real_location, real_parse = locations.location, urls.parse_url
+
+        def locate(path: Any) -> Any:
+            located[str(path)] += 1
+            return real_location(path)
+
+        def parse(url: str, *, folder: bool = False) -> Any:
+            parsed[url] += 1
+            return real_parse(url, folder=folder)
+
+        # Wherever devpolicy took either by name: its modules that locate and parse.
+        for module in [m for n, m in sys.modules.items() if n.startswith("devpolicy.")]:
+            if getattr(module, "location", None) is real_location:
+                monkeypatch.setattr(module, "location", locate)
+            if getattr(module, "parse_url", None) is real_parse:
+                monkeypatch.setattr(module, "parse_url", parse)
+        for url in (remote.single, remote.folder):
+            located.clear()
+            parsed.clear()
+            devpolicy.load_file(url, policy=_policy(), prefix="x")
+            assert located[url] == 1
+            assert parsed
+            assert max(parsed.values()) == 1, parsed
 
 
 class TestWhatIsFetched:

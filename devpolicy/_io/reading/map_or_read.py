@@ -1,0 +1,47 @@
+"""Which tensors are mapped from their file (zero-copy host arrays) and which are read.
+
+One answer for the loader, the read-ahead, the `mmap_refused` event and the plan's
+`file_backed` bytes: a tensor maps when mapping is asked for (the call's `mmap`, else its
+rule's), it is not empty, it starts at a 64-byte-aligned offset, and its bytes are the
+array's bytes (not F4, packed two values a byte; not a 64-bit tensor narrowed to 32 bits
+because x64 is off).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..._base.limits import ALIGN
+from ..._decide.decision import Decision
+from ..._decide.routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
+from ..format.header import TensorEntry
+
+#: What a 64-bit tensor is held as with x64 off (JAX's own narrowing), by safetensors dtype.
+NARROW: dict[str, np.dtype[Any]] = {
+    "I64": np.dtype(np.int32),
+    "U64": np.dtype(np.uint32),
+    "F64": np.dtype(np.float32),
+}
+
+
+def x64_enabled() -> bool:
+    """Whether JAX holds 64-bit types (`jax_enable_x64`); read once per load or plan."""
+    return bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
+
+
+def map_hint(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
+    """Whether this tensor would be mapped, were it placed on a host device (for `fits`)."""
+    if mmap is False or not entry.nbytes or entry.offset % ALIGN or entry.packed:
+        return NEVER_MAPPED
+    if not x64 and entry.dtype_name in NARROW:
+        return NEVER_MAPPED  # narrowed: read into a new buffer
+    return ALWAYS_MAPPED if mmap else MAPPED_IF_RULE
+
+
+def may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
+    """Whether the loader maps this tensor (before narrowing, which the caller checks)."""
+    wanted = decision.mmap if mmap is None else mmap
+    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0 and not entry.packed

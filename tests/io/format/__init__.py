@@ -1,0 +1,1 @@
+"""Tests of devpolicy/_io/format/, one file per module."""

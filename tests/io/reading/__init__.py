@@ -1,0 +1,1 @@
+"""Tests of devpolicy/_io/reading/, one file per module."""

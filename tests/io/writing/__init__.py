@@ -1,0 +1,1 @@
+"""Tests of devpolicy/_io/writing/, one file per module."""
