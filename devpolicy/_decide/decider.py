@@ -233,14 +233,15 @@ class Decider(Generic[DeviceT]):
             # The hot path (`@place`, `scope`): one lookup, nothing built, nothing logged
             # unless someone can see a debug event.
             decision = self._recent.get(name)
-            if decision is None:
-                # The older generation (`_cached`), looked in before a query is built: a
-                # working set past one generation stays one lookup more, not a decision.
-                decision = self._old.get(name)
-                if decision is not None:
-                    self._remember(name, decision)
             if decision is not None and self._quiet_repeats and not decision.is_auto:
                 return decision
+            if decision is None:
+                # The older generation (as `_cached`), looked in before a query is built: a
+                # working set past one generation costs one lookup more, not a decision.
+                decision = self._old.get(name)
+                if decision is not None and self._quiet_repeats and not decision.is_auto:
+                    self._remember(name, decision)
+                    return decision
         query = make_query(self._fit, NOTHING_CLAIMED, (name, nbytes, shape, NEVER_MAPPED, source))
         return self._resolve(query, "info")
 

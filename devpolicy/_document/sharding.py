@@ -8,6 +8,8 @@ models' own field location (`rules[3].sharding.spec[0]`). No JAX.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 from .._base.errors import did_you_mean
 from .axes import ATTACHED, resolve_axes
 from .schema import MeshSpec, RuleSpec, ShardingSpec
@@ -56,26 +58,25 @@ def _sharding_problems(
         return _logical_problems(where, sharding, mesh)
     found: list[tuple[tuple[str | int, ...], str]] = []
     used: list[str] = []
-    for j, entry in enumerate(sharding.spec):
-        for axis in [entry] if isinstance(entry, str) else entry or []:
-            if axis not in mesh.axes:
-                hint = did_you_mean(axis, mesh.axes)
-                found.append(
-                    (
-                        (*where, "spec", j),
-                        f"mesh {sharding.mesh!r} has no axis {axis!r}{hint}; "
-                        f"axes: {', '.join(mesh.axes)}",
-                    )
+    for j, axis in _named_axes(sharding.spec):
+        if axis not in mesh.axes:
+            hint = did_you_mean(axis, mesh.axes)
+            found.append(
+                (
+                    (*where, "spec", j),
+                    f"mesh {sharding.mesh!r} has no axis {axis!r}{hint}; "
+                    f"axes: {', '.join(mesh.axes)}",
                 )
-            elif axis in used:
-                found.append(
-                    (
-                        (*where, "spec", j),
-                        f"axis {axis!r} is used twice in one spec; an axis shards one "
-                        "dimension at most",
-                    )
+            )
+        elif axis in used:
+            found.append(
+                (
+                    (*where, "spec", j),
+                    f"axis {axis!r} is used twice in one spec; an axis shards one "
+                    "dimension at most",
                 )
-            used.append(axis)
+            )
+        used.append(axis)
     return found
 
 
@@ -95,16 +96,22 @@ def _logical_problems(
         ]
     spec = resolve_axes(sharding.axes, mesh.axis_rules)
     found: list[tuple[tuple[str | int, ...], str]] = []
+    for j, axis in _named_axes(spec):
+        if axis not in mesh.axes:
+            hint = did_you_mean(axis, mesh.axes)
+            found.append(
+                (
+                    (*where, "axes", j),
+                    f"logical axis {sharding.axes[j]!r} resolves by axis_rules to mesh axis "
+                    f"{axis!r}, which mesh {sharding.mesh!r} lacks{hint}; "
+                    f"axes: {', '.join(mesh.axes)}",
+                )
+            )
+    return found
+
+
+def _named_axes(spec: Sequence[str | Sequence[str] | None]) -> Iterator[tuple[int, str]]:
+    """Each mesh axis `spec` names, with the dimension it shards."""
     for j, entry in enumerate(spec):
         for axis in [entry] if isinstance(entry, str) else entry or []:
-            if axis not in mesh.axes:
-                hint = did_you_mean(axis, mesh.axes)
-                found.append(
-                    (
-                        (*where, "axes", j),
-                        f"logical axis {sharding.axes[j]!r} resolves by axis_rules to mesh axis "
-                        f"{axis!r}, which mesh {sharding.mesh!r} lacks{hint}; "
-                        f"axes: {', '.join(mesh.axes)}",
-                    )
-                )
-    return found
+            yield j, axis
