@@ -50,7 +50,8 @@ def make_query(fit: Fit[DeviceT], claimed: Mapping[Hashable, int], item: Item) -
         maps = item[3] if len(item) > 3 else NEVER_MAPPED
         source = item[4] if len(item) > 4 else None
         attached = None
-    nbytes, shape = checked(nbytes, shape)
+    if nbytes is not None or shape is not None:  # a bare name (the usual one) has none
+        nbytes, shape = checked(nbytes, shape)
     if not isinstance(name, str):
         raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
     return name, nbytes, shape, maps, source, attached, fit, claimed
