@@ -43,7 +43,7 @@ from .._names.matching import Condition, Matcher, SourceFile, compile_condition
 from .._names.nearby import Fact
 from .advice import LARGE_BY_DEFAULT, AttachedRules, warn_large_by_default
 from .decision import Decision, DeviceT, Explanation, renamed
-from .items import Alike, Item, Shape, checked, claim, make_query
+from .items import Alike, Item, Shape, claim, make_query
 from .overrides import Overrides
 from .routing import (
     NEVER_MAPPED,
@@ -364,12 +364,12 @@ class Decider(Generic[DeviceT]):
         for item in items:
             query = make_query(fit, claimed, item)
             decision = self._resolve(query, first_level, alike)
-            name, nbytes, shape, maps, source, attached, _, _ = query
-            claim(claimed, decision, fit, maps)
+            claim(claimed, decision, fit, query[3])  # its maps
             decisions.append(decision)
             if carried is not None:
-                carried.append((attached, shape))
+                carried.append((query[5], query[2]))  # its attached names and shape
             if facts is not None:
+                name, nbytes, shape, _, source, _, _, _ = query
                 facts.append((name, nbytes, shape, source))
         if carried:
             self._attached.report(self.events, decisions, carried)
@@ -428,7 +428,8 @@ class Decider(Generic[DeviceT]):
     ) -> int | None:
         """The position in `settings.rules` of the rule that takes `name`, or None for
         the default: matching only, no device looked up (lint against real names)."""
-        nbytes, shape = checked(nbytes, shape)
+        item = (name, nbytes, shape, NEVER_MAPPED, source)
+        name, nbytes, shape, _, _, _, _, _ = make_query(self._fit, NOTHING_CLAIMED, item)
         return self._matcher.first(name, nbytes, source, shape)
 
     def decide_many(self, items: Iterable[Item]) -> list[Decision[DeviceT] | DevicePolicyError]:

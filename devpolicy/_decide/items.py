@@ -50,18 +50,15 @@ def make_query(fit: Fit[DeviceT], claimed: Mapping[Hashable, int], item: Item) -
         maps = item[3] if len(item) > 3 else NEVER_MAPPED
         source = item[4] if len(item) > 4 else None
         attached = None
-    if nbytes is not None or shape is not None:  # a bare name (the usual one) has none
-        nbytes, shape = checked(nbytes, shape)
+    # Written out (this runs for every item of a placement); a plain int and a tuple of
+    # ints pass at once.
+    if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
+        nbytes = checked_nbytes(nbytes)
+    if shape is not None:
+        shape = checked_shape(shape)
     if not isinstance(name, str):
         raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
     return name, nbytes, shape, maps, source, attached, fit, claimed
-
-
-def checked(nbytes: object, shape: object) -> tuple[int | None, Shape | None]:
-    """A size and a shape as plain ints (a plain int and a tuple of ints pass at once)."""
-    if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
-        nbytes = checked_nbytes(nbytes)
-    return nbytes, None if shape is None else checked_shape(shape)
 
 
 def checked_shape(shape: object) -> Shape:
