@@ -174,7 +174,7 @@ def decorate(
             if decision.is_auto:
                 return fn(*args, **kwargs)
             if decision.mesh is not None:
-                return _sharded_call(fn, args, kwargs, decision, finish, fixed_events)
+                return _entered_call(fn, args, kwargs, decision, finish, fixed_events)
             token = swap_device(decision.device)
             try:
                 result = fn(*args, **kwargs)
@@ -199,7 +199,7 @@ def decorate(
             if decision.move_inputs and rule_moves:  # the rule says `inputs: move`
                 args, kwargs = move_inputs(args, kwargs, decision, decider.events)
             if decision.mesh is not None:
-                return _sharded_call(fn, args, kwargs, decision, finish, decider.events)
+                return _entered_call(fn, args, kwargs, decision, finish, decider.events)
             token = swap_device(decision.device)
             try:
                 result = fn(*args, **kwargs)
@@ -218,17 +218,12 @@ def decorate(
             return fn(*args, **kwargs)
         if may_move:
             args, kwargs = moved(decision, events, args, kwargs)
-        token = enter(decision)
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            leave(token)
-        return finish(result, decision, events)
+        return _entered_call(fn, args, kwargs, decision, finish, events)
 
     return sized_wrapper
 
 
-def _sharded_call(
+def _entered_call(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -236,6 +231,8 @@ def _sharded_call(
     finish: Callable[[Any, Decision, EventLog], Any],
     events: EventLog,
 ) -> Any:
+    """`fn` called inside `decision`'s scope (`enter`: a mesh, or a device), its result
+    finished outside it."""
     token = enter(decision)
     try:
         result = fn(*args, **kwargs)

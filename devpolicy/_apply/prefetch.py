@@ -6,7 +6,6 @@ import numbers
 import operator
 from collections import deque
 from collections.abc import Iterable, Iterator
-from types import TracebackType
 from typing import Generic, TypeVar
 
 from .._decide.decider import Decider
@@ -127,10 +126,5 @@ class BatchStream(Iterator[T], Generic[T]):
     def __enter__(self) -> BatchStream[T]:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -126,7 +126,7 @@ class WatchedScope(Scope):
     `devpolicy.transfers`). A policy without `transfers:` makes plain Scopes, whose cost
     this adds nothing to."""
 
-    __slots__ = ("_watch", "_watch_stacks")
+    __slots__ = ("_watch",)
 
     def __init__(
         self,
@@ -140,21 +140,16 @@ class WatchedScope(Scope):
     ) -> None:
         super().__init__(source, name, nbytes, commit, inputs)
         self._watch = watch
-        self._watch_stacks: dict[int, list[Any]] = {}
 
     def __enter__(self) -> Decision:
         decision = Scope.__enter__(self)
-        token = arm(self._watch, decision.origin)
-        ident = get_ident()
-        stack = self._watch_stacks.get(ident)
-        if stack is None:
-            self._watch_stacks[ident] = [token]
-        else:
-            stack.append(token)
+        # The watch's token goes on the thread's own stack, above the device's token that
+        # `Scope.__enter__` just put there: `__exit__` takes both off, in turn.
+        self._stacks[get_ident()].append(arm(self._watch, decision.origin))
         return decision
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        stack = self._watch_stacks.get(get_ident())
+        stack = self._stacks.get(get_ident())
         if stack:
             disarm(stack.pop())
         Scope.__exit__(self, exc_type, exc, tb)

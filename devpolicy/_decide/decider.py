@@ -2,9 +2,10 @@
 
 Everything that decides goes through `Decider._outcome`: `resolve` (cached and logged),
 `decide` (neither), `explain` (the same walk, reported) and the `*_many` forms (memory
-claimed by earlier items passed along explicitly, `items.claim`). What a decision is lives
-in `decision`, what a placement's items are in `items`, the warnings that name a rule to
-write in `advice`; the fallback walk itself in `routing`.
+claimed by earlier items passed along explicitly, `items.claim`). Each way in checks what it
+was asked once, into one `routing.Query` (`items.make_query`), and hands that down. What a decision
+is lives in `decision`, what a placement's items are in `items`, the warnings that name a
+rule to write in `advice`; the fallback walk itself in `routing`.
 """
 
 from __future__ import annotations
@@ -42,9 +43,17 @@ from .._names.matching import Condition, Matcher, SourceFile, compile_condition
 from .._names.nearby import Fact
 from .advice import LARGE_BY_DEFAULT, AttachedRules, warn_large_by_default
 from .decision import Decision, DeviceT, Explanation, renamed
-from .items import Alike, Item, Shape, checked, claim, unpacked
+from .items import Alike, Item, Shape, claim, make_query
 from .overrides import Overrides
-from .routing import NEVER_MAPPED, NOTHING_CLAIMED, Choice, Fit, NamesNeededError, Route
+from .routing import (
+    NEVER_MAPPED,
+    NOTHING_CLAIMED,
+    Choice,
+    Fit,
+    NamesNeededError,
+    Query,
+    Route,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,22 +235,22 @@ class Decider(Generic[DeviceT]):
             decision = self._recent.get(name)
             if decision is not None and self._quiet_repeats and not decision.is_auto:
                 return decision
-        return self._resolve(name, nbytes, shape, NOTHING_CLAIMED, "info", NEVER_MAPPED, source)
+            if decision is None:
+                # The older generation (as `_cached`), looked in before a query is built: a
+                # working set past one generation costs one lookup more, not a decision.
+                decision = self._old.get(name)
+                if decision is not None and self._quiet_repeats and not decision.is_auto:
+                    self._remember(name, decision)
+                    return decision
+        query = make_query(self._fit, NOTHING_CLAIMED, (name, nbytes, shape, NEVER_MAPPED, source))
+        return self._resolve(query, "info")
 
     def _resolve(
-        self,
-        name: str,
-        nbytes: int | None,
-        shape: Shape | None,
-        claimed: Mapping[Hashable, int],
-        first_level: str,
-        maps: int = NEVER_MAPPED,
-        source: SourceFile | None = None,
-        fit: Fit[DeviceT] | None = None,
-        alike: Alike[DeviceT] | None = None,
-        attached: Attached | None = None,
+        self, query: Query[DeviceT], first_level: str, alike: Alike[DeviceT] | None = None
     ) -> Decision[DeviceT]:
-        nbytes, shape = checked(nbytes, shape)
+        """`query` decided, cached and logged (`first_level` the first time); `alike`: one
+        placement's decisions so far, which later items may be made like (`_alike`)."""
+        name, nbytes, shape, maps, source, attached, fit, claimed = query
         key: object = (
             name
             if nbytes is None and shape is None and source is None and attached is None
@@ -254,7 +263,6 @@ class Decider(Generic[DeviceT]):
         ):
             self.events.repeat("placement", decision.event_fields)
             return decision
-        fit = self._fit if fit is None else fit
         walked = self._walked.get(key)
         if walked is not None:
             # Judged by free memory: the rule is the same, but the walk is taken again
@@ -266,13 +274,9 @@ class Decider(Generic[DeviceT]):
             if same and (not decision.is_auto or decision.device == self.machine.default_device()):
                 self.events.repeat("placement", decision.event_fields)
                 return decision
-        made = (
-            None
-            if alike is None
-            else self._alike(alike, name, nbytes, shape, maps, source, attached)
-        )
+        made = None if alike is None else self._alike(query, alike)
         if made is None:
-            made = self._decision(name, nbytes, shape, claimed, maps, source, fit, attached)
+            made = self._decision(query)
             if alike is not None and nbytes is not None and not self.disabled:
                 decision, choice, route = made
                 shaped = shape if route.judges_shape() else None
@@ -351,22 +355,21 @@ class Decider(Generic[DeviceT]):
         decisions = []
         first_level = "debug" if summarised else "info"
         fit = self._fit.snapshot()  # one placement: each pool's free memory read once
-        alike = Alike(fit, claimed)
+        alike: Alike[DeviceT] = Alike()
         # What leaves carried, for rules with `axes: attached` (only where there are any).
         carried: list[tuple[Attached | None, Shape | None]] | None = (
             [] if self._attached and not self.disabled else None
         )
         facts: list[Fact] | None = [] if self._overrides is not None else None
         for item in items:
-            name, nbytes, shape, maps, source, attached = unpacked(item)
-            decision = self._resolve(
-                name, nbytes, shape, claimed, first_level, maps, source, fit, alike, attached
-            )
-            claim(claimed, decision, fit, maps)
+            query = make_query(fit, claimed, item)
+            decision = self._resolve(query, first_level, alike)
+            claim(claimed, decision, fit, query[3])  # its maps
             decisions.append(decision)
             if carried is not None:
-                carried.append((attached, shape))
+                carried.append((query[5], query[2]))  # its attached names and shape
             if facts is not None:
+                name, nbytes, shape, _, source, _, _, _ = query
                 facts.append((name, nbytes, shape, source))
         if carried:
             self._attached.report(self.events, decisions, carried)
@@ -375,16 +378,9 @@ class Decider(Generic[DeviceT]):
         return decisions
 
     def _alike(
-        self,
-        alike: Alike[DeviceT],
-        name: str,
-        nbytes: int | None,
-        shape: Shape | None,
-        maps: int,
-        source: SourceFile | None,
-        attached: Attached | None = None,
+        self, query: Query[DeviceT], alike: Alike[DeviceT]
     ) -> tuple[Decision[DeviceT], Choice[DeviceT], Route[DeviceT]] | None:
-        """The decision for `name` made like an earlier one of this placement by the same
+        """The decision for `query` made like an earlier one of this placement by the same
         rule (same `maps`, shape where the rule judges it), where its route says the walk
         would end the same way (`Route.ends_again`); None: decide it in full.
 
@@ -392,6 +388,7 @@ class Decider(Generic[DeviceT]):
         memory judgement and a `Decision` built from it cost most of a small tensor's
         load (10,000 tensors: 10,000 walks). The rule is still matched per name.
         """
+        name, nbytes, shape, maps, source, attached, fit, claimed = query
         if nbytes is None or self.disabled or type(name) is not str:
             return None
         index = self._matcher.first(name, nbytes, source)
@@ -404,7 +401,7 @@ class Decider(Generic[DeviceT]):
         if found is None:
             return None
         choice, like = found
-        if not route.ends_again(choice, nbytes, alike.fit, alike.claimed):
+        if not route.ends_again(choice, nbytes, fit, claimed):
             return None
         return renamed(like, name, nbytes), choice, route
 
@@ -418,9 +415,9 @@ class Decider(Generic[DeviceT]):
     ) -> Decision[DeviceT]:
         """Like `resolve`, but nothing is logged or cached. `attached`: the axis names the
         leaf carries, for rules with `axes: attached`."""
-        return self._decision(
-            name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source, None, attached
-        )[0]
+        item = (name, nbytes, shape, NEVER_MAPPED, source, attached)
+        query = make_query(self._fit, NOTHING_CLAIMED, item)
+        return self._decision(query)[0]
 
     def rule_for(
         self,
@@ -431,7 +428,8 @@ class Decider(Generic[DeviceT]):
     ) -> int | None:
         """The position in `settings.rules` of the rule that takes `name`, or None for
         the default: matching only, no device looked up (lint against real names)."""
-        nbytes, shape = checked(nbytes, shape)
+        item = (name, nbytes, shape, NEVER_MAPPED, source)
+        name, nbytes, shape, _, _, _, _, _ = make_query(self._fit, NOTHING_CLAIMED, item)
         return self._matcher.first(name, nbytes, source, shape)
 
     def decide_many(self, items: Iterable[Item]) -> list[Decision[DeviceT] | DevicePolicyError]:
@@ -440,15 +438,13 @@ class Decider(Generic[DeviceT]):
         results: list[Decision[DeviceT] | DevicePolicyError] = []
         fit = self._fit.snapshot()
         for item in items:
-            name, nbytes, shape, maps, source, attached = unpacked(item)
+            query = make_query(fit, claimed, item)
             try:
-                decision = self._decision(
-                    name, nbytes, shape, claimed, maps, source, fit, attached
-                )[0]
+                decision = self._decision(query)[0]
             except DevicePolicyError as e:
                 results.append(e)
                 continue
-            claim(claimed, decision, fit, maps)
+            claim(claimed, decision, fit, query[3])  # its maps
             results.append(decision)
         return results
 
@@ -461,54 +457,33 @@ class Decider(Generic[DeviceT]):
         attached: Attached | None = None,
     ) -> Explanation[DeviceT]:
         """Every rule tried for `name` and every fallback step, from the walk that decides."""
-        nbytes, shape = checked(nbytes, shape)
-        outcome = self._outcome(
-            name, nbytes, shape, NOTHING_CLAIMED, NEVER_MAPPED, source, None, attached
-        )
+        item = (name, nbytes, shape, NEVER_MAPPED, source, attached)
+        query = make_query(self._fit, NOTHING_CLAIMED, item)
+        outcome = self._outcome(query)
+        name, nbytes, shape, _, _, _, _, _ = query  # as checked
         rules = self.settings.rules
         steps = tuple((rules[s.rule], s) for s in self._matcher.trace(name, nbytes, source, shape))
         error = outcome.choice
         if isinstance(error, DevicePolicyError):
             tried = error.tried if isinstance(error, DeviceUnavailableError) else ()
             return Explanation(name, nbytes, steps, tried, None, str(error))
-        decision = self._build(name, nbytes, outcome.rule, outcome.route, error)
+        decision = self._build(query, outcome.rule, outcome.route, error)
         return Explanation(name, nbytes, steps, error.tried, decision, None)
 
     def _decision(
-        self,
-        name: str,
-        nbytes: int | None,
-        shape: Shape | None,
-        claimed: Mapping[Hashable, int],
-        maps: int = NEVER_MAPPED,
-        source: SourceFile | None = None,
-        fit: Fit[DeviceT] | None = None,
-        attached: Attached | None = None,
+        self, query: Query[DeviceT]
     ) -> tuple[Decision[DeviceT], Choice[DeviceT], Route[DeviceT]]:
         """The decision (or its error, raised), the walk's end (unsized: cacheable) and
         the route walked."""
-        outcome = self._outcome(name, nbytes, shape, claimed, maps, source, fit, attached)
+        outcome = self._outcome(query)
         if isinstance(outcome.choice, DevicePolicyError):
             raise outcome.choice
         choice = outcome.choice
-        decision = self._build(name, nbytes, outcome.rule, outcome.route, choice)
+        decision = self._build(query, outcome.rule, outcome.route, choice)
         return decision, choice, outcome.route
 
-    def _outcome(
-        self,
-        name: str,
-        nbytes: int | None,
-        shape: Shape | None,
-        claimed: Mapping[Hashable, int],
-        maps: int = NEVER_MAPPED,
-        source: SourceFile | None = None,
-        fit: Fit[DeviceT] | None = None,
-        attached: Attached | None = None,
-    ) -> _Outcome[DeviceT]:
-        if not isinstance(name, str):
-            raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
-        # `decide` and the `*_many` forms come here directly: every way in is checked.
-        nbytes, shape = checked(nbytes, shape)
+    def _outcome(self, query: Query[DeviceT]) -> _Outcome[DeviceT]:
+        name, nbytes, shape, _, source, _, _, _ = query
         index = self._matcher.first(name, nbytes, source, shape)
         route = self._default if index is None else self._routes[index]
         if self.disabled:
@@ -520,21 +495,19 @@ class Decider(Generic[DeviceT]):
             error = UnmatchedNameError(name, self.settings.default.origin, patterns)
             return _Outcome(None, route, error)
         try:
-            choice = route.choose(
-                name, nbytes, self._fit if fit is None else fit, claimed, shape, maps, attached
-            )
+            choice = route.choose(query)
         except (DeviceUnavailableError, AxisNamesError, NamesNeededError) as e:
             return _Outcome(index, route, e)
         return _Outcome(index, route, choice)
 
     def _build(
         self,
-        name: str,
-        nbytes: int | None,
+        query: Query[DeviceT],
         index: int | None,
         route: Route[DeviceT],
         choice: Choice[DeviceT],
     ) -> Decision[DeviceT]:
+        name, nbytes = query[0], query[1]
         entry = None if index is None else self.settings.rules[index]
         source: Source = "default" if entry is None else entry.source
         if self.disabled:

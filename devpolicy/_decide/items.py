@@ -1,6 +1,6 @@
 """The items of one placement (a tree's leaves, a file's tensors): the forms an item may
-take and their checks, the memory earlier items claim, and the decisions later items may
-be made like (`Alike`).
+take and their checks (`make_query`: the one query each decision is asked as), the memory
+earlier items claim, and the decisions later items may be made like (`Alike`).
 
 Memory claimed by earlier items is passed along explicitly (`claim` into a dict the
 caller holds), never kept in hidden state.
@@ -15,7 +15,7 @@ from typing import Any, Generic
 from .._document.axes import Attached
 from .._names.matching import SourceFile
 from .decision import Decision, DeviceT
-from .routing import ALWAYS_MAPPED, NEVER_MAPPED, Choice, Fit, Route
+from .routing import ALWAYS_MAPPED, NEVER_MAPPED, Choice, Fit, Query, Route
 
 #: An array's shape, where sharding must know whether it divides.
 Shape = tuple[int, ...]
@@ -31,27 +31,34 @@ Item = (
     | tuple[str, int | None, Shape | None, int, SourceFile | None]
     | tuple[str, int | None, Shape | None, int, SourceFile | None, Attached | None]
 )
-Unpacked = tuple[str, int | None, Shape | None, int, SourceFile | None, Attached | None]
 
 
-def unpacked(item: Item) -> Unpacked:
-    """`item` in its full form: the elements it leaves out filled with their defaults."""
+def make_query(fit: Fit[DeviceT], claimed: Mapping[Hashable, int], item: Item) -> Query[DeviceT]:
+    """What deciding `item` asks, checked (a size and a shape as plain ints, the name a
+    str), in the placement `fit` and `claimed` describe: every way into the decider builds
+    its query here, once (a name decided alone comes as a full item).
+
+    Raises:
+        ValueError: A size or a shape is not one.
+        TypeError: The name is not a str.
+    """
     if len(item) == 6:
-        return item
-    if len(item) == 2:
-        return item[0], item[1], None, NEVER_MAPPED, None, None
-    if len(item) == 3:
-        return item[0], item[1], item[2], NEVER_MAPPED, None, None
-    if len(item) == 4:
-        return item[0], item[1], item[2], item[3], None, None
-    return item[0], item[1], item[2], item[3], item[4], None
-
-
-def checked(nbytes: object, shape: object) -> tuple[int | None, Shape | None]:
-    """A size and a shape as plain ints (a plain int and a tuple of ints pass at once)."""
+        name, nbytes, shape, maps, source, attached = item
+    else:
+        name, nbytes = item[0], item[1]
+        shape = item[2] if len(item) > 2 else None
+        maps = item[3] if len(item) > 3 else NEVER_MAPPED
+        source = item[4] if len(item) > 4 else None
+        attached = None
+    # Written out (this runs for every item of a placement); a plain int and a tuple of
+    # ints pass at once.
     if nbytes is not None and (type(nbytes) is not int or nbytes < 0):
         nbytes = checked_nbytes(nbytes)
-    return nbytes, None if shape is None else checked_shape(shape)
+    if shape is not None:
+        shape = checked_shape(shape)
+    if not isinstance(name, str):
+        raise TypeError(f"a placement name must be a str, got {type(name).__name__} {name!r}")
+    return name, nbytes, shape, maps, source, attached, fit, claimed
 
 
 def checked_shape(shape: object) -> Shape:
@@ -100,14 +107,13 @@ def maps_from_file(decision: Decision[Any], maps: int) -> bool:
 
 
 class Alike(Generic[DeviceT]):
-    """One placement's decisions so far by (route, maps, shape where judged), with the
-    placement's memory snapshot and claims: what `Decider._alike` decides runs by."""
+    """One placement's decisions so far by (route, maps, shape where judged, names where
+    attached): what `Decider._alike` decides runs by (the placement's memory snapshot and
+    claims come with each item's `routing.Query`)."""
 
-    __slots__ = ("claimed", "fit", "made")
+    __slots__ = ("made",)
 
-    def __init__(self, fit: Fit[DeviceT], claimed: Mapping[Hashable, int]) -> None:
-        self.fit = fit
-        self.claimed = claimed
+    def __init__(self) -> None:
         self.made: dict[
             tuple[Route[DeviceT], int, Shape | None, Attached | None],
             tuple[Choice[DeviceT], Decision[DeviceT]],

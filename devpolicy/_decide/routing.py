@@ -21,6 +21,7 @@ from .._document.targets import AttachedTarget, ShardingTarget, Target, parse_ch
 from .._machine.capacity import Capacity, pool_of
 from .._machine.machine import D
 from .._machine.meshes import BuiltMesh, Meshes, Sharded, shards
+from .._names.matching import SourceFile
 
 #: Whether a loader would map an item from its file instead of reading it, were it placed
 #: on a host device: never (not aligned, narrowed, or `mmap=False`), if its rule says
@@ -165,6 +166,31 @@ class Fit(Generic[D]):
         return f"needs {format_size(nbytes)}, {format_size(free)} free on {where}{earlier}{kept}"
 
 
+#: One name asked of the rules: (name, nbytes, shape, maps, source, attached, fit, claimed),
+#: built once per decision (`items.make_query`, which checks it) and handed down: the
+#: decider's `_resolve`, `_alike`, `_decision`, `_outcome` and `_build`, and `Route.choose`.
+#: Each unpacks it in one line. `maps` says whether a loader would map the array from its
+#: file (`NEVER_MAPPED`, ...), `source` the file it comes from (rules with `file:`),
+#: `attached` the axis names its framework attached to it (`axes: attached`); `fit` judges
+#: memory (the decider's own, or one placement's snapshot), beside what earlier items of
+#: the placement `claimed`. Its first six elements are the cache key of a sized decision.
+#:
+#: A plain tuple, not a NamedTuple or a frozen dataclass: as immutable, and built for every
+#: item of a placement at the cost of a tuple. Measured, a NamedTuple costs about 15 times
+#: as much to build and a frozen dataclass about 50 times (each field set through
+#: `object.__setattr__`), which showed in a cold decision and in a placement's items.
+Query = tuple[
+    str,
+    int | None,
+    tuple[int, ...] | None,
+    int,
+    SourceFile | None,
+    Attached | None,
+    Fit[D],
+    Mapping[Hashable, int],
+]
+
+
 class Route(Generic[D]):
     """A target with its fallback chain, parsed once; walked against its meshes' machine.
 
@@ -246,17 +272,10 @@ class Route(Generic[D]):
         """Whether a known size can change where this chain ends."""
         return self._judges_size
 
-    def choose(
-        self,
-        name: str,
-        nbytes: int | None,
-        fit: Fit[D],
-        claimed: Mapping[Hashable, int] = NOTHING_CLAIMED,
-        shape: tuple[int, ...] | None = None,
-        maps: int = NEVER_MAPPED,
-        attached: Attached | None = None,
-    ) -> Choice[D]:
-        """`walk`, raising when no device can be had; a size-blind result is kept."""
+    def choose(self, query: Query[D]) -> Choice[D]:
+        """`walk` for `query`, raising when no device can be had; a size-blind result is
+        kept."""
+        name, nbytes, shape, maps, _, attached, fit, claimed = query
         blind = (
             (nbytes is None or not self._judges_size)
             and (shape is None or not self._judges_shape)

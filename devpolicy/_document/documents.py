@@ -13,8 +13,8 @@ from pydantic import BaseModel, ValidationError
 
 from .._base.errors import PolicyError, Problem, did_you_mean
 from .._base.files import FileRefused, read_capped
+from .fields import ERROR_TYPE
 from .schema import (
-    ERROR_TYPE,
     LoggingSpec,
     MeshSpec,
     OverridesSpec,
@@ -22,8 +22,8 @@ from .schema import (
     RuleSpec,
     RuntimeSpec,
     ShardingSpec,
-    sharding_problems,
 )
+from .sharding import sharding_problems
 from .yaml_reader import LineMap, field_path, read_yaml
 
 MAPPING_LABEL = "<mapping>"

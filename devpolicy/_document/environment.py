@@ -10,16 +10,10 @@ from pydantic import ValidationError
 
 from .._base.errors import EnvOverrideError, did_you_mean
 from .._base.files import check_regular
+from .fields import LOG_FORMATS, LOG_LEVELS, TRANSFER_DIRECTIONS, TRANSFER_FIELDS, TRANSFER_MODES
 from .remote import VARIABLES as REMOTE_VARIABLES
 from .remote import from_environment as remote_from_environment
-from .schema import (
-    LOG_FORMATS,
-    LOG_LEVELS,
-    TRANSFER_DIRECTIONS,
-    TRANSFER_FIELDS,
-    TRANSFER_MODES,
-    RuleSpec,
-)
+from .schema import RuleSpec
 from .targets import (
     REJECT,
     SHARDING_FORMS,

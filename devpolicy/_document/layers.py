@@ -32,8 +32,8 @@ from .schema import (
     PolicySpec,
     RuleSpec,
     Source,
-    sharding_problems,
 )
+from .sharding import sharding_problems
 from .yaml_reader import field_path
 
 #: Lowest precedence first.

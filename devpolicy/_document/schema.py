@@ -1,36 +1,27 @@
-"""The policy document's schema: its pydantic models, the field types they are made of,
-and the checks across models that pydantic cannot make field by field.
+"""The policy document's schema: its pydantic models, and the checks across models that
+pydantic cannot make field by field.
 
-One concept, kept whole although it runs past 1,100 lines (the house rule: the pydantic
-schema in one module, and nothing else in it). What a valid policy document is can only
-be read here, and each part is tied to a field:
+What a valid policy document is can only be read here and in the field types it is made of
+(`fields`: each type with its check and JSON Schema), and each part is tied to a field:
 
-- each field type (`TargetText`, `ByteCount`, `PoolFraction`, ...) is an `Annotated`
-  triple of the type, its `BeforeValidator` and its `WithJsonSchema`: the check and the
-  JSON Schema of one field, whose message lists that field's valid forms. Cutting the
-  validators away from the models would split every field's definition over two files;
 - the `Field(description=...)` texts are what `policy_schema()` (`devpolicy schema`)
   gives editors: the format's reference is the models' own text;
-- `sharding_problems` checks a rule's `sharding` and fallbacks against the document's
-  `meshes`, in the models' field locations (`rules[3].sharding.spec[0]`), once every
-  layer is known (`documents` and `layers` call it); `separator_problem` is the one
-  separator rule the model, `load_file(separator=)` and `plan --separator` share, and
-  `prefix_problem` the one prefix rule (`names.prefix`, `prefix=`, `--prefix`).
+- the `remote:` fields are made from their table (`remote.OPTIONS`), which the environment
+  and the I/O wing read too;
+- `separator_problem` is the one separator rule the model, `load_file(separator=)` and
+  `plan --separator` share, and `prefix_problem` the one prefix rule (`names.prefix`,
+  `prefix=`, `--prefix`); a rule's `sharding` against the document's `meshes` is checked
+  once every layer is known (`sharding`).
 
-Text-level parsing is not here: targets, sizes, runtime knobs, axis names and patterns
-are read by the leaves this module imports (`targets`, `sizes`, `knobs`, `axes`,
-`matching`), so what remains is the document's shape. The models validate and
-normalise; they never touch JAX. `Policy` turns a validated document into the matcher
+One concept, the document's shape, kept whole although it runs past 650 lines: the house
+rule keeps the pydantic models in one module and nothing else in it. The models validate
+and normalise; they never touch JAX. `Policy` turns a validated document into the matcher
 and routes the hot path uses.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -39,303 +30,65 @@ from pydantic import (
     Field,
     StrictBool,
     WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from .._base.errors import did_you_mean
-from .._base.sizes import SIZE_FORMS, SIZE_PATTERN, format_size, parse_size
 from .._names.matching import ShapeTest, compile_regex, compile_search, search_as_regex
 from .._runtime.knobs import (
-    ALLOCATORS,
-    ALLOCATORS_OF_ANY_JAXLIB,
-    ALLOW_FORMS,
-    ALLOW_PATTERN,
-    ENV_NAME_FORMS,
-    ENV_NAME_PATTERN,
     ENV_VARIABLES,
-    GIB,
-    OWNED_VARIABLES,
-    PLATFORMS,
-    env_problem,
 )
-from .axes import ATTACHED, resolve_axes
-from .remote import BY_FIELD as REMOTE_OPTIONS_BY_FIELD
+from .fields import (
+    AXIS_RULES_DESCRIPTION,
+    TRANSFER_DIRECTIONS,
+    TRANSFER_FIELDS,
+    TRANSFER_MODES,
+    Allocator,
+    AllowItem,
+    AxisName,
+    AxisRules,
+    AxisSize,
+    ByteCount,
+    ChainText,
+    CpuCount,
+    DefaultText,
+    DeviceIndex,
+    ElementCount,
+    EnvEntry,
+    EnvName,
+    EnvValue,
+    Headroom,
+    HostLimit,
+    InputsChoice,
+    LogFormat,
+    LogicalAxes,
+    LogLevel,
+    MemoryKind,
+    NdimChoice,
+    Platform,
+    PoolFraction,
+    SpecEntry,
+    TargetText,
+    TransferMode,
+    choice,
+    distinct,
+    fail,
+    listed_once,
+    mesh_devices,
+    remote_field,
+    sizes_mapping,
+    version_number,
+)
+from .remote import OPTIONS as REMOTE_OPTIONS
 from .targets import (
-    ACCELERATOR,
-    AXIS_NAME_PATTERN,
-    CHAIN_FORMS,
     INDIVISIBLE,
-    PLATFORM_ALIASES,
-    REJECT,
-    REPLICATE,
-    SHARDING_PATTERN,
-    TARGET_FORMS,
-    TARGET_PATTERN,
-    check_chain_item,
-    check_default,
-    parse_sharding,
-    parse_target,
 )
-
-MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
-INPUTS = ("keep", "move")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-LOG_FORMATS = ("auto", "console", "json", "stdlib")
-
-#: Error type carried by every validation error devpolicy raises itself.
-ERROR_TYPE = "devpolicy"
-
-
-def _fail(message: str) -> PydanticCustomError:
-    # The message goes in the context so braces in user input are not format fields.
-    return PydanticCustomError(ERROR_TYPE, "{message}", {"message": message})
-
-
-def _checked(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def validate(value: Any) -> Any:
-        try:
-            parse(value)
-        except ValueError as e:
-            raise _fail(str(e)) from None
-        return value
-
-    return validate
-
-
-def _to_size(value: Any) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as e:
-        raise _fail(str(e)) from None
-
-
-def _choice(choices: tuple[str, ...], what: str) -> Callable[[Any], str]:
-    def validate(value: Any) -> str:
-        if isinstance(value, str) and value in choices:
-            return value
-        hint = did_you_mean(value, choices)
-        raise _fail(f"unknown {what} {value!r}{hint}; accepted: {', '.join(choices)}")
-
-    return validate
-
-
-TargetText = Annotated[
-    str,
-    BeforeValidator(_checked(parse_target)),
-    WithJsonSchema({"type": "string", "pattern": TARGET_PATTERN, "description": TARGET_FORMS}),
-]
-ChainText = Annotated[
-    str,
-    BeforeValidator(_checked(check_chain_item)),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "string", "pattern": TARGET_PATTERN},
-                {"const": REPLICATE},
-                {"type": "string", "pattern": SHARDING_PATTERN},
-            ],
-            "description": CHAIN_FORMS,
-        }
-    ),
-]
-ByteCount = Annotated[
-    int,
-    BeforeValidator(_to_size),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": 0},
-                {"type": "string", "pattern": SIZE_PATTERN},
-            ],
-            "description": SIZE_FORMS,
-        }
-    ),
-]
-
-
-def _default_target(value: Any) -> Any:
-    try:
-        return check_default(value)
-    except ValueError as e:
-        raise _fail(str(e)) from None
-
-
-DefaultText = Annotated[
-    str,
-    BeforeValidator(_default_target),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "string", "pattern": TARGET_PATTERN},
-                {"const": REJECT, "description": "names no rule matches raise UnmatchedNameError"},
-            ],
-            "description": f"{TARGET_FORMS}; or reject",
-        }
-    ),
-]
-MemoryKind = Annotated[
-    str,
-    BeforeValidator(_choice(MEMORY_KINDS, "memory kind")),
-    WithJsonSchema({"enum": list(MEMORY_KINDS)}),
-]
-InputsChoice = Annotated[
-    str,
-    BeforeValidator(_choice(INPUTS, "inputs")),
-    WithJsonSchema({"enum": list(INPUTS)}),
-]
-LogLevel = Annotated[
-    str,
-    BeforeValidator(_choice(LOG_LEVELS, "log level")),
-    WithJsonSchema({"enum": list(LOG_LEVELS)}),
-]
-LogFormat = Annotated[
-    str,
-    BeforeValidator(_choice(LOG_FORMATS, "log format")),
-    WithJsonSchema({"enum": list(LOG_FORMATS)}),
-]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _axis_name(value: Any) -> str:
-    if not isinstance(value, str) or re.fullmatch(AXIS_NAME_PATTERN, value) is None:
-        raise _fail(
-            f"not an axis name: {value!r}; accepted: a letter or _, then letters, digits, _"
-        )
-    return value
-
-
-def _axis_size(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not (value >= 1 or value == -1):
-        raise _fail(f"an axis size is a whole number >= 1, or -1 for the rest; got {value!r}")
-    return value
-
-
-AxisName = Annotated[
-    str,
-    BeforeValidator(_axis_name),
-    WithJsonSchema({"type": "string", "pattern": AXIS_NAME_PATTERN}),
-]
-AxisSize = Annotated[
-    int,
-    BeforeValidator(_axis_size),
-    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": -1}]}),
-]
-
-
-def _axis_rule(value: Any) -> tuple[str, str | tuple[str, ...] | None]:
-    if isinstance(value, list | tuple) and len(value) == 2:
-        logical, mesh_axes = value
-        name = _axis_name(logical)
-        if mesh_axes is None:
-            return name, None
-        if isinstance(mesh_axes, str):
-            return name, _axis_name(mesh_axes)
-        if isinstance(mesh_axes, list | tuple) and all(isinstance(a, str) for a in mesh_axes):
-            axes = tuple(_axis_name(a) for a in mesh_axes)
-            if len(set(axes)) != len(axes):
-                raise _fail(f"a mesh axis is listed twice in {list(value)!r}")
-            return name, axes
-    raise _fail(
-        f"an axis rule is a pair [logical name, mesh axes], the mesh axes an axis, a list of "
-        f"axes (sharded over their product), or null/[] (replicated); got {value!r}"
-    )
-
-
-def _axis_rules(value: Any) -> Any:
-    """A mapping `{logical: mesh axis or null}` is the pairs in its order; a list value
-    there would be ambiguous (product or candidates?), so pairs must say which."""
-    if not isinstance(value, dict):
-        return value
-    for name, mesh_axes in value.items():
-        if isinstance(mesh_axes, list | tuple) and len(mesh_axes) > 1:
-            a, b = str(mesh_axes[0]), str(mesh_axes[1])
-            raise _fail(
-                f"axis_rules as a mapping takes one mesh axis or null per logical name, got "
-                f"{name}: {list(mesh_axes)!r}; write pairs in order: `[{name}, [{a}, {b}]]` "
-                f"shards over {a} and {b} together, `[{name}, {a}], [{name}, {b}]` takes {a}, "
-                f"or {b} when {a} is taken"
-            )
-    return [[name, mesh_axes] for name, mesh_axes in value.items()]
-
-
-_AXIS_RULE_SCHEMA: dict[str, Any] = {
-    "type": "array",
-    "prefixItems": [
-        {"type": "string", "pattern": AXIS_NAME_PATTERN},
-        {
-            "anyOf": [
-                {"type": "string", "pattern": AXIS_NAME_PATTERN},
-                {"type": "null"},
-                {"type": "array", "items": {"type": "string", "pattern": AXIS_NAME_PATTERN}},
-            ]
-        },
-    ],
-    "minItems": 2,
-    "maxItems": 2,
-}
-AxisRule = Annotated[
-    tuple[str, str | tuple[str, ...] | None],
-    BeforeValidator(_axis_rule),
-    WithJsonSchema(_AXIS_RULE_SCHEMA),
-]
-AxisRules = Annotated[
-    list[AxisRule],
-    BeforeValidator(_axis_rules),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "array", "items": _AXIS_RULE_SCHEMA},
-                {
-                    "type": "object",
-                    "additionalProperties": {
-                        "anyOf": [
-                            {"type": "string", "pattern": AXIS_NAME_PATTERN},
-                            {"type": "null"},
-                        ]
-                    },
-                },
-            ],
-            "description": "Logical axis name to mesh axes, tried in order as flax's "
-            "logical_to_mesh_axes: [[embed, fsdp], [mlp, [tensor, fsdp]], [kv, null]], or "
-            "{embed: fsdp, kv: null}.",
-        }
-    ),
-]
-AXIS_RULES_DESCRIPTION = (
-    "Pairs [logical name, mesh axes] tried in order (flax's logical_to_mesh_axes): a "
-    "dimension takes the first pair for its name whose mesh axes no other dimension uses; "
-    "null or [] replicates it. A mapping {name: axis or null} is the pairs in its order."
-)
-
-
-def _mesh_devices(value: Any) -> Any:
-    if isinstance(value, str):
-        if value in ("auto", ACCELERATOR) or value in PLATFORM_ALIASES:
-            return value
-        hint = did_you_mean(value, ["auto", ACCELERATOR, *PLATFORM_ALIASES])
-        raise _fail(
-            f"unknown backend {value!r}{hint}; accepted: auto, {ACCELERATOR}, "
-            f"{', '.join(PLATFORM_ALIASES)}, or a list of targets"
-        )
-    return value
-
-
-def _sizes_mapping(what: str, example: str) -> Callable[[Any], Any]:
-    """A mesh's `axes` or `dcn`: a mapping of axis name to size, said so when it is not."""
-
-    def validate(value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise _fail(
-                f"{what} is a mapping of axis name to size, e.g. `{example}`; got {value!r}"
-            )
-        return value
-
-    return validate
 
 
 class MeshSpec(_Strict):
@@ -343,7 +96,7 @@ class MeshSpec(_Strict):
 
     axes: Annotated[
         dict[AxisName, AxisSize],
-        BeforeValidator(_sizes_mapping("`axes`", "{data: 2, model: -1}")),
+        BeforeValidator(sizes_mapping("`axes`", "{data: 2, model: -1}")),
     ] = Field(
         description="Axis name to size, in order; one size may be -1 (the devices left). "
         "With `dcn`: the shape of one slice (ICI), each axis's size within a slice."
@@ -351,7 +104,7 @@ class MeshSpec(_Strict):
     dcn: (
         Annotated[
             dict[AxisName, AxisSize],
-            BeforeValidator(_sizes_mapping("`dcn` (slices per axis)", "{data: 2}")),
+            BeforeValidator(sizes_mapping("`dcn` (slices per axis)", "{data: 2}")),
         ]
         | None
     ) = Field(
@@ -363,7 +116,7 @@ class MeshSpec(_Strict):
         "TPU, each process a slice on CPU and GPU. MaxText's `dcn_X_parallelism` is "
         "`dcn: {X: ...}`, `ici_X_parallelism` is `axes: {X: ...}`.",
     )
-    devices: Annotated[str | list[TargetText], BeforeValidator(_mesh_devices)] = Field(
+    devices: Annotated[str | list[TargetText], BeforeValidator(mesh_devices)] = Field(
         "auto",
         description="A backend (every device of it, across all processes of a "
         "jax.distributed job; `auto`: the default backend), or a list of targets.",
@@ -377,15 +130,15 @@ class MeshSpec(_Strict):
     @model_validator(mode="after")
     def _axes_make_sense(self) -> MeshSpec:
         if not self.axes:
-            raise _fail("a mesh needs at least one axis, e.g. `axes: {data: -1}`")
+            raise fail("a mesh needs at least one axis, e.g. `axes: {data: -1}`")
         if list(self.axes.values()).count(-1) > 1:
-            raise _fail("only one axis may be -1 (the devices left over)")
+            raise fail("only one axis may be -1 (the devices left over)")
         if isinstance(self.devices, list) and len(set(self.devices)) != len(self.devices):
-            raise _fail("a device is listed more than once in `devices`")
+            raise fail("a device is listed more than once in `devices`")
         if self.dcn is not None:
             problem = _dcn_problem(self.dcn, self.axes)
             if problem is not None:
-                raise _fail(problem)
+                raise fail(problem)
         return self
 
 
@@ -409,79 +162,6 @@ def _dcn_problem(dcn: dict[str, int], axes: dict[str, int]) -> str | None:
     return None
 
 
-def _spec_entry(value: Any) -> Any:
-    if value is None or isinstance(value, str):
-        return value if value is None else _axis_name(value)
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return [_axis_name(v) for v in value]
-    raise _fail(
-        f"a spec entry is an axis name, null (not sharded), or a list of axis names; got {value!r}"
-    )
-
-
-SpecEntry = Annotated[
-    str | list[str] | None,
-    BeforeValidator(_spec_entry),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "string"},
-                {"type": "null"},
-                {"type": "array", "items": {"type": "string"}, "minItems": 1},
-            ]
-        }
-    ),
-]
-
-
-def _logical_name(value: Any) -> Any:
-    return None if value is None else _axis_name(value)
-
-
-LogicalName = Annotated[
-    str | None,
-    BeforeValidator(_logical_name),
-    WithJsonSchema({"anyOf": [{"type": "string", "pattern": AXIS_NAME_PATTERN}, {"type": "null"}]}),
-]
-
-
-AXES_FORMS = (
-    "a list of logical axis names, one per dimension (null: not sharded), e.g. "
-    "[embed, mlp]; or `attached`: each leaf's own names, as its framework attached them "
-    "(flax nn.with_logical_partitioning, nnx sharding metadata, haliax axes)"
-)
-
-
-def _logical_axes(value: Any) -> Any:
-    if value is None or isinstance(value, list) or value == ATTACHED:
-        return value
-    hint = did_you_mean(value, [ATTACHED]) if isinstance(value, str) else ""
-    raise _fail(f"`axes` is {AXES_FORMS}; got {value!r}{hint}")
-
-
-LogicalAxes = Annotated[
-    list[LogicalName] | Literal["attached"] | None,
-    BeforeValidator(_logical_axes),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {
-                    "type": "array",
-                    "items": {
-                        "anyOf": [
-                            {"type": "string", "pattern": AXIS_NAME_PATTERN},
-                            {"type": "null"},
-                        ]
-                    },
-                },
-                {"const": ATTACHED},
-                {"type": "null"},
-            ]
-        }
-    ),
-]
-
-
 class ShardingSpec(_Strict):
     """How a rule shards: a mesh of `meshes`, and one spec entry (or logical axis name)
     per array dimension."""
@@ -503,7 +183,7 @@ class ShardingSpec(_Strict):
     )
     indivisible: Annotated[
         str,
-        BeforeValidator(_choice(INDIVISIBLE, "indivisible")),
+        BeforeValidator(choice(INDIVISIBLE, "indivisible")),
         WithJsonSchema({"enum": list(INDIVISIBLE)}),
     ] = Field(
         "fallback",
@@ -515,59 +195,16 @@ class ShardingSpec(_Strict):
     @model_validator(mode="after")
     def _spec_or_axes(self) -> ShardingSpec:
         if self.axes is not None and "spec" in self.model_fields_set:
-            raise _fail(
-                "give `spec` (mesh axes) or `axes` (logical names, or `attached`), not both"
-            )
+            raise fail("give `spec` (mesh axes) or `axes` (logical names, or `attached`), not both")
         if isinstance(self.axes, list):
             named = [a for a in self.axes if a is not None]
             repeated = sorted({a for a in named if named.count(a) > 1})
             if repeated:
-                raise _fail(
+                raise fail(
                     f"logical axis {repeated[0]!r} names more than one dimension; each "
                     "dimension needs its own name"
                 )
         return self
-
-
-def _ndim(value: Any) -> Any:
-    def rank(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-    if rank(value):
-        return [value]
-    if isinstance(value, list) and value and all(rank(v) for v in value):
-        if len(set(value)) != len(value):
-            raise _fail(f"a rank is listed more than once in ndim {value!r}")
-        return value
-    raise _fail(
-        f"ndim is a rank (a whole number >= 0, e.g. 0 for scalars) or a list of ranks "
-        f"(e.g. [1, 2]); got {value!r}"
-    )
-
-
-NdimChoice = Annotated[
-    list[int],
-    BeforeValidator(_ndim),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": 0},
-                {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-            ]
-        }
-    ),
-]
-
-
-def _element_count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _fail(f"an element count is a whole number >= 0, got {value!r}")
-    return value
-
-
-ElementCount = Annotated[
-    int, BeforeValidator(_element_count), WithJsonSchema({"type": "integer", "minimum": 0})
-]
 
 
 class RuleSpec(_Strict):
@@ -657,16 +294,16 @@ class RuleSpec(_Strict):
     @classmethod
     def _pattern_not_empty(cls, value: str | None) -> str | None:
         if value == "":
-            raise _fail("empty pattern matches only the empty name; use '*' to match everything")
+            raise fail("empty pattern matches only the empty name; use '*' to match everything")
         return value
 
     @field_validator("file")
     @classmethod
     def _file_glob_not_empty(cls, value: str | None) -> str | None:
         if value is not None and value.strip() == "":
-            raise _fail("empty file glob matches no file; e.g. 'train*.safetensors'")
+            raise fail("empty file glob matches no file; e.g. 'train*.safetensors'")
         if value is not None and "\0" in value:
-            raise _fail(f"a file glob cannot hold a NUL character, got {value!r}")
+            raise fail(f"a file glob cannot hold a NUL character, got {value!r}")
         return value
 
     @property
@@ -705,7 +342,7 @@ class RuleSpec(_Strict):
         try:
             compile_regex(value)
         except ValueError as e:
-            raise _fail(str(e)) from None
+            raise fail(str(e)) from None
         return value
 
     @field_validator("search")
@@ -714,23 +351,23 @@ class RuleSpec(_Strict):
         if value is None:
             return None
         if value == "":
-            raise _fail("an empty search pattern is found in every name; use match: '*'")
+            raise fail("an empty search pattern is found in every name; use match: '*'")
         try:
             compile_search(value)
         except ValueError as e:
-            raise _fail(str(e)) from None
+            raise fail(str(e)) from None
         return value
 
     @model_validator(mode="after")
     def _one_pattern_and_ordered_sizes(self) -> RuleSpec:
         given = [k for k in ("match", "regex", "search") if getattr(self, k) is not None]
         if len(given) > 1:
-            raise _fail(
+            raise fail(
                 "give exactly one of `match` (a glob), `regex` (whole name) or `search` "
                 f"(anywhere in the name), not {' and '.join(f'`{k}`' for k in given)}"
             )
         if not given and self.file is None:
-            raise _fail(
+            raise fail(
                 "give exactly one of `match` (a glob), `regex` or `search` for names, or "
                 "`file` (a glob) for the file tensors come from"
             )
@@ -739,12 +376,12 @@ class RuleSpec(_Strict):
             and self.max_elements is not None
             and self.min_elements > self.max_elements
         ):
-            raise _fail(
+            raise fail(
                 f"min_elements ({self.min_elements}) is larger than max_elements "
                 f"({self.max_elements})"
             )
         if (self.device is None) == (self.sharding is None):
-            raise _fail(
+            raise fail(
                 "give exactly one of `device` (a target such as cpu or gpu:1) or `sharding` "
                 "(a mesh and spec)"
             )
@@ -753,7 +390,7 @@ class RuleSpec(_Strict):
             and self.max_bytes is not None
             and self.min_bytes > self.max_bytes
         ):
-            raise _fail(f"min_bytes ({self.min_bytes}) is larger than max_bytes ({self.max_bytes})")
+            raise fail(f"min_bytes ({self.min_bytes}) is larger than max_bytes ({self.max_bytes})")
         return self
 
 
@@ -776,7 +413,7 @@ def prefix_problem(value: object) -> str | None:
 def _separator(value: Any) -> str:
     problem = separator_problem(value)
     if problem is not None:
-        raise _fail(f"a separator is {problem}")
+        raise fail(f"a separator is {problem}")
     return str(value)
 
 
@@ -806,7 +443,7 @@ class NamesSpec(_Strict):
     @classmethod
     def _prefix_plain(cls, value: str | None) -> str | None:
         if value is not None and prefix_problem(value) is not None:
-            raise _fail(f"a prefix has no leading or trailing '/', got {value!r}")
+            raise fail(f"a prefix has no leading or trailing '/', got {value!r}")
         return value
 
 
@@ -822,190 +459,10 @@ class LoggingSpec(_Strict):
     )
 
 
-def _fraction(value: Any) -> float:
-    number: Any = value
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            number = float(value.strip()[:-1]) / 100
-        except ValueError:
-            number = None
-    if isinstance(number, bool) or not isinstance(number, int | float) or not 0 <= number < 1:
-        raise _fail(f"expected a fraction in [0, 1) or a percentage like '10%', got {value!r}")
-    return float(number)
-
-
-Headroom = Annotated[
-    float,
-    BeforeValidator(_fraction),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
-                {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*%\s*$"},
-            ]
-        }
-    ),
-]
-
-
-def _version(value: Any) -> int:
-    if value == 1 and not isinstance(value, bool):
-        return 1
-    if isinstance(value, str) and value.strip() == "1":
-        raise _fail(f"version must be the number 1, not the string {value!r}: write `version: 1`")
-    raise _fail(f"unsupported policy version {value!r}; accepted: 1")
-
-
-def _pool_fraction(value: Any) -> float:
-    number: Any = value
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            number = float(value.strip()[:-1]) / 100
-        except ValueError:
-            number = None
-    if isinstance(number, bool) or not isinstance(number, int | float) or not 0 < number <= 1:
-        raise _fail(f"expected a fraction in (0, 1] or a percentage like '50%', got {value!r}")
-    return float(number)
-
-
-def _count(minimum: int) -> Callable[[Any], int]:
-    def validate(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise _fail(f"expected a whole number >= {minimum}, got {value!r}")
-        return value
-
-    return validate
-
-
-def _distinct(what: str) -> Callable[[Any], Any]:
-    def validate(value: Any) -> Any:
-        if isinstance(value, list):
-            if not value:
-                raise _fail(f"an empty list; give at least one {what}")
-            repeated = sorted({str(v) for v in value if value.count(v) > 1})
-            if repeated:
-                raise _fail(f"{what} listed more than once: {', '.join(repeated)}")
-        return value
-
-    return validate
-
-
-def _host_limit(value: Any) -> int:
-    nbytes = _to_size(value)
-    if nbytes == 0 or nbytes % GIB:
-        below, above = max(1, nbytes // GIB), nbytes // GIB + 1
-        raise _fail(
-            f"the pinned-host pool limit is set in whole GiB, got {value!r} "
-            f"({format_size(nbytes)}); write {below}GiB or {above}GiB"
-        )
-    return nbytes
-
-
-def _env_name(value: Any) -> str:
-    if not isinstance(value, str) or re.fullmatch(ENV_NAME_PATTERN, value) is None:
-        raise _fail(f"not a variable runtime.env may set: {value!r}; accepted: {ENV_NAME_FORMS}")
-    knob = OWNED_VARIABLES.get(value)
-    if knob is not None:
-        raise _fail(f"{value} is what `runtime.{knob}` sets: write `{knob}:` instead")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class _EnvEntry:
-    """An `env:` value with its name and the policy's `allow:` list, so that the value's
-    check (which depends on both) reports at the entry's own line."""
-
-    name: Any
-    value: Any
-    allowed: frozenset[str]
-
-
-def _env_value(entry: Any) -> Any:
-    if not isinstance(entry, _EnvEntry):
-        return entry
-    if not isinstance(entry.name, str) or re.fullmatch(ENV_NAME_PATTERN, entry.name) is None:
-        # The name's own error says it; the value is not judged against a wrong name.
-        return entry.value if isinstance(entry.value, str | bool | int | float) else ""
-    if entry.name in OWNED_VARIABLES:
-        return entry.value if isinstance(entry.value, str | bool | int | float) else ""
-    problem = env_problem(entry.name, entry.value, entry.allowed)
-    if problem is not None:
-        raise _fail(problem)
-    return entry.value
-
-
-def _listed_once(value: Any) -> Any:
-    return _distinct("variable or flag")(value) if value != [] else value
-
-
-def _allow_item(value: Any) -> str:
-    if isinstance(value, str) and re.fullmatch(ALLOW_PATTERN, value):
-        return value
-    raise _fail(f"not a variable or XLA flag: {value!r}; accepted: {ALLOW_FORMS}")
-
-
-Platform = Annotated[
-    str,
-    BeforeValidator(_choice(PLATFORMS, "platform")),
-    WithJsonSchema({"enum": list(PLATFORMS)}),
-]
-Allocator = Annotated[
-    str,
-    BeforeValidator(_choice(ALLOCATORS, "allocator")),
-    WithJsonSchema({"enum": list(ALLOCATORS_OF_ANY_JAXLIB)}),
-]
-PoolFraction = Annotated[
-    float,
-    BeforeValidator(_pool_fraction),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-                {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*%\s*$"},
-            ]
-        }
-    ),
-]
-DeviceIndex = Annotated[
-    int, BeforeValidator(_count(0)), WithJsonSchema({"type": "integer", "minimum": 0})
-]
-CpuCount = Annotated[
-    int, BeforeValidator(_count(1)), WithJsonSchema({"type": "integer", "minimum": 1})
-]
-HostLimit = Annotated[
-    int,
-    BeforeValidator(_host_limit),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": GIB, "multipleOf": GIB},
-                {"type": "string", "pattern": SIZE_PATTERN},
-            ],
-            "description": "whole GiB: " + SIZE_FORMS,
-        }
-    ),
-]
-EnvName = Annotated[
-    str,
-    BeforeValidator(_env_name),
-    WithJsonSchema({"type": "string", "pattern": ENV_NAME_PATTERN}),
-]
-EnvValue = Annotated[
-    str | bool | int | float,
-    BeforeValidator(_env_value),
-    WithJsonSchema({"type": ["string", "number", "boolean"]}),
-]
-AllowItem = Annotated[
-    str,
-    BeforeValidator(_allow_item),
-    WithJsonSchema({"type": "string", "pattern": ALLOW_PATTERN, "description": ALLOW_FORMS}),
-]
-
-
 class RuntimeSpec(_Strict):
     """JAX's process settings, read when JAX starts; applied by `bootstrap()` or `devpolicy run`."""
 
-    platforms: Annotated[list[Platform], BeforeValidator(_distinct("platform"))] | None = Field(
+    platforms: Annotated[list[Platform], BeforeValidator(distinct("platform"))] | None = Field(
         None,
         description="Backends to start, in order; the first present is the default "
         "(JAX_PLATFORMS). `gpu` means the GPU plugins installed.",
@@ -1021,7 +478,7 @@ class RuntimeSpec(_Strict):
         None, description="GPU allocator (XLA_PYTHON_CLIENT_ALLOCATOR)."
     )
     visible_devices: (
-        Annotated[list[DeviceIndex], BeforeValidator(_distinct("device index"))] | None
+        Annotated[list[DeviceIndex], BeforeValidator(distinct("device index"))] | None
     ) = Field(None, description="GPU indices this process may use (CUDA_VISIBLE_DEVICES).")
     cpu_devices: CpuCount | None = Field(
         None, description="Number of CPU devices (jax_num_cpu_devices)."
@@ -1032,7 +489,7 @@ class RuntimeSpec(_Strict):
         description="Cap of the pinned-host staging pool, whole GiB "
         "(XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB).",
     )
-    allow: Annotated[list[AllowItem], BeforeValidator(_listed_once)] = Field(
+    allow: Annotated[list[AllowItem], BeforeValidator(listed_once)] = Field(
         default_factory=list,
         description="Variables of `env` (and XLA flags of its XLA_FLAGS) that name a path, "
         "change results, or that devpolicy does not know: each must be listed here to be set.",
@@ -1047,7 +504,7 @@ class RuntimeSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _pair_env_with_allow(cls, data: Any) -> Any:
-        # Each env value is checked knowing its name and `allow` (see _EnvEntry).
+        # Each env value is checked knowing its name and `allow` (see EnvEntry).
         if not isinstance(data, dict) or not isinstance(data.get("env"), dict):
             return data
         allow = data.get("allow")
@@ -1056,116 +513,40 @@ class RuntimeSpec(_Strict):
             if isinstance(allow, list)
             else frozenset()
         )
-        env = {name: _EnvEntry(name, value, allowed) for name, value in data["env"].items()}
+        env = {name: EnvEntry(name, value, allowed) for name, value in data["env"].items()}
         return {**data, "env": env}
 
 
-def _remote_check(field: str) -> Callable[[Any], Any]:
-    """The check of one `remote:` option, from its table entry (`_document/remote.py`)."""
-    option = REMOTE_OPTIONS_BY_FIELD[field]
-
-    def validate(value: Any) -> Any:
-        if value is None:
-            return None
-        try:
-            return option.check(value)
-        except ValueError as e:
-            raise _fail(f"{e}; accepted: {option.accepted}") from None
-
-    return validate
-
-
-def _remote_schema(field: str) -> dict[str, Any]:
-    option = REMOTE_OPTIONS_BY_FIELD[field]
-    bounds = {"minimum": option.low, "maximum": option.high}
-    schemas: dict[str, dict[str, Any]] = {
-        "int": {"type": "integer", **bounds},
-        "size": {"anyOf": [{"type": "integer", **bounds},
-                           {"type": "string", "pattern": SIZE_PATTERN}]},
-        "seconds": {"type": "number", **bounds},
-        "path": {"type": "string", "minLength": 1},
-    }  # fmt: skip
-    return schemas[option.kind]
-
-
-def _remote(field: str) -> Any:
-    option = REMOTE_OPTIONS_BY_FIELD[field]
-    return Field(None, description=f"{option.description} ({option.variable})")
-
-
-# Each field's check and bounds are the option table's (`remote.py`), shared with the
-# environment's reading of `DEVPOLICY_REMOTE_*`.
-class RemoteSpec(_Strict):
-    """How URLs are read (`load_file`, `plan`, `read_metadata` of `s3://`, `gs://`,
-    `hf://`, `https://`): every field optional; `DEVPOLICY_REMOTE_*` and a call's
-    `remote=` override it."""
-
-    concurrency: Annotated[
-        int | None,
-        BeforeValidator(_remote_check("concurrency")),
-        WithJsonSchema(_remote_schema("concurrency")),
-    ] = _remote("concurrency")
-    chunk: Annotated[
-        int | None,
-        BeforeValidator(_remote_check("chunk")),
-        WithJsonSchema(_remote_schema("chunk")),
-    ] = _remote("chunk")
-    inflight: Annotated[
-        int | None,
-        BeforeValidator(_remote_check("inflight")),
-        WithJsonSchema(_remote_schema("inflight")),
-    ] = _remote("inflight")
-    attempts: Annotated[
-        int | None,
-        BeforeValidator(_remote_check("attempts")),
-        WithJsonSchema(_remote_schema("attempts")),
-    ] = _remote("attempts")
-    backoff: Annotated[
-        float | None,
-        BeforeValidator(_remote_check("backoff")),
-        WithJsonSchema(_remote_schema("backoff")),
-    ] = _remote("backoff")
-    backoff_cap: Annotated[
-        float | None,
-        BeforeValidator(_remote_check("backoff_cap")),
-        WithJsonSchema(_remote_schema("backoff_cap")),
-    ] = _remote("backoff_cap")
-    total_time: Annotated[
-        float | None,
-        BeforeValidator(_remote_check("total_time")),
-        WithJsonSchema(_remote_schema("total_time")),
-    ] = _remote("total_time")
-    timeout: Annotated[
-        float | None,
-        BeforeValidator(_remote_check("timeout")),
-        WithJsonSchema(_remote_schema("timeout")),
-    ] = _remote("timeout")
-    cache: Annotated[
-        Path | None, BeforeValidator(_remote_check("cache")),
-        WithJsonSchema(_remote_schema("cache")),
-    ] = _remote("cache")  # fmt: skip
+class _RemoteChecks(_Strict):
+    """What `remote:` checks across its fields, which are made from their table below."""
 
     @model_validator(mode="after")
-    def _budget_holds_a_chunk(self) -> RemoteSpec:
-        if self.inflight is not None and self.chunk is not None and self.inflight < self.chunk:
-            raise _fail(
-                f"inflight ({self.inflight}) is smaller than chunk ({self.chunk}): no request "
+    def _budget_holds_a_chunk(self) -> _RemoteChecks:
+        # The fields are the table's (`RemoteSpec`), unknown to this base by name.
+        inflight, chunk = self.__dict__["inflight"], self.__dict__["chunk"]
+        if inflight is not None and chunk is not None and inflight < chunk:
+            raise fail(
+                f"inflight ({inflight}) is smaller than chunk ({chunk}): no request "
                 "would fit; give inflight at least chunk"
             )
         return self
 
 
-# `transfers:` (issue 35): what devpolicy does with the placements JAX makes on its own.
-TRANSFER_MODES = ("allow", "log", "disallow")
-#: The directions a bare `transfers: MODE` sets (`host_local` keeps its own default).
-TRANSFER_DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
-#: Every field of `transfers:`, in the order they are shown.
-TRANSFER_FIELDS = (*TRANSFER_DIRECTIONS, "host_local")
-TransferMode = Annotated[
-    str,
-    BeforeValidator(_choice(TRANSFER_MODES, "transfer mode")),
-    WithJsonSchema({"enum": list(TRANSFER_MODES)}),
-]
+_REMOTE_DOC = """How URLs are read (`load_file`, `plan`, `read_metadata` of `s3://`, `gs://`,
+    `hf://`, `https://`): every field optional; `DEVPOLICY_REMOTE_*` and a call's
+    `remote=` override it."""
+
+if TYPE_CHECKING:
+    RemoteSpec = _RemoteChecks
+else:
+    # One field per option of the table (`remote.OPTIONS`), in its order: each one's check,
+    # bounds and description are the table's, shared with `DEVPOLICY_REMOTE_*`.
+    RemoteSpec = create_model(
+        "RemoteSpec",
+        __base__=_RemoteChecks,
+        __doc__=_REMOTE_DOC,
+        **{option.field: remote_field(option) for option in REMOTE_OPTIONS},
+    )
 
 
 class TransfersSpec(_Strict):
@@ -1191,7 +572,7 @@ class TransfersSpec(_Strict):
 def _transfers_shorthand(value: Any) -> Any:
     """`transfers: log` is every direction at `log` (`host_local` keeps its default)."""
     if isinstance(value, str):
-        mode = _choice(TRANSFER_MODES, "transfer mode")(value)
+        mode = choice(TRANSFER_MODES, "transfer mode")(value)
         return dict.fromkeys(TRANSFER_DIRECTIONS, mode)
     return value
 
@@ -1224,7 +605,7 @@ TransfersField = Annotated[
 class PolicySpec(_Strict):
     """A policy document (`version: 1`)."""
 
-    version: Annotated[int, BeforeValidator(_version), WithJsonSchema({"const": 1})] = Field(
+    version: Annotated[int, BeforeValidator(version_number), WithJsonSchema({"const": 1})] = Field(
         description="Format version; always 1."
     )
     default: DefaultText = Field(
@@ -1316,99 +697,3 @@ def policy_schema() -> dict[str, Any]:
         "title": "devpolicy policy",
         **{k: v for k, v in schema.items() if k != "title"},
     }
-
-
-def sharding_problems(
-    rules: list[RuleSpec], meshes: dict[str, MeshSpec]
-) -> list[tuple[tuple[str | int, ...], str]]:
-    """What a rule's `sharding` (or a sharding in its `fallback`) says that its mesh
-    contradicts, as (field location, message).
-
-    Checked once every part of a document is known: an unknown mesh, an axis the mesh
-    lacks, one axis used twice in a spec, logical `axes` with no `axis_rules` to resolve
-    them or resolving to an axis the mesh lacks.
-    """
-    found: list[tuple[tuple[str | int, ...], str]] = []
-    for i, rule in enumerate(rules):
-        if rule.sharding is not None:
-            found += _sharding_problems(("rules", i, "sharding"), rule.sharding, meshes)
-        for j, item in enumerate(rule.fallback or []):
-            if "[" in item:
-                target = parse_sharding(item)
-                entries = [list(e) if isinstance(e, tuple) else e for e in target.spec]
-                fallback = ShardingSpec(mesh=target.mesh, spec=entries)
-                found += [
-                    (("rules", i, "fallback", j), message)
-                    for _, message in _sharding_problems((), fallback, meshes)
-                ]
-    return found
-
-
-def _sharding_problems(
-    where: tuple[str | int, ...], sharding: ShardingSpec, meshes: dict[str, MeshSpec]
-) -> list[tuple[tuple[str | int, ...], str]]:
-    mesh = meshes.get(sharding.mesh)
-    if mesh is None:
-        hint = did_you_mean(sharding.mesh, meshes)
-        listed = ", ".join(meshes) or "none (add a `meshes:` section)"
-        return [((*where, "mesh"), f"unknown mesh {sharding.mesh!r}{hint}; meshes: {listed}")]
-    if sharding.axes == ATTACHED:
-        # Names are known per leaf: one the table lacks, or resolving to an axis the mesh
-        # lacks, is a reason when placing (lint warns about a missing table).
-        return []
-    if sharding.axes is not None:
-        return _logical_problems(where, sharding, mesh)
-    found: list[tuple[tuple[str | int, ...], str]] = []
-    used: list[str] = []
-    for j, entry in enumerate(sharding.spec):
-        for axis in [entry] if isinstance(entry, str) else entry or []:
-            if axis not in mesh.axes:
-                hint = did_you_mean(axis, mesh.axes)
-                found.append(
-                    (
-                        (*where, "spec", j),
-                        f"mesh {sharding.mesh!r} has no axis {axis!r}{hint}; "
-                        f"axes: {', '.join(mesh.axes)}",
-                    )
-                )
-            elif axis in used:
-                found.append(
-                    (
-                        (*where, "spec", j),
-                        f"axis {axis!r} is used twice in one spec; an axis shards one "
-                        "dimension at most",
-                    )
-                )
-            used.append(axis)
-    return found
-
-
-def _logical_problems(
-    where: tuple[str | int, ...], sharding: ShardingSpec, mesh: MeshSpec
-) -> list[tuple[tuple[str | int, ...], str]]:
-    """Logical axes need a table, and the table must name only axes the mesh has."""
-    assert isinstance(sharding.axes, list)
-    if not mesh.axis_rules:
-        return [
-            (
-                (*where, "axes"),
-                f"logical axes {sharding.axes} but neither mesh {sharding.mesh!r} nor the policy "
-                "has `axis_rules` to turn them into mesh axes, e.g. "
-                "`axis_rules: [[embed, fsdp], [mlp, tensor]]`",
-            )
-        ]
-    spec = resolve_axes(sharding.axes, mesh.axis_rules)
-    found: list[tuple[tuple[str | int, ...], str]] = []
-    for j, entry in enumerate(spec):
-        for axis in [entry] if isinstance(entry, str) else entry or []:
-            if axis not in mesh.axes:
-                hint = did_you_mean(axis, mesh.axes)
-                found.append(
-                    (
-                        (*where, "axes", j),
-                        f"logical axis {sharding.axes[j]!r} resolves by axis_rules to mesh axis "
-                        f"{axis!r}, which mesh {sharding.mesh!r} lacks{hint}; "
-                        f"axes: {', '.join(mesh.axes)}",
-                    )
-                )
-    return found

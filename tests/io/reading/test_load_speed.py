@@ -19,7 +19,7 @@ import devpolicy
 from devpolicy._base.errors import SafetensorsFileError
 from devpolicy._decide.decider import Decider
 from devpolicy._decide.decision import Decision
-from devpolicy._decide.items import claim, unpacked
+from devpolicy._decide.items import claim, make_query
 from devpolicy._decide.routing import NEVER_MAPPED, Route
 from devpolicy._io.format.header import read_header
 from devpolicy._io.format.sources import open_tensor_file
@@ -38,11 +38,9 @@ def per_name(decider: Decider, items: list[Any]) -> list[Decision]:
     fit = decider._fit.snapshot()
     decisions = []
     for item in items:
-        name, nbytes, shape, maps, source, attached = unpacked(item)
-        decision = decider._resolve(
-            name, nbytes, shape, claimed, "debug", maps, source, fit, attached=attached
-        )
-        claim(claimed, decision, fit, maps)
+        query = make_query(fit, claimed, item)
+        decision = decider._resolve(query, "debug")
+        claim(claimed, decision, fit, query[3])  # its maps
         decisions.append(decision)
     return decisions
 
