@@ -317,34 +317,23 @@ class Policy:
         return _prefetch.prefetch(iterable, self.decider, name, size, narrow)
 
     def windows(
-        self,
-        tokens: Any,
-        length: int,
-        batch: int,
-        *,
-        name: str = "batch",
-        order: Literal["sequential", "random"] = "sequential",
-        seed: int | None = None,
-        stride: int | None = None,
-        steps: int | None = None,
-        size: int = 2,
-        narrow: Literal["exact", "lossy"] = "exact",
+        self, tokens: Any, length: int, batch: int, **options: Any
     ) -> _prefetch.BatchStream[Any]:
         """Batches of windows of a host array, placed by this policy ahead of use.
-        See `devpolicy.windows`."""
-        return _windows.windows(
-            tokens,
-            self.decider,
-            name,
-            length,
-            batch,
-            order=order,
-            seed=seed,
-            stride=stride,
-            steps=steps,
-            size=size,
-            narrow=narrow,
-        )
+
+        The keywords are `devpolicy.windows`'s (`name`, `order`, `seed`, `stride`, `steps`,
+        `size`, `narrow`), defined once there; a keyword it does not take is a TypeError
+        naming it.
+
+        Example:
+            >>> import devpolicy, numpy as np
+            >>> p = devpolicy.load_policy({"version": 1, "default": "cpu:1"})
+            >>> with p.windows(np.arange(64), length=8, batch=2, steps=1) as stream:
+            ...     [b.shape for b in stream]
+            [(2, 8)]
+        """
+        name = options.pop("name", "batch")
+        return _windows.windows(tokens, self.decider, name, length, batch, **options)
 
 
 OptionsT = TypeVar("OptionsT")
