@@ -129,47 +129,26 @@ def main() -> None:
             pass
 
     # Ten calls per sample, armed once around them: the arming is the scope's cost above.
-    def unwatched_event() -> object:
-        for _ in range(10):
-            out = twice(host)
-        return out
+    def ten_calls(arg: object, by: transfers.Watch | None) -> Callable[[], object]:
+        def run() -> object:
+            token = transfers.arm(by) if by is not None else None
+            try:
+                for _ in range(10):
+                    out = twice(arg)
+                return out
+            finally:
+                if token is not None:
+                    transfers.disarm(token)
 
-    def watched_event() -> object:
-        token = transfers.arm(watch)
-        try:
-            for _ in range(10):
-                out = twice(host)
-            return out
-        finally:
-            transfers.disarm(token)
+        return run
 
     # The floor: the same refusal and rerun with nothing reported (a watch whose guard
     # refuses as the real one does, but whose every mode is allow). What an event costs
     # above this is devpolicy's: finding the line, counting, the event.
     silent = _Silent(watched.watch)
-
-    def refused_unreported() -> object:
-        token = transfers.arm(silent)
-        try:
-            for _ in range(10):
-                out = twice(host)
-            return out
-        finally:
-            transfers.disarm(token)
-
-    def unwatched_nothing() -> object:
-        for _ in range(10):
-            out = twice(placed)
-        return out
-
-    def watched_nothing() -> object:
-        token = transfers.arm(watch)
-        try:
-            for _ in range(10):
-                out = twice(placed)
-            return out
-        finally:
-            transfers.disarm(token)
+    unwatched_event, watched_event = ten_calls(host, None), ten_calls(host, watch)
+    refused_unreported = ten_calls(host, silent)
+    unwatched_nothing, watched_nothing = ten_calls(placed, None), ten_calls(placed, watch)
 
     def arm_only() -> None:
         transfers.disarm(transfers.arm(watch))
