@@ -357,22 +357,36 @@ def _options_from(options: type[OptionsT], verb: str, given: Mapping[str, Any]) 
     return options(**given)
 
 
-def _verb_signature(options: type, *leading: inspect.Parameter, returns: str) -> inspect.Signature:
+def _verb_signature(
+    keywords: list[inspect.Parameter], *leading: inspect.Parameter, returns: str
+) -> inspect.Signature:
     """The signature a method taking `**options` shows at run time (`help`, a notebook's
-    hints), made from its options record so that it is written once: `leading` (self, the
-    path), then every field as a keyword with its default."""
-    keywords = [
+    hints), made from where its keywords are defined so that they are written once:
+    `leading` (self, the positional arguments), then `keywords`."""
+    return inspect.Signature([*leading, *keywords], return_annotation=returns)
+
+
+def _fields_as_keywords(options: type) -> list[inspect.Parameter]:
+    """Every field of an options record as a keyword with its default."""
+    return [
         inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                           annotation=f.type)
         for f in dataclasses.fields(options)
     ]  # fmt: skip
-    return inspect.Signature([*leading, *keywords], return_annotation=returns)
 
 
+_POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
 Policy.plan.__signature__ = _verb_signature(  # type: ignore[attr-defined]
-    PlanOptions,
-    inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-    inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                      annotation="str | os.PathLike[str]"),
+    _fields_as_keywords(PlanOptions),
+    inspect.Parameter("self", _POSITIONAL),
+    inspect.Parameter("path", _POSITIONAL, annotation="str | os.PathLike[str]"),
     returns="Plan",
-)  # fmt: skip
+)
+_WINDOWS = inspect.signature(_windows.windows).parameters
+Policy.windows.__signature__ = _verb_signature(  # type: ignore[attr-defined]
+    [_WINDOWS["name"].replace(kind=inspect.Parameter.KEYWORD_ONLY, default="batch")]
+    + [p for p in _WINDOWS.values() if p.kind is inspect.Parameter.KEYWORD_ONLY],
+    inspect.Parameter("self", _POSITIONAL),
+    *(_WINDOWS[n] for n in ("tokens", "length", "batch")),
+    returns="BatchStream[Any]",
+)
