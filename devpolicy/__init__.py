@@ -88,7 +88,8 @@ _MOVED = {
 }
 _REPLACED = {"available_backends": "devpolicy.inventory().devices"}
 
-_public_getattr = lazy_names(__name__, __all__)[0]
+# `__dir__` lists the top level only: the moved names are found but not offered.
+_public_getattr, __dir__ = lazy_names(__name__, __all__)
 
 
 def __getattr__(name: str) -> Any:
@@ -110,7 +111,3 @@ def __getattr__(name: str) -> Any:
         except ModuleNotFoundError:
             pass
     raise AttributeError(f"module 'devpolicy' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
