@@ -16,7 +16,13 @@ imports JAX):
    JAX finds no accelerator (the CPU twins of its claims run everywhere);
 2. `examples/dataset_on_host.py` with the shipped policy: where the model and batches
    went, and how many warnings it printed (none is the claim);
-3. `benchmarks/bench_accelerator.py`: loading onto the chip and windows to it.
+3. `benchmarks/bench_accelerator.py`: loading onto the chip and windows to it;
+4. `benchmarks/bench_loop.py`: the story's loop, from tokens in memory and from the
+   story-scale token file (19.09 GiB, sparse, mapped; `--story-tokens`), fresh windows
+   every run, against the hand loop and the double-buffered hand loop;
+5. `benchmarks/bench_floor.py --in-process`: a 2 GiB checkpoint written by
+   `safetensors.numpy.save_file` loaded onto the chip against the transfer floor and
+   a mapping's views sent in one `device_put`.
 
 The table (and with `--out`, a Markdown copy) says the date, the machine and each
 result. The exit status is pytest's (0: passed or skipped), or the demo's if it failed.
@@ -139,14 +145,22 @@ def run_demo() -> tuple[int, list[tuple[str, str, str]]]:
     ]
 
 
-def run_benchmarks(runs: int) -> list[tuple[str, str, str]]:
-    command = [sys.executable, "benchmarks/bench_accelerator.py", "--json", "--runs", str(runs)]
+#: Where each benchmark's whole output is kept (`--logs`), if anywhere.
+LOGS: list[Path] = []
+
+
+def json_rows(command: list[str], what: str) -> list[tuple[str, str, str]]:
+    """Run a benchmark that prints JSON lines; one row of the table per line."""
     print("$", " ".join(command), flush=True)
     result = subprocess.run(
         command, cwd=REPO, env=chip_env(), capture_output=True, text=True, check=False
     )
+    for folder in LOGS:
+        name = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-")
+        (folder / f"{name}.md").write_text(result.stdout + result.stderr[-4000:], encoding="utf-8")
     if result.returncode != 0:
-        return [("benchmarks", "FAILED", result.stderr.strip().splitlines()[-1:][0])]
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return [(what, "FAILED", last)]
     rows = []
     for line in result.stdout.splitlines():
         if not line.startswith("{"):
@@ -165,6 +179,36 @@ def run_benchmarks(runs: int) -> list[tuple[str, str, str]]:
     return rows
 
 
+def run_benchmarks(runs: int, story_tokens: int, folder: Path) -> list[tuple[str, str, str]]:
+    python = sys.executable
+    rounds = str(max(3, runs))
+    rows = json_rows(
+        [python, "benchmarks/bench_accelerator.py", "--json", "--runs", str(runs)],
+        "bench_accelerator",
+    )
+    loop = [python, "benchmarks/bench_loop.py", "--json", "--rounds", rounds, "--no-sharded"]
+    rows += json_rows(loop, "bench_loop (memory)")
+    mapped = [*loop, "--tokens", str(story_tokens), "--mapped", str(folder / "story")]
+    rows += json_rows(mapped, "bench_loop (mapped story file)")
+    floor = [python, "benchmarks/bench_floor.py", "--json", "--in-process", "--runs", rounds]
+    floor += ["--dir", str(folder / "floor"), "--cases", ",".join(FLOOR_CASES)]
+    rows += json_rows(floor, "bench_floor")
+    return rows
+
+
+#: The rows of `bench_floor.py` the lane runs (every case would open the chip again).
+FLOOR_CASES = (
+    "floor-tree",
+    "floor-tree-numpy",
+    "floor-mapped",
+    "floor-chunked",
+    "devpolicy",
+    "devpolicy-mmap",
+    "numpy+device_put",
+    "flax",
+)
+
+
 def table(rows: list[tuple[str, str, str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
     return "\n".join(
@@ -179,14 +223,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheels", type=Path, help="install devpolicy and the tools from here")
     parser.add_argument("--runs", type=int, default=5, help="benchmark runs of each method")
     parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
+    parser.add_argument(
+        "--story-tokens",
+        type=int,
+        default=10_248_871_837,
+        help="uint16 tokens of the mapped story file bench_loop reads (19.09 GiB)",
+    )
+    parser.add_argument("--skip-tests", action="store_true", help="benchmarks only")
+    parser.add_argument("--logs", type=Path, help="keep each benchmark's whole output here")
     args = parser.parse_args(argv)
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        LOGS.append(args.logs)
     if args.wheels is not None:
         install(args.wheels)
+    status, rows = 0, []
+    demo_status = 0
     with tempfile.TemporaryDirectory() as folder:
-        status, rows = run_tests(Path(folder))
-    demo_status, demo = run_demo()
-    rows += demo
-    rows += run_benchmarks(args.runs)
+        if not args.skip_tests:
+            status, rows = run_tests(Path(folder))
+            demo_status, demo = run_demo()
+            rows += demo
+        rows += run_benchmarks(args.runs, args.story_tokens, Path(folder))
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (
         f"accelerator lane, {when}: Python {platform.python_version()}, jax "

@@ -42,14 +42,30 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 CHILD = r"""
-import json, mmap, os, sys, time
-case, plain, aligned = sys.argv[1], sys.argv[2], sys.argv[3]
+import gc, json, mmap, os, resource, sys, time
+plain, aligned, runs, cases = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 
 def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
+    # A sandboxed VM (gVisor) has no VmHWM, nor a meaningful VmRSS: then the peak is
+    # getrusage's ru_maxrss, and None where that says nothing either.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+def peak_rss():
+    found = status("VmHWM")
+    if found is not None:
+        return found, "VmHWM"
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return (maxrss, "ru_maxrss") if maxrss else (None, "none")
 
 import jax, numpy as np
 import devpolicy, safetensors, safetensors.flax, safetensors.numpy
@@ -79,70 +95,94 @@ def aligned_tree(path):
             out[key] = np.frombuffer(region, dtype, count=(end - begin) // 4).reshape(info["shape"])
     return out
 
+def mapped_views(path):
+    # Three lines of numpy: the file mapped, each tensor a view of it (any offset).
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    whole = np.memmap(path, np.uint8, mode="r")
+    return {
+        key: whole[8 + length + info["data_offsets"][0] : 8 + length + info["data_offsets"][1]]
+        .view(np.float32).reshape(info["shape"])
+        for key, info in header.items()
+    }
+
 def wait(tree):
     for leaf in jax.tree_util.tree_leaves(tree):
         leaf.block_until_ready()
 
 jax.device_put(np.zeros(4, np.float32), device).block_until_ready()  # the backend started
-if case.startswith(("put", "devpolicy")):
-    # devpolicy's once-per-process costs (the machine's inventory, the first event's
-    # logging set-up) paid before the clock, as the backend's start is.
-    policy.put("warm-up", np.zeros(4, np.float32))
-anon_before, base_rss = status("RssAnon"), status("VmRSS")
-host = None
-if case in ("floor-tree", "floor-pinned", "floor-chunked", "floor-each", "put"):
-    host = aligned_tree(plain)
-elif case in ("floor-tree-numpy", "put-numpy"):
-    host = safetensors.numpy.load_file(plain)
-elif case == "floor-array":
-    host = {"all": np.frombuffer(mmap.mmap(-1, os.path.getsize(plain)), np.uint8)}
-    host["all"][...] = 1
-out = None
-start = time.perf_counter()
-if case in ("floor-tree", "floor-tree-numpy", "floor-array"):
-    out = jax.device_put(host, device)
-elif case == "floor-pinned":
-    if "pinned_host" not in kinds:
-        print(json.dumps({"missing": True})); sys.exit(0)
-    staged = jax.device_put(host, SingleDeviceSharding(device, memory_kind="pinned_host"))
-    out = jax.device_put(staged, SingleDeviceSharding(device))
-elif case == "floor-chunked":
-    out, chunk, nbytes = {}, {}, 0
-    for key, value in host.items():
-        chunk[key] = value
-        nbytes += value.nbytes
-        if nbytes >= 256 * 2**20:
-            out.update(jax.device_put(chunk, device)); chunk, nbytes = {}, 0
-    out.update(jax.device_put(chunk, device))
-elif case == "floor-each":
-    out = {}
-    for key, value in host.items():
-        out[key] = jax.device_put(value, device); out[key].block_until_ready()
-elif case in ("put", "put-numpy"):
-    out = policy.put("tree", host)
-elif case == "read":
-    # What a load that does not map pays before any transfer: read into fresh memory.
-    fresh = mmap.mmap(-1, os.path.getsize(plain))
-    with open(plain, "rb", buffering=0) as f:
-        f.readinto(fresh)
-elif case == "devpolicy":
-    out = devpolicy.load_file(plain, policy=policy, progress=False)
-elif case == "devpolicy-mmap":
-    out = devpolicy.load_file(aligned, policy=policy, mmap=True, progress=False)
-elif case == "numpy+device_put":
-    out = jax.device_put(safetensors.numpy.load_file(plain), device)
-elif case == "flax":
-    with jax.default_device(device):
-        out = safetensors.flax.load_file(plain)
-if out is not None:
-    wait(out)
-seconds = time.perf_counter() - start
-if out is not None:
-    leaves = jax.tree_util.tree_leaves(out)
-    assert all(leaf.devices() == {device} for leaf in leaves), case
-print(json.dumps({"seconds": seconds, "peak": status("VmHWM") - base_rss,
-                  "platform": device.platform, "device": str(device),
-                  "kind": getattr(device, "device_kind", "?"), "memories": sorted(kinds)}))
+# devpolicy's once-per-process costs (the machine's inventory, the first event's logging
+# set-up) paid before the clock, as the backend's start is.
+policy.put("warm-up", np.zeros(4, np.float32))
+
+def run(case):
+    gc.collect()
+    _, source = peak_rss()
+    before = status("VmRSS") if source == "VmHWM" else peak_rss()[0]
+    host = None
+    if case in ("floor-tree", "floor-pinned", "floor-chunked", "floor-each", "put"):
+        host = aligned_tree(plain)
+    elif case in ("floor-tree-numpy", "put-numpy"):
+        host = safetensors.numpy.load_file(plain)
+    elif case == "floor-array":
+        host = {"all": np.frombuffer(mmap.mmap(-1, os.path.getsize(plain)), np.uint8)}
+        host["all"][...] = 1
+    out = None
+    start = time.perf_counter()
+    if case in ("floor-tree", "floor-tree-numpy", "floor-array"):
+        out = jax.device_put(host, device)
+    elif case == "floor-mapped":
+        out = jax.device_put(mapped_views(plain), device)
+    elif case == "floor-pinned":
+        if "pinned_host" not in kinds:
+            return {"missing": True}
+        staged = jax.device_put(host, SingleDeviceSharding(device, memory_kind="pinned_host"))
+        out = jax.device_put(staged, SingleDeviceSharding(device))
+    elif case == "floor-chunked":
+        out, chunk, nbytes = {}, {}, 0
+        for key, value in host.items():
+            chunk[key] = value
+            nbytes += value.nbytes
+            if nbytes >= 256 * 2**20:
+                out.update(jax.device_put(chunk, device)); chunk, nbytes = {}, 0
+        out.update(jax.device_put(chunk, device))
+    elif case == "floor-each":
+        out = {}
+        for key, value in host.items():
+            out[key] = jax.device_put(value, device); out[key].block_until_ready()
+    elif case in ("put", "put-numpy"):
+        out = policy.put("tree", host)
+    elif case == "read":
+        # What a load that does not map pays before any transfer: read into fresh memory.
+        fresh = mmap.mmap(-1, os.path.getsize(plain))
+        with open(plain, "rb", buffering=0) as f:
+            f.readinto(fresh)
+    elif case == "devpolicy":
+        out = devpolicy.load_file(plain, policy=policy, progress=False)
+    elif case == "devpolicy-mmap":
+        out = devpolicy.load_file(aligned, policy=policy, mmap=True, progress=False)
+    elif case == "numpy+device_put":
+        out = jax.device_put(safetensors.numpy.load_file(plain), device)
+    elif case == "flax":
+        with jax.default_device(device):
+            out = safetensors.flax.load_file(plain)
+    if out is not None:
+        wait(out)
+    seconds = time.perf_counter() - start
+    if out is not None:
+        leaves = jax.tree_util.tree_leaves(out)
+        assert all(leaf.devices() == {device} for leaf in leaves), case
+    after, _ = peak_rss()
+    peak = None if before is None or after is None else after - before
+    return {"seconds": seconds, "peak": peak, "peak_source": source,
+            "platform": device.platform, "device": str(device),
+            "kind": getattr(device, "device_kind", "?"), "memories": sorted(kinds)}
+
+for _ in range(runs):
+    for case in cases:
+        print(json.dumps({"case": case, **run(case)}), flush=True)
 """
 
 #: (label, case, is a floor row): the order rows are printed and run in.
@@ -150,6 +190,7 @@ CASES = [
     ("floor: one device_put of the tree (aligned host buffers)", "floor-tree", True),
     ("floor: one device_put of the tree (numpy's own buffers)", "floor-tree-numpy", True),
     ("floor: one array of the same size", "floor-array", True),
+    ("floor: views of a np.memmap of the file, one device_put", "floor-mapped", True),
     ("floor: staged through pinned_host", "floor-pinned", True),
     ("floor: one device_put per 256 MiB, all in flight", "floor-chunked", True),
     ("one device_put per tensor, each waited (aligned)", "floor-each", False),
@@ -168,7 +209,8 @@ CASES = [
 _PLATFORMS = os.environ.get("JAX_PLATFORMS")
 
 
-def run_child(case: str, plain: Path, aligned: Path) -> dict[str, object]:
+def run_child(cases: list[str], plain: Path, aligned: Path, runs: int) -> list[dict[str, Any]]:
+    """`runs` rounds of `cases` in one child process (cases taking turns), a sample each."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -177,17 +219,16 @@ def run_child(case: str, plain: Path, aligned: Path) -> dict[str, object]:
     if _PLATFORMS is not None:
         env["JAX_PLATFORMS"] = _PLATFORMS
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, case, str(plain), str(aligned)],
+        [sys.executable, "-c", CHILD, str(plain), str(aligned), str(runs), *cases],
         capture_output=True,
         env=env,
         check=False,
     )
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr.decode(errors="replace"))
-        raise SystemExit(f"{case} failed with exit code {proc.returncode}")
+        raise SystemExit(f"{' '.join(cases)} failed with exit code {proc.returncode}")
     # The peak is the child's own VmHWM: wait4's ru_maxrss can include pages copied at fork.
-    result: dict[str, object] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
-    return result
+    return [json.loads(line) for line in proc.stdout.decode().splitlines() if line.startswith("{")]
 
 
 def gib(n: float) -> str:
@@ -203,7 +244,19 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None, help="where to write the files")
     parser.add_argument("--out", type=Path, default=None, help="append the results here")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="every case in one process, taking turns (no peak per case: where opening the "
+        "device costs seconds a process, as a TPU's does)",
+    )
+    parser.add_argument(
+        "--cases", default=None, help="comma-separated cases to run (default: all)"
+    )
+    parser.add_argument("--json", action="store_true", help="also print the summary as JSON")
     args = parser.parse_args()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
 
     os.environ["JAX_PLATFORMS"] = "cpu"  # the children get the caller's (`_PLATFORMS`)
     import jax
@@ -245,68 +298,90 @@ def main() -> int:
             with open(path, "rb") as f:
                 while f.read(64 * 2**20):
                     pass
-        every = [case for _, case, _ in CASES]
-        samples: dict[str, list[dict[str, object]]] = {case: [] for case in every}
+        known = [case for _, case, _ in CASES]
+        every = known if args.cases is None else args.cases.split(",")
+        unknown = sorted(set(every) - set(known))
+        if unknown:
+            raise SystemExit(f"unknown --cases {unknown}; choose from {', '.join(known)}")
+        samples: dict[str, list[dict[str, Any]]] = {case: [] for case in every}
         load_start = os.getloadavg()
-        for _ in range(args.runs):
-            for case in every:
-                samples[case].append(run_child(case, plain, aligned))
+        if args.in_process:
+            for sample in run_child(every, plain, aligned, args.runs):
+                samples[sample["case"]].append(sample)
+        else:
+            for _ in range(args.runs):
+                for case in every:
+                    samples[case] += run_child([case], plain, aligned, 1)
         load_end = os.getloadavg()
-    first = samples["devpolicy"][0]
+    first = next(s for case in every for s in samples[case] if "device" in s)
     say(
         f"- device: `jax.devices()[0]` = {first['device']} ({first['kind']}, platform "
-        f"{first['platform']}), memory kinds {', '.join(map(str, first['memories']))}"  # type: ignore[call-overload]
+        f"{first['platform']}), memory kinds {', '.join(map(str, first['memories']))}"
     )
     say(
         f"- host: {os.cpu_count()} cores, {platform.system()} {platform.machine()}; "
         f"Python {platform.python_version()}, jax {jax.__version__}; load average (1 min) "
         f"{load_start[0]:.2f} at start, {load_end[0]:.2f} at the end"
     )
+    how = (
+        "one process, cases taking turns (peak RSS not per case: n/a)"
+        if args.in_process
+        else f"fresh process per case, peak RSS from {first['peak_source']}"
+    )
     say(
         f"- checkpoint: {args.tensors} float32 tensors of {gib(per * 4)} ({gib(nbytes)}); "
-        f"fresh process per case, {args.runs} runs interleaved, warm page cache; "
-        "devpolicy logs at info (one summary event per file), after a warm-up `put` of one "
-        "small array"
+        f"{how}; {args.runs} runs interleaved, warm page cache; devpolicy logs at info (one "
+        "summary event per file), after a warm-up `put` of one small array"
     )
     medians: dict[str, float] = {}
     for case in every:
-        times = [float(s["seconds"]) for s in samples[case] if "seconds" in s]  # type: ignore[arg-type]
+        times = [float(s["seconds"]) for s in samples[case] if "seconds" in s]
         if times:
             medians[case] = statistics.median(times)
-    floor_case = min((c for _, c, f in CASES if f and c in medians), key=medians.__getitem__)
+    floors = [c for _, c, f in CASES if f and c in medians]
+    floor_case = min(floors or medians, key=medians.__getitem__)
     floor = medians[floor_case]
     say(f"- floor: {next(label for label, c, _ in CASES if c == floor_case)}, {floor:.4f} s")
     say()
 
-    def rows(labelled: list[tuple[str, str]], floor: float) -> None:
-        say("| case | median s | best-worst s | GiB/s | x floor | peak RSS | x tree |")
-        say("|---|---|---|---|---|---|---|")
-        for label, case in labelled:
-            if case not in medians:
-                say(f"| {label} | n/a (no such memory kind) | | | | | |")
-                continue
-            times = [float(s["seconds"]) for s in samples[case]]  # type: ignore[arg-type]
-            peak = statistics.median(float(s["peak"]) for s in samples[case])  # type: ignore[arg-type]
-            rate = nbytes / 2**30 / medians[case] if medians[case] > 0 else float("inf")
-            ratio = medians[case] / floor if floor > 0 else float("inf")
-            say(
-                f"| {label} | {medians[case]:.4f} | {min(times):.4f}-{max(times):.4f} | "
-                f"{rate:.2f} | {ratio:.2f} | {gib(peak)} | {peak / nbytes:.2f} |"
-            )
-
-    rows([(label, case) for label, case, _ in CASES], floor)
-    ours = medians["devpolicy"]
+    say("| case | median s | best-worst s | GiB/s | x floor | peak RSS | x tree |")
+    say("|---|---|---|---|---|---|---|")
+    for label, case, _ in CASES:
+        if case not in every:
+            continue
+        if case not in medians:
+            say(f"| {label} | n/a (no such memory kind) | | | | | |")
+            continue
+        times = [float(s["seconds"]) for s in samples[case]]
+        peaks = [float(s["peak"]) for s in samples[case] if s.get("peak") is not None]
+        peak = statistics.median(peaks) if peaks and not args.in_process else None
+        rate = nbytes / 2**30 / medians[case] if medians[case] > 0 else float("inf")
+        ratio = medians[case] / floor if floor > 0 else float("inf")
+        shown = "n/a" if peak is None else gib(peak)
+        times_tree = "n/a" if peak is None else f"{peak / nbytes:.2f}"
+        say(
+            f"| {label} | {medians[case]:.4f} | {min(times):.4f}-{max(times):.4f} | "
+            f"{rate:.2f} | {ratio:.2f} | {shown} | {times_tree} |"
+        )
     say()
-    say(
-        f"- load_file: {floor / ours:.2f}x the floor's throughput (target >= 0.9 on an "
-        f"accelerator); {medians['numpy+device_put'] / ours:.2f}x safetensors.numpy + "
-        f"device_put; {medians['read'] / ours:.2f}x the bare read into fresh memory"
-    )
-    say(
-        f"- put of the tree: {medians['put'] / medians['floor-tree']:.2f}x one device_put "
-        f"of the same aligned tree, {medians['put-numpy'] / medians['floor-tree-numpy']:.2f}x "
-        "with numpy's buffers"
-    )
+    summary: dict[str, Any] = {"row": "load: 2 GiB checkpoint", "floor": floor_case}
+    if "devpolicy" in medians:
+        ours = medians["devpolicy"]
+        summary["load_file x floor"] = round(floor / ours, 2)
+        line = f"- load_file: {floor / ours:.2f}x the floor's throughput (target >= 0.9 on an accelerator)"
+        for case, what in (("numpy+device_put", "safetensors.numpy + device_put"), ("read", "the bare read into fresh memory")):
+            if case in medians:
+                line += f"; {medians[case] / ours:.2f}x {what}"
+        say(line)
+    if {"put", "floor-tree", "put-numpy", "floor-tree-numpy"} <= medians.keys():
+        say(
+            f"- put of the tree: {medians['put'] / medians['floor-tree']:.2f}x one device_put "
+            f"of the same aligned tree, {medians['put-numpy'] / medians['floor-tree-numpy']:.2f}x "
+            "with numpy's buffers"
+        )
+    if args.json:
+        summary.update({c: round(nbytes / 2**30 / m, 2) for c, m in medians.items()})
+        print(json.dumps(summary), flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a", encoding="utf-8") as f:

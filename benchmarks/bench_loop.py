@@ -35,6 +35,8 @@ the ratio of each feeder to the hand loop in the same rounds.
 from __future__ import annotations
 
 import argparse
+import json
+import itertools
 import os
 import platform
 import queue
@@ -54,18 +56,28 @@ if "jax" not in sys.modules:  # 4 CPU devices for the sharded pipeline (CPU plat
 import jax
 import jax.numpy as jnp
 import numpy as np
+import structlog.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import devpolicy
 
 Feeder = Callable[[int], Iterator[Any]]
 
+#: Every run of every feeder draws its own windows: a seed is never used twice, so no
+#: feeder finds pages that another (or its own last run) left mapped, as in a training
+#: run that draws fresh windows from a file far larger than what it has touched.
+_seeds = itertools.count(1000)
 
-def hand(tokens: np.ndarray, length: int, batch: int, where: Any, seed: int) -> Feeder:
+
+def fresh_seed() -> int:
+    return next(_seeds)
+
+
+def hand(tokens: np.ndarray, length: int, batch: int, where: Any) -> Feeder:
     """What a user writes: slices, np.stack, device_put, each step."""
 
     def feed(n: int) -> Iterator[Any]:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(fresh_seed())
         starts = len(tokens) - length + 1
         for _ in range(n):
             offsets = rng.integers(0, starts, size=batch)
@@ -74,11 +86,11 @@ def hand(tokens: np.ndarray, length: int, batch: int, where: Any, seed: int) -> 
     return feed
 
 
-def double_buffered(tokens: np.ndarray, length: int, batch: int, where: Any, seed: int) -> Feeder:
+def double_buffered(tokens: np.ndarray, length: int, batch: int, where: Any) -> Feeder:
     """The hand loop with the next batch's transfer issued before this one is used."""
 
     def feed(n: int) -> Iterator[Any]:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(fresh_seed())
         starts = len(tokens) - length + 1
 
         def make() -> Any:
@@ -95,12 +107,31 @@ def double_buffered(tokens: np.ndarray, length: int, batch: int, where: Any, see
     return feed
 
 
-def stream(
-    tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy, seed: int
-) -> Feeder:
+def positional(path: Path, offset: int, length: int, batch: int, where: Any) -> Feeder:
+    """Reads by hand: one `os.preadv` per window into a fresh batch buffer, nothing mapped."""
+
+    def feed(n: int) -> Iterator[Any]:
+        rng = np.random.default_rng(fresh_seed())
+        starts = (path.stat().st_size - offset) // 2 - length + 1
+        size = length * 2
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for _ in range(n):
+                out = np.empty((batch, length), np.uint16)
+                slots = memoryview(out).cast("B")
+                for i, o in enumerate(rng.integers(0, starts, size=batch).tolist()):
+                    os.preadv(fd, [slots[i * size : (i + 1) * size]], offset + o * 2)
+                yield jax.device_put(out, where)
+        finally:
+            os.close(fd)
+
+    return feed
+
+
+def stream(tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy) -> Feeder:
     def feed(n: int) -> Iterator[Any]:
         with devpolicy.windows(
-            tokens, length, batch, order="random", seed=seed, steps=n, policy=policy
+            tokens, length, batch, order="random", seed=fresh_seed(), steps=n, policy=policy
         ) as batches:
             yield from batches
 
@@ -160,17 +191,24 @@ def side_by_side(
     return rates
 
 
-def table(title: str, unit: str, rates: dict[str, list[float]], base: str) -> list[str]:
+def ratio(rates: dict[str, list[float]], name: str, base: str) -> float:
+    """The median over rounds of `name`'s rate over `base`'s in the same round."""
+    return statistics.median(v / b for v, b in zip(rates[name], rates[base], strict=True))
+
+
+def table(title: str, unit: str, rates: dict[str, list[float]], bases: list[str]) -> list[str]:
     lines = [
         f"**{title}**",
         "",
-        f"| feeder | {unit}, median | x {base}, median of rounds | each round |",
-        "|---|---|---|---|",
+        f"| feeder | {unit}, median | "
+        + " | ".join(f"x {b}, median of rounds" for b in bases)
+        + " | each round |",
+        "|---|---|" + "---|" * len(bases) + "---|",
     ]
     for name, values in rates.items():
-        ratio = statistics.median(v / b for v, b in zip(values, rates[base], strict=True))
+        ratios = " | ".join(f"{ratio(rates, name, b):.2f}" for b in bases)
         each = ", ".join(f"{v:,.0f}" for v in values)
-        lines.append(f"| {name} | {statistics.median(values):,.0f} | {ratio:.2f} | {each} |")
+        lines.append(f"| {name} | {statistics.median(values):,.0f} | {ratios} | {each} |")
     return [*lines, ""]
 
 
@@ -188,6 +226,8 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=None)
     parser.add_argument("--mapped", type=Path, default=None, help="map a sparse token file here")
     parser.add_argument("--out", type=Path, default=None, help="write the tables as Markdown")
+    parser.add_argument("--json", action="store_true", help="also print each table's ratios as JSON")
+    parser.add_argument("--no-sharded", action="store_true", help="skip the sharded pipeline")
     args = parser.parse_args()
     backend = jax.default_backend()
     devices = jax.local_devices(backend=backend)
@@ -216,11 +256,27 @@ def main() -> int:
     else:
         from tests.helpers import sparse_tensor_file
 
+        args.mapped.mkdir(parents=True, exist_ok=True)
         path = sparse_tensor_file(args.mapped / "bench_loop_tokens.safetensors", args.tokens)
         start = path.stat().st_size - 2 * args.tokens
+        # The warm-up: the whole file read once, so that no case alone pays the page
+        # cache's first fill (what a long training run meets; say so in the tables).
+        with open(path, "rb", buffering=0) as f:
+            chunk = bytearray(64 * 2**20)
+            while f.readinto(chunk):
+                pass
         tokens = np.memmap(path, np.uint16, mode="r", offset=start, shape=(args.tokens,))
-        held = f"{args.tokens:,} uint16 mapped from a sparse file ({args.tokens / 2**29:,.2f} GiB)"
+        held = (
+            f"{args.tokens:,} uint16 mapped from a sparse file ({args.tokens / 2**29:,.2f} "
+            "GiB), read through once first (page cache warm)"
+        )
     length, size = args.length, args.batch
+    told = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
+    with structlog.testing.capture_logs() as seen:
+        with devpolicy.windows(tokens, length, size, steps=1, policy=told) as probe:
+            next(probe)
+    reads = next(e["reads"] for e in seen if e["event"] == "stream_ended")
+    held += f"; `devpolicy.windows` copies its windows from: {reads}"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
         "# The story's loop: devpolicy.windows against a hand loop, side by side",
@@ -240,18 +296,34 @@ def main() -> int:
     print("\n".join(lines), flush=True)
 
     def pipelines(where: Any, policy: devpolicy.Policy) -> dict[str, Feeder]:
-        return {
-            "hand loop": hand(tokens, length, size, where, 1),
-            "double-buffered": double_buffered(tokens, length, size, where, 1),
-            "devpolicy.windows": stream(tokens, length, size, policy, 1),
-            "devpolicy + thread": threaded(stream(tokens, length, size, policy, 1)),
+        feeders = {
+            "hand loop": hand(tokens, length, size, where),
+            "double-buffered": double_buffered(tokens, length, size, where),
+            "devpolicy.windows": stream(tokens, length, size, policy),
+            "devpolicy + thread": threaded(stream(tokens, length, size, policy)),
         }
+        if args.mapped is not None:
+            feeders["positional reads by hand"] = positional(path, start, length, size, where)
+        return feeders
 
-    def run(title: str, unit: str, feeders: dict[str, Feeder], measure: Any) -> None:
+    def run(
+        title: str,
+        unit: str,
+        feeders: dict[str, Feeder],
+        measure: Any,
+        bases: list[str],
+        label: str,
+    ) -> None:
         rates = side_by_side(feeders, args.rounds, measure)
-        part = table(title, unit, rates, "hand loop")
+        part = table(title, unit, rates, bases)
         print("\n".join(part), flush=True)
         lines.extend(part)
+        if args.json:
+            where = "mapped file" if args.mapped is not None else "memory"
+            row: dict[str, Any] = {"row": f"loop from {where}: {label}"}
+            row |= {f"windows x {b}": round(ratio(rates, "devpolicy.windows", b), 2) for b in bases}
+            row[f"windows {unit}"] = round(statistics.median(rates["devpolicy.windows"]))
+            print(json.dumps(row), flush=True)
 
     n = args.batches
     run(
@@ -259,13 +331,18 @@ def main() -> int:
         "batches/s",
         pipelines(device, single),
         lambda f: pipeline_rate(f, n),
+        ["hand loop", "double-buffered"],
+        "pipeline alone, one device",
     )
-    run(
-        f"The pipeline alone, sharded by rows over {len(devices)} devices: {n} batches a run",
-        "batches/s",
-        pipelines(rows, sharded),
-        lambda f: pipeline_rate(f, n),
-    )
+    if not args.no_sharded and len(devices) > 1:
+        run(
+            f"The pipeline alone, sharded by rows over {len(devices)} devices: {n} batches a run",
+            "batches/s",
+            pipelines(rows, sharded),
+            lambda f: pipeline_rate(f, n),
+            ["hand loop", "double-buffered"],
+            "pipeline alone, sharded",
+        )
 
     keys = jax.random.split(jax.random.key(0))
     table_ = jax.device_put(jax.random.normal(keys[0], (args.vocab, dim), jnp.float32), device)
@@ -280,7 +357,7 @@ def main() -> int:
         return step(table_, weight, batch)
 
     steps = args.steps
-    placed = list(hand(tokens, length, size, device, 2)(steps))
+    placed = list(hand(tokens, length, size, device)(steps))
     jax.block_until_ready(placed)
     feeders = pipelines(device, single)
     feeders["pre-placed"] = lambda n: iter(placed[:n])
@@ -290,6 +367,8 @@ def main() -> int:
         "steps/s",
         feeders,
         lambda f: step_rate(fed, f, steps),
+        ["hand loop", "pre-placed"],
+        f"with a {dim}-wide step",
     )
     if args.mapped is not None:
         del tokens

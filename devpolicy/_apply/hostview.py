@@ -21,12 +21,30 @@ import numpy as np
 from .._base.errors import HostViewError
 from .._base.events import EventLog
 from .._base.sizes import format_size
+from .._decide.decision import Decision
 from .._machine.inventory import inventory
 
 #: Arrays with more elements than this cannot be indexed by JAX with x64 disabled.
 INDEX_LIMIT = 2**31
 
 _HOST_PLATFORMS = frozenset({"cpu"})
+#: Platforms whose devices adopt a 64-byte-aligned host buffer rather than copy it.
+ADOPTING = frozenset({"cpu"})
+#: Memory kinds that are host memory: a buffer placed there may be adopted too.
+HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
+
+
+def copies_host_memory(decision: Decision[Any]) -> bool:
+    """Whether placing a host array by `decision` copies it into device memory (every
+    device an accelerator's, its memory kind not a host one), so that the host array
+    is read once and may then change or go: a ring buffer reused, a file's mapping
+    read unaligned. False where the device may adopt the buffer (the CPU's), and for a
+    disabled policy's decision (JAX's own default device, not known here)."""
+    if decision.destination is None or decision.memory_kind in HOST_KINDS:
+        return False
+    sharding = decision.sharding
+    devices = sharding.device_set if sharding is not None else {decision.device}
+    return all(getattr(d, "platform", "cpu") not in ADOPTING for d in devices)
 
 
 def _described(array: jax.Array) -> str:

@@ -30,7 +30,6 @@ are too short for their released GIL to pay for the hand-offs.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import weakref
 from collections import deque
@@ -47,7 +46,8 @@ from .._decide.decision import Decision
 from .._decide.routing import NEVER_MAPPED
 from .._machine.capacity import host_available_bytes
 from .._machine.streams import StreamTally, open_stream
-from .hostview import host_view
+from .filewindows import FileWindows, mapped_file
+from .hostview import copies_host_memory, host_view
 from .narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
 from .paging import Pager
 from .prefetch import BatchStream, as_int
@@ -61,11 +61,6 @@ ORDERS = ("sequential", "random")
 #: a group stays small beside host and device memory.
 GROUP_MAX = 8
 GROUP_BYTES = 4 * 2**20
-#: Platforms whose devices adopt a 64-byte-aligned host buffer rather than copy it:
-#: batches bound there get a fresh buffer per group, never a reused one.
-ADOPTING = frozenset({"cpu"})
-#: Memory kinds that are host memory: a buffer placed there may be adopted too.
-_HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
 
 
 def _positive(what: str, value: object) -> int:
@@ -263,13 +258,8 @@ class _Shape:
         self.destination = None if disabled else decision.destination
         # Several processes: each builds only its rows of a sharded global batch.
         self.local = decision.mesh is not None and not disabled and jax.process_count() > 1
-        sharding = decision.sharding
-        devices = sharding.device_set if sharding is not None else {decision.device}
-        self.reuse = (
-            not disabled
-            and decision.memory_kind not in _HOST_KINDS
-            and all(getattr(d, "platform", "cpu") not in ADOPTING for d in devices)
-        )
+        # Batches bound where the device may adopt the buffer get a fresh one per group.
+        self.reuse = not disabled and copies_host_memory(decision)
 
     def place(self, batches: list[np.ndarray[Any, Any]]) -> list[Any]:
         """The batches placed: one `device_put` for the group where one process holds it."""
@@ -297,8 +287,11 @@ class WindowStream(BatchStream[Any]):
         "_length",
         "_narrowed",
         "_pager",
+        "_reader",
+        "_reads",
         "_ring",
         "_sampler",
+        "_scratch",
         "_shapes",
         "_tally",
         "_target",
@@ -341,7 +334,10 @@ class WindowStream(BatchStream[Any]):
         self._shapes: dict[tuple[int, ...], _Shape] = {}
         self._ring: deque[_Buffer] = deque()
         self._buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
-        self._pager: Pager | None = None  # made at the first batch
+        self._pager: Pager | None = None  # made at the first batch, for a mapped view
+        self._reader: FileWindows | None = None  # or this, for a file read by position
+        self._scratch: np.ndarray[Any, Any] | None = None  # 64-bit windows read to narrow
+        self._reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
         self._tally: StreamTally | None = None
         self._narrowed: set[bool] = set()  # the exactness already reported
         self._handed = 0
@@ -375,22 +371,37 @@ class WindowStream(BatchStream[Any]):
         return _Buffer(count, shape, self._dtype)
 
     def _cut(self, offsets: np.ndarray[Any, Any]) -> list[Any]:
-        """The batches at `offsets` (k, n): gathered, given back, narrowed, placed."""
+        """The batches at `offsets` (k, n): read from the file or gathered from memory (a
+        mapping's pages given back), narrowed, placed."""
         count, n = offsets.shape
         shape = (n, self._length, *self._view.shape[1:])
         plan = self._shape(shape)
-        gathered = self._windows[offsets]  # one copy of just these windows
-        pager = self._pager
-        if pager is not None and pager.active:
-            pager.release(offsets, self._length)  # the group's pages, in one go
         buffer = self._buffer(count, shape, plan.reuse)
         target = self._target
-        if target is None:
-            for out, batch in zip(buffer.batches, gathered, strict=True):
-                np.copyto(out, batch)
+        reader = self._reader
+        if reader is not None:
+            rows = offsets.tolist()
+            if target is None:
+                for out, starts in zip(buffer.batches, rows, strict=True):
+                    reader.read(starts, out)
+            else:
+                scratch = self._scratch
+                if scratch is None or scratch.shape != shape:
+                    scratch = self._scratch = np.empty(shape, self._view.dtype)
+                for out, starts in zip(buffer.batches, rows, strict=True):
+                    reader.read(starts, scratch)
+                    self._narrow_into(scratch, out, target)
         else:
-            for out, batch in zip(buffer.batches, gathered, strict=True):
-                self._narrow_into(batch, out, target)
+            gathered = self._windows[offsets]  # one copy of just these windows
+            pager = self._pager
+            if pager is not None and pager.active:
+                pager.release(offsets, self._length)  # the group's pages, in one go
+            if target is None:
+                for out, batch in zip(buffer.batches, gathered, strict=True):
+                    np.copyto(out, batch)
+            else:
+                for out, batch in zip(buffer.batches, gathered, strict=True):
+                    self._narrow_into(batch, out, target)
         placed = plan.place(buffer.batches)
         if plan.reuse and (buffer.checked or not buffer.held_by(placed)):
             # Reused once its transfers are done; never if a batch holds it.
@@ -415,8 +426,14 @@ class WindowStream(BatchStream[Any]):
             self._narrowed.add(exact)
 
     def _fill(self, in_flight: deque[Any]) -> None:
-        if self._pager is None and self._pulling:
-            self._pager = Pager(self._view, random=self._sampler.random)
+        if self._pager is None and self._reader is None and self._pulling:
+            self._reader = mapped_file(self._view, self._length)
+            if self._reader is not None:
+                self._reads = "file"
+            else:
+                self._pager = Pager(self._view, random=self._sampler.random)
+                if self._pager.active:
+                    self._reads = "mapping"
         while self._pulling and len(in_flight) < self._size:
             offsets = self._sampler.take(self._group)
             if offsets is None:
@@ -430,6 +447,10 @@ class WindowStream(BatchStream[Any]):
         pager, self._pager = self._pager, None
         if pager is not None:
             pager.close()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+        self._scratch = None
 
     def __next__(self) -> Any:
         in_flight = self._in_flight
@@ -470,14 +491,18 @@ class WindowStream(BatchStream[Any]):
                     "dropped": len(dropped),
                     "device": tally.device,
                     "origin": tally.origin,
+                    "reads": self._reads,
                 },
             )
 
     def __del__(self) -> None:
-        # A stream dropped unclosed ends its paging advice, as its generator's `finally`
-        # did (no event: logging from a collection is not safe).
-        with contextlib.suppress(Exception):  # a finaliser never raises
+        # A stream dropped unclosed ends its paging advice and closes its file, as its
+        # generator's `finally` did (no event: logging from a collection is not safe).
+        # No module global here: at interpreter exit they may already be None.
+        try:
             self._stop()
+        except Exception:  # noqa: SIM105 - a finaliser never raises; no contextlib here
+            pass
 
     def close(self) -> None:
         """Drop the batches in flight and end the stream (its paging advice included).

@@ -698,9 +698,10 @@ class TestStream:
         device adopts the aligned buffers, none is reused (one per group); where it copies
         them (buffers made unaligned here), a few are reused over and over. Either way
         every batch still holds its own windows after 240 more were cut."""
+        from devpolicy._apply import hostview as _hostview
         from devpolicy._apply import windows as _windows
 
-        monkeypatch.setattr(_windows, "ADOPTING", frozenset())
+        monkeypatch.setattr(_hostview, "ADOPTING", frozenset())
         made: list[int] = []
 
         def buffer(nbytes: int) -> np.ndarray:

@@ -41,7 +41,7 @@ from ..remote import options_of
 from .buffers import MAP_THRESHOLD, aligned_empty
 from .checkpoint_sources import Files, Where, fetched
 from .fill_tree import fit_into, shards_needed, skipped_event
-from .map_or_read import NARROW, map_hint, may_map, x64_enabled
+from .map_or_read import NARROW, map_hint, may_map, sends_from_map, x64_enabled
 from .naming import (
     PathLike,
     call_naming,
@@ -363,6 +363,18 @@ def _load_opened(
                 bytes_mapped += reader.bytes_mapped
                 mapped += reader.mapped
                 advance(entry.nbytes)
+                position += 1
+                continue
+            if sends_from_map(entry, decision, mmap, x64):
+                # The device copies it: sent from a view of the map, at any offset, with
+                # no read into host memory first (`map_or_read`).
+                if region is None:
+                    region = map_tensor_file(source, header)
+                view: np.ndarray[Any, Any] = np.frombuffer(
+                    region, entry.dtype, count=math.prod(entry.shape), offset=entry.offset
+                ).reshape(entry.shape)
+                sender.add(entry.key, view, decision, entry.nbytes)
+                del view
                 position += 1
                 continue
             if target is None and may_map(entry, decision, mmap):

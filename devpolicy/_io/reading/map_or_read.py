@@ -1,10 +1,20 @@
-"""Which tensors are mapped from their file (zero-copy host arrays) and which are read.
+"""Which tensors are mapped from their file (zero-copy host arrays), which are sent to
+their device straight from the file's mapping, and which are read.
 
 One answer for the loader, the read-ahead, the `mmap_refused` event and the plan's
 `file_backed` bytes: a tensor maps when mapping is asked for (the call's `mmap`, else its
 rule's), it is not empty, it starts at a 64-byte-aligned offset, and its bytes are the
 array's bytes (not F4, packed two values a byte; not a 64-bit tensor narrowed to 32 bits
 because x64 is off).
+
+A tensor bound for an accelerator's memory is copied by the device anyway, so its host
+bytes need not be read into fresh memory first: it is sent from a view of the file's
+mapping, at any offset (`sends_from_map`). Measured on a TPU v5e (December 2026, a 2 GiB
+checkpoint written by `safetensors.numpy.save_file`, page cache warm): `read()` into
+fresh memory ran 1.16 GiB/s there and the load 1.00 GiB/s, while views of a mapping sent
+in one `device_put` ran 11.8 GiB/s, above one `device_put` of the same tree already in
+memory (8.9-10.3 GiB/s). The view lives only until the transfer is done: host memory is
+the file's pages in the page cache, at most the checkpoint once.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..._apply.hostview import copies_host_memory
 from ..._base.limits import ALIGN
 from ..._decide.decision import Decision
 from ..._decide.routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
@@ -45,3 +56,18 @@ def may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
     """Whether the loader maps this tensor (before narrowing, which the caller checks)."""
     wanted = decision.mmap if mmap is None else mmap
     return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0 and not entry.packed
+
+
+def sends_from_map(entry: TensorEntry, decision: Decision, mmap: bool | None, x64: bool) -> bool:
+    """Whether the loader sends this tensor to its device from a view of the file's map
+    (the device copies it; nothing is read into host memory first): a local file that
+    may be mapped (`mmap` not False), a whole tensor (not sharded) that is neither empty,
+    packed nor narrowed, bound for device memory that copies host memory."""
+    return (
+        mmap is not False
+        and entry.nbytes > 0
+        and not entry.packed
+        and decision.mesh is None
+        and (x64 or entry.dtype_name not in NARROW)
+        and copies_host_memory(decision)
+    )

@@ -25,7 +25,7 @@ from ..._decide.decision import Decision
 from ..format.header import Header, TensorEntry
 from ..format.sources import ByteSource, SourceEndedError, os_error
 from .buffers import MAP_THRESHOLD, host_buffer
-from .map_or_read import NARROW, may_map
+from .map_or_read import NARROW, may_map, sends_from_map
 from .tensor_reads import read_tensor
 
 _READ_BATCH = 1024  # tensors per scattered read (Linux's IOV_MAX)
@@ -40,6 +40,7 @@ def _read_in_runs(entry: TensorEntry, decision: Decision, mmap: bool | None, x64
         and not entry.packed
         and decision.mesh is None
         and (narrowed or not may_map(entry, decision, mmap))
+        and not sends_from_map(entry, decision, mmap, x64)
     )
 
 
@@ -52,6 +53,7 @@ def reads_whole(entry: TensorEntry, decision: Decision, mmap: bool | None, x64: 
         and not entry.packed
         and decision.mesh is None
         and (narrowed or not may_map(entry, decision, mmap))
+        and not sends_from_map(entry, decision, mmap, x64)
     )
 
 
