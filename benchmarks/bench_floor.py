@@ -250,9 +250,7 @@ def main() -> int:
         help="every case in one process, taking turns (no peak per case: where opening the "
         "device costs seconds a process, as a TPU's does)",
     )
-    parser.add_argument(
-        "--cases", default=None, help="comma-separated cases to run (default: all)"
-    )
+    parser.add_argument("--cases", default=None, help="comma-separated cases to run (default: all)")
     parser.add_argument("--json", action="store_true", help="also print the summary as JSON")
     args = parser.parse_args()
     if args.dir is not None:
@@ -369,7 +367,10 @@ def main() -> int:
         ours = medians["devpolicy"]
         summary["load_file x floor"] = round(floor / ours, 2)
         line = f"- load_file: {floor / ours:.2f}x the floor's throughput (target >= 0.9 on an accelerator)"
-        for case, what in (("numpy+device_put", "safetensors.numpy + device_put"), ("read", "the bare read into fresh memory")):
+        for case, what in (
+            ("numpy+device_put", "safetensors.numpy + device_put"),
+            ("read", "the bare read into fresh memory"),
+        ):
             if case in medians:
                 line += f"; {medians[case] / ours:.2f}x {what}"
         say(line)

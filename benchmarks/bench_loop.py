@@ -226,9 +226,21 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=None)
     parser.add_argument("--mapped", type=Path, default=None, help="map a sparse token file here")
     parser.add_argument("--out", type=Path, default=None, help="write the tables as Markdown")
-    parser.add_argument("--json", action="store_true", help="also print each table's ratios as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="also print each table's ratios as JSON"
+    )
     parser.add_argument("--no-sharded", action="store_true", help="skip the sharded pipeline")
+    parser.add_argument(
+        "--readers",
+        type=int,
+        default=None,
+        help="reader threads of windows read from a file (default: devpolicy's choice)",
+    )
     args = parser.parse_args()
+    if args.readers is not None:
+        from devpolicy._apply import filewindows
+
+        filewindows.READERS = args.readers
     backend = jax.default_backend()
     devices = jax.local_devices(backend=backend)
     dim = args.dim or (64 if backend == "cpu" else 1024)
@@ -277,6 +289,10 @@ def main() -> int:
             next(probe)
     reads = next(e["reads"] for e in seen if e["event"] == "stream_ended")
     held += f"; `devpolicy.windows` copies its windows from: {reads}"
+    if reads == "file":
+        from devpolicy._apply import filewindows
+
+        held += f" ({filewindows.READERS} reader threads)"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
         "# The story's loop: devpolicy.windows against a hand loop, side by side",

@@ -23,51 +23,85 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from .._base.errors import HostViewError
 
+#: Reader threads a stream reads its windows on. A positional read releases the GIL for
+#: its system call, so reads on several threads overlap where system calls are dear (a
+#: VM under gVisor); on a machine of few cores the hand-offs cost more than they save,
+#: and the windows are read on the stream's own thread (0).
+READERS = 0 if (os.cpu_count() or 1) <= 2 else min(8, (os.cpu_count() or 1) // 2)
+
 
 class FileWindows:
     """Positional reads of windows of one file-backed view: an open descriptor of the file,
     where the view starts in it, and the bytes of one row.
 
-    Reads go straight into the caller's buffers: `read(starts, out)` fills `out` (a
-    C-contiguous batch of `len(starts)` windows of `length` rows) with the windows at
-    `starts`, one `preadv` each. A file that shrank under the stream is an error naming
-    it (a mapping would have raised SIGBUS instead). Not thread-safe: one stream, one
-    reader.
+    Reads go straight into the caller's buffers: `submit(rows, outs)` fills each batch of
+    `outs` (C-contiguous, `len(starts)` windows of `length` rows) with the windows at
+    its row of `rows`, one `preadv` each, split over `READERS` threads where there are
+    any; `wait` on what it returned waits until all are read. A file that shrank under
+    the stream is an error naming it (a mapping would have raised SIGBUS instead). One
+    stream, one reader: `submit` and `close` are called from the stream's thread.
     """
 
-    __slots__ = ("_fd", "_name", "_offset", "_row", "length")
+    __slots__ = ("_fd", "_name", "_offset", "_pending", "_pool", "_readers", "_row", "length")
 
-    def __init__(self, fd: int, name: str, offset: int, row: int, length: int) -> None:
+    def __init__(
+        self, fd: int, name: str, offset: int, row: int, length: int, readers: int
+    ) -> None:
         self._fd = fd
         self._name = name
         self._offset = offset  # the file offset of the view's first row
         self._row = row  # bytes of one row of the view
         self.length = length  # rows per window
+        self._readers = readers
+        self._pool = (
+            ThreadPoolExecutor(readers, thread_name_prefix="devpolicy-windows")
+            if readers > 0
+            else None
+        )
+        self._pending: list[Future[None]] = []  # reads submitted, not yet waited for
 
     @property
     def name(self) -> str:
         """The file read, as `/proc/self/maps` names it."""
         return self._name
 
-    def read(self, starts: list[int], out: np.ndarray[Any, Any]) -> None:
-        """Fill `out` with the windows at `starts` (rows of the view), one read each."""
+    def submit(self, rows: list[list[int]], outs: list[np.ndarray[Any, Any]]) -> list[Future[None]]:
+        """Start reading the windows at `rows` (one list of starts per batch) into `outs`;
+        `wait` on what it returns. Without reader threads they are read here and now."""
+        size = self.length * self._row
+        slots = []
+        for starts, out in zip(rows, outs, strict=True):
+            target = memoryview(out.reshape(-1).view(np.uint8))
+            slots += [(target[i * size : (i + 1) * size], s) for i, s in enumerate(starts)]
+        pool = self._pool
+        if pool is None:
+            self._read(slots)
+            return []
+        parts = max(1, min(self._readers, len(slots) // 8))  # 8 windows a hand-off at least
+        step = -(-len(slots) // parts)
+        futures = [pool.submit(self._read, slots[i : i + step]) for i in range(0, len(slots), step)]
+        self._pending = futures
+        return futures
+
+    def wait(self, futures: list[Future[None]]) -> None:
+        """Wait until the reads of one `submit` are done; raise the first one's error."""
+        for future in futures:
+            future.result()
+
+    def _read(self, slots: list[tuple[memoryview, int]]) -> None:
         fd, offset, row = self._fd, self._offset, self._row
-        size = self.length * row
-        target = memoryview(out.reshape(-1).view(np.uint8))
         preadv = os.preadv
-        at = 0
-        for start in starts:
-            slot = target[at : at + size]
+        for slot, start in slots:
             got = preadv(fd, [slot], offset + start * row)
-            if got != size:
+            if got != len(slot):
                 self._short(start, got, slot)
-            at += size
 
     def _short(self, start: int, got: int, slot: memoryview) -> None:
         """A read that came back short: the rest read again, or the file ended."""
@@ -87,7 +121,14 @@ class FileWindows:
             )
 
     def close(self) -> None:
-        """Close the descriptor; reading again raises. Safe to call twice."""
+        """Wait for reads in flight, then close the descriptor (never under a read: its
+        number could be reused by another file). Safe to call twice."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.exception()  # waited for; what it raised no longer matters
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
@@ -188,4 +229,4 @@ def mapped_file(view: np.ndarray[Any, Any], length: int) -> FileWindows | None:
     if fd is None:
         return None
     row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
-    return FileWindows(fd, path, file_offset, row, length)
+    return FileWindows(fd, path, file_offset, row, length, READERS)

@@ -33,7 +33,8 @@ from __future__ import annotations
 import math
 import weakref
 from collections import deque
-from typing import Any, Literal, TypeAlias
+from concurrent.futures import Future
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 import jax
 import numpy as np
@@ -274,11 +275,21 @@ class _Shape:
         return list(jax.device_put(batches, self.destination))
 
 
+class _Reading(NamedTuple):
+    """A group being read from the file: where it goes and the reads to wait for."""
+
+    plan: _Shape
+    buffer: _Buffer
+    into: list[np.ndarray[Any, Any]]  # the buffer's batches, or memory to narrow from
+    futures: list[Future[None]]
+
+
 class WindowStream(BatchStream[Any]):
     """The placed batches of `devpolicy.windows`: a `BatchStream` whose batches are cut,
     decided and sent by the stream itself, a group at a time (module docstring)."""
 
     __slots__ = (
+        "_ahead",
         "_buffers",
         "_dtype",
         "_ended",
@@ -291,7 +302,6 @@ class WindowStream(BatchStream[Any]):
         "_reads",
         "_ring",
         "_sampler",
-        "_scratch",
         "_shapes",
         "_tally",
         "_target",
@@ -336,7 +346,7 @@ class WindowStream(BatchStream[Any]):
         self._buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
         self._pager: Pager | None = None  # made at the first batch, for a mapped view
         self._reader: FileWindows | None = None  # or this, for a file read by position
-        self._scratch: np.ndarray[Any, Any] | None = None  # 64-bit windows read to narrow
+        self._ahead: _Reading | None = None  # the next group, being read from the file
         self._reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
         self._tally: StreamTally | None = None
         self._narrowed: set[bool] = set()  # the exactness already reported
@@ -371,37 +381,57 @@ class WindowStream(BatchStream[Any]):
         return _Buffer(count, shape, self._dtype)
 
     def _cut(self, offsets: np.ndarray[Any, Any]) -> list[Any]:
-        """The batches at `offsets` (k, n): read from the file or gathered from memory (a
-        mapping's pages given back), narrowed, placed."""
+        """The batches at `offsets` (k, n), gathered from memory (a mapping's pages given
+        back), narrowed, placed."""
+        count, n = offsets.shape
+        shape = (n, self._length, *self._view.shape[1:])
+        plan = self._shape(shape)
+        gathered = self._windows[offsets]  # one copy of just these windows
+        pager = self._pager
+        if pager is not None and pager.active:
+            pager.release(offsets, self._length)  # the group's pages, in one go
+        buffer = self._buffer(count, shape, plan.reuse)
+        target = self._target
+        if target is None:
+            for out, batch in zip(buffer.batches, gathered, strict=True):
+                np.copyto(out, batch)
+        else:
+            for out, batch in zip(buffer.batches, gathered, strict=True):
+                self._narrow_into(batch, out, target)
+        return self._send(plan, buffer, count)
+
+    def _start_read(self, reader: FileWindows, offsets: np.ndarray[Any, Any]) -> _Reading:
+        """Start reading the group at `offsets` (k, n) from the file into its buffer (or,
+        to be narrowed, into memory of the file's dtype first)."""
         count, n = offsets.shape
         shape = (n, self._length, *self._view.shape[1:])
         plan = self._shape(shape)
         buffer = self._buffer(count, shape, plan.reuse)
+        into = buffer.batches
+        if self._target is not None:
+            into = list(np.empty((count, *shape), self._view.dtype))
+        return _Reading(plan, buffer, into, reader.submit(offsets.tolist(), into))
+
+    def _read_next(self, reader: FileWindows) -> list[Any] | None:
+        """The next group read from the file, narrowed and placed, the group after it
+        already being read (on the reader threads, where there are any); None at the end."""
+        reading = self._ahead
+        if reading is None:
+            offsets = self._sampler.take(self._group)
+            if offsets is None:
+                return None
+            reading = self._start_read(reader, offsets)
+        following = self._sampler.take(self._group)
+        self._ahead = None if following is None else self._start_read(reader, following)
+        reader.wait(reading.futures)
         target = self._target
-        reader = self._reader
-        if reader is not None:
-            rows = offsets.tolist()
-            if target is None:
-                for out, starts in zip(buffer.batches, rows, strict=True):
-                    reader.read(starts, out)
-            else:
-                scratch = self._scratch
-                if scratch is None or scratch.shape != shape:
-                    scratch = self._scratch = np.empty(shape, self._view.dtype)
-                for out, starts in zip(buffer.batches, rows, strict=True):
-                    reader.read(starts, scratch)
-                    self._narrow_into(scratch, out, target)
-        else:
-            gathered = self._windows[offsets]  # one copy of just these windows
-            pager = self._pager
-            if pager is not None and pager.active:
-                pager.release(offsets, self._length)  # the group's pages, in one go
-            if target is None:
-                for out, batch in zip(buffer.batches, gathered, strict=True):
-                    np.copyto(out, batch)
-            else:
-                for out, batch in zip(buffer.batches, gathered, strict=True):
-                    self._narrow_into(batch, out, target)
+        if target is not None:
+            for out, batch in zip(reading.buffer.batches, reading.into, strict=True):
+                self._narrow_into(batch, out, target)
+        return self._send(reading.plan, reading.buffer, len(reading.into))
+
+    def _send(self, plan: _Shape, buffer: _Buffer, count: int) -> list[Any]:
+        """The group in `buffer` placed; the buffer back in the ring where it may be."""
         placed = plan.place(buffer.batches)
         if plan.reuse and (buffer.checked or not buffer.held_by(placed)):
             # Reused once its transfers are done; never if a batch holds it.
@@ -435,11 +465,16 @@ class WindowStream(BatchStream[Any]):
                 if self._pager.active:
                     self._reads = "mapping"
         while self._pulling and len(in_flight) < self._size:
-            offsets = self._sampler.take(self._group)
-            if offsets is None:
+            reader = self._reader
+            if reader is not None:
+                placed = self._read_next(reader)
+            else:
+                offsets = self._sampler.take(self._group)
+                placed = None if offsets is None else self._cut(offsets)
+            if placed is None:
                 self._stop()
                 return
-            in_flight.extend(self._cut(offsets))
+            in_flight.extend(placed)
 
     def _stop(self) -> None:
         """No more batches will be cut: end the paging advice now (not at collection)."""
@@ -448,9 +483,9 @@ class WindowStream(BatchStream[Any]):
         if pager is not None:
             pager.close()
         reader, self._reader = self._reader, None
+        self._ahead = None
         if reader is not None:
-            reader.close()
-        self._scratch = None
+            reader.close()  # after the reads in flight
 
     def __next__(self) -> Any:
         in_flight = self._in_flight
@@ -499,9 +534,9 @@ class WindowStream(BatchStream[Any]):
         # A stream dropped unclosed ends its paging advice and closes its file, as its
         # generator's `finally` did (no event: logging from a collection is not safe).
         # No module global here: at interpreter exit they may already be None.
-        try:
+        try:  # noqa: SIM105 - a finaliser never raises; no contextlib (a module global)
             self._stop()
-        except Exception:  # noqa: SIM105 - a finaliser never raises; no contextlib here
+        except Exception:
             pass
 
     def close(self) -> None:
