@@ -16,8 +16,11 @@ tenth of the run and the time per step:
 
 - `kernel defaults`: no advice, nothing given back (devpolicy before the fix);
 - `MADV_RANDOM only`: the mapping advised random, nothing given back;
-- `devpolicy.windows`: what it does (`devpolicy/_apply/paging.py`): `MADV_RANDOM`, and
-  each batch's 64 KiB blocks given back (`MADV_DONTNEED`) once the batch is copied.
+- `copied from the mapping`: what devpolicy.windows does where the file cannot be read
+  by position (`devpolicy/_apply/paging.py`): `MADV_RANDOM`, and each batch's 64 KiB
+  blocks given back (`MADV_DONTNEED`) once the batch is copied;
+- `devpolicy.windows`: what it does (`devpolicy/_apply/filewindows.py`): each window read
+  from the file by position into the batch buffer, nothing of the mapping touched.
 
 The time the giving back costs is also measured paired: in one process, segments with
 and without it take turns (a shared machine's load then weighs on both alike).
@@ -55,8 +58,10 @@ def status(field):
 
 import numpy as np
 import devpolicy
-from devpolicy._apply import paging
+from devpolicy._apply import paging, windows
 
+if variant != "devpolicy":  # copied out of the mapping, not read from the file by position
+    windows.mapped_file = lambda view, length: None
 if variant == "defaults":
     paging._MADVISE = None  # no advice, nothing given back: the kernel's defaults
 elif variant == "random-only":
@@ -93,7 +98,8 @@ PAIRED = r"""
 import json, os, statistics, sys, time
 path, length, batch, segments, rounds = sys.argv[1], *map(int, sys.argv[2:6])
 import devpolicy
-from devpolicy._apply import paging
+from devpolicy._apply import paging, windows
+windows.mapped_file = lambda view, length: None  # the mapping's way: pages given back
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "rules": [
     {"match": "*/tokens", "device": "cpu:0", "mmap": True},
     {"match": "batch", "device": "cpu:1"}]}, environ={})
@@ -116,7 +122,8 @@ print(json.dumps(times))
 VARIANTS = {
     "defaults": "kernel defaults",
     "random-only": "MADV_RANDOM only",
-    "devpolicy": "devpolicy.windows",
+    "mapping": "copied from the mapping, pages given back",
+    "devpolicy": "devpolicy.windows (read from the file by position)",
 }
 
 
@@ -184,6 +191,8 @@ def main() -> int:
         "",
         *machine_state(),
     ]
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = Path(tmp) / "train.safetensors"
         sparse_tensor_file(path, args.tokens)

@@ -111,6 +111,9 @@ def windows(
             f"every start at random, got stride={stride!r}"
         )
     stride = length if stride is None else _positive("stride", stride)
+    # A stride past the last start gives one window a pass, as that last start does
+    # (and keeps the offsets within int64).
+    stride = min(stride, max(1, (view.shape[0] if view.ndim else 0) - length + 1))
     if steps is not None:
         steps = _positive("steps", steps)
     number = None if seed is None else as_int(seed)
@@ -512,11 +515,11 @@ class WindowStream(BatchStream[Any]):
             return  # nothing was ever cut: nothing to say
         tally.close()
         events = self._decider.events
-        first = events.first_time(("stream_ended", tally.name, tally.device, tally.origin))
-        level = "info" if first else "debug"
-        if events.enabled(level):
+        # Every stream's end at info, also for a name seen before (a warm-up stream):
+        # one event a stream, its counts its own.
+        if events.enabled("info"):
             events.emit(
-                level,
+                "info",
                 "stream_ended",
                 {
                     "name": tally.name,

@@ -363,10 +363,20 @@ class TestWindows:
             devpolicy.windows(jnp.zeros(8, jnp.uint16), 2, 2, policy=policy_of())
 
 
+@pytest.fixture
+def through_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams copy windows out of the mapping, as where the file cannot be read by
+    position (a private writable map): the pages are then given back (`paging`)."""
+    from devpolicy._apply import windows as _windows
+
+    monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
+
+
 class TestFlatMemory:
-    """Random windows of a mapped file give back the pages they were copied from: the
-    process's resident memory stays flat however long the stream runs (the story's
-    10,000 steps over 19.09 GiB: benchmarks/results/windows.md)."""
+    """Random windows of a mapped file leave the process's resident memory flat however
+    long the stream runs (the story's 10,000 steps over 19.09 GiB:
+    benchmarks/results/windows.md): read by position from the file, nothing is mapped in;
+    copied from the mapping, the pages they came from are given back."""
 
     STEPS = 300  # 9,600 windows of 1,025 tokens: 19 MiB copied
     BOUND = 16 * 2**20
@@ -379,16 +389,30 @@ class TestFlatMemory:
         assert sum(1 for _ in stream) == self.STEPS
         return resident(view)
 
+    def test_random_windows_read_from_the_file_leave_nothing_of_it_resident(
+        self, tmp_path: Path
+    ) -> None:
+        """300 steps of 32 random windows of a 512 MiB mapped file, read by position from
+        the file: none of the mapping is faulted in."""
+        tokens = mapped_tokens(tmp_path, 2**28)
+        with capture_logs() as logs:
+            assert self.run(tokens) == 0
+        assert [e["reads"] for e in logs if e["event"] == "stream_ended"] == ["file"]
+
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.usefixtures("through_the_mapping")
     def test_random_windows_of_a_mapped_file_keep_resident_memory_flat(
         self, tmp_path: Path
     ) -> None:
-        """300 steps of 32 random windows of a 512 MiB mapped file leave under 16 MiB of
-        it resident (the same run without the advice: the next test)."""
+        """300 steps of 32 random windows copied out of a 512 MiB mapping leave under
+        16 MiB of it resident (the same run without the advice: the next test)."""
         tokens = mapped_tokens(tmp_path, 2**28)
-        assert self.run(tokens) < self.BOUND
+        with capture_logs() as logs:
+            assert self.run(tokens) < self.BOUND
+        assert [e["reads"] for e in logs if e["event"] == "stream_ended"] == ["mapping"]
 
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.usefixtures("through_the_mapping")
     def test_without_the_advice_the_same_run_grows_past_the_bound(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -400,6 +424,7 @@ class TestFlatMemory:
         assert self.run(tokens) > 4 * self.BOUND
 
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.usefixtures("through_the_mapping")
     def test_random_access_advice_lasts_as_long_as_the_stream(self, tmp_path: Path) -> None:
         """While a random stream runs the mapping is advised random (`rr` in smaps: no
         read-ahead); when the last stream over it ends, the kernel's default returns."""
@@ -445,6 +470,7 @@ class TestFlatMemory:
         pager.close()
 
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.usefixtures("through_the_mapping")
     def test_a_stream_dropped_unclosed_ends_its_advice(self, tmp_path: Path) -> None:
         """A random stream that is read, then dropped without `close()`, gives the
         kernel's default read-ahead back when it is collected."""

@@ -1,0 +1,235 @@
+"""Windows of a file-backed host array read by position from the file (`filewindows`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+import devpolicy
+from devpolicy._apply import filewindows, hostview
+from devpolicy._apply import windows as _windows
+from tests.helpers import policy_of
+
+from .test_windows import BATCH_RULES, sparse_tokens
+
+COUNT = 2**20
+
+
+def token_file(tmp_path: Path, count: int = COUNT) -> tuple[Path, np.ndarray]:
+    """A mapped-loadable token file of `count` known uint16 values, and the values."""
+    values = (np.arange(count, dtype=np.uint64) * 2654435761 % 65521).astype(np.uint16)
+    path = tmp_path / "train.safetensors"
+    sparse_tokens(path, count, {0: values})
+    return path, values
+
+
+def expected(values: np.ndarray, seed: int, steps: int, length: int, batch: int) -> np.ndarray:
+    """The batches a random stream with `seed` draws: (steps, batch, length)."""
+    starts = np.random.default_rng(seed).integers(
+        0, len(values) - length + 1, size=(steps, batch), dtype=np.int64
+    )
+    return values[starts[..., None] + np.arange(length)]
+
+
+def reads_of(logs: list[dict[str, object]]) -> list[object]:
+    return [e["reads"] for e in logs if e["event"] == "stream_ended"]
+
+
+def open_descriptors(path: Path) -> int:
+    """Descriptors this process holds open on `path`."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:  # the listing's own descriptor, gone
+            continue
+    return count
+
+
+@pytest.fixture(params=[0, 3], ids=["inline", "3 readers"])
+def readers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Each test runs with the windows read on the stream's thread and on 3 readers."""
+    monkeypatch.setattr(filewindows, "READERS", request.param)
+    return int(request.param)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux's /proc")
+@pytest.mark.usefixtures("readers")
+class TestReadByPosition:
+    def test_windows_of_a_loaded_file_are_read_from_it_exactly(self, tmp_path: Path) -> None:
+        """A stream over a mapped token file reads its windows from the file: every
+        batch holds exactly the windows the seed draws, and the stream says so."""
+        path, values = token_file(tmp_path)
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        with capture_logs() as logs:
+            stream = devpolicy.windows(
+                tokens, 100, 8, order="random", seed=5, steps=40, policy=policy_of()
+            )
+            got = np.stack([np.asarray(b) for b in stream])
+        np.testing.assert_array_equal(got, expected(values, 5, 40, 100, 8))
+        assert reads_of(logs) == ["file"]
+
+    def test_an_np_memmap_is_read_by_position_too(self, tmp_path: Path) -> None:
+        """Any read-only mapping of a file is read by position, not only load_file's."""
+        path, values = token_file(tmp_path)
+        start = path.stat().st_size - 2 * COUNT
+        mapped = np.memmap(path, np.uint16, mode="r", offset=start, shape=(COUNT,))
+        with capture_logs() as logs:
+            got = np.stack(
+                [
+                    np.asarray(b)
+                    for b in devpolicy.windows(
+                        mapped, 64, 4, order="random", seed=2, steps=30, policy=policy_of()
+                    )
+                ]
+            )
+        np.testing.assert_array_equal(got, expected(values, 2, 30, 64, 4))
+        assert reads_of(logs) == ["file"]
+
+    def test_a_copy_on_write_mapping_is_copied_from_memory_not_the_file(
+        self, tmp_path: Path
+    ) -> None:
+        """A private writable map (`mode="c"`) may hold what the file does not: its
+        windows are copied from memory (nothing read from the file, nothing given back),
+        and show the values written into it."""
+        path, _ = token_file(tmp_path)
+        start = path.stat().st_size - 2 * COUNT
+        mapped = np.memmap(path, np.uint16, mode="c", offset=start, shape=(COUNT,))
+        mapped[:] = 7  # in this process's pages only
+        with capture_logs() as logs:
+            batches = list(devpolicy.windows(mapped, 16, 2, steps=3, policy=policy_of()))
+        assert all((np.asarray(b) == 7).all() for b in batches)
+        assert reads_of(logs) == ["memory"]
+
+    def test_a_file_replaced_after_mapping_is_never_read(self, tmp_path: Path) -> None:
+        """The mapped file renamed over by another (as an atomic writer does): the
+        windows are still the mapped file's, never the new file's."""
+        path, values = token_file(tmp_path)
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        planted = tmp_path / "planted.safetensors"
+        sparse_tokens(planted, COUNT, {0: np.full(COUNT, 9, np.uint16)})
+        os.replace(planted, path)
+        got = np.stack(
+            [
+                np.asarray(b)
+                for b in devpolicy.windows(
+                    tokens, 32, 4, order="random", seed=1, steps=10, policy=policy_of()
+                )
+            ]
+        )
+        np.testing.assert_array_equal(got, expected(values, 1, 10, 32, 4))
+
+    def test_a_file_truncated_under_the_stream_is_an_error_naming_it(self, tmp_path: Path) -> None:
+        """A token file cut short while a stream reads it: a clear error naming the file
+        and where it ended, not a SIGBUS or short batches."""
+        path, _ = token_file(tmp_path)
+        start = path.stat().st_size - 2 * COUNT
+        mapped = np.memmap(path, np.uint16, mode="r", offset=start, shape=(COUNT,))
+        stream = devpolicy.windows(mapped, 64, 4, steps=10_000, policy=policy_of())
+        next(stream)
+        os.truncate(path, start + 1024)
+        with pytest.raises(
+            devpolicy.errors.HostViewError, match=r"^.*train\.safetensors: the file ended at byte "
+        ):
+            for _ in stream:
+                pass
+        stream.close()
+
+    def test_a_stream_closed_mid_way_closes_its_file_and_yields_nothing_more(
+        self, tmp_path: Path
+    ) -> None:
+        """close() mid-way (a read ahead in flight) waits for the reads, closes the
+        descriptor it opened, and the stream then ends."""
+        path, _ = token_file(tmp_path)
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        before = open_descriptors(path)
+        stream = devpolicy.windows(tokens, 64, 4, order="random", seed=0, policy=policy_of())
+        next(stream)
+        assert open_descriptors(path) == before + 1
+        stream.close()
+        assert open_descriptors(path) == before
+        assert list(stream) == []
+
+    def test_a_stream_dropped_unclosed_closes_its_file(self, tmp_path: Path) -> None:
+        """A stream read from, then dropped without close(), closes its descriptor."""
+        path, _ = token_file(tmp_path)
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        before = open_descriptors(path)
+        stream = devpolicy.windows(tokens, 64, 4, order="random", seed=0, policy=policy_of())
+        next(stream)
+        del stream
+        import gc
+
+        gc.collect()
+        assert open_descriptors(path) == before
+
+    def test_two_streams_over_one_mapping_each_get_their_own_windows(self, tmp_path: Path) -> None:
+        """Two streams over the same mapped tokens, interleaved batch by batch, each
+        yield exactly the windows of their own seed."""
+        path, values = token_file(tmp_path)
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        first = devpolicy.windows(
+            tokens, 50, 4, order="random", seed=1, steps=24, policy=policy_of()
+        )
+        second = devpolicy.windows(
+            tokens, 70, 3, order="random", seed=2, steps=24, policy=policy_of()
+        )
+        got = [(np.asarray(a), np.asarray(b)) for a, b in zip(first, second, strict=True)]
+        np.testing.assert_array_equal(np.stack([a for a, _ in got]), expected(values, 1, 24, 50, 4))
+        np.testing.assert_array_equal(np.stack([b for _, b in got]), expected(values, 2, 24, 70, 3))
+
+    def test_kept_batches_never_change_while_the_ring_is_reused(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With the host-buffer ring reused (a device that copies, as an accelerator
+        does), every batch kept still holds its own windows after 240 more were read."""
+        monkeypatch.setattr(hostview, "ADOPTING", frozenset())
+        path, values = token_file(tmp_path)
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        held = list(
+            devpolicy.windows(
+                tokens, 128, 4, order="random", seed=3, steps=240,
+                policy=policy_of(rules=BATCH_RULES),
+            )
+        )  # fmt: skip
+        np.testing.assert_array_equal(
+            np.stack([np.asarray(b) for b in held]), expected(values, 3, 240, 128, 4)
+        )
+
+    def test_sequential_windows_with_a_stride_are_read_exactly(self, tmp_path: Path) -> None:
+        """A sequential pass with a stride, its last batch smaller, read from the file."""
+        path, values = token_file(tmp_path, 10_000)
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        batches = [
+            np.asarray(b) for b in devpolicy.windows(tokens, 300, 7, stride=250, policy=policy_of())
+        ]
+        starts = np.arange(0, 10_000 - 300 + 1, 250)
+        np.testing.assert_array_equal(
+            np.concatenate(batches), values[starts[:, None] + np.arange(300)]
+        )
+        assert batches[-1].shape[0] == len(starts) % 7 or batches[-1].shape[0] == 7
+
+    def test_64_bit_tokens_read_from_the_file_are_narrowed_exactly(self, tmp_path: Path) -> None:
+        """int64 tokens in a mapped file, x64 off: read by position, then narrowed to
+        int32 with the values kept."""
+        values = np.arange(50_000, dtype=np.int64) * 3
+        path = tmp_path / "wide.bin"
+        values.tofile(path)
+        mapped = np.memmap(path, np.int64, mode="r", shape=(50_000,))
+        batches = list(
+            devpolicy.windows(mapped, 40, 5, order="random", seed=4, steps=12, policy=policy_of())
+        )
+        assert {np.asarray(b).dtype for b in batches} == {np.dtype(np.int32)}
+        np.testing.assert_array_equal(
+            np.stack([np.asarray(b) for b in batches]), expected(values, 4, 12, 40, 5)
+        )
+
+
+def test_memory_that_is_not_a_file_is_copied_from_memory() -> None:
+    """A numpy array in memory has no file to read: `mapped_file` says so."""
+    assert filewindows.mapped_file(np.arange(100, dtype=np.uint16), 10) is None
+    assert _windows.mapped_file is filewindows.mapped_file

@@ -1,0 +1,137 @@
+"""Tensors bound for a device that copies host memory (an accelerator's) are sent from a
+view of the file's mapping, at any offset, with no read into host memory first.
+
+The CPU backend adopts aligned host buffers instead of copying them; these tests make
+it count as a copying device (`hostview.ADOPTING` emptied), so the accelerator's path
+runs here through the same code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+from structlog.testing import capture_logs
+
+import devpolicy
+from devpolicy._apply import hostview
+from devpolicy._io.reading import readahead
+from tests.helpers import policy_of
+
+MIB = 2**20
+
+
+def rchar() -> int:
+    """Bytes this process has read with read(2) and its kin (not through a mapping)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def reference_file(path: Path, count: int = 6, nbytes: int = 3 * MIB) -> dict[str, np.ndarray]:
+    """Tensors written by the reference writer: its offsets, most not 64-byte aligned."""
+    rng = np.random.default_rng(1)
+    tensors = {
+        f"layer{i}/w": rng.standard_normal(nbytes // 4 + i, dtype=np.float32) for i in range(count)
+    }
+    tensors["small/b"] = np.arange(7, dtype=np.int16)
+    safetensors.numpy.save_file(tensors, str(path))
+    return tensors
+
+
+@pytest.fixture
+def copying_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hostview, "ADOPTING", frozenset())
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="Linux's /proc/self/io")
+class TestSentFromTheMap:
+    @pytest.mark.usefixtures("copying_cpu")
+    def test_a_reference_checkpoint_is_sent_from_its_map_without_reading_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Every tensor of an unaligned checkpoint arrives exact on its device, and the
+        load reads (read(2)) little more than the header: no tensor is read into host
+        memory first, none goes through the read-ahead."""
+        path = tmp_path / "model.safetensors"
+        tensors = reference_file(path)
+        read: list[str] = []
+        original = readahead.read_tensor
+        monkeypatch.setattr(
+            readahead, "read_tensor", lambda *a: read.append(a[2].key) or original(*a)
+        )
+        policy = policy_of(default="cpu:1")
+        devpolicy.load_file(path, policy=policy, progress=False)  # imports, once-only reads
+        before = rchar()
+        out = devpolicy.load_file(path, policy=policy, progress=False)
+        read_bytes = rchar() - before
+        total = sum(t.nbytes for t in tensors.values())
+        assert read_bytes < total // 20, read_bytes
+        assert read == []
+        for key, value in tensors.items():
+            np.testing.assert_array_equal(np.asarray(out[key]), value)
+            assert devpolicy.inventory().text(next(iter(out[key].devices()))) == "cpu:1"
+
+    @pytest.mark.usefixtures("copying_cpu")
+    def test_a_checkpoint_of_several_files_is_sent_from_each_files_map(
+        self, tmp_path: Path
+    ) -> None:
+        """A checkpoint of two files and an index: each file's tensors sent from its own
+        map, all exact, little read."""
+        first = reference_file(tmp_path / "model-00001-of-00002.safetensors", count=3)
+        second = {
+            "head/w": np.random.default_rng(2).standard_normal(MIB, dtype=np.float32),
+        }
+        safetensors.numpy.save_file(second, str(tmp_path / "model-00002-of-00002.safetensors"))
+        weight_map = {k: "model-00001-of-00002.safetensors" for k in first}
+        weight_map |= {k: "model-00002-of-00002.safetensors" for k in second}
+        (tmp_path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map})
+        )
+        devpolicy.load_file(tmp_path, policy=policy_of(default="cpu:2"), progress=False)
+        before = rchar()
+        out = devpolicy.load_file(tmp_path, policy=policy_of(default="cpu:2"), progress=False)
+        total = sum(t.nbytes for t in (first | second).values())
+        assert rchar() - before < total // 20
+        for key, value in (first | second).items():
+            np.testing.assert_array_equal(np.asarray(out[key]), value)
+
+    @pytest.mark.usefixtures("copying_cpu")
+    def test_mmap_false_reads_the_tensors_as_asked(self, tmp_path: Path) -> None:
+        """`mmap=False` says not to map the file: the tensors are read, all of them."""
+        path = tmp_path / "model.safetensors"
+        tensors = reference_file(path)
+        before = rchar()
+        out = devpolicy.load_file(
+            path, policy=policy_of(default="cpu:1"), mmap=False, progress=False
+        )
+        assert rchar() - before >= sum(t.nbytes for t in tensors.values())
+        for key, value in tensors.items():
+            np.testing.assert_array_equal(np.asarray(out[key]), value)
+
+    def test_a_device_that_adopts_host_buffers_still_gets_them_read(self, tmp_path: Path) -> None:
+        """On the CPU as it is (it adopts aligned buffers), an unaligned checkpoint is
+        read into aligned memory the device adopts, as before: nothing is held as a
+        view of a map unless asked."""
+        path = tmp_path / "model.safetensors"
+        tensors = reference_file(path)
+        before = rchar()
+        with capture_logs() as logs:
+            out = devpolicy.load_file(path, policy=policy_of(default="cpu:1"), progress=False)
+        assert rchar() - before >= sum(t.nbytes for t in tensors.values())
+        (summary,) = [e for e in logs if e["event"] == "load_file"]
+        assert summary["mapped"] == 0
+        for key, value in tensors.items():
+            np.testing.assert_array_equal(np.asarray(out[key]), value)
+
+    @pytest.mark.usefixtures("copying_cpu")
+    def test_64_bit_tensors_narrowed_are_read_not_sent_from_the_map(self, tmp_path: Path) -> None:
+        """With x64 off a 64-bit tensor is narrowed on the host, so it is read; the
+        values arrive exact as int32."""
+        path = tmp_path / "ids.safetensors"
+        ids = np.arange(MIB, dtype=np.int64)
+        safetensors.numpy.save_file({"ids": ids}, str(path))
+        out = devpolicy.load_file(path, policy=policy_of(default="cpu:1"), progress=False)
+        assert out["ids"].dtype == np.int32
+        np.testing.assert_array_equal(np.asarray(out["ids"]), ids)
