@@ -366,7 +366,10 @@ def main() -> int:
     if "devpolicy" in medians:
         ours = medians["devpolicy"]
         summary["load_file x floor"] = round(floor / ours, 2)
-        line = f"- load_file: {floor / ours:.2f}x the floor's throughput (target >= 0.9 on an accelerator)"
+        line = (
+            f"- load_file: {floor / ours:.2f}x the floor's throughput (target >= 0.9 on an "
+            "accelerator)"
+        )
         for case, what in (
             ("numpy+device_put", "safetensors.numpy + device_put"),
             ("read", "the bare read into fresh memory"),

@@ -35,8 +35,8 @@ the ratio of each feeder to the hand loop in the same rounds.
 from __future__ import annotations
 
 import argparse
-import json
 import itertools
+import json
 import os
 import platform
 import queue
@@ -284,9 +284,11 @@ def main() -> int:
         )
     length, size = args.length, args.batch
     told = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
-    with structlog.testing.capture_logs() as seen:
-        with devpolicy.windows(tokens, length, size, steps=1, policy=told) as probe:
-            next(probe)
+    with (
+        structlog.testing.capture_logs() as seen,
+        devpolicy.windows(tokens, length, size, steps=1, policy=told) as probe,
+    ):
+        next(probe)
     reads = next(e["reads"] for e in seen if e["event"] == "stream_ended")
     held += f"; `devpolicy.windows` copies its windows from: {reads}"
     if reads == "file":

@@ -78,7 +78,7 @@ class FileWindows:
         size = self.length * self._row
         slots = []
         for starts, out in zip(rows, outs, strict=True):
-            target = memoryview(out.reshape(-1).view(np.uint8))
+            target = out.reshape(-1).view(np.uint8).data
             slots += [(target[i * size : (i + 1) * size], s) for i, s in enumerate(starts)]
         pool = self._pool
         if pool is None:

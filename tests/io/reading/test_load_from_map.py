@@ -84,8 +84,8 @@ class TestSentFromTheMap:
             "head/w": np.random.default_rng(2).standard_normal(MIB, dtype=np.float32),
         }
         safetensors.numpy.save_file(second, str(tmp_path / "model-00002-of-00002.safetensors"))
-        weight_map = {k: "model-00001-of-00002.safetensors" for k in first}
-        weight_map |= {k: "model-00002-of-00002.safetensors" for k in second}
+        weight_map = dict.fromkeys(first, "model-00001-of-00002.safetensors")
+        weight_map |= dict.fromkeys(second, "model-00002-of-00002.safetensors")
         (tmp_path / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {}, "weight_map": weight_map})
         )
