@@ -333,11 +333,14 @@ def _load_opened(
             if decision.mesh is not None:
                 # Sharded: this process reads only the slices its devices hold.
                 sender.flush()
-                if region is None and target is None and may_map(entry, decision, mmap):
+                copied = target is None and sends_from_map(entry, decision, mmap, x64)
+                if region is None and (copied or target is None and may_map(entry, decision, mmap)):
                     region = map_tensor_file(source, header)
                 assert decision.sharding is not None
                 held = decision.sharding.addressable_devices_indices_map(entry.shape)
-                reader = ShardReader(source, header, entry, region, target, narrow, held.values())
+                reader = ShardReader(
+                    source, header, entry, region, target, narrow, held.values(), copied
+                )
                 try:
                     placed: jax.Array = jax.make_array_from_callback(
                         entry.shape, decision.sharding, reader

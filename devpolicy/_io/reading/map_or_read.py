@@ -59,15 +59,14 @@ def may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
 
 
 def sends_from_map(entry: TensorEntry, decision: Decision, mmap: bool | None, x64: bool) -> bool:
-    """Whether the loader sends this tensor to its device from a view of the file's map
-    (the device copies it; nothing is read into host memory first): a local file that
-    may be mapped (`mmap` not False), a whole tensor (not sharded) that is neither empty,
+    """Whether the loader sends this tensor (or, sharded, its slices) to its device from
+    views of the file's map (the device copies them; nothing is read into host memory
+    first): a local file that may be mapped (`mmap` not False), a tensor neither empty,
     packed nor narrowed, bound for device memory that copies host memory."""
     return (
         mmap is not False
         and entry.nbytes > 0
         and not entry.packed
-        and decision.mesh is None
         and (x64 or entry.dtype_name not in NARROW)
         and copies_host_memory(decision)
     )

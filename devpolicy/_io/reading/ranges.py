@@ -71,7 +71,7 @@ class ShardReader:
     more than the bytes: then the range covering every slice is read once, in chunks of
     at most `_GATHER_BYTES`, and each slice cut from it in memory. Which way is cheaper is
     judged from the layout (`_CALL_BYTES`). A single run at an aligned offset of a mapped
-    file is a zero-copy view.
+    file is a zero-copy view; one at any offset, where the device copies it (`copied`).
     """
 
     def __init__(
@@ -83,8 +83,13 @@ class ShardReader:
         narrow_to: np.dtype[Any] | None,
         narrow: Narrow,
         wanted: Iterable[tuple[slice, ...] | None] = (),
+        copied: bool = False,
     ) -> None:
         self._source = source
+        # Slices the device copies (an accelerator's) are views of the map at any offset,
+        # read by the transfer; else only aligned ones, which a host device adopts.
+        self._copied = copied
+        self._align = 1 if copied else ALIGN
         self._header = header
         self._entry = entry
         self._region = region
@@ -235,7 +240,7 @@ class ShardReader:
         entry = self._entry
         runs = [(bounds, *self._run_start(bounds)) for bounds in wanted]
         if self._region is not None:
-            runs = [r for r in runs if r[1] % ALIGN]
+            runs = [r for r in runs if r[1] % self._align]
         if sum(run for _, _, run in runs) < THREADED_BYTES:
             return  # small: each read when asked (nothing to overlap)
         pieces: list[tuple[np.ndarray[Any, Any], int]] = []
@@ -262,9 +267,12 @@ class ShardReader:
         starts = [start for start, _ in runs]
         run = runs[0][1] if runs else 0
         count = math.prod(extents)
-        if count and len(starts) == 1 and self._region is not None and starts[0] % ALIGN == 0:
-            self.mapped += 1
-            self.bytes_mapped += run
+        if count and len(starts) == 1 and self._region is not None and starts[0] % self._align == 0:
+            if self._copied:  # copied out of the file by the transfer, not kept mapped
+                self.bytes_read += run
+            else:
+                self.mapped += 1
+                self.bytes_mapped += run
             view = np.frombuffer(self._region, entry.dtype, count=count, offset=starts[0])
             return view.reshape(extents)
         buffer = host_buffer(self._header, entry.key, max(run * len(starts), 1))
