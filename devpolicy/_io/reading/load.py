@@ -334,7 +334,8 @@ def _load_opened(
                 # Sharded: this process reads only the slices its devices hold.
                 sender.flush()
                 copied = target is None and sends_from_map(entry, decision, mmap, x64)
-                if region is None and (copied or target is None and may_map(entry, decision, mmap)):
+                kept = target is None and may_map(entry, decision, mmap)
+                if region is None and (copied or kept):
                     region = map_tensor_file(source, header)
                 assert decision.sharding is not None
                 held = decision.sharding.addressable_devices_indices_map(entry.shape)
