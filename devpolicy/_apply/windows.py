@@ -37,9 +37,12 @@ are too short for their released GIL to pay for the hand-offs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import secrets
 import weakref
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, Literal, NamedTuple, TypeAlias
 
@@ -59,6 +62,7 @@ from .hostview import copies_host_memory, host_view
 from .narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
 from .paging import Pager
 from .prefetch import BatchStream, as_int
+from .streamstate import StreamState, read_state, resumed_step
 
 #: How windows are chosen: in order, or each start drawn at random.
 Order: TypeAlias = 'Literal["sequential", "random"]'
@@ -104,7 +108,9 @@ def windows(
     steps: int | None = None,
     size: int = 2,
     narrow: Narrow = "exact",
-) -> BatchStream[Any]:
+    start: int = 0,
+    resume: Mapping[str, Any] | str | None = None,
+) -> WindowStream:
     """Batches of windows of `tokens` placed by `decider`. See `devpolicy.windows`."""
     view = host_view(tokens)
     length = _positive("length", length)
@@ -141,30 +147,117 @@ def windows(
             f"dimension; the array has {rows} (shape {view.shape})"
         )
     starts = view.shape[0] - length + 1  # every offset a window can start at
+    first = as_int(start)
+    if first is None or first < 0:
+        raise ValueError(f"windows start must be an int >= 0, got {start!r}")
+    saved = None if resume is None else read_state(resume)
+    if order == "random" and number is None:
+        # Drawn here, so that the stream's state can name it and a resume draw the same.
+        number = secrets.randbits(63) if saved is None else saved.get("seed")
+    state = StreamState(
+        first,
+        order,
+        number,
+        length,
+        batch,
+        stride if order == "sequential" else None,
+        steps,
+        int(view.shape[0]),
+        tuple(int(n) for n in view.shape[1:]),
+        str(view.dtype),
+    )
+    if saved is not None:
+        if first:
+            raise ValueError(
+                f"windows takes start= or resume=, not both (start={first}, and the "
+                f"state saved at step {saved['step']})"
+            )
+        first = resumed_step(saved, state)
+        state = dataclasses.replace(state, step=first)
     sampler: _Random | _Sequential
     if order == "random":
         _batch_fits(view, length, batch, batch)
-        sampler = _Random(starts, batch, number, steps)
+        assert number is not None
+        if steps is not None and first > steps:
+            raise ValueError(f"windows start={first} is past steps={steps}")
+        sampler = _Random(starts, batch, number, steps, first)
     else:
         _batch_fits(view, length, batch, -(-starts // stride))
-        sampler = _Sequential(starts, batch, stride, steps)
-    return WindowStream(view, length, batch, sampler, decider, name, whole, narrow)
+        in_pass = -(-starts // stride)  # windows in one pass
+        batches = -(-in_pass // batch)
+        last = batches if steps is None else min(steps, batches)
+        if first > last:
+            raise ValueError(
+                f"windows start={first} is past the end: a sequential pass of this stream "
+                f"has {last} batches"
+            )
+        sampler = _Sequential(starts, batch, stride, steps, first)
+    return WindowStream(view, length, batch, sampler, decider, name, whole, narrow, state)
+
+
+def _mixed(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """SplitMix64's finaliser over uint64 values (wrapping arithmetic): each counter to a
+    well-mixed 64-bit number, independently of every other."""
+    z = values.copy()
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment: odd, so every counter differs
+
+
+def random_starts(
+    seed: int, first: int, count: int, rows: np.ndarray[Any, Any], per_step: int, starts: int
+) -> np.ndarray[Any, Any]:
+    """The window starts of steps `first` .. `first + count - 1` of a random stream, shape
+    (count, len(rows)): row `r` of step `k` is drawn from counter `k * per_step + r`
+    alone (counter-based: SplitMix64 over the counter, keyed by the seed), so any step's
+    draws cost the same whatever came before, and a stream resumed at step N draws what
+    an uninterrupted one does from N on. Uniform over [0, starts) up to 2**-53 relative.
+
+    Example:
+        >>> rows = np.arange(3, dtype=np.uint64)
+        >>> whole = random_starts(7, 0, 4, rows, 3, 1000)
+        >>> bool((random_starts(7, 2, 2, rows, 3, 1000) == whole[2:]).all())
+        True
+    """
+    with np.errstate(over="ignore"):
+        key = _mixed(np.array([seed % 2**64], dtype=np.uint64) * _GAMMA)[0]
+        steps = np.arange(first, first + count, dtype=np.uint64)
+        counters = steps[:, None] * np.uint64(per_step) + rows[None, :]
+        z = _mixed((counters + np.uint64(1)) * _GAMMA + key)
+    fractions = (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+    drawn = (fractions * starts).astype(np.int64)
+    return np.minimum(drawn, starts - 1, out=drawn)  # a product rounded up to `starts`
 
 
 class _Random:
     """`batch` starts per step, each drawn uniformly (with replacement) from every offset a
-    window fits at; endless unless `steps` is given. A group of k batches is one draw of
-    (k, batch): numpy's generator gives the same numbers as k draws of `batch` (tested),
-    so a seed gives the same batches however they are grouped."""
+    window fits at; endless unless `steps` is given. Counter-based (`random_starts`):
+    step k's draws depend on the seed, k and the row alone, so a group of k batches is
+    the same however batches are grouped, and a stream can start at any step at once.
+    `rows` are the rows of the (global) batch this process draws, `per_step` the global
+    batch's rows: under several processes each draws its own rows of one global batch."""
 
-    __slots__ = ("_batch", "_left", "_rng", "_starts", "random")
+    __slots__ = ("_left", "_per_step", "_rows", "_seed", "_starts", "_step", "random")
 
-    def __init__(self, starts: int, batch: int, seed: int | None, steps: int | None) -> None:
-        self._rng = np.random.default_rng(seed)
+    def __init__(self, starts: int, batch: int, seed: int, steps: int | None, start: int) -> None:
+        self._seed = seed
         self._starts = starts
-        self._batch = batch
-        self._left = steps
+        self._rows = np.arange(batch, dtype=np.uint64)
+        self._per_step = batch
+        self._step = start
+        self._left = None if steps is None else steps - start
         self.random = True
+
+    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
+        """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
+        self._rows = rows.astype(np.uint64)
+        self._per_step = per_step
 
     def take(self, count: int) -> np.ndarray[Any, Any] | None:
         """The starts of up to `count` more batches, shape (k, batch); None when done."""
@@ -173,25 +266,27 @@ class _Random:
             if count == 0:
                 return None
             self._left -= count
-        out: np.ndarray[Any, Any] = self._rng.integers(
-            0, self._starts, size=(count, self._batch), dtype=np.int64
-        )
-        return out
+        first, self._step = self._step, self._step + count
+        return random_starts(self._seed, first, count, self._rows, self._per_step, self._starts)
 
 
 class _Sequential:
     """Windows at 0, stride, 2*stride, ... in order, `batch` at a time (the last batch may
-    be smaller), for one pass or `steps` batches, whichever ends first."""
+    be smaller), for one pass or `steps` batches, whichever ends first; from batch
+    `start` on."""
 
     __slots__ = ("_batch", "_count", "_left", "_next", "_stride", "random")
 
-    def __init__(self, starts: int, batch: int, stride: int, steps: int | None) -> None:
+    def __init__(self, starts: int, batch: int, stride: int, steps: int | None, start: int) -> None:
         self._count = -(-starts // stride)  # windows in one pass
-        self._next = 0  # the next window's index
+        self._next = min(start * batch, self._count)  # the next window's index
         self._batch = batch
         self._stride = stride
-        self._left = steps
+        self._left = None if steps is None else steps - start
         self.random = False
+
+    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
+        """A pass is the same in every process."""
 
     def take(self, count: int) -> np.ndarray[Any, Any] | None:
         """The starts of up to `count` more batches of one size, shape (k, n); None when
@@ -285,6 +380,32 @@ class _Shape:
         return list(jax.device_put(batches, self.destination))
 
 
+def process_rows(
+    sharding: Any, local: int, rest: tuple[int, ...]
+) -> tuple[np.ndarray[Any, Any], int]:
+    """The rows of a global batch this process holds under `sharding`, given that it
+    holds `local` of them, and the global batch's rows.
+
+    Worked out on a trial shape: each distinct row slice of the sharding, over all
+    devices and over this process's devices; rows replicated across processes are the
+    same rows in each (every process then draws the same windows, as it must).
+    """
+    devices = sharding.device_set
+    trial = len(devices)  # every row split divides the device count
+    spans = sharding.devices_indices_map((trial, *rest))
+    every = sorted({spans[d][0].indices(trial)[:2] for d in devices})
+    mine = sorted(
+        {spans[d][0].indices(trial)[:2] for d in devices if d.process_index == jax.process_index()}
+    )
+    if not mine or local % len(mine):
+        return np.arange(local, dtype=np.int64), local
+    per_slice = local // len(mine)
+    per_step = per_slice * len(every)
+    position = {span: i for i, span in enumerate(every)}
+    rows = [position[span] * per_slice + r for span in mine for r in range(per_slice)]
+    return np.asarray(rows, dtype=np.int64), per_step
+
+
 class _Reading(NamedTuple):
     """A group being read from the file: where it goes and the reads to wait for."""
 
@@ -313,6 +434,7 @@ class WindowStream(BatchStream[Any]):
         "_ring",
         "_sampler",
         "_shapes",
+        "_state",
         "_tally",
         "_target",
         "_view",
@@ -329,8 +451,10 @@ class WindowStream(BatchStream[Any]):
         name: str,
         size: int,
         narrow: Narrow,
+        state: StreamState,
     ) -> None:
         super().__init__(iter(()), name, size, decider, narrow)
+        self._state = state
         self._source = None
         self._in_flight = deque()
         self._view = view
@@ -378,6 +502,18 @@ class WindowStream(BatchStream[Any]):
                     self._name, decision.origin, decision.rule, decision.device_text
                 )
         return found
+
+    def _own_rows(self) -> None:
+        """Several processes: this process draws its own rows of the global batch (the
+        rows its devices hold of it), so one seed gives every process other windows of
+        one global batch, and a process resumed at a step draws the rows it drew."""
+        batch = self._state.batch
+        plan = self._shape((batch, self._length, *self._view.shape[1:]))
+        if plan.local:
+            assert plan.decision.sharding is not None
+            rest = (self._length, *self._view.shape[1:])
+            rows, per_step = process_rows(plan.decision.sharding, batch, rest)
+            self._sampler.own_rows(rows, per_step)
 
     def _buffer(self, count: int, shape: tuple[int, ...], reuse: bool) -> _Buffer:
         """Host memory for a group: the ring's oldest buffer once its transfers are done,
@@ -466,6 +602,8 @@ class WindowStream(BatchStream[Any]):
             self._narrowed.add(exact)
 
     def _fill(self, in_flight: deque[Any]) -> None:
+        if self._tally is None and self._pulling and jax.process_count() > 1:
+            self._own_rows()
         if self._pager is None and self._reader is None and self._pulling:
             self._reader = mapped_file(self._view, self._length)
             if self._reader is not None:
@@ -548,6 +686,33 @@ class WindowStream(BatchStream[Any]):
             self._stop()
         except Exception:
             pass
+
+    def state(self) -> dict[str, Any]:
+        """Where the stream is: the next batch it hands out (`step`) and every argument
+        that decides its batches, as plain JSON-able values.
+
+        Save it beside a checkpoint (`json.dumps` it into `save_file`'s metadata); after
+        a restart, `devpolicy.windows(tokens, ..., resume=state)` with the same arguments
+        yields exactly the batches this stream would have yielded from `step` on.
+        Batches already sent ahead but not handed out are not counted: they come again.
+
+        Example:
+            >>> import devpolicy, numpy as np
+            >>> p = devpolicy.load_policy({"version": 1})
+            >>> tokens = np.arange(100, dtype=np.uint16)
+            >>> stream = devpolicy.windows(tokens, 5, 2, order="random", seed=3, policy=p)
+            >>> first, second = next(stream), next(stream)
+            >>> saved = stream.state()
+            >>> saved["step"]
+            2
+            >>> resumed = devpolicy.windows(
+            ...     tokens, 5, 2, order="random", seed=3, resume=saved, policy=p
+            ... )
+            >>> bool((np.asarray(next(resumed)) == np.asarray(next(stream))).all())
+            True
+        """
+        step = self._state.step + self._handed
+        return dataclasses.replace(self._state, step=step).saved()
 
     def close(self) -> None:
         """Drop the batches in flight and end the stream (its paging advice included).

@@ -548,3 +548,25 @@ class TransferRefusedError(DevicePolicyError, RuntimeError):
             "devpolicy.to), or write a rule that places it where it is used; or set "
             f"transfers.{field} to log or allow"
         )
+
+
+class StreamStateError(DevicePolicyError, ValueError):
+    """A `windows` stream cannot resume from the state given: not a saved state, damaged,
+    or saved by a stream with other arguments (which would draw other batches).
+
+    Attributes:
+        field: The argument or state field at fault (`length`, `resume['step']`).
+        problem: What is wrong, with the saved and the given value.
+        fix: What to do instead.
+
+    Example:
+        >>> e = StreamStateError("batch", "the saved stream had batch=32, this one 16", "fix")
+        >>> print(e)
+        windows resume: batch: the saved stream had batch=32, this one 16; fix
+    """
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"windows resume: {field}: {problem}; {fix}")

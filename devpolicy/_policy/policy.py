@@ -318,12 +318,12 @@ class Policy:
 
     def windows(
         self, tokens: Any, length: int, batch: int, **options: Any
-    ) -> _prefetch.BatchStream[Any]:
+    ) -> _windows.WindowStream:
         """Batches of windows of a host array, placed by this policy ahead of use.
 
         The keywords are `devpolicy.windows`'s (`name`, `order`, `seed`, `stride`, `steps`,
-        `size`, `narrow`), defined once there; a keyword it does not take is a TypeError
-        naming it.
+        `size`, `narrow`, `start`, `resume`), defined once there; a keyword it does not take
+        is a TypeError naming it.
 
         Example:
             >>> import devpolicy, numpy as np

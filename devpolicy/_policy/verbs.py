@@ -586,7 +586,9 @@ def windows(
     size: int = 2,
     policy: Policy | None = None,
     narrow: Literal["exact", "lossy"] = "exact",
-) -> _prefetch.BatchStream[Any]:
+    start: int = 0,
+    resume: Mapping[str, Any] | str | None = None,
+) -> _windows.WindowStream:
     """Batches of windows cut from a host array, each placed as `name` ahead of use.
 
     The story's loop: a token dataset on the host (`load_file` with a host rule, mapped
@@ -609,20 +611,31 @@ def windows(
             batch possibly smaller. "random": each window starts at an offset drawn
             uniformly, with replacement, from every offset it fits at; endless unless
             `steps` is given.
-        seed: Seed of the random order (None: fresh entropy).
+        seed: Seed of the random order (None: fresh entropy, drawn once and kept in
+            the stream's `state()`). Step k's windows depend on the seed and k alone.
         stride: Distance between sequential windows (default `length`: no overlap).
         steps: Stop after this many batches.
         size: Batches in flight ahead of use (`prefetch`'s `size`).
         policy: Policy to decide by (default: the active one at this call).
         narrow: `put`'s, for 64-bit tokens with x64 disabled.
+        start: The first batch to yield: the stream yields exactly the batches an
+            uninterrupted one yields from batch `start` on, at once (no batch before it
+            is drawn or read), for either order.
+        resume: A stream's `state()` (or its JSON text), saved beside a checkpoint: the
+            stream resumes at its step, once every argument that decides the batches
+            (order, seed, length, batch, stride, steps, the tokens' rows, row shape and
+            dtype) matches the saved one.
 
     Returns:
-        A `BatchStream` of placed batches; `close()` ends it.
+        A `WindowStream` of placed batches; `close()` ends it, `state()` says where it
+        is.
 
     Raises:
         HostViewError: `tokens` is not on a host device (or sharded): it would be copied.
-        ValueError: a bad `length`, `batch`, `stride`, `steps`, `size` or `order`, or
-            fewer rows than `length`.
+        ValueError: a bad `length`, `batch`, `stride`, `steps`, `size`, `order` or
+            `start`, or fewer rows than `length`.
+        StreamStateError: `resume` is not a saved state, or was saved by a stream with
+            other arguments (it would draw other batches).
 
     Example:
         >>> import devpolicy, numpy as np
@@ -647,4 +660,6 @@ def windows(
         steps=steps,
         size=size,
         narrow=narrow,
+        start=start,
+        resume=resume,
     )

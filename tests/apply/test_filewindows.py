@@ -29,9 +29,8 @@ def token_file(tmp_path: Path, count: int = COUNT) -> tuple[Path, np.ndarray]:
 
 def expected(values: np.ndarray, seed: int, steps: int, length: int, batch: int) -> np.ndarray:
     """The batches a random stream with `seed` draws: (steps, batch, length)."""
-    starts = np.random.default_rng(seed).integers(
-        0, len(values) - length + 1, size=(steps, batch), dtype=np.int64
-    )
+    rows = np.arange(batch, dtype=np.uint64)
+    starts = _windows.random_starts(seed, 0, steps, rows, batch, len(values) - length + 1)
     return values[starts[..., None] + np.arange(length)]
 
 

@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._apply import hostview as _hostview
 from devpolicy._apply import paging as _paging
+from devpolicy._apply import windows as _windows
 from tests.helpers import policy_of
 
 BATCH_RULES = [
@@ -638,13 +639,13 @@ class TestHugeArrays:
         del x
 
 
-def old_random_batches(tokens: np.ndarray, length: int, batch: int, seed: int, steps: int) -> list:
-    """The batches random windows gave before streams were grouped: one draw of `batch`
-    starts a step, each window sliced and stacked."""
-    rng = np.random.default_rng(seed)
+def step_by_step(tokens: np.ndarray, length: int, batch: int, seed: int, steps: int) -> list:
+    """Random windows drawn one step at a time (`random_starts` of one step each), each
+    window sliced and stacked: what a stream must give however it groups its steps."""
+    rows = np.arange(batch, dtype=np.uint64)
     out = []
-    for _ in range(steps):
-        starts = rng.integers(0, len(tokens) - length + 1, size=batch, dtype=np.int64)
+    for step in range(steps):
+        (starts,) = _windows.random_starts(seed, step, 1, rows, batch, len(tokens) - length + 1)
         out.append(np.stack([tokens[s : s + length] for s in starts.tolist()]))
     return out
 
@@ -656,14 +657,15 @@ class TestStream:
 
     def test_a_seed_gives_the_same_batches_as_one_draw_a_step(self) -> None:
         """Grouping draws several steps' starts at once, and they are the same numbers as
-        one draw a step (odd batch sizes too), so a seed's batches did not change."""
+        one draw a step (odd batch sizes too): a step's windows depend on the seed and
+        the step alone."""
         tokens = np.arange(5000, dtype=np.int32)
         for batch in (1, 7, 32):
             stream = devpolicy.windows(
                 tokens, 33, batch, order="random", seed=3, steps=21, policy=policy_of()
             )
             got = [np.asarray(b) for b in stream]
-            expected = old_random_batches(tokens, 33, batch, 3, 21)
+            expected = step_by_step(tokens, 33, batch, 3, 21)
             assert len(got) == 21
             for a, b in zip(got, expected, strict=True):
                 np.testing.assert_array_equal(a, b)
@@ -747,7 +749,7 @@ class TestStream:
         for batch in held:
             values = np.asarray(batch)
             np.testing.assert_array_equal(values, values[:, :1] + np.arange(256))
-        expected = old_random_batches(tokens, 256, 4, 1, 240)
+        expected = step_by_step(tokens, 256, 4, 1, 240)
         for a, b in zip(held, expected, strict=True):
             np.testing.assert_array_equal(np.asarray(a), b)
 

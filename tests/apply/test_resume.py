@@ -1,0 +1,228 @@
+"""A `windows` stream resumed at step N yields exactly what an uninterrupted one yields from
+N on: by `start=`, by a saved `state()`, for both orders, sharded rows and two processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import devpolicy
+from devpolicy._apply import streamstate
+from devpolicy._apply import windows as _windows
+from tests.conftest import REPO
+from tests.helpers import policy_of, reports_of, run_job
+
+TOKENS = np.arange(200_000, dtype=np.int32)
+SHARDED = {
+    "meshes": {"rows": {"axes": {"data": 4}, "devices": "cpu"}},
+    "rules": [{"match": "batch", "sharding": {"mesh": "rows", "spec": ["data"]}}],
+}
+
+
+def drawn(stream: Iterable[Any]) -> list[np.ndarray]:
+    return [np.asarray(b) for b in stream]
+
+
+def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+ORDERS = [
+    pytest.param({"order": "random", "seed": 5, "steps": 40}, id="random"),
+    pytest.param({"order": "sequential", "stride": 300, "steps": 40}, id="sequential"),
+    pytest.param({"order": "sequential"}, id="sequential, one pass"),
+]
+
+
+class TestResumeAtAStep:
+    @pytest.mark.parametrize("options", ORDERS)
+    @pytest.mark.parametrize("fields", [{}, SHARDED], ids=["one device", "sharded rows"])
+    def test_start_n_yields_what_an_uninterrupted_stream_yields_from_n(
+        self, options: dict[str, object], fields: dict[str, object]
+    ) -> None:
+        """Batches N..end of one stream equal a stream started at N, element for element,
+        for both orders, and with the rows sharded over 4 devices."""
+        policy = policy_of(**fields)
+        whole = drawn(devpolicy.windows(TOKENS, 301, 8, policy=policy, **options))
+        for n in (0, 1, 7, 8, 9, 23):
+            resumed = drawn(devpolicy.windows(TOKENS, 301, 8, start=n, policy=policy, **options))
+            assert_same(resumed, whole[n:])
+
+    @pytest.mark.parametrize("options", ORDERS)
+    def test_a_saved_state_resumes_the_stream_where_it_was(
+        self, options: dict[str, object]
+    ) -> None:
+        """state() after 13 batches, through JSON (as a checkpoint's metadata carries
+        it), rebuilds a stream that yields batch 13 on, the batches in flight not lost."""
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS, 301, 8, policy=policy, **options)
+        first = [np.asarray(next(stream)) for _ in range(13)]
+        saved = json.dumps(stream.state())
+        rest = drawn(stream)
+        resumed = devpolicy.windows(TOKENS, 301, 8, resume=saved, policy=policy, **options)
+        assert resumed.state()["step"] == 13
+        assert_same(drawn(resumed), rest)
+        assert len(first) == 13
+
+    def test_a_seedless_random_stream_keeps_its_seed_in_its_state(self) -> None:
+        """seed=None draws fresh entropy once; the state names it, and a resume without a
+        seed takes it, so even a seedless run comes back to the same batches."""
+        stream = devpolicy.windows(TOKENS, 64, 4, order="random", policy=policy_of())
+        [next(stream) for _ in range(5)]
+        saved = stream.state()
+        assert isinstance(saved["seed"], int)
+        after = [np.asarray(next(stream)) for _ in range(6)]
+        resumed = devpolicy.windows(TOKENS, 64, 4, order="random", resume=saved, policy=policy_of())
+        assert_same([np.asarray(next(resumed)) for _ in range(6)], after)
+
+    def test_a_state_survives_a_checkpoints_metadata(self, tmp_path: Path) -> None:
+        """The state saved in save_file's metadata beside the model, read back from the
+        file, resumes the stream."""
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS, 33, 2, order="random", seed=1, policy=policy)
+        [next(stream) for _ in range(4)]
+        path = tmp_path / "ckpt.safetensors"
+        devpolicy.save_file(
+            {"w": np.zeros(3, np.float32)}, path, metadata={"stream": json.dumps(stream.state())}
+        )
+        want = np.asarray(next(stream))
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as f:
+            saved = f.metadata()["stream"]
+        resumed = devpolicy.windows(
+            TOKENS, 33, 2, order="random", seed=1, resume=saved, policy=policy
+        )
+        np.testing.assert_array_equal(np.asarray(next(resumed)), want)
+
+    def test_resuming_far_draws_nothing_before_the_step(self) -> None:
+        """Step 10**12's windows are computed from its counter alone: the same starts as
+        a draw of just that step, and the first batch comes without drawing the others."""
+        rows = np.arange(4, dtype=np.uint64)
+        far = _windows.random_starts(9, 10**12, 2, rows, 4, 10**9)
+        one = _windows.random_starts(9, 10**12 + 1, 1, rows, 4, 10**9)
+        np.testing.assert_array_equal(far[1], one[0])
+        stream = devpolicy.windows(
+            TOKENS, 10, 4, order="random", seed=9, start=10**12, policy=policy_of()
+        )
+        assert next(stream).shape == (4, 10)
+        assert stream.state()["step"] == 10**12 + 1
+
+    def test_different_seeds_and_steps_draw_different_uniform_starts(self) -> None:
+        """The counter-based draws cover [0, starts) evenly (a chi-square bound over 100
+        buckets) and differ between seeds."""
+        rows = np.arange(1000, dtype=np.uint64)
+        starts = _windows.random_starts(1, 0, 100, rows, 1000, 10_000)
+        assert starts.min() >= 0
+        assert starts.max() < 10_000
+        counts = np.bincount(starts.reshape(-1) // 100, minlength=100)
+        expected = starts.size / 100
+        assert ((counts - expected) ** 2 / expected).sum() < 200  # 99 dof: mean 99
+        other = _windows.random_starts(2, 0, 100, rows, 1000, 10_000)
+        assert (starts != other).mean() > 0.99
+
+
+class TestStateThatDoesNotMatch:
+    @pytest.mark.parametrize(
+        ("change", "field"),
+        [
+            ({"length": 65}, "length"),
+            ({"batch": 5}, "batch"),
+            ({"tokens": TOKENS[:-1]}, "rows"),
+            ({"tokens": TOKENS.astype(np.int64)}, "dtype"),
+            ({"seed": 4}, "seed"),
+            ({"steps": 99}, "steps"),
+        ],
+        ids=["length", "batch", "token count", "dtype", "seed", "steps"],
+    )
+    def test_other_arguments_are_an_error_naming_the_field(
+        self, change: dict[str, object], field: str
+    ) -> None:
+        """A state resumed with another length, batch, token count, dtype, seed or steps
+        would draw other batches: StreamStateError names the field and both values."""
+        arguments: dict[str, object] = {
+            "tokens": TOKENS, "length": 64, "batch": 4, "seed": 3, "steps": 50,
+        }  # fmt: skip
+        stream = devpolicy.windows(order="random", policy=policy_of(), **arguments)  # type: ignore[arg-type]
+        next(stream)
+        saved = stream.state()
+        with pytest.raises(
+            devpolicy.errors.StreamStateError,
+            match=rf"^windows resume: {field}: the saved stream had {field}=",
+        ):
+            devpolicy.windows(  # type: ignore[misc]
+                order="random", resume=saved, policy=policy_of(), **(arguments | change)
+            )
+
+    @pytest.mark.parametrize(
+        "saved",
+        [{"step": 3}, "not json {", [1, 2], {"devpolicy.windows": 1, "step": "3"}],
+        ids=["no marker", "not JSON", "a list", "a damaged step"],
+    )
+    def test_what_is_not_a_saved_state_is_refused_clearly(self, saved: object) -> None:
+        with pytest.raises(devpolicy.errors.StreamStateError, match=r"^windows resume: resume"):
+            devpolicy.windows(TOKENS, 4, 2, resume=saved, policy=policy_of())  # type: ignore[arg-type]
+
+    def test_start_past_the_end_and_start_with_resume_are_refused(self) -> None:
+        """A sequential pass has so many batches: a start past them is an error saying
+        how many; start and resume together are ambiguous."""
+        with pytest.raises(
+            ValueError,
+            match=r"^windows start=501 is past the end: a sequential pass of this stream has 500 batches",
+        ):
+            devpolicy.windows(np.arange(1000), 2, 1, start=501, policy=policy_of())
+        stream = devpolicy.windows(np.arange(1000), 2, 1, policy=policy_of())
+        with pytest.raises(ValueError, match=r"^windows takes start= or resume=, not both"):
+            devpolicy.windows(
+                np.arange(1000), 2, 1, start=2, resume=stream.state(), policy=policy_of()
+            )
+        with pytest.raises(ValueError, match=r"^windows start must be an int >= 0, got -1"):
+            devpolicy.windows(np.arange(1000), 2, 1, start=-1, policy=policy_of())
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=12),
+        st.one_of(
+            st.none(), st.integers(), st.text(max_size=8), st.lists(st.integers(), max_size=3)
+        ),
+        max_size=12,
+    )
+)
+def test_any_mapping_either_reads_as_a_state_or_is_a_stream_state_error(
+    saved: dict[str, object],
+) -> None:
+    """The state reader never fails with anything but StreamStateError, marker or not."""
+    for candidate in (saved, {**saved, streamstate.STATE_KEY: 1}):
+        with contextlib.suppress(devpolicy.errors.StreamStateError):
+            streamstate.read_state(candidate)
+
+
+@pytest.mark.slow
+def test_two_processes_resumed_at_a_step_build_their_rows_of_the_same_global_batches() -> None:
+    """Two jax.distributed processes, a global batch of 4 rows sharded over 2 x 2 devices,
+    one seed: each process's rows of batches 3..5, resumed by start and by state, equal
+    its rows of the uninterrupted run; the two processes draw different windows, and the
+    global batches are the ones one process alone would draw (rows by global index)."""
+    reports = reports_of(run_job(REPO / "tests" / "resume_worker.py", [[], []], timeout=180))
+    rows = np.arange(4, dtype=np.uint64)
+    global_starts = _windows.random_starts(11, 0, 6, rows, 4, 100_000 - 5 + 1)
+    for index, report in enumerate(reports):
+        assert report["process_index"] == index
+        assert report["saved_step"] == 3
+        assert report["shapes"] == [[4, 5]]
+        assert report["by_start"] == report["uninterrupted"][3:]
+        assert report["by_state"] == report["uninterrupted"][3:]
+    for step in range(6):
+        whole = [r for report in reports for r in report["uninterrupted"][step]]
+        assert [row[0] for row in whole] == global_starts[step].tolist()
