@@ -12,6 +12,7 @@ from ._apply.prefetch import BatchStream as BatchStream
 from ._apply.scope import Scope as Scope
 from ._apply.threads import ThreadPoolExecutor as ThreadPoolExecutor
 from ._apply.threads import propagate as propagate
+from ._apply.windows import WindowStream as WindowStream
 from ._base.errors import AxisNamesError as AxisNamesError
 from ._base.errors import CheckpointMismatchError as CheckpointMismatchError
 from ._base.errors import DevicePolicyError as DevicePolicyError

@@ -4,9 +4,9 @@ A user reads these and annotates with them, and never builds one: `resolve` give
 `Decision`, `explain` an `Explanation`, `plan` a `Plan`, `plan_transfers` a
 `TransferPlan` (of `PlannedArgument`s), `report` a `Ledger`, `inventory` an
 `Inventory`, `lint` `Finding`s, `runtime_settings` `RuntimeSettings`, `scope` a `Scope`,
-`prefetch` and `windows` a `BatchStream`; `PolicyError.problems` holds `Problem`s;
-`DeviceMemory` is the `Capacity` devpolicy uses when none is given; a `VirtualMachine`'s
-devices are `VirtualDevice`s.
+`prefetch` a `BatchStream` and `windows` a `WindowStream` (one that can say where it
+is); `PolicyError.problems` holds `Problem`s; `DeviceMemory` is the `Capacity` devpolicy
+uses when none is given; a `VirtualMachine`'s devices are `VirtualDevice`s.
 
 Example:
     >>> import devpolicy
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ._api import Scope as Scope
     from ._api import TransferPlan as TransferPlan
     from ._api import VirtualDevice as VirtualDevice
+    from ._api import WindowStream as WindowStream
 
 __all__ = [
     "BatchStream",
@@ -62,6 +63,7 @@ __all__ = [
     "Scope",
     "TransferPlan",
     "VirtualDevice",
+    "WindowStream",
 ]
 
 # Hidden from type checkers, so that a misspelt name is an error there rather than `Any`.

@@ -554,6 +554,8 @@ class StreamStateError(DevicePolicyError, ValueError):
     """A `windows` stream cannot resume from the state given: not a saved state, damaged,
     or saved by a stream with other arguments (which would draw other batches).
 
+    Raised by `windows(..., resume=...)`, before anything is read or placed.
+
     Attributes:
         field: The argument or state field at fault (`length`, `resume['step']`).
         problem: What is wrong, with the saved and the given value.

@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._apply import filewindows, hostview
+from devpolicy._apply import sampling as _sampling
 from devpolicy._apply import windows as _windows
 from tests.helpers import policy_of
 
@@ -30,7 +31,7 @@ def token_file(tmp_path: Path, count: int = COUNT) -> tuple[Path, np.ndarray]:
 def expected(values: np.ndarray, seed: int, steps: int, length: int, batch: int) -> np.ndarray:
     """The batches a random stream with `seed` draws: (steps, batch, length)."""
     rows = np.arange(batch, dtype=np.uint64)
-    starts = _windows.random_starts(seed, 0, steps, rows, batch, len(values) - length + 1)
+    starts = _sampling.random_starts(seed, 0, steps, rows, batch, len(values) - length + 1)
     return values[starts[..., None] + np.arange(length)]
 
 

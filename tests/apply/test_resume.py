@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import devpolicy
+from devpolicy._apply import sampling as _sampling
 from devpolicy._apply import streamstate
-from devpolicy._apply import windows as _windows
 from tests.conftest import REPO
 from tests.helpers import policy_of, reports_of, run_job
 
@@ -109,8 +109,8 @@ class TestResumeAtAStep:
         """Step 10**12's windows are computed from its counter alone: the same starts as
         a draw of just that step, and the first batch comes without drawing the others."""
         rows = np.arange(4, dtype=np.uint64)
-        far = _windows.random_starts(9, 10**12, 2, rows, 4, 10**9)
-        one = _windows.random_starts(9, 10**12 + 1, 1, rows, 4, 10**9)
+        far = _sampling.random_starts(9, 10**12, 2, rows, 4, 10**9)
+        one = _sampling.random_starts(9, 10**12 + 1, 1, rows, 4, 10**9)
         np.testing.assert_array_equal(far[1], one[0])
         stream = devpolicy.windows(
             TOKENS, 10, 4, order="random", seed=9, start=10**12, policy=policy_of()
@@ -122,13 +122,13 @@ class TestResumeAtAStep:
         """The counter-based draws cover [0, starts) evenly (a chi-square bound over 100
         buckets) and differ between seeds."""
         rows = np.arange(1000, dtype=np.uint64)
-        starts = _windows.random_starts(1, 0, 100, rows, 1000, 10_000)
+        starts = _sampling.random_starts(1, 0, 100, rows, 1000, 10_000)
         assert starts.min() >= 0
         assert starts.max() < 10_000
         counts = np.bincount(starts.reshape(-1) // 100, minlength=100)
         expected = starts.size / 100
         assert ((counts - expected) ** 2 / expected).sum() < 200  # 99 dof: mean 99
-        other = _windows.random_starts(2, 0, 100, rows, 1000, 10_000)
+        other = _sampling.random_starts(2, 0, 100, rows, 1000, 10_000)
         assert (starts != other).mean() > 0.99
 
 
@@ -216,7 +216,7 @@ def test_two_processes_resumed_at_a_step_build_their_rows_of_the_same_global_bat
     global batches are the ones one process alone would draw (rows by global index)."""
     reports = reports_of(run_job(REPO / "tests" / "resume_worker.py", [[], []], timeout=180))
     rows = np.arange(4, dtype=np.uint64)
-    global_starts = _windows.random_starts(11, 0, 6, rows, 4, 100_000 - 5 + 1)
+    global_starts = _sampling.random_starts(11, 0, 6, rows, 4, 100_000 - 5 + 1)
     for index, report in enumerate(reports):
         assert report["process_index"] == index
         assert report["saved_step"] == 3

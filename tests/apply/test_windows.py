@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._apply import hostview as _hostview
 from devpolicy._apply import paging as _paging
+from devpolicy._apply import sampling as _sampling
 from devpolicy._apply import windows as _windows
 from tests.helpers import policy_of
 
@@ -368,7 +369,6 @@ class TestWindows:
 def through_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     """Streams copy windows out of the mapping, as where the file cannot be read by
     position (a private writable map): the pages are then given back (`paging`)."""
-    from devpolicy._apply import windows as _windows
 
     monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
 
@@ -645,7 +645,7 @@ def step_by_step(tokens: np.ndarray, length: int, batch: int, seed: int, steps: 
     rows = np.arange(batch, dtype=np.uint64)
     out = []
     for step in range(steps):
-        (starts,) = _windows.random_starts(seed, step, 1, rows, batch, len(tokens) - length + 1)
+        (starts,) = _sampling.random_starts(seed, step, 1, rows, batch, len(tokens) - length + 1)
         out.append(np.stack([tokens[s : s + length] for s in starts.tolist()]))
     return out
 
@@ -727,7 +727,6 @@ class TestStream:
         them (buffers made unaligned here), a few are reused over and over. Either way
         every batch still holds its own windows after 240 more were cut."""
         from devpolicy._apply import hostview as _hostview
-        from devpolicy._apply import windows as _windows
 
         monkeypatch.setattr(_hostview, "ADOPTING", frozenset())
         made: list[int] = []

@@ -87,6 +87,7 @@ ERRORS = [
     "RuntimeTooLateError",
     "SafetensorsFileError",
     "ScopeInCoroutineError",
+    "StreamStateError",
     "TransferRefusedError",
     "UnmatchedNameError",
     "UntrustedPolicyError",
@@ -113,6 +114,7 @@ TYPES = [
     "Scope",
     "TransferPlan",
     "VirtualDevice",
+    "WindowStream",
 ]
 
 NAMESPACES: dict[str, tuple[ModuleType, list[str]]] = {
