@@ -25,6 +25,7 @@ from ._base.errors import Problem as Problem
 from ._base.errors import RuntimeTooLateError as RuntimeTooLateError
 from ._base.errors import SafetensorsFileError as SafetensorsFileError
 from ._base.errors import ScopeInCoroutineError as ScopeInCoroutineError
+from ._base.errors import TransferPlanError as TransferPlanError
 from ._base.errors import TransferRefusedError as TransferRefusedError
 from ._base.errors import UnmatchedNameError as UnmatchedNameError
 from ._base.errors import UntrustedPolicyError as UntrustedPolicyError

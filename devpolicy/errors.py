@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ._api import RuntimeTooLateError as RuntimeTooLateError
     from ._api import SafetensorsFileError as SafetensorsFileError
     from ._api import ScopeInCoroutineError as ScopeInCoroutineError
+    from ._api import TransferPlanError as TransferPlanError
     from ._api import TransferRefusedError as TransferRefusedError
     from ._api import UnmatchedNameError as UnmatchedNameError
     from ._api import UntrustedPolicyError as UntrustedPolicyError
@@ -66,6 +67,7 @@ __all__ = [
     "RuntimeTooLateError",
     "SafetensorsFileError",
     "ScopeInCoroutineError",
+    "TransferPlanError",
     "TransferRefusedError",
     "UnmatchedNameError",
     "UntrustedPolicyError",

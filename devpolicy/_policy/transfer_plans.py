@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._apply.jit_arguments import TransferPlan, predict
+from .._apply.jit_arguments import TransferPlan, function_name, predict
+from .._base.errors import TransferPlanError
 from .active import active_policy
 from .policy import Policy
 
@@ -51,5 +52,12 @@ def plan_transfers(
           args[0]: float32[64, 64] cpu:1 -> cpu:0, device_to_device, 16384 bytes, refused
           args[1]: float32[64, 8] numpy -> cpu:0, host_to_device, 2048 bytes
     """
+    if policy is not None and not isinstance(policy, Policy):
+        raise TransferPlanError(
+            function_name(step),
+            "policy",
+            f"a {type(policy).__name__} is not a Policy; pass devpolicy.load_policy(...) of "
+            "it, or leave policy= out for the active policy",
+        )
     chosen = policy if policy is not None else active_policy()
-    return predict(step, tuple(args), dict(kwargs or {}), chosen.watch)
+    return predict(step, args, {} if kwargs is None else kwargs, chosen.watch)

@@ -87,6 +87,7 @@ ERRORS = [
     "RuntimeTooLateError",
     "SafetensorsFileError",
     "ScopeInCoroutineError",
+    "TransferPlanError",
     "TransferRefusedError",
     "UnmatchedNameError",
     "UntrustedPolicyError",
