@@ -31,13 +31,18 @@ def plan_transfers(
 
     Host data into a CPU device counts as `host_to_device`, as JAX calls it (the
     policy's `host_local` field decides its mode). A `ShapeDtypeStruct` without a
-    sharding has no placement to compare: its `source` is `unknown`, never a move.
-
-    Lowering `step` for these arguments raises what the call itself would raise
-    (arguments committed to incompatible devices, a shape its shardings do not divide).
+    sharding has no placement to compare: its `source` is `unknown`, never a move. A
+    move's `devices` are those its `transfer` event lists (a device already holding all
+    of the array receives nothing); `sharding_devices` all the computation takes it on.
+    An argument the computation does not use is `unused`, never moved: JAX drops it
+    (jit's `keep_unused=False`). A typed PRNG key is planned as its dtype (`key<fry>`)
+    with the bytes of its key data.
 
     Raises:
-        DevicePolicyError: `step` is not a jitted function.
+        TransferPlanError: `step` is not a jitted function, `args` is not a tuple or
+            list, `kwargs` not a mapping, `policy` not a `Policy`; or the call would
+            fail (an argument it uses deleted; arguments committed to devices one
+            computation cannot span, or any failure lowering it), its error chained.
 
     Example:
         >>> import devpolicy, jax, numpy as np
