@@ -106,7 +106,7 @@ class TransferPlan:
             f"{self.nbytes} bytes" + (f", {len(unused)} unused" if unused else "")
         ]
         for a in moved:
-            refused = ", refused" if a in self.refused else ""
+            refused = ", refused" if a.mode == "disallow" and not a.scalar else ""
             held = [d for d in a.sharding_devices if d not in a.devices]
             holding = f" ({','.join(held)} holds it already)" if held else ""
             lines.append(
@@ -237,6 +237,8 @@ def _planned(
         leaf = jax.ShapeDtypeStruct(np.shape(value), canonical)  # type: ignore[no-untyped-call]
     shape = tuple(int(n) for n in leaf.shape)
     dtype = str(leaf.dtype)
+    # A typed PRNG key is data (its key bits move, jax.random.key_data), never a scalar.
+    key = bool(jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key))
     held = getattr(leaf, "sharding", None) if placed else None
     source = (
         "numpy"
@@ -245,10 +247,15 @@ def _planned(
         if held is None
         else ",".join(_texts(held.device_set, inv))
     )
-    if sharding is None:  # unused: JAX drops it before looking at it, deleted or not
+
+    def staying(devices: tuple[str, ...], unused: bool = False) -> PlannedArgument:
+        scalar = not shape and not key
         return PlannedArgument(
-            argument, source, (), None, 0, shape, dtype, not shape, "allow", (), True
+            argument, source, devices, None, 0, shape, dtype, scalar, "allow", devices, unused
         )
+
+    if sharding is None:  # unused: JAX drops it before looking at it, deleted or not
+        return staying((), unused=True)
     if isinstance(leaf, jax.Array) and leaf.is_deleted():
         raise TransferPlanError(
             name,
@@ -258,20 +265,12 @@ def _planned(
         )
     everywhere = _texts(sharding.addressable_devices, inv)
     if placed and held is None:  # a ShapeDtypeStruct, nowhere yet
-        return PlannedArgument(
-            argument, source, everywhere, None, 0, shape, dtype, not shape, "allow", everywhere
-        )
-    key = jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-    if key:
-        # A typed key moves as its key bits (jax.random.key_data): the bytes of its
-        # itemsize per key, and data, never a scalar, whatever its shape.
+        return staying(everywhere)
+    if key:  # measured as its bits: its itemsize in bytes per key
         leaf = _Bits(leaf.shape, np.dtype(f"V{leaf.dtype.itemsize}"), held)
     move = move_into(leaf, sharding, not placed, D2D if placed else H2D, inv)
     if move is None:
-        return PlannedArgument(
-            argument, source, everywhere, None, 0, shape, dtype, not shape, "allow", everywhere
-        )
-    scalar = move.scalar and not key
+        return staying(everywhere)
     mode = watch.mode_of(move) if watch is not None else "allow"
     return PlannedArgument(
         argument,
@@ -281,7 +280,7 @@ def _planned(
         move.nbytes,
         shape,
         dtype,
-        scalar,
+        move.scalar and not key,
         mode,
         everywhere,
     )
