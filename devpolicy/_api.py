@@ -27,6 +27,7 @@ from ._base.errors import RuntimeTooLateError as RuntimeTooLateError
 from ._base.errors import SafetensorsFileError as SafetensorsFileError
 from ._base.errors import ScopeInCoroutineError as ScopeInCoroutineError
 from ._base.errors import StreamStateError as StreamStateError
+from ._base.errors import TransferPlanError as TransferPlanError
 from ._base.errors import TransferRefusedError as TransferRefusedError
 from ._base.errors import UnmatchedNameError as UnmatchedNameError
 from ._base.errors import UntrustedPolicyError as UntrustedPolicyError

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ._api import SafetensorsFileError as SafetensorsFileError
     from ._api import ScopeInCoroutineError as ScopeInCoroutineError
     from ._api import StreamStateError as StreamStateError
+    from ._api import TransferPlanError as TransferPlanError
     from ._api import TransferRefusedError as TransferRefusedError
     from ._api import UnmatchedNameError as UnmatchedNameError
     from ._api import UntrustedPolicyError as UntrustedPolicyError
@@ -68,6 +69,7 @@ __all__ = [
     "SafetensorsFileError",
     "ScopeInCoroutineError",
     "StreamStateError",
+    "TransferPlanError",
     "TransferRefusedError",
     "UnmatchedNameError",
     "UntrustedPolicyError",

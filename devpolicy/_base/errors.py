@@ -572,3 +572,31 @@ class StreamStateError(DevicePolicyError, ValueError):
         self.problem = problem
         self.fix = fix
         super().__init__(f"windows resume: {field}: {problem}; {fix}")
+
+
+class TransferPlanError(DevicePolicyError, ValueError):
+    """A call `plan_transfers` was given cannot be planned, or would itself fail.
+
+    Raised by `plan_transfers` for what is not a jitted call (a function that is not jitted,
+    a `policy=` that is not a `Policy`, `args` that is not a tuple, `kwargs` that is not a
+    mapping), and where the call it plans would fail: an argument deleted (donated to an
+    earlier call), arguments committed to devices one computation cannot span. The call's
+    own error, where there is one, is chained.
+
+    Attributes:
+        function: The function planned (its name, or the repr of what was given).
+        argument: The argument concerned (`args[0]['w']`, `policy`), or None for the call.
+        problem: What is wrong, and what would be accepted.
+
+    Example:
+        >>> e = TransferPlanError("step", "args", "a numpy.ndarray is not a tuple of arguments")
+        >>> print(e)
+        plan_transfers(step): args: a numpy.ndarray is not a tuple of arguments
+    """
+
+    def __init__(self, function: str, argument: str | None, problem: str) -> None:
+        self.function = function
+        self.argument = argument
+        self.problem = problem
+        where = "" if argument is None else f"{argument}: "
+        super().__init__(f"plan_transfers({function}): {where}{problem}")

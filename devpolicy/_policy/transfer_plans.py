@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._apply.jit_arguments import TransferPlan, predict
+from .._apply.jit_arguments import TransferPlan, function_name, predict
+from .._base.errors import TransferPlanError
 from .active import active_policy
 from .policy import Policy
 
@@ -30,13 +31,18 @@ def plan_transfers(
 
     Host data into a CPU device counts as `host_to_device`, as JAX calls it (the
     policy's `host_local` field decides its mode). A `ShapeDtypeStruct` without a
-    sharding has no placement to compare: its `source` is `unknown`, never a move.
-
-    Lowering `step` for these arguments raises what the call itself would raise
-    (arguments committed to incompatible devices, a shape its shardings do not divide).
+    sharding has no placement to compare: its `source` is `unknown`, never a move. A
+    move's `devices` are those its `transfer` event lists (a device already holding all
+    of the array receives nothing); `sharding_devices` all the computation takes it on.
+    An argument the computation does not use is `unused`, never moved: JAX drops it
+    (jit's `keep_unused=False`). A typed PRNG key is planned as its dtype (`key<fry>`)
+    with the bytes of its key data.
 
     Raises:
-        DevicePolicyError: `step` is not a jitted function.
+        TransferPlanError: `step` is not a jitted function, `args` is not a tuple or
+            list, `kwargs` not a mapping, `policy` not a `Policy`; or the call would
+            fail (an argument it uses deleted; arguments committed to devices one
+            computation cannot span, or any failure lowering it), its error chained.
 
     Example:
         >>> import devpolicy, jax, numpy as np
@@ -51,5 +57,12 @@ def plan_transfers(
           args[0]: float32[64, 64] cpu:1 -> cpu:0, device_to_device, 16384 bytes, refused
           args[1]: float32[64, 8] numpy -> cpu:0, host_to_device, 2048 bytes
     """
+    if policy is not None and not isinstance(policy, Policy):
+        raise TransferPlanError(
+            function_name(step),
+            "policy",
+            f"a {type(policy).__name__} is not a Policy; pass devpolicy.load_policy(...) of "
+            "it, or leave policy= out for the active policy",
+        )
     chosen = policy if policy is not None else active_policy()
-    return predict(step, tuple(args), dict(kwargs or {}), chosen.watch)
+    return predict(step, args, {} if kwargs is None else kwargs, chosen.watch)

@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 import devpolicy
 from devpolicy._machine.ledger import forget_transfers
 from devpolicy._policy.transfer_plans import plan_transfers
+from devpolicy.errors import TransferPlanError
 from tests.helpers import policy_of
 
 WATCH_ALL = {"host_to_device": "log", "device_to_device": "log", "host_local": "log"}
@@ -90,6 +91,146 @@ class TestPredictionMatchesTheCall:
         assert (argument.direction, argument.nbytes, argument.source) == (None, 0, "cpu:2")
         assert argument.devices == ("cpu:2",)
         assert events_of_calling(step, committed) == []
+
+
+class TestUnusedArguments:
+    """JAX drops what a step does not use (keep_unused=False): the plan says so, no move."""
+
+    def test_an_unused_argument_leaf_and_keyword_are_planned_as_unused(self) -> None:
+        """Each unused one is listed unused, with no devices, direction or bytes; the used
+        ones are planned as the call then reports them."""
+        step = jax.jit(lambda params, batch, seed, *, mask=None: params["w"] * batch)
+        args = ({"w": HOST, "b": HOST}, HOST, HOST)
+        plan = plan_transfers(step, args, {"mask": HOST}, policy=policy_of(transfers=WATCH_ALL))
+        assert [a.argument for a in plan.unused] == [
+            "args[0]['b']",
+            "args[2]",
+            "kwargs['mask']",
+        ]
+        assert all(
+            (a.devices, a.direction, a.nbytes, a.mode, a.source) == ((), None, 0, "allow", "numpy")
+            for a in plan.unused
+        )
+        assert [a.argument for a in plan.moved] == ["args[0]['w']", "args[1]"]
+        events = events_of_calling(lambda *a: step(*a, mask=HOST), *args)
+        assert plan.nbytes == sum(int(e["nbytes"]) for e in events) == 2 * HOST.nbytes  # type: ignore[call-overload]
+
+    def test_the_text_says_which_arguments_are_unused(self) -> None:
+        """str() counts the unused ones and lists each as not transferred."""
+        plan = plan_transfers(jax.jit(lambda a, b: a), (HOST, HOST))
+        first, _moved, unused = str(plan).splitlines()
+        assert first.endswith("<lambda>: 1 of 2 arguments moved, 48 bytes, 1 unused")
+        assert unused == "  args[1]: float32[4, 3] numpy, unused: JAX drops it, nothing moved"
+
+    def test_a_flax_training_step_with_unused_state_is_planned(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """A flax nnx model split into state and jitted with an optimizer step: the state's
+        leaves the step does not read (a dropout key, a counter) and an unused argument
+        are unused; the rest is planned as the real call reports it."""
+        import optax
+        from flax import nnx
+
+        class Model(nnx.Module):
+            def __init__(self) -> None:
+                self.linear = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+                self.dropout = nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=1))
+
+            def __call__(self, x: jax.Array) -> jax.Array:
+                return self.linear(x)
+
+        graphdef, params, rest = nnx.split(Model(), nnx.Param, ...)
+        tx = optax.sgd(0.1)
+        opt_state = tx.init(params)
+
+        def train_step(
+            params: object, opt_state: object, rest: object, batch: jax.Array, step: int
+        ) -> object:
+            def loss(p: object) -> jax.Array:
+                return nnx.merge(graphdef, p, rest)(batch).sum()
+
+            grads = jax.grad(loss)(params)
+            updates, new_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_state
+
+        step = jax.jit(train_step, in_shardings=SingleDeviceSharding(cpus[0]))
+        on_cpu1 = jax.device_put((params, opt_state, rest), cpus[1])
+        call = (*on_cpu1, HOST, 7)
+        plan = plan_transfers(step, call, policy=policy_of(transfers=WATCH_ALL))
+        unused = [a.argument for a in plan.unused]
+        assert "args[4]" in unused
+        assert any("rngs" in a and "key" in a for a in unused)
+        events = events_of_calling(step, *call)
+        assert sorted(
+            (a.direction, a.source, a.nbytes) for a in plan.moved if not a.scalar
+        ) == sorted((e["direction"], e["source"], e["nbytes"]) for e in events if not e["scalar"])
+
+
+class TestTypedKeys:
+    def test_a_typed_prng_key_is_planned_with_its_dtype_and_bytes(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """jax.random.key on another device: key<fry>, the bytes the call moves, as data."""
+        step = jax.jit(
+            lambda k: jax.random.normal(k, (3,)), in_shardings=SingleDeviceSharding(cpus[0])
+        )
+        key = jax.device_put(jax.random.key(0), cpus[1])
+        (argument,) = plan_transfers(step, (key,), policy=policy_of(transfers=WATCH_ALL)).arguments
+        assert (argument.dtype, argument.shape, argument.source, argument.devices) == (
+            "key<fry>",
+            (),
+            "cpu:1",
+            ("cpu:0",),
+        )
+        assert (argument.nbytes, argument.scalar, argument.mode) == (8, False, "log")
+        (event,) = events_of_calling(step, key)
+        assert (event["nbytes"], event["scalar"]) == (argument.nbytes, argument.scalar)
+
+    def test_a_shape_of_keys_is_planned_too(self, cpus: list[jax.Device]) -> None:
+        """A ShapeDtypeStruct of keys with a sharding stands for keys placed there."""
+        keys = jax.ShapeDtypeStruct(
+            (4,), jax.random.key(0).dtype, sharding=SingleDeviceSharding(cpus[1])
+        )
+        step = jax.jit(lambda k: k, in_shardings=SingleDeviceSharding(cpus[0]))
+        (argument,) = plan_transfers(step, (keys,)).arguments
+        assert (argument.dtype, argument.nbytes, argument.direction) == (
+            "key<fry>",
+            32,
+            "device_to_device",
+        )
+
+
+class TestDevicesAsTheEventListsThem:
+    def test_a_device_that_already_holds_the_array_receives_nothing(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """Replicated over 4 devices from cpu:0: the bytes go to cpu:1..3, as the event says;
+        sharding_devices lists all four."""
+        mesh = jax.make_mesh((4,), ("data",), devices=cpus)
+        step = jax.jit(lambda a: a + 1, in_shardings=NamedSharding(mesh, PartitionSpec()))
+        on_cpu0 = jax.device_put(HOST, cpus[0])
+        plan = plan_transfers(step, (on_cpu0,), policy=policy_of(transfers=WATCH_ALL))
+        (moved,) = plan.moved
+        (event,) = events_of_calling(step, on_cpu0)
+        assert list(moved.devices) == event["devices"] == ["cpu:1", "cpu:2", "cpu:3"]
+        assert moved.sharding_devices == ("cpu:0", "cpu:1", "cpu:2", "cpu:3")
+        assert moved.nbytes == event["nbytes"] == 3 * HOST.nbytes
+        line = str(plan).splitlines()[1]
+        assert line == (
+            "  args[0]: float32[4, 3] cpu:0 -> cpu:1,cpu:2,cpu:3, device_to_device, "
+            "144 bytes (cpu:0 holds it already)"
+        )
+
+    def test_for_every_case_the_devices_are_those_of_the_event(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """Each predicted move's devices are the devices of its event in the real call."""
+        for case, step, args in TestPredictionMatchesTheCall().cases(cpus):
+            planned = plan_transfers(step, args, policy=policy_of(transfers=WATCH_ALL))
+            events = events_of_calling(step, *args)
+            assert sorted((a.source, list(a.devices)) for a in planned.moved) == sorted(
+                (e["source"], e["devices"]) for e in events
+            ), case
 
 
 class TestWhatItSays:
@@ -194,15 +335,82 @@ class TestBadInput:
 
         with pytest.raises(
             devpolicy.DevicePolicyError,
-            match=r"^plan_transfers: .*step is not a jitted function .*jax\.jit",
+            match=r"^plan_transfers\(.*step\): not a jitted function .*jax\.jit",
         ):
             plan_transfers(step, (HOST,))
 
-    def test_arguments_the_call_would_refuse_raise_what_the_call_raises(
+    def test_a_str_as_the_function_is_refused_naming_it(self) -> None:
+        """A name where the function belongs is no function: said, not a raw TypeError."""
+        with pytest.raises(
+            TransferPlanError,
+            match=r"^plan_transfers\('step'\): a str is not a function; pass the jitted",
+        ):
+            plan_transfers("step", (HOST,))  # type: ignore[arg-type]
+
+    def test_a_mapping_as_the_policy_is_refused_with_the_fix(self) -> None:
+        """policy= takes a Policy: a dict is refused with load_policy as the way."""
+        with pytest.raises(
+            TransferPlanError,
+            match=r"^plan_transfers\(.*<lambda>\): policy: a dict is not a Policy; .*load_policy",
+        ):
+            plan_transfers(jax.jit(lambda a: a), (HOST,), policy={"version": 1})  # type: ignore[arg-type]
+
+    def test_an_array_as_args_is_refused_not_split_into_rows(self) -> None:
+        """args is the tuple of arguments: one array there is refused, with (x,) as the fix."""
+        with pytest.raises(
+            TransferPlanError,
+            match=r"^plan_transfers\(.*<lambda>\): args: a numpy\.ndarray is not a tuple .*\(x,\)",
+        ):
+            plan_transfers(jax.jit(lambda a: a), HOST)
+
+    def test_keyword_arguments_that_are_no_mapping_are_refused(self) -> None:
+        """kwargs is a mapping of names to arguments: a tuple there is refused."""
+        with pytest.raises(
+            TransferPlanError,
+            match=r"^plan_transfers\(.*<lambda>\): kwargs: a tuple is not a mapping",
+        ):
+            plan_transfers(jax.jit(lambda a: a), (), (HOST,))  # type: ignore[arg-type]
+
+
+class TestCallsThatWouldFail:
+    """Where the planned call would fail, the plan says so, as devpolicy's error."""
+
+    def test_devices_a_computation_cannot_span_are_the_plans_finding(
         self, cpus: list[jax.Device]
     ) -> None:
-        """Committed to devices a computation cannot span: JAX's own error, as the call."""
+        """Committed to two devices: the call's failure, JAX's words kept, chained."""
         step = jax.jit(lambda a, b: a + b)
         a, b = jax.device_put(HOST, cpus[0]), jax.device_put(HOST, cpus[1])
         with pytest.raises(ValueError, match="incompatible devices"):
+            step(a, b)
+        with pytest.raises(
+            TransferPlanError,
+            match=r"^plan_transfers\(.*<lambda>\): the call would fail: Received incompatible devices",
+        ) as caught:
             plan_transfers(step, (a, b))
+        assert isinstance(caught.value.__cause__, ValueError)
+
+    def test_a_deleted_array_is_reported_as_the_call_would_raise(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """A deleted (donated) array makes the call raise: the plan names it, no move."""
+        step = jax.jit(lambda p: p["w"] + 1, in_shardings=SingleDeviceSharding(cpus[0]))
+        gone = jax.device_put(HOST, cpus[1])
+        gone.delete()
+        with pytest.raises(RuntimeError, match="deleted"):
+            step({"w": gone})
+        with pytest.raises(
+            TransferPlanError,
+            match=r"^plan_transfers\(.*<lambda>\): args\[0\]\['w'\]: a deleted array "
+            r"\(float32\[4, 3\]\): the call would raise",
+        ):
+            plan_transfers(step, ({"w": gone},))
+
+    def test_a_deleted_array_the_step_does_not_use_is_unused_as_in_the_call(self) -> None:
+        """JAX drops an unused argument before looking at it: the call runs, the plan too."""
+        step = jax.jit(lambda a, unused: a + 1)
+        gone = jax.device_put(HOST)
+        gone.delete()
+        step(HOST, gone)
+        plan = plan_transfers(step, (HOST, gone))
+        assert [a.argument for a in plan.unused] == ["args[1]"]

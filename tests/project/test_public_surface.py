@@ -88,6 +88,7 @@ ERRORS = [
     "SafetensorsFileError",
     "ScopeInCoroutineError",
     "StreamStateError",
+    "TransferPlanError",
     "TransferRefusedError",
     "UnmatchedNameError",
     "UntrustedPolicyError",
