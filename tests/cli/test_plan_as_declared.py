@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import yaml
@@ -153,3 +154,56 @@ def test_the_sharding_page_lists_every_exit_status_plan_has() -> None:
     """The doc's table and the code agree: no status undocumented, none made up."""
     documented = _documented_plan_statuses()
     assert set(documented) == _statuses_in_code() == {0, 1, 2, 3}
+
+
+class TestPlanOfAFolder:
+    """`plan DIR` (issue 43, item 5): planned as `load_file(DIR)` loads it, under the names
+    it gives, and every file of the folder it leaves out is named with why."""
+
+    def _folder(self, tmp_path: Path) -> Path:
+        """The issue's folder: `train.safetensors` and `model.safetensors`, both links."""
+        _train(tmp_path)
+        devpolicy.save_file(
+            {"embed": np.zeros((4, 2), np.float32), "head": np.zeros((2, 4), np.float32)},
+            tmp_path / "model.safetensors",
+        )
+        folder = tmp_path / "run"
+        folder.mkdir()
+        for name in ("train.safetensors", "model.safetensors"):
+            (folder / name).symlink_to(tmp_path / name)
+        return folder
+
+    def test_the_file_left_out_is_named_with_why_in_text_and_json(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        folder = self._folder(tmp_path)
+        policy = write(tmp_path / "p.yaml", "version: 1\n")
+        status, text, report = _plan(capsys, str(folder), "--policy", str(policy))
+        assert status == 0
+        left = str(folder / "train.safetensors")
+        assert re.search(
+            rf"^left out: {re.escape(left)}: model\.safetensors is the checkpoint", text, re.M
+        ), text
+        why = "model.safetensors is the checkpoint (no index): name the file to load it"
+        assert report["left_out"] == [{"file": left, "why": why}]
+
+    def test_its_tensors_carry_the_names_load_file_gives(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A rule on the names `load_file(DIR)` gives (`run/*`) takes the same tensors in
+        the plan as in the load, and the title says which file of the folder was planned."""
+        folder = self._folder(tmp_path)
+        policy = devpolicy.load_policy(
+            {"version": 1, "rules": [{"match": "run/*", "device": "cpu:1"}]}, environ={}
+        )
+        loaded = policy.load_file(folder)
+        plan = devpolicy.plan(folder, policy=policy)
+        assert [(t.name, t.decision.device_text) for t in plan.tensors if t.decision] == [
+            ("run/embed", "cpu:1"),
+            ("run/head", "cpu:1"),
+        ]
+        assert all(a.devices() == {jax.devices("cpu")[1]} for a in loaded.values())
+        path = tmp_path / "p.yaml"
+        path.write_text("version: 1\n")
+        _, text, _ = _plan(capsys, str(folder), "--policy", str(path))
+        assert f"{folder}: 2 tensors of model.safetensors" in text
