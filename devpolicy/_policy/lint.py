@@ -426,7 +426,7 @@ def _chain(
     if route.attached is not None:
         texts[0] = route.requested  # `mesh[attached]`, as written
     there = "here" if where == "this machine" else "there"
-    if missing and here is not None:
+    if missing and not isinstance(walked, DeviceUnavailableError):
         # As the run logs it: a way the rule declared is the plan (info there, a note
         # here); the policy's chain taking over is a warning in both.
         findings.append(

@@ -75,10 +75,8 @@ class TestDeclaredPlacementIsNoCatchAll:
         document = yaml.safe_load(POD_POLICY.replace("accelerator", "cpu"))
         policy = devpolicy.load_policy(document, environ={})
         plan = devpolicy.plan(_train(tmp_path), policy=policy)
-        assert [(u.label, u.catch_all) for u in plan.rules][0] == (
-            "file 'train*.safetensors'",
-            False,
-        )
+        first = plan.rules[0]
+        assert (first.label, first.catch_all) == ("file 'train*.safetensors'", False)
 
     def test_a_catch_all_to_a_host_device_places_on_purpose(self, tmp_path: Path) -> None:
         """`match: '*'` with `device: cpu` beside sharding rules: the rest is meant for
