@@ -78,8 +78,10 @@ __all__ = [
     "windows",
 ]
 
-# Names that left the top level: each still resolves, with a DeprecationWarning naming
-# where it lives now. Not in `__all__` or `dir()`.
+# Names that left the top level: each still resolves, with a FutureWarning naming where it
+# lives now (not a DeprecationWarning, which Python hides when the old spelling is in an
+# imported module: NumPy and pandas warn users of removals the same way). Not in `__all__`
+# or `dir()`.
 _MOVED = {
     **{name: "devpolicy.errors" for name in errors.__all__ if name not in __all__},
     **dict.fromkeys(types.__all__, "devpolicy.types"),
@@ -101,9 +103,7 @@ def __getattr__(name: str) -> Any:
         # would let the same warning show twice for one `from devpolicy import X`.
         value = getattr(importlib.import_module("devpolicy._api"), name)
         new = _REPLACED.get(name) or f"{_MOVED[name]}.{name}"
-        warnings.warn(
-            f"devpolicy.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2
-        )
+        warnings.warn(f"devpolicy.{name} is deprecated: use {new}", FutureWarning, stacklevel=2)
         return value
     if name.startswith("_") and not name.startswith("__"):
         try:

@@ -86,7 +86,9 @@ def _report_check(
     uses: tuple[Any, ...] = (),
 ) -> int:
     errors = sum(f["severity"] == "error" for f in findings)
-    warnings = len(findings) - errors
+    notes = sum(f["severity"] == "note" for f in findings)
+    # Notes are what the run says at info (a fallback the rule declared): never a failure.
+    warnings = len(findings) - errors - notes
     status = EXIT_FINDINGS if errors else (EXIT_USAGE if warnings and args.strict else EXIT_OK)
     if args.json:
         report: dict[str, Any] = {
@@ -107,11 +109,14 @@ def _report_check(
             lit(f"  {u.origin} {u.label}: {u.tensors} name{'' if u.tensors == 1 else 's'}{note}")
         )
     for f in findings:
-        style = "bold red" if f["severity"] == "error" else "yellow"
+        style = {"error": "bold red", "warning": "yellow"}.get(f["severity"], "dim")
         line = lit(f"{f['origin']}: ")
         line.append(f["severity"], style=style)
         line.append_text(lit(f": {f['message']} [{f['code']}]"))
         console.print(line)
     summary = "valid, no findings" if not findings else f"{errors} error(s), {warnings} warning(s)"
-    console.print(Text(summary, style="green" if not findings else ("red" if errors else "yellow")))
+    if notes:
+        summary += f", {notes} note(s)"
+    colour = "red" if errors else ("yellow" if warnings else "green")
+    console.print(Text(summary, style=colour))
     return status

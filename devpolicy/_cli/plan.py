@@ -88,7 +88,9 @@ def command(args: argparse.Namespace) -> int:
     console = new_console()
     shown = p.tensors if args.all else p.tensors[:ROWS]
     on = "" if machine is None else f" on {p.machine}"
-    table = Table(title=lit(f"{p.file}: {len(p.tensors)} tensors{on}"), title_justify="left")
+    table = Table(
+        title=lit(f"{p.file}: {len(p.tensors)} tensors{_of_files(p)}{on}"), title_justify="left"
+    )
     for column in ("name", "dtype", "shape", "size", "where", "per device", "rule"):
         table.add_column(
             column, justify="right" if column in ("size", "per device") else "left", overflow="fold"
@@ -114,6 +116,9 @@ def command(args: argparse.Namespace) -> int:
     console.print(table)
     if len(shown) < len(p.tensors):
         console.print(Text(f"... {len(p.tensors) - len(shown)} more tensors (--all lists them)"))
+    # A folder's files load_file would not load: said here as its event says them.
+    for file, why in p.left_out:
+        console.print(lit(f"left out: {file}: {why}", "yellow"))
     # Why each fallback happened, once per reason (a whole layer of tensors shares one).
     reasons: dict[str, list[str]] = {}
     for t in shown:
@@ -215,6 +220,15 @@ def _plan_rules(console: Console, p: devpolicy.types.Plan) -> None:
                 "bold yellow",
             )
         )
+
+
+def _of_files(p: devpolicy.types.Plan) -> str:
+    """` of model.safetensors` where a folder was planned as the one file `load_file` loads
+    of it (its tensors named under the folder's name, as `load_file` names them)."""
+    files = list(p.metadata)
+    if len(files) == 1 and files[0] != p.file:
+        return f" of {Path(files[0]).name}"
+    return ""
 
 
 def _unplaced(p: devpolicy.types.Plan) -> dict[str, list[str]]:
@@ -323,6 +337,7 @@ def _plan_json(p: devpolicy.types.Plan) -> dict[str, Any]:
             }
             for f in p.fetches
         ],
+        "left_out": [{"file": file, "why": why} for file, why in p.left_out],
         "warnings": [{"code": code, "message": message} for code, message in p.warnings],
         "sharded_nothing": p.sharded_nothing,
     }

@@ -31,6 +31,7 @@ from typing import NamedTuple
 from .._base.sizes import format_size
 from .._document.layers import RuleEntry, Settings
 from .._document.schema import RuleSpec
+from .._document.targets import parse_target
 from .._names.matching import Condition, SourceFile
 from .._names.nearby import MetNames, NearMiss, near_miss
 from .._names.prefixes import literal_prefix
@@ -85,7 +86,8 @@ class RuleUse:
         nbytes: Their bytes.
         shards: Whether it asks for a sharding.
         sharded: Tensors it sharded (a sharding that fell back to a device is not).
-        catch_all: Whether it takes every name (`*`, `.*`; the default too).
+        catch_all: Whether it takes every name (`*`, `.*`; the default too); a rule with a
+            `file:` glob takes only its files' names, and is none.
         applies: False for a rule written for other files or other names (`other-files`,
             `other-names`): it could not have taken anything here.
         example: The first name it took, or "".
@@ -99,6 +101,8 @@ class RuleUse:
             `the default`).
         position: The rule's position in the policy's rules (None for the default).
         layer: Where the rule comes from: `policy`, `env`, `code`; `default`.
+        host: Whether its own target is a host device (`device: cpu`): what it places
+            whole it places there on purpose, never "left unsharded" by a catch-all.
     """
 
     origin: str
@@ -117,11 +121,12 @@ class RuleUse:
     meant_by: str = ""
     position: int | None = None
     layer: str = "default"
+    host: bool = False
 
 
 def _catch_all(spec: RuleSpec) -> bool:
     conditions = (spec.min_bytes, spec.max_bytes, spec.ndim, spec.min_elements, spec.max_elements)
-    if any(c is not None for c in conditions):
+    if spec.file is not None or any(c is not None for c in conditions):
         return False
     if spec.search is not None:
         return spec.search in _SEARCH_ALL
@@ -217,6 +222,7 @@ def rule_uses(
                 "" if near is None else reasons.taken_by(near.indices),
                 i,
                 entry.source,
+                entry.spec.device is not None and parse_target(entry.spec.device).platform == "cpu",
             )
         )
     # The default is a device target (never a sharding) and takes every name.
@@ -269,16 +275,12 @@ class _Reasons:
     @property
     def _met(self) -> MetNames:
         if self._met_names is None:
-            rules, catch_alls, placed = self._rules, self._catch_alls, self._placed
-            # Names no rule of their own took: the default's, or a catch-all name rule's
-            # (a `file:` rule chose its file's names).
+            catch_alls, placed = self._catch_alls, self._placed
+            # Names no rule of their own took: the default's, or a catch-all's (a `file:`
+            # rule chose its file's names: it is none).
             self._met_names = MetNames(
                 [(p.name, p.nbytes, p.shape, p.source) for p in placed],
-                [
-                    p.position is None
-                    or (catch_alls[p.position] and rules[p.position].spec.file is None)
-                    for p in placed
-                ],
+                [p.position is None or catch_alls[p.position] for p in placed],
             )
         return self._met_names
 
@@ -402,7 +404,8 @@ def silent_rules(uses: tuple[RuleUse, ...], quiet: tuple[str, ...] = ()) -> list
       later rule included), or took none while the default or a catch-all took some (the
       names it was written for are probably spelled otherwise);
     - `not-sharded`: the policy shards, yet the default or a catch-all device rule placed
-      tensors whole.
+      tensors whole (a rule whose own device is a host device places them there on
+      purpose: not counted; nor is a `file:` rule, which is no catch-all).
 
     A rule shadowed by an earlier one, or whose conditions take none of the names its
     pattern matches, or written for other files or names, is not reported; nor is a rule
@@ -441,7 +444,7 @@ def silent_rules(uses: tuple[RuleUse, ...], quiet: tuple[str, ...] = ()) -> list
                 )
             )
     if any(u.shards for u in uses):
-        whole = [u for u in fell if not u.shards]
+        whole = [u for u in fell if not u.shards and not u.host]
         count = sum(u.tensors for u in whole)
         if count:
             nbytes = sum(u.nbytes for u in whole)
@@ -462,8 +465,10 @@ def silent_rules(uses: tuple[RuleUse, ...], quiet: tuple[str, ...] = ()) -> list
 def sharded_nothing(uses: tuple[RuleUse, ...]) -> bool:
     """Whether the policy has sharding rules and none of these tensors is sharded,
     although some asked for it (a sharding rule's tensors fell back to a device), fell
-    through to the default or a catch-all, or were placed whole by another rule where a
-    sharding rule would have taken them but for a slip (`plan` exits 3).
+    through to the default or a catch-all (one to a host device is a declared place, not a
+    fall), or were placed whole by another rule where a sharding rule would have taken
+    them but for a slip, or while a sharding rule took none for no reason found (`plan`
+    exits 3). A plan whose every tensor went where a rule declared exits 0.
 
     Example:
         >>> sharded_nothing((RuleUse("p:3", "'a/b'", 0, 0, True, status="near", meant=5),
@@ -472,8 +477,9 @@ def sharded_nothing(uses: tuple[RuleUse, ...]) -> bool:
     """
     if not any(u.shards for u in uses) or any(u.sharded for u in uses):
         return False
-    return any(u.tensors and (u.shards or u.catch_all) for u in uses) or any(
-        u.shards and u.status == NEAR for u in uses
+    fell = any(u.tensors and u.catch_all for u in uses)
+    return any(u.tensors and (u.shards or (u.catch_all and not u.host)) for u in uses) or any(
+        u.shards and (u.status == NEAR or (u.status == NOTHING and fell)) for u in uses
     )
 
 

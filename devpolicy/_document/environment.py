@@ -132,46 +132,53 @@ def read_env(environ: Mapping[str, str]) -> EnvSettings:
 
 
 TRANSFERS_FORMS = (
-    f"a mode for every direction ({', '.join(TRANSFER_MODES)}), or "
-    f"field=mode[,field=mode...] with field one of {', '.join(TRANSFER_FIELDS)}"
+    f"MODE[,field=mode...]: a mode for every direction ({', '.join(TRANSFER_MODES)}), then "
+    f"any overrides, or field=mode[,field=mode...] alone, with field one of "
+    f"{', '.join(TRANSFER_FIELDS)}"
 )
 
 
 def _transfers(value: str | None) -> dict[str, str]:
-    """`DEVPOLICY_TRANSFERS`: `log` (every direction) or `device_to_device=disallow,...`.
+    """`DEVPOLICY_TRANSFERS`: `log` (every direction), `device_to_device=disallow,...`, or
+    both: a bare mode first, then overrides (`log,host_local=log`: everything at `log`,
+    `host_local` too).
 
     Example:
         >>> _transfers("device_to_device=disallow, host_to_device=log")
         {'device_to_device': 'disallow', 'host_to_device': 'log'}
+        >>> _transfers("log, device_to_host=allow")
+        {'host_to_device': 'log', 'device_to_device': 'log', 'device_to_host': 'allow'}
     """
     if value is None:
         return {}
-    text = value.strip()
-    if "=" not in text:
-        if text not in TRANSFER_MODES:
-            hint = did_you_mean(text, TRANSFER_MODES)
-            raise EnvOverrideError(
-                TRANSFERS, value, f"unknown transfer mode {text!r}{hint}", TRANSFERS_FORMS
-            )
-        return dict.fromkeys(TRANSFER_DIRECTIONS, text)
     out: dict[str, str] = {}
-    for item in text.split(","):
+    overridden: set[str] = set()
+
+    def refuse(problem: str) -> EnvOverrideError:
+        return EnvOverrideError(TRANSFERS, value, problem, TRANSFERS_FORMS)
+
+    for position, item in enumerate(part.strip() for part in value.split(",")):
         name, sep, mode = (part.strip() for part in item.partition("="))
-        if not sep or name not in TRANSFER_FIELDS:
+        if not item:
+            raise refuse(f"item {position} is empty")
+        if not sep:
+            if name not in TRANSFER_MODES:
+                hint = did_you_mean(name, TRANSFER_MODES)
+                where = f"item {item!r}: " if "," in value else ""  # a lone mode is the value
+                raise refuse(f"{where}unknown transfer mode {name!r}{hint}")
+            if position:
+                raise refuse(f"item {item!r}: a bare mode comes first, before the overrides")
+            out = dict.fromkeys(TRANSFER_DIRECTIONS, name)
+            continue
+        if name not in TRANSFER_FIELDS:
             hint = did_you_mean(name, TRANSFER_FIELDS) if name else ""
-            raise EnvOverrideError(
-                TRANSFERS, value, f"item {item.strip()!r}: unknown field{hint}", TRANSFERS_FORMS
-            )
+            raise refuse(f"item {item!r}: unknown field{hint}")
         if mode not in TRANSFER_MODES:
             hint = did_you_mean(mode, TRANSFER_MODES)
-            raise EnvOverrideError(
-                TRANSFERS,
-                value,
-                f"item {item.strip()!r}: unknown mode {mode!r}{hint}",
-                TRANSFERS_FORMS,
-            )
-        if name in out:
-            raise EnvOverrideError(TRANSFERS, value, f"{name} is given twice", TRANSFERS_FORMS)
+            raise refuse(f"item {item!r}: unknown mode {mode!r}{hint}")
+        if name in overridden:
+            raise refuse(f"{name} is given twice")
+        overridden.add(name)
         out[name] = mode
     return out
 

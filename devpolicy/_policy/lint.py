@@ -33,7 +33,7 @@ from .._runtime.knobs import env_needs_allow
 from .._runtime.settings import plan_runtime
 from .policy import Policy
 
-Severity = Literal["error", "warning"]
+Severity = Literal["error", "warning", "note"]
 _WILDCARDS = "*?["
 # `.` stops at newlines unless DOTALL is on, so a bare `.*` is not a catch-all.
 _CATCH_ALL_REGEXES = ("(?s).*", "(?s:.*)")
@@ -44,7 +44,9 @@ class Finding:
     """One lint finding.
 
     Attributes:
-        severity: `error` (resolving would fail here, or a rule is dead) or `warning`.
+        severity: `error` (resolving would fail here, or a rule is dead), `warning`, or
+            `note`: what the run says at info, never a warning (a fallback the rule
+            declared, taken here); `check --strict` fails on errors and warnings only.
         origin: Where: `file:line`, `env:DEVPOLICY_RULES`, ...
         code: A stable short name: `unreachable-rule`, `missing-device`,
             `missing-memory-kind`, `chain-ends-nowhere`, `no-safe-end`, `unused-mesh`,
@@ -75,6 +77,8 @@ def lint(policy: Policy, *, machine: VirtualMachine | None = None) -> list[Findi
     would (after a catch-all, an identical pattern, or a glob that covers it), and a
     fallback chain none of whose targets exists on the machine. Warnings: a target whose
     backend, index or memory kind the machine lacks (policies travel between machines),
+    where the policy's chain takes over (a note where the rule's own `fallback:` is taken:
+    the run says that at info, as the plan),
     a non-strict chain that can really end nowhere there (`no-safe-end`: some array shape
     no target of it takes, such as a sharding its dimensions do not divide with no
     `replicate` or device after it; memory aside), a mesh no rule uses, and `runtime:`
@@ -422,10 +426,12 @@ def _chain(
     if route.attached is not None:
         texts[0] = route.requested  # `mesh[attached]`, as written
     there = "here" if where == "this machine" else "there"
-    if missing and here is not None:
+    if missing and not isinstance(walked, DeviceUnavailableError):
+        # As the run logs it: a way the rule declared is the plan (info there, a note
+        # here); the policy's chain taking over is a warning in both.
         findings.append(
             Finding(
-                "warning",
+                "note" if walked.declared else "warning",
                 origin,
                 "missing-device",
                 f"{label}: not on {where}: {'; '.join(missing)}; {there} it falls back to {here}",

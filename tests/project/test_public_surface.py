@@ -276,11 +276,11 @@ class TestDeprecated:
     def test_a_moved_name_warns_naming_its_new_spelling_and_is_the_same_object(
         self, name: str
     ) -> None:
-        """`devpolicy.<moved>` still gives the object, with a DeprecationWarning that names
+        """`devpolicy.<moved>` still gives the object, with a FutureWarning that names
         where it lives now; it is absent from `__all__` and `dir()`."""
         new = MOVED[name]
         with pytest.warns(
-            DeprecationWarning, match=rf"^devpolicy\.{name} is deprecated: use {re.escape(new)}$"
+            FutureWarning, match=rf"^devpolicy\.{name} is deprecated: use {re.escape(new)}$"
         ):
             old = getattr(devpolicy, name)
         if name == "available_backends":
@@ -291,7 +291,7 @@ class TestDeprecated:
         assert name not in dir(devpolicy)
 
     def test_the_warning_points_at_the_line_that_used_the_old_spelling(self) -> None:
-        """The warning is reported at the user's line (so `-W error::DeprecationWarning`
+        """The warning is reported at the user's line (so `-W error::FutureWarning`
         and the warnings filters by module act on the right code), and every use warns."""
         for _ in range(2):
             with warnings.catch_warnings(record=True) as caught:
@@ -309,9 +309,9 @@ class TestDeprecated:
             timeout=120,
             check=True,
         )
-        shown = [line for line in result.stderr.splitlines() if "DeprecationWarning" in line]
+        shown = [line for line in result.stderr.splitlines() if "FutureWarning" in line]
         assert shown == [
-            "<string>:1: DeprecationWarning: devpolicy.NarrowingError is deprecated: "
+            "<string>:1: FutureWarning: devpolicy.NarrowingError is deprecated: "
             "use devpolicy.errors.NarrowingError"
         ]
 
