@@ -200,11 +200,14 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("schema", help="print the JSON Schema of the policy format")
 
     align_parser = commands.add_parser(
-        "align", help="rewrite a safetensors file for zero-copy loading"
+        "align", help="rewrite a safetensors file for zero-copy loading, or --check one"
     )
     align_parser.add_argument("source", type=Path, help="the file to read")
     align_parser.add_argument(
-        "destination", type=Path, help="the file to write (replaced atomically)"
+        "destination", type=Path, nargs="?", help="the file to write (replaced atomically)"
+    )
+    align_parser.add_argument(
+        "--check", action="store_true", help="say which tensors would not map, write nothing"
     )
     align_parser.add_argument(
         "--align", type=int, default=64, help="byte alignment, a power of two (default 64)"
