@@ -141,7 +141,7 @@ def unmappable(path: str | os.PathLike[str]) -> dict[str, str]:
         >>> path = os.path.join(tempfile.mkdtemp(), "plain.safetensors")
         >>> plain_save({"a": np.ones(3, np.uint8), "b": np.ones(4, np.float32)}, path)
         >>> print(devpolicy.unmappable(path)["b"])  # doctest: +ELLIPSIS
-        its data starts at byte 131, 3 past a 64-byte boundary: a tensor maps only ...
+        its data starts at byte 120, 56 past a 64-byte boundary: a tensor maps only ...
     """
     check_local(path)
     header = read_header(path)
