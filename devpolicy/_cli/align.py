@@ -39,17 +39,22 @@ def check(args: argparse.Namespace) -> int:
     and a summary line; exit 1 when there is one."""
     source = args.source
     reasons = devpolicy.unmappable(source)
-    total = len(_planned(source).tensors)
+    tensors = _planned(source).tensors
     console = new_console()
     if not reasons:
-        console.print(lit(f"{source}: {total} of {total} tensors map (64-byte aligned)"))
+        console.print(
+            lit(f"{source}: {len(tensors)} of {len(tensors)} tensors map (64-byte aligned)")
+        )
         return EXIT_OK
     for key, why in reasons.items():
         console.print(lit(f"{source}: tensor {key!r}: {why}"))
+    read = sum(t.nbytes for t in tensors if t.key in reasons)
+    share = read / max(1, sum(t.nbytes for t in tensors))
     console.print(
         lit(
-            f"{source}: {len(reasons)} of {total} tensors would be read, not mapped; "
-            f"`devpolicy align {source} OUT` writes a copy whose tensors map"
+            f"{source}: {len(reasons)} of {len(tensors)} tensors ({share:.0%} of the bytes) "
+            f"would be read, not mapped; `devpolicy align {source} OUT` writes a copy whose "
+            "largest tensors start aligned"
         )
     )
     return EXIT_FINDINGS

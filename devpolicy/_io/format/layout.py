@@ -171,21 +171,20 @@ def slice_runs(
     return offsets, math.prod(extents[split:]) * itemsize
 
 
-def unmappable_reasons(header: Header, *, x64: bool, fix: str) -> dict[str, str]:
+def unmappable_reasons(header: Header, *, x64: bool) -> dict[str, str]:
     """Why each tensor of `header` would be read rather than mapped
     from a local file, by key; a tensor that maps, or has no bytes, is left out.
 
     A tensor maps when its data starts at an `ALIGN`-byte offset (what XLA's CPU client
     needs to adopt host memory) and its bytes are the array's: not packed (F4), and not
-    64-bit where JAX narrows it (`x64` False). `fix` is the command that rewrites the
-    file aligned, named in the reason.
+    64-bit where JAX narrows it (`x64` False).
 
     Example:
         >>> from devpolicy._io.format.header import TensorEntry
         >>> entry = TensorEntry("t", "U16", np.dtype("<u2"), (4,), 0, 8, 100)
         >>> header = Header(Path("f"), 108, 100, (entry,), None)
-        >>> unmappable_reasons(header, x64=False, fix="`align`")["t"][:41]
-        'its data starts at byte 100, 36 past a 64'
+        >>> print(unmappable_reasons(header, x64=False)["t"])  # doctest: +ELLIPSIS
+        its data starts at byte 100, 36 past a 64-byte boundary: a tensor maps only ...
     """
     reasons: dict[str, str] = {}
     for entry in header.tensors:
@@ -195,8 +194,7 @@ def unmappable_reasons(header: Header, *, x64: bool, fix: str) -> dict[str, str]
         if entry.offset % ALIGN:
             why.append(
                 f"its data starts at byte {entry.offset}, {entry.offset % ALIGN} past a "
-                f"{ALIGN}-byte boundary: a tensor maps only from a {ALIGN}-byte-aligned "
-                f"offset (rewrite the file with {fix})"
+                f"{ALIGN}-byte boundary: a tensor maps only from a {ALIGN}-byte-aligned offset"
             )
         if entry.dtype_name in PACKED:
             why.append(

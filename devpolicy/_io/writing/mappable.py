@@ -129,7 +129,8 @@ def unmappable(path: str | os.PathLike[str]) -> dict[str, str]:
     its bytes are the array's: not F4 (two values a byte in the file, one in JAX), and
     not 64-bit with JAX's x64 off, as it is now (narrowed to 32 bits: a new buffer). An
     empty tensor has nothing to map and is not named. `devpolicy align --check FILE`
-    says the same on the command line; `devpolicy align` rewrites a file aligned.
+    says the same on the command line; `align_file` (`devpolicy align IN OUT`) writes a
+    copy whose tensors map.
 
     Raises:
         SafetensorsFileError: `path` is missing, not a safetensors file, or a URL (only a
@@ -139,14 +140,18 @@ def unmappable(path: str | os.PathLike[str]) -> dict[str, str]:
         >>> import devpolicy, numpy as np, tempfile, os
         >>> from safetensors.numpy import save_file as plain_save
         >>> path = os.path.join(tempfile.mkdtemp(), "plain.safetensors")
-        >>> plain_save({"a": np.ones(3, np.uint8), "b": np.ones(4, np.float32)}, path)
+        >>> plain_save({"a": np.ones(16, np.uint8), "b": np.ones(16, np.float32)}, path)
         >>> print(devpolicy.unmappable(path)["b"])  # doctest: +ELLIPSIS
         its data starts at byte 120, 56 past a 64-byte boundary: a tensor maps only ...
+        >>> copy = path.replace("plain", "aligned")
+        >>> devpolicy.align_file(path, copy)  # the same tensors, laid out to map
+        >>> devpolicy.unmappable(copy)
+        {}
     """
     check_local(path)
     header = read_header(path)
     x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
-    return unmappable_reasons(header, x64=x64, fix=f"`devpolicy align {path} OUT`")
+    return unmappable_reasons(header, x64=x64)
 
 
 class _SourceFailedError(Exception):
