@@ -230,7 +230,7 @@ class _Chunks:
             )
         if first is None:
             return chunk
-        if chunk.dtype != first.dtype:
+        if name != dtype_name(first.dtype):  # byte order aside: each is written little-endian
             raise self._refuse(
                 f"{which} is {chunk.dtype} ({name}), but chunk 0 was {first.dtype} "
                 f"({dtype_name(first.dtype)}): every chunk must have one dtype"

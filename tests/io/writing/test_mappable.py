@@ -75,6 +75,16 @@ class TestSaveChunks:
             reference_load(path)["dataset/windows"], np.concatenate(chunks)
         )
 
+    def test_chunks_of_either_byte_order_are_one_dtype(self, tmp_path: Path) -> None:
+        """A big-endian chunk after a little-endian one is the same dtype, written
+        little-endian as the format stores it."""
+        chunks = [np.arange(3, dtype="<u2"), np.arange(3, 6, dtype=">u2")]
+        path = tmp_path / "t.safetensors"
+
+        devpolicy.save_chunks(chunks, path)
+
+        assert reference_load(path)["tokens"].tolist() == [0, 1, 2, 3, 4, 5]
+
     def test_an_array_is_written_in_blocks_and_odd_sizes_come_out_exact(
         self, tmp_path: Path
     ) -> None:
