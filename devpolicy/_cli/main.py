@@ -283,8 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit status.
 
     Exit status: 0 success; 1 findings (`check` errors, `explain` without a device,
-    `plan` that does not fit, `align --check` of a tensor that would not map); 2 usage or input errors (and `check --strict` warnings);
-    3 a `plan` that fits but shards nothing although the policy has sharding rules.
+    `plan` that does not fit, `align --check` of a tensor that would not map); 2 usage or
+    input errors (and `check --strict` warnings); 3 a `plan` that fits but shards nothing
+    although the policy has sharding rules.
 
     Example:
         >>> main(["schema"]) == 0  # doctest: +ELLIPSIS
