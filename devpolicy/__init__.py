@@ -70,10 +70,12 @@ __all__ = [
     "report",
     "resolve",
     "runtime_settings",
+    "save_chunks",
     "save_file",
     "scope",
     "shardings",
     "to",
+    "unmappable",
     "use_mesh",
     "windows",
 ]

@@ -52,6 +52,8 @@ from ._io.remote.errors import RemoteOptionError as RemoteOptionError
 from ._io.remote.errors import RemoteReadError as RemoteReadError
 from ._io.remote.errors import RemoteURLError as RemoteURLError
 from ._io.writing.local_files import align_file as align_file
+from ._io.writing.mappable import save_chunks as save_chunks
+from ._io.writing.mappable import unmappable as unmappable
 from ._machine.capacity import Capacity as Capacity
 from ._machine.capacity import DeviceMemory as DeviceMemory
 from ._machine.capacity import StaticCapacity as StaticCapacity

@@ -32,14 +32,21 @@ POLICY = Path(__file__).resolve().parent.parent / "policies" / "dataset-on-host.
 SEQ_LEN = 128
 VOCAB = 32_000
 WIDTH = 64
+CHUNK = 8 * 2**20  # tokens written at a time (16 MiB)
 
 
 def write_dataset(path: Path, nbytes: int, seed: int = 0) -> None:
-    """One `tokens` tensor: a stream of uint16 token ids, about `nbytes` large, written at a
-    64-byte-aligned offset so that it can be mapped zero-copy."""
+    """One `tokens` tensor: a stream of uint16 token ids, about `nbytes` large, written
+    chunk by chunk as a tokenizer makes them (`save_chunks` holds one chunk at a time, so
+    `--size 40GiB` needs no 40 GiB of memory) at a 64-byte-aligned offset, so that it maps
+    zero-copy."""
     count = max(2 * SEQ_LEN, nbytes // 2)
-    tokens = np.random.default_rng(seed).integers(0, VOCAB, size=count, dtype=np.uint16)
-    devpolicy.save_file({"tokens": tokens}, path)
+    rng = np.random.default_rng(seed)
+    chunks = (
+        rng.integers(0, VOCAB, size=min(CHUNK, count - start), dtype=np.uint16)
+        for start in range(0, count, CHUNK)
+    )
+    devpolicy.save_chunks(chunks, path)
 
 
 def write_model(path: Path, seed: int = 1) -> None:

@@ -200,11 +200,14 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("schema", help="print the JSON Schema of the policy format")
 
     align_parser = commands.add_parser(
-        "align", help="rewrite a safetensors file for zero-copy loading"
+        "align", help="rewrite a safetensors file for zero-copy loading, or --check one"
     )
     align_parser.add_argument("source", type=Path, help="the file to read")
     align_parser.add_argument(
-        "destination", type=Path, help="the file to write (replaced atomically)"
+        "destination", type=Path, nargs="?", help="the file to write (replaced atomically)"
+    )
+    align_parser.add_argument(
+        "--check", action="store_true", help="say which tensors would not map, write nothing"
     )
     align_parser.add_argument(
         "--align", type=int, default=64, help="byte alignment, a power of two (default 64)"
@@ -280,8 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit status.
 
     Exit status: 0 success; 1 findings (`check` errors, `explain` without a device,
-    `plan` that does not fit); 2 usage or input errors (and `check --strict` warnings);
-    3 a `plan` that fits but shards nothing although the policy has sharding rules.
+    `plan` that does not fit, `align --check` of a tensor that would not map); 2 usage or
+    input errors (and `check --strict` warnings); 3 a `plan` that fits but shards nothing
+    although the policy has sharding rules.
 
     Example:
         >>> main(["schema"]) == 0  # doctest: +ELLIPSIS

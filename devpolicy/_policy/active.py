@@ -16,8 +16,9 @@ from types import TracebackType
 from .._apply.calls import Active
 from .._apply.scope import Scopes
 from .._apply.transfers import arm, disarm, suspend
+from .._base.events import EventLog
 from .._decide.decider import Decider
-from .loading import forget_nothing_found, load_policy, loaded_files
+from .loading import forget_nothing_found, load_policy, load_settings, loaded_files
 from .policy import Policy
 
 _ACTIVE: ContextVar[Policy | None] = ContextVar("devpolicy_active_policy", default=None)
@@ -60,6 +61,19 @@ def _inactive_policy() -> Policy:
     for earliest in _outermost[:1]:  # a slice: another thread may empty the list meanwhile
         return earliest.policy
     return _discovered_checked()
+
+
+def events_for_writing() -> EventLog:
+    """Whose logging a verb that places nothing (`save_file`) follows: the active policy's,
+    as `active_policy` finds it, except that a discovery finding no policy is neither
+    said (`no_policy` is about where arrays go, and writing sends none anywhere) nor
+    kept: the first call that places discovers again, and warns."""
+    if _ACTIVE.get() is None and not _outermost and _discovered is None:
+        loaded = load_settings()
+        if loaded.nothing_found is not None:
+            settings = loaded.settings
+            return EventLog(settings.log_level.value, settings.log_format.value)
+    return active_policy().events
 
 
 def _inactive_decider() -> Decider:

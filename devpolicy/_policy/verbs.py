@@ -31,7 +31,7 @@ from .._io.reading import load as _safetensors
 from .._io.writing import saving as _saving
 from .._machine.machine import VirtualMachine
 from .._names.matching import source_file
-from .active import ACTIVE_DECIDER, ACTIVE_SCOPES
+from .active import ACTIVE_DECIDER, ACTIVE_SCOPES, events_for_writing
 from .policy import Policy, attached_of, options_record
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -444,7 +444,9 @@ def save_file(
         metadata: The header's `__metadata__` (strings to strings).
         timeout: Seconds each process of a multi-process save waits for the others at
             each step before failing the save (a process killed or stuck never hangs it).
-        policy: Whose logging the `save_file` event follows (default: the active one).
+        policy: Whose logging the `save_file` event follows (default: the active one;
+            where discovery finds none, the defaults, with no `no_policy` warning:
+            writing places nothing).
 
     Raises:
         SafetensorsFileError: `path` is a URL of another scheme than s3://, or exists but
@@ -469,7 +471,7 @@ def save_file(
     _saving.save_file(
         tensors,
         path,
-        _decider_of(policy).events,
+        events_for_writing() if policy is None else _decider_of(policy).events,
         align=align,
         metadata=metadata,
         timeout=timeout,

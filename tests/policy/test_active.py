@@ -196,9 +196,8 @@ class TestNoPolicyFound:
             lambda: devpolicy.shardings("params", {"w": jax.ShapeDtypeStruct((4,), np.float32)}),
             lambda: devpolicy.place("step")(lambda: jnp.ones(2))(),
             lambda: devpolicy.resolve("x"),
-            lambda: devpolicy.save_file({"w": np.ones(2, np.float32)}, "w.safetensors"),
         ],
-        ids=["put", "shardings", "place", "resolve", "save_file"],
+        ids=["put", "shardings", "place", "resolve"],
     )
     def test_discovery_that_finds_nothing_warns_once(self, tmp_path: Path, call: object) -> None:
         """The first module-level call discovers no policy: one `no_policy` warning naming
@@ -220,6 +219,26 @@ class TestNoPolicyFound:
             devpolicy.load_file(path)
             devpolicy.load_file(path)
         assert len(no_policy_events(logs)) == 1
+
+    def test_save_file_places_nothing_and_says_nothing_of_a_missing_policy(self) -> None:
+        """save_file of numpy arrays with no policy found writes with no `no_policy`
+        warning (writing places nothing: issue 43, N3); the first call that places
+        still warns, once."""
+        with capture_logs() as logs:
+            devpolicy.save_file({"w": np.ones(2, np.float32)}, "w.safetensors")
+            devpolicy.save_file({"w": np.ones(2, np.float32)}, "w.safetensors")
+        assert [e["event"] for e in logs] == ["save_file", "save_file"]
+        with capture_logs() as logs:
+            devpolicy.resolve("x")
+            devpolicy.save_file({"w": np.ones(2, np.float32)}, "w.safetensors")
+        assert len(no_policy_events(logs)) == 1
+
+    def test_save_file_follows_a_discovered_policys_logging(self, tmp_path: Path) -> None:
+        """A policy discovery finds still sets the save_file event's level."""
+        write(tmp_path / "devpolicy.yaml", "version: 1\nlogging: {level: warning}\n")
+        with capture_logs() as logs:
+            devpolicy.save_file({"w": np.ones(2, np.float32)}, "w.safetensors")
+        assert logs == []
 
     def test_one_warning_per_process_across_loads(self) -> None:
         """load_policy() twice, finding nothing both times: one warning."""

@@ -58,10 +58,12 @@ TOP = [
     "report",
     "resolve",
     "runtime_settings",
+    "save_chunks",
     "save_file",
     "scope",
     "shardings",
     "to",
+    "unmappable",
     "use_mesh",
     "windows",
 ]

@@ -16,12 +16,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..._base.errors import SafetensorsFileError
+from ..._base.limits import ALIGN
 from ..._base.locations import URLPath
-from .header import MAX_HEADER, PACKED, dtype_name, encodable
+from .header import MAX_HEADER, PACKED, Header, dtype_name, encodable
 
 DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
 #: Largest alignment accepted: past the 2 MiB huge page nothing gains, and the header pads to it.
 MAX_ALIGN = 1 << 24
+#: 64-bit dtypes JAX narrows to 32 bits with x64 off: read into a new buffer, never mapped.
+WIDE = frozenset({"I64", "U64", "F64"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,3 +169,43 @@ def slice_runs(
         offsets = np.add.outer(offsets, np.arange(start, stop, dtype=np.int64) * strides[d])
     offsets = offsets.reshape(-1) + bounds[split][0] * strides[split]
     return offsets, math.prod(extents[split:]) * itemsize
+
+
+def unmappable_reasons(header: Header, *, x64: bool) -> dict[str, str]:
+    """Why each tensor of `header` would be read rather than mapped
+    from a local file, by key; a tensor that maps, or has no bytes, is left out.
+
+    A tensor maps when its data starts at an `ALIGN`-byte offset (what XLA's CPU client
+    needs to adopt host memory) and its bytes are the array's: not packed (F4), and not
+    64-bit where JAX narrows it (`x64` False).
+
+    Example:
+        >>> from devpolicy._io.format.header import TensorEntry
+        >>> entry = TensorEntry("t", "U16", np.dtype("<u2"), (4,), 0, 8, 100)
+        >>> header = Header(Path("f"), 108, 100, (entry,), None)
+        >>> print(unmappable_reasons(header, x64=False)["t"])  # doctest: +ELLIPSIS
+        its data starts at byte 100, 36 past a 64-byte boundary: a tensor maps only ...
+    """
+    reasons: dict[str, str] = {}
+    for entry in header.tensors:
+        if not entry.nbytes:
+            continue
+        why = []
+        if entry.offset % ALIGN:
+            why.append(
+                f"its data starts at byte {entry.offset}, {entry.offset % ALIGN} past a "
+                f"{ALIGN}-byte boundary: a tensor maps only from a {ALIGN}-byte-aligned offset"
+            )
+        if entry.dtype_name in PACKED:
+            why.append(
+                f"{entry.dtype_name} is stored two values a byte, and JAX holds one a byte: "
+                "it is unpacked into a new buffer"
+            )
+        if not x64 and entry.dtype_name in WIDE:
+            why.append(
+                f"{entry.dtype_name} is narrowed to 32 bits (x64 is off): a new buffer; "
+                "with jax_enable_x64 on it maps"
+            )
+        if why:
+            reasons[entry.key] = "; ".join(why)
+    return reasons
