@@ -40,7 +40,7 @@ SAMPLES: dict[str, Any] = {
     "RangeIgnoredError": lambda cls: cls("https://h/f", "ignored Range", status=200),
     "RemoteCacheError": lambda cls: cls("/cache/entry", "damaged", "delete it"),
     "RemoteExtraMissingError": lambda cls: cls("s3://b/k", "botocore"),
-    "RemoteOfflineError": lambda cls: cls("hf://r/f", "not in the cache", attempts=1),
+    "RemoteOfflineError": lambda cls: cls("hf://r/f", "not in the cache"),
     "RemoteOptionError": lambda cls: cls("retries", -1, "negative", "an integer >= 0"),
     "RemoteReadError": lambda cls: cls("gs://b/k", "timed out", byte_range=(8, 16), attempts=3),
     "RemoteURLError": lambda cls: cls("s3://", "bucket", "missing"),
