@@ -24,10 +24,32 @@ def did_you_mean(value: object, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+# Attributes the built-in bases keep outside `__dict__` (C members), set from a message
+# only by their own `__init__`; a subclass may set them itself (`strerror`).
+_BUILTIN_FIELDS = {
+    OSError: ("errno", "strerror", "filename", "filename2"),
+    ImportError: ("msg", "name", "path"),
+}
+
+
+def _rebuilt(
+    cls: type[DevicePolicyError], args: tuple[object, ...], held: dict[str, object]
+) -> DevicePolicyError:
+    """An error unpickled: made from its message by the built-in base's `__init__` (the
+    class's own takes its fields, not the message), then given back every field."""
+    error = cls.__new__(cls, *args)
+    super(DevicePolicyError, error).__init__(*args)
+    for name, value in held.items():
+        setattr(error, name, value)
+    return error
+
+
 class DevicePolicyError(Exception):
     """Base class of every error devpolicy raises.
 
     Never raised itself: `except DevicePolicyError` catches every error of `devpolicy.errors`.
+    Every one survives pickling with its message and fields, so one raised in a worker
+    process (`ProcessPoolExecutor`, `multiprocessing`) reaches the parent as itself.
 
     Example:
         >>> import devpolicy
@@ -37,6 +59,16 @@ class DevicePolicyError(Exception):
         ...     print(type(e).__name__)
         PolicyError
     """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickle's default calls `type(self)(*self.args)`: the message where each class's
+        # `__init__` takes its fields, which fails in the parent and breaks the pool.
+        held = dict(vars(self))
+        for base, names in _BUILTIN_FIELDS.items():
+            if isinstance(self, base):
+                # Only those set: OSError's message changes once `filename` is set at all.
+                held |= {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+        return _rebuilt, (type(self), self.args, held)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,8 +49,9 @@ def command(args: argparse.Namespace) -> int:
         # assignments: `eval "$(devpolicy run --dry-run)"` sets exactly these.
         for name in sorted(n for n in child if child[n] != parent.get(n)):
             print(f"export {name}={_shell_word(child[name])}")
+        # Every note, the policy's own too: a platform dropped says why here as well.
         for k in runtime.knobs:
-            if k.source == "env":
+            if k.note:
                 print(f"# {one_line(f'{k.knob}: {k.note}')}", file=sys.stderr)
         for hidden in runtime.hidden:
             print(f"# warning: {one_line(hidden)}", file=sys.stderr)

@@ -37,14 +37,7 @@ from .knobs import (
     env_needs_allow,
     holdable_problem,
 )
-from .platforms import (
-    hidden_by,
-    installed_accelerators,
-    installed_gpu_platforms,
-    jax_platform,
-    tpu_installed,
-    translate_platforms,
-)
+from .platforms import Startable, hidden_by, jax_platform, startable, translate_platforms
 
 
 class Wanted(Protocol):
@@ -207,12 +200,10 @@ def _host_device_count(xla_flags: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _policy_text(
-    name: str, value: Any, origin: str, gpus: tuple[str, ...], tpu: bool
-) -> tuple[str, str]:
+def _policy_text(name: str, value: Any, origin: str, machine: Startable) -> tuple[str, str]:
     """The variable text for a policy value, and a note on any translation."""
     if name == "platforms":
-        platforms, note = translate_platforms(tuple(value), origin, gpus, tpu)
+        platforms, note = translate_platforms(tuple(value), origin, machine)
         return ",".join(platforms), note
     if isinstance(value, bool):
         return bool_text(value), ""
@@ -231,26 +222,35 @@ def plan_runtime(
     *,
     gpu_platforms: tuple[str, ...] | None = None,
     tpu: bool | None = None,
+    machine: Startable | None = None,
 ) -> RuntimeSettings:
     """Decide each knob: the policy's value, unless the user set one of its variables.
 
-    `platforms` never leaves JAX without a backend: a platform that is not installed is
-    dropped with a note; one the machine has that the policy leaves out is in `hidden`.
-    A GPU-only knob is noted as not applying where JAX will not start a GPU.
+    `platforms` never leaves JAX without a backend: a platform JAX would not start here
+    (`platforms.startable`, the one answer) is dropped with a note saying why; one JAX
+    would start that the policy leaves out is in `hidden`. A GPU-only knob is noted as
+    not applying where JAX will not start a GPU.
 
     Args:
         wanted: The policy's `runtime:` fields by knob name (`env.NAME` for `env:` entries).
         environ: The environment as it is now.
-        gpu_platforms: Installed GPU platforms (default: looked up).
-        tpu: Whether libtpu is installed (default: looked up).
+        gpu_platforms: The GPU platforms JAX would start (default: `machine`'s).
+        tpu: Whether JAX would start a TPU (default: `machine`'s).
+        machine: What JAX would start here (default: `startable(environ)`).
 
     Raises:
         PolicyError: a value the installed JAX cannot take (`platforms: [gpu]` with no
             GPU plugin installed), with file:line.
     """
-    gpus = installed_gpu_platforms() if gpu_platforms is None else gpu_platforms
-    has_tpu = tpu_installed() if tpu is None else tpu
-    installed = installed_accelerators(gpus, has_tpu)
+    machine = startable(environ) if machine is None else machine
+    if gpu_platforms is not None or tpu is not None:
+        machine = replace(
+            machine,
+            gpus=machine.gpus if gpu_platforms is None else gpu_platforms,
+            tpu=machine.tpu if tpu is None else tpu,
+        )
+    gpus = machine.gpus
+    installed = machine.accelerators
 
     ours = set(filter(None, environ.get(RUNTIME_SET_VAR, "").split(",")))
 
@@ -278,7 +278,7 @@ def plan_runtime(
         if knob.name not in wanted:
             continue
         setting = wanted[knob.name]
-        text, note = _policy_text(knob.name, setting.value, setting.origin, gpus, has_tpu)
+        text, note = _policy_text(knob.name, setting.value, setting.origin, machine)
         if knob.gpu:
             if using is None:
                 platforms = next((k.text for k in knobs if k.knob == "platforms"), None)

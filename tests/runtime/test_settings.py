@@ -150,7 +150,7 @@ class TestBootstrap:
             "import devpolicy; devpolicy.bootstrap('p.yaml')\n" + textwrap.dedent(REPORT), tmp_path
         )
         assert result.returncode == 0, result.stderr
-        wanted = ",".join([*_platforms.installed_gpu_platforms(), "cpu"])
+        wanted = ",".join([*_platforms.startable().gpus, "cpu"])
         assert last_json(result.stdout)["env"]["JAX_PLATFORMS"] == wanted
 
     def test_env_section_reaches_jax_config_options_read_at_import(self, tmp_path: Path) -> None:
@@ -245,23 +245,25 @@ class TestTooLate:
         states = last_json(result.stdout)
         assert states["cpu_devices"] == "in effect"
         assert states["preallocate"].startswith("inert")
-        if not _platforms.installed_gpu_platforms():
+        if not _platforms.startable().gpus:
             assert states["platforms"] == "in effect"
 
     def test_a_platform_list_the_running_process_excluded_is_too_late(self, tmp_path: Path) -> None:
         """Started with jax_platforms=cpu, a policy asking [tpu, cpu] is named as differing
-        (libtpu stands installed: TPU_LIBRARY_PATH names a file, as JAX reads it)."""
-        library = policy_file(tmp_path, "platforms: [tpu, cpu]")
+        (planned for a machine where JAX would start a TPU)."""
+        policy_file(tmp_path, "platforms: [tpu, cpu]")
         code = """
-            import jax, devpolicy
+            import os, jax, devpolicy
+            from devpolicy._runtime.settings import apply_runtime, plan_runtime
             jax.config.update('jax_platforms', 'cpu')
             jax.devices()
+            wanted = devpolicy.load_policy('p.yaml').settings.runtime
             try:
-                devpolicy.bootstrap('p.yaml')
+                apply_runtime(plan_runtime(wanted, os.environ, tpu=True), os.environ)
             except devpolicy.errors.RuntimeTooLateError as e:
                 print(e.knobs[0][:3])
         """
-        result = python(code, tmp_path, TPU_LIBRARY_PATH=str(library))
+        result = python(code, tmp_path)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "('platforms', 'tpu,cpu', 'cpu (default cpu)')"
 
@@ -631,14 +633,16 @@ class TestPlatformsInstalled:
         assert {k.knob: k.note for k in plan.knobs}["preallocate"] == ""
 
     def test_libtpu_is_found_without_starting_jax(self, tmp_path: Path) -> None:
-        """TPU_LIBRARY_PATH naming a file counts as libtpu installed, as JAX reads it;
-        finding out imports no JAX."""
+        """TPU_LIBRARY_PATH naming a shared library counts as libtpu installed, as JAX reads
+        it; finding out imports no JAX."""
         code = """
             import sys
             from devpolicy._runtime.platforms import tpu_installed
             print(tpu_installed(), "jax" in sys.modules)
         """
-        library = write(tmp_path / "runtime" / "the-tpu-library.so", "")
+        library = tmp_path / "runtime" / "the-tpu-library.so"
+        library.parent.mkdir()
+        library.write_bytes(b"\x7fELF" + bytes(60))
         assert python(code, tmp_path, TPU_LIBRARY_PATH=str(library)).stdout.split() == [
             "True",
             "False",
@@ -648,15 +652,18 @@ class TestPlatformsInstalled:
     def test_check_warns_of_a_hidden_accelerator_at_the_policy_line(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """`platforms: [cpu]` where libtpu is installed: lint's `runtime-hides-accelerator`."""
-        library = write(tmp_path / "runtime" / "the-tpu-library.so", "")
+        """`platforms: [cpu]` where JAX would start a TPU (libtpu and a chip): lint's
+        `runtime-hides-accelerator`."""
+        library = tmp_path / "runtime" / "the-tpu-library.so"
+        library.parent.mkdir()
+        library.write_bytes(b"\x7fELF" + bytes(60))
+        chip = tmp_path / "machine" / "sys/bus/pci/devices/0000:00:04.0"
+        write(chip / "vendor", "0x1ae0\n")
+        write(chip / "device", "0x0063\n")
         monkeypatch.setenv("TPU_LIBRARY_PATH", str(library))
-        _platforms.tpu_installed.cache_clear()
-        try:
-            path = write(tmp_path / "p.yaml", "version: 1\nruntime:\n  platforms: [cpu]\n")
-            found = devpolicy.lint(devpolicy.load_policy(path, environ={}))
-        finally:
-            _platforms.tpu_installed.cache_clear()
+        monkeypatch.setattr(_platforms, "ROOT", tmp_path / "machine")
+        path = write(tmp_path / "p.yaml", "version: 1\nruntime:\n  platforms: [cpu]\n")
+        found = devpolicy.lint(devpolicy.load_policy(path, environ={}))
         (finding,) = [f for f in found if f.code == "runtime-hides-accelerator"]
         assert finding.origin.endswith("p.yaml:3")
         assert finding.message.startswith("runtime.platforms [cpu] hides tpu, installed here")

@@ -44,6 +44,8 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: What a `.json` beside an entry may weigh, at most.
 _META_LIMIT = 64 * 2**10
 _CHECK_BLOCK = 64 * 2**20
+# An entry whose fill never finished (no `.data` yet): not damage, just not there.
+_INCOMPLETE = "is not complete"
 _ELSEWHERE = (
     "choose a directory you can write, or load without the cache (a load that asked for "
     "one does not go on uncached)"
@@ -205,21 +207,31 @@ class RemoteCache:
         return base.with_name(base.name + ".data") if self._valid(base, source.size) else None
 
     def _valid(self, base: Path, size: int | None) -> bool:
-        """Whether `<base>.data` is complete (of `size` bytes, when given) and its bytes
-        match the checksum kept beside it."""
+        return self._fault(base, size) is None
+
+    def _fault(self, base: Path, size: int | None) -> str | None:
+        """What is wrong with `<base>.data`, in words: None when it is complete (of `size`
+        bytes, when given) and its bytes match the checksum kept beside it."""
         raw = _read_entry(f"{base}.json")
         try:
             fd = _open_entry(f"{base}.data", os.O_RDONLY)
         except FileNotFoundError:
-            return False
+            return _INCOMPLETE
         try:
-            meta = json.loads(raw) if raw else {}
+            try:
+                meta = json.loads(raw) if raw else {}
+            except ValueError:
+                meta = None
+            if not isinstance(meta, dict):
+                return f"has a record ({base}.json) that cannot be read"
             length = os.fstat(fd).st_size
-            if (size is not None and length != size) or meta.get("size") != length:
-                return False
-            return bool(meta.get("crc32") == checksum(fd, length))
-        except ValueError:
-            return False
+            if size is not None and length != size:
+                return f"holds {length} bytes, not the object's {size}"
+            if meta.get("size") != length:
+                return f"holds {length} bytes where {meta.get('size')} were fetched"
+            if meta.get("crc32") != checksum(fd, length):
+                return "failed its checksum (its bytes changed since it was fetched)"
+            return None
         finally:
             os.close(fd)
 
@@ -250,9 +262,20 @@ class RemoteCache:
                     continue
                 if isinstance(held, dict) and held.get("url") == name:
                     found.append((float(held.get("fetched", 0)), meta.with_suffix("")))
+        damaged: list[tuple[Path, str]] = []
         for _, base in sorted(found, reverse=True):
-            if self._valid(base, None):
+            fault = self._fault(base, None)
+            if fault is None:
                 return CachedFile(base.with_name(base.name + ".data"), name, Counters())
+            if fault != _INCOMPLETE:
+                damaged.append((base, fault))
+        if damaged:  # the newest: what a load online would have fetched again
+            base, fault = damaged[0]
+            raise RemoteOfflineError(
+                name,
+                f"offline ({switch}=1) and the cached copy {base}.data {fault}: nothing was "
+                f"asked of the server; load it once online to fetch it again, or unset {switch}",
+            )
         raise RemoteOfflineError(
             name,
             f"offline ({switch}=1) and not complete in the cache {self.directory}: nothing "

@@ -73,7 +73,7 @@ class RemoteReadError(DevicePolicyError, OSError):
         range: The byte range asked, `(start, end)` with `end` exclusive, or None (the
             object's metadata).
         status: The last HTTP status, or None when no response came.
-        attempts: The attempts made.
+        attempts: The attempts made (0: nothing was asked of the server).
     """
 
     def __init__(
@@ -92,7 +92,9 @@ class RemoteReadError(DevicePolicyError, OSError):
         where = url if byte_range is None else f"{url} bytes {byte_range[0]}-{byte_range[1] - 1}"
         facts = [f"status {status}" if status is not None else "no response"]
         facts.append(f"{attempts} attempt{'s' if attempts != 1 else ''}")
-        super().__init__(f"{where}: {problem} ({', '.join(facts)})")
+        # No attempt, no facts: "(no response, 0 attempts)" would suggest a server was asked.
+        said = f" ({', '.join(facts)})" if attempts else ""
+        super().__init__(f"{where}: {problem}{said}")
         # What a reader that reports `OSError.strerror` (as for a local file) shows.
         self.strerror = str(self)
 
@@ -135,7 +137,15 @@ class RemoteCacheError(DevicePolicyError, OSError):
 
 class RemoteOfflineError(RemoteReadError):
     """Offline (`DEVPOLICY_REMOTE_OFFLINE=1`, or `HF_HUB_OFFLINE=1` for hf://) and the file
-    is not complete in the cache: nothing was asked of the server.
+    is not complete in the cache, or its cached copy failed its checksum: nothing was asked
+    of the server (`attempts` is 0, `status` None).
 
     Raised by `load_file`, `plan` and `read_metadata` of a URL while offline.
+
+    Example:
+        >>> print(RemoteOfflineError("s3://b/m.bin", "offline and not in the cache"))
+        s3://b/m.bin: offline and not in the cache
     """
+
+    def __init__(self, url: str, problem: str) -> None:
+        super().__init__(url, problem, attempts=0)

@@ -294,6 +294,43 @@ class TestOffline:
             open_remote(s3_proxied.url, environ=environ)
         assert s3_proxied.proxy.exchanges == []
 
+    def test_a_missing_entry_offline_says_no_request_was_made(
+        self, s3_proxied: Proxied, tmp_path: Path
+    ) -> None:
+        """Offline and not cached: no "(no response, 1 attempt)", since nothing was asked;
+        the error counts no attempt."""
+        environ = {**s3_proxied.environ, "DEVPOLICY_REMOTE_OFFLINE": "1"}
+        with pytest.raises(RemoteOfflineError) as caught:
+            open_remote(s3_proxied.url, environ=environ, cache_dir=tmp_path)
+        assert str(caught.value).endswith("or unset DEVPOLICY_REMOTE_OFFLINE")
+        assert "attempt" not in str(caught.value)
+        assert (caught.value.attempts, caught.value.status) == (0, None)
+
+    def test_a_damaged_entry_offline_says_its_checksum_failed(
+        self, s3_proxied: Proxied, payload: bytes, tmp_path: Path
+    ) -> None:
+        """Offline, a cached copy whose bytes no longer match its checksum is refused saying
+        so (not "not complete in the cache"), and that nothing was asked of the server."""
+        open_remote(s3_proxied.url, environ=s3_proxied.environ, cache_dir=tmp_path).close()
+        base = _entry(s3_proxied, tmp_path)
+        with open(f"{base}.data", "r+b") as f:
+            f.seek(12345)
+            byte = f.read(1)
+            f.seek(12345)
+            f.write(bytes([byte[0] ^ 1]))
+        s3_proxied.proxy.reset()
+        environ = {**s3_proxied.environ, "DEVPOLICY_REMOTE_OFFLINE": "1"}
+        with pytest.raises(
+            RemoteOfflineError,
+            match=rf"^{s3_proxied.url}: offline \(DEVPOLICY_REMOTE_OFFLINE=1\) and the cached "
+            rf"copy {base}\.data failed its checksum \(its bytes changed since it was "
+            r"fetched\): nothing was asked of the server; load it once online to fetch it "
+            r"again, or unset DEVPOLICY_REMOTE_OFFLINE$",
+        ) as caught:
+            open_remote(s3_proxied.url, environ=environ, cache_dir=tmp_path)
+        assert caught.value.attempts == 0
+        assert s3_proxied.proxy.exchanges == []
+
     def test_hf_hub_offline_serves_the_hub_file_from_the_cache(
         self, hub: servers.LocalHub, payload: bytes, tmp_path: Path
     ) -> None:
