@@ -47,6 +47,8 @@ SAMPLES: dict[str, Any] = {
     "RuntimeTooLateError": lambda cls: cls([("cpu_devices", "2", "4", "p.yaml:3")], "earlier"),
     "SafetensorsFileError": lambda cls: cls("m.safetensors", "truncated", tensor="w"),
     "ScopeInCoroutineError": lambda cls: cls("model"),
+    "StreamStateError": lambda cls: cls("batch", "the saved stream had batch=32", "resume alike"),
+    "TransferPlanError": lambda cls: cls("step", "args[0]", "deleted: the call would fail"),
     "TransferRefusedError": lambda cls: cls(
         "train.py:7",
         "host_to_device",
