@@ -18,7 +18,7 @@ import numpy as np
 from ..._base.errors import SafetensorsFileError
 from ..._base.limits import ALIGN
 from ..._base.locations import URLPath
-from .header import MAX_HEADER, PACKED, Header, dtype_name, encodable
+from .header import MAX_HEADER, PACKED, Header, TensorEntry, dtype_name, encodable
 
 DEFAULT_ALIGN = 64  # what XLA's CPU client needs to alias host memory
 #: Largest alignment accepted: past the 2 MiB huge page nothing gains, and the header pads to it.
@@ -171,6 +171,27 @@ def slice_runs(
     return offsets, math.prod(extents[split:]) * itemsize
 
 
+def mapping_obstacles(entry: TensorEntry, *, x64: bool) -> tuple[str, ...]:
+    """What keeps a tensor with bytes from being mapped from a local file, if anything:
+    `"packed"` (F4, two values a byte), `"narrowed"` (64-bit while x64 is off), and
+    `"unaligned"` (data not at an `ALIGN`-byte offset), in that order. The one definition
+    the loader, the plan, the `mmap_refused` event and `unmappable` all ask.
+
+    Example:
+        >>> from devpolicy._io.format.header import TensorEntry
+        >>> mapping_obstacles(TensorEntry("t", "I64", np.dtype("<i8"), (1,), 0, 8, 72), x64=False)
+        ('narrowed', 'unaligned')
+    """
+    found = []
+    if entry.packed:
+        found.append("packed")
+    if not x64 and entry.dtype_name in WIDE:
+        found.append("narrowed")
+    if entry.offset % ALIGN:
+        found.append("unaligned")
+    return tuple(found)
+
+
 def unmappable_reasons(header: Header, *, x64: bool) -> dict[str, str]:
     """Why each tensor of `header` would be read rather than mapped
     from a local file, by key; a tensor that maps, or has no bytes, is left out.
@@ -190,22 +211,17 @@ def unmappable_reasons(header: Header, *, x64: bool) -> dict[str, str]:
     for entry in header.tensors:
         if not entry.nbytes:
             continue
-        why = []
-        if entry.offset % ALIGN:
-            why.append(
-                f"its data starts at byte {entry.offset}, {entry.offset % ALIGN} past a "
-                f"{ALIGN}-byte boundary: a tensor maps only from a {ALIGN}-byte-aligned offset"
-            )
-        if entry.dtype_name in PACKED:
-            why.append(
-                f"{entry.dtype_name} is stored two values a byte, and JAX holds one a byte: "
-                "it is unpacked into a new buffer"
-            )
-        if not x64 and entry.dtype_name in WIDE:
-            why.append(
-                f"{entry.dtype_name} is narrowed to 32 bits (x64 is off): a new buffer; "
-                "with jax_enable_x64 on it maps"
-            )
+        said = {
+            "unaligned": f"its data starts at byte {entry.offset}, {entry.offset % ALIGN} past "
+            f"a {ALIGN}-byte boundary: a tensor maps only from a {ALIGN}-byte-aligned offset",
+            "packed": f"{entry.dtype_name} is stored two values a byte, and JAX holds one a "
+            "byte: it is unpacked into a new buffer",
+            "narrowed": f"{entry.dtype_name} is narrowed to 32 bits (x64 is off): a new "
+            "buffer; with jax_enable_x64 on it maps",
+        }
+        order = ("unaligned", "packed", "narrowed")  # as this text has always listed them
+        obstacles = mapping_obstacles(entry, x64=x64)
+        why = [said[kind] for kind in order if kind in obstacles]
         if why:
             reasons[entry.key] = "; ".join(why)
     return reasons

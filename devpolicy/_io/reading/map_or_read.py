@@ -25,10 +25,10 @@ import jax
 import numpy as np
 
 from ..._apply.hostview import copies_host_memory
-from ..._base.limits import ALIGN
 from ..._decide.decision import Decision
 from ..._decide.routing import ALWAYS_MAPPED, MAPPED_IF_RULE, NEVER_MAPPED
 from ..format.header import TensorEntry
+from ..format.layout import mapping_obstacles
 
 #: What a 64-bit tensor is held as with x64 off (JAX's own narrowing), by safetensors dtype.
 NARROW: dict[str, np.dtype[Any]] = {
@@ -45,17 +45,15 @@ def x64_enabled() -> bool:
 
 def map_hint(entry: TensorEntry, mmap: bool | None, x64: bool) -> int:
     """Whether this tensor would be mapped, were it placed on a host device (for `fits`)."""
-    if mmap is False or not entry.nbytes or entry.offset % ALIGN or entry.packed:
+    if mmap is False or not entry.nbytes or mapping_obstacles(entry, x64=x64):
         return NEVER_MAPPED
-    if not x64 and entry.dtype_name in NARROW:
-        return NEVER_MAPPED  # narrowed: read into a new buffer
     return ALWAYS_MAPPED if mmap else MAPPED_IF_RULE
 
 
 def may_map(entry: TensorEntry, decision: Decision, mmap: bool | None) -> bool:
     """Whether the loader maps this tensor (before narrowing, which the caller checks)."""
     wanted = decision.mmap if mmap is None else mmap
-    return wanted and entry.nbytes > 0 and entry.offset % ALIGN == 0 and not entry.packed
+    return bool(wanted) and entry.nbytes > 0 and not mapping_obstacles(entry, x64=True)
 
 
 def sends_from_map(entry: TensorEntry, decision: Decision, mmap: bool | None, x64: bool) -> bool:

@@ -16,8 +16,8 @@ from ..._base.sizes import format_size
 from ..._base.visible import visible
 from ..._decide.decision import Decision
 from ..format.header import Header, TensorEntry
+from ..format.layout import mapping_obstacles
 from .checkpoints import Checkpoint
-from .map_or_read import NARROW
 from .naming import PathLike
 
 #: Files larger than this show a progress bar on a terminal (`progress=None`).
@@ -43,14 +43,11 @@ def mmap_refused_event(
     for entry, decision in zip(header.tensors, decisions, strict=True):
         if not (decision.mmap if mmap is None else mmap) or entry.nbytes == 0:
             continue
+        obstacles = mapping_obstacles(entry, x64=x64)
         if not local:
             elsewhere.append(entry)
-        elif entry.packed:
-            packed.append(entry)
-        elif not x64 and entry.dtype_name in NARROW:
-            wide.append(entry)
-        elif entry.offset % ALIGN:
-            unaligned.append(entry)
+        elif obstacles:  # the first obstacle is the one said
+            {"packed": packed, "narrowed": wide, "unaligned": unaligned}[obstacles[0]].append(entry)
     if not elsewhere and not unaligned and not wide and not packed:
         return
     reasons = []
