@@ -128,7 +128,9 @@ class FileWindows:
             future.exception()  # waited for; what it raised no longer matters
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True)
+            # Its reads are done: the threads only need telling to end. Not joined, so a
+            # close from a finaliser that runs on one of them cannot wait on itself.
+            pool.shutdown(wait=False)
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
