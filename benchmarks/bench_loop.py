@@ -340,7 +340,12 @@ def main() -> int:
         print("\n".join(part), flush=True)
         lines.extend(part)
         if args.json:
-            where = "mapped file" if args.mapped is not None else "memory"
+            if args.mapped is None:
+                where = "memory"
+            else:
+                from devpolicy._apply import filewindows
+
+                where = f"mapped file, {filewindows.READERS} reader threads"
             row: dict[str, Any] = {"row": f"loop from {where}: {label}"}
             row |= {f"windows x {b}": round(ratio(rates, "devpolicy.windows", b), 2) for b in bases}
             row[f"windows {unit}"] = round(statistics.median(rates["devpolicy.windows"]))
