@@ -7,6 +7,8 @@ import gc
 import json
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -812,3 +814,58 @@ class TestStream:
         assert {where(b) for b in out} == {"cpu:0"}
         assert not any(b.committed for b in out)
         assert np.asarray(out[1]).tolist() == [[10, 11, 12, 13, 14], [15, 16, 17, 18, 19]]
+
+
+class TestHardening:
+    """Inputs and endings a hostile or hurried user meets."""
+
+    @pytest.mark.parametrize("stride", [10**20, 2**63, 10_000])
+    def test_a_stride_past_the_array_gives_one_window_a_pass(self, stride: int) -> None:
+        """A stride longer than the array (10**20 included, past int64) is one window a
+        pass, the one at 0, never a raw OverflowError."""
+        tokens = np.arange(1000, dtype=np.int32)
+        batches = [
+            np.asarray(b)
+            for b in devpolicy.windows(tokens, 10, 4, stride=stride, policy=policy_of())
+        ]
+        assert len(batches) == 1
+        np.testing.assert_array_equal(batches[0], tokens[None, :10])
+
+    def test_a_stream_left_open_at_exit_prints_nothing(self, tmp_path: Path) -> None:
+        """A stream read from and left open when the interpreter exits (a script that
+        breaks out of its loop) ends without an "Exception ignored" line on stderr."""
+        script = tmp_path / "left_open.py"
+        tokens_path = tmp_path / "tokens.bin"
+        script.write_text(
+            "import numpy as np, devpolicy\n"
+            "p = devpolicy.load_policy({'version': 1, 'logging': {'level': 'warning'}}, "
+            "environ={})\n"
+            "stream = devpolicy.windows(np.arange(10_000), 16, 4, order='random', seed=0, "
+            "policy=p)\n"
+            "next(stream)\n"
+            f"path = {str(tokens_path)!r}\n"
+            "np.arange(100_000, dtype=np.uint16).tofile(path)\n"
+            "mapped = np.memmap(path, np.uint16, mode='r')\n"
+            "from_file = devpolicy.windows(mapped, 16, 4, order='random', seed=0, policy=p)\n"
+            "next(from_file)\n"
+        )
+        result = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Exception ignored" not in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+
+    def test_every_stream_logs_its_end_at_info(self) -> None:
+        """A warm-up stream and the real one under the same name: each logs its own
+        `stream_ended` at info with its own counts (the second is not demoted to debug)."""
+        policy = policy_of(rules=BATCH_RULES)
+        tokens = np.arange(10_000, dtype=np.uint16)
+        with capture_logs() as logs:
+            for steps in (3, 20):
+                for _ in devpolicy.windows(
+                    tokens, 8, 2, order="random", seed=0, steps=steps, policy=policy
+                ):
+                    pass
+        ended = [e for e in logs if e["event"] == "stream_ended"]
+        assert [(e["log_level"], e["batches"]) for e in ended] == [("info", 3), ("info", 20)]
