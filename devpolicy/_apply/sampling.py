@@ -15,30 +15,68 @@ from typing import Any
 import jax
 import numpy as np
 
-
-def _mixed(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """SplitMix64's finaliser over uint64 values (wrapping arithmetic): each counter to a
-    well-mixed 64-bit number, independently of every other."""
-    z = values.copy()
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return z
+_MASK = 2**64 - 1
+_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so every counter differs
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11))
 
 
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment: odd, so every counter differs
+def _mixed_int(z: int) -> int:
+    """SplitMix64's finaliser on one Python int (the key, once a stream)."""
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & _MASK
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+class CounterDraws:
+    """Window starts drawn from counters: row `r` of step `k` from counter
+    `k * per_step + r` alone, SplitMix64 over it keyed by the seed. So any step's draws
+    cost the same whatever came before, and a stream resumed at step N draws what an
+    uninterrupted one does from N on. Uniform over [0, starts) up to 2**-53 relative.
+
+    What is the same for every step (the key, each row's offset) is worked out once;
+    a group of steps is then one multiply-add and the mixing, in place (wrapping uint64
+    arithmetic: numpy does not check it on arrays).
+
+    Example:
+        >>> draws = CounterDraws(7, np.arange(3), 3, 1000)
+        >>> bool((draws.steps(2, 2) == draws.steps(0, 4)[2:]).all())
+        True
+    """
+
+    __slots__ = ("_base", "_stride", "starts")
+
+    def __init__(self, seed: int, rows: np.ndarray[Any, Any], per_step: int, starts: int) -> None:
+        key = _mixed_int((seed * _GAMMA) & _MASK)
+        offsets = ((rows.astype(np.uint64) + np.uint64(1)) * np.uint64(_GAMMA)) + np.uint64(key)
+        self._base = offsets[None, :]
+        self._stride = np.uint64((per_step * _GAMMA) & _MASK)
+        self.starts = starts
+
+    def steps(self, first: int, count: int) -> np.ndarray[Any, Any]:
+        """The starts of steps `first` .. `first + count - 1`, shape (count, rows)."""
+        z = np.arange(first, first + count, dtype=np.uint64)[:, None] * self._stride + self._base
+        one, two, three, eleven = _SHIFTS
+        z ^= z >> one
+        z *= _MIX1
+        z ^= z >> two
+        z *= _MIX2
+        z ^= z >> three
+        z >>= eleven
+        fractions = z.astype(np.float64)
+        fractions *= self.starts / 2**53
+        drawn = fractions.astype(np.int64)
+        return np.minimum(drawn, self.starts - 1, out=drawn)  # a product rounded up
 
 
 def random_starts(
     seed: int, first: int, count: int, rows: np.ndarray[Any, Any], per_step: int, starts: int
 ) -> np.ndarray[Any, Any]:
-    """The window starts of steps `first` .. `first + count - 1` of a random stream, shape
-    (count, len(rows)): row `r` of step `k` is drawn from counter `k * per_step + r`
-    alone (counter-based: SplitMix64 over the counter, keyed by the seed), so any step's
-    draws cost the same whatever came before, and a stream resumed at step N draws what
-    an uninterrupted one does from N on. Uniform over [0, starts) up to 2**-53 relative.
+    """The window starts of steps `first` .. `first + count - 1` of a random stream with
+    `seed`, for `rows` of a batch of `per_step` rows (`CounterDraws`).
 
     Example:
         >>> rows = np.arange(3, dtype=np.uint64)
@@ -46,14 +84,7 @@ def random_starts(
         >>> bool((random_starts(7, 2, 2, rows, 3, 1000) == whole[2:]).all())
         True
     """
-    with np.errstate(over="ignore"):
-        key = _mixed(np.array([seed % 2**64], dtype=np.uint64) * _GAMMA)[0]
-        steps = np.arange(first, first + count, dtype=np.uint64)
-        counters = steps[:, None] * np.uint64(per_step) + rows[None, :]
-        z = _mixed((counters + np.uint64(1)) * _GAMMA + key)
-    fractions = (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
-    drawn = (fractions * starts).astype(np.int64)
-    return np.minimum(drawn, starts - 1, out=drawn)  # a product rounded up to `starts`
+    return CounterDraws(seed, rows, per_step, starts).steps(first, count)
 
 
 class Random:
@@ -64,21 +95,18 @@ class Random:
     `rows` are the rows of the (global) batch this process draws, `per_step` the global
     batch's rows: under several processes each draws its own rows of one global batch."""
 
-    __slots__ = ("_left", "_per_step", "_rows", "_seed", "_starts", "_step", "random")
+    __slots__ = ("_draws", "_left", "_seed", "_step", "random")
 
     def __init__(self, starts: int, batch: int, seed: int, steps: int | None, start: int) -> None:
         self._seed = seed
-        self._starts = starts
-        self._rows = np.arange(batch, dtype=np.uint64)
-        self._per_step = batch
+        self._draws = CounterDraws(seed, np.arange(batch), batch, starts)
         self._step = start
         self._left = None if steps is None else steps - start
         self.random = True
 
     def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
         """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
-        self._rows = rows.astype(np.uint64)
-        self._per_step = per_step
+        self._draws = CounterDraws(self._seed, rows, per_step, self._draws.starts)
 
     def take(self, count: int) -> np.ndarray[Any, Any] | None:
         """The starts of up to `count` more batches, shape (k, batch); None when done."""
@@ -88,7 +116,7 @@ class Random:
                 return None
             self._left -= count
         first, self._step = self._step, self._step + count
-        return random_starts(self._seed, first, count, self._rows, self._per_step, self._starts)
+        return self._draws.steps(first, count)
 
 
 class Sequential:
