@@ -8,6 +8,7 @@ in the calling thread only.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -41,12 +42,57 @@ _STATE: Any = jax.default_device
 if (
     callable(getattr(_STATE, "swap_local", None))
     and callable(getattr(_STATE, "set_local", None))
+    and callable(getattr(_STATE, "get_local", None))
     and getattr(_STATE, "_update_thread_local_hook", "missing") is None
 ):
     swap_device: Callable[[jax.Device], Any] = _STATE.swap_local
     restore_device: Callable[[Any], None] = _STATE.set_local
+    #: This thread's own default device (JAX's `unset` where none), read without a change.
+    get_device: Callable[[], Any] = _STATE.get_local
+    #: Set this thread's own default device to what `get_device` read (one C call: no
+    #: interrupt lands inside it).
+    set_device: Callable[[Any], None] = _STATE.set_local
 else:  # pragma: no cover - depends on the installed JAX
     swap_device, restore_device = _swap_public, _restore_public
+
+    from jax._src import config as _jax_config
+
+    get_device = _STATE.get_local
+    _UNSET = getattr(getattr(_jax_config, "config_ext", None), "unset", None)
+
+    def set_device(value: Any) -> None:
+        _STATE.set_local(value)
+        hook = getattr(_STATE, "_update_thread_local_hook", None)
+        if hook is not None:  # as JAX's own manager calls it
+            hook(None if value is _UNSET else value)
+
+
+#: This thread's open scope entries (`open`: a list of `[device before, mesh scope or
+#: None]`, oldest first). A scope may be left out of order (a generator holding it closed
+#: before one opened later): `close_out_of_order` keeps the thread's device right then.
+devices_local = threading.local()
+
+
+def open_entries() -> list[list[Any]]:
+    """This thread's open scope entries, oldest first (see `devices_local`)."""
+    entries: list[list[Any]] | None = getattr(devices_local, "open", None)
+    if entries is None:
+        entries = devices_local.open = []
+    return entries
+
+
+def close_out_of_order(entries: list[list[Any]], entry: list[Any]) -> None:
+    """Drop `entry`, which is not the newest open one: the device stays the newer entry's,
+    and the entry above it inherits what was there before `entry`, so the thread ends as
+    it was before the outermost entry. Nothing when `entry` is not open."""
+    for i in range(len(entries) - 1):
+        if entries[i] is entry:
+            # Stores and the delete only: no interrupt lands between them.
+            entries[i + 1][0] = entry[0]
+            del entries[i]
+            if entry[1] is not None:
+                entry[1].__exit__(None, None, None)
+            return
 
 
 #: The token of an entry that changed nothing (an `auto` decision).
@@ -77,6 +123,15 @@ def enter(decision: Decision) -> Any:
     mesh_scope: Any = _mesh_context(decision.sharding.mesh)  # type: ignore[union-attr]
     mesh_scope.__enter__()
     return MeshToken(mesh_scope, swap_device(decision.device))
+
+
+def enter_mesh(entry: list[Any], decision: Decision) -> None:
+    """Apply a sharded `decision` for a scope's `entry` (`[device before, mesh scope]`):
+    its mesh made current, the mesh's first local device the default."""
+    mesh_scope: Any = _mesh_context(decision.sharding.mesh)  # type: ignore[union-attr]
+    mesh_scope.__enter__()
+    entry[1] = mesh_scope
+    set_device(decision.device)
 
 
 def leave(token: Any) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import threading
 from collections.abc import Callable
-from threading import get_ident
 from typing import Any, TypeVar
 
 from .._base.errors import ScopeInCoroutineError
@@ -20,8 +20,17 @@ from .._base.limits import CACHE_GENERATION
 from .._decide.decider import Decider
 from .._decide.decision import Decision
 from .calls import DeciderSource, Inputs, decorate
-from .default_device import NOT_SWAPPED, MeshToken, enter, leave, restore_device, swap_device
-from .transfers import Watch, arm, disarm, watching
+from .default_device import (
+    close_out_of_order,
+    devices_local,
+    enter_mesh,
+    get_device,
+    open_entries,
+    set_device,
+)
+from .transfers import Watch, armed
+from .transfers import enter as enter_watch
+from .transfers import leave as leave_watch
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,11 +59,14 @@ class Scope:
     __slots__ = (
         "_commit",
         "_inputs",
+        "_local",
         "_name",
         "_nbytes",
         "_source",
-        "_stacks",
     )
+
+    #: The policy's `transfers:` a `WatchedScope` watches by; a plain Scope watches none.
+    _watch: Watch | None = None
 
     def __init__(
         self,
@@ -69,14 +81,29 @@ class Scope:
         self._nbytes = nbytes
         self._commit = commit
         self._inputs = inputs
-        # What to restore, a stack per thread: entries and exits pair up within each
-        # thread whatever others do with the same object. Each thread touches only its own
-        # key, and single dict operations are atomic, so no lock is needed.
-        self._stacks: dict[int, list[Any]] = {}
+        # What to undo, a stack per thread (`stack`): entries and exits pair up within
+        # each thread whatever others do with the same object.
+        self._local = threading.local()
 
     def __enter__(self) -> Decision:
         if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
             raise ScopeInCoroutineError(self._name)
+        stack: list[Any] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        depth = len(stack)
+        try:
+            return self._open(stack)
+        except BaseException:
+            # What `_open` recorded, undone: an exception here, a KeyboardInterrupt even
+            # as `_open` returns, means the `with` never calls `__exit__` (issue 42, M4).
+            if len(stack) > depth:
+                self._close(stack[-1], stack)
+            raise
+
+    def _open(self, stack: list[Any]) -> Decision:
+        """Decide, then apply the decision (and the watch) to this thread. Each change is
+        recorded before it is made, so that `_close` can undo whatever part was made."""
         source = self._source
         if type(source) is Decider:
             decision = source.resolve(self._name, self._nbytes)
@@ -84,30 +111,65 @@ class Scope:
             holder = source.get()  # type: ignore[union-attr]
             decider = holder.decider if holder is not None else source.fallback()  # type: ignore[union-attr]
             decision = decider.resolve(self._name, self._nbytes)
-        # `enter`, written out for the common case (one device): this is the hot path.
-        if decision.mesh is None and not decision.is_auto:
-            token = swap_device(decision.device)
-        else:
-            token = enter(decision)
-        ident = get_ident()
-        stack = self._stacks.get(ident)
-        if stack is None:
-            self._stacks[ident] = [token]
-        else:
-            stack.append(token)
+        # What this entry changed: [its device entry, its watch entry], None where nothing.
+        record: list[Any] = [None, None]
+        stack.append(record)
+        if not decision.is_auto:
+            entries = getattr(devices_local, "open", None)
+            if entries is None:
+                entries = open_entries()
+            entry = [get_device(), None]
+            record[0] = entry
+            entries.append(entry)
+            if decision.mesh is None:  # the hot path: one device
+                set_device(decision.device)
+            else:
+                enter_mesh(entry, decision)
+        watch = self._watch
+        if watch is not None:
+            watched = armed(watch, decision.origin)
+            record[1] = watched
+            enter_watch(watched)
         return decision
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        ident = get_ident()
-        stack = self._stacks.get(ident)
-        if not stack:
-            raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
-        # The emptied list stays for the thread's next entry: no allocation per `with`.
-        token = stack.pop()
-        if token is NOT_SWAPPED or type(token) is MeshToken:
-            leave(token)
-        else:
-            restore_device(token)
+        # Attribute and item reads only before `try`: CPython takes no interrupt there.
+        try:
+            stack = self._local.stack
+            record = stack[-1]
+        except (AttributeError, IndexError):
+            raise RuntimeError(f"{self!r} exited in a thread that did not enter it") from None
+        try:
+            self._close(record, stack)
+        except BaseException:
+            self._close(record, stack)  # finish what an interrupt stopped, then raise it
+            raise
+
+    @staticmethod
+    def _close(record: list[Any], stack: list[Any]) -> None:
+        """Undo what `record` changed, whatever part of it is done already (so it can be
+        called again after an interrupt), and drop it from `stack`."""
+        if record[1] is not None:
+            leave_watch(record[1])
+            record[1] = None
+        entry = record[0]
+        if entry is not None:
+            entries = devices_local.open
+            if entries and entries[-1] is entry:
+                try:
+                    set_device(entry[0])
+                finally:
+                    del entries[-1]
+                    record[0] = None
+                if entry[1] is not None:
+                    entry[1].__exit__(None, None, None)
+            else:
+                close_out_of_order(entries, entry)
+                record[0] = None
+        if stack and stack[-1] is record:
+            del stack[-1]
+        elif record in stack:
+            stack.remove(record)
 
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh and runs inside the scope."""
@@ -141,19 +203,6 @@ class WatchedScope(Scope):
         super().__init__(source, name, nbytes, commit, inputs)
         self._watch = watch
 
-    def __enter__(self) -> Decision:
-        decision = Scope.__enter__(self)
-        # The watch's token goes on the thread's own stack, above the device's token that
-        # `Scope.__enter__` just put there: `__exit__` takes both off, in turn.
-        self._stacks[get_ident()].append(arm(self._watch, decision.origin))
-        return decision
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        stack = self._stacks.get(get_ident())
-        if stack:
-            disarm(stack.pop())
-        Scope.__exit__(self, exc_type, exc, tb)
-
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh, runs inside the scope, and has its
         implicit transfers watched (plain functions; generators and coroutines are
@@ -164,11 +213,20 @@ class WatchedScope(Scope):
         if inspect.isasyncgenfunction(fn):
             return wrapped
         watch = self._watch
+        assert watch is not None  # a WatchedScope always has one
 
         @functools.wraps(fn)
         def watched(*args: Any, **kwargs: Any) -> Any:
-            with watching(watch):
+            entry = armed(watch)
+            try:
+                enter_watch(entry)
                 return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    leave_watch(entry)
+                except BaseException:
+                    leave_watch(entry)  # finish what an interrupt stopped, then raise it
+                    raise
 
         return watched  # type: ignore[return-value]
 

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import math
 import os
+import site
 import sys
+import sysconfig
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+import jax
 import numpy as np
 
 from .._base import compat
@@ -51,13 +54,21 @@ _DIRECTIONS = (
     ("Disallowed device-to-device transfer", D2D),
 )
 
-# Where the user's code is not: frames in these folders are skipped to find the site.
+# Frames in these folders (JAX, jaxlib, numpy, devpolicy) are the machinery of a transfer:
+# never its site, nor its library site.
 _SKIPPED: tuple[str, ...] = ()
+# Folders of code that is not the user's own: installed packages and the standard library.
+# A frame there is a transfer's `library_site`; its site is the user's line that called in.
+_LIBRARIES: tuple[str, ...] = ()
+# Where installed packages live, whatever interpreter, venv or `sys.path` entry holds them.
+_PACKAGE_FOLDERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 # Both caches hold one entry per source file seen (a program's files: a few hundred).
 _FILES_LIMIT = 4096
-# co_filename -> whether a frame there is skipped.
-_skipped_files: dict[str, bool] = {}
-# co_filename -> the path shown (relative to the working directory where inside it).
+# co_filename -> what a frame there is: _MACHINERY, _LIBRARY or _USER.
+_MACHINERY, _LIBRARY, _USER = 0, 1, 2
+_kinds: dict[str, int] = {}
+# co_filename -> the path shown (relative to the working directory where inside it; a
+# library's inside its site-packages folder).
 _shown_files: dict[str, str] = {}
 
 _local = threading.local()
@@ -111,27 +122,47 @@ class Watch:
         return self.modes[move.direction]
 
     def levels(self) -> tuple[Any, Any, Any]:
-        """JAX guard levels (h2d, d2d, d2h) to set while this watch is armed (None: leave)."""
+        """JAX guard levels (h2d, d2d, d2h) to set while this watch is armed (`KEEP`: leave
+        that direction as it is).
+
+        A direction is armed only where one of its outcomes can be logged or refused here
+        (issue 42, T1): an armed direction takes every transfer off JAX's fast path. Host
+        data into a CPU device is `host_local`; a copy between devices needs two; a
+        device-to-host read needs an accelerator. Before JAX's backends start which
+        devices exist is not known: every direction whose mode is not allow is armed, and
+        `provisional` says so until a refusal finds the devices (`narrow`).
+        """
         if self._levels is not None:
             return self._levels
         _state, level = compat.transfer_guard_state()
         started = compat.backends_started()
-        accelerators = started and any(p != "cpu" for p in inventory().devices)
+        devices = inventory().devices if started else {}
+        accelerators = not started or any(p != "cpu" for p in devices)
+        several = not started or sum(len(d) for d in devices.values()) > 1
         h2d_watched = self.modes[HOST_LOCAL] != "allow" or (
-            self.modes[H2D] != "allow" and (accelerators or not started)
+            self.modes[H2D] != "allow" and accelerators
         )
+        d2d_watched = self.modes[D2D] != "allow" and several
         levels = (
-            level.DISALLOW if h2d_watched else None,
-            level.DISALLOW if self.modes[D2D] != "allow" else None,
-            _JAX_LEVEL[self.modes[D2H]](level),
+            level.DISALLOW if h2d_watched else KEEP,
+            level.DISALLOW if d2d_watched else KEEP,
+            _JAX_LEVEL[self.modes[D2H]](level) if accelerators else KEEP,
         )
-        if started:  # before the backends start, which platforms exist is not known
+        if started:
             self._levels = levels
         return levels
 
+    @property
+    def provisional(self) -> bool:
+        """Whether `levels` was worked out before JAX's backends started (all it may need)."""
+        return self._levels is None
+
+
+#: A direction `arm` leaves as it is.
+KEEP: Any = object()
 
 _JAX_LEVEL: dict[str, Callable[[Any], Any]] = {
-    "allow": lambda level: None,
+    "allow": lambda level: KEEP,
     "log": lambda level: level.LOG,
     "disallow": lambda level: level.DISALLOW,
 }
@@ -142,58 +173,149 @@ def watch_of(settings: Mapping[str, Any], events: EventLog) -> Watch | None:
     return Watch(settings, events) if settings else None
 
 
-# The token `arm` returns: what to restore (watch, rule, guard levels h2d/d2d/d2h).
-_Token = tuple[Any, Any, Any, Any, Any]
+class Armed:
+    """One entry that changed this thread's watch: what it set, and what was there before.
+
+    Each thread keeps its open entries in order (`_open`). An entry left on top restores
+    what was there before it; one left from below (a generator holding a scope closed
+    before one opened after it) hands what was before it to the entry above, so the thread
+    ends as it was before the outermost entry however the exits are ordered (issue 42, M3).
+    """
+
+    __slots__ = ("levels", "prev", "provisional", "rule", "watch")
+
+    def __init__(self, watch: Watch | None, rule: str | None, levels: tuple[Any, Any, Any]) -> None:
+        self.watch = watch
+        self.rule = rule
+        #: The guard levels set (h2d, d2d, d2h), `KEEP` where left as it was.
+        self.levels = levels
+        #: Whether `levels` was worked out before the backends started (see `narrow`).
+        self.provisional = watch is not None and watch.provisional
+        #: (watch, rule, h2d, d2d, d2h) of the thread before this entry.
+        self.prev: tuple[Any, Any, Any, Any, Any] = (None, None, None, None, None)
 
 
-def arm(watch: Watch, rule: str | None = None) -> _Token:
-    """Watch this thread's implicit transfers by `watch` until `disarm(token)`.
+def armed(watch: Watch, rule: str | None = None) -> Armed:
+    """An entry that watches by `watch` (and reports `rule`), not yet applied: `enter` it.
 
-    `rule` is the origin of the rule whose scope armed it (reported as the `rule` of
-    transfers into the scope's devices).
+    Made apart from `enter` so that a caller holds it before anything changes, and can
+    always `leave` it (nothing happens for one never entered).
     """
     if not _installed[0]:
         _install()
-    h2d, d2d, d2h = watch.levels()
+    return Armed(watch, rule, watch.levels())
+
+
+def enter(entry: Armed) -> None:
+    """Apply `entry` to this thread. On any exception, a KeyboardInterrupt included, the
+    thread is left as it was (issue 42, M4)."""
     state = _guard[0]()
-    token = (
+    entry.prev = (
         getattr(_local, "watch", None),
         getattr(_local, "rule", None),
         state.host_to_device,
         state.device_to_device,
         state.device_to_host,
     )
-    _local.watch = watch
-    _local.rule = rule
-    if h2d is not None:
+    try:
+        _open().append(entry)
+        # Attribute stores only from here on: CPython takes no interrupt between them.
+        _local.watch = entry.watch
+        _local.rule = entry.rule
+        h2d, d2d, d2h = entry.levels
+        if h2d is not KEEP:
+            state.host_to_device = h2d
+        if d2d is not KEEP:
+            state.device_to_device = d2d
+        if d2h is not KEEP:
+            state.device_to_host = d2h
+    except BaseException:
+        leave(entry)
+        raise
+
+
+def leave(entry: Armed) -> None:
+    """Undo `entry` in this thread, in whatever order the entries are left; nothing when
+    it is not open (never entered, or left already)."""
+    entries = _open()
+    if entries and entries[-1] is entry:
+        state = _guard[0]()
+        # Stores and the delete only: no interrupt lands between them.
+        _local.watch, _local.rule, h2d, d2d, d2h = entry.prev
         state.host_to_device = h2d
-    if d2d is not None:
         state.device_to_device = d2d
-    if d2h is not None:
         state.device_to_host = d2h
-    return token
+        del entries[-1]
+        return
+    for i in range(len(entries) - 1):
+        if entries[i] is entry:
+            entries[i + 1].prev = entry.prev
+            del entries[i]
+            return
 
 
-def disarm(token: _Token) -> None:
-    """Undo the `arm` that returned `token` (arms nest, per thread)."""
-    state = _guard[0]()
-    _local.watch, _local.rule, h2d, d2d, d2h = token
+def _open() -> list[Armed]:
+    """This thread's open entries, oldest first."""
+    entries: list[Armed] | None = getattr(_local, "open", None)
+    if entries is None:
+        entries = _local.open = []
+    return entries
+
+
+def arm(watch: Watch, rule: str | None = None) -> Armed:
+    """Watch this thread's implicit transfers by `watch` until `disarm(token)`.
+
+    `rule` is the origin of the rule whose scope armed it (reported as the `rule` of
+    transfers into the scope's devices).
+    """
+    entry = armed(watch, rule)
+    enter(entry)
+    return entry
+
+
+def disarm(token: Armed) -> None:
+    """Undo the `arm` (or `suspend`) that returned `token` (arms nest, per thread)."""
+    leave(token)
+
+
+def suspend() -> Armed | None:
+    """Stop watching this thread until `disarm(token)` (a policy without `transfers:`
+    activated inside one with it); None, and nothing done, when nothing is watched.
+
+    The guard goes back to what this thread had before devpolicy first armed it: the
+    user's own levels, never `allow` over them."""
+    if getattr(_local, "watch", None) is None:
+        return None
+    entries = _open()
+    user = entries[0].prev[2:] if entries else (None, None, None)
+    entry = Armed(None, None, user)
+    enter(entry)
+    return entry
+
+
+def narrow(state: Any) -> None:
+    """Arm this thread's provisional entries by what the started backends show (a
+    direction where nothing can be reported is left as it was before devpolicy), and
+    set the thread to the result: the first refusal after JAX starts pays for it once."""
+    entries = _open()
+    if not any(e.provisional for e in entries) or not compat.backends_started():
+        return
+    current = entries[0].prev
+    for entry in entries:
+        if entry.provisional and entry.watch is not None:
+            entry.levels = entry.watch.levels()
+            entry.provisional = False
+        entry.prev = current
+        kept = current[2:]
+        current = (
+            entry.watch,
+            entry.rule,
+            *(old if new is KEEP else new for old, new in zip(kept, entry.levels, strict=True)),
+        )
+    _local.watch, _local.rule, h2d, d2d, d2h = current
     state.host_to_device = h2d
     state.device_to_device = d2d
     state.device_to_host = d2h
-
-
-def suspend() -> _Token | None:
-    """Stop watching this thread until `disarm(token)` (a policy without `transfers:`
-    activated inside one with it); None, and nothing done, when nothing is watched."""
-    if getattr(_local, "watch", None) is None:
-        return None
-    state = _guard[0]()
-    token = (_local.watch, _local.rule, state.host_to_device, state.device_to_device,
-             state.device_to_host)  # fmt: skip
-    _local.watch = _local.rule = None
-    state.host_to_device = state.device_to_device = state.device_to_host = None
-    return token
 
 
 @contextmanager
@@ -202,11 +324,12 @@ def watching(watch: Watch | None, rule: str | None = None) -> Iterator[None]:
     if watch is None:
         yield
         return
-    token = arm(watch, rule)
+    entry = armed(watch, rule)
     try:
+        enter(entry)
         yield
     finally:
-        disarm(token)
+        leave(entry)
 
 
 def current_watch() -> Watch | None:
@@ -241,7 +364,7 @@ def _as_explicit(state: Any, fn: Callable[P, T], /, *args: P.args, **kwargs: P.k
 
 def _install() -> None:
     """Wrap each of JAX's argument-sharding handlers once (for the life of the process)."""
-    global _SKIPPED
+    global _SKIPPED, _LIBRARIES
     with _install_lock:
         if _installed[0]:
             return
@@ -255,6 +378,7 @@ def _install() -> None:
                 handlers[kind] = _watched(handler, host=kind is not array_type)
         ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
         _SKIPPED = (*compat.package_dirs(), ours)
+        _LIBRARIES = _library_folders()
         owner = compat.device_put_owner()
         put = owner.batched_device_put
         if not getattr(put, "_devpolicy_watched", False):
@@ -296,7 +420,8 @@ def _explicit_put(put: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             if _in_argument_transfer(sys._getframe(1)):
                 raise  # the argument handler's wrapper reports it
-            return _as_explicit(_guard[0](), put, *args, **kwargs)
+            state, level = compat.transfer_guard_state()
+            return _as_explicit(state, _as_users, state, level, put, *args, **kwargs)
 
     watched_put._devpolicy_watched = True  # type: ignore[attr-defined]
     return watched_put
@@ -329,9 +454,11 @@ def _caught(
     layouts: Any,
     semantics: Any,
 ) -> Any:
+    state, level = compat.transfer_guard_state()
+    narrow(state)
     watch: Watch = _local.watch
     moves = _moves(direction, host, xs, shardings)
-    site, function = _site(sys._getframe(1))
+    site, function, library = _site(sys._getframe(1))
     for move in moves:
         if watch.mode_of(move) == "disallow" and not move.scalar:
             field = HOST_LOCAL if move.direction == H2D and not move.crosses else move.direction
@@ -345,22 +472,37 @@ def _caught(
                 field,
                 watch.origins.get(field, "default"),
             ) from error
+    # Run again at the user's own level, not `allow`: a guard the user set in JAX refuses
+    # (JAX's error) or logs as it would have without devpolicy (issue 42, M1).
+    result = _as_users(state, level, handler, xs, shardings, layouts, semantics)
     rule: str | None = getattr(_local, "rule", None)
     for move in moves:
-        mode = watch.mode_of(move)
-        if mode != "allow":
-            _report(watch, site, function, move, rule)
-    state, level = compat.transfer_guard_state()
+        if watch.mode_of(move) != "allow":
+            _report(watch, site, function, library, move, rule)
+    return result
+
+
+def _as_users(state: Any, level: Any, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Call `fn` with this thread's h2d and d2d guard at the levels the user set in JAX
+    (`jax_transfer_guard*`, the thread's own or the global one), then put devpolicy's back."""
     before = (state.host_to_device, state.device_to_device)
-    state.host_to_device = level.ALLOW
-    state.device_to_device = level.ALLOW
+    state.host_to_device = _users_level(H2D, level)
+    state.device_to_device = _users_level(D2D, level)
     try:
-        return handler(xs, shardings, layouts, semantics)
+        return fn(*args, **kwargs)
     finally:
         state.host_to_device, state.device_to_device = before
 
 
-def _report(watch: Watch, site: str, function: str, move: Move, rule: str | None) -> None:
+def _users_level(direction: str, level: Any) -> Any:
+    """The guard level the user set in JAX for `direction` (None: JAX's default)."""
+    value = getattr(jax.config, f"jax_transfer_guard_{direction}", None)
+    return None if value is None else getattr(level, str(value).upper())
+
+
+def _report(
+    watch: Watch, site: str, function: str, library: str | None, move: Move, rule: str | None
+) -> None:
     """Count `move` at `site`; its event at info the first time (warning if it crosses
     host/accelerator), at debug after."""
     shown = f"{move.direction}:scalar" if move.scalar else move.direction
@@ -376,6 +518,7 @@ def _report(watch: Watch, site: str, function: str, move: Move, rule: str | None
             "direction": move.direction,
             "site": site,
             "function": function,
+            "library_site": library,
             "source": move.source,
             "devices": list(move.devices),
             "nbytes": move.nbytes,
@@ -429,33 +572,87 @@ def move_into(x: Any, sharding: Any, host: bool, direction: str, inv: Any) -> Mo
     )
 
 
-def _site(frame: Any) -> tuple[str, str]:
-    """`path/file.py:LINE` and the function of the first frame outside JAX and devpolicy."""
+def _site(frame: Any) -> tuple[str, str, str | None]:
+    """Where a transfer was asked for: `path/file.py:LINE` and the function of the
+    innermost frame of the user's code (outside JAX, numpy, devpolicy, installed packages
+    and the standard library), and the innermost library frame below it where there is
+    one (`flax/nnx/variablelib.py:2318`), else None. With no user frame on the stack the
+    library frame is the site."""
+    library: tuple[str, str] | None = None
     while frame is not None:
-        filename = frame.f_code.co_filename
-        skipped = _skipped_files.get(filename)
-        if skipped is None:
-            if len(_skipped_files) >= _FILES_LIMIT:
-                _skipped_files.clear()  # code made up without end (exec): start over
-            skipped = _skipped_files[filename] = filename.startswith(_SKIPPED)
-        if not skipped:
-            return f"{_shown(filename)}:{frame.f_lineno}", _function(frame.f_code)
+        code = frame.f_code
+        kind = _kinds.get(code.co_filename)
+        if kind is None:
+            kind = _kind(code.co_filename)
+        if kind == _USER:
+            return (
+                f"{_shown(code.co_filename)}:{frame.f_lineno}",
+                _function(code),
+                None if library is None else library[0],
+            )
+        if kind == _LIBRARY and library is None:
+            library = f"{_shown(code.co_filename)}:{frame.f_lineno}", _function(code)
         frame = frame.f_back
-    return "<unknown>", "<unknown>"
+    if library is not None:
+        return library[0], library[1], None
+    return "<unknown>", "<unknown>", None
+
+
+def _kind(filename: str) -> int:
+    """Whether code in `filename` is JAX's machinery, a library's or the user's (cached)."""
+    if len(_kinds) >= _FILES_LIMIT:
+        _kinds.clear()  # code made up without end (exec): start over
+    if filename.startswith(_SKIPPED):
+        kind = _MACHINERY
+    elif (
+        filename.startswith(_LIBRARIES)
+        or any(folder in filename for folder in _PACKAGE_FOLDERS)
+        or filename.startswith("<frozen ")
+    ):
+        kind = _LIBRARY
+    else:
+        kind = _USER
+    _kinds[filename] = kind
+    return kind
+
+
+def _library_folders() -> tuple[str, ...]:
+    """The standard library's folders and this interpreter's package folders."""
+    paths = sysconfig.get_paths()
+    folders = {paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders.update(site.getsitepackages() if hasattr(site, "getsitepackages") else ())
+    return tuple(os.path.join(os.path.abspath(f), "") for f in sorted(folders) if f)
 
 
 def _shown(filename: str) -> str:
     shown = _shown_files.get(filename)
     if shown is None:
-        try:
-            relative = os.path.relpath(filename)
-            shown = filename if relative.startswith("..") else relative
-        except ValueError:  # another drive (Windows)
-            shown = filename
+        inside = _inside_packages(filename)
+        if inside is not None:
+            shown = inside
+        else:
+            try:
+                relative = os.path.relpath(filename)
+                shown = filename if relative.startswith("..") else relative
+            except ValueError:  # another drive (Windows)
+                shown = filename
         if len(_shown_files) >= _FILES_LIMIT:
             _shown_files.clear()
         _shown_files[filename] = shown
     return shown
+
+
+def _inside_packages(filename: str) -> str | None:
+    """`flax/nnx/variablelib.py` of a file in a package folder, or of the standard
+    library (`json/decoder.py`); None for any other file."""
+    for folder in _PACKAGE_FOLDERS:
+        at = filename.rfind(folder)
+        if at >= 0:
+            return filename[at + len(folder) :]
+    for folder in _LIBRARIES:
+        if filename.startswith(folder):
+            return filename[len(folder) :]
+    return None
 
 
 def _function(code: Any) -> str:
