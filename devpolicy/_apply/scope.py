@@ -88,49 +88,48 @@ class Scope:
     def __enter__(self) -> Decision:
         if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
             raise ScopeInCoroutineError(self._name)
-        stack: list[Any] | None = getattr(self._local, "stack", None)
-        if stack is None:
+        try:
+            stack: list[Any] = self._local.stack
+        except AttributeError:  # this thread's first entry
             stack = self._local.stack = []
         depth = len(stack)
+        # Each change below is recorded before it is made, so that `_close` can undo
+        # whatever part was made. The hot path (one device) is written out here.
         try:
-            return self._open(stack)
+            source = self._source
+            if type(source) is Decider:
+                decision = source.resolve(self._name, self._nbytes)
+            else:
+                holder = source.get()  # type: ignore[union-attr]
+                decider = holder.decider if holder is not None else source.fallback()  # type: ignore[union-attr]
+                decision = decider.resolve(self._name, self._nbytes)
+            # What this entry changed: [its device entry, its watch entry], None where
+            # nothing.
+            record: list[Any] = [None, None]
+            stack.append(record)
+            if not decision.is_auto:
+                try:
+                    entries = devices_local.open
+                except AttributeError:
+                    entries = open_entries()
+                entry = [get_device(), None]
+                record[0] = entry
+                entries.append(entry)
+                if decision.mesh is None:
+                    set_device(decision.device)
+                else:
+                    enter_mesh(entry, decision)
+            if self._watch is not None:
+                watched = armed(self._watch, decision.origin)
+                record[1] = watched
+                enter_watch(watched)
+            return decision
         except BaseException:
-            # What `_open` recorded, undone: an exception here, a KeyboardInterrupt even
-            # as `_open` returns, means the `with` never calls `__exit__` (issue 42, M4).
+            # What was recorded, undone: after an exception here (a KeyboardInterrupt at
+            # any point included) the `with` never calls `__exit__` (issue 42, M4).
             if len(stack) > depth:
                 self._close(stack[-1], stack)
             raise
-
-    def _open(self, stack: list[Any]) -> Decision:
-        """Decide, then apply the decision (and the watch) to this thread. Each change is
-        recorded before it is made, so that `_close` can undo whatever part was made."""
-        source = self._source
-        if type(source) is Decider:
-            decision = source.resolve(self._name, self._nbytes)
-        else:
-            holder = source.get()  # type: ignore[union-attr]
-            decider = holder.decider if holder is not None else source.fallback()  # type: ignore[union-attr]
-            decision = decider.resolve(self._name, self._nbytes)
-        # What this entry changed: [its device entry, its watch entry], None where nothing.
-        record: list[Any] = [None, None]
-        stack.append(record)
-        if not decision.is_auto:
-            entries = getattr(devices_local, "open", None)
-            if entries is None:
-                entries = open_entries()
-            entry = [get_device(), None]
-            record[0] = entry
-            entries.append(entry)
-            if decision.mesh is None:  # the hot path: one device
-                set_device(decision.device)
-            else:
-                enter_mesh(entry, decision)
-        watch = self._watch
-        if watch is not None:
-            watched = armed(watch, decision.origin)
-            record[1] = watched
-            enter_watch(watched)
-        return decision
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         # Attribute and item reads only before `try`: CPython takes no interrupt there.
@@ -140,6 +139,15 @@ class Scope:
         except (AttributeError, IndexError):
             raise RuntimeError(f"{self!r} exited in a thread that did not enter it") from None
         try:
+            entry = record[0]
+            if record[1] is None and entry is not None and entry[1] is None:
+                entries = devices_local.open
+                if entries[-1] is entry:  # the hot path: the newest entry, one device
+                    set_device(entry[0])
+                    del entries[-1]
+                    record[0] = None
+                    del stack[-1]
+                    return
             self._close(record, stack)
         except BaseException:
             self._close(record, stack)  # finish what an interrupt stopped, then raise it

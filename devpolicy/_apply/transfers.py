@@ -190,7 +190,7 @@ class Armed:
         #: The guard levels set (h2d, d2d, d2h), `KEEP` where left as it was.
         self.levels = levels
         #: Whether `levels` was worked out before the backends started (see `narrow`).
-        self.provisional = watch is not None and watch.provisional
+        self.provisional = watch is not None and watch._levels is None
         #: (watch, rule, h2d, d2d, d2h) of the thread before this entry.
         self.prev: tuple[Any, Any, Any, Any, Any] = (None, None, None, None, None)
 
@@ -218,7 +218,10 @@ def enter(entry: Armed) -> None:
         state.device_to_host,
     )
     try:
-        _open().append(entry)
+        try:
+            _local.open.append(entry)
+        except AttributeError:  # this thread's first entry
+            _local.open = [entry]
         # Attribute stores only from here on: CPython takes no interrupt between them.
         _local.watch = entry.watch
         _local.rule = entry.rule
@@ -237,7 +240,7 @@ def enter(entry: Armed) -> None:
 def leave(entry: Armed) -> None:
     """Undo `entry` in this thread, in whatever order the entries are left; nothing when
     it is not open (never entered, or left already)."""
-    entries = _open()
+    entries: list[Armed] = getattr(_local, "open", ())  # type: ignore[assignment]
     if entries and entries[-1] is entry:
         state = _guard[0]()
         # Stores and the delete only: no interrupt lands between them.

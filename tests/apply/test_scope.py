@@ -843,12 +843,16 @@ def _interrupted_run(
     block: Callable[[], object], scopes: list[object], before: tuple[object, ...], delay: float
 ) -> list[str]:
     """One run of `interrupted_runs`: what it left (see there)."""
-    started = threading.Event()
+    started, stopped = threading.Event(), threading.Event()
 
     def interrupt() -> None:
         started.wait()
         time.sleep(delay)
         _thread.interrupt_main()
+        # An interrupt taken where Python ignores exceptions (a finalizer run by the
+        # garbage collector) is lost: send another, late enough to be alone.
+        while not stopped.wait(1.0):
+            _thread.interrupt_main()
 
     helper = threading.Thread(target=interrupt)
     helper.start()
@@ -858,6 +862,7 @@ def _interrupted_run(
         while True:
             block()
     except KeyboardInterrupt as e:
+        stopped.set()
         last = traceback.extract_tb(e.__traceback__)[-1]
         at = (last.filename, last.lineno or 0)
     helper.join()
