@@ -240,7 +240,7 @@ def enter(entry: Armed) -> None:
 def leave(entry: Armed) -> None:
     """Undo `entry` in this thread, in whatever order the entries are left; nothing when
     it is not open (never entered, or left already)."""
-    entries: list[Armed] = getattr(_local, "open", ())  # type: ignore[assignment]
+    entries: list[Armed] = getattr(_local, "open", None) or []
     if entries and entries[-1] is entry:
         state = _guard[0]()
         # Stores and the delete only: no interrupt lands between them.
