@@ -2,13 +2,17 @@
 
 How they are seen (docs/transfers.md, "How devpolicy sees them"): while a policy with
 `transfers:` is active in a thread, JAX's thread-local transfer guard is set to `disallow`
-for the directions it watches. An implicit transfer then fails inside JAX's argument
-sharding (`pxla.shard_arg_handlers`, the one Python step every jit call, operation and
-`jnp.asarray` takes to move an argument), before anything was copied. Each handler is
-wrapped once: the wrapper catches that failure, finds the user's line on the live stack,
-reports or refuses it, and runs the same handler again with the guard at `allow`. Only the
-argument sharding is run again: it has no side effects before its transfer, and no user
-code is rerun. Explicit placements (`jax.device_put`, `device_get`, devpolicy's verbs)
+for the directions it watches where something can be reported (`Watch.levels`). An
+implicit transfer then fails inside JAX's argument sharding (`pxla.shard_arg_handlers`,
+the one Python step every jit call, operation and `jnp.asarray` takes to move an
+argument), before anything was copied. Each handler is wrapped once: the wrapper catches
+that failure, finds the user's line on the live stack (`_site`), refuses it, or runs the
+same handler again at the level the user set in JAX (`allow` unless they set one) and
+reports it. Only the argument sharding is run again: it has no side effects before its
+transfer, and no user code is rerun.
+
+Each thread keeps its open entries (`Armed`) in order, so that scopes left out of order
+and interrupts leave the thread as it was (see `Armed`, `enter`, `leave`). Explicit placements (`jax.device_put`, `device_get`, devpolicy's verbs)
 are marked explicit to JAX's guard, which lets them through, so they never get here.
 
 `device_to_host` is handed to JAX's own guard as it is: a read of an accelerator's array
