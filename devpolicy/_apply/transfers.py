@@ -9,11 +9,12 @@ argument), before anything was copied. Each handler is wrapped once: the wrapper
 that failure, finds the user's line on the live stack (`_site`), refuses it, or runs the
 same handler again at the level the user set in JAX (`allow` unless they set one) and
 reports it. Only the argument sharding is run again: it has no side effects before its
-transfer, and no user code is rerun.
+transfer, and no user code is rerun. Explicit placements (`jax.device_put`,
+`device_get`, devpolicy's verbs) are marked explicit to JAX's guard, which lets them
+through, so they never get here.
 
 Each thread keeps its open entries (`Armed`) in order, so that scopes left out of order
-and interrupts leave the thread as it was (see `Armed`, `enter`, `leave`). Explicit placements (`jax.device_put`, `device_get`, devpolicy's verbs)
-are marked explicit to JAX's guard, which lets them through, so they never get here.
+and interrupts leave the thread as it was (see `Armed`, `enter`, `leave`).
 
 `device_to_host` is handed to JAX's own guard as it is: a read of an accelerator's array
 by the host (`np.asarray(x)`) goes through jaxlib's C++ buffer protocol, where no Python
