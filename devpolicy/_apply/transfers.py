@@ -27,10 +27,7 @@ one, JAX is untouched.
 from __future__ import annotations
 
 import math
-import os
-import site
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -45,6 +42,7 @@ from .._base.errors import TransferRefusedError
 from .._base.events import EventLog
 from .._machine.inventory import inventory
 from .._machine.ledger import count_transfer
+from .sites import site_of
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -58,23 +56,6 @@ _DIRECTIONS = (
     ("Disallowed host-to-device transfer", H2D),
     ("Disallowed device-to-device transfer", D2D),
 )
-
-# Frames in these folders (JAX, jaxlib, numpy, devpolicy) are the machinery of a transfer:
-# never its site, nor its library site.
-_SKIPPED: tuple[str, ...] = ()
-# Folders of code that is not the user's own: installed packages and the standard library.
-# A frame there is a transfer's `library_site`; its site is the user's line that called in.
-_LIBRARIES: tuple[str, ...] = ()
-# Where installed packages live, whatever interpreter, venv or `sys.path` entry holds them.
-_PACKAGE_FOLDERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-# Both caches hold one entry per source file seen (a program's files: a few hundred).
-_FILES_LIMIT = 4096
-# co_filename -> what a frame there is: _MACHINERY, _LIBRARY or _USER.
-_MACHINERY, _LIBRARY, _USER = 0, 1, 2
-_kinds: dict[str, int] = {}
-# co_filename -> the path shown (relative to the working directory where inside it; a
-# library's inside its site-packages folder).
-_shown_files: dict[str, str] = {}
 
 _local = threading.local()
 # (this thread's guard state getter, the level enum), set by `_install`: `arm` is on the
@@ -372,7 +353,6 @@ def _as_explicit(state: Any, fn: Callable[P, T], /, *args: P.args, **kwargs: P.k
 
 def _install() -> None:
     """Wrap each of JAX's argument-sharding handlers once (for the life of the process)."""
-    global _SKIPPED, _LIBRARIES
     with _install_lock:
         if _installed[0]:
             return
@@ -384,9 +364,6 @@ def _install() -> None:
         for kind, handler in list(handlers.items()):
             if not getattr(handler, "_devpolicy_watched", False):
                 handlers[kind] = _watched(handler, host=kind is not array_type)
-        ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-        _SKIPPED = (*compat.package_dirs(), ours)
-        _LIBRARIES = _library_folders()
         owner = compat.device_put_owner()
         put = owner.batched_device_put
         if not getattr(put, "_devpolicy_watched", False):
@@ -466,7 +443,7 @@ def _caught(
     narrow(state)
     watch: Watch = _local.watch
     moves = _moves(direction, host, xs, shardings)
-    site, function, library = _site(sys._getframe(1))
+    site, function, library = site_of(sys._getframe(1))
     for move in moves:
         if watch.mode_of(move) == "disallow" and not move.scalar:
             field = HOST_LOCAL if move.direction == H2D and not move.crosses else move.direction
@@ -578,93 +555,6 @@ def move_into(x: Any, sharding: Any, host: bool, direction: str, inv: Any) -> Mo
     return Move(
         direction, source, texts, shard * len(targets), shape, str(dtype), len(shape) == 0, crosses
     )
-
-
-def _site(frame: Any) -> tuple[str, str, str | None]:
-    """Where a transfer was asked for: `path/file.py:LINE` and the function of the
-    innermost frame of the user's code (outside JAX, numpy, devpolicy, installed packages
-    and the standard library), and the innermost library frame below it where there is
-    one (`flax/nnx/variablelib.py:2318`), else None. With no user frame on the stack the
-    library frame is the site."""
-    library: tuple[str, str] | None = None
-    while frame is not None:
-        code = frame.f_code
-        kind = _kinds.get(code.co_filename)
-        if kind is None:
-            kind = _kind(code.co_filename)
-        if kind == _USER:
-            return (
-                f"{_shown(code.co_filename)}:{frame.f_lineno}",
-                _function(code),
-                None if library is None else library[0],
-            )
-        if kind == _LIBRARY and library is None:
-            library = f"{_shown(code.co_filename)}:{frame.f_lineno}", _function(code)
-        frame = frame.f_back
-    if library is not None:
-        return library[0], library[1], None
-    return "<unknown>", "<unknown>", None
-
-
-def _kind(filename: str) -> int:
-    """Whether code in `filename` is JAX's machinery, a library's or the user's (cached)."""
-    if len(_kinds) >= _FILES_LIMIT:
-        _kinds.clear()  # code made up without end (exec): start over
-    if filename.startswith(_SKIPPED):
-        kind = _MACHINERY
-    elif (
-        filename.startswith(_LIBRARIES)
-        or any(folder in filename for folder in _PACKAGE_FOLDERS)
-        or filename.startswith("<frozen ")
-    ):
-        kind = _LIBRARY
-    else:
-        kind = _USER
-    _kinds[filename] = kind
-    return kind
-
-
-def _library_folders() -> tuple[str, ...]:
-    """The standard library's folders and this interpreter's package folders."""
-    paths = sysconfig.get_paths()
-    folders = {paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
-    folders.update(site.getsitepackages() if hasattr(site, "getsitepackages") else ())
-    return tuple(os.path.join(os.path.abspath(f), "") for f in sorted(folders) if f)
-
-
-def _shown(filename: str) -> str:
-    shown = _shown_files.get(filename)
-    if shown is None:
-        inside = _inside_packages(filename)
-        if inside is not None:
-            shown = inside
-        else:
-            try:
-                relative = os.path.relpath(filename)
-                shown = filename if relative.startswith("..") else relative
-            except ValueError:  # another drive (Windows)
-                shown = filename
-        if len(_shown_files) >= _FILES_LIMIT:
-            _shown_files.clear()
-        _shown_files[filename] = shown
-    return shown
-
-
-def _inside_packages(filename: str) -> str | None:
-    """`flax/nnx/variablelib.py` of a file in a package folder, or of the standard
-    library (`json/decoder.py`); None for any other file."""
-    for folder in _PACKAGE_FOLDERS:
-        at = filename.rfind(folder)
-        if at >= 0:
-            return filename[at + len(folder) :]
-    for folder in _LIBRARIES:
-        if filename.startswith(folder):
-            return filename[len(folder) :]
-    return None
-
-
-def _function(code: Any) -> str:
-    return str(getattr(code, "co_qualname", code.co_name))
 
 
 def lint_transfers(
