@@ -23,7 +23,7 @@ from .._base.events import EventLog
 from .._decide.decider import Decider
 from .._decide.decision import Decision
 from .._machine.ledger import record, record_all
-from .default_device import device_scope, enter, get_device, leave, set_device
+from .default_device import device_scope, enter, entry, get_device, leave, set_device
 from .moves import commit_sharded, leaf_path, move_inputs, report_mismatch
 
 T = TypeVar("T")
@@ -239,11 +239,16 @@ def _entered_call(
 ) -> Any:
     """`fn` called inside `decision`'s scope (`enter`: a mesh, or a device), its result
     finished outside it."""
-    token = enter(decision)
+    entered = entry()
     try:
+        enter(decision, entered)
         result = fn(*args, **kwargs)
     finally:
-        leave(token)
+        try:
+            leave(entered)
+        except BaseException:
+            leave(entered)  # finish what an interrupt stopped, then raise it
+            raise
     return finish(result, decision, events)
 
 
