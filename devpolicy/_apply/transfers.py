@@ -116,7 +116,8 @@ class Watch:
         data into a CPU device is `host_local`; a copy between devices needs two; a
         device-to-host read needs an accelerator. Before JAX's backends start which
         devices exist is not known: every direction whose mode is not allow is armed, and
-        `provisional` says so until a refusal finds the devices (`narrow`).
+        nothing is kept, so that an entry armed then is `Armed.provisional` until a
+        refusal finds the devices (`narrow`).
         """
         if self._levels is not None:
             return self._levels
@@ -137,11 +138,6 @@ class Watch:
         if started:
             self._levels = levels
         return levels
-
-    @property
-    def provisional(self) -> bool:
-        """Whether `levels` was worked out before JAX's backends started (all it may need)."""
-        return self._levels is None
 
 
 #: A direction `arm` leaves as it is.
