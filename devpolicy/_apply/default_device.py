@@ -62,9 +62,10 @@ else:  # pragma: no cover - depends on the installed JAX
             hook(None if value is _UNSET else value)
 
 
-#: This thread's open scope entries (`open`: a list of `[device before, mesh scope or
-#: None]`, oldest first). A scope may be left out of order (a generator holding it closed
-#: before one opened later): `close_out_of_order` keeps the thread's device right then.
+#: This thread's open scope entries (`open`: a list of records `[device before, mesh
+#: scope, ...]`, oldest first; the device slot `NOT_SWAPPED` where the entry set none). A
+#: scope may be left out of order (a generator holding it closed before one opened later):
+#: `close_out_of_order` keeps the thread's device right then.
 devices_local = threading.local()
 
 
@@ -77,17 +78,27 @@ def open_entries() -> list[list[Any]]:
 
 
 def close_out_of_order(entries: list[list[Any]], entry: list[Any]) -> None:
-    """Drop `entry`, which is not the newest open one: the device stays the newer entry's,
-    and the entry above it inherits what was there before `entry`, so the thread ends as
-    it was before the outermost entry. Nothing when `entry` is not open."""
-    for i in range(len(entries) - 1):
+    """Drop `entry`, which is not the newest open one. The newer entry that set a device
+    keeps it, and takes over what was there before `entry`, so the thread ends as it was
+    before the outermost entry; where no newer one set a device, the device goes back now.
+    Nothing when `entry` is not open."""
+    for i in range(len(entries)):
         if entries[i] is entry:
-            # Stores and the delete only: no interrupt lands between them.
-            entries[i + 1][0] = entry[0]
-            del entries[i]
-            if entry[1] is not None:
-                entry[1].__exit__(None, None, None)
-            return
+            break
+    else:
+        return
+    if entry[0] is not NOT_SWAPPED:
+        for newer in entries[i + 1 :]:
+            if newer[0] is not NOT_SWAPPED:
+                newer[0] = entry[0]
+                break
+        else:
+            set_device(entry[0])
+        entry[0] = NOT_SWAPPED
+    del entries[i]
+    if entry[1] is not None:
+        mesh_scope, entry[1] = entry[1], None
+        mesh_scope.__exit__(None, None, None)
 
 
 #: What an entry's device slot holds while nothing was swapped (an `auto` decision, or

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,6 +20,7 @@ from .._decide.decider import Decider
 from .._decide.decision import Decision
 from .calls import DeciderSource, Inputs, decorate
 from .default_device import (
+    NOT_SWAPPED,
     close_out_of_order,
     devices_local,
     enter_mesh,
@@ -59,7 +59,6 @@ class Scope:
     __slots__ = (
         "_commit",
         "_inputs",
-        "_local",
         "_name",
         "_nbytes",
         "_source",
@@ -81,20 +80,17 @@ class Scope:
         self._nbytes = nbytes
         self._commit = commit
         self._inputs = inputs
-        # What to undo, a stack per thread (`stack`): entries and exits pair up within
-        # each thread whatever others do with the same object.
-        self._local = threading.local()
 
     def __enter__(self) -> Decision:
         if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
             raise ScopeInCoroutineError(self._name)
+        # What this entry changes, recorded before each change so that `_close` can undo
+        # whatever part was made: [device before, mesh scope, watch entry, this scope].
+        record: list[Any] = [NOT_SWAPPED, None, None, self]
         try:
-            stack: list[Any] = self._local.stack
+            entries: list[list[Any]] = devices_local.open
         except AttributeError:  # this thread's first entry
-            stack = self._local.stack = []
-        depth = len(stack)
-        # Each change below is recorded before it is made, so that `_close` can undo
-        # whatever part was made. The hot path (one device) is written out here.
+            entries = open_entries()
         try:
             source = self._source
             if type(source) is Decider:
@@ -103,81 +99,79 @@ class Scope:
                 holder = source.get()  # type: ignore[union-attr]
                 decider = holder.decider if holder is not None else source.fallback()  # type: ignore[union-attr]
                 decision = decider.resolve(self._name, self._nbytes)
-            # What this entry changed: [its device entry, its watch entry], None where
-            # nothing.
-            record: list[Any] = [None, None]
-            stack.append(record)
+            entries.append(record)
             if not decision.is_auto:
-                try:
-                    entries = devices_local.open
-                except AttributeError:
-                    entries = open_entries()
-                entry = [get_device(), None]
-                record[0] = entry
-                entries.append(entry)
-                if decision.mesh is None:
+                record[0] = get_device()
+                if decision.mesh is None:  # the hot path: one device
                     set_device(decision.device)
                 else:
-                    enter_mesh(entry, decision)
+                    enter_mesh(record, decision)
             if self._watch is not None:
                 watched = armed(self._watch, decision.origin)
-                record[1] = watched
+                record[2] = watched
                 enter_watch(watched)
             return decision
         except BaseException:
-            # What was recorded, undone: after an exception here (a KeyboardInterrupt at
-            # any point included) the `with` never calls `__exit__` (issue 42, M4).
-            if len(stack) > depth:
-                self._close(stack[-1], stack)
+            # After an exception here (a KeyboardInterrupt at any point included) the
+            # `with` never calls `__exit__`: undo what was recorded (issue 42, M4).
+            self._close(record, entries)
             raise
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         # Attribute and item reads only before `try`: CPython takes no interrupt there.
         try:
-            stack = self._local.stack
-            record = stack[-1]
+            entries: list[list[Any]] = devices_local.open
+            record = entries[-1]
         except (AttributeError, IndexError):
-            raise RuntimeError(f"{self!r} exited in a thread that did not enter it") from None
+            record = None
+        if record is None or record[3] is not self:  # left out of order, or not entered
+            record = self._newest(entries if record is not None else [])
         try:
-            entry = record[0]
-            if record[1] is None and entry is not None and entry[1] is None:
-                entries = devices_local.open
-                if entries[-1] is entry:  # the hot path: the newest entry, one device
-                    set_device(entry[0])
-                    del entries[-1]
-                    record[0] = None
-                    del stack[-1]
-                    return
-            self._close(record, stack)
+            # The hot path: the newest entry, one device, no watch.
+            if (
+                record is entries[-1]
+                and record[0] is not NOT_SWAPPED
+                and record[1] is None
+                and record[2] is None
+            ):
+                set_device(record[0])
+                record[0] = NOT_SWAPPED
+                del entries[-1]
+                return
+            self._close(record, entries)
         except BaseException:
-            self._close(record, stack)  # finish what an interrupt stopped, then raise it
+            self._close(record, entries)  # finish what an interrupt stopped, then raise it
             raise
 
+    def _newest(self, entries: list[list[Any]]) -> list[Any]:
+        """This scope's newest open record in this thread (others were entered after it)."""
+        for record in reversed(entries):
+            if record[3] is self:
+                found: list[Any] = record
+                return found
+        raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
+
     @staticmethod
-    def _close(record: list[Any], stack: list[Any]) -> None:
+    def _close(record: list[Any], entries: list[list[Any]]) -> None:
         """Undo what `record` changed, whatever part of it is done already (so it can be
-        called again after an interrupt), and drop it from `stack`."""
-        if record[1] is not None:
-            leave_watch(record[1])
-            record[1] = None
-        entry = record[0]
-        if entry is not None:
-            entries = devices_local.open
-            if entries and entries[-1] is entry:
+        called again after an interrupt), and drop it from this thread's `entries`."""
+        if record[2] is not None:
+            leave_watch(record[2])
+            record[2] = None
+        if entries and entries[-1] is record:
+            if record[0] is not NOT_SWAPPED:
                 try:
-                    set_device(entry[0])
+                    set_device(record[0])
                 finally:
+                    record[0] = NOT_SWAPPED
                     del entries[-1]
-                    record[0] = None
-                if entry[1] is not None:
-                    entry[1].__exit__(None, None, None)
             else:
-                close_out_of_order(entries, entry)
-                record[0] = None
-        if stack and stack[-1] is record:
-            del stack[-1]
-        elif record in stack:
-            stack.remove(record)
+                del entries[-1]
+            if record[1] is not None:
+                mesh_scope, record[1] = record[1], None
+                mesh_scope.__exit__(None, None, None)
+        else:
+            close_out_of_order(entries, record)
 
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh and runs inside the scope."""

@@ -878,6 +878,9 @@ def _interrupted_run(
 @pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread(), reason="SIGINT needs the main thread"
 )
+# An interrupt that lands in a finalizer (JAX's garbage-collection callback) is ignored by
+# Python, as it would be in any program; the run sends another.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 class TestInterrupts:
     """A KeyboardInterrupt at any moment (Ctrl-C in a notebook) never leaves the thread
     watched or on another device (issue 42, M4), counted over many real interrupts; the
@@ -928,3 +931,20 @@ class TestInterrupts:
 
         counts = interrupted_runs(lambda: list(steps()), [], self.RUNS)
         assert counts["left"] == counts["at_exit_start"], counts
+
+
+class TestExitsThatDoNotPairUpWithAuto:
+    def test_a_device_scope_closed_under_an_auto_scope_gives_the_device_back_at_once(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """An `auto` scope entered after a device scope sets no device: when the device
+        scope is closed first, nothing open holds a device, so it goes back then."""
+        p = policy_of(rules=[{"match": "x", "device": "cpu:1"}, {"match": "y", "device": "auto"}])
+        first, second = _held(p.scope("x")), _held(p.scope("y"))
+        next(first)
+        next(second)
+        assert where(jnp.zeros(1)) == cpus[1]
+        first.close()
+        assert jax.config.jax_default_device is None
+        second.close()
+        assert jax.config.jax_default_device is None
