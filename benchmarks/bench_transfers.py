@@ -11,7 +11,14 @@ absolute numbers: these machines are shared.
 Targets (issue 35): a `with policy.scope(...)` with `transfers:` set <= 5 us over one
 without; count mode <= 10 us per event and <= 2 us on a call that moves nothing; the
 first event at a site located in <= 5 ms. (Without `transfers:` the repeat `@place`/scope
-path is the same code as before: benchmarks/bench_core.py measures it.)
+path is the same code as before: benchmarks/bench_core.py measures it.) Issue 42: a loop
+feeding numpy to a CPU device watched by `transfers: log` (host_local left at allow: it
+can report nothing) within noise of the same loop unwatched, where the machine has no
+accelerator.
+
+Runs on the devices there are: JAX's default platform's first device is the one the
+cases place on; a case that needs a second device of that platform (a copy between two)
+prints a row saying it was skipped and why.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import timeit
 from collections.abc import Callable
 
@@ -29,6 +38,7 @@ for name in [n for n in os.environ if n.startswith("DEVPOLICY_")]:
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import structlog  # noqa: E402
+from jax.sharding import SingleDeviceSharding  # noqa: E402
 
 import devpolicy  # noqa: E402
 from devpolicy._apply import transfers  # noqa: E402
@@ -97,6 +107,9 @@ def first_event_ms(policy: devpolicy.Policy, sites: int, rounds: int) -> list[fl
     return out
 
 
+Row = tuple[str, Callable[[], object], str | None] | tuple[str, None, str]  # or skipped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -108,17 +121,24 @@ def main() -> None:
         logger_factory=structlog.ReturnLoggerFactory(),
         wrapper_class=structlog.make_filtering_bound_logger(0),
     )
-    plain = devpolicy.load_policy({"version": 1, "default": "cpu:1"}, environ={})
+    devices = jax.local_devices()  # the default platform's: a one-chip machine has one
+    device = devices[0]
+    target = f"{device.platform}:0"
+    plain = devpolicy.load_policy({"version": 1, "default": target}, environ={})
     watched = devpolicy.load_policy(
-        {"version": 1, "default": "cpu:1", "transfers": WATCH}, environ={}
+        {"version": 1, "default": target, "transfers": WATCH}, environ={}
     )
-    device = jax.devices()[1]
+    # `transfers: log` as a newcomer writes it: host_local keeps its default, allow.
+    logging_only = devpolicy.load_policy({"version": 1, "transfers": "log"}, environ={})
     twice = jax.jit(lambda a: a * 2)
     host = np.ones((64, 64), np.float32)
     placed = jax.device_put(host, device)
     scope_plain, scope_watched = plain.scope("x"), watched.scope("x")
-    watch = watched.watch
+    watch, quiet = watched.watch, logging_only.watch
     assert watch is not None
+    assert quiet is not None
+    cpu = jax.local_devices(backend="cpu")[0]
+    cpu_only = all(d.platform == "cpu" for d in jax.devices())
 
     def enter_plain() -> None:
         with scope_plain:
@@ -129,18 +149,27 @@ def main() -> None:
             pass
 
     # Ten calls per sample, armed once around them: the arming is the scope's cost above.
-    def ten_calls(arg: object, by: transfers.Watch | None) -> Callable[[], object]:
+    def ten_calls(
+        arg: object, by: transfers.Watch | None, fn: Callable[[object], object] = twice
+    ) -> Callable[[], object]:
         def run() -> object:
             token = transfers.arm(by) if by is not None else None
             try:
                 for _ in range(10):
-                    out = twice(arg)
+                    out = fn(arg)
                 return out
             finally:
                 if token is not None:
                     transfers.disarm(token)
 
         return run
+
+    def on_cpu(run: Callable[[], object]) -> Callable[[], object]:
+        def in_cpu_scope() -> object:
+            with jax.default_device(cpu):
+                return run()
+
+        return in_cpu_scope
 
     # The floor: the same refusal and rerun with nothing reported (a watch whose guard
     # refuses as the real one does, but whose every mode is allow). What an event costs
@@ -158,7 +187,11 @@ def main() -> None:
             pass
 
     PLAIN = "with plain.scope('x') (no transfers:)"  # noqa: N806
-    cases: list[Case] = [
+    CPU_PLAIN = "10 x jit(numpy) on a cpu device, unwatched"  # noqa: N806
+    cpu_watched = "10 x jit(numpy) on a cpu, transfers: log" + (
+        "" if cpu_only else " (accelerator here: h2d armed)"
+    )
+    rows: list[Row] = [
         (PLAIN, enter_plain, None),
         ("with watched.scope('x') (transfers: set)", enter_watched, PLAIN),
         ("arm + disarm (what a watched scope adds)", arm_only, None),
@@ -168,14 +201,88 @@ def main() -> None:
         ("10 x jit(numpy) refused, unreported", refused_unreported, "10 x jit(numpy) unwatched"),
         ("10 x jit(placed) unwatched", unwatched_nothing, None),
         ("10 x jit(placed) watched: moves nothing", watched_nothing, "10 x jit(placed) unwatched"),
+        (CPU_PLAIN, on_cpu(ten_calls(host, None)), None),
+        (cpu_watched, on_cpu(ten_calls(host, quiet)), CPU_PLAIN),
+        *two_device_rows(devices, host, ten_calls, watch),
     ]  # fmt: skip
+    cases: list[Case] = [row for row in rows if row[1] is not None]  # type: ignore[misc]
     samples = measure(cases, args.rounds, args.number)
     report(f"jax {jax.__version__}, {args.rounds} rounds x {args.number} calls", cases, samples)
+    for label, fn, why in rows:
+        if fn is None:
+            print(f"{label:52} skipped: {why}")
+    print(f"\n{early_activation(args.rounds, args.number * 5)}")
     first = first_event_ms(watched, 200, args.rounds)
     print(
         f"\nfirst event at a new site: median {statistics.median(first):.3f} ms "
         f"(rounds {', '.join(f'{v:.3f}' for v in first)})"
     )
+
+
+# A newcomer's loop on a laptop: `transfers: log` activated before JAX has started (so
+# which devices exist is not known yet), one CPU device, numpy fed to a jitted step.
+EARLY = """
+import statistics, sys, time
+import numpy as np
+import devpolicy, jax
+rounds, number = int(sys.argv[1]), int(sys.argv[2])
+with devpolicy.activate(devpolicy.load_policy({"version": 1, "transfers": "log"}, environ={})):
+    step = jax.jit(lambda b: b * 2)
+    batch = np.ones((64, 64), np.float32)
+    step(batch)
+    plain = devpolicy.load_policy({"version": 1}, environ={})
+    watched, unwatched = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            step(batch)
+        watched.append((time.perf_counter() - t0) / number * 1e6)
+        with devpolicy.activate(plain):  # a policy without transfers: stops the watch
+            t0 = time.perf_counter()
+            for _ in range(number):
+                step(batch)
+            unwatched.append((time.perf_counter() - t0) / number * 1e6)
+print(statistics.median(watched), statistics.median(unwatched))
+"""
+
+
+def early_activation(rounds: int, number: int) -> str:
+    """The line for EARLY, run in a fresh process (JAX not yet started there)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    out = subprocess.run(
+        [sys.executable, "-c", EARLY, str(rounds), str(number)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    watched, unwatched = (float(v) for v in out.stdout.split())
+    return (
+        "a fresh process, one cpu device, `transfers: log` activated before JAX started: "
+        f"jit(numpy) {watched:.2f} us watched, {unwatched:.2f} us unwatched, ratio "
+        f"{watched / unwatched:.2f}"
+    )
+
+
+def two_device_rows(
+    devices: list[jax.Device],
+    host: np.ndarray,
+    ten_calls: Callable[..., Callable[[], object]],
+    watch: transfers.Watch,
+) -> list[Row]:
+    """Rows that copy an array between two devices of the default platform: a skipped row
+    saying why where there is one device (a one-chip machine)."""
+    label = "10 x jit(array on another device)"
+    if len(devices) < 2:
+        why = f"needs two {devices[0].platform} devices, this machine has one"
+        return [(f"{label} unwatched", None, why), (f"{label} watched", None, why)]
+    committed = jax.device_put(host, devices[1])
+    onto_first = jax.jit(lambda a: a * 2, in_shardings=SingleDeviceSharding(devices[0]))
+    return [
+        (f"{label} unwatched", ten_calls(committed, None, onto_first), None),
+        (f"{label} watched", ten_calls(committed, watch, onto_first), f"{label} unwatched"),
+    ]
 
 
 if __name__ == "__main__":

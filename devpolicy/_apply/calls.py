@@ -23,7 +23,7 @@ from .._base.events import EventLog
 from .._decide.decider import Decider
 from .._decide.decision import Decision
 from .._machine.ledger import record, record_all
-from .default_device import device_scope, enter, leave, restore_device, swap_device
+from .default_device import device_scope, enter, entry, get_device, leave, set_device
 from .moves import commit_sharded, leaf_path, move_inputs, report_mismatch
 
 T = TypeVar("T")
@@ -175,11 +175,14 @@ def decorate(
                 return fn(*args, **kwargs)
             if decision.mesh is not None:
                 return _entered_call(fn, args, kwargs, decision, finish, fixed_events)
-            token = swap_device(decision.device)
+            # Read before the change, changed inside `try`: an interrupt at any point
+            # leaves this thread's device as it was (issue 42, M4).
+            prev = get_device()
             try:
+                set_device(decision.device)
                 result = fn(*args, **kwargs)
             finally:
-                restore_device(token)
+                set_device(prev)
             if type(result) in _NO_ARRAYS:
                 return result
             return finish(result, decision, fixed_events)
@@ -200,11 +203,14 @@ def decorate(
                 args, kwargs = move_inputs(args, kwargs, decision, decider.events)
             if decision.mesh is not None:
                 return _entered_call(fn, args, kwargs, decision, finish, decider.events)
-            token = swap_device(decision.device)
+            # Read before the change, changed inside `try`: an interrupt at any point
+            # leaves this thread's device as it was (issue 42, M4).
+            prev = get_device()
             try:
+                set_device(decision.device)
                 result = fn(*args, **kwargs)
             finally:
-                restore_device(token)
+                set_device(prev)
             if type(result) in _NO_ARRAYS:
                 return result
             return finish(result, decision, decider.events)
@@ -233,11 +239,16 @@ def _entered_call(
 ) -> Any:
     """`fn` called inside `decision`'s scope (`enter`: a mesh, or a device), its result
     finished outside it."""
-    token = enter(decision)
+    entered = entry()
     try:
+        enter(decision, entered)
         result = fn(*args, **kwargs)
     finally:
-        leave(token)
+        try:
+            leave(entered)
+        except BaseException:
+            leave(entered)  # finish what an interrupt stopped, then raise it
+            raise
     return finish(result, decision, events)
 
 

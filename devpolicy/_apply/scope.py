@@ -12,7 +12,6 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
-from threading import get_ident
 from typing import Any, TypeVar
 
 from .._base.errors import ScopeInCoroutineError
@@ -20,8 +19,18 @@ from .._base.limits import CACHE_GENERATION
 from .._decide.decider import Decider
 from .._decide.decision import Decision
 from .calls import DeciderSource, Inputs, decorate
-from .default_device import NOT_SWAPPED, MeshToken, enter, leave, restore_device, swap_device
-from .transfers import Watch, arm, disarm, watching
+from .default_device import (
+    NOT_SWAPPED,
+    close_out_of_order,
+    devices_local,
+    enter_mesh,
+    get_device,
+    open_entries,
+    set_device,
+)
+from .transfers import Watch, armed
+from .transfers import enter as enter_watch
+from .transfers import leave as leave_watch
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,8 +62,10 @@ class Scope:
         "_name",
         "_nbytes",
         "_source",
-        "_stacks",
     )
+
+    #: The policy's `transfers:` a `WatchedScope` watches by; a plain Scope watches none.
+    _watch: Watch | None = None
 
     def __init__(
         self,
@@ -69,45 +80,98 @@ class Scope:
         self._nbytes = nbytes
         self._commit = commit
         self._inputs = inputs
-        # What to restore, a stack per thread: entries and exits pair up within each
-        # thread whatever others do with the same object. Each thread touches only its own
-        # key, and single dict operations are atomic, so no lock is needed.
-        self._stacks: dict[int, list[Any]] = {}
 
     def __enter__(self) -> Decision:
         if sys._getframe(1).f_code.co_flags & _ASYNC_CODE:
             raise ScopeInCoroutineError(self._name)
-        source = self._source
-        if type(source) is Decider:
-            decision = source.resolve(self._name, self._nbytes)
-        else:
-            holder = source.get()  # type: ignore[union-attr]
-            decider = holder.decider if holder is not None else source.fallback()  # type: ignore[union-attr]
-            decision = decider.resolve(self._name, self._nbytes)
-        # `enter`, written out for the common case (one device): this is the hot path.
-        if decision.mesh is None and not decision.is_auto:
-            token = swap_device(decision.device)
-        else:
-            token = enter(decision)
-        ident = get_ident()
-        stack = self._stacks.get(ident)
-        if stack is None:
-            self._stacks[ident] = [token]
-        else:
-            stack.append(token)
-        return decision
+        # What this entry changes, recorded before each change so that `_close` can undo
+        # whatever part was made: [device before, mesh scope, watch entry, this scope].
+        record: list[Any] = [NOT_SWAPPED, None, None, self]
+        try:
+            entries: list[list[Any]] = devices_local.open
+        except AttributeError:  # this thread's first entry
+            entries = open_entries()
+        try:
+            source = self._source
+            if type(source) is Decider:
+                decision = source.resolve(self._name, self._nbytes)
+            else:
+                holder = source.get()  # type: ignore[union-attr]
+                decider = holder.decider if holder is not None else source.fallback()  # type: ignore[union-attr]
+                decision = decider.resolve(self._name, self._nbytes)
+            entries.append(record)
+            if not decision.is_auto:
+                record[0] = get_device()
+                if decision.mesh is None:  # the hot path: one device
+                    set_device(decision.device)
+                else:
+                    enter_mesh(record, decision)
+            if self._watch is not None:
+                watched = armed(self._watch, decision.origin)
+                record[2] = watched
+                enter_watch(watched)
+            return decision
+        except BaseException:
+            # After an exception here (a KeyboardInterrupt at any point included) the
+            # `with` never calls `__exit__`: undo what was recorded (issue 42, M4).
+            self._close(record, entries)
+            raise
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        ident = get_ident()
-        stack = self._stacks.get(ident)
-        if not stack:
-            raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
-        # The emptied list stays for the thread's next entry: no allocation per `with`.
-        token = stack.pop()
-        if token is NOT_SWAPPED or type(token) is MeshToken:
-            leave(token)
+        # Attribute and item reads only before `try`: CPython takes no interrupt there.
+        try:
+            entries: list[list[Any]] = devices_local.open
+            record = entries[-1]
+        except (AttributeError, IndexError):
+            record = None
+        if record is None or record[3] is not self:  # left out of order, or not entered
+            record = self._newest(entries if record is not None else [])
+        try:
+            # The hot path: the newest entry, one device, no watch.
+            if (
+                record is entries[-1]
+                and record[0] is not NOT_SWAPPED
+                and record[1] is None
+                and record[2] is None
+            ):
+                set_device(record[0])
+                record[0] = NOT_SWAPPED
+                del entries[-1]
+                return
+            self._close(record, entries)
+        except BaseException:
+            self._close(record, entries)  # finish what an interrupt stopped, then raise it
+            raise
+
+    def _newest(self, entries: list[list[Any]]) -> list[Any]:
+        """This scope's newest open record in this thread (others were entered after it)."""
+        for record in reversed(entries):
+            if record[3] is self:
+                found: list[Any] = record
+                return found
+        raise RuntimeError(f"{self!r} exited in a thread that did not enter it")
+
+    @staticmethod
+    def _close(record: list[Any], entries: list[list[Any]]) -> None:
+        """Undo what `record` changed, whatever part of it is done already (so it can be
+        called again after an interrupt), and drop it from this thread's `entries`."""
+        if record[2] is not None:
+            leave_watch(record[2])
+            record[2] = None
+        if entries and entries[-1] is record:
+            if record[0] is not NOT_SWAPPED:
+                try:
+                    set_device(record[0])
+                finally:
+                    record[0] = NOT_SWAPPED
+                    del entries[-1]
+            else:
+                del entries[-1]
+            if record[1] is not None:
+                mesh_scope, record[1] = record[1], None
+                mesh_scope.__exit__(None, None, None)
         else:
-            restore_device(token)
+            close_out_of_order(entries, record)
 
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh and runs inside the scope."""
@@ -141,19 +205,6 @@ class WatchedScope(Scope):
         super().__init__(source, name, nbytes, commit, inputs)
         self._watch = watch
 
-    def __enter__(self) -> Decision:
-        decision = Scope.__enter__(self)
-        # The watch's token goes on the thread's own stack, above the device's token that
-        # `Scope.__enter__` just put there: `__exit__` takes both off, in turn.
-        self._stacks[get_ident()].append(arm(self._watch, decision.origin))
-        return decision
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        stack = self._stacks.get(get_ident())
-        if stack:
-            disarm(stack.pop())
-        Scope.__exit__(self, exc_type, exc, tb)
-
     def __call__(self, fn: F) -> F:
         """Decorate `fn`: each call is decided afresh, runs inside the scope, and has its
         implicit transfers watched (plain functions; generators and coroutines are
@@ -164,11 +215,20 @@ class WatchedScope(Scope):
         if inspect.isasyncgenfunction(fn):
             return wrapped
         watch = self._watch
+        assert watch is not None  # a WatchedScope always has one
 
         @functools.wraps(fn)
         def watched(*args: Any, **kwargs: Any) -> Any:
-            with watching(watch):
+            entry = armed(watch)
+            try:
+                enter_watch(entry)
                 return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    leave_watch(entry)
+                except BaseException:
+                    leave_watch(entry)  # finish what an interrupt stopped, then raise it
+                    raise
 
         return watched  # type: ignore[return-value]
 

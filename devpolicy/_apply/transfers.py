@@ -2,14 +2,19 @@
 
 How they are seen (docs/transfers.md, "How devpolicy sees them"): while a policy with
 `transfers:` is active in a thread, JAX's thread-local transfer guard is set to `disallow`
-for the directions it watches. An implicit transfer then fails inside JAX's argument
-sharding (`pxla.shard_arg_handlers`, the one Python step every jit call, operation and
-`jnp.asarray` takes to move an argument), before anything was copied. Each handler is
-wrapped once: the wrapper catches that failure, finds the user's line on the live stack,
-reports or refuses it, and runs the same handler again with the guard at `allow`. Only the
-argument sharding is run again: it has no side effects before its transfer, and no user
-code is rerun. Explicit placements (`jax.device_put`, `device_get`, devpolicy's verbs)
-are marked explicit to JAX's guard, which lets them through, so they never get here.
+for the directions it watches where something can be reported (`Watch.levels`). An
+implicit transfer then fails inside JAX's argument sharding (`pxla.shard_arg_handlers`,
+the one Python step every jit call, operation and `jnp.asarray` takes to move an
+argument), before anything was copied. Each handler is wrapped once: the wrapper catches
+that failure, finds the user's line on the live stack (`_site`), refuses it, or runs the
+same handler again at the level the user set in JAX (`allow` unless they set one) and
+reports it. Only the argument sharding is run again: it has no side effects before its
+transfer, and no user code is rerun. Explicit placements (`jax.device_put`,
+`device_get`, devpolicy's verbs) are marked explicit to JAX's guard, which lets them
+through, so they never get here.
+
+Each thread keeps its open entries (`Armed`) in order, so that scopes left out of order
+and interrupts leave the thread as it was (see `Armed`, `enter`, `leave`).
 
 `device_to_host` is handed to JAX's own guard as it is: a read of an accelerator's array
 by the host (`np.asarray(x)`) goes through jaxlib's C++ buffer protocol, where no Python
@@ -22,7 +27,6 @@ one, JAX is untouched.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+import jax
 import numpy as np
 
 from .._base import compat
@@ -37,6 +42,7 @@ from .._base.errors import TransferRefusedError
 from .._base.events import EventLog
 from .._machine.inventory import inventory
 from .._machine.ledger import count_transfer
+from .sites import site_of
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -50,15 +56,6 @@ _DIRECTIONS = (
     ("Disallowed host-to-device transfer", H2D),
     ("Disallowed device-to-device transfer", D2D),
 )
-
-# Where the user's code is not: frames in these folders are skipped to find the site.
-_SKIPPED: tuple[str, ...] = ()
-# Both caches hold one entry per source file seen (a program's files: a few hundred).
-_FILES_LIMIT = 4096
-# co_filename -> whether a frame there is skipped.
-_skipped_files: dict[str, bool] = {}
-# co_filename -> the path shown (relative to the working directory where inside it).
-_shown_files: dict[str, str] = {}
 
 _local = threading.local()
 # (this thread's guard state getter, the level enum), set by `_install`: `arm` is on the
@@ -111,27 +108,43 @@ class Watch:
         return self.modes[move.direction]
 
     def levels(self) -> tuple[Any, Any, Any]:
-        """JAX guard levels (h2d, d2d, d2h) to set while this watch is armed (None: leave)."""
+        """JAX guard levels (h2d, d2d, d2h) to set while this watch is armed (`KEEP`: leave
+        that direction as it is).
+
+        A direction is armed only where one of its outcomes can be logged or refused here
+        (issue 42, T1): an armed direction takes every transfer off JAX's fast path. Host
+        data into a CPU device is `host_local`; a copy between devices needs two; a
+        device-to-host read needs an accelerator. Before JAX's backends start which
+        devices exist is not known: every direction whose mode is not allow is armed, and
+        nothing is kept, so that an entry armed then is `Armed.provisional` until a
+        refusal finds the devices (`narrow`).
+        """
         if self._levels is not None:
             return self._levels
         _state, level = compat.transfer_guard_state()
         started = compat.backends_started()
-        accelerators = started and any(p != "cpu" for p in inventory().devices)
+        devices = inventory().devices if started else {}
+        accelerators = not started or any(p != "cpu" for p in devices)
+        several = not started or sum(len(d) for d in devices.values()) > 1
         h2d_watched = self.modes[HOST_LOCAL] != "allow" or (
-            self.modes[H2D] != "allow" and (accelerators or not started)
+            self.modes[H2D] != "allow" and accelerators
         )
+        d2d_watched = self.modes[D2D] != "allow" and several
         levels = (
-            level.DISALLOW if h2d_watched else None,
-            level.DISALLOW if self.modes[D2D] != "allow" else None,
-            _JAX_LEVEL[self.modes[D2H]](level),
+            level.DISALLOW if h2d_watched else KEEP,
+            level.DISALLOW if d2d_watched else KEEP,
+            _JAX_LEVEL[self.modes[D2H]](level) if accelerators else KEEP,
         )
-        if started:  # before the backends start, which platforms exist is not known
+        if started:
             self._levels = levels
         return levels
 
 
+#: A direction `arm` leaves as it is.
+KEEP: Any = object()
+
 _JAX_LEVEL: dict[str, Callable[[Any], Any]] = {
-    "allow": lambda level: None,
+    "allow": lambda level: KEEP,
     "log": lambda level: level.LOG,
     "disallow": lambda level: level.DISALLOW,
 }
@@ -142,58 +155,152 @@ def watch_of(settings: Mapping[str, Any], events: EventLog) -> Watch | None:
     return Watch(settings, events) if settings else None
 
 
-# The token `arm` returns: what to restore (watch, rule, guard levels h2d/d2d/d2h).
-_Token = tuple[Any, Any, Any, Any, Any]
+class Armed:
+    """One entry that changed this thread's watch: what it set, and what was there before.
+
+    Each thread keeps its open entries in order (`_open`). An entry left on top restores
+    what was there before it; one left from below (a generator holding a scope closed
+    before one opened after it) hands what was before it to the entry above, so the thread
+    ends as it was before the outermost entry however the exits are ordered (issue 42, M3).
+    """
+
+    __slots__ = ("levels", "prev", "provisional", "rule", "watch")
+
+    def __init__(self, watch: Watch | None, rule: str | None, levels: tuple[Any, Any, Any]) -> None:
+        self.watch = watch
+        self.rule = rule
+        #: The guard levels set (h2d, d2d, d2h), `KEEP` where left as it was.
+        self.levels = levels
+        #: Whether `levels` was worked out before the backends started (see `narrow`).
+        self.provisional = watch is not None and watch._levels is None
+        #: (watch, rule, h2d, d2d, d2h) of the thread before this entry.
+        self.prev: tuple[Any, Any, Any, Any, Any] = (None, None, None, None, None)
 
 
-def arm(watch: Watch, rule: str | None = None) -> _Token:
-    """Watch this thread's implicit transfers by `watch` until `disarm(token)`.
+def armed(watch: Watch, rule: str | None = None) -> Armed:
+    """An entry that watches by `watch` (and reports `rule`), not yet applied: `enter` it.
 
-    `rule` is the origin of the rule whose scope armed it (reported as the `rule` of
-    transfers into the scope's devices).
+    Made apart from `enter` so that a caller holds it before anything changes, and can
+    always `leave` it (nothing happens for one never entered).
     """
     if not _installed[0]:
         _install()
-    h2d, d2d, d2h = watch.levels()
+    return Armed(watch, rule, watch.levels())
+
+
+def enter(entry: Armed) -> None:
+    """Apply `entry` to this thread. On any exception, a KeyboardInterrupt included, the
+    thread is left as it was (issue 42, M4)."""
     state = _guard[0]()
-    token = (
+    entry.prev = (
         getattr(_local, "watch", None),
         getattr(_local, "rule", None),
         state.host_to_device,
         state.device_to_device,
         state.device_to_host,
     )
-    _local.watch = watch
-    _local.rule = rule
-    if h2d is not None:
+    try:
+        try:
+            _local.open.append(entry)
+        except AttributeError:  # this thread's first entry
+            _local.open = [entry]
+        # Attribute stores only from here on: CPython takes no interrupt between them.
+        _local.watch = entry.watch
+        _local.rule = entry.rule
+        h2d, d2d, d2h = entry.levels
+        if h2d is not KEEP:
+            state.host_to_device = h2d
+        if d2d is not KEEP:
+            state.device_to_device = d2d
+        if d2h is not KEEP:
+            state.device_to_host = d2h
+    except BaseException:
+        leave(entry)
+        raise
+
+
+def leave(entry: Armed) -> None:
+    """Undo `entry` in this thread, in whatever order the entries are left; nothing when
+    it is not open (never entered, or left already)."""
+    entries: list[Armed] = getattr(_local, "open", None) or []
+    if entries and entries[-1] is entry:
+        state = _guard[0]()
+        # Stores and the delete only: no interrupt lands between them.
+        _local.watch, _local.rule, h2d, d2d, d2h = entry.prev
         state.host_to_device = h2d
-    if d2d is not None:
         state.device_to_device = d2d
-    if d2h is not None:
         state.device_to_host = d2h
-    return token
+        del entries[-1]
+        return
+    for i in range(len(entries) - 1):
+        if entries[i] is entry:
+            entries[i + 1].prev = entry.prev
+            del entries[i]
+            return
 
 
-def disarm(token: _Token) -> None:
-    """Undo the `arm` that returned `token` (arms nest, per thread)."""
-    state = _guard[0]()
-    _local.watch, _local.rule, h2d, d2d, d2h = token
+def _open() -> list[Armed]:
+    """This thread's open entries, oldest first."""
+    entries: list[Armed] | None = getattr(_local, "open", None)
+    if entries is None:
+        entries = _local.open = []
+    return entries
+
+
+def arm(watch: Watch, rule: str | None = None) -> Armed:
+    """Watch this thread's implicit transfers by `watch` until `disarm(token)`.
+
+    `rule` is the origin of the rule whose scope armed it (reported as the `rule` of
+    transfers into the scope's devices).
+    """
+    entry = armed(watch, rule)
+    enter(entry)
+    return entry
+
+
+def disarm(token: Armed) -> None:
+    """Undo the `arm` (or `suspend`) that returned `token` (arms nest, per thread)."""
+    leave(token)
+
+
+def suspend() -> Armed | None:
+    """Stop watching this thread until `disarm(token)` (a policy without `transfers:`
+    activated inside one with it); None, and nothing done, when nothing is watched.
+
+    The guard goes back to what this thread had before devpolicy first armed it: the
+    user's own levels, never `allow` over them."""
+    if getattr(_local, "watch", None) is None:
+        return None
+    entries = _open()
+    user = entries[0].prev[2:] if entries else (None, None, None)
+    entry = Armed(None, None, user)
+    enter(entry)
+    return entry
+
+
+def narrow(state: Any) -> None:
+    """Arm this thread's provisional entries by what the started backends show (a
+    direction where nothing can be reported is left as it was before devpolicy), and
+    set the thread to the result: the first refusal after JAX starts pays for it once."""
+    entries = _open()
+    if not any(e.provisional for e in entries) or not compat.backends_started():
+        return
+    current = entries[0].prev
+    for entry in entries:
+        if entry.provisional and entry.watch is not None:
+            entry.levels = entry.watch.levels()
+            entry.provisional = False
+        entry.prev = current
+        kept = current[2:]
+        current = (
+            entry.watch,
+            entry.rule,
+            *(old if new is KEEP else new for old, new in zip(kept, entry.levels, strict=True)),
+        )
+    _local.watch, _local.rule, h2d, d2d, d2h = current
     state.host_to_device = h2d
     state.device_to_device = d2d
     state.device_to_host = d2h
-
-
-def suspend() -> _Token | None:
-    """Stop watching this thread until `disarm(token)` (a policy without `transfers:`
-    activated inside one with it); None, and nothing done, when nothing is watched."""
-    if getattr(_local, "watch", None) is None:
-        return None
-    state = _guard[0]()
-    token = (_local.watch, _local.rule, state.host_to_device, state.device_to_device,
-             state.device_to_host)  # fmt: skip
-    _local.watch = _local.rule = None
-    state.host_to_device = state.device_to_device = state.device_to_host = None
-    return token
 
 
 @contextmanager
@@ -202,11 +309,12 @@ def watching(watch: Watch | None, rule: str | None = None) -> Iterator[None]:
     if watch is None:
         yield
         return
-    token = arm(watch, rule)
+    entry = armed(watch, rule)
     try:
+        enter(entry)
         yield
     finally:
-        disarm(token)
+        leave(entry)
 
 
 def current_watch() -> Watch | None:
@@ -241,7 +349,6 @@ def _as_explicit(state: Any, fn: Callable[P, T], /, *args: P.args, **kwargs: P.k
 
 def _install() -> None:
     """Wrap each of JAX's argument-sharding handlers once (for the life of the process)."""
-    global _SKIPPED
     with _install_lock:
         if _installed[0]:
             return
@@ -253,8 +360,6 @@ def _install() -> None:
         for kind, handler in list(handlers.items()):
             if not getattr(handler, "_devpolicy_watched", False):
                 handlers[kind] = _watched(handler, host=kind is not array_type)
-        ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-        _SKIPPED = (*compat.package_dirs(), ours)
         owner = compat.device_put_owner()
         put = owner.batched_device_put
         if not getattr(put, "_devpolicy_watched", False):
@@ -296,7 +401,8 @@ def _explicit_put(put: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             if _in_argument_transfer(sys._getframe(1)):
                 raise  # the argument handler's wrapper reports it
-            return _as_explicit(_guard[0](), put, *args, **kwargs)
+            state, level = compat.transfer_guard_state()
+            return _as_explicit(state, _as_users, state, level, put, *args, **kwargs)
 
     watched_put._devpolicy_watched = True  # type: ignore[attr-defined]
     return watched_put
@@ -329,9 +435,11 @@ def _caught(
     layouts: Any,
     semantics: Any,
 ) -> Any:
+    state, level = compat.transfer_guard_state()
+    narrow(state)
     watch: Watch = _local.watch
     moves = _moves(direction, host, xs, shardings)
-    site, function = _site(sys._getframe(1))
+    site, function, library = site_of(sys._getframe(1))
     for move in moves:
         if watch.mode_of(move) == "disallow" and not move.scalar:
             field = HOST_LOCAL if move.direction == H2D and not move.crosses else move.direction
@@ -345,22 +453,37 @@ def _caught(
                 field,
                 watch.origins.get(field, "default"),
             ) from error
+    # Run again at the user's own level, not `allow`: a guard the user set in JAX refuses
+    # (JAX's error) or logs as it would have without devpolicy (issue 42, M1).
+    result = _as_users(state, level, handler, xs, shardings, layouts, semantics)
     rule: str | None = getattr(_local, "rule", None)
     for move in moves:
-        mode = watch.mode_of(move)
-        if mode != "allow":
-            _report(watch, site, function, move, rule)
-    state, level = compat.transfer_guard_state()
+        if watch.mode_of(move) != "allow":
+            _report(watch, site, function, library, move, rule)
+    return result
+
+
+def _as_users(state: Any, level: Any, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Call `fn` with this thread's h2d and d2d guard at the levels the user set in JAX
+    (`jax_transfer_guard*`, the thread's own or the global one), then put devpolicy's back."""
     before = (state.host_to_device, state.device_to_device)
-    state.host_to_device = level.ALLOW
-    state.device_to_device = level.ALLOW
+    state.host_to_device = _users_level(H2D, level)
+    state.device_to_device = _users_level(D2D, level)
     try:
-        return handler(xs, shardings, layouts, semantics)
+        return fn(*args, **kwargs)
     finally:
         state.host_to_device, state.device_to_device = before
 
 
-def _report(watch: Watch, site: str, function: str, move: Move, rule: str | None) -> None:
+def _users_level(direction: str, level: Any) -> Any:
+    """The guard level the user set in JAX for `direction` (None: JAX's default)."""
+    value = getattr(jax.config, f"jax_transfer_guard_{direction}", None)
+    return None if value is None else getattr(level, str(value).upper())
+
+
+def _report(
+    watch: Watch, site: str, function: str, library: str | None, move: Move, rule: str | None
+) -> None:
     """Count `move` at `site`; its event at info the first time (warning if it crosses
     host/accelerator), at debug after."""
     shown = f"{move.direction}:scalar" if move.scalar else move.direction
@@ -376,6 +499,7 @@ def _report(watch: Watch, site: str, function: str, move: Move, rule: str | None
             "direction": move.direction,
             "site": site,
             "function": function,
+            "library_site": library,
             "source": move.source,
             "devices": list(move.devices),
             "nbytes": move.nbytes,
@@ -427,39 +551,6 @@ def move_into(x: Any, sharding: Any, host: bool, direction: str, inv: Any) -> Mo
     return Move(
         direction, source, texts, shard * len(targets), shape, str(dtype), len(shape) == 0, crosses
     )
-
-
-def _site(frame: Any) -> tuple[str, str]:
-    """`path/file.py:LINE` and the function of the first frame outside JAX and devpolicy."""
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        skipped = _skipped_files.get(filename)
-        if skipped is None:
-            if len(_skipped_files) >= _FILES_LIMIT:
-                _skipped_files.clear()  # code made up without end (exec): start over
-            skipped = _skipped_files[filename] = filename.startswith(_SKIPPED)
-        if not skipped:
-            return f"{_shown(filename)}:{frame.f_lineno}", _function(frame.f_code)
-        frame = frame.f_back
-    return "<unknown>", "<unknown>"
-
-
-def _shown(filename: str) -> str:
-    shown = _shown_files.get(filename)
-    if shown is None:
-        try:
-            relative = os.path.relpath(filename)
-            shown = filename if relative.startswith("..") else relative
-        except ValueError:  # another drive (Windows)
-            shown = filename
-        if len(_shown_files) >= _FILES_LIMIT:
-            _shown_files.clear()
-        _shown_files[filename] = shown
-    return shown
-
-
-def _function(code: Any) -> str:
-    return str(getattr(code, "co_qualname", code.co_name))
 
 
 def lint_transfers(

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import functools
 import inspect
+import random
 import sys
 import threading
 import time
+import traceback
+import types
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import FrameType
 
@@ -678,11 +683,11 @@ class TestRepeatCallPath:
 
     WRAPPER = "devpolicy._apply.calls"
     DECIDER = "devpolicy._decide.decider"
-    #: Where JAX offers no direct thread-local swap (jax before 0.7.2 runs a hook on every
-    #: entry), the device goes in through the public manager, called from default_device.
+    #: Where JAX runs a thread-local hook for the option (jax before 0.7.2), the device
+    #: goes in through default_device's own `set_device`, which calls it.
     SWAP = (
         set()
-        if default_device.swap_device is not default_device._swap_public
+        if not inspect.isfunction(default_device.set_device)
         else {"devpolicy._apply.default_device"}
     )
 
@@ -744,3 +749,202 @@ class TestRepeatCallPath:
         assert (
             devpolicy_modules_entered(block) == {"devpolicy._apply.scope", self.DECIDER} | self.SWAP
         )
+
+
+def _held(scope: devpolicy.types.Scope) -> Iterator[None]:
+    """A generator holding `scope` open across its pause."""
+    with scope:
+        yield
+
+
+class TestExitsThatDoNotPairUp:
+    """Scopes exited in another order than entered (generators closed first-opened
+    first) restore what was there before the outermost entry (issue 42, M3)."""
+
+    def test_plain_scopes_closed_first_opened_first_restore_the_device(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """The scope still open keeps its device; once both are closed the thread's
+        default device is what it was before the first."""
+        p = policy_of(rules=[{"match": "x", "device": "cpu:1"}, {"match": "y", "device": "cpu:2"}])
+        first, second = _held(p.scope("x")), _held(p.scope("y"))
+        next(first)
+        next(second)
+        first.close()
+        assert where(jnp.zeros(1)) == cpus[2]
+        second.close()
+        assert jax.config.jax_default_device is None
+        assert where(jnp.zeros(1)) == cpus[0]
+
+    def test_three_scopes_closed_middle_first_then_in_order(self, cpus: list[jax.Device]) -> None:
+        """Closing the middle one changes nothing now; the last closes back to the first's
+        device, the first to none."""
+        p = policy_of(rules=[{"match": f"d{i}", "device": f"cpu:{i}"} for i in range(4)])
+        gens = [_held(p.scope(f"d{i}")) for i in (1, 2, 3)]
+        for gen in gens:
+            next(gen)
+        gens[1].close()
+        assert where(jnp.zeros(1)) == cpus[3]
+        gens[2].close()
+        assert where(jnp.zeros(1)) == cpus[1]
+        gens[0].close()
+        assert jax.config.jax_default_device is None
+
+
+def _thread_state() -> tuple[object, ...]:
+    """What a scope may change in this thread: the default device, the watch, JAX's guard."""
+    state, _ = transfers.compat.transfer_guard_state()
+    return (
+        default_device._STATE.get_local(),
+        transfers.current_watch(),
+        state.host_to_device,
+        state.device_to_device,
+        state.device_to_host,
+    )
+
+
+def _reset_thread(before: tuple[object, ...], scopes: list[object]) -> None:
+    """Put this thread back after a run that left it changed (so the next run counts alone)."""
+    state, _ = transfers.compat.transfer_guard_state()
+    default_device._STATE.set_local(before[0])
+    state.host_to_device, state.device_to_device, state.device_to_host = before[2:]
+    transfers._local.__dict__.clear()
+    getattr(default_device, "devices_local", types.SimpleNamespace()).__dict__.clear()
+    for scope in scopes:
+        getattr(scope, "_local", types.SimpleNamespace()).__dict__.clear()
+        getattr(scope, "_stacks", {}).clear()
+
+
+def interrupted_runs(block: Callable[[], object], scopes: list[object], runs: int) -> Counter[str]:
+    """Of `runs` runs of `block` in a loop, each stopped by a real KeyboardInterrupt (a
+    thread interrupts this, the main, thread, at a random moment), how many left this
+    thread's default device, watch or guard changed (`left`), and of those how many took
+    the interrupt as `Scope.__exit__` started (`at_exit_start`), before its first
+    instruction: no Python context manager can act there (CPython checks for signals on
+    entering every Python function), JAX's own included."""
+    before = _thread_state()
+    counts: Counter[str] = Counter()
+    rng = random.Random(42)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the interrupting thread wakes at once, not 5 ms later
+    try:
+        for _ in range(runs):
+            counts.update(_interrupted_run(block, scopes, before, rng.uniform(0, 3e-4)))
+    finally:
+        sys.setswitchinterval(interval)
+    return counts
+
+
+#: Where each `__exit__` of devpolicy's context managers starts.
+EXIT_STARTS = {
+    (exit.__code__.co_filename, exit.__code__.co_firstlineno)
+    for exit in (devpolicy.types.Scope.__exit__, default_device._DeviceScope.__exit__)
+}
+
+
+def _interrupted_run(
+    block: Callable[[], object], scopes: list[object], before: tuple[object, ...], delay: float
+) -> list[str]:
+    """One run of `interrupted_runs`: what it left (see there)."""
+    started, stopped = threading.Event(), threading.Event()
+
+    def interrupt() -> None:
+        started.wait()
+        time.sleep(delay)
+        _thread.interrupt_main()
+        # An interrupt taken where Python ignores exceptions (a finalizer run by the
+        # garbage collector) is lost: send another, late enough to be alone.
+        while not stopped.wait(1.0):
+            _thread.interrupt_main()
+
+    helper = threading.Thread(target=interrupt)
+    helper.start()
+    at: tuple[str, int] | None = None
+    try:
+        started.set()
+        while True:
+            block()
+    except KeyboardInterrupt as e:
+        stopped.set()
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        at = (last.filename, last.lineno or 0)
+    helper.join()
+    if _thread_state() == before:
+        return []
+    _reset_thread(before, scopes)
+    return ["left", "at_exit_start"] if at in EXIT_STARTS else ["left"]
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="SIGINT needs the main thread"
+)
+# An interrupt that lands in a finalizer (JAX's garbage-collection callback) is ignored by
+# Python, as it would be in any program; the run sends another.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+class TestInterrupts:
+    """A KeyboardInterrupt at any moment (Ctrl-C in a notebook) never leaves the thread
+    watched or on another device (issue 42, M4), counted over many real interrupts; the
+    one moment no Python code can guard, a `with` block's `__exit__` interrupted before
+    its first instruction, is counted apart."""
+
+    RUNS = 1000
+
+    def test_a_plain_scope(self) -> None:
+        scope = policy_of(rules=[{"match": "x", "device": "cpu:1"}]).scope("x")
+
+        def block() -> None:
+            with scope:
+                pass
+
+        counts = interrupted_runs(block, [scope], self.RUNS)
+        assert counts["left"] == counts["at_exit_start"], counts
+
+    def test_a_watching_scope(self) -> None:
+        p = policy_of(rules=[{"match": "x", "device": "cpu:1"}], transfers={"host_local": "log"})
+        scope = p.scope("x")
+
+        def block() -> None:
+            with scope:
+                pass
+
+        counts = interrupted_runs(block, [scope], self.RUNS)
+        assert counts["left"] == counts["at_exit_start"], counts
+
+    def test_a_decorated_call(self) -> None:
+        """`@place`: entry and exit in one frame, nothing left at all."""
+        p = policy_of(rules=[{"match": "x", "device": "cpu:1"}], transfers={"host_local": "log"})
+
+        @p.place("x")
+        def call() -> None:
+            return None
+
+        assert interrupted_runs(call, [], self.RUNS)["left"] == 0
+
+    def test_a_decorated_generator(self) -> None:
+        """A generator under `@place`: its device around each step, never left behind."""
+        p = policy_of(rules=[{"match": "x", "device": "cpu:1"}])
+
+        @p.place("x")
+        def steps() -> Iterator[int]:
+            yield 1
+            yield 2
+
+        counts = interrupted_runs(lambda: list(steps()), [], self.RUNS)
+        assert counts["left"] == counts["at_exit_start"], counts
+
+
+class TestExitsThatDoNotPairUpWithAuto:
+    def test_a_device_scope_closed_under_an_auto_scope_gives_the_device_back_at_once(
+        self, cpus: list[jax.Device]
+    ) -> None:
+        """An `auto` scope entered after a device scope sets no device: when the device
+        scope is closed first, nothing open holds a device, so it goes back then."""
+        p = policy_of(rules=[{"match": "x", "device": "cpu:1"}, {"match": "y", "device": "auto"}])
+        first, second = _held(p.scope("x")), _held(p.scope("y"))
+        next(first)
+        next(second)
+        assert where(jnp.zeros(1)) == cpus[1]
+        first.close()
+        assert jax.config.jax_default_device is None
+        second.close()
+        assert jax.config.jax_default_device is None

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import devpolicy
+from devpolicy._apply import transfers
 from tests.helpers import policy_of, run_threads
 
 POLICY = policy_of(rules=[{"match": f"d{i}", "device": f"cpu:{i}"} for i in range(4)])
@@ -110,6 +111,23 @@ class TestCoroutines:
         ):
             asyncio.run(main())
         assert jax.config.jax_default_device is None
+
+    def test_a_watching_scope_written_in_an_async_body_is_rejected_too(self) -> None:
+        """A policy with `transfers:` makes the same check (issue 42, M2): nothing is
+        entered, nothing watched."""
+        watching = policy_of(transfers={"host_local": "log"})
+
+        async def main() -> None:
+            with watching.scope("d1"):
+                await asyncio.sleep(0)
+
+        with pytest.raises(
+            devpolicy.errors.ScopeInCoroutineError,
+            match=r"Decorate the async function with @devpolicy\.place\('d1'\)",
+        ):
+            asyncio.run(main())
+        assert jax.config.jax_default_device is None
+        assert transfers.current_watch() is None
 
     def test_scope_in_a_plain_function_called_from_a_coroutine_is_fine(
         self, cpus: list[jax.Device]
@@ -214,13 +232,13 @@ class TestSharedScopeObjects:
         from devpolicy._apply import scope as _scope
         from tests.helpers import policy_of
 
-        real = _scope.get_ident
+        real = _scope.get_device
 
-        def slow_ident() -> int:
+        def slow_read() -> object:
             time.sleep(0.005)  # give the other thread the GIL here
             return real()
 
-        monkeypatch.setattr(_scope, "get_ident", slow_ident)
+        monkeypatch.setattr(_scope, "get_device", slow_read)
         policy = policy_of(default="cpu:1")
         shared = policy.scope("x")
         results: dict[int, object] = {}

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +21,7 @@ from jax.sharding import SingleDeviceSharding
 from structlog.testing import capture_logs
 
 import devpolicy
+from devpolicy._apply import transfers as transfers_module
 from devpolicy._base import compat
 from devpolicy._machine.ledger import forget_transfers
 from tests import transfers_reference
@@ -307,3 +313,215 @@ class TestReferenceProgram:
             else:
                 assert row.nbytes == expected, kind
             assert row.devices, kind
+
+
+#: JAX's own refusal (jaxlib may prefix its status code).
+REFUSED_BY_JAX = r"^(INVALID_ARGUMENT: )?Disallowed host-to-device transfer"
+
+
+class TestTheUsersOwnGuard:
+    """A watching policy never turns off a guard the user set in JAX (issue 42, M1)."""
+
+    @pytest.fixture
+    def global_disallow(self) -> Iterator[None]:
+        jax.config.update("jax_transfer_guard", "disallow")
+        try:
+            yield
+        finally:
+            jax.config.update("jax_transfer_guard", None)
+
+    @pytest.mark.parametrize(
+        "watch",
+        [{"host_to_device": "log"}, {"host_local": "log"}, {"device_to_device": "disallow"}],
+        ids=["not-watched", "logged", "other-direction"],
+    )
+    @pytest.mark.usefixtures("global_disallow")
+    def test_a_global_disallow_still_raises_jaxs_error(self, watch: dict[str, str]) -> None:
+        """With `jax_transfer_guard=disallow` set globally, a policy that logs the direction
+        or does not watch it leaves JAX's refusal standing, and reports nothing."""
+        with (
+            capture_logs() as logs,
+            devpolicy.activate(policy_of(transfers=watch)),
+            pytest.raises(Exception, match=REFUSED_BY_JAX),
+        ):
+            TWICE(HOST)
+        assert transfers(logs) == []
+        assert devpolicy.report().transfers == ()
+
+    def test_a_users_thread_guard_inside_a_watched_block_still_refuses(self) -> None:
+        """`with jax.transfer_guard("disallow")` inside a logging scope is the user's: it
+        refuses with JAX's error."""
+        p = policy_of(transfers={"host_local": "log"})
+        with (
+            capture_logs() as logs,
+            p.scope("x"),
+            jax.transfer_guard("disallow"),
+            pytest.raises(Exception, match=REFUSED_BY_JAX),
+        ):
+            TWICE(HOST)
+        assert transfers(logs) == []
+
+    @pytest.mark.usefixtures("global_disallow")
+    def test_devpolicys_own_disallow_is_still_its_own_error(self) -> None:
+        """Where the policy refuses too, the error is devpolicy's, which names the site."""
+        with (
+            devpolicy.activate(policy_of(transfers={"host_local": "disallow"})),
+            pytest.raises(devpolicy.errors.TransferRefusedError),
+        ):
+            TWICE(HOST)
+
+    def test_a_users_log_level_is_kept_when_the_policy_logs_too(self) -> None:
+        """The transfer reported by devpolicy runs at the user's own level (here allow):
+        nothing of theirs is replaced by devpolicy's."""
+        p = policy_of(transfers={"host_local": "log"})
+        with capture_logs() as logs, devpolicy.activate(p):
+            TWICE(HOST)
+        assert len(transfers(logs)) == 1
+
+
+class TestArmedOnlyWhereSomethingCanBeReported:
+    """Watching costs nothing where every outcome is allow (issue 42, T1)."""
+
+    SCRIPT = """
+import sys, time
+import numpy as np
+import devpolicy, jax
+from devpolicy._base import compat
+policy = devpolicy.load_policy({"version": 1, "transfers": "log"}, environ={})
+assert not compat.backends_started()
+step = jax.jit(lambda b: b * 2)
+batch = np.ones((4, 3), np.float32)
+with devpolicy.activate(policy):
+    step(batch)
+    state, _ = compat.transfer_guard_state()
+    print(state.host_to_device, state.device_to_device, state.device_to_host)
+    with policy.scope("x"):
+        print(state.host_to_device, state.device_to_device, state.device_to_host)
+print(len(devpolicy.report().transfers))
+"""
+
+    def test_a_policy_activated_before_jax_starts_arms_nothing_on_one_cpu(
+        self, tmp_path: Path
+    ) -> None:
+        """`transfers: log` activated before JAX's backends start, on a machine of one CPU
+        device: after the first call nothing is armed (numpy into the CPU is host_local,
+        allowed; there is no other device and no accelerator), so the loop keeps JAX's
+        fast path; nothing is reported."""
+        script = tmp_path / "early.py"
+        script.write_text(self.SCRIPT)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
+        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+        out = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[:3] == ["None None None", "None None None", "0"]
+
+    def test_several_cpu_devices_arm_device_to_device_only(self) -> None:
+        """With four CPU devices (this suite's), `transfers: log` arms device_to_device
+        (an array can be copied between them) and neither host direction."""
+        _state, level = compat.transfer_guard_state()
+        with devpolicy.activate(policy_of(transfers="log")):
+            assert guard_levels() == (None, level.DISALLOW, None)
+
+
+SITE_PACKAGE = """
+import jax
+
+DOUBLE = jax.jit(lambda a: a * 2)
+
+
+def double(x):
+    return DOUBLE(x)
+"""
+
+
+class TestSitesInLibraries:
+    """A transfer is attributed to the user's line, not the library's (issue 42, T3)."""
+
+    @pytest.fixture
+    def library(self, tmp_path: Path) -> Iterator[Any]:
+        packages = tmp_path / "lib" / "python3" / "site-packages"
+        packages.mkdir(parents=True)
+        (packages / "fakelib_t3.py").write_text(SITE_PACKAGE)
+        sys.path.insert(0, str(packages))
+        try:
+            yield importlib.import_module("fakelib_t3")
+        finally:
+            sys.path.remove(str(packages))
+            sys.modules.pop("fakelib_t3", None)
+
+    def test_a_transfer_inside_an_installed_package_names_the_users_line(
+        self, library: Any
+    ) -> None:
+        """The event's `site` is the line here that called the library, `function` this
+        test; `library_site` the library's own line (its path inside site-packages)."""
+        with capture_logs() as logs, devpolicy.activate(policy_of(transfers=WATCH_ALL)):
+            site = here()
+            library.double(HOST)
+        (event,) = transfers(logs)
+        assert str(event["site"]).endswith(site)
+        assert event["function"] == (
+            "TestSitesInLibraries.test_a_transfer_inside_an_installed_package_names_the_users_line"
+        )
+        assert event["library_site"] == "fakelib_t3.py:8"
+        (row,) = devpolicy.report().transfers
+        assert row.site.endswith(site)
+
+    def test_a_transfer_in_the_users_own_code_has_no_library_site(self) -> None:
+        """Where the user's line made the transfer itself, `library_site` is None."""
+        with capture_logs() as logs, devpolicy.activate(policy_of(transfers=WATCH_ALL)):
+            TWICE(HOST)
+        (event,) = transfers(logs)
+        assert event["library_site"] is None
+
+    def test_a_refusal_inside_a_library_names_the_users_line(self, library: Any) -> None:
+        """TransferRefusedError's site is the user's line too."""
+        with devpolicy.activate(policy_of(transfers={"host_local": "disallow"})):
+            site = here(2)
+            with pytest.raises(devpolicy.errors.TransferRefusedError) as refused:
+                library.double(HOST)
+        assert refused.value.site.endswith(site)
+
+
+def held(scope: Any) -> Iterator[None]:
+    """A generator holding `scope` open across its pause."""
+    with scope:
+        yield
+
+
+class TestExitsThatDoNotPairUp:
+    """Scopes closed in another order than opened leave nothing watched (issue 42, M3)."""
+
+    def test_generators_closed_first_opened_first_leave_no_watch(self) -> None:
+        """Two watching scopes held by generators, the first closed first: the second
+        still watches, and once both are closed the thread is as before (numpy allowed,
+        nothing watched)."""
+        before = guard_levels()
+        p = policy_of(transfers={"host_local": "disallow"})
+        first, second = held(p.scope("a")), held(p.scope("b"))
+        next(first)
+        next(second)
+        first.close()
+        with pytest.raises(devpolicy.errors.TransferRefusedError):
+            TWICE(HOST)  # the second scope is still open
+        second.close()
+        assert guard_levels() == before
+        assert transfers_module.current_watch() is None
+        TWICE(HOST)
+
+    def test_a_watching_scope_closed_after_a_plain_activation_restores_the_thread(
+        self,
+    ) -> None:
+        """A watch held by a generator, closed after the policy entered later: the thread
+        is left as before the first entry."""
+        before = guard_levels()
+        watching = policy_of(transfers={"host_local": "disallow"})
+        other = policy_of(transfers={"device_to_device": "log"})
+        first, second = held(watching.scope("a")), held(other.scope("b"))
+        next(first)
+        next(second)
+        first.close()
+        second.close()
+        assert guard_levels() == before
+        assert transfers_module.current_watch() is None
