@@ -40,7 +40,13 @@ if (
     get_device: Callable[[], Any] = _STATE.get_local
     #: Set this thread's own default device to what `get_device` read.
     set_device: Callable[[Any], None] = _STATE.set_local
+    #: Whether reading and setting the device are single C calls, which no interrupt
+    #: splits (jax 0.7.2 on). Before, JAX's own swap is Python (a thread-local hook called
+    #: after the set), and a KeyboardInterrupt between its steps can leave it half done:
+    #: no code outside JAX can guard that.
+    ATOMIC_SWAP = True
 else:  # pragma: no cover - depends on the installed JAX
+    ATOMIC_SWAP = False
     from jax._src import config as _jax_config
 
     _UNSET = getattr(_jax_config, "unset", None) or getattr(
