@@ -19,8 +19,8 @@ imports JAX):
 3. `benchmarks/bench_accelerator.py`: loading onto the chip and windows to it;
 4. `benchmarks/bench_loop.py`: the story's loop, from tokens in memory and from the
    story-scale token file (19.09 GiB, sparse, mapped; `--story-tokens`), fresh windows
-   every run, against the hand loop and the double-buffered hand loop; from the file
-   twice, with devpolicy's reader threads and with none;
+   every run, against the hand loop, the double-buffered hand loop, positional reads and
+   a gather from the mapping by hand;
 5. `benchmarks/bench_floor.py --in-process`: a 2 GiB checkpoint written by
    `safetensors.numpy.save_file` loaded onto the chip against the transfer floor and
    a mapping's views sent in one `device_put`.
@@ -191,9 +191,6 @@ def run_benchmarks(runs: int, story_tokens: int, folder: Path) -> list[tuple[str
     rows += json_rows(loop, "bench_loop (memory)")
     mapped = [*loop, "--tokens", str(story_tokens), "--mapped", str(folder / "story")]
     rows += json_rows(mapped, "bench_loop (mapped story file)")
-    # The same with the windows read on the stream's own thread: what the reader threads
-    # (devpolicy's default on a host of more than 2 cores) gain on this machine.
-    rows += json_rows([*mapped, "--readers", "0"], "bench_loop (mapped, no reader threads)")
     floor = [python, "benchmarks/bench_floor.py", "--json", "--in-process", "--runs", rounds]
     floor += ["--dir", str(folder / "floor"), "--cases", ",".join(FLOOR_CASES)]
     rows += json_rows(floor, "bench_floor")

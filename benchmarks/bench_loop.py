@@ -131,6 +131,23 @@ def positional(path: Path, offset: int, length: int, batch: int, where: Any) -> 
     return feed
 
 
+def gathered(tokens: np.ndarray, length: int, batch: int, where: Any) -> Feeder:
+    """One fancy index of a strided view of every window, from the mapping, its pages
+    never given back (resident memory grows with the run): what copying out of the
+    mapping could reach were pages given back only in rare sweeps."""
+    starts = len(tokens) - length + 1
+    every = np.lib.stride_tricks.as_strided(
+        tokens, shape=(starts, length), strides=(tokens.strides[0],) * 2, writeable=False
+    )
+
+    def feed(n: int) -> Iterator[Any]:
+        rng = np.random.default_rng(fresh_seed())
+        for _ in range(n):
+            yield jax.device_put(every[rng.integers(0, starts, size=batch)], where)
+
+    return feed
+
+
 def stream(tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy) -> Feeder:
     def feed(n: int) -> Iterator[Any]:
         with devpolicy.windows(
@@ -325,6 +342,9 @@ def main() -> int:
         }
         if args.mapped is not None:
             feeders["positional reads by hand"] = positional(path, start, length, size, where)
+            feeders["gather from the mapping, never given back"] = gathered(
+                tokens, length, size, where
+            )
         return feeders
 
     def run(

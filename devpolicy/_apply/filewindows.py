@@ -30,11 +30,14 @@ import numpy as np
 
 from .._base.errors import HostViewError
 
-#: Reader threads a stream reads its windows on. A positional read releases the GIL for
-#: its system call, so reads on several threads overlap where system calls are dear (a
-#: VM under gVisor); on a machine of few cores the hand-offs cost more than they save,
-#: and the windows are read on the stream's own thread (0).
-READERS = 0 if (os.cpu_count() or 1) <= 2 else min(8, (os.cpu_count() or 1) // 2)
+#: Reader threads a stream reads its windows on: none, by the figures. A positional read
+#: releases the GIL for its system call, so several threads could overlap reads where
+#: system calls are dear; measured on a TPU v5e VM under gVisor (13 cores, the 19.09 GiB
+#: story file, page cache warm), 6 reader threads with the next group read ahead fed
+#: 792 batches/s against 1,908 with the reads on the stream's own thread: the hand-offs
+#: cost more than the overlap saves there, as on the 2-core CPU machine. Kept settable
+#: (`benchmarks/bench_loop.py --readers N`) to measure other machines.
+READERS = 0
 
 
 class FileWindows:
