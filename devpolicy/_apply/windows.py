@@ -23,10 +23,11 @@ batch buffer (`filewindows`): nothing of the mapping is touched, so resident mem
 flat with no page bookkeeping at all. On a TPU VM under gVisor (December 2026), where a
 `madvise` cost about 100 us, the stream that gave its mapped pages back spent 84% of its
 time doing so; read by position, the 19.09 GiB story file fed 1,943 batches/s (1.77x a
-hand loop of memmap slices), and 2.10x the hand loop on the 2-core CPU machine. Reader
-threads measured slower on both (`filewindows.READERS`). A mapping that cannot be read by position (a private writable map, a
-file gone) is copied from, and the pages a group of batches was copied from are given
-back once it is copied, a random stream telling the kernel not to read ahead (`paging`).
+hand loop of memmap slices), and 2.10x the hand loop on the 2-core CPU machine; reader
+threads measured slower on both (`filewindows.READERS`). A mapping that cannot be read
+by position (a private writable map, a file gone) is copied from, and the pages a group
+of batches was copied from are given back once it is copied, a random stream telling
+the kernel not to read ahead (`paging`).
 
 No read-ahead thread: the same stream read ahead by a thread into a queue
 (`benchmarks/bench_loop.py`, `devpolicy + thread`) was no faster than the stream alone on
