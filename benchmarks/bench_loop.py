@@ -251,6 +251,12 @@ def main() -> int:
     )
     parser.add_argument("--no-sharded", action="store_true", help="skip the sharded pipeline")
     parser.add_argument(
+        "--mapped-copy",
+        choices=["file", "budget"],
+        default=None,
+        help="how windows of a mapped file are copied (default: devpolicy's choice)",
+    )
+    parser.add_argument(
         "--readers",
         type=int,
         default=None,
@@ -261,6 +267,10 @@ def main() -> int:
         from devpolicy._apply import filewindows
 
         filewindows.READERS = args.readers
+    if args.mapped_copy is not None:
+        from devpolicy._apply import windows as windows_module
+
+        windows_module.MAPPED_COPY = args.mapped_copy
     backend = jax.default_backend()
     devices = jax.local_devices(backend=backend)
     dim = args.dim or (64 if backend == "cpu" else 1024)

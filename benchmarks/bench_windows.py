@@ -16,11 +16,12 @@ tenth of the run and the time per step:
 
 - `kernel defaults`: no advice, nothing given back (devpolicy before the fix);
 - `MADV_RANDOM only`: the mapping advised random, nothing given back;
-- `copied from the mapping`: what devpolicy.windows does where the file cannot be read
-  by position (`devpolicy/_apply/paging.py`): `MADV_RANDOM`, and each batch's 64 KiB
-  blocks given back (`MADV_DONTNEED`) once the batch is copied;
-- `devpolicy.windows`: what it does (`devpolicy/_apply/filewindows.py`): each window read
-  from the file by position into the batch buffer, nothing of the mapping touched.
+- `copied from the mapping, pages given back a group at a time` (`paging.Pager.release`):
+  `MADV_RANDOM`, and each group's 64 KiB blocks given back (`MADV_DONTNEED`) once copied;
+- `read from the file by position` (`devpolicy/_apply/filewindows.py`): each window read
+  into the batch buffer, nothing of the mapping touched;
+- `devpolicy.windows`: what it does: windows gathered from the mapping, the whole view
+  given back in one sweep once about `RESIDENT_BUDGET` (256 MiB) may have come in.
 
 The time the giving back costs is also measured paired: in one process, segments with
 and without it take turns (a shared machine's load then weighs on both alike).
@@ -60,7 +61,10 @@ import numpy as np
 import devpolicy
 from devpolicy._apply import paging, windows
 
-if variant != "devpolicy":  # copied out of the mapping, not read from the file by position
+if variant == "file":  # read from the file by position
+    windows.MAPPED_COPY = "file"
+elif variant != "devpolicy":  # copied out of the mapping, its pages given back each group
+    windows.MAPPED_COPY = "file"
     windows.mapped_file = lambda view, length: None
 if variant == "defaults":
     paging._MADVISE = None  # no advice, nothing given back: the kernel's defaults
@@ -99,6 +103,7 @@ import json, os, statistics, sys, time
 path, length, batch, segments, rounds = sys.argv[1], *map(int, sys.argv[2:6])
 import devpolicy
 from devpolicy._apply import paging, windows
+windows.MAPPED_COPY = "file"
 windows.mapped_file = lambda view, length: None  # the mapping's way: pages given back
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "rules": [
     {"match": "*/tokens", "device": "cpu:0", "mmap": True},
@@ -122,8 +127,9 @@ print(json.dumps(times))
 VARIANTS = {
     "defaults": "kernel defaults",
     "random-only": "MADV_RANDOM only",
-    "mapping": "copied from the mapping, pages given back",
-    "devpolicy": "devpolicy.windows (read from the file by position)",
+    "mapping": "copied from the mapping, pages given back a group at a time",
+    "file": "read from the file by position",
+    "devpolicy": "devpolicy.windows (gathered from the mapping, swept against a budget)",
 }
 
 

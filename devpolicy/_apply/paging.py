@@ -150,6 +150,7 @@ class Pager:
         self._range = releasable_range(view)
         self._advised: tuple[int, int] | None = None  # the range given MADV_RANDOM
         self._batches = 0  # releases so far
+        self._resident = 0  # bytes counted in since the last sweep (`release_over_budget`)
         self._data = view.ctypes.data
         self._row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
         self._per_call: float | None = None  # seconds a block madvise has cost
@@ -172,6 +173,18 @@ class Pager:
             return True
         self._range = None  # e.g. a device mapping that refuses the advice
         return False
+
+    def release_over_budget(self, windows: int, length: int, budget: int) -> None:
+        """Count `windows` more windows of `length` rows as resident (each with the two
+        fault-around blocks it may bring in), and give the whole view back in one sweep
+        once the count passes `budget` bytes: no system call for most groups."""
+        bounds = self._range
+        if bounds is None:
+            return
+        self._resident += windows * (length * self._row + 2 * _BLOCK)
+        if self._resident > budget:
+            self._resident = 0
+            self._advise(bounds[0], bounds[1], mmap.MADV_DONTNEED)
 
     def release(self, offsets: Any, length: int) -> None:
         """Give back the blocks that the windows at `offsets` (`length` rows each; a

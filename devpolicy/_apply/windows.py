@@ -74,6 +74,16 @@ ORDERS = ("sequential", "random")
 #: a group stays small beside host and device memory.
 GROUP_MAX = 8
 GROUP_BYTES = 4 * 2**20
+#: How random windows of a file mapping are copied: "budget" (gathered from the mapping,
+#: its pages given back in one sweep of the view once about `RESIDENT_BUDGET` bytes may
+#: have come in: no system call for most groups) or "file" (read by position,
+#: `filewindows`). Measured on a TPU v5e VM under gVisor (the 19.09 GiB story file, page
+#: cache warm, each batch waited for): "budget" 2,176 batches/s, 2.01x a hand loop of
+#: memmap slices and 1.03x the double-buffered one, "file" 1,987 (1.69x, 0.86x); on the
+#: 2-core CPU machine 2.24x and 1.87x the hand loop. Sequential windows give their pages
+#: back a group at a time (one call: they lie together).
+MAPPED_COPY = "budget"
+RESIDENT_BUDGET = 256 * 2**20
 
 
 def _positive(what: str, value: object) -> int:
@@ -413,7 +423,10 @@ class WindowStream(BatchStream[Any]):
         gathered = self._windows[offsets]  # one copy of just these windows
         pager = self._pager
         if pager is not None and pager.active:
-            pager.release(offsets, self._length)  # the group's pages, in one go
+            if MAPPED_COPY == "budget" and self._sampler.random:
+                pager.release_over_budget(offsets.size, self._length, RESIDENT_BUDGET)
+            else:
+                pager.release(offsets, self._length)  # the group's pages, in one go
         buffer = self._buffer(count, shape, plan.reuse)
         target = self._target
         if target is None:
@@ -483,7 +496,8 @@ class WindowStream(BatchStream[Any]):
         if self._tally is None and self._pulling and jax.process_count() > 1:
             self._own_rows()
         if self._pager is None and self._reader is None and self._pulling:
-            self._reader = mapped_file(self._view, self._length)
+            if MAPPED_COPY == "file":
+                self._reader = mapped_file(self._view, self._length)
             if self._reader is not None:
                 self._reads = "file"
             else:

@@ -52,7 +52,9 @@ def open_descriptors(path: Path) -> int:
 
 @pytest.fixture(params=[0, 3], ids=["inline", "3 readers"])
 def readers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Each test runs with the windows read on the stream's thread and on 3 readers."""
+    """Each test runs with the windows read from the file (not gathered from the
+    mapping), on the stream's thread and on 3 readers."""
+    monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
     monkeypatch.setattr(filewindows, "READERS", request.param)
     return int(request.param)
 

@@ -371,8 +371,14 @@ class TestWindows:
 def through_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     """Streams copy windows out of the mapping, as where the file cannot be read by
     position (a private writable map): the pages are then given back (`paging`)."""
-
+    monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
     monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
+
+
+@pytest.fixture
+def by_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams read windows of a file mapping from the file by position."""
+    monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
 
 
 class TestFlatMemory:
@@ -392,6 +398,7 @@ class TestFlatMemory:
         assert sum(1 for _ in stream) == self.STEPS
         return resident(view)
 
+    @pytest.mark.usefixtures("by_position")
     def test_random_windows_read_from_the_file_leave_nothing_of_it_resident(
         self, tmp_path: Path
     ) -> None:
@@ -401,6 +408,20 @@ class TestFlatMemory:
         with capture_logs() as logs:
             assert self.run(tokens) == 0
         assert [e["reads"] for e in logs if e["event"] == "stream_ended"] == ["file"]
+
+    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    def test_by_default_what_comes_in_stays_under_the_budget(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """By default windows are gathered from the mapping and the view is swept once
+        about the budget may have come in: 300 steps with a 4 MiB budget leave under the
+        16 MiB bound resident, where without sweeps the same run leaves over 4 times the
+        bound (the control below)."""
+        monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 4 * 2**20)
+        tokens = mapped_tokens(tmp_path, 2**28)
+        with capture_logs() as logs:
+            assert self.run(tokens) < self.BOUND
+        assert [e["reads"] for e in logs if e["event"] == "stream_ended"] == ["mapping"]
 
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
     @pytest.mark.usefixtures("through_the_mapping")
