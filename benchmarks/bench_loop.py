@@ -256,17 +256,7 @@ def main() -> int:
         default=None,
         help="how windows of a mapped file are copied (default: devpolicy's choice)",
     )
-    parser.add_argument(
-        "--readers",
-        type=int,
-        default=None,
-        help="reader threads of windows read from a file (default: devpolicy's choice)",
-    )
     args = parser.parse_args()
-    if args.readers is not None:
-        from devpolicy._apply import filewindows
-
-        filewindows.READERS = args.readers
     if args.mapped_copy is not None:
         from devpolicy._apply import windows as windows_module
 
@@ -321,10 +311,6 @@ def main() -> int:
         next(probe)
     reads = next(e["reads"] for e in seen if e["event"] == "stream_ended")
     held += f"; `devpolicy.windows` copies its windows from: {reads}"
-    if reads == "file":
-        from devpolicy._apply import filewindows
-
-        held += f" ({filewindows.READERS} reader threads)"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
         "# The story's loop: devpolicy.windows against a hand loop, side by side",
@@ -370,12 +356,7 @@ def main() -> int:
         print("\n".join(part), flush=True)
         lines.extend(part)
         if args.json:
-            if args.mapped is None:
-                where = "memory"
-            else:
-                from devpolicy._apply import filewindows
-
-                where = f"mapped file, {filewindows.READERS} reader threads"
+            where = "memory" if args.mapped is None else f"mapped file, copied from {reads}"
             row: dict[str, Any] = {"row": f"loop from {where}: {label}"}
             row |= {f"windows x {b}": round(ratio(rates, "devpolicy.windows", b), 2) for b in bases}
             row[f"windows {unit}"] = round(statistics.median(rates["devpolicy.windows"]))

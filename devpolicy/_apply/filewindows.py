@@ -23,88 +23,53 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from .._base.errors import HostViewError
 
-#: Reader threads a stream reads its windows on: none, by the figures. A positional read
-#: releases the GIL for its system call, so several threads could overlap reads where
-#: system calls are dear; measured on a TPU v5e VM under gVisor (13 cores, the 19.09 GiB
-#: story file, page cache warm), 6 reader threads with the next group read ahead fed
-#: 792 batches/s against 1,908 with the reads on the stream's own thread: the hand-offs
-#: cost more than the overlap saves there, as on the 2-core CPU machine. Kept settable
-#: (`benchmarks/bench_loop.py --readers N`) to measure other machines.
-READERS = 0
-
 
 class FileWindows:
     """Positional reads of windows of one file-backed view: an open descriptor of the file,
     where the view starts in it, and the bytes of one row.
 
-    Reads go straight into the caller's buffers: `submit(rows, outs)` fills each batch of
-    `outs` (C-contiguous, `len(starts)` windows of `length` rows) with the windows at
-    its row of `rows`, one `preadv` each, split over `READERS` threads where there are
-    any; `wait` on what it returned waits until all are read. A file that shrank under
-    the stream is an error naming it (a mapping would have raised SIGBUS instead). One
-    stream, one reader: `submit` and `close` are called from the stream's thread.
+    `read(starts, out)` fills `out` (a C-contiguous batch of `len(starts)` windows of
+    `length` rows) with the windows at `starts`, one `preadv` each, on the caller's
+    thread. Reads on several threads (the next group read ahead) were measured on a TPU
+    v5e VM under gVisor: 6 threads fed 792 batches/s against 1,908 on the stream's own
+    thread, the hand-offs costing more than the overlap saves, so there are none. A file
+    that shrank under the stream is an error naming it (a mapping would have raised
+    SIGBUS instead). One stream, one reader.
     """
 
-    __slots__ = ("_fd", "_name", "_offset", "_pending", "_pool", "_readers", "_row", "length")
+    __slots__ = ("_fd", "_name", "_offset", "_row", "length")
 
-    def __init__(
-        self, fd: int, name: str, offset: int, row: int, length: int, readers: int
-    ) -> None:
+    def __init__(self, fd: int, name: str, offset: int, row: int, length: int) -> None:
         self._fd = fd
         self._name = name
         self._offset = offset  # the file offset of the view's first row
         self._row = row  # bytes of one row of the view
         self.length = length  # rows per window
-        self._readers = readers
-        self._pool = (
-            ThreadPoolExecutor(readers, thread_name_prefix="devpolicy-windows")
-            if readers > 0
-            else None
-        )
-        self._pending: list[Future[None]] = []  # reads submitted, not yet waited for
 
     @property
     def name(self) -> str:
         """The file read, as `/proc/self/maps` names it."""
         return self._name
 
-    def submit(self, rows: list[list[int]], outs: list[np.ndarray[Any, Any]]) -> list[Future[None]]:
-        """Start reading the windows at `rows` (one list of starts per batch) into `outs`;
-        `wait` on what it returns. Without reader threads they are read here and now."""
-        size = self.length * self._row
-        slots = []
-        for starts, out in zip(rows, outs, strict=True):
-            target = out.reshape(-1).view(np.uint8).data
-            slots += [(target[i * size : (i + 1) * size], s) for i, s in enumerate(starts)]
-        pool = self._pool
-        if pool is None:
-            self._read(slots)
-            return []
-        parts = max(1, min(self._readers, len(slots) // 8))  # 8 windows a hand-off at least
-        step = -(-len(slots) // parts)
-        futures = [pool.submit(self._read, slots[i : i + step]) for i in range(0, len(slots), step)]
-        self._pending = futures
-        return futures
-
-    def wait(self, futures: list[Future[None]]) -> None:
-        """Wait until the reads of one `submit` are done; raise the first one's error."""
-        for future in futures:
-            future.result()
-
-    def _read(self, slots: list[tuple[memoryview, int]]) -> None:
+    def read(self, starts: list[int], out: np.ndarray[Any, Any]) -> None:
+        """Fill `out` with the windows at `starts` (rows of the view), one read each."""
         fd, offset, row = self._fd, self._offset, self._row
+        size = self.length * row
+        target = out.reshape(-1).view(np.uint8).data
         preadv = os.preadv
-        for slot, start in slots:
+        at = 0
+        for start in starts:
+            slot = target[at : at + size]
             got = preadv(fd, [slot], offset + start * row)
-            if got != len(slot):
+            if got != size:
                 self._short(start, got, slot)
+            at += size
 
     def _short(self, start: int, got: int, slot: memoryview) -> None:
         """A read that came back short: the rest read again, or the file ended."""
@@ -124,16 +89,7 @@ class FileWindows:
             )
 
     def close(self) -> None:
-        """Wait for reads in flight, then close the descriptor (never under a read: its
-        number could be reused by another file). Safe to call twice."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.exception()  # waited for; what it raised no longer matters
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            # Its reads are done: the threads only need telling to end. Not joined, so a
-            # close from a finaliser that runs on one of them cannot wait on itself.
-            pool.shutdown(wait=False)
+        """Close the descriptor; reading again raises. Safe to call twice."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
@@ -234,4 +190,4 @@ def mapped_file(view: np.ndarray[Any, Any], length: int) -> FileWindows | None:
     if fd is None:
         return None
     row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
-    return FileWindows(fd, path, file_offset, row, length, READERS)
+    return FileWindows(fd, path, file_offset, row, length)

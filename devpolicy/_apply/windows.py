@@ -18,16 +18,15 @@ buffer is reused only once every batch placed from it is ready (its transfer fin
 none of them holds the buffer itself (checked by address the first time a buffer is used,
 so a platform that adopts buffers unexpectedly only costs the reuse, never correctness).
 
-Where the view is a file mapping, each window is read from the file by position into the
-batch buffer (`filewindows`): nothing of the mapping is touched, so resident memory stays
-flat with no page bookkeeping at all. On a TPU VM under gVisor (December 2026), where a
-`madvise` cost about 100 us, the stream that gave its mapped pages back spent 84% of its
-time doing so; read by position, the 19.09 GiB story file fed 1,943 batches/s (1.77x a
-hand loop of memmap slices), and 2.10x the hand loop on the 2-core CPU machine; reader
-threads measured slower on both (`filewindows.READERS`). A mapping that cannot be read
-by position (a private writable map, a file gone) is copied from, and the pages a group
-of batches was copied from are given back once it is copied, a random stream telling
-the kernel not to read ahead (`paging`).
+Where the view is a shared or read-only file mapping, a random stream gathers from it
+and gives back what it faulted in with one sweep of the view once about
+`RESIDENT_BUDGET` may have come in; a sequential stream gives back each group's pages
+(`paging`), and the kernel is told a random stream reads at random. On a TPU VM under
+gVisor (December 2026), where a `madvise` cost about 100 us, giving pages back block by
+block took 84% of a stream's time; with the sweeps the 19.09 GiB story file fed 2,176
+batches/s (2.01x a hand loop of memmap slices). Reading each window from the file by
+position (`MAPPED_COPY = "file"`, `filewindows`) maps nothing but fed 1,987 (1.69x) there,
+and 1.87x against 2.24x on the 2-core CPU machine.
 
 No read-ahead thread: the same stream read ahead by a thread into a queue
 (`benchmarks/bench_loop.py`, `devpolicy + thread`) was no faster than the stream alone on
@@ -43,8 +42,7 @@ import secrets
 import weakref
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import Future
-from typing import Any, Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import jax
 import numpy as np
@@ -74,14 +72,9 @@ ORDERS = ("sequential", "random")
 #: a group stays small beside host and device memory.
 GROUP_MAX = 8
 GROUP_BYTES = 4 * 2**20
-#: How random windows of a file mapping are copied: "budget" (gathered from the mapping,
-#: its pages given back in one sweep of the view once about `RESIDENT_BUDGET` bytes may
-#: have come in: no system call for most groups) or "file" (read by position,
-#: `filewindows`). Measured on a TPU v5e VM under gVisor (the 19.09 GiB story file, page
-#: cache warm, each batch waited for): "budget" 2,176 batches/s, 2.01x a hand loop of
-#: memmap slices and 1.03x the double-buffered one, "file" 1,987 (1.69x, 0.86x); on the
-#: 2-core CPU machine 2.24x and 1.87x the hand loop. Sequential windows give their pages
-#: back a group at a time (one call: they lie together).
+#: How windows of a file mapping are copied: "budget" (gathered from the mapping, see the
+#: module docstring for why and the figures) or "file" (read from the file by position:
+#: `filewindows`; kept to measure other machines, `bench_loop.py --mapped-copy file`).
 MAPPED_COPY = "budget"
 RESIDENT_BUDGET = 256 * 2**20
 
@@ -282,15 +275,6 @@ class _Shape:
         return list(jax.device_put(batches, self.destination))
 
 
-class _Reading(NamedTuple):
-    """A group being read from the file: where it goes and the reads to wait for."""
-
-    plan: _Shape
-    buffer: _Buffer
-    into: list[np.ndarray[Any, Any]]  # the buffer's batches, or memory to narrow from
-    futures: list[Future[None]]
-
-
 class WindowStream(BatchStream[Any]):
     """The placed batches of `devpolicy.windows`: a `BatchStream` whose batches are cut,
     decided and sent by the stream itself, a group at a time, and that can say where it
@@ -308,7 +292,6 @@ class WindowStream(BatchStream[Any]):
     """
 
     __slots__ = (
-        "_ahead",
         "_buffers",
         "_dtype",
         "_ended",
@@ -368,7 +351,6 @@ class WindowStream(BatchStream[Any]):
         self._buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
         self._pager: Pager | None = None  # made at the first batch, for a mapped view
         self._reader: FileWindows | None = None  # or this, for a file read by position
-        self._ahead: _Reading | None = None  # the next group, being read from the file
         self._reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
         self._tally: StreamTally | None = None
         self._narrowed: set[bool] = set()  # the exactness already reported
@@ -415,60 +397,35 @@ class WindowStream(BatchStream[Any]):
         return _Buffer(count, shape, self._dtype)
 
     def _cut(self, offsets: np.ndarray[Any, Any]) -> list[Any]:
-        """The batches at `offsets` (k, n), gathered from memory (a mapping's pages given
-        back), narrowed, placed."""
+        """The batches at `offsets` (k, n): read from the file by position, or gathered
+        from memory (a mapping's pages given back); narrowed, placed."""
         count, n = offsets.shape
         shape = (n, self._length, *self._view.shape[1:])
         plan = self._shape(shape)
-        gathered = self._windows[offsets]  # one copy of just these windows
-        pager = self._pager
-        if pager is not None and pager.active:
-            if MAPPED_COPY == "budget" and self._sampler.random:
-                pager.release_over_budget(offsets.size, self._length, RESIDENT_BUDGET)
-            else:
-                pager.release(offsets, self._length)  # the group's pages, in one go
         buffer = self._buffer(count, shape, plan.reuse)
         target = self._target
-        if target is None:
+        reader = self._reader
+        if reader is not None:
+            # Straight into the buffer; 64-bit tokens into memory of their dtype first.
+            gathered = (
+                buffer.batches if target is None else np.empty((count, *shape), self._view.dtype)
+            )
+            for batch, starts in zip(gathered, offsets.tolist(), strict=True):
+                reader.read(starts, batch)
+        else:
+            gathered = self._windows[offsets]  # one copy of just these windows
+            pager = self._pager
+            if pager is not None and pager.active:
+                if MAPPED_COPY == "budget" and self._sampler.random:
+                    pager.release_over_budget(offsets.size, self._length, RESIDENT_BUDGET)
+                else:
+                    pager.release(offsets, self._length)  # the group's pages, in one go
+        if target is not None:
+            for out, batch in zip(buffer.batches, gathered, strict=True):
+                self._narrow_into(batch, out, target)
+        elif reader is None:
             for out, batch in zip(buffer.batches, gathered, strict=True):
                 np.copyto(out, batch)
-        else:
-            for out, batch in zip(buffer.batches, gathered, strict=True):
-                self._narrow_into(batch, out, target)
-        return self._send(plan, buffer, count)
-
-    def _start_read(self, reader: FileWindows, offsets: np.ndarray[Any, Any]) -> _Reading:
-        """Start reading the group at `offsets` (k, n) from the file into its buffer (or,
-        to be narrowed, into memory of the file's dtype first)."""
-        count, n = offsets.shape
-        shape = (n, self._length, *self._view.shape[1:])
-        plan = self._shape(shape)
-        buffer = self._buffer(count, shape, plan.reuse)
-        into = buffer.batches
-        if self._target is not None:
-            into = list(np.empty((count, *shape), self._view.dtype))
-        return _Reading(plan, buffer, into, reader.submit(offsets.tolist(), into))
-
-    def _read_next(self, reader: FileWindows) -> list[Any] | None:
-        """The next group read from the file, narrowed and placed, the group after it
-        already being read (on the reader threads, where there are any); None at the end."""
-        reading = self._ahead
-        if reading is None:
-            offsets = self._sampler.take(self._group)
-            if offsets is None:
-                return None
-            reading = self._start_read(reader, offsets)
-        following = self._sampler.take(self._group)
-        self._ahead = None if following is None else self._start_read(reader, following)
-        reader.wait(reading.futures)
-        target = self._target
-        if target is not None:
-            for out, batch in zip(reading.buffer.batches, reading.into, strict=True):
-                self._narrow_into(batch, out, target)
-        return self._send(reading.plan, reading.buffer, len(reading.into))
-
-    def _send(self, plan: _Shape, buffer: _Buffer, count: int) -> list[Any]:
-        """The group in `buffer` placed; the buffer back in the ring where it may be."""
         placed = plan.place(buffer.batches)
         if plan.reuse and (buffer.checked or not buffer.held_by(placed)):
             # Reused once its transfers are done; never if a batch holds it.
@@ -505,16 +462,11 @@ class WindowStream(BatchStream[Any]):
                 if self._pager.active:
                     self._reads = "mapping"
         while self._pulling and len(in_flight) < self._size:
-            reader = self._reader
-            if reader is not None:
-                placed = self._read_next(reader)
-            else:
-                offsets = self._sampler.take(self._group)
-                placed = None if offsets is None else self._cut(offsets)
-            if placed is None:
+            offsets = self._sampler.take(self._group)
+            if offsets is None:
                 self._stop()
                 return
-            in_flight.extend(placed)
+            in_flight.extend(self._cut(offsets))
 
     def _stop(self) -> None:
         """No more batches will be cut: end the paging advice now (not at collection)."""
@@ -523,9 +475,8 @@ class WindowStream(BatchStream[Any]):
         if pager is not None:
             pager.close()
         reader, self._reader = self._reader, None
-        self._ahead = None
         if reader is not None:
-            reader.close()  # after the reads in flight
+            reader.close()
 
     def __next__(self) -> Any:
         in_flight = self._in_flight

@@ -50,17 +50,15 @@ def open_descriptors(path: Path) -> int:
     return count
 
 
-@pytest.fixture(params=[0, 3], ids=["inline", "3 readers"])
-def readers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Each test runs with the windows read from the file (not gathered from the
-    mapping), on the stream's thread and on 3 readers."""
+@pytest.fixture
+def by_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows of a file mapping read from the file by position (not gathered from the
+    mapping, `windows`' default)."""
     monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
-    monkeypatch.setattr(filewindows, "READERS", request.param)
-    return int(request.param)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux's /proc")
-@pytest.mark.usefixtures("readers")
+@pytest.mark.usefixtures("by_position")
 class TestReadByPosition:
     def test_windows_of_a_loaded_file_are_read_from_it_exactly(self, tmp_path: Path) -> None:
         """A stream over a mapped token file reads its windows from the file: every
@@ -144,8 +142,8 @@ class TestReadByPosition:
     def test_a_stream_closed_mid_way_closes_its_file_and_yields_nothing_more(
         self, tmp_path: Path
     ) -> None:
-        """close() mid-way (a read ahead in flight) waits for the reads, closes the
-        descriptor it opened, and the stream then ends."""
+        """close() mid-way closes the descriptor the stream opened, and the stream then
+        ends."""
         path, _ = token_file(tmp_path)
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         before = open_descriptors(path)
