@@ -369,29 +369,23 @@ def _load_opened(
                 advance(entry.nbytes)
                 position += 1
                 continue
-            if sends_from_map(entry, decision, mmap, x64):
-                # The device copies it: sent from a view of the map, at any offset, with
-                # no read into host memory first (`map_or_read`).
+            # Sent from a view of the file's map: a tensor the device copies (at any
+            # offset: nothing read into host memory first, `map_or_read`), or one kept
+            # mapped on the host. One read-only map of the whole file serves them all.
+            copied = sends_from_map(entry, decision, mmap, x64)
+            if copied or (target is None and may_map(entry, decision, mmap)):
                 if region is None:
                     region = map_tensor_file(source, header)
-                view: np.ndarray[Any, Any] = np.frombuffer(
+                array: np.ndarray[Any, Any] = np.frombuffer(
                     region, entry.dtype, count=math.prod(entry.shape), offset=entry.offset
                 ).reshape(entry.shape)
-                sender.add(entry.key, view, decision, entry.nbytes)
-                del view
-                position += 1
-                continue
-            if target is None and may_map(entry, decision, mmap):
-                if region is None:
-                    # One read-only map of the whole file serves every mapped tensor.
-                    region = map_tensor_file(source, header)
-                count = math.prod(entry.shape)
-                array: np.ndarray[Any, Any] = np.frombuffer(
-                    region, entry.dtype, count=count, offset=entry.offset
-                ).reshape(entry.shape)
-                sender.add(entry.key, array, decision, 0)
-                mapped += 1
-                whole_mapped += entry.nbytes
+                if copied:  # copied out of the file by the transfer: counted as read
+                    sender.add(entry.key, array, decision, entry.nbytes)
+                else:
+                    sender.add(entry.key, array, decision, 0)
+                    mapped += 1
+                    whole_mapped += entry.nbytes
+                del array
                 position += 1
                 continue
             if entry.nbytes < MAP_THRESHOLD:
