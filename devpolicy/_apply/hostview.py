@@ -38,9 +38,8 @@ def copies_host_memory(decision: Decision[Any]) -> bool:
     """Whether placing a host array by `decision` copies it into device memory (every
     device an accelerator's, its memory kind not a host one), so that the host array
     is read once and may then change or go: a ring buffer reused, a file's mapping
-    read unaligned. False where the device may adopt the buffer (the CPU's), and for a
-    disabled policy's decision (JAX's own default device, not known here)."""
-    if decision.destination is None or decision.memory_kind in HOST_KINDS:
+    read unaligned. False where the device may adopt the buffer (the CPU's)."""
+    if decision.memory_kind in HOST_KINDS:
         return False
     sharding = decision.sharding
     devices = sharding.device_set if sharding is not None else {decision.device}
