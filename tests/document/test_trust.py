@@ -26,7 +26,7 @@ from devpolicy._base import files as _files
 from devpolicy._cli.main import main
 from devpolicy._document import discovery as _discovery
 from tests.helpers import write
-from tests.runtime.test_settings import TIMEOUT, clean_env, last_json, python
+from tests.runtime.test_settings import TIMEOUT, clean_env, last_json, python, run_command
 
 ROOT = os.geteuid() == 0
 POLICY = "version: 1\ndefault: cpu:2\n"
@@ -224,15 +224,7 @@ class TestPlantedPolicy:
         scratch = shared / "scratch"
         scratch.mkdir()
         show = "import os; print('ran', os.environ.get('JAX_COMPILATION_CACHE_DIR'))"
-        result = subprocess.run(
-            [sys.executable, "-m", "devpolicy", "run", "--", sys.executable, "-c", show],
-            cwd=scratch,
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
+        result = run_cli("run", "--", sys.executable, "-c", show, cwd=scratch)
         assert result.returncode == 2
         assert "ran" not in result.stdout
         assert "refused: owned by nobody" in result.stderr
@@ -680,15 +672,7 @@ class TestWhatWasApplied:
         write(
             tmp_path / "p.yaml", "version: 1\nlogging: {format: json}\nruntime: {cpu_devices: 2}\n"
         )
-        result = subprocess.run(
-            [sys.executable, "-m", "devpolicy", "run", "--policy", "p.yaml", "--", "true"],
-            cwd=tmp_path,
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
+        result = run_cli("run", "--policy", "p.yaml", "--", "true", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         (event,) = runtime_events(result.stderr)
         assert (event["policy"], event["found"]) == ("p.yaml", "p.yaml")
@@ -696,15 +680,7 @@ class TestWhatWasApplied:
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "devpolicy", *args],
-        cwd=cwd,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    return run_command([sys.executable, "-m", "devpolicy", *args], cwd)
 
 
 class TestRunCommand:

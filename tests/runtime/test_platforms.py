@@ -15,7 +15,7 @@ import devpolicy
 from devpolicy._runtime import platforms as _platforms
 from devpolicy._runtime import settings as _settings
 from tests.helpers import write
-from tests.runtime.test_settings import TIMEOUT, clean_env, python
+from tests.runtime.test_settings import clean_env, python, run_command
 
 # A file the dynamic loader would take for a shared library (and fail to load).
 ELF = b"\x7fELF" + bytes(60)
@@ -111,15 +111,7 @@ class TestAStrayLibraryNeverStopsJax:
         plant(project, what)
         script = write(project / "train.py", textwrap.dedent(STARTED))
         policy(tmp_path, "[accelerator, cpu]")
-        result = subprocess.run(
-            [sys.executable, str(script), str(tmp_path / "p.yaml")],
-            cwd=tmp_path,
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
+        result = run_command([sys.executable, str(script), str(tmp_path / "p.yaml")], tmp_path)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["cpu", "cpu"]
 
@@ -336,15 +328,7 @@ def devpolicy_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The `devpolicy` command as installed (its `sys.path[0]` is the scripts folder)."""
     script = Path(sys.executable).with_name("devpolicy")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "devpolicy"]
-    return subprocess.run(
-        [*command, *args],
-        cwd=cwd,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    return run_command([*command, *args], cwd)
 
 
 @needs_no_chip
@@ -362,14 +346,8 @@ class TestOneAnswer:
         assert "export JAX_PLATFORMS=cpu" in dry.stdout.splitlines(), dry.stderr
         stray = "libtpu.py in the working directory is not an installed libtpu"
         assert stray in dry.stderr
-        module = subprocess.run(
-            [sys.executable, "-m", "devpolicy", "run", "--policy", "p.yaml", "--dry-run"],
-            cwd=tmp_path,
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
+        module = run_command(
+            [sys.executable, "-m", "devpolicy", "run", "--policy", "p.yaml", "--dry-run"], tmp_path
         )
         assert module.stdout == dry.stdout
         started = python(STARTED, tmp_path)

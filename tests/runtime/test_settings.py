@@ -35,10 +35,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
-def python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run `code` in a fresh interpreter (JAX not started), with a clean environment."""
+def run_command(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `argv` with a clean environment (plus `env`), its output captured as text."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        argv,
         cwd=cwd,
         env=clean_env(**env),
         capture_output=True,
@@ -46,6 +46,11 @@ def python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]
         timeout=TIMEOUT,
         check=False,
     )
+
+
+def python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter (JAX not started), with a clean environment."""
+    return run_command([sys.executable, "-c", textwrap.dedent(code)], cwd, **env)
 
 
 def last_json(stdout: str) -> Any:
