@@ -109,6 +109,19 @@ def _gets(method: str, path: str, range_: str | None) -> bool:
     return method == "GET" and range_ is not None
 
 
+def _cached_then_flipped(proxied: Proxied, cache: Path) -> Path:
+    """The object fetched into the cache, then one byte of its cached data flipped; the
+    entry's base path."""
+    open_remote(proxied.url, environ=proxied.environ, cache_dir=cache).close()
+    base = _entry(proxied, cache)
+    with open(f"{base}.data", "r+b") as f:
+        f.seek(12345)
+        byte = f.read(1)
+        f.seek(12345)
+        f.write(bytes([byte[0] ^ 1]))
+    return base
+
+
 def _entry(proxied: Proxied, cache: Path) -> Path:
     """The entry's base path of `proxied`'s object in `cache` (one metadata request)."""
     source = open_remote(proxied.url, environ=proxied.environ)
@@ -195,13 +208,7 @@ class TestTrust:
     ) -> None:
         """A complete entry whose bytes no longer match its checksum is never served: the
         object is fetched again."""
-        open_remote(s3_proxied.url, environ=s3_proxied.environ, cache_dir=tmp_path).close()
-        base = _entry(s3_proxied, tmp_path)
-        with open(f"{base}.data", "r+b") as f:
-            f.seek(12345)
-            byte = f.read(1)
-            f.seek(12345)
-            f.write(bytes([byte[0] ^ 1]))
+        _cached_then_flipped(s3_proxied, tmp_path)
         s3_proxied.proxy.reset()
         again = open_remote(s3_proxied.url, environ=s3_proxied.environ, cache_dir=tmp_path)
         try:
@@ -311,13 +318,7 @@ class TestOffline:
     ) -> None:
         """Offline, a cached copy whose bytes no longer match its checksum is refused saying
         so (not "not complete in the cache"), and that nothing was asked of the server."""
-        open_remote(s3_proxied.url, environ=s3_proxied.environ, cache_dir=tmp_path).close()
-        base = _entry(s3_proxied, tmp_path)
-        with open(f"{base}.data", "r+b") as f:
-            f.seek(12345)
-            byte = f.read(1)
-            f.seek(12345)
-            f.write(bytes([byte[0] ^ 1]))
+        base = _cached_then_flipped(s3_proxied, tmp_path)
         s3_proxied.proxy.reset()
         environ = {**s3_proxied.environ, "DEVPOLICY_REMOTE_OFFLINE": "1"}
         with pytest.raises(
