@@ -20,8 +20,17 @@ The feeders, each taking turns with the others in every round (A, B, C, A, B, C.
 - `devpolicy.windows`: `devpolicy.windows(tokens, length, batch, order="random", ...)`;
 - `devpolicy + thread`: the same stream read ahead by a thread into a queue of 4 (does a
   read-ahead thread help, given the GIL?);
+- with `--mapped`: `windows, gathered on the stream's thread` (the stream without its
+  worker thread that gathers a mapping's next group ahead: what that thread gains),
+  `positional reads by hand` (one `os.preadv` per window, nothing mapped) and `gather
+  from the mapping, never given back` (one fancy index a batch, resident memory growing);
 - `pre-placed` (the step only): the batches placed before the clock starts: the ceiling,
-  the input fully hidden.
+  the input fully hidden;
+- `the story, shipped policy` (the step only, with `--mapped`): the story as a user runs
+  it, everything decided by `policies/dataset-on-host.yaml` unchanged, its events logged:
+  the file loaded with `devpolicy.load_file` (the tokens stay on the host, mapped), and
+  `devpolicy.windows(tokens, ..., order="random")` placing each `batch` where the policy
+  says.
 
 Last, the time to the first batch of a stream resumed at step 1 to 10**9
 (`windows(..., start=N)`): the same at every step.
@@ -63,8 +72,10 @@ import structlog.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import devpolicy
+from devpolicy._apply import windows as windows_module
 
 Feeder = Callable[[int], Iterator[Any]]
+POLICIES = Path(__file__).resolve().parent.parent / "policies"
 
 #: Every run of every feeder draws its own windows: a seed is never used twice, so no
 #: feeder finds pages that another (or its own last run) left mapped, as in a training
@@ -148,10 +159,35 @@ def gathered(tokens: np.ndarray, length: int, batch: int, where: Any) -> Feeder:
     return feed
 
 
-def stream(tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy) -> Feeder:
+def stream(
+    tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy, *, ahead: bool = True
+) -> Feeder:
+    """`devpolicy.windows`; with `ahead=False`, a mapping's next group is gathered on the
+    stream's own thread instead of a worker's (what the worker thread gains)."""
+
+    def feed(n: int) -> Iterator[Any]:
+        windows_module.GATHER_AHEAD = ahead
+        try:
+            with devpolicy.windows(
+                tokens, length, batch, order="random", seed=fresh_seed(), steps=n, policy=policy
+            ) as batches:
+                yield from batches
+        finally:
+            windows_module.GATHER_AHEAD = True
+
+    return feed
+
+
+def story(path: Path, length: int, batch: int) -> Feeder:
+    """The story as a user runs it: `policies/dataset-on-host.yaml` unchanged decides where
+    the loaded tokens stay (the host, mapped) and where each `batch` goes; its events are
+    logged as they would be."""
+    shipped = devpolicy.load_policy(POLICIES / "dataset-on-host.yaml", environ={})
+    tokens = devpolicy.load_file(path, policy=shipped)["tokens"]
+
     def feed(n: int) -> Iterator[Any]:
         with devpolicy.windows(
-            tokens, length, batch, order="random", seed=fresh_seed(), steps=n, policy=policy
+            tokens, length, batch, order="random", seed=fresh_seed(), steps=n, policy=shipped
         ) as batches:
             yield from batches
 
@@ -258,8 +294,6 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.mapped_copy is not None:
-        from devpolicy._apply import windows as windows_module
-
         windows_module.MAPPED_COPY = args.mapped_copy
     backend = jax.default_backend()
     devices = jax.local_devices(backend=backend)
@@ -337,6 +371,9 @@ def main() -> int:
             "devpolicy + thread": threaded(stream(tokens, length, size, policy)),
         }
         if args.mapped is not None:
+            feeders["windows, gathered on the stream's thread"] = stream(
+                tokens, length, size, policy, ahead=False
+            )
             feeders["positional reads by hand"] = positional(path, start, length, size, where)
             feeders["gather from the mapping, never given back"] = gathered(
                 tokens, length, size, where
@@ -360,6 +397,11 @@ def main() -> int:
             row: dict[str, Any] = {"row": f"loop from {where}: {label}"}
             row |= {f"windows x {b}": round(ratio(rates, "devpolicy.windows", b), 2) for b in bases}
             row[f"windows {unit}"] = round(statistics.median(rates["devpolicy.windows"]))
+            if "the story, shipped policy" in rates:
+                row |= {
+                    f"story x {b}": round(ratio(rates, "the story, shipped policy", b), 2)
+                    for b in bases
+                }
             print(json.dumps(row), flush=True)
 
     n = args.batches
@@ -398,6 +440,8 @@ def main() -> int:
     jax.block_until_ready(placed)
     feeders = pipelines(device, single)
     feeders["pre-placed"] = lambda n: iter(placed[:n])
+    if args.mapped is not None:
+        feeders["the story, shipped policy"] = story(path, length, size)
     run(
         f"The step (lookup in a {args.vocab:,} x {dim} table, {dim} x {dim} matmul), one "
         f"device: {steps} steps a run",

@@ -28,10 +28,16 @@ batches/s (2.01x a hand loop of memmap slices). Reading each window from the fil
 position (`MAPPED_COPY = "file"`, `filewindows`) maps nothing but fed 1,987 (1.69x) there,
 and 1.87x against 2.24x on the 2-core CPU machine.
 
-No read-ahead thread: the same stream read ahead by a thread into a queue
-(`benchmarks/bench_loop.py`, `devpolicy + thread`) was no faster than the stream alone on
-the 2-core CPU measured, and noisier: the GIL serialises the Python part, and the copies
-are too short for their released GIL to pay for the hand-offs.
+From a file mapping, the next group is gathered on one worker thread (one per stream,
+one hand-off a group) while the current group is placed and used: the gather's page
+faults (numpy copies with the GIL released) then overlap the transfers and the user's
+step, as a double-buffered hand loop overlaps its own. On that TPU VM the story file fed
+3,610-3,674 batches/s against 2,231 gathered on the stream's thread, 1.64-1.70x the
+double-buffered hand loop (2,156); cutting the next group earlier on the stream's thread
+instead reached 1.24x, and smaller groups lost. Arrays in memory are gathered on the
+stream's thread: there a group's gather (about 25 us a batch) costs less than a hand-off.
+Several threads reading windows by position lost (792 batches/s against 1,908): their
+hand-offs cost more than the overlapped reads saved.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import secrets
 import weakref
 from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, TypeAlias
 
 import jax
@@ -77,6 +84,10 @@ GROUP_BYTES = 4 * 2**20
 #: `filewindows`; kept to measure other machines, `bench_loop.py --mapped-copy file`).
 MAPPED_COPY = "budget"
 RESIDENT_BUDGET = 256 * 2**20
+#: Whether a file mapping's next group is gathered on a worker thread while the current
+#: one is placed and used (see the module docstring); off only to measure the difference
+#: (`bench_loop.py`'s `gathered on the stream's thread` row).
+GATHER_AHEAD = True
 
 
 def _positive(what: str, value: object) -> int:
@@ -295,11 +306,13 @@ class WindowStream(BatchStream[Any]):
         "_buffers",
         "_dtype",
         "_ended",
+        "_gatherer",
         "_group",
         "_handed",
         "_length",
         "_narrowed",
         "_pager",
+        "_pending",
         "_reader",
         "_reads",
         "_ring",
@@ -346,6 +359,9 @@ class WindowStream(BatchStream[Any]):
         self._dtype: np.dtype[Any] = self._target or view.dtype
         nbytes = length * batch * self._dtype.itemsize * math.prod(view.shape[1:])
         self._group = max(1, min(GROUP_MAX, GROUP_BYTES // max(1, nbytes)))
+        # The next group of a file mapping, being gathered on `_gatherer`'s thread.
+        self._pending: tuple[np.ndarray[Any, Any], Future[np.ndarray[Any, Any]]] | None = None
+        self._gatherer: ThreadPoolExecutor | None = None
         self._shapes: dict[tuple[int, ...], _Shape] = {}
         self._ring: deque[_Buffer] = deque()
         self._buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
@@ -396,35 +412,65 @@ class WindowStream(BatchStream[Any]):
                 return oldest
         return _Buffer(count, shape, self._dtype)
 
-    def _cut(self, offsets: np.ndarray[Any, Any]) -> list[Any]:
+    def _gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The windows at `offsets` gathered from memory (a mapping's pages given back)."""
+        gathered: np.ndarray[Any, Any] = self._windows[offsets]  # a copy of just these
+        pager = self._pager
+        if pager is not None and pager.active:
+            if MAPPED_COPY == "budget" and self._sampler.random:
+                pager.release_over_budget(offsets.size, self._length, RESIDENT_BUDGET)
+            else:
+                pager.release(offsets, self._length)  # the group's pages, in one go
+        return gathered
+
+    def _cut_group(self) -> list[Any] | None:
+        """The next group's batches placed, or None at the end of the stream. From a file
+        mapping, the group was gathered on the worker thread while the one before was
+        used, and the group after it is handed to the thread before this one is placed."""
+        gatherer = self._gatherer
+        if gatherer is None:
+            offsets = self._sampler.take(self._group)
+            return None if offsets is None else self._cut(offsets)
+        if self._pending is None:
+            offsets = self._sampler.take(self._group)
+            if offsets is None:
+                return None
+            self._pending = (offsets, gatherer.submit(self._gather, offsets))
+        offsets, future = self._pending
+        self._pending = None
+        gathered = future.result()
+        following = self._sampler.take(self._group)
+        if following is not None:
+            self._pending = (following, gatherer.submit(self._gather, following))
+        return self._cut(offsets, gathered)
+
+    def _cut(
+        self, offsets: np.ndarray[Any, Any], gathered: np.ndarray[Any, Any] | None = None
+    ) -> list[Any]:
         """The batches at `offsets` (k, n): read from the file by position, or gathered
-        from memory (a mapping's pages given back); narrowed, placed."""
+        from memory (a mapping's pages given back) unless `gathered` already; narrowed,
+        placed."""
         count, n = offsets.shape
         shape = (n, self._length, *self._view.shape[1:])
         plan = self._shape(shape)
         buffer = self._buffer(count, shape, plan.reuse)
         target = self._target
         reader = self._reader
+        windows: Any  # the group's windows, each batch as it came from the tokens
         if reader is not None:
             # Straight into the buffer; 64-bit tokens into memory of their dtype first.
-            gathered = (
+            windows = (
                 buffer.batches if target is None else np.empty((count, *shape), self._view.dtype)
             )
-            for batch, starts in zip(gathered, offsets.tolist(), strict=True):
+            for batch, starts in zip(windows, offsets.tolist(), strict=True):
                 reader.read(starts, batch)
         else:
-            gathered = self._windows[offsets]  # one copy of just these windows
-            pager = self._pager
-            if pager is not None and pager.active:
-                if MAPPED_COPY == "budget" and self._sampler.random:
-                    pager.release_over_budget(offsets.size, self._length, RESIDENT_BUDGET)
-                else:
-                    pager.release(offsets, self._length)  # the group's pages, in one go
+            windows = self._gather(offsets) if gathered is None else gathered
         if target is not None:
-            for out, batch in zip(buffer.batches, gathered, strict=True):
+            for out, batch in zip(buffer.batches, windows, strict=True):
                 self._narrow_into(batch, out, target)
         elif reader is None:
-            for out, batch in zip(buffer.batches, gathered, strict=True):
+            for out, batch in zip(buffer.batches, windows, strict=True):
                 np.copyto(out, batch)
         placed = plan.place(buffer.batches)
         if plan.reuse and (buffer.checked or not buffer.held_by(placed)):
@@ -461,16 +507,25 @@ class WindowStream(BatchStream[Any]):
                 self._pager = Pager(self._view, random=self._sampler.random)
                 if self._pager.active:
                     self._reads = "mapping"
+                    if GATHER_AHEAD:
+                        self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
         while self._pulling and len(in_flight) < self._size:
-            offsets = self._sampler.take(self._group)
-            if offsets is None:
+            placed = self._cut_group()
+            if placed is None:
                 self._stop()
                 return
-            in_flight.extend(self._cut(offsets))
+            in_flight.extend(placed)
 
     def _stop(self) -> None:
         """No more batches will be cut: end the paging advice now (not at collection)."""
         self._pulling = False
+        # The gather in flight touches the pager: it ends before the pager closes.
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending[1].cancel():
+            pending[1].exception()  # waited for; what it raised, nobody needs now
+        gatherer, self._gatherer = self._gatherer, None
+        if gatherer is not None:
+            gatherer.shutdown(wait=False)
         pager, self._pager = self._pager, None
         if pager is not None:
             pager.close()
