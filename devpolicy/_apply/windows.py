@@ -31,13 +31,18 @@ and 1.87x against 2.24x on the 2-core CPU machine.
 From a file mapping, the next group is gathered on one worker thread (one per stream,
 one hand-off a group) while the current group is placed and used: the gather's page
 faults (numpy copies with the GIL released) then overlap the transfers and the user's
-step, as a double-buffered hand loop overlaps its own. On that TPU VM the story file fed
-3,610-3,674 batches/s against 2,231 gathered on the stream's thread, 1.64-1.70x the
-double-buffered hand loop (2,156); cutting the next group earlier on the stream's thread
-instead reached 1.24x, and smaller groups lost. Arrays in memory are gathered on the
-stream's thread: there a group's gather (about 25 us a batch) costs less than a hand-off.
-Several threads reading windows by position lost (792 batches/s against 1,908): their
-hand-offs cost more than the overlapped reads saved.
+step, as a double-buffered hand loop overlaps its own. The first group is gathered on the
+stream's thread (nothing to overlap yet, and no hand-off before the first batch). On that
+TPU VM the story file, none of it mapped in at the start of a run, fed 3,344-3,382
+batches/s, 2.8-2.9x the hand loop and 1.45x the double-buffered hand loop (2,321-2,427),
+against 2,716 gathered on the stream's thread; on the 2-core CPU machine 11,902 against
+9,512 (1.41x the double-buffered loop). Cutting the next group earlier on the stream's
+thread instead reached 1.24x there, and smaller groups lost. Two to four threads, each
+gathering part of a group, lost on both machines (TPU VM 3,177 / 2,867 / 2,700 batches/s,
+CPU 10,424 / 9,274 / 8,932): their faults contend for the process's address space. Arrays
+in memory are gathered on the stream's thread: a group's gather (about 25 us a batch)
+costs less than a hand-off. Several threads reading windows by position lost too (792
+batches/s against 1,908).
 """
 
 from __future__ import annotations
@@ -426,22 +431,23 @@ class WindowStream(BatchStream[Any]):
     def _cut_group(self) -> list[Any] | None:
         """The next group's batches placed, or None at the end of the stream. From a file
         mapping, the group was gathered on the worker thread while the one before was
-        used, and the group after it is handed to the thread before this one is placed."""
+        used (the first group on this thread: nothing to overlap yet), and the group
+        after it is handed to the thread before this one is placed."""
         gatherer = self._gatherer
-        if gatherer is None:
-            offsets = self._sampler.take(self._group)
-            return None if offsets is None else self._cut(offsets)
-        if self._pending is None:
+        pending, self._pending = self._pending, None
+        if pending is None:
             offsets = self._sampler.take(self._group)
             if offsets is None:
                 return None
-            self._pending = (offsets, gatherer.submit(self._gather, offsets))
-        offsets, future = self._pending
-        self._pending = None
-        gathered = future.result()
-        following = self._sampler.take(self._group)
-        if following is not None:
-            self._pending = (following, gatherer.submit(self._gather, following))
+            # Before the thread gathers the next: the pager is never used by two at once.
+            gathered = None if gatherer is None else self._gather(offsets)
+        else:
+            offsets, future = pending
+            gathered = future.result()
+        if gatherer is not None:
+            following = self._sampler.take(self._group)
+            if following is not None:
+                self._pending = (following, gatherer.submit(self._gather, following))
         return self._cut(offsets, gathered)
 
     def _cut(
