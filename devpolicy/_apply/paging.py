@@ -94,16 +94,17 @@ def releasable_range(view: np.ndarray[Any, Any]) -> tuple[int, int] | None:
         return None
     spans: list[tuple[int, int, bool]] = []
     for line in lines:
-        # address perms offset dev inode [path]: inode 0 is anonymous memory.
-        fields = line.split(maxsplit=5)
-        if len(fields) < 5:
-            continue
-        low, _, high = fields[0].partition("-")
+        # address perms offset dev inode [path]: inode 0 is anonymous memory. Only the
+        # address is read of most lines (a TPU process has over a thousand).
+        low, _, rest = line.partition("-")
         try:
-            lo, hi = int(low, 16), int(high, 16)
+            lo, hi = int(low, 16), int(rest.partition(" ")[0], 16)
         except ValueError:
             continue
         if hi <= start or lo >= end:
+            continue
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5:
             continue
         perms = fields[1]
         safe = fields[4] != "0" and (perms[3:4] == "s" or perms[1:2] != "w")
