@@ -8,6 +8,8 @@ MODE says what the job does:
   same values from one process (`reference.safetensors`) to compare with.
 - `kill0` / `kill1`: that process is killed (SIGKILL) just after writing its first piece.
 - `term0`: process 0 gets SIGTERM there.
+- `term0late1`: the same, and process 1 opens the unfinished file only once process 0
+  has removed it (the race that once blamed the filesystem).
 - `fail1`: process 1's writes fail (ENOSPC).
 - `differ`: process 1's tree has one leaf more.
 
@@ -21,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +111,21 @@ def break_writes(mode: str, process_id: int) -> None:
     def no_space(fd: int, data: Any, offset: int) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    if mode in (f"kill{process_id}", f"term{process_id}"):
+    real_open = os.open
+
+    def once_removed(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_WRONLY and ".devpolicy-" in os.fspath(path):
+            deadline = time.monotonic() + 20
+            while os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return real_open(path, flags, *args, **kwargs)
+
+    if mode in (f"kill{process_id}", f"term{process_id}") or (
+        mode == "term0late1" and process_id == 0
+    ):
         os.pwrite = signalled_after_one
+    elif mode == "term0late1" and process_id == 1:
+        os.open = once_removed
     elif mode == "fail1" and process_id == 1:
         os.pwrite = no_space
 

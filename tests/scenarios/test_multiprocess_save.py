@@ -25,6 +25,26 @@ def run_save_job(directory: Path, mode: str) -> list[tuple[int, dict[str, Any] |
     return [(process.returncode, process.report) for process in finished]
 
 
+def assert_told_the_creator_failed(
+    folder: Path, status: int, report: dict[str, Any] | None
+) -> None:
+    """Process 1's end once process 0 was terminated mid-save: the error names process 0's
+    failure, or says process 0 did not answer (never only a filesystem not shared); or
+    JAX's coordination service, which process 0 ran, aborted it first."""
+    if report is None:
+        assert status == -6
+        return
+    path = folder / "model.safetensors"
+    assert report["error"] in (
+        f"{path}: saved by no process: process 0 of 2 failed: terminated by SIGTERM; "
+        "nothing written",
+        f"{path}: saved by no process: the unfinished file process 0 created is gone and "
+        "process 0 of 2 did not answer: it failed (and removed the file), or this process "
+        "sees another filesystem than process 0 (every process of a multi-process save "
+        "must see the same one, shared between hosts); nothing written",
+    )
+
+
 def read_all(path: Path) -> dict[str, np.ndarray[Any, Any]]:
     """Every tensor of a file through the reference reader (`safe_open`); F4 through
     devpolicy: the reference's flax reader asks numpy for a packed F4 type it lacks."""
@@ -170,14 +190,40 @@ class TestFailures:
         (first_status, first), (second_status, second) = run_save_job(tmp_path, "term0")
         assert first_status == -15
         assert first is None
-        if second is not None:
-            assert second["error"] == (
-                f"{tmp_path / 'model.safetensors'}: saved by no process: process 0 of 2 "
-                "failed: terminated by SIGTERM; nothing written"
-            )
-        else:
-            assert second_status == -6
+        assert_told_the_creator_failed(tmp_path, second_status, second)
         assert list(tmp_path.iterdir()) == []
+
+    def test_a_writer_that_finds_the_creators_file_removed_names_the_creators_failure(
+        self, tmp_path: Path
+    ) -> None:
+        """Process 1 opens the unfinished file only after process 0, terminated, removed
+        it: process 1 never blames a filesystem that is not shared."""
+        (first_status, _), (second_status, second) = run_save_job(tmp_path, "term0late1")
+        assert first_status == -15
+        assert_told_the_creator_failed(tmp_path, second_status, second)
+        assert list(tmp_path.iterdir()) == []
+
+    def test_processes_that_see_different_folders_are_told_to_share_one(
+        self, tmp_path: Path
+    ) -> None:
+        """Each process given its own folder (as hosts with local disks): process 0 writes
+        its part; process 1 finds no unfinished file and, since process 0 passed, says the
+        filesystem must be shared; process 0 names process 1's failure; nothing is left."""
+        folders = [tmp_path / "host0", tmp_path / "host1"]
+        for folder in folders:
+            folder.mkdir()
+        finished = run_job(WORKER, [[str(folder), "plain"] for folder in folders])
+        first, second = (process.report for process in finished)
+        assert first is not None
+        assert second is not None
+        assert "every process of a multi-process save must see the same filesystem" in (
+            second["error"]
+        )
+        assert first["error"] == (
+            f"{folders[0] / 'model.safetensors'}: saved by no process: process 1 of 2 failed: "
+            f"SafetensorsFileError: {second['error']}; nothing written"
+        )
+        assert [list(folder.iterdir()) for folder in folders] == [[], []]
 
     def test_a_failed_write_fails_the_save_on_every_process(self, tmp_path: Path) -> None:
         """Process 1's writes fail (no space): it raises its own error, process 0 raises

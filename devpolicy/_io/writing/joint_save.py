@@ -43,7 +43,12 @@ from ..._base.locations import FilePath
 from ..format.header import PACKED, pack
 from ..format.layout import Shaped, Slot, plan_layout, slice_runs, slots_of
 from .joint_steps import Agreement, StepFailed
-from .local_files import LocalJointFile, check_metadata, temporaries_removed_on_sigterm
+from .local_files import (
+    LocalJointFile,
+    _UnfinishedFileGoneError,
+    check_metadata,
+    temporaries_removed_on_sigterm,
+)
 from .upload_parts import Part, plan_parts
 
 #: Joint saves this process has started: the same count in every process of a job (every
@@ -168,6 +173,8 @@ def save_joint(
                 written, receipt = where.write(token, pieces, mine)
             except BaseException as e:
                 _fail(agreement, "written", e)
+                if isinstance(e, _UnfinishedFileGoneError):
+                    _creator_removed_it(agreement, path, e)
                 raise
             receipts = _step(agreement, "written", receipt, path)
 
@@ -205,6 +212,29 @@ def _gathered(
             whole = multihost_utils.process_allgather(tensors[slot.key], tiled=True)
             out[slot.key] = _tensor(whole) if me == 0 else np.zeros(0, np.uint8)
     return out
+
+
+def _creator_removed_it(
+    agreement: Agreement, path: FilePath, error: _UnfinishedFileGoneError
+) -> None:
+    """This process found no unfinished file: where process 0 failed (and so removed it),
+    raise naming process 0's failure; where process 0 cannot say, raise naming both
+    causes. Only where process 0 wrote its part is the filesystem surely not shared, and
+    `error` says so."""
+    verdict = agreement.verdict_of("written", 0)
+    if verdict is not None and verdict[0]:
+        return
+    count = agreement.count
+    if verdict is not None:
+        why = f"saved by no process: process 0 of {count} failed: {verdict[1]}"
+    else:
+        why = (
+            f"saved by no process: the unfinished file process 0 created is gone and "
+            f"process 0 of {count} did not answer: it failed (and removed the file), or "
+            "this process sees another filesystem than process 0 (every process of a "
+            "multi-process save must see the same one, shared between hosts)"
+        )
+    raise SafetensorsFileError(path, f"{why}; nothing written") from None
 
 
 def _fail(agreement: Agreement, step: str, error: BaseException) -> None:

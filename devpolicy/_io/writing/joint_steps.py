@@ -128,6 +128,21 @@ class Agreement:
         _passed.append(key)
         return texts
 
+    def verdict_of(self, step: str, process: int) -> tuple[bool, str] | None:
+        """`process`'s verdict on `step`, waiting for it up to the timeout: (True, its
+        text) where it passed, (False, why) where it failed; None where it did not answer
+        in time or the job can no longer be asked."""
+        if self._client is None:
+            return None
+        try:
+            answer = self._client.blocking_key_value_get(
+                f"{self._prefix}/{step}/{process}", max(1, int(self._timeout * 1000))
+            )
+        except Exception:  # no answer in time, or the coordination service is gone
+            return None
+        said, _, rest = str(answer).partition(":")
+        return said == "ok", rest
+
     def _delete(self, key: str) -> None:
         # A key left in the store costs a few bytes: never fail the save for it.
         with contextlib.suppress(Exception):
@@ -135,9 +150,11 @@ class Agreement:
 
 
 def _reason(error: BaseException) -> str:
-    """An error as one line for the other processes' messages: its type and text; an
-    interruption (SIGTERM, Ctrl-C, exit) as what it says."""
+    """An error as one line for the other processes' messages: its type (a private
+    subclass as its public parent) and text; an interruption (SIGTERM, Ctrl-C, exit) as
+    what it says."""
     text = " ".join(str(error).split())
+    kind = next(c for c in type(error).__mro__ if not c.__name__.startswith("_")).__name__
     if not isinstance(error, Exception):
-        return (text or type(error).__name__)[:2000]
-    return f"{type(error).__name__}: {text}"[:2000] if text else type(error).__name__
+        return (text or kind)[:2000]
+    return f"{kind}: {text}"[:2000] if text else kind

@@ -429,6 +429,11 @@ def _umask() -> int:
     return current
 
 
+class _UnfinishedFileGoneError(SafetensorsFileError):
+    """The unfinished file process 0 created is not where this process looks: another
+    filesystem, or process 0 failed and removed it (which its verdict then says)."""
+
+
 class LocalJointFile:
     """A file several processes write together on a filesystem they all see (one machine's,
     or one shared between hosts): laid out in advance, each process's byte runs written in
@@ -479,7 +484,7 @@ class LocalJointFile:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise SafetensorsFileError(
+            raise _UnfinishedFileGoneError(
                 self.path,
                 f"the unfinished file {token!r} that process 0 created is not in "
                 f"{str(tmp.parent)!r} here: every process of a multi-process save must see "
