@@ -6,7 +6,7 @@ import numbers
 import operator
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, Self, TypeVar
 
 from .._decide.decider import Decider
 from .narrowing import Narrow, check_mode
@@ -123,7 +123,7 @@ class BatchStream(Iterator[T], Generic[T]):
         if callable(close):
             close()
 
-    def __enter__(self) -> BatchStream[T]:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

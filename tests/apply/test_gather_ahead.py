@@ -32,6 +32,19 @@ def ended(threads: list[threading.Thread]) -> bool:
     return not any(t.is_alive() for t in threads)
 
 
+def started(
+    tokens: np.ndarray, **options: object
+) -> tuple[devpolicy.WindowStream, threading.Thread]:
+    """A stream over `tokens` that has handed out its first batch, and the one worker
+    thread it started for that."""
+    before = workers()
+    stream = stream_of(tokens, **options)
+    next(stream)
+    running = [t for t in workers() if t not in before]
+    assert len(running) == 1
+    return stream, running[0]
+
+
 def counting_file(tmp_path: Path, count: int, dtype: str = "uint32") -> np.memmap:
     """A read-only mapping of `count` tokens 0, 1, 2, ...: a window says where it starts."""
     path = tmp_path / f"tokens-{dtype}.bin"
@@ -50,7 +63,9 @@ def stream_of(tokens: np.ndarray, **options: object) -> devpolicy.WindowStream:
     return devpolicy.windows(tokens, LENGTH, 8, **(defaults | options))  # type: ignore[arg-type]
 
 
-def alone(monkeypatch: pytest.MonkeyPatch, tokens: np.ndarray, **options: object) -> list:
+def alone(
+    monkeypatch: pytest.MonkeyPatch, tokens: np.ndarray, **options: object
+) -> list[np.ndarray]:
     """The batches of the same stream gathered on its own thread."""
     with monkeypatch.context() as patched:
         patched.setattr(_windows, "GATHER_AHEAD", False)
@@ -150,14 +165,9 @@ class TestSameBatches:
 class TestThread:
     def test_a_mapped_stream_has_one_worker_until_it_ends(self, tmp_path: Path) -> None:
         """One thread while the stream runs, none once it has ended by itself."""
-        tokens = counting_file(tmp_path, 2**16)
-        before = workers()
-        stream = stream_of(tokens, steps=30)
-        next(stream)
-        running = [t for t in workers() if t not in before]
-        assert len(running) == 1
+        stream, worker = started(counting_file(tmp_path, 2**16), steps=30)
         assert sum(1 for _ in stream) == 29
-        assert ended(running)
+        assert ended([worker])
 
     def test_tokens_in_memory_start_no_thread(self) -> None:
         """In memory a gather costs less than a hand-off: no thread is started."""
@@ -170,14 +180,10 @@ class TestThread:
         """`close()` while a group is being gathered: the gather is finished or
         cancelled, the random-access advice ends, the thread ends, nothing more comes."""
         tokens = counting_file(tmp_path, 2**18)
-        before = workers()
-        stream = stream_of(tokens)
-        next(stream)
-        running = [t for t in workers() if t not in before]
-        assert len(running) == 1
+        stream, worker = started(tokens)
         assert stream._pending is not None  # the next group is being gathered
         stream.close()
-        assert ended(running)
+        assert ended([worker])
         flags = {f for m in mapping_of(tokens) for f in m.get("VmFlags", "").split()}
         assert "rr" not in flags
         assert list(stream) == []
@@ -185,15 +191,10 @@ class TestThread:
     def test_a_stream_dropped_unclosed_ends_its_thread(self, tmp_path: Path) -> None:
         """A stream read and then dropped without `close()`: its thread ends once it is
         collected."""
-        tokens = counting_file(tmp_path, 2**16)
-        before = workers()
-        stream = stream_of(tokens)
-        next(stream)
-        running = [t for t in workers() if t not in before]
-        assert len(running) == 1
+        stream, worker = started(counting_file(tmp_path, 2**16))
         del stream
         gc.collect()
-        assert ended(running)
+        assert ended([worker])
 
     def test_streams_one_after_another_leave_no_thread_behind(self, tmp_path: Path) -> None:
         """200 streams, each read a little then closed, dropped or run out: the threads

@@ -27,6 +27,8 @@ import devpolicy
 
 reveal_type(devpolicy.load_file)
 reveal_type(devpolicy.load_policy("devpolicy.yaml").resolve("model/w").device_text)
+with devpolicy.windows([1, 2, 3], 2, 1) as stream:
+    reveal_type(stream.state())
 """
 
 
@@ -99,7 +101,11 @@ def test_mypy_in_a_users_project_sees_real_types_after_an_editable_install(
         check=False,
     )
     notes = [line for line in result.stdout.splitlines() if "Revealed type" in line]
-    assert len(notes) == 2, result.stdout + result.stderr
+    assert len(notes) == 3, result.stdout + result.stderr
     assert "def (path:" in notes[0], notes[0]
     assert "Any" not in notes[0], notes[0]
     assert re.search(r'Revealed type is "(builtins\.)?str"$', notes[1]), notes[1]
+    # A stream opened in a `with` is still a WindowStream: its state() is known.
+    assert re.search(r'Revealed type is "(builtins\.)?dict\[(builtins\.)?str, Any\]"$', notes[2]), (
+        result.stdout
+    )
