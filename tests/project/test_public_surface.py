@@ -134,6 +134,9 @@ INTERNAL_ERRORS = {
     "NamesNeededError": "caught by the decider: explain and plan report an undecided tensor",
     "SourceEndedError": "a SafetensorsFileError (caught as one); the readers catch it to "
     "say how much of a tensor they got",
+    "_UnfinishedFileGoneError": "a SafetensorsFileError (caught as one); a multi-process "
+    "save catches it to ask whether process 0 failed, and other processes are told its "
+    "public name",
 }
 
 #: Every public spelling of every public object, `devpolicy.errors.PolicyError` and
