@@ -98,13 +98,19 @@ def global_state(mesh: jax.sharding.Mesh) -> tuple[Any, dict[str, np.ndarray[Any
     return jax.tree_util.tree_map_with_path(spread, state), flat
 
 
-def break_writes(mode: str, process_id: int) -> None:
-    """Fault injection: kill this process after its first data piece, or fail its writes."""
+def break_writes(mode: str, process_id: int, directory: Path) -> None:
+    """Fault injection: kill this process after its first data piece, or fail its writes;
+    in `term0late1`, process 0 is terminated once process 1 has reached its writes (a
+    marker file says so), and process 1 opens the unfinished file only once it is gone."""
     real = os.pwrite
+    marker = directory / "process-1-writes"
 
     def signalled_after_one(fd: int, data: Any, offset: int) -> int:
         done = real(fd, data, offset)
         if offset > 0:  # a piece of data, not process 0's header at offset 0
+            if mode == "term0late1":
+                waited_for(lambda: marker.exists())
+                marker.unlink()
             os.kill(os.getpid(), signal.SIGKILL if mode.startswith("kill") else signal.SIGTERM)
         return done
 
@@ -115,9 +121,8 @@ def break_writes(mode: str, process_id: int) -> None:
 
     def once_removed(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if flags & os.O_WRONLY and ".devpolicy-" in os.fspath(path):
-            deadline = time.monotonic() + 20
-            while os.path.exists(path) and time.monotonic() < deadline:
-                time.sleep(0.005)
+            marker.touch()
+            waited_for(lambda: not os.path.exists(path))
         return real_open(path, flags, *args, **kwargs)
 
     if mode in (f"kill{process_id}", f"term{process_id}") or (
@@ -128,6 +133,12 @@ def break_writes(mode: str, process_id: int) -> None:
         os.open = once_removed
     elif mode == "fail1" and process_id == 1:
         os.pwrite = no_space
+
+
+def waited_for(condition: Any, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def main() -> None:
@@ -164,7 +175,7 @@ def main() -> None:
     else:
         # Both processes start saving together: the short timeout below measures the save.
         multihost_utils.sync_global_devices("save_worker: ready")
-        break_writes(mode, process_id)
+        break_writes(mode, process_id, directory)
         try:
             devpolicy.save_file(tree, path, policy=policy, timeout=5)
             report["error"] = None

@@ -426,13 +426,26 @@ class WindowStream(BatchStream[Any]):
 
     def _gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The windows at `offsets` gathered from memory (a mapping's pages given back)."""
-        gathered: np.ndarray[Any, Any] = self._windows[offsets]  # a copy of just these
         pager = self._pager
-        if pager is not None and pager.active:
-            if MAPPED_COPY == "budget" and self._sampler.random:
-                pager.release_over_budget(offsets.size, self._length, RESIDENT_BUDGET)
-            else:
-                pager.release(offsets, self._length)  # the group's pages, in one go
+        if pager is None or not pager.active:
+            return self._windows[offsets]  # type: ignore[no-any-return]  # one copy
+        if not (MAPPED_COPY == "budget" and self._sampler.random):
+            gathered: np.ndarray[Any, Any] = self._windows[offsets]
+            pager.release(offsets, self._length)  # the group's pages, in one go
+            return gathered
+        chunk = pager.window_chunk(RESIDENT_BUDGET)
+        if chunk is None or chunk >= offsets.size:
+            gathered = self._windows[offsets]
+            pager.release_over_budget(offsets.size, self._length, RESIDENT_BUDGET)
+            return gathered
+        # A few windows at a time, each part's pages counted (and swept) before the next:
+        # where a window brings in a large folio, a whole group would pass the budget.
+        gathered = np.empty((*offsets.shape, *self._windows.shape[1:]), self._view.dtype)
+        flat, into = offsets.reshape(-1), gathered.reshape(-1, *self._windows.shape[1:])
+        for first in range(0, flat.size, chunk):
+            part = flat[first : first + chunk]
+            into[first : first + part.size] = self._windows[part]
+            pager.release_over_budget(part.size, self._length, RESIDENT_BUDGET)
         return gathered
 
     def _cut_group(self) -> list[Any] | None:
