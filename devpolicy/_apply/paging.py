@@ -45,7 +45,7 @@ import numpy as np
 #: Fault-around's span: the kernel maps cached pages around a fault in aligned blocks of
 #: this size (its `fault_around_bytes`, 64 KiB by default since Linux 3.15), so a window's
 #: pages are given back by the blocks they lie in.
-_BLOCK = max(65_536, mmap.PAGESIZE)
+_BLOCK = FAULT_AROUND = max(65_536, mmap.PAGESIZE)
 #: The most one fault maps: a PMD-sized large folio (2 MiB with 4 KiB pages); a random
 #: stream gathers this few windows at a time until it has measured what one brings in.
 _LARGEST_FAULT = 2 * 2**20
@@ -191,6 +191,17 @@ class Pager:
         self._range = None  # e.g. a device mapping that refuses the advice
         return False
 
+    @property
+    def footprint(self) -> float | None:
+        """The most resident memory a window has been measured to bring in, or None."""
+        return self._footprint
+
+    def sweep(self) -> None:
+        """Give the whole view back now."""
+        if self._range is not None:
+            self._advise(self._range[0], self._range[1], mmap.MADV_DONTNEED)
+            self.sweeps += 1
+
     def window_chunk(self, budget: int) -> int | None:
         """How many windows one gather may copy before `release_over_budget` looks again,
         so that resident memory stays within `budget`; None for no limit (what the
@@ -208,13 +219,13 @@ class Pager:
         most groups.
 
         What they brought in is measured where that is cheap: the growth of the process's
-        resident file-backed memory since the last sweep (`/proc/self/statm`, one read). A fault maps
-        what the kernel holds around the window: two 64 KiB fault-around blocks of small
-        pages, or a whole large folio. On Linux 6.18 with the page cache warm (ext4), a
-        window of 2 KiB brought in 1.8 MiB, a 2 MiB folio: counted, 256 MiB would have let
-        3.3 GiB in. Elsewhere (no statm, or a read dearer than `_MEASURE_MOST`) each window
-        is counted with the two fault-around blocks, as small pages bring in, or with what
-        the last measure found, if more.
+        resident file-backed memory since the last sweep (`/proc/self/statm`, one read).
+        A fault maps what the kernel holds around the window: two 64 KiB fault-around
+        blocks of small pages, or a whole large folio. On Linux 6.18 with the page cache
+        warm (ext4), a window of 2 KiB brought in 1.8 MiB, a 2 MiB folio: counted, 256 MiB
+        would have let 3.3 GiB in. Elsewhere (no statm, or reads dearer than
+        `_MEASURE_MOST`) each window is counted with the two fault-around blocks, as small
+        pages bring in, or with what the last measure found, if more.
         """
         bounds = self._range
         if bounds is None:
@@ -234,8 +245,7 @@ class Pager:
             if self._resident <= budget:
                 return
         self._resident = self._since = 0
-        self._advise(bounds[0], bounds[1], mmap.MADV_DONTNEED)
-        self.sweeps += 1
+        self.sweep()
         self._baseline = self._resident_bytes() or 0
 
     def _open_statm(self) -> None:

@@ -70,7 +70,7 @@ from .._machine.streams import StreamTally, open_stream
 from .filewindows import FileWindows, mapped_file
 from .hostview import copies_host_memory, host_view
 from .narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
-from .paging import Pager
+from .paging import FAULT_AROUND, Pager
 from .prefetch import BatchStream, as_int
 from .sampling import Random, Sequential, process_rows
 from .streamstate import StreamState, read_state, resumed_step
@@ -91,6 +91,10 @@ MAPPED_COPY = "budget"
 #: A batch this large or larger is checked against the host's available memory first.
 ASK_HOST_FROM = 64 * 2**20
 RESIDENT_BUDGET = 256 * 2**20
+#: A random stream over a mapping reads by position instead once a window is measured
+#: to bring in more than this many times what small pages can (the window and two
+#: 64 KiB fault-around blocks): the kernel maps each a large folio (module docstring).
+LARGE_FOOTPRINT = 4
 #: Whether a file mapping's next group is gathered on a worker thread while the current
 #: one is placed and used (see the module docstring); off only to measure the difference
 #: (`bench_loop.py`'s `gathered on the stream's thread` row).
@@ -333,6 +337,7 @@ class WindowStream(BatchStream[Any]):
         "_state",
         "_tally",
         "_target",
+        "_tried_file",
         "_view",
         "_windows",
     )
@@ -380,6 +385,7 @@ class WindowStream(BatchStream[Any]):
         self._pager: Pager | None = None  # made at the first batch, for a mapped view
         self._reader: FileWindows | None = None  # or this, for a file read by position
         self._reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
+        self._tried_file = False  # whether reading by position was tried mid-stream
         self._tally: StreamTally | None = None
         self._narrowed: set[bool] = set()  # the exactness already reported
         self._handed = 0
@@ -464,11 +470,41 @@ class WindowStream(BatchStream[Any]):
         else:
             offsets, future = pending
             gathered = future.result()
+        if self._pager is not None and not self._tried_file and self._folios_mapped():
+            self._tried_file = True
+            self._read_by_position()  # from the group after this one
+            gatherer = self._gatherer
         if gatherer is not None:
             following = self._sampler.take(self._group)
             if following is not None:
                 self._pending = (following, gatherer.submit(self._gather, following))
         return self._cut(offsets, gathered)
+
+    def _folios_mapped(self) -> bool:
+        """Whether the mapping's windows were measured to bring in far more than small
+        pages would: the kernel maps each a large folio (a whole 2 MiB)."""
+        pager = self._pager
+        footprint = None if pager is None else pager.footprint
+        row = self._view.itemsize * math.prod(self._view.shape[1:])
+        small = self._length * row + 2 * FAULT_AROUND
+        return footprint is not None and footprint > LARGE_FOOTPRINT * small
+
+    def _read_by_position(self) -> None:
+        """From now on read the windows from the file by position, on the stream's thread:
+        nothing is mapped, so nothing needs giving back. Where the file cannot be read so,
+        the stream goes on gathering from the mapping."""
+        reader = mapped_file(self._view, self._length)
+        if reader is None:
+            return
+        gatherer, self._gatherer = self._gatherer, None
+        if gatherer is not None:
+            gatherer.shutdown(wait=False)
+        pager, self._pager = self._pager, None
+        if pager is not None:
+            pager.sweep()
+            pager.close()
+        self._reader = reader
+        self._reads = "file"
 
     def _cut(
         self, offsets: np.ndarray[Any, Any], gathered: np.ndarray[Any, Any] | None = None

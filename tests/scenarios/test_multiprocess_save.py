@@ -216,8 +216,9 @@ class TestFailures:
         first, second = (process.report for process in finished)
         assert first is not None
         assert second is not None
-        assert "every process of a multi-process save must see the same filesystem" in (
-            second["error"]
+        assert (
+            "every process of a multi-process save must see the same filesystem"
+            in (second["error"])
         )
         assert first["error"] == (
             f"{folders[0] / 'model.safetensors'}: saved by no process: process 1 of 2 failed: "
