@@ -216,12 +216,36 @@ def threaded(feeder: Feeder) -> Feeder:
     return feed
 
 
+#: The most file-backed memory (MiB) each feeder's pipeline runs left resident, over what
+#: was resident when the run began: what it mapped of the token file and kept.
+MAPPED_MOST: dict[Feeder, float] = {}
+
+
+def file_backed_bytes() -> int | None:
+    """This process's resident file-backed memory (`/proc/self/statm`), or None."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pipeline_rate(feeder: Feeder, n: int) -> float:
-    """Batches a second, each waited for and dropped."""
+    """Batches a second, each waited for and dropped; every 20th batch (off the clock),
+    what is resident of files is noted (`MAPPED_MOST`)."""
+    base = file_backed_bytes()
+    most = 0
+    paused = 0.0
     start = time.perf_counter()
-    for b in feeder(n):
+    for i, b in enumerate(feeder(n)):
         b.block_until_ready()
-    return n / (time.perf_counter() - start)
+        if base is not None and i % 20 == 0:
+            clock = time.perf_counter()
+            most = max(most, (file_backed_bytes() or base) - base)
+            paused += time.perf_counter() - clock
+    rate = n / (time.perf_counter() - start - paused)
+    MAPPED_MOST[feeder] = max(MAPPED_MOST.get(feeder, 0.0), most / 2**20)
+    return rate
 
 
 def step_rate(step: Callable[[Any], Any], feeder: Feeder, n: int) -> float:
@@ -259,19 +283,29 @@ def ratio(rates: dict[str, list[float]], name: str, base: str) -> float:
     return statistics.median(v / b for v, b in zip(rates[name], rates[base], strict=True))
 
 
-def table(title: str, unit: str, rates: dict[str, list[float]], bases: list[str]) -> list[str]:
+def table(
+    title: str,
+    unit: str,
+    rates: dict[str, list[float]],
+    bases: list[str],
+    mapped: dict[str, float] | None = None,
+) -> list[str]:
+    """The rates as Markdown; with `mapped`, a column of the file-backed memory (MiB) each
+    feeder left resident at most."""
+    extra = " file-backed MiB resident at most |" if mapped else ""
     lines = [
         f"**{title}**",
         "",
         f"| feeder | {unit}, median | "
         + " | ".join(f"x {b}, median of rounds" for b in bases)
-        + " | each round |",
-        "|---|---|" + "---|" * len(bases) + "---|",
+        + f" | each round |{extra}",
+        "|---|---|" + "---|" * len(bases) + "---|" + ("---|" if mapped else ""),
     ]
     for name, values in rates.items():
         ratios = " | ".join(f"{ratio(rates, name, b):.2f}" for b in bases)
         each = ", ".join(f"{v:,.0f}" for v in values)
-        lines.append(f"| {name} | {statistics.median(values):,.0f} | {ratios} | {each} |")
+        cell = f" {mapped[name]:,.0f} |" if mapped and name in mapped else (" |" if mapped else "")
+        lines.append(f"| {name} | {statistics.median(values):,.0f} | {ratios} | {each} |{cell}")
     return [*lines, ""]
 
 
@@ -406,7 +440,8 @@ def main() -> int:
         label: str,
     ) -> None:
         rates = side_by_side(feeders, args.rounds, measure, reset)
-        part = table(title, unit, rates, bases)
+        mapped = {name: MAPPED_MOST[f] for name, f in feeders.items() if f in MAPPED_MOST}
+        part = table(title, unit, rates, bases, mapped if args.mapped is not None else None)
         print("\n".join(part), flush=True)
         lines.extend(part)
         if args.json:
@@ -414,6 +449,8 @@ def main() -> int:
             row: dict[str, Any] = {"row": f"loop from {where}: {label}"}
             row |= {f"windows x {b}": round(ratio(rates, "devpolicy.windows", b), 2) for b in bases}
             row[f"windows {unit}"] = round(statistics.median(rates["devpolicy.windows"]))
+            if "devpolicy.windows" in mapped and args.mapped is not None:
+                row["windows file-backed MiB at most"] = round(mapped["devpolicy.windows"])
             if "the story, shipped policy" in rates:
                 row |= {
                     f"story x {b}": round(ratio(rates, "the story, shipped policy", b), 2)
