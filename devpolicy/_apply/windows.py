@@ -20,13 +20,24 @@ so a platform that adopts buffers unexpectedly only costs the reuse, never corre
 
 Where the view is a shared or read-only file mapping, a random stream gathers from it
 and gives back what it faulted in with one sweep of the view once about
-`RESIDENT_BUDGET` may have come in; a sequential stream gives back each group's pages
+`RESIDENT_BUDGET` has come in; a sequential stream gives back each group's pages
 (`paging`), and the kernel is told a random stream reads at random. On a TPU VM under
 gVisor (December 2026), where a `madvise` cost about 100 us, giving pages back block by
 block took 84% of a stream's time; with the sweeps the 19.09 GiB story file fed 2,176
 batches/s (2.01x a hand loop of memmap slices). Reading each window from the file by
-position (`MAPPED_COPY = "file"`, `filewindows`) maps nothing but fed 1,987 (1.69x) there,
-and 1.87x against 2.24x on the 2-core CPU machine.
+position (`MAPPED_COPY = "file"`, `filewindows`) maps nothing but fed 1,987 (1.69x) there.
+
+What a window brings in is measured where Linux says it cheaply (`Pager`): on Linux 6.18
+with the page cache warm, the kernel holds a file read through in large folios and maps a
+whole 2 MiB folio for each 2 KiB window, so within the budget the gathers ran 0.98x the
+hand loop on the 2-core CPU machine (a sweep every three batches). A stream that measures
+so (`LARGE_FOOTPRINT`) reads by position from its second group on, on its own thread
+(one `preadv` a window, nothing mapped): 9,074-9,551 batches/s there, 1.43-1.64x the hand
+loop, which kept 13 GiB of the file resident. Where nothing is measured (no statm, or
+reads of it dear) windows are counted as small pages bring them in. The TPU VM figures
+here and below were measured before windows were measured: whether gVisor maps large
+folios too is for the next run of the accelerator lane to say (`bench_loop.py` now
+reports what each feeder left resident).
 
 From a file mapping, the next group is gathered on one worker thread (one per stream,
 one hand-off a group) while the current group is placed and used: the gather's page
@@ -36,7 +47,8 @@ stream's thread (nothing to overlap yet, and no hand-off before the first batch)
 TPU VM the story file, none of it mapped in at the start of a run, fed 3,344-3,382
 batches/s, 2.8-2.9x the hand loop and 1.45x the double-buffered hand loop (2,321-2,427),
 against 2,716 gathered on the stream's thread; on the 2-core CPU machine 11,902 against
-9,512 (1.41x the double-buffered loop). Cutting the next group earlier on the stream's
+9,512 (1.41x the double-buffered loop), a figure from before the budget held large folios
+(resident memory then grew to 3.3 GiB). Cutting the next group earlier on the stream's
 thread instead reached 1.24x there, and smaller groups lost. Two to four threads, each
 gathering part of a group, lost on both machines (TPU VM 3,177 / 2,867 / 2,700 batches/s,
 CPU 10,424 / 9,274 / 8,932): their faults contend for the process's address space. Arrays
