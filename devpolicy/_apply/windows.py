@@ -508,15 +508,20 @@ class WindowStream(BatchStream[Any]):
         reader = mapped_file(self._view, self._length)
         if reader is None:
             return
+        self._drop_mapping(sweep=True)
+        self._reader = reader
+        self._reads = "file"
+
+    def _drop_mapping(self, *, sweep: bool) -> None:
+        """End the worker thread and the pager (its advice; with `sweep`, its pages)."""
         gatherer, self._gatherer = self._gatherer, None
         if gatherer is not None:
             gatherer.shutdown(wait=False)
         pager, self._pager = self._pager, None
         if pager is not None:
-            pager.sweep()
+            if sweep:
+                pager.sweep()
             pager.close()
-        self._reader = reader
-        self._reads = "file"
 
     def _cut(
         self, offsets: np.ndarray[Any, Any], gathered: np.ndarray[Any, Any] | None = None
@@ -597,12 +602,7 @@ class WindowStream(BatchStream[Any]):
         pending, self._pending = self._pending, None
         if pending is not None and not pending[1].cancel():
             pending[1].exception()  # waited for; what it raised, nobody needs now
-        gatherer, self._gatherer = self._gatherer, None
-        if gatherer is not None:
-            gatherer.shutdown(wait=False)
-        pager, self._pager = self._pager, None
-        if pager is not None:
-            pager.close()
+        self._drop_mapping(sweep=False)
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.close()
