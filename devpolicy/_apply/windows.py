@@ -11,12 +11,7 @@ at a time (up to `GROUP_MAX` batches, `GROUP_BYTES` in all, in one call), which 
 makes the stream faster than a hand loop that sends each batch alone (on this CPU one
 `device_put` of 8 batches costs about a third of 8 calls of one; `benchmarks/bench_loop.py`).
 
-Host buffers: a device that adopts an aligned host buffer instead of copying it (JAX's
-CPU client) gets a fresh aligned buffer per group, which it then owns (zero copies, and
-no batch ever changes under its user). Anywhere else the buffers are a small ring, and a
-buffer is reused only once every batch placed from it is ready (its transfer finished) and
-none of them holds the buffer itself (checked by address the first time a buffer is used,
-so a platform that adopts buffers unexpectedly only costs the reuse, never correctness).
+Host buffers: `groups` (one per group where the device adopts it, else a small ring).
 
 Where the view is a shared or read-only file mapping, a random stream gathers from it
 and gives back what it faulted in with one sweep of the view once about
@@ -72,15 +67,14 @@ import jax
 import numpy as np
 
 from .._base.errors import NarrowingError
-from .._base.limits import ALIGN
 from .._base.sizes import format_size
 from .._decide.decider import Decider
-from .._decide.decision import Decision
 from .._decide.routing import NEVER_MAPPED
 from .._machine.capacity import host_available_bytes
 from .._machine.streams import StreamTally, open_stream
 from .filewindows import FileWindows, mapped_file
-from .hostview import copies_host_memory, host_view
+from .groups import GroupBuffer, GroupPlan
+from .hostview import host_view
 from .narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
 from .paging import FAULT_AROUND, Pager
 from .prefetch import BatchStream, as_int
@@ -238,82 +232,6 @@ def windows(
     return WindowStream(view, length, batch, sampler, decider, name, whole, narrow, state)
 
 
-def _aligned(nbytes: int) -> np.ndarray[Any, Any]:
-    """`nbytes` of uninitialised host memory starting at a multiple of `ALIGN`."""
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % ALIGN
-    return raw[start : start + nbytes]
-
-
-class _Buffer:
-    """One group's host memory: `count` batches of `shape`, each at an aligned offset,
-    and the batches placed from it (weakly: a batch its user dropped needs no waiting)."""
-
-    __slots__ = ("batches", "checked", "high", "low", "placed", "shape")
-
-    def __init__(self, count: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
-        nbytes = math.prod(shape) * dtype.itemsize
-        step = -(-nbytes // ALIGN) * ALIGN
-        raw = _aligned(max(1, step * count))
-        self.low = raw.ctypes.data
-        self.high = self.low + raw.nbytes
-        self.shape = (count, *shape)
-        self.batches = [
-            raw[i * step : i * step + nbytes].view(dtype).reshape(shape) for i in range(count)
-        ]
-        self.placed: list[Any] = []
-        self.checked = False  # whether the batches placed from it were seen to copy it
-
-    def ready(self) -> None:
-        """Wait for the transfers that read this buffer."""
-        for ref in self.placed:
-            array = ref()
-            if array is not None:
-                array.block_until_ready()
-        self.placed = []
-
-    def held_by(self, arrays: list[Any]) -> bool:
-        """Whether any of `arrays` (placed from this buffer) holds the buffer's memory."""
-        for array in arrays:
-            try:
-                if len(array.sharding.device_set) == 1:
-                    pointers = [array.unsafe_buffer_pointer()]
-                else:
-                    pointers = [s.data.unsafe_buffer_pointer() for s in array.addressable_shards]
-            except Exception:  # a platform that does not say: assume the worst
-                return True
-            if any(self.low <= p < self.high for p in pointers):
-                return True
-        return False
-
-
-class _Shape:
-    """What one batch shape of a stream is decided and sent as, worked out once."""
-
-    __slots__ = ("decision", "destination", "local", "nbytes", "reuse")
-
-    def __init__(self, decision: Decision[Any], nbytes: int, disabled: bool) -> None:
-        self.decision = decision
-        self.nbytes = nbytes
-        self.destination = None if disabled else decision.destination
-        # Several processes: each builds only its rows of a sharded global batch.
-        self.local = decision.mesh is not None and not disabled and jax.process_count() > 1
-        # Batches bound where the device may adopt the buffer get a fresh one per group.
-        self.reuse = not disabled and copies_host_memory(decision)
-
-    def place(self, batches: list[np.ndarray[Any, Any]]) -> list[Any]:
-        """The batches placed: one `device_put` for the group where one process holds it."""
-        if self.local:
-            sharding = self.decision.sharding
-            return [
-                jax.make_array_from_process_local_data(sharding, b)  # type: ignore[no-untyped-call]
-                for b in batches
-            ]
-        if self.destination is None:  # disabled: what JAX does without devpolicy
-            return list(jax.device_put(batches))
-        return list(jax.device_put(batches, self.destination))
-
-
 class WindowStream(BatchStream[Any]):
     """The placed batches of `devpolicy.windows`: a `BatchStream` whose batches are cut,
     decided and sent by the stream itself, a group at a time, and that can say where it
@@ -391,8 +309,8 @@ class WindowStream(BatchStream[Any]):
         # The next group of a file mapping, being gathered on `_gatherer`'s thread.
         self._pending: tuple[np.ndarray[Any, Any], Future[np.ndarray[Any, Any]]] | None = None
         self._gatherer: ThreadPoolExecutor | None = None
-        self._shapes: dict[tuple[int, ...], _Shape] = {}
-        self._ring: deque[_Buffer] = deque()
+        self._shapes: dict[tuple[int, ...], GroupPlan] = {}
+        self._ring: deque[GroupBuffer] = deque()
         self._buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
         self._pager: Pager | None = None  # made at the first batch, for a mapped view
         self._reader: FileWindows | None = None  # or this, for a file read by position
@@ -403,7 +321,7 @@ class WindowStream(BatchStream[Any]):
         self._handed = 0
         self._ended = False
 
-    def _shape(self, shape: tuple[int, ...]) -> _Shape:
+    def _shape(self, shape: tuple[int, ...]) -> GroupPlan:
         found = self._shapes.get(shape)
         if found is None:
             decider = self._decider
@@ -412,7 +330,7 @@ class WindowStream(BatchStream[Any]):
             # nothing of the global one across processes.
             known = None if jax.process_count() > 1 else shape
             (decision,) = decider.resolve_many([(self._name, nbytes, known, NEVER_MAPPED)])
-            found = self._shapes[shape] = _Shape(decision, nbytes, decider.disabled)
+            found = self._shapes[shape] = GroupPlan(decision, nbytes, decider.disabled)
             if self._tally is None:
                 self._tally = open_stream(
                     self._name, decision.origin, decision.rule, decision.device_text
@@ -431,7 +349,7 @@ class WindowStream(BatchStream[Any]):
             rows, per_step = process_rows(plan.decision.sharding, batch, rest)
             self._sampler.own_rows(rows, per_step)
 
-    def _buffer(self, count: int, shape: tuple[int, ...], reuse: bool) -> _Buffer:
+    def _buffer(self, count: int, shape: tuple[int, ...], reuse: bool) -> GroupBuffer:
         """Host memory for a group: the ring's oldest buffer once its transfers are done,
         or a new one (always, for a device that adopts host buffers)."""
         ring = self._ring
@@ -440,7 +358,7 @@ class WindowStream(BatchStream[Any]):
             oldest.ready()
             if oldest.shape == (count, *shape):
                 return oldest
-        return _Buffer(count, shape, self._dtype)
+        return GroupBuffer(count, shape, self._dtype)
 
     def _gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The windows at `offsets` gathered from memory (a mapping's pages given back)."""

@@ -18,6 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
+from devpolicy._apply import groups as _groups
 from devpolicy._apply import hostview as _hostview
 from devpolicy._apply import paging as _paging
 from devpolicy._apply import sampling as _sampling
@@ -829,7 +830,7 @@ class TestStream:
             made.append(nbytes)
             return raw[start : start + nbytes]
 
-        monkeypatch.setattr(_windows, "_aligned", buffer)
+        monkeypatch.setattr(_groups, "aligned", buffer)
         tokens = np.arange(2**16, dtype=np.uint32)
         stream = devpolicy.windows(
             tokens, 256, 4, order="random", seed=1, steps=240, policy=policy_of(rules=BATCH_RULES)

@@ -1,0 +1,97 @@
+"""The host memory a group of batches is cut into, and how a group is sent.
+
+Host buffers: a device that adopts an aligned host buffer instead of copying it (JAX's
+CPU client) gets a fresh aligned buffer per group, which it then owns (zero copies, and
+no batch ever changes under its user). Anywhere else the buffers are a small ring, and a
+buffer is reused only once every batch placed from it is ready (its transfer finished) and
+none of them holds the buffer itself (checked by address the first time a buffer is used,
+so a platform that adopts buffers unexpectedly only costs the reuse, never correctness).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._base.limits import ALIGN
+from .._decide.decision import Decision
+from .hostview import copies_host_memory
+
+
+def aligned(nbytes: int) -> np.ndarray[Any, Any]:
+    """`nbytes` of uninitialised host memory starting at a multiple of `ALIGN`."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start : start + nbytes]
+
+
+class GroupBuffer:
+    """One group's host memory: `count` batches of `shape`, each at an aligned offset,
+    and the batches placed from it (weakly: a batch its user dropped needs no waiting)."""
+
+    __slots__ = ("batches", "checked", "high", "low", "placed", "shape")
+
+    def __init__(self, count: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        nbytes = math.prod(shape) * dtype.itemsize
+        step = -(-nbytes // ALIGN) * ALIGN
+        raw = aligned(max(1, step * count))
+        self.low = raw.ctypes.data
+        self.high = self.low + raw.nbytes
+        self.shape = (count, *shape)
+        self.batches = [
+            raw[i * step : i * step + nbytes].view(dtype).reshape(shape) for i in range(count)
+        ]
+        self.placed: list[Any] = []
+        self.checked = False  # whether the batches placed from it were seen to copy it
+
+    def ready(self) -> None:
+        """Wait for the transfers that read this buffer."""
+        for ref in self.placed:
+            array = ref()
+            if array is not None:
+                array.block_until_ready()
+        self.placed = []
+
+    def held_by(self, arrays: list[Any]) -> bool:
+        """Whether any of `arrays` (placed from this buffer) holds the buffer's memory."""
+        for array in arrays:
+            try:
+                if len(array.sharding.device_set) == 1:
+                    pointers = [array.unsafe_buffer_pointer()]
+                else:
+                    pointers = [s.data.unsafe_buffer_pointer() for s in array.addressable_shards]
+            except Exception:  # a platform that does not say: assume the worst
+                return True
+            if any(self.low <= p < self.high for p in pointers):
+                return True
+        return False
+
+
+class GroupPlan:
+    """What one batch shape of a stream is decided and sent as, worked out once."""
+
+    __slots__ = ("decision", "destination", "local", "nbytes", "reuse")
+
+    def __init__(self, decision: Decision[Any], nbytes: int, disabled: bool) -> None:
+        self.decision = decision
+        self.nbytes = nbytes
+        self.destination = None if disabled else decision.destination
+        # Several processes: each builds only its rows of a sharded global batch.
+        self.local = decision.mesh is not None and not disabled and jax.process_count() > 1
+        # Batches bound where the device may adopt the buffer get a fresh one per group.
+        self.reuse = not disabled and copies_host_memory(decision)
+
+    def place(self, batches: list[np.ndarray[Any, Any]]) -> list[Any]:
+        """The batches placed: one `device_put` for the group where one process holds it."""
+        if self.local:
+            sharding = self.decision.sharding
+            return [
+                jax.make_array_from_process_local_data(sharding, b)  # type: ignore[no-untyped-call]
+                for b in batches
+            ]
+        if self.destination is None:  # disabled: what JAX does without devpolicy
+            return list(jax.device_put(batches))
+        return list(jax.device_put(batches, self.destination))
