@@ -172,7 +172,6 @@ class Pager:
         self._read_time = 0.0
         if self._range is not None and random:
             self._open_statm()
-        if self._range is not None and random:
             with _lock:
                 count = _random_advised.get(self._range, 0)
                 if count or self._advise(*self._range, mmap.MADV_RANDOM):
