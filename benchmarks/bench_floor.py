@@ -70,7 +70,7 @@ def peak_rss():
 import jax, numpy as np
 import devpolicy, safetensors, safetensors.flax, safetensors.numpy
 import structlog  # devpolicy's first event imports it: a once-per-process cost, not the load's
-from jax.sharding import SingleDeviceSharding
+from devpolicy._decide.decision import single_device_sharding
 device = jax.devices()[0]
 # The device's own name in a policy: its platform and its index among that platform's.
 index = [d.id for d in jax.local_devices(backend=device.platform)].index(device.id)
@@ -138,8 +138,8 @@ def run(case):
     elif case == "floor-pinned":
         if "pinned_host" not in kinds:
             return {"missing": True}
-        staged = jax.device_put(host, SingleDeviceSharding(device, memory_kind="pinned_host"))
-        out = jax.device_put(staged, SingleDeviceSharding(device))
+        staged = jax.device_put(host, single_device_sharding(device, "pinned_host"))
+        out = jax.device_put(staged, single_device_sharding(device))
     elif case == "floor-chunked":
         out, chunk, nbytes = {}, {}, 0
         for key, value in host.items():

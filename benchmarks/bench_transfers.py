@@ -38,10 +38,10 @@ for name in [n for n in os.environ if n.startswith("DEVPOLICY_")]:
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import structlog  # noqa: E402
-from jax.sharding import SingleDeviceSharding  # noqa: E402
 
 import devpolicy  # noqa: E402
 from devpolicy._apply import transfers  # noqa: E402
+from devpolicy._decide.decision import single_device_sharding  # noqa: E402
 
 Case = tuple[str, Callable[[], object], str | None]  # label, fn, baseline label
 WATCH = {"host_to_device": "log", "device_to_device": "log", "host_local": "log"}
@@ -278,7 +278,7 @@ def two_device_rows(
         why = f"needs two {devices[0].platform} devices, this machine has one"
         return [(f"{label} unwatched", None, why), (f"{label} watched", None, why)]
     committed = jax.device_put(host, devices[1])
-    onto_first = jax.jit(lambda a: a * 2, in_shardings=SingleDeviceSharding(devices[0]))
+    onto_first = jax.jit(lambda a: a * 2, in_shardings=single_device_sharding(devices[0]))
     return [
         (f"{label} unwatched", ten_calls(committed, None, onto_first), None),
         (f"{label} watched", ten_calls(committed, watch, onto_first), f"{label} unwatched"),

@@ -14,7 +14,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec
+
+from devpolicy._decide.decision import single_device_sharding
 
 #: The bytes each marked line moves in all; None for scalars (an index may be sent as one
 #: scalar or two, by JAX version).
@@ -39,7 +41,7 @@ def run(devices: list[jax.Device]) -> dict[str, jax.Array]:
     cpu0, cpu1 = devices[0], devices[1]
     host = np.arange(12, dtype=np.float32).reshape(4, 3)
     twice: Callable[[jax.Array], jax.Array] = jax.jit(lambda a: a * 2)
-    on_cpu0 = jax.jit(lambda a: a + 1, in_shardings=SingleDeviceSharding(cpu0))
+    on_cpu0 = jax.jit(lambda a: a + 1, in_shardings=single_device_sharding(cpu0))
     mesh = jax.make_mesh((2,), ("data",), devices=[cpu0, cpu1])
     split = jax.jit(lambda a: a + 1, in_shardings=NamedSharding(mesh, PartitionSpec("data")))
     replicated = jax.jit(lambda a: a + 1, in_shardings=NamedSharding(mesh, PartitionSpec()))

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Generic
 
 import jax
-from jax.sharding import SingleDeviceSharding
 
 from .._base.errors import (
     AxisNamesError,
@@ -42,7 +41,7 @@ from .._machine.meshes import Meshes, shards
 from .._names.matching import Condition, Matcher, SourceFile, compile_condition
 from .._names.nearby import Fact
 from .advice import LARGE_BY_DEFAULT, AttachedRules, warn_large_by_default
-from .decision import Decision, DeviceT, Explanation, renamed
+from .decision import Decision, DeviceT, Explanation, renamed, single_device_sharding
 from .items import Alike, Item, Shape, claim, make_query
 from .overrides import Overrides
 from .routing import (
@@ -189,7 +188,7 @@ class Decider(Generic[DeviceT]):
         )
         self._recent: dict[object, Decision[DeviceT]] = {}
         self._old: dict[object, Decision[DeviceT]] = {}
-        self._singles: dict[tuple[Any, str | None], SingleDeviceSharding] = {}
+        self._singles: dict[tuple[Any, str | None], Any] = {}
         # Sized decisions: (route, walk's end, decision) by key, checked by walking again.
         self._walked: dict[object, tuple[Route[DeviceT], Choice[DeviceT], Decision[DeviceT]]] = {}
 
@@ -546,7 +545,7 @@ class Decider(Generic[DeviceT]):
             key = (device, route.memory_kind)
             single = self._singles.get(key)
             if single is None:
-                single = SingleDeviceSharding(device, memory_kind=route.memory_kind)
+                single = single_device_sharding(device, route.memory_kind)
                 self._singles[key] = single
             sharded["sharding"] = single
         if route.attached is not None and not self.disabled:

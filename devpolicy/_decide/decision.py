@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Generic
 
 import jax
-from jax.sharding import SingleDeviceSharding
 from typing_extensions import TypeVar
 
 from .._base.sizes import format_size
@@ -25,6 +24,25 @@ from .._names.matching import Step
 
 #: The devices decided between: JAX's, or a planned machine's (`VirtualDevice`).
 DeviceT = TypeVar("DeviceT", bound=DeviceLike, default=jax.Device)
+
+
+#: JAX's maker of a one-device sharding: `make_single_device_sharding` where JAX has it
+#: (0.12.1 deprecates naming the class), else the class itself.
+_MAKE_SINGLE: Any = getattr(jax.sharding, "make_single_device_sharding", None)
+
+
+def single_device_sharding(device: Any, memory_kind: str | None = None) -> Any:
+    """A sharding that puts a whole array on `device` (in `memory_kind`), as every JAX
+    release since 0.6 spells it.
+
+    Example:
+        >>> import jax
+        >>> single_device_sharding(jax.devices("cpu")[0]).device_set == {jax.devices("cpu")[0]}
+        True
+    """
+    if _MAKE_SINGLE is not None:
+        return _MAKE_SINGLE(device, memory_kind=memory_kind)
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +132,7 @@ class Decision(Generic[DeviceT]):
         if not self.local_devices:
             object.__setattr__(self, "local_devices", (self.device,))
         if self.sharding is None and self.mesh is None and isinstance(self.device, jax.Device):
-            sharding = SingleDeviceSharding(self.device, memory_kind=self.memory_kind)
+            sharding = single_device_sharding(self.device, self.memory_kind)
             object.__setattr__(self, "sharding", sharding)
         direct = self.mesh is None and self.memory_kind is None
         object.__setattr__(self, "destination", self.device if direct else self.sharding)

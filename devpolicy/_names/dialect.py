@@ -12,11 +12,13 @@ So RE2 never sees a pattern as written. Python's own parser reads it (`re._parse
 parse `re.compile` makes, in ASCII mode), and `to_re2` writes the tree out again in RE2
 syntax, every character class spelled as explicit code point ranges and every flag
 applied by hand. RE2 then matches exactly the names `re.fullmatch(pattern, name,
-re.ASCII)` matches (and `re.search` for `search:` rules), with two exceptions, both
+re.ASCII)` matches (and `re.search` for `search:` rules), with three exceptions, all
 documented: `$` matches only at the very end of the name (Python's also before a final
-newline), and `\\B` matches the empty name (as Python 3.14 and RE2 do; earlier Pythons do
-not). What RE2 cannot do at all is refused, naming the construct; so is text the two
-dialects (or two Python versions) read differently, with the portable spelling.
+newline); `\\B` matches the empty name (as Python 3.14 and RE2 do; earlier Pythons do
+not); and a search tests `\\B` between the bytes of a non-ASCII character too (RE2 works
+on UTF-8), so `search: '\\B'` is found in `0é0`, where Python finds no place. What RE2
+cannot do at all is refused, naming the construct; so is text the two dialects (or two
+Python versions) read differently, with the portable spelling.
 
 A leaf of the name layer: no JAX.
 """

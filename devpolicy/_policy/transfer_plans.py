@@ -46,9 +46,11 @@ def plan_transfers(
 
     Example:
         >>> import devpolicy, jax, numpy as np
-        >>> from jax.sharding import SingleDeviceSharding
         >>> cpu0, cpu1 = jax.devices("cpu")[:2]
-        >>> step = jax.jit(lambda w, x: w @ x, in_shardings=SingleDeviceSharding(cpu0))
+        >>> on_cpu0 = jax.sharding.NamedSharding(
+        ...     jax.make_mesh((1,), ("x",), devices=[cpu0]), jax.sharding.PartitionSpec()
+        ... )
+        >>> step = jax.jit(lambda w, x: w @ x, in_shardings=on_cpu0)
         >>> w = jax.device_put(np.ones((64, 64), np.float32), cpu1)  # on the wrong device
         >>> batch = np.ones((64, 8), np.float32)
         >>> p = devpolicy.load_policy({"version": 1, "transfers": {"device_to_device": "disallow"}})

@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec
 from structlog.testing import capture_logs
 
 import devpolicy
+from devpolicy._decide.decision import single_device_sharding
 from devpolicy._machine.ledger import forget_transfers
 from devpolicy._policy.transfer_plans import plan_transfers
 from devpolicy.errors import TransferPlanError
@@ -47,7 +48,7 @@ class TestPredictionMatchesTheCall:
             ("numpy into a jit", jax.jit(lambda a: a * 2), (HOST,)),
             (
                 "committed into another device's jit",
-                jax.jit(lambda a: a + 1, in_shardings=SingleDeviceSharding(cpus[0])),
+                jax.jit(lambda a: a + 1, in_shardings=single_device_sharding(cpus[0])),
                 (committed,),
             ),
             (
@@ -153,7 +154,7 @@ class TestUnusedArguments:
             updates, new_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), new_state
 
-        step = jax.jit(train_step, in_shardings=SingleDeviceSharding(cpus[0]))
+        step = jax.jit(train_step, in_shardings=single_device_sharding(cpus[0]))
         on_cpu1 = jax.device_put((params, opt_state, rest), cpus[1])
         call = (*on_cpu1, HOST, 7)
         plan = plan_transfers(step, call, policy=policy_of(transfers=WATCH_ALL))
@@ -172,7 +173,7 @@ class TestTypedKeys:
     ) -> None:
         """jax.random.key on another device: key<fry>, the bytes the call moves, as data."""
         step = jax.jit(
-            lambda k: jax.random.normal(k, (3,)), in_shardings=SingleDeviceSharding(cpus[0])
+            lambda k: jax.random.normal(k, (3,)), in_shardings=single_device_sharding(cpus[0])
         )
         key = jax.device_put(jax.random.key(0), cpus[1])
         (argument,) = plan_transfers(step, (key,), policy=policy_of(transfers=WATCH_ALL)).arguments
@@ -189,9 +190,9 @@ class TestTypedKeys:
     def test_a_shape_of_keys_is_planned_too(self, cpus: list[jax.Device]) -> None:
         """A ShapeDtypeStruct of keys with a sharding stands for keys placed there."""
         keys = jax.ShapeDtypeStruct(
-            (4,), jax.random.key(0).dtype, sharding=SingleDeviceSharding(cpus[1])
+            (4,), jax.random.key(0).dtype, sharding=single_device_sharding(cpus[1])
         )
-        step = jax.jit(lambda k: k, in_shardings=SingleDeviceSharding(cpus[0]))
+        step = jax.jit(lambda k: k, in_shardings=single_device_sharding(cpus[0]))
         (argument,) = plan_transfers(step, (keys,)).arguments
         assert (argument.dtype, argument.nbytes, argument.direction) == (
             "key<fry>",
@@ -255,7 +256,7 @@ class TestWhatItSays:
 
     def test_the_text_lists_each_move_and_the_total(self, cpus: list[jax.Device]) -> None:
         """str() gives one line per moved argument, source to destination, with bytes."""
-        step = jax.jit(lambda a: a + 1, in_shardings=SingleDeviceSharding(cpus[0]))
+        step = jax.jit(lambda a: a + 1, in_shardings=single_device_sharding(cpus[0]))
         text = str(plan_transfers(step, (jax.device_put(HOST, cpus[3]),)))
         first, move = text.splitlines()
         assert first.endswith("<lambda>: 1 of 1 arguments moved, 48 bytes")
@@ -266,7 +267,7 @@ class TestThePolicysMode:
     def test_a_move_the_policy_disallows_is_listed_as_refused(self, cpus: list[jax.Device]) -> None:
         """mode says what transfers: would do; the real call is then refused as predicted."""
         p = policy_of(transfers={"device_to_device": "disallow", "host_local": "log"})
-        step = jax.jit(lambda w, x: w + x, in_shardings=SingleDeviceSharding(cpus[0]))
+        step = jax.jit(lambda w, x: w + x, in_shardings=single_device_sharding(cpus[0]))
         w = jax.device_put(HOST, cpus[1])
         plan = plan_transfers(step, (w, HOST), policy=p)
         assert [(a.argument, a.mode) for a in plan.arguments] == [
@@ -301,7 +302,7 @@ class TestPlannedBeforeLoading:
         planned = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, where
         )
-        on_cpu0 = jax.jit(lambda t: t["w"].sum(), in_shardings=SingleDeviceSharding(cpus[0]))
+        on_cpu0 = jax.jit(lambda t: t["w"].sum(), in_shardings=single_device_sharding(cpus[0]))
         (argument,) = plan_transfers(on_cpu0, (planned,)).arguments
         assert (argument.source, argument.devices, argument.nbytes) == ("cpu:1", ("cpu:0",), 4096)
         assert plan_transfers(jax.jit(lambda t: t["w"].sum()), (planned,)).moved == ()
@@ -318,7 +319,7 @@ class TestNothingHappens:
     def test_nothing_is_logged_moved_or_counted(self, cpus: list[jax.Device]) -> None:
         """A plan logs no event, adds no transfer to report(), and leaves the arrays alone."""
         w = jax.device_put(HOST, cpus[1])
-        step = jax.jit(lambda a: a, in_shardings=SingleDeviceSharding(cpus[0]))
+        step = jax.jit(lambda a: a, in_shardings=single_device_sharding(cpus[0]))
         with capture_logs() as logs, devpolicy.activate(policy_of(transfers=WATCH_ALL)):
             plan_transfers(step, (w,))
         assert logs == []
@@ -394,7 +395,7 @@ class TestCallsThatWouldFail:
         self, cpus: list[jax.Device]
     ) -> None:
         """A deleted (donated) array makes the call raise: the plan names it, no move."""
-        step = jax.jit(lambda p: p["w"] + 1, in_shardings=SingleDeviceSharding(cpus[0]))
+        step = jax.jit(lambda p: p["w"] + 1, in_shardings=single_device_sharding(cpus[0]))
         gone = jax.device_put(HOST, cpus[1])
         gone.delete()
         with pytest.raises(RuntimeError, match="deleted"):

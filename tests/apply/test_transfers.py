@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import SingleDeviceSharding
 from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._apply import transfers as transfers_module
 from devpolicy._base import compat
+from devpolicy._decide.decision import single_device_sharding
 from devpolicy._machine.ledger import forget_transfers
 from tests import transfers_reference
 from tests.helpers import policy_of
@@ -96,7 +96,7 @@ class TestEvents:
         self, cpus: list[jax.Device]
     ) -> None:
         """The source is the device it was on, the destination the jit's."""
-        on_cpu0 = jax.jit(lambda a: a + 1, in_shardings=SingleDeviceSharding(cpus[0]))
+        on_cpu0 = jax.jit(lambda a: a + 1, in_shardings=single_device_sharding(cpus[0]))
         x = jax.device_put(HOST, cpus[2])
         with capture_logs() as logs, devpolicy.activate(policy_of(transfers=WATCH_ALL)):
             on_cpu0(x)
@@ -193,7 +193,7 @@ class TestRefused:
     def test_jaxs_own_placement_helpers_are_explicit(self, cpus: list[jax.Device]) -> None:
         """make_array_from_callback places on purpose (JAX's guard says implicit: jax#40285)."""
         p = policy_of(transfers={"host_to_device": "disallow", "host_local": "disallow"})
-        sharding = SingleDeviceSharding(cpus[3])
+        sharding = single_device_sharding(cpus[3])
         with devpolicy.activate(p):
             x = jax.make_array_from_callback(HOST.shape, sharding, lambda index: HOST[index])
             with pytest.raises(devpolicy.errors.TransferRefusedError):
