@@ -454,7 +454,9 @@ class WindowStream(BatchStream[Any]):
         target = self._target
         reader = self._reader
         windows: Any  # the group's windows, each batch as it came from the tokens
-        if reader is not None:
+        if gathered is not None:  # gathered already (before a turn to reading by position)
+            windows = gathered
+        elif reader is not None:
             # Straight into the buffer; 64-bit tokens into memory of their dtype first.
             windows = (
                 buffer.batches if target is None else np.empty((count, *shape), self._view.dtype)
@@ -462,11 +464,11 @@ class WindowStream(BatchStream[Any]):
             for batch, starts in zip(windows, offsets.tolist(), strict=True):
                 reader.read(starts, batch)
         else:
-            windows = self._gather(offsets) if gathered is None else gathered
+            windows = self._gather(offsets)
         if target is not None:
             for out, batch in zip(buffer.batches, windows, strict=True):
                 self._narrow_into(batch, out, target)
-        elif reader is None:
+        elif windows is not buffer.batches:
             for out, batch in zip(buffer.batches, windows, strict=True):
                 np.copyto(out, batch)
         placed = plan.place(buffer.batches)
