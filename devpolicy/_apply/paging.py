@@ -167,7 +167,6 @@ class Pager:
         self._baseline = 0  # resident bytes just after the last sweep, or at the start
         self._since = 0  # windows gathered since then
         self._footprint: float | None = None  # the most a window has brought in, measured
-        self.sweeps = 0  # sweeps of the whole view so far
         self._reads = 0  # resident-memory reads, and the seconds they took
         self._read_time = 0.0
         if self._range is not None and random:
@@ -199,7 +198,6 @@ class Pager:
         """Give the whole view back now."""
         if self._range is not None:
             self._advise(self._range[0], self._range[1], mmap.MADV_DONTNEED)
-            self.sweeps += 1
 
     def window_chunk(self, budget: int) -> int | None:
         """How many windows one gather may copy before `release_over_budget` looks again,
