@@ -108,19 +108,13 @@ class Agreement:
         for process in range(self.count) if waits_for is None else waits_for:
             if process == self.index:
                 continue
-            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            try:
-                answer = self._client.blocking_key_value_get(
-                    f"{self._prefix}/{step}/{process}", left_ms
-                )
-            except Exception:  # JaxRuntimeError DEADLINE_EXCEEDED; any other is as bad
+            heard = self._verdict(step, process, deadline - time.monotonic())
+            if heard is None:
                 missing.append(Missing(process, None))
-                continue
-            said, _, rest = str(answer).partition(":")
-            if said == "ok":
-                texts[process] = rest
+            elif heard[0]:
+                texts[process] = heard[1]
             else:
-                missing.append(Missing(process, rest))
+                missing.append(Missing(process, heard[1]))
         if missing:
             raise StepFailed(step, self.count, missing, self._timeout)
         while _passed and waits_for is None:  # every process passed the steps before
@@ -134,11 +128,16 @@ class Agreement:
         in time or the job can no longer be asked."""
         if self._client is None:
             return None
+        return self._verdict(step, process, self._timeout)
+
+    def _verdict(self, step: str, process: int, seconds: float) -> tuple[bool, str] | None:
+        """`process`'s verdict on `step` as `verdict_of` says it, waiting `seconds` at most
+        (at least a millisecond)."""
         try:
             answer = self._client.blocking_key_value_get(
-                f"{self._prefix}/{step}/{process}", max(1, int(self._timeout * 1000))
+                f"{self._prefix}/{step}/{process}", max(1, int(seconds * 1000))
             )
-        except Exception:  # no answer in time, or the coordination service is gone
+        except Exception:  # JaxRuntimeError DEADLINE_EXCEEDED; any other is as bad
             return None
         said, _, rest = str(answer).partition(":")
         return said == "ok", rest
