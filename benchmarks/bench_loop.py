@@ -184,15 +184,7 @@ def story(path: Path, length: int, batch: int) -> Feeder:
     the loaded tokens stay (the host, mapped) and where each `batch` goes; its events are
     logged as they would be."""
     shipped = devpolicy.load_policy(POLICIES / "dataset-on-host.yaml", environ={})
-    tokens = devpolicy.load_file(path, policy=shipped)["tokens"]
-
-    def feed(n: int) -> Iterator[Any]:
-        with devpolicy.windows(
-            tokens, length, batch, order="random", seed=fresh_seed(), steps=n, policy=shipped
-        ) as batches:
-            yield from batches
-
-    return feed
+    return stream(devpolicy.load_file(path, policy=shipped)["tokens"], length, batch, shipped)
 
 
 def threaded(feeder: Feeder) -> Feeder:
@@ -391,9 +383,19 @@ def main() -> int:
     told = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
     with (
         structlog.testing.capture_logs() as seen,
-        devpolicy.windows(tokens, length, size, steps=1, policy=told) as probe,
+        devpolicy.windows(
+            tokens,
+            length,
+            size,
+            order="random",
+            seed=0,
+            steps=3 * windows_module.GROUP_MAX,
+            policy=told,
+        ) as probe,
     ):
-        next(probe)
+        # Three groups: a random stream may turn to reading by position after its first.
+        for _ in probe:
+            pass
     reads = next(e["reads"] for e in seen if e["event"] == "stream_ended")
     held += f"; `devpolicy.windows` copies its windows from: {reads}"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())

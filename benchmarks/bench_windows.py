@@ -21,7 +21,8 @@ tenth of the run and the time per step:
 - `read from the file by position` (`devpolicy/_apply/filewindows.py`): each window read
   into the batch buffer, nothing of the mapping touched;
 - `devpolicy.windows`: what it does: windows gathered from the mapping, the whole view
-  given back in one sweep once about `RESIDENT_BUDGET` (256 MiB) may have come in.
+  given back in one sweep once what they measurably brought in nears `RESIDENT_BUDGET`
+  (256 MiB), or read by position where each maps a large folio.
 
 The time the giving back costs is also measured paired: in one process, segments with
 and without it take turns (a shared machine's load then weighs on both alike).
