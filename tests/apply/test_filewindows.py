@@ -50,13 +50,6 @@ def open_descriptors(path: Path) -> int:
     return count
 
 
-@pytest.fixture
-def by_position(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Windows of a file mapping read from the file by position (not gathered from the
-    mapping, `windows`' default)."""
-    monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux's /proc")
 @pytest.mark.usefixtures("by_position")
 class TestReadByPosition:

@@ -400,12 +400,6 @@ def through_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
 
 
-@pytest.fixture
-def by_position(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Streams read windows of a file mapping from the file by position."""
-    monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
-
-
 class TestFlatMemory:
     """Random windows of a mapped file leave the process's resident memory flat however
     long the stream runs (the story's 10,000 steps over 19.09 GiB:
