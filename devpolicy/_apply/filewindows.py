@@ -28,6 +28,11 @@ from typing import Any
 import numpy as np
 
 from .._base.errors import HostViewError
+from .batchreads import BatchReads
+
+#: Whether readers read a call's windows in one system call where io_uring can be had
+#: (`batchreads`); off only to measure the difference (`bench_loop.py`).
+BATCHED = True
 
 
 class FileWindows:
@@ -35,15 +40,18 @@ class FileWindows:
     where the view starts in it, and the bytes of one row.
 
     `read(starts, out)` fills `out` (a C-contiguous batch of `len(starts)` windows of
-    `length` rows) with the windows at `starts`, one `preadv` each, on the caller's
-    thread. Reads on several threads (the next group read ahead) were measured on a TPU
-    v5e VM under gVisor: 6 threads fed 792 batches/s against 1,908 on the stream's own
-    thread, the hand-offs costing more than the overlap saves, so there are none. A file
-    that shrank under the stream is an error naming it (a mapping would have raised
-    SIGBUS instead). One stream, one reader.
+    `length` rows) with the windows at `starts`, on the caller's thread: where io_uring
+    can be had (`batchreads`), all of them in one system call with the GIL released
+    (`batched`), else one `preadv` each. `submit_batches` starts a group and `finish`
+    waits for it: on a polled ring (`polled`) the kernel reads meanwhile. `preadv`s on
+    other threads were measured on a TPU v5e VM under gVisor: 6 threads fed 792
+    batches/s against 1,908 on the stream's own thread, the hand-offs costing more than
+    the overlap saves. A file that shrank under the stream is an error naming it (a
+    mapping would have raised SIGBUS instead). One stream, one reader, one thread at a
+    time.
     """
 
-    __slots__ = ("_fd", "_name", "_offset", "_row", "length")
+    __slots__ = ("_batch", "_fd", "_name", "_offset", "_row", "_submitted", "length")
 
     def __init__(self, fd: int, name: str, offset: int, row: int, length: int) -> None:
         self._fd = fd
@@ -51,30 +59,96 @@ class FileWindows:
         self._offset = offset  # the file offset of the view's first row
         self._row = row  # bytes of one row of the view
         self.length = length  # rows per window
+        self._batch = BatchReads.open() if BATCHED else None
+        # The windows `submit_batches` started reading: (starts, batches).
+        self._submitted: tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]] | None = None
+
+    @property
+    def batched(self) -> bool:
+        """Whether a call reads all its windows in one system call, the GIL released."""
+        return self._batch is not None
+
+    @property
+    def polled(self) -> bool:
+        """Whether `submit_batches` returns at once, a kernel thread reading meanwhile."""
+        return self._batch is not None and self._batch.polled
 
     @property
     def name(self) -> str:
         """The file read, as `/proc/self/maps` names it."""
         return self._name
 
-    def read(self, starts: list[int], out: np.ndarray[Any, Any]) -> None:
-        """Fill `out` with the windows at `starts` (rows of the view), one read each."""
+    def read(self, starts: Any, out: np.ndarray[Any, Any]) -> None:
+        """Fill `out` (C-contiguous) with the windows at `starts` (rows of the view: a
+        sequence or an integer array of any shape, in `out`'s order)."""
+        self.read_batches(np.asarray(starts, dtype=np.int64).reshape(1, -1), [out])
+
+    def read_batches(
+        self, starts: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]
+    ) -> None:
+        """Fill each of `batches` (C-contiguous) with the windows at its row of `starts`
+        (a (batches, windows) integer array of rows of the view)."""
+        if self._batch is not None:
+            self.submit_batches(starts, batches)
+            self.finish()
+            return
         fd, offset, row = self._fd, self._offset, self._row
         size = self.length * row
-        target = out.reshape(-1).view(np.uint8).data
         preadv = os.preadv
-        at = 0
-        for start in starts:
-            slot = target[at : at + size]
-            got = preadv(fd, [slot], offset + start * row)
-            if got != size:
-                self._short(start, got, slot)
-            at += size
+        for batch, row_starts in zip(batches, starts.tolist(), strict=True):
+            target = batch.reshape(-1).view(np.uint8).data
+            at = 0
+            for start in row_starts:
+                slot = target[at : at + size]
+                got = preadv(fd, [slot], offset + start * row)
+                if got != size:
+                    self._short(start, got, slot)
+                at += size
+
+    def submit_batches(
+        self, starts: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]
+    ) -> None:
+        """Start filling `batches` as `read_batches` does (a batched reader only); `finish`
+        waits for them. The batches must not be used, nor dropped, before."""
+        ring = self._batch
+        assert ring is not None
+        size = self.length * self._row
+        within = np.arange(starts.shape[1], dtype=np.uint64) * np.uint64(size)
+        addresses = np.concatenate([within + np.uint64(b.ctypes.data) for b in batches])
+        positions = self._offset + starts.reshape(-1) * self._row
+        ring.submit(self._fd, positions, addresses, size, batches)
+        self._submitted = (starts, batches)
+
+    def finish(self) -> None:
+        """Wait for the windows `submit_batches` started; any read that came back short or
+        failed (the file ended, a read error) is read again alone, so the error is what
+        a single read reports."""
+        ring = self._batch
+        submitted, self._submitted = self._submitted, None
+        if ring is None or submitted is None:
+            return
+        results = ring.wait()
+        starts, batches = submitted
+        size = self.length * self._row
+        windows = starts.shape[1]
+        for index in np.flatnonzero(results != size).tolist():
+            which, at = divmod(index, windows)
+            target = batches[which].reshape(-1).view(np.uint8).data
+            self._short(int(starts[which, at]), 0, target[at * size : (at + 1) * size])
+
+    def settle(self) -> None:
+        """Wait for the windows `submit_batches` started, whatever the reads returned."""
+        ring = self._batch
+        self._submitted = None
+        if ring is not None and ring.in_flight:
+            ring.wait()
 
     def _short(self, start: int, got: int, slot: memoryview) -> None:
         """A read that came back short: the rest read again, or the file ended."""
         size = len(slot)
         position = self._offset + start * self._row
+        if got == 0:  # from a batch: read it again here
+            got = os.preadv(self._fd, [slot], position)
         while 0 < got < size:  # a signal may cut a read short: go on where it stopped
             more = os.preadv(self._fd, [slot[got:]], position + got)
             if more == 0:
@@ -89,10 +163,15 @@ class FileWindows:
             )
 
     def close(self) -> None:
-        """Close the descriptor; reading again raises. Safe to call twice."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
+        """Close the descriptor (and the ring); reading again raises. Safe to call twice."""
+        batch, self._batch = self._batch, None
+        try:
+            if batch is not None:
+                batch.close()
+        finally:
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)
 
 
 def _maps_line(address: int) -> list[str] | None:
@@ -143,6 +222,9 @@ def _open_checked(path: str, inode: int, device: str, needed: int) -> int | None
         return None
     try:
         if _same_file(fd, inode, device, needed):
+            # A regular file: reads may block again (io_uring fails a non-blocking
+            # read of a page not in the cache where a read would wait for it).
+            os.set_blocking(fd, True)
             return fd
     except OSError:
         pass

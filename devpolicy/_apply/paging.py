@@ -194,6 +194,12 @@ class Pager:
         """The most resident memory a window has been measured to bring in, or None."""
         return self._footprint
 
+    def maps_more(self, length: int, times: float) -> bool:
+        """Whether a window of `length` rows was measured to bring in more than `times`
+        what small pages can (the window and two fault-around blocks)."""
+        footprint = self._footprint
+        return footprint is not None and footprint > times * (length * self._row + 2 * _BLOCK)
+
     def sweep(self) -> None:
         """Give the whole view back now."""
         if self._range is not None:
@@ -233,6 +239,9 @@ class Pager:
             grown = resident - self._baseline
             measured = max(float(length * self._row), grown / self._since)
             self._footprint = max(self._footprint or 0.0, measured)
+            # The process's count: another mapping given back meanwhile hides this view's
+            # growth, so the windows are also counted at the most one was measured at.
+            grown = max(grown, int(self._since * self._footprint))
             if grown <= budget * 3 // 4:  # room for the next gather (`window_chunk`)
                 return
         else:
@@ -278,6 +287,32 @@ class Pager:
         fd, self._statm = self._statm, None
         if fd is not None:
             os.close(fd)
+
+    def gather(
+        self, windows: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], budget: int | None
+    ) -> np.ndarray[Any, Any]:
+        """`windows[offsets]` (rows of a strided view of windows over this pager's view),
+        their pages given back: the group's pages in one go, or with a `budget`, in one
+        sweep once what came in nears it (`release_over_budget`)."""
+        length = windows.shape[1]
+        if budget is None:
+            gathered: np.ndarray[Any, Any] = windows[offsets]
+            self.release(offsets, length)
+            return gathered
+        chunk = self.window_chunk(budget)
+        if chunk is None or chunk >= offsets.size:
+            gathered = windows[offsets]
+            self.release_over_budget(offsets.size, length, budget)
+            return gathered
+        # A few windows at a time, each part's pages counted (and swept) before the next:
+        # where a window brings in a large folio, a whole group would pass the budget.
+        gathered = np.empty((*offsets.shape, *windows.shape[1:]), windows.dtype)
+        flat, into = offsets.reshape(-1), gathered.reshape(-1, *windows.shape[1:])
+        for first in range(0, flat.size, chunk):
+            part = flat[first : first + chunk]
+            into[first : first + part.size] = windows[part]
+            self.release_over_budget(part.size, length, budget)
+        return gathered
 
     def release(self, offsets: Any, length: int) -> None:
         """Give back the blocks that the windows at `offsets` (`length` rows each; a

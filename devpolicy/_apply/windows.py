@@ -15,41 +15,26 @@ Host buffers: `groups` (one per group where the device adopts it, else a small r
 
 Where the view is a shared or read-only file mapping, a random stream gathers from it
 and gives back what it faulted in with one sweep of the view once about
-`RESIDENT_BUDGET` has come in; a sequential stream gives back each group's pages
-(`paging`), and the kernel is told a random stream reads at random. On a TPU VM under
-gVisor (December 2026), where a `madvise` cost about 100 us, giving pages back block by
-block took 84% of a stream's time; with the sweeps the 19.09 GiB story file fed 2,176
-batches/s (2.01x a hand loop of memmap slices). Reading each window from the file by
-position (`MAPPED_COPY = "file"`, `filewindows`) maps nothing but fed 1,987 (1.69x) there.
+`RESIDENT_BUDGET` has come in (`paging`; a sequential stream gives back each group's
+pages), and the kernel is told a random stream reads at random. On a TPU VM under gVisor
+(December 2026), where a `madvise` cost about 100 us, giving pages back block by block
+took 84% of a stream's time. Where what a window brings in is measured to be a large
+folio (`LARGE_FOOTPRINT`: Linux 6.18, page cache warm, maps a whole 2 MiB folio for each
+2 KiB window, and gathers within the budget ran 0.98x the hand loop on the 2-core CPU
+machine), the stream reads by position from its second group on, nothing mapped
+(`filewindows`). Where io_uring can be had (`batchreads`), a group of up to
+`READ_GROUP_MAX` batches is read in one go, straight into its buffer, while the group
+before is placed and used: by a polled ring's kernel thread on another core, or in one
+call of a plain ring on the worker thread. There the story's 19.09 GiB file fed
+11,746-13,540 batches/s, 2.57x the hand loop and 2.69x the double-buffered one, nothing
+of the file resident; one `preadv` a window on the stream's thread (the way without
+io_uring) fed 9,074-10,379, 1.37-1.64x. The first group stays at `GROUP_MAX` batches: the
+first batch waits for its whole group. Where nothing is measured (no statm, or reads of
+it dear) windows are counted as small pages bring them in: so on the TPU VM, whose statm
+counts no file pages, the stream keeps gathering from the mapping, 3,737 batches/s there
+(3.26x the hand loop, 1.60x the double-buffered one).
 
-What a window brings in is measured where Linux says it cheaply (`Pager`): on Linux 6.18
-with the page cache warm, the kernel holds a file read through in large folios and maps a
-whole 2 MiB folio for each 2 KiB window, so within the budget the gathers ran 0.98x the
-hand loop on the 2-core CPU machine (a sweep every three batches). A stream that measures
-so (`LARGE_FOOTPRINT`) reads by position from its second group on, on its own thread
-(one `preadv` a window, nothing mapped): 9,074-9,551 batches/s there, 1.43-1.64x the hand
-loop, which kept 13 GiB of the file resident. Where nothing is measured (no statm, or
-reads of it dear) windows are counted as small pages bring them in. The TPU VM figures
-here and below were measured before windows were measured: whether gVisor maps large
-folios too is for the next run of the accelerator lane to say (`bench_loop.py` now
-reports what each feeder left resident).
-
-From a file mapping, the next group is gathered on one worker thread (one per stream,
-one hand-off a group) while the current group is placed and used: the gather's page
-faults (numpy copies with the GIL released) then overlap the transfers and the user's
-step, as a double-buffered hand loop overlaps its own. The first group is gathered on the
-stream's thread (nothing to overlap yet, and no hand-off before the first batch). On that
-TPU VM the story file, none of it mapped in at the start of a run, fed 3,344-3,382
-batches/s, 2.8-2.9x the hand loop and 1.45x the double-buffered hand loop (2,321-2,427),
-against 2,716 gathered on the stream's thread; on the 2-core CPU machine 11,902 against
-9,512 (1.41x the double-buffered loop), a figure from before the budget held large folios
-(resident memory then grew to 3.3 GiB). Cutting the next group earlier on the stream's
-thread instead reached 1.24x there, and smaller groups lost. Two to four threads, each
-gathering part of a group, lost on both machines (TPU VM 3,177 / 2,867 / 2,700 batches/s,
-CPU 10,424 / 9,274 / 8,932): their faults contend for the process's address space. Arrays
-in memory are gathered on the stream's thread: a group's gather (about 25 us a batch)
-costs less than a hand-off. Several threads reading windows by position lost too (792
-batches/s against 1,908).
+The next group is made ready while the current one is used: `ahead`.
 """
 
 from __future__ import annotations
@@ -72,11 +57,12 @@ from .._decide.decider import Decider
 from .._decide.routing import NEVER_MAPPED
 from .._machine.capacity import host_available_bytes
 from .._machine.streams import StreamTally, open_stream
+from .ahead import KernelReads, call_weakly
 from .filewindows import FileWindows, mapped_file
 from .groups import GroupBuffer, GroupPlan
 from .hostview import host_view
 from .narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
-from .paging import FAULT_AROUND, Pager
+from .paging import Pager
 from .prefetch import BatchStream, as_int
 from .sampling import Random, Sequential, process_rows
 from .streamstate import StreamState, read_state, resumed_step
@@ -90,9 +76,11 @@ ORDERS = ("sequential", "random")
 #: a group stays small beside host and device memory.
 GROUP_MAX = 8
 GROUP_BYTES = 4 * 2**20
-#: How windows of a file mapping are copied: "budget" (gathered from the mapping, see the
-#: module docstring for why and the figures) or "file" (read from the file by position:
-#: `filewindows`; kept to measure other machines, `bench_loop.py --mapped-copy file`).
+#: Batches read from a file in one group, at most, where a group is read ahead in one
+#: system call (`filewindows`, `batchreads`).
+READ_GROUP_MAX = 32
+#: How windows of a file mapping are copied: "budget" (gathered from the mapping; module
+#: docstring) or "file" (read by position: `bench_loop.py --mapped-copy file`).
 MAPPED_COPY = "budget"
 #: A batch this large or larger is checked against the host's available memory first.
 ASK_HOST_FROM = 64 * 2**20
@@ -101,9 +89,7 @@ RESIDENT_BUDGET = 256 * 2**20
 #: to bring in more than this many times what small pages can (the window and two
 #: 64 KiB fault-around blocks): the kernel maps each a large folio (module docstring).
 LARGE_FOOTPRINT = 4
-#: Whether a file mapping's next group is gathered on a worker thread while the current
-#: one is placed and used (see the module docstring); off only to measure the difference
-#: (`bench_loop.py`'s `gathered on the stream's thread` row).
+#: Whether the next group is made ready while the current one is used (`ahead`; off to measure).
 GATHER_AHEAD = True
 
 
@@ -249,12 +235,14 @@ class WindowStream(BatchStream[Any]):
     """
 
     __slots__ = (
+        "__weakref__",  # the worker thread's work holds the stream weakly
         "_buffers",
         "_dtype",
         "_ended",
         "_gatherer",
         "_group",
         "_handed",
+        "_kernel_reads",
         "_length",
         "_narrowed",
         "_pager",
@@ -307,7 +295,7 @@ class WindowStream(BatchStream[Any]):
         nbytes = length * batch * self._dtype.itemsize * math.prod(view.shape[1:])
         self._group = max(1, min(GROUP_MAX, GROUP_BYTES // max(1, nbytes)))
         # The next group of a file mapping, being gathered on `_gatherer`'s thread.
-        self._pending: tuple[np.ndarray[Any, Any], Future[np.ndarray[Any, Any]]] | None = None
+        self._pending: tuple[np.ndarray[Any, Any], Future[Any] | KernelReads] | None = None
         self._gatherer: ThreadPoolExecutor | None = None
         self._shapes: dict[tuple[int, ...], GroupPlan] = {}
         self._ring: deque[GroupBuffer] = deque()
@@ -316,6 +304,7 @@ class WindowStream(BatchStream[Any]):
         self._reader: FileWindows | None = None  # or this, for a file read by position
         self._reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
         self._tried_file = False  # whether reading by position was tried mid-stream
+        self._kernel_reads = False  # whether the next group is read by a polled ring
         self._tally: StreamTally | None = None
         self._narrowed: set[bool] = set()  # the exactness already reported
         self._handed = 0
@@ -361,63 +350,79 @@ class WindowStream(BatchStream[Any]):
         return GroupBuffer(count, shape, self._dtype)
 
     def _gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """The windows at `offsets` gathered from memory (a mapping's pages given back)."""
+        """The windows at `offsets` read from the file by position, or gathered from
+        memory (a mapping's pages given back)."""
+        reader = self._reader
+        if reader is not None:  # batched reads (`_reads_ahead`): the GIL released
+            read = np.empty((*offsets.shape, *self._windows.shape[1:]), self._view.dtype)
+            reader.read(offsets, read)
+            return read
         pager = self._pager
         if pager is None or not pager.active:
             return self._windows[offsets]  # type: ignore[no-any-return]  # one copy
-        if not (MAPPED_COPY == "budget" and self._sampler.random):
-            gathered: np.ndarray[Any, Any] = self._windows[offsets]
-            pager.release(offsets, self._length)  # the group's pages, in one go
-            return gathered
-        chunk = pager.window_chunk(RESIDENT_BUDGET)
-        if chunk is None or chunk >= offsets.size:
-            gathered = self._windows[offsets]
-            pager.release_over_budget(offsets.size, self._length, RESIDENT_BUDGET)
-            return gathered
-        # A few windows at a time, each part's pages counted (and swept) before the next:
-        # where a window brings in a large folio, a whole group would pass the budget.
-        gathered = np.empty((*offsets.shape, *self._windows.shape[1:]), self._view.dtype)
-        flat, into = offsets.reshape(-1), gathered.reshape(-1, *self._windows.shape[1:])
-        for first in range(0, flat.size, chunk):
-            part = flat[first : first + chunk]
-            into[first : first + part.size] = self._windows[part]
-            pager.release_over_budget(part.size, self._length, RESIDENT_BUDGET)
-        return gathered
+        budgeted = MAPPED_COPY == "budget" and self._sampler.random
+        return pager.gather(self._windows, offsets, RESIDENT_BUDGET if budgeted else None)
 
     def _cut_group(self) -> list[Any] | None:
-        """The next group's batches placed, or None at the end of the stream. From a file
-        mapping, the group was gathered on the worker thread while the one before was
-        used (the first group on this thread: nothing to overlap yet), and the group
-        after it is handed to the thread before this one is placed."""
-        gatherer = self._gatherer
+        """The next group's batches placed, or None at the end of the stream. From a file,
+        it was made ready while the one before was used (`ahead`; the first on this
+        thread), and the one after it is started before this one is placed."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            offsets = self._sampler.take(self._group)
+        if pending is None:  # the first: its first batch waits for it, so never a large one
+            offsets = self._sampler.take(min(self._group, GROUP_MAX))
             if offsets is None:
                 return None
             # Before the thread gathers the next: the pager is never used by two at once.
-            gathered = None if gatherer is None else self._gather(offsets)
+            ahead = self._gatherer is not None or self._kernel_reads
+            gathered = self._ahead(offsets, self._into(offsets)) if ahead else None
         else:
             offsets, future = pending
             gathered = future.result()
         if self._pager is not None and not self._tried_file and self._folios_mapped():
             self._tried_file = True
             self._read_by_position()  # from the group after this one
-            gatherer = self._gatherer
-        if gatherer is not None:
+        if self._gatherer is not None or self._kernel_reads:
             following = self._sampler.take(self._group)
             if following is not None:
-                self._pending = (following, gatherer.submit(self._gather, following))
+                self._pending = (following, self._start_ahead(following))
         return self._cut(offsets, gathered)
+
+    def _start_ahead(self, offsets: np.ndarray[Any, Any]) -> Future[Any] | KernelReads:
+        """Start the group at `offsets`: read by a polled ring's kernel thread straight
+        into its buffer, or read or gathered on the worker thread."""
+        into = self._into(offsets)
+        reader = self._reader
+        if self._kernel_reads and reader is not None and into is not None:
+            reader.submit_batches(offsets, into.batches)
+            return KernelReads(reader, into)
+        assert self._gatherer is not None
+        # Weakly: a stream dropped unclosed is collected with a group queued.
+        ahead = weakref.WeakMethod(self._ahead)
+        return self._gatherer.submit(call_weakly, ahead, offsets, into)
+
+    def _into(self, offsets: np.ndarray[Any, Any]) -> GroupBuffer | None:
+        """The buffer a group read from the file goes straight into (no copy after), or
+        None where it is gathered (a mapping) or narrowed after."""
+        if self._reader is None or self._target is not None:
+            return None
+        count, n = offsets.shape
+        shape = (n, self._length, *self._view.shape[1:])
+        return self._buffer(count, shape, self._shape(shape).reuse)
+
+    def _ahead(
+        self, offsets: np.ndarray[Any, Any], into: GroupBuffer | None
+    ) -> np.ndarray[Any, Any] | GroupBuffer:
+        """The group at `offsets` read into `into`, or gathered (on the worker thread)."""
+        if into is None:
+            return self._gather(offsets)
+        assert self._reader is not None
+        self._reader.read_batches(offsets, into.batches)
+        return into
 
     def _folios_mapped(self) -> bool:
         """Whether the mapping's windows were measured to bring in far more than small
         pages would: the kernel maps each a large folio (a whole 2 MiB)."""
-        pager = self._pager
-        footprint = None if pager is None else pager.footprint
-        row = self._view.itemsize * math.prod(self._view.shape[1:])
-        small = self._length * row + 2 * FAULT_AROUND
-        return footprint is not None and footprint > LARGE_FOOTPRINT * small
+        return self._pager is not None and self._pager.maps_more(self._length, LARGE_FOOTPRINT)
 
     def _read_by_position(self) -> None:
         """From now on read the windows from the file by position, on the stream's thread:
@@ -429,6 +434,28 @@ class WindowStream(BatchStream[Any]):
         self._drop_mapping(sweep=True)
         self._reader = reader
         self._reads = "file"
+        self._reads_ahead()
+
+    def _reads_ahead(self) -> None:
+        """A reader that reads a group in one system call reads the next group while this
+        one is placed: by a polled ring's kernel thread, or on a worker thread, the GIL
+        released for the call (module docstring)."""
+        reader = self._reader
+        if reader is None or not reader.batched or not GATHER_AHEAD:
+            return
+        if reader.polled and self._target is None:
+            self._kernel_reads = True
+        elif self._gatherer is None:
+            self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
+        # Larger groups: a hand-off, and the waits for the GIL, are paid once for
+        # more windows.
+        nbytes = (
+            self._length
+            * self._state.batch
+            * self._dtype.itemsize
+            * math.prod(self._view.shape[1:])
+        )
+        self._group = max(self._group, min(READ_GROUP_MAX, GROUP_BYTES // max(1, nbytes)))
 
     def _drop_mapping(self, *, sweep: bool) -> None:
         """End the worker thread and the pager (its advice; with `sweep`, its pages)."""
@@ -442,27 +469,32 @@ class WindowStream(BatchStream[Any]):
             pager.close()
 
     def _cut(
-        self, offsets: np.ndarray[Any, Any], gathered: np.ndarray[Any, Any] | None = None
+        self,
+        offsets: np.ndarray[Any, Any],
+        gathered: np.ndarray[Any, Any] | GroupBuffer | None = None,
     ) -> list[Any]:
         """The batches at `offsets` (k, n): read from the file by position, or gathered
-        from memory (a mapping's pages given back) unless `gathered` already; narrowed,
-        placed."""
+        from memory (a mapping's pages given back) unless `gathered` already (or read into
+        its buffer); narrowed, placed."""
         count, n = offsets.shape
         shape = (n, self._length, *self._view.shape[1:])
         plan = self._shape(shape)
-        buffer = self._buffer(count, shape, plan.reuse)
         target = self._target
         reader = self._reader
         windows: Any  # the group's windows, each batch as it came from the tokens
-        if gathered is not None:  # gathered already (before a turn to reading by position)
-            windows = gathered
+        if isinstance(gathered, GroupBuffer):  # read ahead straight into its buffer
+            buffer = gathered
+            windows = buffer.batches
+        else:
+            buffer = self._buffer(count, shape, plan.reuse)
+        if gathered is not None:  # gathered (or read) ahead on the worker thread
+            windows = buffer.batches if gathered is buffer else gathered
         elif reader is not None:
             # Straight into the buffer; 64-bit tokens into memory of their dtype first.
             windows = (
                 buffer.batches if target is None else np.empty((count, *shape), self._view.dtype)
             )
-            for batch, starts in zip(windows, offsets.tolist(), strict=True):
-                reader.read(starts, batch)
+            reader.read_batches(offsets, list(windows))
         else:
             windows = self._gather(offsets)
         if target is not None:
@@ -502,6 +534,7 @@ class WindowStream(BatchStream[Any]):
                 self._reader = mapped_file(self._view, self._length)
             if self._reader is not None:
                 self._reads = "file"
+                self._reads_ahead()
             else:
                 self._pager = Pager(self._view, random=self._sampler.random)
                 if self._pager.active:
@@ -515,12 +548,14 @@ class WindowStream(BatchStream[Any]):
                 return
             in_flight.extend(placed)
 
-    def _stop(self) -> None:
+    def _stop(self, *, collected: bool = False) -> None:
         """No more batches will be cut: end the paging advice now (not at collection)."""
         self._pulling = False
-        # The gather in flight touches the pager: it ends before the pager closes.
+        # The gather in flight touches the pager: it ends before the pager closes. Being
+        # collected, nothing is in flight: the worker's work holds the stream while it
+        # runs (and may be what collects it, on the worker thread, when it returns).
         pending, self._pending = self._pending, None
-        if pending is not None and not pending[1].cancel():
+        if pending is not None and not pending[1].cancel() and not collected:
             pending[1].exception()  # waited for; what it raised, nobody needs now
         self._drop_mapping(sweep=False)
         reader, self._reader = self._reader, None
@@ -575,7 +610,7 @@ class WindowStream(BatchStream[Any]):
         # generator's `finally` did (no event: logging from a collection is not safe).
         # No module global here: at interpreter exit they may already be None.
         try:  # noqa: SIM105 - a finaliser never raises; no contextlib (a module global)
-            self._stop()
+            self._stop(collected=True)
         except Exception:
             pass
 

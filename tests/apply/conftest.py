@@ -4,11 +4,47 @@ from __future__ import annotations
 
 import pytest
 
+from devpolicy._apply import batchreads, filewindows
 from devpolicy._apply import windows as _windows
+from devpolicy._apply.batchreads import BatchReads
 
 
-@pytest.fixture
-def by_position(monkeypatch: pytest.MonkeyPatch) -> None:
+def batched_reads_here(*, polled: bool = False) -> bool:
+    """Whether io_uring (a polled ring, with `polled`) can be had on this machine."""
+    ring = BatchReads.open(polled=polled)
+    if ring is None:
+        return False
+    ring.close()
+    return ring.polled or not polled
+
+
+class PlainReads(BatchReads):
+    """Rings that are never polled: their reads done in the call that submits them."""
+
+    __slots__ = ()
+
+    @classmethod
+    def open(cls, entries: int = batchreads.ENTRIES, *, polled: bool = True) -> BatchReads | None:
+        return BatchReads.open(entries, polled=False)
+
+
+READS = {
+    "one read a window": (False, False),
+    "a group in one call of a plain ring, on a worker thread": (True, False),
+    "a group read by a polled ring's kernel thread": (True, True),
+}
+
+
+@pytest.fixture(params=list(READS))
+def by_position(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Windows of a file mapping read from the file by position (not gathered from the
-    mapping, `windows`' default)."""
+    mapping, `windows`' default), each way this machine can: one `preadv` a window, or
+    a group in one io_uring call (`batchreads`), read ahead while the group before is
+    placed."""
+    batched, polled = READS[request.param]
+    if batched and not batched_reads_here(polled=polled):
+        pytest.skip("io_uring (or a polled ring) cannot be had here")
     monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
+    monkeypatch.setattr(filewindows, "BATCHED", batched)
+    if batched and not polled:
+        monkeypatch.setattr(filewindows, "BatchReads", PlainReads)
