@@ -143,7 +143,7 @@ class BatchReads:
     """One io_uring: many positional reads of a file in one system call, or none.
 
     `submit` queues the reads and returns; `wait` returns their results once all are
-    done; `read` is both. On a polled ring (`polled`) a kernel thread takes the reads
+    done. On a polled ring (`polled`) a kernel thread takes the reads
     from the queue and does them on another core while this thread goes on; on a plain
     one, `submit` does them in its system call.
 
@@ -158,7 +158,8 @@ class BatchReads:
         ...         out[:] = [0, 1, 7, 8]
         ...     else:
         ...         at = np.array([out.ctypes.data, out.ctypes.data + 2], np.uint64)
-        ...         results = reads.read(f.fileno(), np.array([0, 7]), at, 2, out)
+        ...         reads.submit(f.fileno(), np.array([0, 7]), at, 2, out)
+        ...         results = reads.wait()
         ...         reads.close()
         >>> out.tolist()
         [0, 1, 7, 8]
@@ -232,18 +233,6 @@ class BatchReads:
             except (OSError, ValueError):
                 os.close(fd)
         return None
-
-    def read(
-        self,
-        fd: int,
-        positions: np.ndarray[Any, Any],
-        addresses: np.ndarray[Any, Any],
-        size: int,
-        into: object,
-    ) -> np.ndarray[Any, Any]:
-        """`submit` then `wait`: the results of the reads (see `submit`)."""
-        self.submit(fd, positions, addresses, size, into)
-        return self.wait()
 
     def submit(
         self,

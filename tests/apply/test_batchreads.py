@@ -51,7 +51,8 @@ def read_all(
     addresses = np.uint64(out.ctypes.data) + np.arange(len(positions), dtype=np.uint64) * np.uint64(
         size
     )
-    return out, ring.read(fd, positions, addresses, size, out)
+    ring.submit(fd, positions, addresses, size, out)
+    return out, ring.wait()
 
 
 def test_random_reads_hold_exactly_the_files_bytes(tmp_path: Path, ring: BatchReads) -> None:
