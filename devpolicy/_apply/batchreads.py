@@ -6,8 +6,8 @@ between them, so they cannot overlap the stream's own work (a worker thread of `
 lost to the stream's own thread everywhere it was measured). io_uring queues the reads in
 a ring shared with the kernel (written with numpy, a few vectorised assignments a
 group). A polled ring (`IORING_SETUP_SQPOLL`) has a kernel thread of its own that takes
-them from the queue and reads on another core, no system call and no GIL involved, while
-the stream places the group before; a plain ring reads them all in one `io_uring_enter`
+them from the queue and reads on another core (one cheap call a group wakes it; no GIL
+involved) while the stream places the group before; a plain ring reads them all in one `io_uring_enter`
 made through ctypes, which releases the GIL for it.
 
 On the 2-core CPU machine (Linux 6.18, December 2026), 1,024 random 2 KiB windows of a
@@ -20,15 +20,19 @@ No library: the ABI is four structures and two system calls, stable since Linux 
 the Python bindings for it are compiled extensions. Where io_uring cannot be had (another
 OS or architecture, a kernel before 5.6, `kernel.io_uring_disabled`, a seccomp profile
 that refuses it, gVisor), `BatchReads.open` returns None and the caller reads with
-`preadv`; where a polled ring cannot (a kernel before 5.11 without privileges, aarch64,
-whose stores Python cannot order for another CPU), a plain one. A read that comes back
-short or failed is the caller's to redo (`wait` returns each read's result), so a
-truncated file or an I/O error is reported as a single `preadv` reports it.
+`preadv`; where a polled ring cannot (a kernel before 5.11, where it reads only
+registered files; aarch64, whose stores Python cannot order for another CPU; one core),
+a plain one. A ring the kernel offers but that could not read (checked by its features)
+is not used. A read that comes back short or failed is the caller's to redo (`wait`
+returns each read's result), so a truncated file or an I/O error is reported as a single
+`preadv` reports it.
 
 The buffers read into are the caller's: a read still in flight writes into them. So no
 exception leaves `submit` or `wait` with reads in flight (a signal interrupting the wait
 only restarts it), a ring closed waits for them, and a ring that could not wait keeps the
-buffer alive for good. One ring, one thread at a time.
+buffer alive for good. One thread at a time (a lock: `close` from another thread waits
+for a `wait` in progress), and only in the process that opened it: a forked child shares
+the ring's memory, so its copy refuses to read (`usable`) and its reader uses `preadv`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import mmap
 import os
 import platform
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +62,11 @@ _SETUP_SQPOLL = 2
 _ENTER_GETEVENTS, _ENTER_SQ_WAKEUP = 1, 2
 _SQ_NEED_WAKEUP = 1
 _FEAT_SINGLE_MMAP = 1
+_FEAT_RW_CUR_POS = 8  # Linux 5.6, with IORING_OP_READ
+_FEAT_SQPOLL_NONFIXED = 128  # Linux 5.11: a polled ring reads descriptors not registered
+# Consecutive calls that failed with EAGAIN (no memory for the work, under a cgroup's
+# limit) before the ring gives up and raises.
+_RETRIES = 10_000
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _U32 = 0xFFFFFFFF
 #: Reads queued at once, at most (the ring's size); more are queued as these finish.
@@ -137,6 +147,7 @@ class _Job:
     results: np.ndarray[Any, Any]
     queued: int = 0  # reads queued so far
     done: int = 0  # reads completed so far
+    failures: int = 0  # calls in a row that failed with EAGAIN or EBUSY
 
 
 class BatchReads:
@@ -171,6 +182,8 @@ class BatchReads:
         "_cq_tail",
         "_fd",
         "_job",
+        "_lock",
+        "_pid",
         "_sq_array",
         "_sq_flags",
         "_sq_head",
@@ -183,6 +196,11 @@ class BatchReads:
     def __init__(self, fd: int, params: _Params) -> None:
         self._fd = fd
         self._job: _Job | None = None
+        # One thread at a time: `close` from another waits for a `wait` in progress.
+        self._lock = threading.RLock()
+        # A forked child shares the ring's memory (and a polled ring's thread reads in the
+        # parent's address space): only the process that opened it uses it.
+        self._pid = os.getpid()
         self.polled = bool(params.flags & _SETUP_SQPOLL)
         sq, cq = list(params.sq_off), list(params.cq_off)
         sq_bytes = sq[6] + params.sq_entries * 4
@@ -228,11 +246,22 @@ class BatchReads:
             fd = int(_SYSCALL(_SETUP, ctypes.c_uint(entries), ctypes.byref(params)))
             if fd < 0:
                 continue  # ENOSYS, EPERM (disabled, seccomp, old kernel), ENOMEM...
+            # A ring that could not read: before 5.6 no IORING_OP_READ (every read would
+            # fail with EINVAL); a polled one before 5.11 reads only registered files.
+            needed = _FEAT_RW_CUR_POS | (_FEAT_SQPOLL_NONFIXED if flags else 0)
+            if params.features & needed != needed:
+                os.close(fd)
+                continue
             try:
                 return cls(fd, params)
             except (OSError, ValueError):
                 os.close(fd)
         return None
+
+    @property
+    def usable(self) -> bool:
+        """Whether this process may read with it (open, and not a forked child's copy)."""
+        return self._fd >= 0 and self._pid == os.getpid()
 
     def submit(
         self,
@@ -245,37 +274,43 @@ class BatchReads:
         """Start reading `size` bytes at each of `positions` (file offsets) of `fd` to the
         memory at the same index of `addresses`, which `into` holds (kept alive until the
         reads are done). One submission at a time: `wait` for it before the next."""
-        if self._fd < 0:
-            raise ValueError("this ring is closed")
-        if self._job is not None:
-            raise RuntimeError("reads are in flight: wait() for them first")
-        count = int(positions.size)
-        job = _Job(fd, positions, addresses, size, into, np.empty(count, np.int64))
-        self._job = job
-        try:
-            self._queue(job)
-            self._enter(0)
-        except BaseException:
-            self._settle()  # an interrupt must not leave reads writing into freed memory
-            raise
+        with self._lock:
+            if not self.usable:
+                raise ValueError("this ring is closed, or was opened by another process")
+            if self._job is not None:
+                raise RuntimeError("reads are in flight: wait() for them first")
+            count = int(positions.size)
+            if addresses.size != count:
+                raise ValueError(f"{count} positions but {addresses.size} addresses")
+            # Any read never completed reads as cancelled, never as done.
+            results = np.full(count, -errno.ECANCELED, np.int64)
+            job = _Job(fd, positions, addresses, size, into, results)
+            self._job = job
+            try:
+                self._queue(job)
+                self._enter(0)
+            except BaseException:
+                self._settle()  # an interrupt must not leave reads writing into freed memory
+                raise
 
     def wait(self) -> np.ndarray[Any, Any]:
         """Wait for the reads submitted; each one's result: its size, fewer bytes (the file
         ended there), or `-errno`."""
-        job = self._job
-        if job is None:
-            raise RuntimeError("no reads were submitted")
-        count = job.results.size
-        try:
-            while job.done < count:
-                if job.done == job.queued:  # a ring's worth done: queue the next
-                    self._queue(job)
-                self._enter(job.queued - job.done)
-        except BaseException:
-            self._settle()
-            raise
-        self._job = None
-        return job.results
+        with self._lock:
+            job = self._job
+            if job is None:
+                raise RuntimeError("no reads were submitted")
+            count = job.results.size
+            try:
+                while job.done < count:
+                    if job.done == job.queued:  # a ring's worth done: queue the next
+                        self._queue(job)
+                    self._enter(job.queued - job.done)
+            except BaseException:
+                self._settle()
+                raise
+            self._job = None
+            return job.results
 
     def _queue(self, job: _Job) -> None:
         """Queue the job's next reads, as many as the ring holds (all before are done)."""
@@ -305,8 +340,10 @@ class BatchReads:
         assert job is not None
         unsubmitted = 0 if self.polled else (self._tail - int(self._sq_head[0])) & _U32
         flags = _ENTER_GETEVENTS if wait_for else 0
-        if self.polled and (wait_for or int(self._sq_flags[0]) & _SQ_NEED_WAKEUP):
-            # Always when waiting: a flag read before the thread slept must not hang us.
+        if self.polled:
+            # Always: the thread's NEED_WAKEUP flag, read after the tail was written, may
+            # be stale (x86 lets a load pass an earlier store); a wake of an awake thread
+            # costs one cheap call a group.
             flags |= _ENTER_SQ_WAKEUP
         if flags or unsubmitted:
             # The kernel waits only once everything is submitted.
@@ -321,7 +358,8 @@ class BatchReads:
             )
             if entered < 0:
                 code = ctypes.get_errno()
-                if code not in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
+                job.failures = 0 if code == errno.EINTR else job.failures + 1
+                if code not in (errno.EINTR, errno.EAGAIN, errno.EBUSY) or job.failures > _RETRIES:
                     raise OSError(code, f"io_uring_enter: {os.strerror(code)}")
         head, tail = int(self._cq_head[0]), int(self._cq_tail[0])
         ready = (tail - head) & _U32
@@ -352,11 +390,22 @@ class BatchReads:
         return self._job is not None
 
     def close(self) -> None:
-        """Wait out anything in flight and release the ring. Safe to call twice."""
-        if self._fd < 0:
-            return
-        try:
-            self._settle()
-        finally:
-            fd, self._fd = self._fd, -1
-            os.close(fd)
+        """Wait out anything in flight and release the ring. Safe to call twice; in a
+        forked child, only its descriptor is closed (the reads are the parent's)."""
+        with self._lock:
+            if self._fd < 0:
+                return
+            try:
+                if self._pid == os.getpid():
+                    self._settle()
+            finally:
+                fd, self._fd = self._fd, -1
+                os.close(fd)
+
+    def __del__(self) -> None:
+        # Dropped unclosed: its reads waited out (or, where that failed, their memory kept
+        # by `_settle`), its descriptor closed.
+        try:  # noqa: SIM105 - a finaliser never raises; no contextlib (a module global)
+            self.close()
+        except BaseException:
+            pass

@@ -63,15 +63,21 @@ class FileWindows:
         # The windows `submit_batches` started reading: (starts, batches).
         self._submitted: tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]] | None = None
 
+    def _ring(self) -> BatchReads | None:
+        """The ring, where this process may use it (not in a forked child)."""
+        ring = self._batch
+        return ring if ring is not None and ring.usable else None
+
     @property
     def batched(self) -> bool:
         """Whether a call reads all its windows in one system call, the GIL released."""
-        return self._batch is not None
+        return self._ring() is not None
 
     @property
     def polled(self) -> bool:
         """Whether `submit_batches` returns at once, a kernel thread reading meanwhile."""
-        return self._batch is not None and self._batch.polled
+        ring = self._ring()
+        return ring is not None and ring.polled
 
     @property
     def name(self) -> str:
@@ -88,7 +94,7 @@ class FileWindows:
     ) -> None:
         """Fill each of `batches` (C-contiguous) with the windows at its row of `starts`
         (a (batches, windows) integer array of rows of the view)."""
-        if self._batch is not None:
+        if self._ring() is not None:
             self.submit_batches(starts, batches)
             self.finish()
             return
@@ -110,10 +116,25 @@ class FileWindows:
     ) -> None:
         """Start filling `batches` as `read_batches` does (a batched reader only); `finish`
         waits for them. The batches must not be used, nor dropped, before."""
-        ring = self._batch
-        assert ring is not None
+        ring = self._ring()
+        if ring is None:  # a forked child's copy of the reader: read here and now
+            self.read_batches(starts, batches)
+            return
         size = self.length * self._row
-        within = np.arange(starts.shape[1], dtype=np.uint64) * np.uint64(size)
+        windows = starts.shape[1]
+        # The kernel writes where it is told: every batch exactly its windows' bytes.
+        for batch in batches:
+            if batch.nbytes != windows * size or not (
+                batch.flags.c_contiguous and batch.flags.writeable
+            ):
+                raise ValueError(
+                    f"a batch of {batch.nbytes:,} bytes (C-contiguous "
+                    f"{batch.flags.c_contiguous}, writeable {batch.flags.writeable}) for "
+                    f"{windows} windows of {size:,} bytes"
+                )
+        if len(batches) != starts.shape[0]:
+            raise ValueError(f"{len(batches)} batches for {starts.shape[0]} rows of starts")
+        within = np.arange(windows, dtype=np.uint64) * np.uint64(size)
         addresses = np.concatenate([within + np.uint64(b.ctypes.data) for b in batches])
         positions = self._offset + starts.reshape(-1) * self._row
         ring.submit(self._fd, positions, addresses, size, batches)
@@ -123,7 +144,7 @@ class FileWindows:
         """Wait for the windows `submit_batches` started; any read that came back short or
         failed (the file ended, a read error) is read again alone, so the error is what
         a single read reports."""
-        ring = self._batch
+        ring = self._ring()
         submitted, self._submitted = self._submitted, None
         if ring is None or submitted is None:
             return
@@ -138,7 +159,7 @@ class FileWindows:
 
     def settle(self) -> None:
         """Wait for the windows `submit_batches` started, whatever the reads returned."""
-        ring = self._batch
+        ring = self._ring()
         self._submitted = None
         if ring is not None and ring.in_flight:
             ring.wait()

@@ -32,9 +32,8 @@ io_uring) fed 9,074-10,379, 1.37-1.64x. The first group stays at `GROUP_MAX` bat
 first batch waits for its whole group. Where nothing is measured (no statm, or reads of
 it dear) windows are counted as small pages bring them in: so on the TPU VM, whose statm
 counts no file pages, the stream keeps gathering from the mapping, 3,737 batches/s there
-(3.26x the hand loop, 1.60x the double-buffered one).
-
-The next group is made ready while the current one is used: `ahead`.
+(3.26x the hand loop, 1.60x the double-buffered one). The next group is made ready
+while the current one is used: `ahead`.
 """
 
 from __future__ import annotations
@@ -364,10 +363,9 @@ class WindowStream(BatchStream[Any]):
         return pager.gather(self._windows, offsets, RESIDENT_BUDGET if budgeted else None)
 
     def _cut_group(self) -> list[Any] | None:
-        """The next group's batches placed, or None at the end of the stream. From a file,
-        it was made ready while the one before was used (`ahead`; the first on this
-        thread), and the one after it is started before this one is placed."""
-        pending, self._pending = self._pending, None
+        """The next group's batches placed (None at the end): from a file, made ready while
+        the one before was used (`ahead`), the one after it started before it is placed."""
+        pending = self._pending  # kept until done: a stop meanwhile waits for it
         if pending is None:  # the first: its first batch waits for it, so never a large one
             offsets = self._sampler.take(min(self._group, GROUP_MAX))
             if offsets is None:
@@ -378,6 +376,7 @@ class WindowStream(BatchStream[Any]):
         else:
             offsets, future = pending
             gathered = future.result()
+            self._pending = None
         if self._pager is not None and not self._tried_file and self._folios_mapped():
             self._tried_file = True
             self._read_by_position()  # from the group after this one
@@ -457,11 +456,11 @@ class WindowStream(BatchStream[Any]):
         )
         self._group = max(self._group, min(READ_GROUP_MAX, GROUP_BYTES // max(1, nbytes)))
 
-    def _drop_mapping(self, *, sweep: bool) -> None:
+    def _drop_mapping(self, *, sweep: bool, wait: bool = False) -> None:
         """End the worker thread and the pager (its advice; with `sweep`, its pages)."""
         gatherer, self._gatherer = self._gatherer, None
         if gatherer is not None:
-            gatherer.shutdown(wait=False)
+            gatherer.shutdown(wait=wait)
         pager, self._pager = self._pager, None
         if pager is not None:
             if sweep:
@@ -551,16 +550,17 @@ class WindowStream(BatchStream[Any]):
     def _stop(self, *, collected: bool = False) -> None:
         """No more batches will be cut: end the paging advice now (not at collection)."""
         self._pulling = False
-        # The gather in flight touches the pager: it ends before the pager closes. Being
-        # collected, nothing is in flight: the worker's work holds the stream while it
-        # runs (and may be what collects it, on the worker thread, when it returns).
+        # The group in flight ends before the pager and reader close. Collected, no worker
+        # runs for the stream (its work holds it): a queued one is cancelled; `close` waits.
         pending, self._pending = self._pending, None
-        if pending is not None and not pending[1].cancel() and not collected:
-            pending[1].exception()  # waited for; what it raised, nobody needs now
-        self._drop_mapping(sweep=False)
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.close()
+        try:
+            if pending is not None and not pending[1].cancel() and not collected:
+                pending[1].exception()  # waited for; what it raised, nobody needs now
+            self._drop_mapping(sweep=False, wait=not collected)
+        finally:
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                reader.close()
 
     def __next__(self) -> Any:
         in_flight = self._in_flight

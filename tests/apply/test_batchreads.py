@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,17 @@ def read_all(
     )
     ring.submit(fd, positions, addresses, size, out)
     return out, ring.wait()
+
+
+def submit_and_wait(
+    ring: BatchReads,
+    fd: int,
+    positions: np.ndarray[Any, Any],
+    addresses: np.ndarray[Any, Any],
+    out: np.ndarray[Any, Any],
+) -> np.ndarray[Any, Any]:
+    ring.submit(fd, positions, addresses, SIZE, out)
+    return ring.wait()
 
 
 def test_random_reads_hold_exactly_the_files_bytes(tmp_path: Path, ring: BatchReads) -> None:
@@ -120,7 +133,7 @@ def test_a_read_past_the_end_comes_back_short_and_a_bad_descriptor_as_an_errno(
     assert results.tolist() == [SIZE, 100, 0]
     assert len(data) == 10_000
     _, results = read_all(ring, 987_654, np.array([0]))
-    assert results.tolist() == [-9]  # EBADF
+    assert results.tolist() == [-errno.EBADF]
 
 
 def test_signals_during_the_wait_only_restart_it(tmp_path: Path, ring: BatchReads) -> None:
@@ -136,6 +149,7 @@ def test_signals_during_the_wait_only_restart_it(tmp_path: Path, ring: BatchRead
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    assert ticks  # the wait was interrupted, and went on
     assert (results == SIZE).all()
     for index in (0, 9_999, 19_999):
         at = int(positions[index])
@@ -153,15 +167,22 @@ def test_an_exception_from_a_signal_handler_leaves_no_read_in_flight(
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt
 
+    out = np.zeros((len(positions), SIZE), np.uint8)
+    addresses = np.uint64(out.ctypes.data) + np.arange(len(positions), dtype=np.uint64) * (
+        np.uint64(SIZE)
+    )
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, 0.005)
     try:
         with open(tmp_path / "f.bin", "rb") as f, pytest.raises(KeyboardInterrupt):
-            read_all(ring, f.fileno(), positions)
+            submit_and_wait(ring, f.fileno(), positions, addresses, out)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert not ring.in_flight  # nothing left writing into a buffer
+    landed = out.copy()
+    time.sleep(0.05)
+    np.testing.assert_array_equal(out, landed)  # and nothing landed after
     with open(tmp_path / "f.bin", "rb") as f:
         out, results = read_all(ring, f.fileno(), positions[:10])
     assert (results == SIZE).all()
@@ -205,22 +226,29 @@ def test_a_second_submission_before_the_wait_is_refused(tmp_path: Path, ring: Ba
         assert ring.wait().tolist() == [SIZE]
 
 
-def test_closing_a_ring_with_reads_in_flight_waits_for_them(tmp_path: Path) -> None:
-    """A ring closed between `submit` and `wait`: every read started has landed when
-    close returns (nothing writes into the buffer after)."""
-    data = known_file(tmp_path / "f.bin")
-    opened = BatchReads.open()
-    assert opened is not None
+def test_closing_a_ring_with_reads_in_flight_waits_for_them(
+    tmp_path: Path, ring: BatchReads
+) -> None:
+    """A ring closed between `submit` and `wait`, the file's pages dropped from the cache
+    first (so the reads go to the disk): every read started has landed when close
+    returns, and nothing lands after."""
+    data = known_file(tmp_path / "f.bin", 64 * 2**20)
     positions = np.random.default_rng(7).integers(0, len(data) - SIZE, 5000)
     out = np.zeros((5000, SIZE), np.uint8)
     addresses = np.uint64(out.ctypes.data) + np.arange(5000, dtype=np.uint64) * np.uint64(SIZE)
     with open(tmp_path / "f.bin", "rb") as f:
-        opened.submit(f.fileno(), positions, addresses, SIZE, out)
-        opened.close()
-    assert not opened.in_flight
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        ring.submit(f.fileno(), positions, addresses, SIZE, out)
+        ring.close()
+    assert not ring.in_flight
+    landed = out.copy()
+    time.sleep(0.05)
+    np.testing.assert_array_equal(out, landed)
     # The reads queued (a ring's worth) have landed; the rest were never started.
-    at = int(positions[ENTRIES - 1])
-    assert out[ENTRIES - 1].tobytes() == data[at : at + SIZE]
+    for index in (0, ENTRIES - 1):
+        at = int(positions[index])
+        assert out[index].tobytes() == data[at : at + SIZE]
 
 
 def test_a_closed_ring_refuses_to_read_and_closes_once(tmp_path: Path) -> None:
@@ -251,5 +279,100 @@ def test_a_file_reader_reads_batches_in_one_call_where_io_uring_can_be_had(
         reader.read_batches(starts, batches)
         for batch, row in zip(batches, starts, strict=True):
             np.testing.assert_array_equal(batch, values[row[:, None] + np.arange(50)])
+    finally:
+        reader.close()
+
+
+def test_reads_the_ring_failed_are_read_again_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ring whose reads come back failed (-EINVAL, as a kernel without the read op
+    would say): `FileWindows` reads those windows again with `preadv`, exactly."""
+    values = np.arange(100_000, dtype=np.uint16)
+    path = tmp_path / "tokens.bin"
+    values.tofile(path)
+    waited = BatchReads.wait
+
+    def failing(ring: BatchReads) -> np.ndarray[Any, Any]:
+        results = waited(ring)
+        results[::3] = -errno.EINVAL
+        return results
+
+    monkeypatch.setattr(BatchReads, "wait", failing)
+    reader = filewindows.mapped_file(np.memmap(path, np.uint16, mode="r"), 40)
+    assert reader is not None
+    assert reader.batched
+    try:
+        batches = [np.zeros((5, 40), np.uint16) for _ in range(4)]
+        starts = np.random.default_rng(8).integers(0, 100_000 - 40, (4, 5))
+        reader.read_batches(starts, batches)
+        for batch, row in zip(batches, starts, strict=True):
+            np.testing.assert_array_equal(batch, values[row[:, None] + np.arange(40)])
+    finally:
+        reader.close()
+
+
+# The child only reads with numpy and os, then leaves with os._exit: none of JAX's threads
+# are needed there.
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+def test_a_forked_child_reads_by_itself_and_leaves_the_parents_ring_alone(
+    tmp_path: Path,
+) -> None:
+    """The ring's memory is shared with a forked child (and a polled ring's thread reads in
+    the parent's address space): the child's reader reads with `preadv`, exactly, and the
+    parent's ring still reads exactly after."""
+    values = np.arange(100_000, dtype=np.uint16)
+    path = tmp_path / "tokens.bin"
+    values.tofile(path)
+    reader = filewindows.mapped_file(np.memmap(path, np.uint16, mode="r"), 30)
+    assert reader is not None
+    assert reader.batched
+    starts = np.random.default_rng(9).integers(0, 100_000 - 30, (2, 6))
+    expected = [values[row[:, None] + np.arange(30)] for row in starts]
+    try:
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports by its exit status
+            code = 1
+            try:
+                batches = [np.zeros((6, 30), np.uint16) for _ in range(2)]
+                if not reader.batched:
+                    reader.read_batches(starts, batches)
+                    same = zip(batches, expected, strict=True)
+                    code = 0 if all((b == e).all() for b, e in same) else 2
+                reader.close()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        batches = [np.zeros((6, 30), np.uint16) for _ in range(2)]
+        reader.read_batches(starts, batches)
+        for batch, want in zip(batches, expected, strict=True):
+            np.testing.assert_array_equal(batch, want)
+    finally:
+        reader.close()
+
+
+def test_a_batch_that_does_not_fit_its_windows_is_refused_before_any_read(
+    tmp_path: Path,
+) -> None:
+    """The kernel writes where it is told: a batch of the wrong size, or read-only, is
+    refused before anything is submitted."""
+    values = np.arange(10_000, dtype=np.uint16)
+    path = tmp_path / "tokens.bin"
+    values.tofile(path)
+    reader = filewindows.mapped_file(np.memmap(path, np.uint16, mode="r"), 10)
+    assert reader is not None
+    assert reader.batched
+    try:
+        with pytest.raises(ValueError, match="for 3 windows of 20 bytes"):
+            reader.submit_batches(np.array([[0, 1, 2]]), [np.zeros((2, 10), np.uint16)])
+        frozen = np.zeros((3, 10), np.uint16)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="writeable False"):
+            reader.submit_batches(np.array([[0, 1, 2]]), [frozen])
+        assert reader.batched  # nothing was left in flight
+        batch = np.zeros((3, 10), np.uint16)
+        reader.read_batches(np.array([[0, 1, 2]]), [batch])
+        np.testing.assert_array_equal(batch, values[np.arange(3)[:, None] + np.arange(10)])
     finally:
         reader.close()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from devpolicy._apply import sampling as _sampling
 from devpolicy._apply import windows as _windows
 from tests.helpers import policy_of
 
+from .conftest import PlainReads, batched_reads_here
 from .test_windows import BATCH_RULES, sparse_tokens
 
 COUNT = 2**20
@@ -230,3 +234,48 @@ def test_memory_that_is_not_a_file_is_copied_from_memory() -> None:
     """A numpy array in memory has no file to read: `mapped_file` says so."""
     assert filewindows.mapped_file(np.arange(100, dtype=np.uint16), 10) is None
     assert _windows.mapped_file is filewindows.mapped_file
+
+
+@pytest.mark.skipif(not batched_reads_here(), reason="io_uring cannot be had here")
+def test_an_interrupt_while_waiting_for_the_group_read_ahead_closes_after_that_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a stream waits for the group its worker thread reads ahead, then the
+    stream closed (as a `with` block does): close waits for that read, so the worker never
+    finds its ring or its file closed under it (the worker slowed, so the close comes first)."""
+    monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
+    monkeypatch.setattr(filewindows, "BatchReads", PlainReads)
+    read_batches = filewindows.FileWindows.read_batches
+
+    def slow_on_the_worker(reader: filewindows.FileWindows, *args: Any) -> None:
+        if threading.current_thread().name.startswith("devpolicy-windows"):
+            time.sleep(0.02)  # the interrupt and the close come first
+        read_batches(reader, *args)
+
+    monkeypatch.setattr(filewindows.FileWindows, "read_batches", slow_on_the_worker)
+    path, _ = token_file(tmp_path)
+    tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+    original = Future.result
+    for attempt in range(10):
+        stream = devpolicy.windows(
+            tokens, 256, 64, order="random", seed=attempt, policy=policy_of()
+        )
+        next(stream)
+        interrupted: list[Future[Any]] = []
+
+        def result(
+            future: Future[Any], timeout: float | None = None, interrupted: list[Any] = interrupted
+        ) -> Any:
+            if not interrupted:
+                interrupted.append(future)
+                raise KeyboardInterrupt
+            return original(future, timeout)
+
+        monkeypatch.setattr(Future, "result", result)
+        with pytest.raises(KeyboardInterrupt):
+            for _ in stream:
+                pass
+        monkeypatch.setattr(Future, "result", original)
+        stream.close()
+        assert interrupted[0].done()  # close waited for it
+        assert interrupted[0].exception() is None  # and it read undisturbed
