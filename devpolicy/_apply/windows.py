@@ -26,7 +26,7 @@ machine), the stream reads by position from its second group on, nothing mapped
 `READ_GROUP_MAX` batches is read in one go, straight into its buffer, while the group
 before is placed and used: by a polled ring's kernel thread on another core, or in one
 call of a plain ring on the worker thread. There the story's 19.09 GiB file fed
-11,746-13,540 batches/s, 2.57x the hand loop and 2.69x the double-buffered one, nothing
+21,603-22,013 batches/s, 2.75x the hand loop and 2.76x the double-buffered one, nothing
 of the file resident; one `preadv` a window on the stream's thread (the way without
 io_uring) fed 9,074-10,379, 1.37-1.64x. The first group stays at `GROUP_MAX` batches: the
 first batch waits for its whole group. Where nothing is measured (no statm, or reads of
