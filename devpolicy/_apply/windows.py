@@ -30,10 +30,10 @@ call of a plain ring on the worker thread. There the story's 19.09 GiB file fed
 of the file resident; one `preadv` a window on the stream's thread (the way without
 io_uring) fed 9,074-10,379, 1.37-1.64x. The first group stays at `GROUP_MAX` batches: the
 first batch waits for its whole group. Where nothing is measured (no statm, or reads of
-it dear) windows are counted as small pages bring them in: so on the TPU VM, whose statm
-counts no file pages, the stream keeps gathering from the mapping, 3,737 batches/s there
-(3.26x the hand loop, 1.60x the double-buffered one). The next group is made ready
-while the current one is used: `ahead`.
+it dear) windows are counted as small pages bring them in. The TPU VM's statm counts no
+file pages, and there one fault maps the whole file (no budget holds; docs/host-arrays.md):
+gathering from the mapping ran 3.26x the hand loop, reading by position 1.69x, so it
+gathers. The next group is made ready while the current one is used: `ahead`.
 """
 
 from __future__ import annotations
