@@ -283,14 +283,25 @@ def test_a_file_reader_reads_batches_in_one_call_where_io_uring_can_be_had(
         reader.close()
 
 
+def batched_reader(
+    tmp_path: Path, count: int, length: int
+) -> tuple[filewindows.FileWindows, np.ndarray[Any, Any]]:
+    """A reader of windows of `length` over a mapped file of `count` known uint16 tokens,
+    reading a call's windows in one io_uring call; and the tokens."""
+    values = np.arange(count, dtype=np.uint16)
+    path = tmp_path / "tokens.bin"
+    values.tofile(path)
+    reader = filewindows.mapped_file(np.memmap(path, np.uint16, mode="r"), length)
+    assert reader is not None
+    assert reader.batched
+    return reader, values
+
+
 def test_reads_the_ring_failed_are_read_again_one_by_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ring whose reads come back failed (-EINVAL, as a kernel without the read op
     would say): `FileWindows` reads those windows again with `preadv`, exactly."""
-    values = np.arange(100_000, dtype=np.uint16)
-    path = tmp_path / "tokens.bin"
-    values.tofile(path)
     waited = BatchReads.wait
 
     def failing(ring: BatchReads) -> np.ndarray[Any, Any]:
@@ -299,9 +310,7 @@ def test_reads_the_ring_failed_are_read_again_one_by_one(
         return results
 
     monkeypatch.setattr(BatchReads, "wait", failing)
-    reader = filewindows.mapped_file(np.memmap(path, np.uint16, mode="r"), 40)
-    assert reader is not None
-    assert reader.batched
+    reader, values = batched_reader(tmp_path, 100_000, 40)
     try:
         batches = [np.zeros((5, 40), np.uint16) for _ in range(4)]
         starts = np.random.default_rng(8).integers(0, 100_000 - 40, (4, 5))
@@ -321,12 +330,7 @@ def test_a_forked_child_reads_by_itself_and_leaves_the_parents_ring_alone(
     """The ring's memory is shared with a forked child (and a polled ring's thread reads in
     the parent's address space): the child's reader reads with `preadv`, exactly, and the
     parent's ring still reads exactly after."""
-    values = np.arange(100_000, dtype=np.uint16)
-    path = tmp_path / "tokens.bin"
-    values.tofile(path)
-    reader = filewindows.mapped_file(np.memmap(path, np.uint16, mode="r"), 30)
-    assert reader is not None
-    assert reader.batched
+    reader, values = batched_reader(tmp_path, 100_000, 30)
     starts = np.random.default_rng(9).integers(0, 100_000 - 30, (2, 6))
     expected = [values[row[:, None] + np.arange(30)] for row in starts]
     try:
@@ -357,12 +361,7 @@ def test_a_batch_that_does_not_fit_its_windows_is_refused_before_any_read(
 ) -> None:
     """The kernel writes where it is told: a batch of the wrong size, or read-only, is
     refused before anything is submitted."""
-    values = np.arange(10_000, dtype=np.uint16)
-    path = tmp_path / "tokens.bin"
-    values.tofile(path)
-    reader = filewindows.mapped_file(np.memmap(path, np.uint16, mode="r"), 10)
-    assert reader is not None
-    assert reader.batched
+    reader, values = batched_reader(tmp_path, 10_000, 10)
     try:
         with pytest.raises(ValueError, match="for 3 windows of 20 bytes"):
             reader.submit_batches(np.array([[0, 1, 2]]), [np.zeros((2, 10), np.uint16)])
