@@ -7,8 +7,8 @@ lost to the stream's own thread everywhere it was measured). io_uring queues the
 a ring shared with the kernel (written with numpy, a few vectorised assignments a
 group). A polled ring (`IORING_SETUP_SQPOLL`) has a kernel thread of its own that takes
 them from the queue and reads on another core (one cheap call a group wakes it; no GIL
-involved) while the stream places the group before; a plain ring reads them all in one `io_uring_enter`
-made through ctypes, which releases the GIL for it.
+involved) while the stream places the group before; a plain ring reads them all in one
+`io_uring_enter` made through ctypes, which releases the GIL for it.
 
 On the 2-core CPU machine (Linux 6.18, December 2026), 1,024 random 2 KiB windows of a
 file in the page cache, then the group placed with `device_put`: 9,500-10,000 batches/s

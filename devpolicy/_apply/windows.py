@@ -291,8 +291,7 @@ class WindowStream(BatchStream[Any]):
         x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
         self._target: np.dtype[Any] | None = None if x64 else NARROWER.get(view.dtype)
         self._dtype: np.dtype[Any] = self._target or view.dtype
-        nbytes = length * batch * self._dtype.itemsize * math.prod(view.shape[1:])
-        self._group = max(1, min(GROUP_MAX, GROUP_BYTES // max(1, nbytes)))
+        self._group = self._batches_a_group(GROUP_MAX)
         # The next group of a file mapping, being gathered on `_gatherer`'s thread.
         self._pending: tuple[np.ndarray[Any, Any], Future[Any] | KernelReads] | None = None
         self._gatherer: ThreadPoolExecutor | None = None
@@ -424,9 +423,9 @@ class WindowStream(BatchStream[Any]):
         return self._pager is not None and self._pager.maps_more(self._length, LARGE_FOOTPRINT)
 
     def _read_by_position(self) -> None:
-        """From now on read the windows from the file by position, on the stream's thread:
-        nothing is mapped, so nothing needs giving back. Where the file cannot be read so,
-        the stream goes on gathering from the mapping."""
+        """From now on read the windows from the file by position (ahead, where a group is
+        one system call): nothing is mapped, so nothing needs giving back. Where the file
+        cannot be read so, the stream goes on gathering from the mapping."""
         reader = mapped_file(self._view, self._length)
         if reader is None:
             return
@@ -448,13 +447,13 @@ class WindowStream(BatchStream[Any]):
             self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
         # Larger groups: a hand-off, and the waits for the GIL, are paid once for
         # more windows.
-        nbytes = (
-            self._length
-            * self._state.batch
-            * self._dtype.itemsize
-            * math.prod(self._view.shape[1:])
-        )
-        self._group = max(self._group, min(READ_GROUP_MAX, GROUP_BYTES // max(1, nbytes)))
+        self._group = max(self._group, self._batches_a_group(READ_GROUP_MAX))
+
+    def _batches_a_group(self, most: int) -> int:
+        """Batches sent in one group: `most`, fewer where they pass `GROUP_BYTES`."""
+        row = self._dtype.itemsize * int(math.prod(self._view.shape[1:]))
+        nbytes = self._length * self._state.batch * row
+        return max(1, min(most, GROUP_BYTES // max(1, nbytes)))
 
     def _drop_mapping(self, *, sweep: bool, wait: bool = False) -> None:
         """End the worker thread and the pager (its advice; with `sweep`, its pages)."""
@@ -478,24 +477,20 @@ class WindowStream(BatchStream[Any]):
         count, n = offsets.shape
         shape = (n, self._length, *self._view.shape[1:])
         plan = self._shape(shape)
-        target = self._target
-        reader = self._reader
+        target, reader = self._target, self._reader
         windows: Any  # the group's windows, each batch as it came from the tokens
         if isinstance(gathered, GroupBuffer):  # read ahead straight into its buffer
             buffer = gathered
             windows = buffer.batches
         else:
             buffer = self._buffer(count, shape, plan.reuse)
-        if gathered is not None:  # gathered (or read) ahead on the worker thread
-            windows = buffer.batches if gathered is buffer else gathered
-        elif reader is not None:
-            # Straight into the buffer; 64-bit tokens into memory of their dtype first.
-            windows = (
-                buffer.batches if target is None else np.empty((count, *shape), self._view.dtype)
-            )
-            reader.read_batches(offsets, list(windows))
-        else:
-            windows = self._gather(offsets)
+            if gathered is not None:  # gathered (or read) ahead on the worker thread
+                windows = gathered
+            elif reader is not None and target is None:  # straight into the buffer
+                windows = buffer.batches
+                reader.read_batches(offsets, windows)
+            else:  # 64-bit tokens of a file read into memory of their dtype first
+                windows = self._gather(offsets)
         if target is not None:
             for out, batch in zip(buffer.batches, windows, strict=True):
                 self._narrow_into(batch, out, target)
