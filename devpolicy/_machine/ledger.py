@@ -324,10 +324,11 @@ _Buffer: TypeAlias = "int | tuple[int, int]"
 _Piece: TypeAlias = "tuple[jax.Device, str | None, _Buffer, int]"
 
 
-def _pieces(array: jax.Array) -> tuple[list[_Piece], bool]:
+def _pieces(array: jax.Array, views: dict[int, jax.Array]) -> tuple[list[_Piece], bool]:
     """(device, memory kind, buffer, bytes) of each local piece of `array`, and whether it
     is spread over several devices (here or in other processes); no pieces for an array
-    deleted before or while it is read.
+    deleted before or while it is read. The arrays JAX keeps for a spread array's shards
+    go into `views` (by id), to be counted as those shards and never read on their own.
 
     Another thread may donate or delete the array at any moment: reading it then raises
     (`RuntimeError: Array has been deleted`, or a `TypeError` where `devices()` gave None)
@@ -337,7 +338,7 @@ def _pieces(array: jax.Array) -> tuple[list[_Piece], bool]:
     if array.is_deleted():
         return [], False
     try:
-        out = _read_pieces(array)
+        out = _read_pieces(array, views)
     except Exception:
         if array.is_deleted():
             return [], False
@@ -345,27 +346,39 @@ def _pieces(array: jax.Array) -> tuple[list[_Piece], bool]:
     return ([], False) if array.is_deleted() else out
 
 
-def _read_pieces(array: jax.Array) -> tuple[list[_Piece], bool]:
+def _read_pieces(array: jax.Array, views: dict[int, jax.Array]) -> tuple[list[_Piece], bool]:
     kind = getattr(array.sharding, "memory_kind", None)
     devices = array.devices()
     if len(devices) == 1:
         (device,) = devices
-        return [(device, kind, _buffer(array, array, 0), array.nbytes)], False
+        return [(device, kind, _buffer(array), array.nbytes)], False
     out: list[_Piece] = []
     for i, shard in enumerate(array.addressable_shards):
+        # A shard's buffer address is never read: jaxlib 0.12.1 crashed the process
+        # (a segmentation fault in `unsafe_buffer_pointer`) when another thread donated
+        # the sharded array meanwhile. The array JAX keeps for the shard is known by id.
         data = shard.data
-        out.append((shard.device, kind, _buffer(data, array, i), data.nbytes))
+        views[id(data)] = data
+        out.append((shard.device, kind, (id(array), i), data.nbytes))
     return out, True
 
 
-def _buffer(piece: jax.Array, array: jax.Array, index: int) -> _Buffer:
-    """The piece's buffer address; a key no other buffer shares where a backend does not
-    say, or for an empty piece (empty buffers' addresses may coincide)."""
+def _buffer(array: jax.Array) -> _Buffer:
+    """The array's buffer address; a key no other buffer shares where a backend does not
+    say, or for an empty array (empty buffers' addresses may coincide)."""
     try:
-        pointer = int(piece.unsafe_buffer_pointer())
+        pointer = int(array.unsafe_buffer_pointer())
     except Exception:
-        return (id(array), index)
-    return pointer if pointer > 0 and piece.size else (id(array), index)
+        return (id(array), 0)
+    return pointer if pointer > 0 and array.size else (id(array), 0)
+
+
+def _spread_first(array: jax.Array) -> bool:
+    """Sorts arrays spread over several devices before those on one."""
+    try:
+        return len(array.sharding.device_set) == 1
+    except Exception:  # read in full (and found deleted) by _pieces
+        return True
 
 
 def _live_arrays() -> list[jax.Array]:
@@ -391,9 +404,13 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
     split by the rule (its origin, `policy.yaml:9`) that placed them, with the names
     placed. An array counts once in the ledger's `arrays`; one spread over several
     devices (sharded or replicated) counts on each device it has a shard on, as a shard,
-    and the ledger's `shards` counts those pieces. Arrays sharing one buffer (an array
-    and its committed copy of the same memory) count once. An array donated or deleted
-    by another thread while the report reads it is gone.
+    and the ledger's `shards` counts those pieces; the arrays JAX keeps for its shards
+    (`addressable_shards[i].data`) are those shards, not arrays apart. Single-device
+    arrays sharing one buffer (an array and its committed copy of the same memory) count
+    once. The single-device arrays a sharded array was assembled from count apart while
+    they live (a shard's buffer address is never read: on jaxlib 0.12.1 reading one while
+    another thread donated the sharded array crashed the process). An array donated or
+    deleted by another thread while the report reads it is gone.
 
     Args:
         capacity: Where free memory is read (default: the devices' own statistics, and
@@ -421,11 +438,16 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
     buffers: dict[
         tuple[jax.Device, str | None, _Buffer], tuple[int, _Record | None, tuple[int, bool]]
     ] = {}
-    for array in _live_arrays():
+    # Spread arrays first: the arrays JAX keeps for their shards are then known, and
+    # counted once, as those shards.
+    views: dict[int, jax.Array] = {}
+    for array in sorted(_live_arrays(), key=_spread_first):
+        if id(array) in views:
+            continue
         entry = placed.get(id(array))
         if entry is not None and entry[0]() is not array:
             entry = None
-        pieces, spread = _pieces(array)
+        pieces, spread = _pieces(array, views)
         for device, kind, pointer, nbytes in pieces:
             key = (device, kind, pointer)
             found = buffers.get(key)

@@ -178,6 +178,55 @@ class TestReport:
         assert re.fullmatch(r"total: \d+ arrays? (\(\d+ of them in|in) \d+ shards\)?, .*", text[-1])
         del layers
 
+    def test_the_arrays_jax_keeps_for_shards_are_those_shards_not_arrays_apart(self) -> None:
+        """`addressable_shards[i].data` are live single-device arrays of their own (JAX
+        keeps them with the sharded array): each device counts the shard once, under the
+        rule, and no unplaced bytes appear beside it."""
+        mesh = {"row": {"axes": {"data": 4}, "devices": "cpu"}}
+        rule = {"match": "viewed", "sharding": {"mesh": "row", "spec": ["data"]}}
+        policy = policy_of(meshes=mesh, rules=[rule])
+        gc.collect()
+        before = devpolicy.report()
+        x = policy.put("viewed", np.zeros((8, 13), np.float32))
+        views = [s.data for s in x.addressable_shards]
+        assert {id(a) for a in views} <= {id(a) for a in jax.live_arrays()}
+        after = devpolicy.report()
+        assert (after.arrays - before.arrays, after.shards - before.shards) == (1, 4)
+        for device in after.devices:
+            (row,) = [e for e in device.entries if e.names == ("viewed",)]
+            assert (row.arrays, row.sharded, row.nbytes) == (1, 1, 104)
+        assert after.nbytes - before.nbytes == 4 * 104
+        again = devpolicy.report()  # the views made by the report before are live now
+        assert (again.arrays, again.shards, again.nbytes) == (
+            after.arrays,
+            after.shards,
+            after.nbytes,
+        )
+        del x, views
+
+    def test_arrays_a_sharded_array_was_assembled_from_count_apart_while_they_live(
+        self,
+    ) -> None:
+        """The single-device arrays given to `make_array_from_single_device_arrays` hold the
+        shards' memory, but a shard's address is never read (reading it crashed jaxlib
+        0.12.1 under a donating thread): kept alive, they count as unplaced arrays too."""
+        devices = jax.devices("cpu")[:4]
+        mesh = jax.make_mesh((4,), ("data",), devices=devices)
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        parts = [jax.device_put(np.full((2, 11), i, np.float32), d) for i, d in enumerate(devices)]
+        gc.collect()
+        before = devpolicy.report()
+        whole = jax.make_array_from_single_device_arrays((8, 11), sharding, parts)
+        after = devpolicy.report()
+        assert (after.arrays - before.arrays, after.shards - before.shards) == (1, 4)
+        assert after.nbytes - before.nbytes == whole.nbytes
+        del parts
+        gc.collect()
+        alone = devpolicy.report()
+        assert (alone.arrays - before.arrays, alone.shards - before.shards) == (-3, 4)
+        assert alone.nbytes == before.nbytes
+        del whole
+
     def test_one_buffer_held_by_two_arrays_counts_once(self) -> None:
         """An uncommitted array and its committed twin share a buffer: counted once,
         under the rule that committed it."""
