@@ -80,6 +80,12 @@ class FileWindows:
         return ring is not None and ring.polled
 
     @property
+    def way(self) -> str:
+        """How windows are read: "io_uring polled" (a kernel thread reads), "io_uring"
+        (one call a group) or "preadv" (one call a window)."""
+        return "io_uring polled" if self.polled else "io_uring" if self.batched else "preadv"
+
+    @property
     def name(self) -> str:
         """The file read, as `/proc/self/maps` names it."""
         return self._name

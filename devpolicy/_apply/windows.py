@@ -248,6 +248,7 @@ class WindowStream(BatchStream[Any]):
         "_pending",
         "_reader",
         "_reads",
+        "_reads_with",
         "_ring",
         "_sampler",
         "_shapes",
@@ -301,6 +302,7 @@ class WindowStream(BatchStream[Any]):
         self._pager: Pager | None = None  # made at the first batch, for a mapped view
         self._reader: FileWindows | None = None  # or this, for a file read by position
         self._reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
+        self._reads_with: str | None = None  # for "file": the reader's way, once it closed
         self._tried_file = False  # whether reading by position was tried mid-stream
         self._kernel_reads = False  # whether the next group is read by a polled ring
         self._tally: StreamTally | None = None
@@ -555,6 +557,7 @@ class WindowStream(BatchStream[Any]):
         finally:
             reader, self._reader = self._reader, None
             if reader is not None:
+                self._reads_with = reader.way
                 reader.close()
 
     def __next__(self) -> Any:
@@ -597,6 +600,7 @@ class WindowStream(BatchStream[Any]):
                     "device": tally.device,
                     "origin": tally.origin,
                     "reads": self._reads,
+                    "reads_with": self._reads_with,
                 },
             )
 

@@ -28,23 +28,25 @@ class PlainReads(BatchReads):
         return BatchReads.open(entries, polled=False)
 
 
+#: Each way of reading by position: (batched, polled, what `stream_ended` says of it).
 READS = {
-    "one read a window": (False, False),
-    "a group in one call of a plain ring, on a worker thread": (True, False),
-    "a group read by a polled ring's kernel thread": (True, True),
+    "one read a window": (False, False, "preadv"),
+    "a group in one call of a plain ring, on a worker thread": (True, False, "io_uring"),
+    "a group read by a polled ring's kernel thread": (True, True, "io_uring polled"),
 }
 
 
 @pytest.fixture(params=list(READS))
-def by_position(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def by_position(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Windows of a file mapping read from the file by position (not gathered from the
     mapping, `windows`' default), each way this machine can: one `preadv` a window, or
     a group in one io_uring call (`batchreads`), read ahead while the group before is
-    placed."""
-    batched, polled = READS[request.param]
+    placed. It gives the way as `stream_ended` names it (`reads_with`)."""
+    batched, polled, way = READS[request.param]
     if batched and not batched_reads_here(polled=polled):
         pytest.skip("io_uring (or a polled ring) cannot be had here")
     monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
     monkeypatch.setattr(filewindows, "BATCHED", batched)
     if batched and not polled:
         monkeypatch.setattr(filewindows, "BatchReads", PlainReads)
+    return way

@@ -433,16 +433,17 @@ class TestFlatMemory:
         assert sum(1 for _ in stream) == self.STEPS
         return resident(view)
 
-    @pytest.mark.usefixtures("by_position")
     def test_random_windows_read_from_the_file_leave_nothing_of_it_resident(
-        self, tmp_path: Path
+        self, tmp_path: Path, by_position: str
     ) -> None:
         """300 steps of 32 random windows of a 512 MiB mapped file, read by position from
-        the file: none of the mapping is faulted in."""
+        the file: none of the mapping is faulted in, and `stream_ended` says how it was
+        read."""
         tokens = mapped_tokens(tmp_path, 2**28)
         with capture_logs() as logs:
             assert self.run(tokens) == 0
-        assert [e["reads"] for e in logs if e["event"] == "stream_ended"] == ["file"]
+        (ended,) = [e for e in logs if e["event"] == "stream_ended"]
+        assert (ended["reads"], ended["reads_with"]) == ("file", by_position)
 
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
     def test_by_default_what_comes_in_stays_under_the_budget(
@@ -456,7 +457,8 @@ class TestFlatMemory:
         tokens = mapped_tokens(tmp_path, 2**28)
         with capture_logs() as logs:
             assert self.run(tokens) < self.BOUND
-        assert [e["reads"] for e in logs if e["event"] == "stream_ended"] == ["mapping"]
+        (ended,) = [e for e in logs if e["event"] == "stream_ended"]
+        assert (ended["reads"], ended["reads_with"]) == ("mapping", None)
 
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
     def test_with_the_page_cache_warm_what_comes_in_stays_under_the_budget(
