@@ -42,12 +42,13 @@ import errno
 import mmap
 import os
 import platform
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .._base.libc import linux_function
 
 # System call numbers: io_uring came after the generic syscall table was unified, so they
 # are the same on x86_64 and aarch64 (not on every architecture: those are left out).
@@ -108,19 +109,10 @@ class _Params(ctypes.Structure):
     ]
 
 
-def _syscall() -> Any:
-    """libc's `syscall`, or None where io_uring is not tried (not Linux, another CPU)."""
-    if not sys.platform.startswith("linux") or platform.machine().lower() not in _MACHINES:
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).syscall
-    except (OSError, AttributeError):
-        return None
-    function.restype = ctypes.c_long
-    return function
-
-
-_SYSCALL = _syscall()
+#: libc's `syscall`, or None where io_uring is not tried (not Linux, another CPU).
+_SYSCALL: Any = (
+    linux_function("syscall", ctypes.c_long) if platform.machine().lower() in _MACHINES else None
+)
 
 
 def _cores() -> int:

@@ -161,7 +161,7 @@ class FileWindows:
         for index in np.flatnonzero(results != size).tolist():
             which, at = divmod(index, windows)
             target = batches[which].reshape(-1).view(np.uint8).data
-            self._short(int(starts[which, at]), 0, target[at * size : (at + 1) * size])
+            self._short(int(starts[which, at]), None, target[at * size : (at + 1) * size])
 
     def settle(self) -> None:
         """Wait for the windows `submit_batches` started, whatever the reads returned."""
@@ -170,11 +170,13 @@ class FileWindows:
         if ring is not None and ring.in_flight:
             ring.wait()
 
-    def _short(self, start: int, got: int, slot: memoryview) -> None:
-        """A read that came back short: the rest read again, or the file ended."""
+    def _short(self, start: int, got: int | None, slot: memoryview) -> None:
+        """A window a read brought `got` bytes of: the rest read (a signal may cut a read
+        short), all of it where `got` is None (a batch's read that failed), or the file
+        ended."""
         size = len(slot)
         position = self._offset + start * self._row
-        if got == 0:  # from a batch: read it again here
+        if got is None:
             got = os.preadv(self._fd, [slot], position)
         while 0 < got < size:  # a signal may cut a read short: go on where it stopped
             more = os.preadv(self._fd, [slot[got:]], position + got)

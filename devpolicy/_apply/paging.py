@@ -35,12 +35,13 @@ import ctypes
 import itertools
 import mmap
 import os
-import sys
 import threading
 import time
 from typing import Any
 
 import numpy as np
+
+from .._base.libc import linux_function
 
 #: Fault-around's span: the kernel maps cached pages around a fault in aligned blocks of
 #: this size (its `fault_around_bytes`, 64 KiB by default since Linux 3.15), so a window's
@@ -63,21 +64,8 @@ _lock = threading.RLock()
 _random_advised: dict[tuple[int, int], int] = {}
 
 
-def _madvise() -> Any:
-    """libc's `madvise`, or None where there is none to call (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        function = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
-
-
-_MADVISE = _madvise()
+#: libc's `madvise`, or None where there is none to call (not Linux).
+_MADVISE = linux_function("madvise", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
 
 
 def releasable_range(view: np.ndarray[Any, Any]) -> tuple[int, int] | None:
