@@ -317,7 +317,7 @@ def _in_file(pointer: int, ranges: tuple[list[int], list[int]]) -> bool:
     return i >= 0 and pointer < ends[i]
 
 
-#: A buffer's address, or (id of its array, shard index) where there is none to compare.
+#: A buffer's address, or (id of its array, shard index): for a shard, and where none is given.
 _Buffer: TypeAlias = "int | tuple[int, int]"
 
 
