@@ -11,8 +11,8 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from .._apply import prefetch as _prefetch
-from .._apply import windows as _windows
+from .._apply.stream import prefetch as _prefetch
+from .._apply.stream import windows as _windows
 from .._apply.calls import Inputs
 from .._apply.moves import move_to
 from .._apply.put import put, shardings

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from devpolicy._apply import batchreads, filewindows
-from devpolicy._apply import windows as _windows
-from devpolicy._apply.batchreads import BatchReads
+from devpolicy._apply.stream import batchreads, filewindows
+from devpolicy._apply.stream import windows as _windows
+from devpolicy._apply.stream.batchreads import BatchReads
 
 
 def batched_reads_here(*, polled: bool = False) -> bool:

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from devpolicy._apply import filewindows
-from devpolicy._apply.batchreads import ENTRIES, BatchReads
+from devpolicy._apply.stream import filewindows
+from devpolicy._apply.stream.batchreads import ENTRIES, BatchReads
 
 from .conftest import batched_reads_here
 

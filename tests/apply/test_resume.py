@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import devpolicy
-from devpolicy._apply import sampling as _sampling
-from devpolicy._apply import streamstate
+from devpolicy._apply.stream import sampling as _sampling
+from devpolicy._apply.stream import state as streamstate
 from tests.conftest import REPO
 from tests.helpers import policy_of, reports_of, run_job
 

@@ -19,11 +19,11 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply import groups as _groups
+from devpolicy._apply.stream import groups as _groups
 from devpolicy._apply import hostview as _hostview
-from devpolicy._apply import paging as _paging
-from devpolicy._apply import sampling as _sampling
-from devpolicy._apply import windows as _windows
+from devpolicy._apply.stream import paging as _paging
+from devpolicy._apply.stream import sampling as _sampling
+from devpolicy._apply.stream import windows as _windows
 from tests.helpers import policy_of
 
 BATCH_RULES = [

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..._apply.paging import Pager
+from ..._apply.stream.paging import Pager
 from ..._base.errors import SafetensorsFileError
 from ..format.header import dtype_name, encodable, read_header
 from ..format.layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, unmappable_reasons

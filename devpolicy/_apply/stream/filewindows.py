@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .._base.errors import HostViewError
+from ..._base.errors import HostViewError
 from .batchreads import BatchReads
 
 #: Whether readers read a call's windows in one system call where io_uring can be had

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from .._base.libc import linux_function
+from ..._base.libc import linux_function
 
 # System call numbers: io_uring came after the generic syscall table was unified, so they
 # are the same on x86_64 and aarch64 (not on every architecture: those are left out).

@@ -16,9 +16,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._base.limits import ALIGN
-from .._decide.decision import Decision
-from .hostview import copies_host_memory
+from ..._base.limits import ALIGN
+from ..._decide.decision import Decision
+from ..hostview import copies_host_memory
 
 
 def aligned(nbytes: int) -> np.ndarray[Any, Any]:

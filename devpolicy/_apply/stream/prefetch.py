@@ -8,9 +8,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Generic, Self, TypeVar
 
-from .._decide.decider import Decider
-from .narrowing import Narrow, check_mode
-from .put import put
+from ..._decide.decider import Decider
+from ..narrowing import Narrow, check_mode
+from ..put import put
 
 T = TypeVar("T")
 

@@ -50,21 +50,21 @@ from typing import Any, Literal, TypeAlias
 import jax
 import numpy as np
 
-from .._base.errors import NarrowingError
-from .._base.sizes import format_size
-from .._decide.decider import Decider
-from .._decide.routing import NEVER_MAPPED
-from .._machine.capacity import host_available_bytes
-from .._machine.streams import StreamTally, open_stream
+from ..._base.errors import NarrowingError
+from ..._base.sizes import format_size
+from ..._decide.decider import Decider
+from ..._decide.routing import NEVER_MAPPED
+from ..._machine.capacity import host_available_bytes
+from ..._machine.streams import StreamTally, open_stream
 from .ahead import KernelReads, call_weakly
 from .filewindows import FileWindows, mapped_file
 from .groups import GroupBuffer, GroupPlan
-from .hostview import host_view
-from .narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
+from ..hostview import host_view
+from ..narrowing import NARROWER, Narrow, check_mode, narrow_into, narrowed_event
 from .paging import Pager
 from .prefetch import BatchStream, as_int
 from .sampling import Random, Sequential, process_rows
-from .streamstate import StreamState, read_state, resumed_step
+from .state import StreamState, read_state, resumed_step
 
 #: How windows are chosen: in order, or each start drawn at random.
 Order: TypeAlias = 'Literal["sequential", "random"]'

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._base.errors import StreamStateError
+from ..._base.errors import StreamStateError
 
 #: The key that marks a saved state, and its format's version.
 STATE_KEY = "devpolicy.windows"
