@@ -74,7 +74,7 @@ import structlog.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import devpolicy
-from devpolicy._apply.stream import windows as windows_module
+from devpolicy._apply.stream import cutting as windows_module
 
 Feeder = Callable[[int], Iterator[Any]]
 POLICIES = Path(__file__).resolve().parent.parent / "policies"

@@ -60,7 +60,8 @@ def status(field):
 
 import numpy as np
 import devpolicy
-from devpolicy._apply.stream import paging, windows
+from devpolicy._apply.stream import paging
+from devpolicy._apply.stream import cutting as windows
 
 if variant == "file":  # read from the file by position
     windows.MAPPED_COPY = "file"
@@ -103,7 +104,8 @@ PAIRED = r"""
 import json, os, statistics, sys, time
 path, length, batch, segments, rounds = sys.argv[1], *map(int, sys.argv[2:6])
 import devpolicy
-from devpolicy._apply.stream import paging, windows
+from devpolicy._apply.stream import paging
+from devpolicy._apply.stream import cutting as windows
 windows.MAPPED_COPY = "file"
 windows.mapped_file = lambda view, length: None  # the mapping's way: pages given back
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "rules": [

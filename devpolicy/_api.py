@@ -14,7 +14,7 @@ from ._apply.stream.prefetch import BatchStream as BatchStream
 from ._apply.scope import Scope as Scope
 from ._apply.threads import ThreadPoolExecutor as ThreadPoolExecutor
 from ._apply.threads import propagate as propagate
-from ._apply.stream.windows import WindowStream as WindowStream
+from ._apply.stream.owner import WindowStream as WindowStream
 from ._base.errors import AxisNamesError as AxisNamesError
 from ._base.errors import CheckpointMismatchError as CheckpointMismatchError
 from ._base.errors import DevicePolicyError as DevicePolicyError
@@ -28,6 +28,7 @@ from ._base.errors import Problem as Problem
 from ._base.errors import RuntimeTooLateError as RuntimeTooLateError
 from ._base.errors import SafetensorsFileError as SafetensorsFileError
 from ._base.errors import ScopeInCoroutineError as ScopeInCoroutineError
+from ._base.errors import StreamEndedError as StreamEndedError
 from ._base.errors import StreamStateError as StreamStateError
 from ._base.errors import TransferPlanError as TransferPlanError
 from ._base.errors import TransferRefusedError as TransferRefusedError

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ._api import RuntimeTooLateError as RuntimeTooLateError
     from ._api import SafetensorsFileError as SafetensorsFileError
     from ._api import ScopeInCoroutineError as ScopeInCoroutineError
+    from ._api import StreamEndedError as StreamEndedError
     from ._api import StreamStateError as StreamStateError
     from ._api import TransferPlanError as TransferPlanError
     from ._api import TransferRefusedError as TransferRefusedError
@@ -68,6 +69,7 @@ __all__ = [
     "RuntimeTooLateError",
     "SafetensorsFileError",
     "ScopeInCoroutineError",
+    "StreamEndedError",
     "StreamStateError",
     "TransferPlanError",
     "TransferRefusedError",

@@ -606,6 +606,32 @@ class StreamStateError(DevicePolicyError, ValueError):
         super().__init__(f"windows resume: {field}: {problem}; {fix}")
 
 
+class StreamEndedError(DevicePolicyError, RuntimeError):
+    """A `windows` stream can hand out no more batches: it failed earlier (a file
+    truncated under it, a batch that could not be narrowed), or it is a forked child's
+    copy of a stream opened in its parent.
+
+    Raised by every pull after the one that raised the stream's error (that error is this
+    one's `__cause__`), and by a forked child's first pull and every one after.
+
+    Attributes:
+        name: The stream's name (the name its batches are placed as).
+        problem: What ended it, and at which step.
+        fix: What to do instead.
+
+    Example:
+        >>> e = StreamEndedError("batch", "failed at step 7: HostViewError: ...", "fix")
+        >>> print(e)
+        windows stream 'batch': failed at step 7: HostViewError: ...; fix
+    """
+
+    def __init__(self, name: str, problem: str, fix: str) -> None:
+        self.name = name
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"windows stream {name!r}: {problem}; {fix}")
+
+
 class TransferPlanError(DevicePolicyError, ValueError):
     """A call `plan_transfers` was given cannot be planned, or would itself fail.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from devpolicy._apply.stream import batchreads, filewindows
-from devpolicy._apply.stream import windows as _windows
+from devpolicy._apply.stream import cutting as _windows
 from devpolicy._apply.stream.batchreads import BatchReads
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import devpolicy
 from devpolicy._apply.stream import paging as _paging
-from devpolicy._apply.stream import windows as _windows
+from devpolicy._apply.stream import cutting as _windows
 from tests.apply.test_windows import mapping_of
 from tests.helpers import policy_of
 
@@ -72,7 +72,7 @@ def alone(
         with stream_of(tokens, **options) as stream:
             batches = []
             for batch in stream:
-                assert stream._gatherer is None
+                assert stream._cutter._gatherer is None
                 batches.append(np.asarray(batch))
             return batches
 
@@ -174,14 +174,14 @@ class TestThread:
         with stream_of(np.arange(2**16, dtype=np.uint32), steps=30) as stream:
             for batch in stream:
                 assert exact(batch)
-                assert stream._gatherer is None
+                assert stream._cutter._gatherer is None
 
     def test_closed_mid_way_the_thread_and_the_advice_end(self, tmp_path: Path) -> None:
         """`close()` while a group is being gathered: the gather is finished or
         cancelled, the random-access advice ends, the thread ends, nothing more comes."""
         tokens = counting_file(tmp_path, 2**18)
         stream, worker = started(tokens)
-        assert stream._pending is not None  # the next group is being gathered
+        assert stream._cutter._ahead is not None  # the next group is being gathered
         stream.close()
         assert ended([worker])
         flags = {f for m in mapping_of(tokens) for f in m.get("VmFlags", "").split()}
@@ -204,7 +204,7 @@ class TestThread:
         for i in range(200):
             stream = stream_of(tokens, seed=i, steps=12)
             next(stream)
-            assert stream._gatherer is not None
+            assert stream._cutter._gatherer is not None
             if i % 3 == 0:
                 stream.close()
             elif i % 3 == 1:

@@ -355,6 +355,11 @@ class Pager:
                 break
         return calls
 
+    def close_descriptor(self) -> None:
+        """Close only what this process holds open (a forked child's copy of the pager: the
+        advice and its count are the parent's, and the count's lock may be held there)."""
+        self._close_statm()
+
     def close(self) -> None:
         """End this stream's random-access advice (the last stream over a view restores
         the kernel's default, read-ahead included). Safe to call twice."""

@@ -90,67 +90,65 @@ def random_starts(
 class Random:
     """`batch` starts per step, each drawn uniformly (with replacement) from every offset a
     window fits at; endless unless `steps` is given. Counter-based (`random_starts`):
-    step k's draws depend on the seed, k and the row alone, so a group of k batches is
-    the same however batches are grouped, and a stream can start at any step at once.
+    step k's draws depend on the seed, k and the row alone, so `take` is a pure function
+    of the step: a group of k batches is the same however batches are grouped, a stream
+    can start at any step at once, and a group cut again (after an interrupt) is the same.
     `rows` are the rows of the (global) batch this process draws, `per_step` the global
     batch's rows: under several processes each draws its own rows of one global batch."""
 
-    __slots__ = ("_draws", "_left", "_seed", "_step", "random")
+    __slots__ = ("_draws", "_seed", "random", "steps")
 
-    def __init__(self, starts: int, batch: int, seed: int, steps: int | None, start: int) -> None:
+    def __init__(self, starts: int, batch: int, seed: int, steps: int | None) -> None:
         self._seed = seed
         self._draws = CounterDraws(seed, np.arange(batch), batch, starts)
-        self._step = start
-        self._left = None if steps is None else steps - start
+        self.steps = steps
         self.random = True
 
     def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
         """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
         self._draws = CounterDraws(self._seed, rows, per_step, self._draws.starts)
 
-    def take(self, count: int) -> np.ndarray[Any, Any] | None:
-        """The starts of up to `count` more batches, shape (k, batch); None when done."""
-        if self._left is not None:
-            count = min(count, self._left)
-            if count == 0:
-                return None
-            self._left -= count
-        first, self._step = self._step, self._step + count
+    def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
+        """The starts of steps `first` .. (up to `most` of them), shape (k, batch); None
+        past the last step."""
+        count = most if self.steps is None else min(most, self.steps - first)
+        if count <= 0:
+            return None
         return self._draws.steps(first, count)
 
 
 class Sequential:
     """Windows at 0, stride, 2*stride, ... in order, `batch` at a time (the last batch may
-    be smaller), for one pass or `steps` batches, whichever ends first; from batch
-    `start` on."""
+    be smaller), for one pass or `steps` batches, whichever ends first. `take` is a pure
+    function of the step, as `Random`'s is."""
 
-    __slots__ = ("_batch", "_count", "_left", "_next", "_stride", "random")
+    __slots__ = ("_batch", "_count", "_stride", "random", "steps")
 
-    def __init__(self, starts: int, batch: int, stride: int, steps: int | None, start: int) -> None:
+    def __init__(self, starts: int, batch: int, stride: int, steps: int | None) -> None:
         self._count = -(-starts // stride)  # windows in one pass
-        self._next = min(start * batch, self._count)  # the next window's index
         self._batch = batch
         self._stride = stride
-        self._left = None if steps is None else steps - start
+        passes = -(-self._count // batch)  # batches in one pass
+        self.steps = passes if steps is None else min(steps, passes)
         self.random = False
 
     def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
         """A pass is the same in every process."""
 
-    def take(self, count: int) -> np.ndarray[Any, Any] | None:
-        """The starts of up to `count` more batches of one size, shape (k, n); None when
-        done. The last, smaller batch comes alone."""
-        remaining = self._count - self._next
-        if remaining <= 0 or self._left == 0:
+    def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
+        """The starts of steps `first` .. (up to `most` of them, all of one size), shape
+        (k, n); None past the last step. The last, smaller batch comes alone."""
+        count = min(most, self.steps - first)
+        if count <= 0:
             return None
-        full = remaining // self._batch
-        k, n = (min(count, full), self._batch) if full else (1, remaining)
-        if self._left is not None:
-            k = min(k, self._left)
-            self._left -= k
-        first = self._next
-        self._next += k * n
-        return (np.arange(first, first + k * n, dtype=np.int64) * self._stride).reshape(k, n)
+        full = self._count // self._batch  # the batches of `batch` windows
+        k, n = (
+            (min(count, full - first), self._batch)
+            if first < full
+            else (1, self._count - first * self._batch)
+        )
+        at = first * self._batch
+        return (np.arange(at, at + k * n, dtype=np.int64) * self._stride).reshape(k, n)
 
 
 def process_rows(

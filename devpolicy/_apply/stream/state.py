@@ -5,15 +5,20 @@ The state names the next batch (`step`) and everything that decides which window
 batch holds: the order, seed, length, batch, stride and steps, and the tokens' rows,
 row shape and dtype. Resuming checks each against the stream being built: another
 length, batch or token count would give other batches, silently, so it is an error
-naming the field, the saved value and the given one. No JAX here.
+naming every field that differs, the saved value and the given one. A saved state is
+read as untrusted text: each field's type and range is checked, and every one at fault
+is named. No JAX here.
 """
 
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 from ..._base.errors import StreamStateError
 
@@ -47,47 +52,125 @@ class StreamState:
 
 #: The fields a resumed stream must share with the saved one (all but the step).
 _MATCHED = ("order", "seed", "length", "batch", "stride", "steps", "rows", "row_shape", "dtype")
+_FIELDS = ("step", *_MATCHED)
+
+
+#: Steps a stream can reach: its counters are 64-bit, and a group is drawn past its first.
+LAST_STEP = 2**63
+#: Seeds are 64-bit: two seeds equal modulo 2**64 would draw the same windows.
+SEEDS = 2**64
+#: The longest JSON text read as a state (a saved state is a few hundred bytes).
+_MOST_TEXT = 64 * 1024
+_ORDERS = ("sequential", "random")
+_FIX = "the saved state is damaged: save stream.state() again, or start without resume="
+# A damaged state is shown short and shallow (a deeply nested one would exhaust repr).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 40, 40
+
+
+def _whole(value: object, low: int, high: int | None = None) -> bool:
+    """Whether `value` is an int (not a bool) from `low` to `high` - 1."""
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= low
+        and (high is None or value < high)
+    )
+
+
+def _field_problems(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Each field of a saved state that is missing, mistyped or out of range: (field, what
+    it must be, and what it is)."""
+    problems: list[tuple[str, str]] = []
+
+    def need(name: str, ok: bool, must: str) -> None:
+        if name not in fields:
+            problems.append((name, f"missing (must be {must})"))
+        elif not ok:
+            problems.append((name, f"must be {must}, got {_SHOWN.repr(fields[name])}"))
+
+    get = fields.get
+    order = get("order")
+    need("order", order in _ORDERS, f"one of {', '.join(map(repr, _ORDERS))}")
+    need("step", _whole(get("step"), 0, LAST_STEP + 1), "an int from 0 to 2**63")
+    need("length", _whole(get("length"), 1), "an int >= 1")
+    need("batch", _whole(get("batch"), 1), "an int >= 1")
+    need("rows", _whole(get("rows"), 1), "an int >= 1")
+    steps = get("steps")
+    need(
+        "steps", steps is None or _whole(steps, 1, LAST_STEP + 1), "null or an int from 1 to 2**63"
+    )
+    seed, stride = get("seed"), get("stride")
+    if order == "random":
+        need("seed", _whole(seed, 0, SEEDS), "an int from 0 to 2**64 - 1 (a random stream's)")
+        need("stride", stride is None, "null (a random stream has no stride)")
+    elif order == "sequential":
+        need("seed", seed is None, "null (a sequential stream has no seed)")
+        need("stride", _whole(stride, 1), "an int >= 1 (a sequential stream's)")
+    shape = get("row_shape")
+    need(
+        "row_shape",
+        isinstance(shape, (list, tuple)) and all(_whole(n, 0) for n in shape),
+        "a list of ints >= 0",
+    )
+    dtype = get("dtype")
+    need("dtype", isinstance(dtype, str) and _is_dtype(dtype), "a numpy dtype's name")
+    if not problems and steps is not None and get("step") > steps:
+        problems.append(("step", f"is past steps={steps}, got {get('step')}"))
+    unknown = sorted(str(k) for k in fields if k != STATE_KEY and k not in _FIELDS)
+    problems.extend(
+        (k[:40], f"is not a field of a saved state ({', '.join(_FIELDS)})") for k in unknown[:3]
+    )
+    return problems
+
+
+def _is_dtype(name: str) -> bool:
+    try:
+        np.dtype(name)
+    except (TypeError, ValueError, SyntaxError):
+        return False
+    return True
 
 
 def read_state(saved: object) -> dict[str, Any]:
-    """A saved state (a mapping, or its JSON text) checked for its marker and fields.
+    """A saved state (a mapping, or its JSON text) checked for its marker and, field by
+    field, for every field's type and range.
 
     Raises:
-        StreamStateError: not a saved state of `windows`, or a field missing or mistyped.
+        StreamStateError: not a saved state of `windows`, or damaged: every field at
+            fault is named, with what it must be.
     """
-    if isinstance(saved, (str, bytes)):
+    if isinstance(saved, (str, bytes, bytearray)):
+        if len(saved) > _MOST_TEXT:
+            raise StreamStateError(
+                "resume",
+                f"not a saved stream state: {len(saved):,} characters of text, where a "
+                f"state is a few hundred",
+                "pass stream.state(), or its json.dumps",
+            )
         try:
             saved = json.loads(saved)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise StreamStateError(
-                "resume", f"not JSON ({e})", "pass stream.state(), or its json.dumps"
+                "resume",
+                f"not JSON ({type(e).__name__}: {str(e)[:80]})",
+                "pass stream.state(), or its json.dumps",
             ) from None
-    if not isinstance(saved, Mapping) or saved.get(STATE_KEY) != STATE_VERSION:
+    marker = saved.get(STATE_KEY) if isinstance(saved, Mapping) else None
+    if not isinstance(saved, Mapping) or type(marker) is not int or marker != STATE_VERSION:
         raise StreamStateError(
             "resume",
-            f"not a saved stream state (no {STATE_KEY!r}: {STATE_VERSION}), got {repr(saved)[:80]}",
+            f"not a saved stream state (no {STATE_KEY!r}: {STATE_VERSION}), got "
+            f"{_SHOWN.repr(saved)}",
             "pass the value a stream's state() returned, or its json.dumps",
         )
     fields = dict(saved)
-    for name, kinds in (
-        ("step", int),
-        ("length", int),
-        ("batch", int),
-        ("rows", int),
-        ("order", str),
-        ("dtype", str),
-        ("row_shape", list),
-    ):
-        value = fields.get(name)
-        if not isinstance(value, kinds) or isinstance(value, bool):
-            raise StreamStateError(
-                f"resume[{name!r}]",
-                f"must be a {kinds.__name__}, got {value!r}",
-                "the saved state is damaged: save stream.state() again",
-            )
-    if fields["step"] < 0:
+    problems = _field_problems(fields)
+    if problems:
         raise StreamStateError(
-            "resume['step']", f"must be >= 0, got {fields['step']!r}", "save stream.state() again"
+            ", ".join(f"resume[{name!r}]" for name, _ in problems),
+            "; ".join(f"{name} {problem}" for name, problem in problems),
+            _FIX,
         )
     fields["row_shape"] = tuple(fields["row_shape"])
     return fields
@@ -95,17 +178,25 @@ def read_state(saved: object) -> dict[str, Any]:
 
 def resumed_step(saved: Mapping[str, Any], stream: StreamState) -> int:
     """The step to resume at: the saved one, once every field that decides the batches
-    matches `stream` (a saved seed taken where the stream was given none)."""
-    for name in _MATCHED:
-        given, kept = getattr(stream, name), saved.get(name)
-        if name == "seed" and given is None:
-            continue
-        if given != kept:
-            raise StreamStateError(
-                name,
-                f"the saved stream had {name}={kept!r}, this one has {name}={given!r}: "
-                "other arguments draw other batches",
-                "resume with the arguments (and tokens) the state was saved with",
-            )
+    matches `stream` (a saved seed taken where the stream was given none).
+
+    Raises:
+        StreamStateError: naming every field that differs, with both values.
+    """
+    differ = [
+        name
+        for name in _MATCHED
+        if not (name == "seed" and stream.seed is None) and getattr(stream, name) != saved.get(name)
+    ]
+    if differ:
+        raise StreamStateError(
+            ", ".join(differ),
+            "the saved stream had "
+            + ", ".join(f"{name}={saved.get(name)!r}" for name in differ)
+            + "; this one has "
+            + ", ".join(f"{name}={getattr(stream, name)!r}" for name in differ)
+            + ": other arguments draw other batches",
+            "resume with the arguments (and tokens) the state was saved with",
+        )
     step: int = saved["step"]
     return step

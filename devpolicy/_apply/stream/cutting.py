@@ -1,0 +1,455 @@
+"""A stream's groups of batches: the windows copied by one of three read paths, narrowed,
+placed, and the next group made ready while the current one is used.
+
+The read paths: gathered from memory (tokens in memory, or a file mapping whose touched
+pages are given back: `paging`), or read by position from the file a view maps
+(`filewindows`; a group in one io_uring call where Linux allows: `batchreads`), the next
+group read ahead (`ahead`). Which path runs where, and why, is in docs/host-arrays.md;
+the figures behind the choices are in docs/benchmarks.md.
+
+`GroupCutter.cut(first)` is a function of the step: it returns the group of batches from
+step `first`, whatever was cut before. The group read ahead is used only where it is that
+group; any other is waited out and dropped. So an interrupt or an error anywhere inside a
+cut leaves nothing a later cut would trust. The cutter keeps no step of its own: the
+stream that owns it (`owner.WindowStream`) does, under its lock, and calls the cutter only
+while it holds that lock.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..._base.errors import NarrowingError
+from ..._decide.decider import Decider
+from ..._decide.routing import NEVER_MAPPED
+from ..._machine.streams import StreamTally, open_stream
+from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
+from .ahead import KernelReads, call_weakly
+from .filewindows import FileWindows, mapped_file
+from .groups import GroupBuffer, GroupPlan
+from .interrupts import deferred_interrupts
+from .paging import Pager
+from .sampling import Random, Sequential, process_rows
+
+#: Batches sent in one `device_put`, at most, and their bytes at most: a call's fixed cost
+#: (about 100 us on this CPU, most of a small batch's time) is shared by the group, and
+#: a group stays small beside host and device memory.
+GROUP_MAX = 8
+GROUP_BYTES = 4 * 2**20
+#: Batches read from a file in one group, at most, where a group is read ahead in one
+#: system call (`filewindows`, `batchreads`).
+READ_GROUP_MAX = 32
+#: How windows of a file mapping are copied: "budget" (gathered from the mapping, its pages
+#: given back) or "file" (read by position: `bench_loop.py --mapped-copy file`).
+MAPPED_COPY = "budget"
+RESIDENT_BUDGET = 256 * 2**20
+#: A random stream over a mapping reads by position instead once a window is measured
+#: to bring in more than this many times what small pages can (the window and two
+#: 64 KiB fault-around blocks): the kernel maps each a large folio.
+LARGE_FOOTPRINT = 4
+#: Whether the next group is made ready while the current one is used (`ahead`; off to measure).
+GATHER_AHEAD = True
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """The group from step `first` (its window starts `offsets`), being made ready."""
+
+    first: int
+    offsets: np.ndarray[Any, Any]
+    work: Future[Any] | KernelReads
+
+
+class GroupCutter:
+    """Cuts a stream's groups of batches from `view` and places them (one owner, one
+    thread at a time: the stream's lock; the worker thread only reads ahead)."""
+
+    __slots__ = (
+        "__weakref__",  # the worker thread's work holds the cutter weakly
+        "_ahead",
+        "_batch",
+        "_batch_bytes",
+        "_buffers",
+        "_decider",
+        "_dtype",
+        "_gatherer",
+        "_group",
+        "_kernel_reads",
+        "_length",
+        "_name",
+        "_narrow",
+        "_narrowed",
+        "_opened",
+        "_pager",
+        "_pid",
+        "_reader",
+        "_ring",
+        "_sampler",
+        "_shapes",
+        "_target",
+        "_tried_file",
+        "_view",
+        "_windows",
+        "reads",
+        "reads_with",
+        "tally",
+    )
+
+    def __init__(
+        self,
+        view: np.ndarray[Any, Any],
+        length: int,
+        batch: int,
+        sampler: Random | Sequential,
+        decider: Decider,
+        name: str,
+        size: int,
+        narrow: Narrow,
+    ) -> None:
+        self._view = view
+        self._length = length
+        self._batch = batch
+        self._sampler = sampler
+        self._decider = decider
+        self._name = name
+        self._narrow = narrow
+        # Every window as a row of a 2-D (starts, length, ...) view: one fancy index
+        # gathers a whole group, with numpy's 64-bit offsets.
+        starts = view.shape[0] - length + 1
+        self._windows = np.lib.stride_tricks.as_strided(
+            view,
+            shape=(starts, length, *view.shape[1:]),
+            strides=(view.strides[0], *view.strides),
+            writeable=False,
+        )
+        # Narrowed once per batch where x64 is off and the tokens are 64-bit.
+        x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
+        self._target: np.dtype[Any] | None = None if x64 else NARROWER.get(view.dtype)
+        self._dtype: np.dtype[Any] = self._target or view.dtype
+        row = self._dtype.itemsize * int(math.prod(view.shape[1:]))
+        self._batch_bytes = length * batch * row
+        self._group = _batches_a_group(self._batch_bytes, GROUP_MAX)
+        self._ahead: _Ahead | None = None
+        self._gatherer: ThreadPoolExecutor | None = None
+        self._shapes: dict[tuple[int, ...], GroupPlan] = {}
+        self._ring: list[GroupBuffer] = []
+        self._buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
+        self._pager: Pager | None = None  # made at the first cut, for a mapped view
+        self._reader: FileWindows | None = None  # or this, for a file read by position
+        self._opened = False
+        self._pid = os.getpid()
+        self._tried_file = False  # whether reading by position was tried mid-stream
+        self._kernel_reads = False  # whether the next group is read by a polled ring
+        self._narrowed: set[bool] = set()  # the exactness already reported
+        self.reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
+        self.reads_with: str | None = None  # for "file": the reader's way
+        self.tally: StreamTally | None = None
+
+    # The plan of a batch shape, and the read path.
+
+    def _shape(self, shape: tuple[int, ...]) -> GroupPlan:
+        found = self._shapes.get(shape)
+        if found is None:
+            decider = self._decider
+            nbytes = math.prod(shape) * self._dtype.itemsize
+            # As `put(name, batch)` decides one leaf; a process-local part's shape says
+            # nothing of the global one across processes.
+            known = None if jax.process_count() > 1 else shape
+            (decision,) = decider.resolve_many([(self._name, nbytes, known, NEVER_MAPPED)])
+            found = self._shapes[shape] = GroupPlan(decision, nbytes, decider.disabled)
+            if self.tally is None:
+                self.tally = open_stream(
+                    self._name, decision.origin, decision.rule, decision.device_text
+                )
+        return found
+
+    def _open(self) -> None:
+        """The read path, chosen at the first cut: a file read by position, a mapping
+        gathered from (its pages given back), or memory. Opened with Ctrl-C held back, so
+        no descriptor is ever left without an owner that closes it."""
+        if jax.process_count() > 1:
+            self._own_rows()
+        with deferred_interrupts():
+            if MAPPED_COPY == "file":
+                self._reader = mapped_file(self._view, self._length)
+            if self._reader is None:
+                self._pager = Pager(self._view, random=self._sampler.random)
+            self._opened = True
+        if self._reader is not None:
+            self.reads = "file"
+            self._reads_ahead()
+        elif self._pager is not None and self._pager.active:
+            self.reads = "mapping"
+            if GATHER_AHEAD:
+                self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
+
+    def _own_rows(self) -> None:
+        """Several processes: this process draws its own rows of the global batch (the
+        rows its devices hold of it), so one seed gives every process other windows of
+        one global batch, and a process resumed at a step draws the rows it drew."""
+        batch = self._batch
+        plan = self._shape((batch, self._length, *self._view.shape[1:]))
+        if plan.local:
+            assert plan.decision.sharding is not None
+            rest = (self._length, *self._view.shape[1:])
+            rows, per_step = process_rows(plan.decision.sharding, batch, rest)
+            self._sampler.own_rows(rows, per_step)
+
+    def _read_by_position(self) -> None:
+        """From now on read the windows from the file by position (ahead, where a group is
+        one system call): nothing is mapped, so nothing needs giving back. Where the file
+        cannot be read so, the stream goes on gathering from the mapping."""
+        with deferred_interrupts():
+            reader = mapped_file(self._view, self._length)
+            if reader is None:
+                return
+            self._reader = reader
+        self._drop_mapping(sweep=True)
+        self.reads = "file"
+        self._reads_ahead()
+
+    def _reads_ahead(self) -> None:
+        """A reader that reads a group in one system call reads the next group while this
+        one is placed: by a polled ring's kernel thread, or on a worker thread, the GIL
+        released for the call."""
+        reader = self._reader
+        if reader is None or not reader.batched or not GATHER_AHEAD:
+            return
+        if reader.polled and self._target is None:
+            self._kernel_reads = True
+        elif self._gatherer is None:
+            self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
+        # Larger groups: a hand-off, and the waits for the GIL, are paid once for
+        # more windows.
+        self._group = max(self._group, _batches_a_group(self._batch_bytes, READ_GROUP_MAX))
+
+    def _folios_mapped(self) -> bool:
+        """Whether the mapping's windows were measured to bring in far more than small
+        pages would: the kernel maps each a large folio (a whole 2 MiB)."""
+        return self._pager is not None and self._pager.maps_more(self._length, LARGE_FOOTPRINT)
+
+    # Cutting a group.
+
+    def cut(self, first: int) -> tuple[list[Any], int] | None:
+        """The batches of the group from step `first`, placed, and their bytes; None past
+        the last step.
+
+        The group read ahead is used where it is this one, else waited out and dropped;
+        the group after this one is started before this one is placed."""
+        if not self._opened:
+            self._open()
+        ahead = self._ahead
+        if ahead is not None and ahead.first != first:
+            self.settle()  # an interrupted or abandoned cut's group: never trusted
+            ahead = None
+        if ahead is None:
+            # The first: its first batch waits for it, so never a large one.
+            offsets = self._sampler.take(first, min(self._group, GROUP_MAX))
+            if offsets is None:
+                return None
+            # Before the thread reads the next: the reader and the pager are never used
+            # by two threads at once.
+            early = self._gatherer is not None or self._kernel_reads
+            gathered = self._made_ready(offsets, self._into(offsets)) if early else None
+        else:
+            offsets = ahead.offsets
+            gathered = ahead.work.result()  # what the read raised, raised here
+            self._ahead = None
+        if self._pager is not None and not self._tried_file and self._folios_mapped():
+            self._tried_file = True
+            self._read_by_position()  # from the group after this one
+        if self._gatherer is not None or self._kernel_reads:
+            following = first + offsets.shape[0]
+            starts = self._sampler.take(following, self._group)
+            if starts is not None:
+                # Held back: a Ctrl-C between the start and its record would leave a read
+                # running that nothing waits for, on a reader the next cut uses.
+                with deferred_interrupts():
+                    self._ahead = _Ahead(following, starts, self._start_ahead(starts))
+        return self._cut(offsets, gathered)
+
+    def _start_ahead(self, offsets: np.ndarray[Any, Any]) -> Future[Any] | KernelReads:
+        """Start the group at `offsets`: read by a polled ring's kernel thread straight
+        into its buffer, or read or gathered on the worker thread."""
+        into = self._into(offsets)
+        reader = self._reader
+        if self._kernel_reads and reader is not None and into is not None:
+            reader.submit_batches(offsets, into.batches)
+            return KernelReads(reader, into)
+        assert self._gatherer is not None
+        # Weakly: a stream dropped unclosed is collected with a group queued.
+        made_ready = weakref.WeakMethod(self._made_ready)
+        return self._gatherer.submit(call_weakly, made_ready, offsets, into)
+
+    def _into(self, offsets: np.ndarray[Any, Any]) -> GroupBuffer | None:
+        """The buffer a group read from the file goes straight into (no copy after), or
+        None where it is gathered (a mapping) or narrowed after."""
+        if self._reader is None or self._target is not None:
+            return None
+        count, n = offsets.shape
+        shape = (n, self._length, *self._view.shape[1:])
+        return self._buffer(count, shape, self._shape(shape).reuse)
+
+    def _made_ready(
+        self, offsets: np.ndarray[Any, Any], into: GroupBuffer | None
+    ) -> np.ndarray[Any, Any] | GroupBuffer:
+        """The group at `offsets` read into `into`, or gathered (on the worker thread)."""
+        if into is None:
+            return self._gather(offsets)
+        assert self._reader is not None
+        self._reader.read_batches(offsets, into.batches)
+        return into
+
+    def _gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The windows at `offsets` read from the file by position, or gathered from
+        memory (a mapping's pages given back)."""
+        reader = self._reader
+        if reader is not None:  # batched reads: the GIL released
+            read = np.empty((*offsets.shape, *self._windows.shape[1:]), self._view.dtype)
+            reader.read(offsets, read)
+            return read
+        pager = self._pager
+        if pager is None or not pager.active:
+            return self._windows[offsets]  # type: ignore[no-any-return]  # one copy
+        budgeted = MAPPED_COPY == "budget" and self._sampler.random
+        return pager.gather(self._windows, offsets, RESIDENT_BUDGET if budgeted else None)
+
+    def _buffer(self, count: int, shape: tuple[int, ...], reuse: bool) -> GroupBuffer:
+        """Host memory for a group: the ring's oldest buffer once its transfers are done,
+        or a new one (always, for a device that adopts host buffers)."""
+        ring = self._ring
+        if reuse and len(ring) >= self._buffers:
+            oldest = ring.pop(0)
+            oldest.ready()
+            if oldest.shape == (count, *shape):
+                return oldest
+        return GroupBuffer(count, shape, self._dtype)
+
+    def _cut(
+        self,
+        offsets: np.ndarray[Any, Any],
+        gathered: np.ndarray[Any, Any] | GroupBuffer | None = None,
+    ) -> tuple[list[Any], int]:
+        """The batches at `offsets` (k, n): read from the file by position, or gathered
+        from memory unless `gathered` already (or read into its buffer); narrowed, placed."""
+        count, n = offsets.shape
+        shape = (n, self._length, *self._view.shape[1:])
+        plan = self._shape(shape)
+        target, reader = self._target, self._reader
+        windows: Any  # the group's windows, each batch as it came from the tokens
+        if isinstance(gathered, GroupBuffer):  # read ahead straight into its buffer
+            buffer = gathered
+            windows = buffer.batches
+        else:
+            buffer = self._buffer(count, shape, plan.reuse)
+            if gathered is not None:  # gathered (or read) ahead on the worker thread
+                windows = gathered
+            elif reader is not None and target is None:  # straight into the buffer
+                windows = buffer.batches
+                reader.read_batches(offsets, windows)
+            else:  # 64-bit tokens of a file read into memory of their dtype first
+                windows = self._gather(offsets)
+        if target is not None:
+            for out, batch in zip(buffer.batches, windows, strict=True):
+                self._narrow_into(batch, out, target)
+        elif windows is not buffer.batches:
+            for out, batch in zip(buffer.batches, windows, strict=True):
+                np.copyto(out, batch)
+        placed = plan.place(buffer.batches)
+        if plan.reuse and (buffer.checked or not buffer.held_by(placed)):
+            # Reused once its transfers are done; never if a batch holds it.
+            buffer.checked = True
+            buffer.placed = [weakref.ref(a) for a in placed]
+            self._ring.append(buffer)
+        return placed, plan.nbytes * count
+
+    def _narrow_into(
+        self, batch: np.ndarray[Any, Any], out: np.ndarray[Any, Any], target: np.dtype[Any]
+    ) -> None:
+        """Narrow one 64-bit batch into `out`: refused where values would change (exact),
+        else one `narrowed` event per stream (and one more the first time a batch loses)."""
+        _, problem = narrow_into(batch, out)
+        if problem is not None and self._narrow == "exact":
+            raise NarrowingError([(self._name, problem)])
+        exact = problem is None
+        if not self._narrowed or (not exact and False not in self._narrowed):
+            narrowed_event(self._decider.events, self._name, batch, target, exact)
+            self._narrowed.add(exact)
+
+    # Ending.
+
+    def settle(self) -> None:
+        """Wait out the group being read ahead, whatever its reads gave, and drop it. Until
+        it is waited out it stays, so an interrupted wait is waited for again."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        if not ahead.work.cancel():
+            ahead.work.exception()  # waited for; what it raised, nobody needs now
+        self._ahead = None
+
+    def _drop_mapping(self, *, sweep: bool, wait: bool = True) -> None:
+        """End the worker thread and the pager (its advice; with `sweep`, its pages)."""
+        gatherer, self._gatherer = self._gatherer, None
+        if gatherer is not None:
+            gatherer.shutdown(wait=wait)
+        pager, self._pager = self._pager, None
+        if pager is not None:
+            if sweep:
+                pager.sweep()
+            pager.close()
+
+    def close(self) -> None:
+        """Wait out the group read ahead, end the worker thread, the pager and the reader
+        (its descriptor and ring). Nothing is cut after. Safe to call twice."""
+        self._opened = True  # never opened again
+        try:
+            self.settle()
+            self._drop_mapping(sweep=False)
+        finally:
+            self._ring.clear()
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                self.reads_with = reader.way
+                reader.close()
+
+    def abandon(self, *, child: bool = False) -> None:
+        """Let go of everything without waiting for anything: for a collected stream (its
+        worker holds it weakly, so none runs for it) or a forked child's copy (`child`:
+        the worker thread, the ring's reads and the advice are the parent's). This
+        process's descriptors are closed."""
+        self._opened = True
+        self._ahead = None
+        self._ring.clear()
+        gatherer, self._gatherer = self._gatherer, None
+        if gatherer is not None:
+            gatherer.shutdown(wait=False)
+        pager, self._pager = self._pager, None
+        reader, self._reader = self._reader, None
+        try:
+            if pager is not None:
+                pager.close_descriptor() if child else pager.close()
+        finally:
+            if reader is not None:
+                reader.close()
+
+    def __del__(self) -> None:
+        # Collected: no worker runs for it (a running one holds it), so nothing is waited
+        # for; its descriptors are closed and its paging advice ended.
+        try:  # noqa: SIM105 - a finaliser never raises; no contextlib (a module global)
+            self.abandon(child=self._pid != os.getpid())
+        except Exception:
+            pass
+
+
+def _batches_a_group(batch_bytes: int, most: int) -> int:
+    """Batches sent in one group: `most`, fewer where they pass `GROUP_BYTES`."""
+    return max(1, min(most, GROUP_BYTES // max(1, batch_bytes)))
