@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 import structlog  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from devpolicy._apply import hostview  # noqa: E402
 from devpolicy._policy import active as _active  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,6 +40,18 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]
     structlog.reset_defaults()
     assert jax.config.jax_default_device == before, "a test left JAX's default device changed"
     assert not _active._outermost, "a test left a policy activated"
+
+
+@pytest.fixture
+def copying_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's devices stand in for an accelerator's, which copies host memory: they
+    count as copying devices (`hostview.ADOPTING` emptied), so devpolicy takes the
+    accelerator's code path to them, and every host array devpolicy hands JAX for one is
+    copied first (`hostview.COPY_SENT`), where the accelerator copies it. Emptying
+    `ADOPTING` alone left the CPU adopting aligned arrays: a tensor "sent" from a file's
+    map aliased the file, as on no accelerator."""
+    monkeypatch.setattr(hostview, "ADOPTING", frozenset())
+    monkeypatch.setattr(hostview, "COPY_SENT", True)
 
 
 @pytest.fixture

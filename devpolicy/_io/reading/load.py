@@ -17,7 +17,7 @@ import mmap as mmap_module
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,7 +25,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ..._apply.hostview import INDEX_LIMIT, warn_unindexable
+from ..._apply.hostview import INDEX_LIMIT, sent, warn_unindexable
 from ..._apply.narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ..._base.errors import NarrowingError
 from ..._base.events import EventLog
@@ -286,6 +286,13 @@ class _OneFileOpen:
         self.close()
 
 
+def _slices_sent(
+    reader: ShardReader, decision: Decision
+) -> Callable[[tuple[slice, ...] | None], np.ndarray[Any, Any]]:
+    """`reader`'s slices as JAX is handed them for `decision` (`hostview.sent`)."""
+    return lambda index: sent(reader(index), decision)
+
+
 def _load_opened(
     source: ByteSource,
     header: Header,
@@ -344,7 +351,7 @@ def _load_opened(
                 )
                 try:
                     placed: jax.Array = jax.make_array_from_callback(
-                        entry.shape, decision.sharding, reader
+                        entry.shape, decision.sharding, _slices_sent(reader, decision)
                     )
                 except NarrowingError as e:
                     problems += e.problems

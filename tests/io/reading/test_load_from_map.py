@@ -2,12 +2,14 @@
 view of the file's mapping, at any offset, with no read into host memory first.
 
 The CPU backend adopts aligned host buffers instead of copying them; these tests make
-it count as a copying device (`hostview.ADOPTING` emptied), so the accelerator's path
+it stand in for a copying device (the `copying_device` fixture: it counts as one, and what
+is sent to it is copied first, as an accelerator copies it), so the accelerator's path
 runs here through the same code."""
 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +42,44 @@ def reference_file(path: Path, count: int = 6, nbytes: int = 3 * MIB) -> dict[st
     return tensors
 
 
-@pytest.fixture
-def copying_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hostview, "ADOPTING", frozenset())
+def aligned_file(path: Path) -> dict[str, np.ndarray]:
+    """Tensors written by `devpolicy.save_file` (the large ones at 64-byte-aligned
+    offsets, which a CPU device would adopt): one large, one small, one to shard."""
+    tensors = {
+        "big": np.arange(3 * MIB // 8, dtype=np.int32),
+        "small": np.arange(1000, dtype=np.int32) * 3,
+        "rows/w": np.arange(64 * 4096, dtype=np.int32).reshape(64, 4096),
+    }
+    devpolicy.save_file(tensors, path)
+    return tensors
+
+
+def overwrite_in_place(path: Path) -> None:
+    """Every data byte of the safetensors file at `path` inverted, in place: the same
+    file (inode), the same size, new values, as a writer that reuses the file does."""
+    before = path.stat()
+    with open(path, "r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + length)
+        data = np.frombuffer(f.read(), np.uint8)
+        f.seek(8 + length)
+        f.write((~data).tobytes())
+    after = path.stat()
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+
+
+def sharded_rows_policy(default: str) -> devpolicy.Policy:
+    """`default` for every tensor but `rows/w`, sharded by rows over the 4 devices."""
+    return policy_of(
+        default=default,
+        meshes={"rows": {"axes": {"data": 4}, "devices": "cpu"}},
+        rules=[{"match": "*/rows/w", "sharding": {"mesh": "rows", "spec": ["data"]}}],
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="Linux's /proc/self/io")
 class TestSentFromTheMap:
-    @pytest.mark.usefixtures("copying_cpu")
+    @pytest.mark.usefixtures("copying_device")
     def test_a_reference_checkpoint_is_sent_from_its_map_without_reading_it(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -73,7 +105,7 @@ class TestSentFromTheMap:
             np.testing.assert_array_equal(np.asarray(out[key]), value)
             assert devpolicy.inventory().text(next(iter(out[key].devices()))) == "cpu:1"
 
-    @pytest.mark.usefixtures("copying_cpu")
+    @pytest.mark.usefixtures("copying_device")
     def test_a_checkpoint_of_several_files_is_sent_from_each_files_map(
         self, tmp_path: Path
     ) -> None:
@@ -97,7 +129,7 @@ class TestSentFromTheMap:
         for key, value in (first | second).items():
             np.testing.assert_array_equal(np.asarray(out[key]), value)
 
-    @pytest.mark.usefixtures("copying_cpu")
+    @pytest.mark.usefixtures("copying_device")
     def test_mmap_false_reads_the_tensors_as_asked(self, tmp_path: Path) -> None:
         """`mmap=False` says not to map the file: the tensors are read, all of them."""
         path = tmp_path / "model.safetensors"
@@ -125,7 +157,7 @@ class TestSentFromTheMap:
         for key, value in tensors.items():
             np.testing.assert_array_equal(np.asarray(out[key]), value)
 
-    @pytest.mark.usefixtures("copying_cpu")
+    @pytest.mark.usefixtures("copying_device")
     def test_64_bit_tensors_narrowed_are_read_not_sent_from_the_map(self, tmp_path: Path) -> None:
         """With x64 off a 64-bit tensor is narrowed on the host, so it is read; the
         values arrive exact as int32."""
@@ -136,7 +168,7 @@ class TestSentFromTheMap:
         assert out["ids"].dtype == np.int32
         np.testing.assert_array_equal(np.asarray(out["ids"]), ids)
 
-    @pytest.mark.usefixtures("copying_cpu")
+    @pytest.mark.usefixtures("copying_device")
     def test_sharded_tensors_are_sent_slice_by_slice_from_the_map(self, tmp_path: Path) -> None:
         """A tensor sharded by rows over 4 devices, from an unaligned reference file:
         each device's slice a view of the map at its own offset, exact, little read."""
@@ -156,3 +188,43 @@ class TestSentFromTheMap:
         np.testing.assert_array_equal(np.asarray(out["w"]), weight)
         (summary,) = [e for e in logs if e["event"] == "load_file"]
         assert summary["mapped"] == 0  # sent from the map, not kept as views of it
+
+
+class TestFileOverwrittenAfterLoading:
+    @pytest.mark.usefixtures("copying_device")
+    def test_nothing_sent_to_a_copying_device_changes(self, tmp_path: Path) -> None:
+        """A tensor sent to a device that copies host memory is the device's own copy,
+        whether sent whole or slice by slice: rewriting the file after `load_file`
+        returns changes none of it, though each was sent from a view of the file's map."""
+        path = tmp_path / "model.safetensors"
+        tensors = aligned_file(path)
+        out = devpolicy.load_file(path, policy=sharded_rows_policy("cpu:1"), progress=False)
+        assert len(out["rows/w"].sharding.device_set) == 4
+        overwrite_in_place(path)
+        for key, value in tensors.items():
+            np.testing.assert_array_equal(np.asarray(out[key]), value, err_msg=key)
+
+    def test_a_cpu_only_counted_as_copying_still_aliases_the_file(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Why `copying_device` copies what is sent: with `ADOPTING` emptied alone (the
+        fake before it), the CPU adopts each aligned view of the map it is sent, so the
+        tensors change with the file, as no accelerator's copy does."""
+        monkeypatch.setattr(hostview, "ADOPTING", frozenset())
+        path = tmp_path / "model.safetensors"
+        tensors = aligned_file(path)
+        out = devpolicy.load_file(path, policy=sharded_rows_policy("cpu:1"), progress=False)
+        overwrite_in_place(path)
+        for key in ("big", "rows/w"):  # the large ones: at aligned offsets, whole or sliced
+            np.testing.assert_array_equal(np.asarray(out[key]), ~tensors[key], err_msg=key)
+
+    def test_a_tensor_kept_mapped_on_the_host_changes_with_its_file(self, tmp_path: Path) -> None:
+        """A tensor mapped on a host device is the file's bytes, as documented: rewriting
+        the file in place changes it."""
+        path = tmp_path / "model.safetensors"
+        tensors = aligned_file(path)
+        out = devpolicy.load_file(
+            path, policy=policy_of(default="cpu:1"), mmap=True, progress=False
+        )
+        overwrite_in_place(path)
+        np.testing.assert_array_equal(np.asarray(out["big"]), ~tensors["big"])
