@@ -11,12 +11,13 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from .._apply.stream import prefetch as _prefetch
-from .._apply.stream import windows as _windows
 from .._apply.calls import Inputs
 from .._apply.moves import move_to
 from .._apply.put import put, shardings
 from .._apply.scope import Scope, Scopes, make_place
+from .._apply.stream import owner as _owner
+from .._apply.stream import prefetch as _prefetch
+from .._apply.stream import windows as _windows
 from .._apply.transfers import Watch, explicitly, watch_of
 from .._base.errors import DevicePolicyError
 from .._base.events import EventLog
@@ -318,7 +319,7 @@ class Policy:
 
     def windows(
         self, tokens: Any, length: int, batch: int, **options: Any
-    ) -> _windows.WindowStream:
+    ) -> _owner.WindowStream:
         """Batches of windows of a host array, placed by this policy ahead of use.
 
         The keywords are `devpolicy.windows`'s (`name`, `order`, `seed`, `stride`, `steps`,

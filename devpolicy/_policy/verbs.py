@@ -15,12 +15,13 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from .._apply.stream import prefetch as _prefetch
 from .._apply import put as _put
-from .._apply.stream import windows as _windows
 from .._apply.calls import Inputs
 from .._apply.moves import move_to
 from .._apply.scope import Scope, make_place
+from .._apply.stream import owner as _owner
+from .._apply.stream import prefetch as _prefetch
+from .._apply.stream import windows as _windows
 from .._apply.transfers import explicitly
 from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
@@ -590,7 +591,7 @@ def windows(
     narrow: Literal["exact", "lossy"] = "exact",
     start: int = 0,
     resume: Mapping[str, Any] | str | None = None,
-) -> _windows.WindowStream:
+) -> _owner.WindowStream:
     """Batches of windows cut from a host array, each placed as `name` ahead of use.
 
     The story's loop: a token dataset on the host (`load_file` with a host rule, mapped

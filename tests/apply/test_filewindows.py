@@ -16,9 +16,9 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._apply import hostview
+from devpolicy._apply.stream import cutting as _windows
 from devpolicy._apply.stream import filewindows
 from devpolicy._apply.stream import sampling as _sampling
-from devpolicy._apply.stream import cutting as _windows
 from tests.helpers import policy_of
 
 from .conftest import PlainReads, batched_reads_here

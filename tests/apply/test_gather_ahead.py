@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import devpolicy
-from devpolicy._apply.stream import paging as _paging
 from devpolicy._apply.stream import cutting as _windows
+from devpolicy._apply.stream import paging as _paging
 from tests.apply.test_windows import mapping_of
 from tests.helpers import policy_of
 

@@ -186,7 +186,9 @@ class TestStateThatDoesNotMatch:
             devpolicy.windows(
                 np.arange(1000), 2, 1, start=2, resume=stream.state(), policy=policy_of()
             )
-        with pytest.raises(ValueError, match=r"^windows start must be an int from 0 to 2\*\*63 - 1, got -1"):
+        with pytest.raises(
+            ValueError, match=r"^windows start must be an int from 0 to 2\*\*63 - 1, got -1"
+        ):
             devpolicy.windows(np.arange(1000), 2, 1, start=-1, policy=policy_of())
 
 

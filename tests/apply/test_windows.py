@@ -19,11 +19,11 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply.stream import groups as _groups
 from devpolicy._apply import hostview as _hostview
+from devpolicy._apply.stream import cutting as _windows
+from devpolicy._apply.stream import groups as _groups
 from devpolicy._apply.stream import paging as _paging
 from devpolicy._apply.stream import sampling as _sampling
-from devpolicy._apply.stream import cutting as _windows
 from tests.helpers import policy_of
 
 BATCH_RULES = [
@@ -331,7 +331,11 @@ class TestWindows:
                 r"^windows stride applies to order='sequential' only; order='random' draws "
                 r"every start at random, got stride=3$",
             ),
-            ({"seed": -1, "order": "random"}, ValueError, r"^windows seed must be an int from 0 to 2\*\*64 - 1, got -1$"),
+            (
+                {"seed": -1, "order": "random"},
+                ValueError,
+                r"^windows seed must be an int from 0 to 2\*\*64 - 1, got -1$",
+            ),
             ({"seed": 1.5}, TypeError, r"^windows seed must be an int or None, got 1\.5$"),
             ({"seed": True}, TypeError, r"^windows seed must be an int or None, got True$"),
             ({"length": np.bool_(True)}, ValueError, r"^windows length must be an int >= 1"),

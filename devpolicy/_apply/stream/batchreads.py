@@ -37,6 +37,7 @@ the ring's memory, so its copy refuses to read (`usable`) and its reader uses `p
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -172,9 +173,11 @@ class BatchReads:
         "_cq",
         "_cq_head",
         "_cq_tail",
+        "_done",
         "_fd",
         "_job",
         "_lock",
+        "_maps",
         "_pid",
         "_sq_array",
         "_sq_flags",
@@ -187,7 +190,12 @@ class BatchReads:
 
     def __init__(self, fd: int, params: _Params) -> None:
         self._fd = fd
+        self._maps: list[mmap.mmap] = []
         self._job: _Job | None = None
+        # The last job waited for, or waited out by an interrupted `wait`: `wait` gives its
+        # results again until the next `submit` (a signal may land just after `wait`
+        # returned, before its caller kept them).
+        self._done: _Job | None = None
         # One thread at a time: `close` from another waits for a `wait` in progress.
         self._lock = threading.RLock()
         # A forked child shares the ring's memory (and a polled ring's thread reads in the
@@ -217,8 +225,24 @@ class BatchReads:
         self._tail = int(self._sq_tail[0])
 
     def _map(self, size: int, flags: int, prot: int, offset: int) -> mmap.mmap:
-        # Unmapped when the arrays over it go, with this object (numpy holds the map).
-        return mmap.mmap(self._fd, size, flags, prot, offset=offset)
+        # Each map holds a descriptor of its own (Python's mmap duplicates it), which keeps
+        # the ring alive after `close`: `_unmap` closes them.
+        mapped = mmap.mmap(self._fd, size, flags, prot, offset=offset)
+        self._maps.append(mapped)
+        return mapped
+
+    def _unmap(self) -> None:
+        """Let go of the arrays over the ring's maps, then the maps (and their descriptors)."""
+        empty = np.empty(0, np.uint32)
+        self._sq_head = self._sq_tail = self._sq_flags = self._sq_array = empty
+        self._cq_head = self._cq_tail = empty
+        self._cq = np.empty(0, _CQE)
+        self._sqes = np.empty(0, _SQE)
+        maps, self._maps = self._maps, []
+        for mapped in maps:
+            # A view of it still held: it closes when that goes.
+            with contextlib.suppress(BufferError):
+                mapped.close()
 
     @classmethod
     def open(cls, entries: int = ENTRIES, *, polled: bool = True) -> BatchReads | None:
@@ -271,6 +295,7 @@ class BatchReads:
                 raise ValueError("this ring is closed, or was opened by another process")
             if self._job is not None:
                 raise RuntimeError("reads are in flight: wait() for them first")
+            self._done = None
             count = int(positions.size)
             if addresses.size != count:
                 raise ValueError(f"{count} positions but {addresses.size} addresses")
@@ -287,11 +312,15 @@ class BatchReads:
 
     def wait(self) -> np.ndarray[Any, Any]:
         """Wait for the reads submitted; each one's result: its size, fewer bytes (the file
-        ended there), or `-errno`."""
+        ended there), or `-errno` (`-ECANCELED` for a read an interrupted wait never
+        queued). Until the next `submit`, `wait` again gives the same results (after an
+        interrupted `wait`, what its reads gave)."""
         with self._lock:
             job = self._job
             if job is None:
-                raise RuntimeError("no reads were submitted")
+                if self._done is None:
+                    raise RuntimeError("no reads were submitted")
+                return self._done.results
             count = job.results.size
             try:
                 while job.done < count:
@@ -301,6 +330,7 @@ class BatchReads:
             except BaseException:
                 self._settle()
                 raise
+            self._done = job
             self._job = None
             return job.results
 
@@ -374,11 +404,12 @@ class BatchReads:
         except BaseException:
             _ABANDONED.append(job.into)
             raise
+        self._done = job
         self._job = None
 
     @property
     def in_flight(self) -> bool:
-        """Whether reads were submitted and not yet waited for."""
+        """Whether reads were submitted and not yet waited for (nor waited out)."""
         return self._job is not None
 
     def close(self) -> None:
@@ -392,7 +423,11 @@ class BatchReads:
                     self._settle()
             finally:
                 fd, self._fd = self._fd, -1
-                os.close(fd)
+                try:
+                    os.close(fd)
+                finally:
+                    if self._job is None:  # no read left that writes through the maps
+                        self._unmap()
 
     def __del__(self) -> None:
         # Dropped unclosed: its reads waited out (or, where that failed, their memory kept

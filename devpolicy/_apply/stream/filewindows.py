@@ -51,7 +51,7 @@ class FileWindows:
     time.
     """
 
-    __slots__ = ("_batch", "_fd", "_name", "_offset", "_row", "_submitted", "length")
+    __slots__ = ("_batch", "_fd", "_name", "_offset", "_results", "_row", "_submitted", "length")
 
     def __init__(self, fd: int, name: str, offset: int, row: int, length: int) -> None:
         self._fd = fd
@@ -60,8 +60,11 @@ class FileWindows:
         self._row = row  # bytes of one row of the view
         self.length = length  # rows per window
         self._batch = BatchReads.open() if BATCHED else None
-        # The windows `submit_batches` started reading: (starts, batches).
+        # The windows `submit_batches` started reading: (starts, batches), and, once waited
+        # for, what each read gave (kept until every short read is read again, so that a
+        # `finish` an interrupt cut short is done again whole).
         self._submitted: tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]] | None = None
+        self._results: np.ndarray[Any, Any] | None = None
 
     def _ring(self) -> BatchReads | None:
         """The ring, where this process may use it (not in a forked child)."""
@@ -126,6 +129,9 @@ class FileWindows:
         if ring is None:  # a forked child's copy of the reader: read here and now
             self.read_batches(starts, batches)
             return
+        if ring.in_flight:  # reads an interrupt left behind (their batches unused): done first
+            ring.wait()
+        self._submitted = self._results = None
         size = self.length * self._row
         windows = starts.shape[1]
         # The kernel writes where it is told: every batch exactly its windows' bytes.
@@ -151,10 +157,12 @@ class FileWindows:
         failed (the file ended, a read error) is read again alone, so the error is what
         a single read reports."""
         ring = self._ring()
-        submitted, self._submitted = self._submitted, None
+        submitted = self._submitted
         if ring is None or submitted is None:
             return
-        results = ring.wait()
+        if self._results is None:
+            self._results = ring.wait()
+        results = self._results
         starts, batches = submitted
         size = self.length * self._row
         windows = starts.shape[1]
@@ -162,11 +170,12 @@ class FileWindows:
             which, at = divmod(index, windows)
             target = batches[which].reshape(-1).view(np.uint8).data
             self._short(int(starts[which, at]), None, target[at * size : (at + 1) * size])
+        self._submitted = self._results = None
 
     def settle(self) -> None:
         """Wait for the windows `submit_batches` started, whatever the reads returned."""
         ring = self._ring()
-        self._submitted = None
+        self._submitted = self._results = None
         if ring is not None and ring.in_flight:
             ring.wait()
 
@@ -201,6 +210,14 @@ class FileWindows:
             fd, self._fd = self._fd, -1
             if fd >= 0:
                 os.close(fd)
+
+    def __del__(self) -> None:
+        # Dropped unclosed (a stream collected, or one an error left): its descriptor and
+        # ring closed. No module global here: at interpreter exit they may be None.
+        try:  # noqa: SIM105 - a finaliser never raises; no contextlib (a module global)
+            self.close()
+        except BaseException:
+            pass
 
 
 def _maps_line(address: int) -> list[str] | None:
@@ -301,4 +318,8 @@ def mapped_file(view: np.ndarray[Any, Any], length: int) -> FileWindows | None:
     if fd is None:
         return None
     row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
-    return FileWindows(fd, path, file_offset, row, length)
+    try:
+        return FileWindows(fd, path, file_offset, row, length)
+    except BaseException:
+        os.close(fd)
+        raise

@@ -136,7 +136,7 @@ class WindowStream(BatchStream[Any]):
                 raise
         if not ready:
             self._end()
-        return ready[0]  # type: ignore[no-any-return]
+        return ready[0]
 
     def _cut(self) -> None:
         """Cut the next group and add its batches to `_ready`; at the end, or on an error,

@@ -15,6 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from .state import LAST_STEP
+
 _MASK = 2**64 - 1
 _GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so every counter differs
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -111,7 +113,9 @@ class Random:
     def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
         """The starts of steps `first` .. (up to `most` of them), shape (k, batch); None
         past the last step."""
-        count = most if self.steps is None else min(most, self.steps - first)
+        # An endless stream ends where its 64-bit counters would run out (2**63 steps).
+        last = LAST_STEP if self.steps is None else self.steps
+        count = min(most, last - first)
         if count <= 0:
             return None
         return self._draws.steps(first, count)

@@ -55,7 +55,8 @@ _MATCHED = ("order", "seed", "length", "batch", "stride", "steps", "rows", "row_
 _FIELDS = ("step", *_MATCHED)
 
 
-#: Steps a stream can reach: its counters are 64-bit, and a group is drawn past its first.
+#: The steps a stream can reach: 0 .. 2**63 - 1 (its counters are 64-bit, and a group is
+#: drawn past its first step); an endless stream ends there.
 LAST_STEP = 2**63
 #: Seeds are 64-bit: two seeds equal modulo 2**64 would draw the same windows.
 SEEDS = 2**64

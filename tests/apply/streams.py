@@ -1,0 +1,180 @@
+"""What the tests of a stream's promises share: token files whose token i is i (ground truth
+costs nothing), the batches a stream must hand out computed without the stream's own code,
+every read path this machine offers, an interrupt injected where a signal could land, and
+a count of what a stream holds open."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import devpolicy
+from devpolicy._apply.stream import cutting, filewindows
+from tests.helpers import policy_of
+
+from .conftest import PlainReads, batched_reads_here
+
+TOKEN_RULES = [
+    {"match": "*/tokens", "device": "cpu:0", "mmap": True},
+    {"match": "batch", "device": "cpu:1"},
+]
+_MASK = 2**64 - 1
+_GAMMA = 0x9E3779B97F4A7C15
+
+
+def counting_file(path: Path, count: int) -> None:
+    """A safetensors file of `count` uint32 tokens, token i == i, written dense (every
+    byte), its data 64-byte aligned so that `load_file` maps it."""
+    header = json.dumps(
+        {"tokens": {"dtype": "U32", "shape": [count], "data_offsets": [0, 4 * count]}}
+    ).encode()
+    header += b" " * (-(8 + len(header)) % 64)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.write(np.arange(count, dtype="<u4").tobytes())
+
+
+def _mixed(z: int) -> int:
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & _MASK
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def random_step(seed: int, step: int, batch: int, starts: int) -> list[int]:
+    """The window starts of step `step` of a random stream, in plain Python ints (SplitMix64
+    over the counter step * batch + row, keyed by the seed), not the stream's numpy code."""
+    key = _mixed((seed * _GAMMA) & _MASK)
+    out = []
+    for row in range(batch):
+        z = (step * batch * _GAMMA + (row + 1) * _GAMMA + key) & _MASK
+        fraction = float(_mixed(z) >> 11) * (starts / 2**53)
+        out.append(min(int(fraction), starts - 1))
+    return out
+
+
+def expected_batch(seed: int, step: int, batch: int, length: int, count: int) -> np.ndarray:
+    """Step `step`'s batch of a random stream over tokens 0 .. count - 1 (token i == i)."""
+    starts = np.array(random_step(seed, step, batch, count - length + 1), dtype=np.int64)
+    return starts[:, None] + np.arange(length)
+
+
+def assert_exact(batch: Any, seed: int, step: int, length: int, count: int) -> None:
+    """`batch` holds exactly the windows of step `step`."""
+    got = np.asarray(batch)
+    want = expected_batch(seed, step, got.shape[0], length, count)
+    if got.shape != want.shape or not (got == want).all():
+        raise AssertionError(f"the batch handed out as step {step} is not that step's")
+
+
+def step_of(batch: Any, seed: int, length: int, count: int, steps: int) -> int:
+    """Which step `batch` is (it must be exactly one of the first `steps`)."""
+    got = np.asarray(batch)
+    rows = got[:, :1].ravel().tolist()
+    for step in range(steps):
+        if random_step(seed, step, got.shape[0], count - length + 1) == rows:
+            assert_exact(got, seed, step, length, count)
+            return step
+    raise AssertionError(f"a batch that is no step of the stream: starts {rows}")
+
+
+#: Every way a stream copies its windows: (tokens in a file, MAPPED_COPY, reads by position
+#: batched, polled).
+READ_PATHS = {
+    "memory": (False, "budget", False, False),
+    "mapping": (True, "mapping", False, False),
+    "preadv": (True, "file", False, False),
+    "io_uring": (True, "file", True, False),
+    "io_uring polled": (True, "file", True, True),
+}
+FILE_PATHS = ("preadv", "io_uring", "io_uring polled")
+
+
+def use_read_path(name: str, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Make streams copy their windows by `name`'s path (skipping where this machine
+    cannot); whether its tokens come from a file."""
+    from_file, copy, batched, polled = READ_PATHS[name]
+    if batched and not batched_reads_here(polled=polled):
+        pytest.skip(f"{name} cannot be had here")
+    if copy == "mapping":  # gathered from the mapping, its pages given back
+        monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
+        monkeypatch.setattr(cutting, "mapped_file", lambda view, length: None)
+    elif copy == "file":
+        monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
+        monkeypatch.setattr(filewindows, "BATCHED", batched)
+        if batched and not polled:
+            monkeypatch.setattr(filewindows, "BatchReads", PlainReads)
+    return from_file
+
+
+def tokens_for(from_file: bool, path: Path, count: int) -> Any:
+    """`count` tokens (token i == i): in memory, or loaded mapped from `path`."""
+    if not from_file:
+        return np.arange(count, dtype=np.uint32)
+    counting_file(path, count)
+    return devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
+
+
+def held_open(path: Path | None = None) -> dict[str, int]:
+    """What this process holds that a stream may open: descriptors of `path`, io_uring
+    rings, and stream worker threads."""
+    files = rings = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        files += path is not None and target == str(path)
+        rings += target == "anon_inode:[io_uring]"
+    workers = sum(t.name.startswith("devpolicy-windows") for t in threading.enumerate())
+    return {"files": files, "rings": rings, "workers": workers}
+
+
+_OURS = str(Path(devpolicy.__file__).parent)
+
+
+@contextmanager
+def interrupted_at(event: int) -> Iterator[list[str]]:
+    """Ctrl-C at the `event`-th place inside devpolicy where Python would act on a signal:
+    a function's entry, or just after a C function returned (the result then lost, as a
+    signal after a system call loses it). Where devpolicy holds SIGINT back (a handler of
+    its own installed), the signal is sent instead, so it is held back as a real one is.
+    Yields a list that holds where it struck, once it has."""
+    struck: list[str] = []
+    seen = 0
+
+    def profile(frame: FrameType, what: str, arg: object) -> None:
+        nonlocal seen
+        if struck or what not in ("call", "c_return"):
+            return
+        if not frame.f_code.co_filename.startswith(_OURS):
+            return
+        seen += 1
+        if seen < event:
+            return
+        struck.append(f"{what} {frame.f_code.co_name}:{frame.f_lineno}")
+        sys.setprofile(None)
+        import signal
+
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            signal.raise_signal(signal.SIGINT)  # held back, as a real one is
+            return
+        raise KeyboardInterrupt(struck[0])
+
+    sys.setprofile(profile)
+    try:
+        yield struck
+    finally:
+        sys.setprofile(None)

@@ -1,0 +1,437 @@
+"""What a stream promises (docs/host-arrays.md, "What a stream promises"), each promise held
+by a test on every read path this machine offers: every batch handed out holds exactly
+its own step's windows, each step at most once, in order, whatever happens around it."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+import devpolicy
+from devpolicy._apply.stream import filewindows, owner
+from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
+from tests.helpers import policy_of
+
+from .streams import (
+    FILE_PATHS,
+    READ_PATHS,
+    assert_exact,
+    held_open,
+    interrupted_at,
+    step_of,
+    tokens_for,
+    use_read_path,
+)
+
+OWNER = owner.__file__
+DEVPOLICY = str(Path(devpolicy.__file__).parent)
+COUNT = 1 << 18
+LENGTH = 64
+BATCH = 4
+
+
+@pytest.fixture(params=list(READ_PATHS))
+def path_name(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    use_read_path(request.param, monkeypatch)
+    return str(request.param)
+
+
+@pytest.fixture(params=FILE_PATHS)
+def file_path_name(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    use_read_path(request.param, monkeypatch)
+    return str(request.param)
+
+
+def open_stream(tokens: Any, seed: int = 5, steps: int | None = 200, **options: Any) -> Any:
+    return devpolicy.windows(
+        tokens, LENGTH, BATCH, order="random", seed=seed, steps=steps, policy=policy_of(), **options
+    )
+
+
+def from_file(name: str) -> bool:
+    return READ_PATHS[name][0]
+
+
+class TestErrorsEndTheStream:
+    def test_after_a_truncated_file_every_pull_raises_and_no_batch_comes(
+        self, file_path_name: str, tmp_path: Path
+    ) -> None:
+        """The token file truncated mid-stream: the pull that finds it raises the error
+        naming the file, and every pull after raises a `StreamEndedError` naming it, never
+        a batch (27-58 batches never read came out of a polled ring before)."""
+        path = tmp_path / "train.safetensors"
+        tokens = tokens_for(True, path, COUNT)
+        before = held_open(path)  # the mapping's own descriptor
+        stream = open_stream(tokens, steps=None)
+        for step in range(3):
+            assert_exact(next(stream), 5, step, LENGTH, COUNT)
+        os.truncate(path, 4096)
+        handed = 3
+        # Batches read before the truncation may still come, exact; then the error.
+        with pytest.raises(HostViewError, match="truncated after it was mapped"):  # noqa: PT012
+            for batch in stream:
+                assert_exact(batch, 5, handed, LENGTH, COUNT)
+                handed += 1
+        for _ in range(50):
+            with pytest.raises(StreamEndedError, match=r"failed at step \d+: HostViewError"):
+                next(stream)
+        assert stream.state()["step"] == handed
+        stream.close()
+        assert held_open(path) == before
+
+    def test_the_stream_ended_event_says_it_failed_and_why(
+        self, file_path_name: str, tmp_path: Path
+    ) -> None:
+        """`stream_ended` says `how='failed'` and the error, once."""
+        path = tmp_path / "train.safetensors"
+        tokens = tokens_for(True, path, COUNT)
+        with capture_logs() as logs:
+            stream = open_stream(tokens, steps=None, narrow="exact")
+            next(stream)
+            os.truncate(path, 4096)
+            with pytest.raises(devpolicy.DevicePolicyError):  # noqa: PT012
+                for _ in range(1000):
+                    next(stream)
+            with pytest.raises(StreamEndedError):
+                next(stream)
+            stream.close()
+        ended = [e for e in logs if e["event"] == "stream_ended"]
+        assert len(ended) == 1
+        assert ended[0]["how"] == "failed"
+        assert ended[0]["error"].startswith("HostViewError: ")
+
+
+class TestInterrupts:
+    def test_ctrl_c_inside_next_skips_nothing_and_state_names_the_next_step(
+        self, path_name: str, tmp_path: Path
+    ) -> None:
+        """Ctrl-C at each place inside `next()` where Python acts on a signal, then pulling
+        on (a notebook cell run again): the interrupted step is the next one handed out,
+        `state()` names it, and the batches are the uninterrupted stream's, exactly."""
+        tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
+        stream = open_stream(tokens, steps=None)
+        handed = 0
+        rng = np.random.default_rng(1)
+        for _ in range(120):
+            with interrupted_at(int(rng.integers(1, 400))) as struck:
+                try:
+                    batch = next(stream)
+                except KeyboardInterrupt:
+                    assert struck, "a KeyboardInterrupt nobody injected"
+                    assert stream.state()["step"] == handed, struck
+                    continue
+            assert_exact(batch, 5, handed, LENGTH, COUNT)
+            handed += 1
+            assert stream.state()["step"] == handed
+        for _ in range(40):
+            assert_exact(next(stream), 5, handed, LENGTH, COUNT)
+            handed += 1
+        stream.close()
+
+    def test_a_real_signal_while_pulling_skips_nothing(
+        self, path_name: str, tmp_path: Path
+    ) -> None:
+        """A timer's signal every 1-2 ms sends SIGINT wherever it finds `next()` running
+        (as Ctrl-C would, held back where devpolicy holds it back), while a loop pulls on
+        after each interrupt: what was handed out is the stream's steps in order, none
+        missing, none twice."""
+        tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
+        stream = open_stream(tokens, steps=None)
+        interrupts = 0
+
+        def inside_next(number: int, frame: FrameType | None) -> None:
+            nonlocal interrupts
+            if frame is None or not frame.f_code.co_filename.startswith(DEVPOLICY):
+                # Not devpolicy's code (a gc callback of JAX's, say): there Python would
+                # only print what it raised.
+                return
+            if frame.f_code.co_name == "__del__":
+                return
+            while frame is not None:
+                if frame.f_code.co_name == "__next__" and frame.f_code.co_filename == OWNER:
+                    interrupts += 1
+                    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                        raise KeyboardInterrupt
+                    signal.raise_signal(signal.SIGINT)  # held back, as devpolicy holds it
+                    return
+                frame = frame.f_back
+
+        got: list[Any] = []
+        previous = signal.signal(signal.SIGALRM, inside_next)
+        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.0013)
+        try:
+            # Until a few signals landed inside `next()` (a fast read path spends little
+            # of its time there).
+            while (interrupts < 5 or len(got) < 600) and len(got) < 50_000:
+                try:
+                    got.append(next(stream))
+                except KeyboardInterrupt:
+                    continue
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert interrupts
+        assert stream.state()["step"] == len(got)
+        for step, batch in enumerate(got):
+            assert_exact(batch, 5, step, LENGTH, COUNT)
+
+    @pytest.mark.parametrize("where", ["the file opened", "the ring opened"])
+    def test_ctrl_c_while_a_stream_opens_its_reader_leaks_nothing(
+        self, where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """SIGINT arriving the moment the system call that opened the file (or the ring)
+        returns, before anything stores it: the interrupt comes once the reader is owned,
+        and closing the stream leaves no descriptor or ring open."""
+        use_read_path("io_uring polled" if where == "the ring opened" else "preadv", monkeypatch)
+        path = tmp_path / "train.safetensors"
+        tokens = tokens_for(True, path, COUNT)
+        before = held_open(path)
+        if where == "the file opened":
+            real_open = os.open
+
+            def opened_then_interrupted(*args: Any, **kwargs: Any) -> int:
+                fd = real_open(*args, **kwargs)
+                signal.raise_signal(signal.SIGINT)  # acted on at the next chance
+                return fd
+
+            monkeypatch.setattr(filewindows.os, "open", opened_then_interrupted)
+        else:
+            real_ring = filewindows.BatchReads.open.__func__  # type: ignore[attr-defined]
+
+            def ring_then_interrupted(cls: Any, *args: Any, **kwargs: Any) -> Any:
+                ring = real_ring(cls, *args, **kwargs)
+                signal.raise_signal(signal.SIGINT)
+                return ring
+
+            monkeypatch.setattr(filewindows.BatchReads, "open", classmethod(ring_then_interrupted))
+        stream = open_stream(tokens)
+        with pytest.raises(KeyboardInterrupt):
+            next(stream)
+        monkeypatch.undo()
+        assert_exact(next(stream), 5, 0, LENGTH, COUNT)  # nothing skipped
+        stream.close()
+        del stream
+        gc.collect()
+        assert held_open(path) == before
+
+
+class TestThreads:
+    def test_four_threads_pulling_one_stream_each_get_other_steps_all_of_them(
+        self, path_name: str, tmp_path: Path
+    ) -> None:
+        """Four threads pull one stream to its end: every step goes to exactly one thread,
+        each thread's steps in order, none twice, none missing, no raw error."""
+        tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
+        steps = 300
+        stream = open_stream(tokens, steps=steps)
+        taken: list[list[Any]] = [[] for _ in range(4)]
+        errors: list[BaseException] = []
+
+        def pull(mine: list[Any]) -> None:
+            try:
+                for batch in stream:
+                    mine.append(np.asarray(batch))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=pull, args=(mine,)) for mine in taken]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors
+        found = [[step_of(b, 5, LENGTH, COUNT, steps) for b in mine] for mine in taken]
+        for mine in found:
+            assert mine == sorted(mine)
+        assert sorted(s for mine in found for s in mine) == list(range(steps))
+
+    def test_close_from_another_thread_never_raises_and_leaves_nothing_open(
+        self, path_name: str, tmp_path: Path
+    ) -> None:
+        """`close()` from another thread at any moment: it never raises; the puller gets
+        exact batches, then `StopIteration` (or a devpolicy error), never a raw error; no
+        descriptor, ring or worker thread is left."""
+        path = tmp_path / "train.safetensors"
+        tokens = tokens_for(from_file(path_name), path, COUNT)
+        before = held_open(path)  # the mapping's own descriptor
+        rng = np.random.default_rng(3)
+        for attempt in range(25):
+            stream = open_stream(tokens, steps=None)
+            outcome: list[object] = []
+
+            def pull(stream: Any = stream, outcome: list[object] = outcome) -> None:
+                handed = 0
+                try:
+                    for batch in stream:
+                        assert_exact(batch, 5, handed, LENGTH, COUNT)
+                        handed += 1
+                    outcome.append("stopped")
+                except devpolicy.DevicePolicyError as e:
+                    outcome.append(e)
+                except BaseException as e:
+                    outcome.append(("raw", e))
+
+            puller = threading.Thread(target=pull)
+            puller.start()
+            time.sleep(float(rng.uniform(0, 0.02)))
+            stream.close()  # never raises
+            puller.join(60)
+            assert not puller.is_alive()
+            assert outcome, attempt
+            assert not isinstance(outcome[0], tuple), (attempt, outcome)
+            with pytest.raises(StopIteration):
+                next(stream)
+        del stream
+        gc.collect()
+        assert held_open(path) == before
+
+
+def _wait(child: int, seconds: float) -> int | None:
+    """The child's exit code, or None if it is still running after `seconds` (killed)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return None
+
+
+class TestFork:
+    # The child only pulls (which must refuse before it touches JAX) and leaves with
+    # os._exit: none of JAX's threads are needed there.
+    @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+    @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+    def test_a_forked_childs_copy_refuses_clearly_never_zeros_never_a_hang(
+        self, path_name: str, tmp_path: Path
+    ) -> None:
+        """Forked with a group in flight, the child's first pull raises `StreamEndedError`
+        saying why (no zeros, no hang: the child is killed after 20 s); `state()` and
+        `close()` work there; the parent's stream goes on exactly."""
+        tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
+        stream = open_stream(tokens, steps=None)
+        for step in range(3):
+            assert_exact(next(stream), 5, step, LENGTH, COUNT)
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports by its exit status
+            code = 1
+            try:
+                try:
+                    next(stream)
+                    code = 2  # a batch: the promise broken
+                except StreamEndedError as e:
+                    code = 0 if "forked child" in str(e) and stream.state()["step"] == 3 else 3
+                stream.close()
+            finally:
+                os._exit(code)
+        assert _wait(child, 20) == 0
+        for step in range(3, 40):
+            assert_exact(next(stream), 5, step, LENGTH, COUNT)
+        stream.close()
+
+
+class TestSavedState:
+    def saved(self) -> dict[str, Any]:
+        stream = open_stream(np.arange(COUNT, dtype=np.uint32))
+        next(stream)
+        state: dict[str, Any] = stream.state()
+        stream.close()
+        return state
+
+    @pytest.mark.parametrize(
+        ("change", "fields"),
+        [
+            ({"seed": None}, "resume['seed']"),
+            ({"seed": 1.5}, "resume['seed']"),
+            ({"seed": "5"}, "resume['seed']"),
+            ({"seed": [5]}, "resume['seed']"),
+            ({"seed": -1}, "resume['seed']"),
+            ({"seed": 2**64}, "resume['seed']"),
+            ({"seed": True}, "resume['seed']"),
+            ({"step": -1}, "resume['step']"),
+            ({"step": 2**64}, "resume['step']"),
+            ({"step": 201}, "resume['step']"),
+            ({"steps": 0}, "resume['steps']"),
+            ({"length": "64"}, "resume['length']"),
+            ({"order": "shuffled"}, "resume['order']"),
+            ({"row_shape": [-1]}, "resume['row_shape']"),
+            ({"dtype": "not a dtype"}, "resume['dtype']"),
+            ({"stride": 3}, "resume['stride']"),
+            ({"seed": "x", "batch": 0}, "resume['batch'], resume['seed']"),
+        ],
+    )
+    def test_a_damaged_state_names_every_field_at_fault(
+        self, change: dict[str, Any], fields: str
+    ) -> None:
+        """Each damaged field of a saved state is a `StreamStateError` naming it (all of
+        them at once), never a raw `AssertionError`, `TypeError` or `OverflowError`."""
+        state = {**self.saved(), **change}
+        with pytest.raises(
+            StreamStateError, match=rf"^windows resume: {__import__('re').escape(fields)}: "
+        ):
+            open_stream(np.arange(COUNT, dtype=np.uint32), seed=None, resume=state)
+
+    def test_a_missing_field_is_named(self) -> None:
+        """An older or cut state without its seed: the missing field is named."""
+        state = self.saved()
+        del state["seed"]
+        with pytest.raises(StreamStateError, match=r"resume\['seed'\]: seed missing"):
+            open_stream(np.arange(COUNT, dtype=np.uint32), seed=None, resume=state)
+
+    @pytest.mark.parametrize("text", ["[" * 100_000, "{" * 50 + "}" * 50, "x" * 100_000])
+    def test_deep_or_huge_json_is_a_stream_state_error(self, text: str) -> None:
+        """Deep JSON (a `RecursionError` in the parser) or huge text is refused clearly."""
+        with pytest.raises(StreamStateError, match=r"^windows resume: resume: not"):
+            open_stream(np.arange(COUNT, dtype=np.uint32), resume=text)
+
+    def test_a_deeply_nested_mapping_is_refused_without_recursing(self) -> None:
+        nested: dict[str, Any] = {}
+        for _ in range(100_000):
+            nested = {"a": nested}
+        with pytest.raises(StreamStateError, match="not a saved stream state"):
+            open_stream(np.arange(COUNT, dtype=np.uint32), resume=nested)
+
+    def test_every_differing_argument_is_named_with_both_values(self) -> None:
+        """A state resumed with other arguments names every field that differs."""
+        state = self.saved()
+        with pytest.raises(
+            StreamStateError,
+            match=r"^windows resume: length, batch: the saved stream had length=64, batch=4; "
+            r"this one has length=32, batch=8",
+        ):
+            devpolicy.windows(
+                np.arange(COUNT, dtype=np.uint32),
+                32,
+                8,
+                order="random",
+                seed=5,
+                steps=200,
+                resume=json.dumps(state),
+                policy=policy_of(),
+            )
+
+    @pytest.mark.parametrize("start", [2**63, 2**64, 2**70])
+    def test_a_start_past_what_can_be_drawn_is_a_value_error(self, start: int) -> None:
+        with pytest.raises(
+            ValueError, match=r"^windows start must be an int from 0 to 2\*\*63 - 1"
+        ):
+            open_stream(np.arange(COUNT, dtype=np.uint32), steps=None, start=start)
+
+    def test_the_last_step_that_can_be_drawn_is_drawn(self) -> None:
+        stream = open_stream(np.arange(COUNT, dtype=np.uint32), steps=None, start=2**63 - 1)
+        assert_exact(next(stream), 5, 2**63 - 1, LENGTH, COUNT)
+        with pytest.raises(StopIteration):
+            next(stream)
