@@ -317,9 +317,7 @@ class Policy:
         """Place each element by this policy, ahead of use. See `devpolicy.prefetch`."""
         return _prefetch.prefetch(iterable, self.decider, name, size, narrow)
 
-    def windows(
-        self, tokens: Any, length: int, batch: int, **options: Any
-    ) -> _owner.WindowStream:
+    def windows(self, tokens: Any, length: int, batch: int, **options: Any) -> _owner.WindowStream:
         """Batches of windows of a host array, placed by this policy ahead of use.
 
         The keywords are `devpolicy.windows`'s (`name`, `order`, `seed`, `stride`, `steps`,

@@ -239,9 +239,9 @@ def _maps_line(address: int) -> list[str] | None:
     return None
 
 
-def _same_file(fd: int, inode: int, device: str, needed: int) -> bool:
+def _same_file(fd: int, inode: int, device: str) -> bool:
     """Whether `fd` is a regular file with this inode on this device (maps' `MM:mm`, in
-    hex), holding at least `needed` bytes."""
+    hex)."""
     info = os.fstat(fd)
     major, _, minor = device.partition(":")
     try:
@@ -251,15 +251,10 @@ def _same_file(fd: int, inode: int, device: str, needed: int) -> bool:
         )
     except ValueError:
         return False
-    return (
-        stat.S_ISREG(info.st_mode)
-        and info.st_ino == inode
-        and same_device
-        and info.st_size >= needed
-    )
+    return stat.S_ISREG(info.st_mode) and info.st_ino == inode and same_device
 
 
-def _open_checked(path: str, inode: int, device: str, needed: int) -> int | None:
+def _open_checked(path: str, inode: int, device: str) -> int | None:
     """`path` opened read-only, if it is the file described; else None."""
     try:
         # Non-blocking: a FIFO planted where the file was must not hang the open.
@@ -267,7 +262,7 @@ def _open_checked(path: str, inode: int, device: str, needed: int) -> int | None
     except OSError:
         return None
     try:
-        if _same_file(fd, inode, device, needed):
+        if _same_file(fd, inode, device):
             # A regular file: reads may block again (io_uring fails a non-blocking
             # read of a page not in the cache where a read would wait for it).
             os.set_blocking(fd, True)
@@ -312,11 +307,22 @@ def mapped_file(view: np.ndarray[Any, Any], length: int) -> FileWindows | None:
     if inode == 0 or start + view.nbytes > hi or (perms[1:2] == "w" and perms[3:4] != "s"):
         return None
     needed = file_offset + view.nbytes
-    fd = _open_checked(f"/proc/self/map_files/{low}-{high}", inode, device, needed)
+    fd = _open_checked(f"/proc/self/map_files/{low}-{high}", inode, device)
     if fd is None and path.startswith("/") and not path.endswith(" (deleted)"):
-        fd = _open_checked(path, inode, device, needed)
+        fd = _open_checked(path, inode, device)
     if fd is None:
         return None
+    size = os.fstat(fd).st_size
+    if size < needed:
+        # The mapping's own file, cut short: reading the view through the mapping would
+        # kill the process (SIGBUS), so the stream refuses to start.
+        os.close(fd)
+        raise HostViewError(
+            path,
+            f"the file is {size:,} bytes, and the array mapped from it needs {needed:,}: "
+            "it was truncated after it was mapped",
+            "do not rewrite a token file while it is loaded; load it again",
+        )
     row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
     try:
         return FileWindows(fd, path, file_offset, row, length)
