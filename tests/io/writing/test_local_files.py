@@ -6,6 +6,7 @@ forced with `writing._TMPFILE = 0`."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -220,3 +221,59 @@ class TestForkedChild:
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.strip() == "True"
         assert not list(tmp_path.glob(_TEMPORARY))
+
+
+def _write(writer: str, source: Path, target: Path) -> None:
+    """Write `target` as `writer` does: four values under the key `a`."""
+    if writer == "save_file":
+        devpolicy.save_file({"a": np.ones(4)}, target)
+    elif writer == "save_chunks":
+        devpolicy.save_chunks([np.ones(4, np.uint16)], target, key="a", overwrite=True)
+    else:
+        devpolicy.align_file(source, target)
+
+
+class TestExistingTargets:
+    @pytest.mark.parametrize("writer", ["save_file", "save_chunks", "align_file"])
+    def test_a_symlink_loop_is_refused_and_its_links_kept(
+        self, tmp_path: Path, writer: str
+    ) -> None:
+        """Links that point at each other reach no file to replace: the save is refused,
+        naming the loop, and both links stay links (a save once replaced one with a file)."""
+        source = tmp_path / "in.safetensors"
+        devpolicy.save_file({"a": np.zeros(4, np.float32)}, source)
+        os.symlink("b.safetensors", tmp_path / "a.safetensors")
+        os.symlink("a.safetensors", tmp_path / "b.safetensors")
+        target = tmp_path / "a.safetensors"
+        with pytest.raises(
+            devpolicy.SafetensorsFileError,
+            match=rf"^{re.escape(str(target))}: cannot write: it is a symlink loop \(links that "
+            r"point at each other never reach a file\); nothing written$",
+        ):
+            _write(writer, source, target)
+        assert os.readlink(tmp_path / "a.safetensors") == "b.safetensors"
+        assert os.readlink(tmp_path / "b.safetensors") == "a.safetensors"
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "a.safetensors",
+            "b.safetensors",
+            "in.safetensors",
+        ]
+
+    @pytest.mark.parametrize("writer", ["save_file", "save_chunks", "align_file"])
+    def test_a_file_of_another_account_keeps_its_owner_and_mode(
+        self, tmp_path: Path, writer: str
+    ) -> None:
+        """Overwriting a file another account owns (as root may) keeps its owner, group and
+        permission bits: the new file is given them before it is renamed into place."""
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another account needs root")
+        source = tmp_path / "in.safetensors"
+        devpolicy.save_file({"a": np.zeros(4, np.float32)}, source)
+        target = tmp_path / "out.safetensors"
+        devpolicy.save_file({"a": np.zeros(2, np.float32)}, target)
+        os.chown(target, 4321, 8765)
+        os.chmod(target, 0o640)
+        _write(writer, source, target)
+        after = os.stat(target)
+        assert (after.st_uid, after.st_gid, after.st_mode & 0o7777) == (4321, 8765, 0o640)
+        assert devpolicy.load_file(target, prefix="")["a"].shape == (4,)
