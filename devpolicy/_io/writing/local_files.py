@@ -31,6 +31,7 @@ from ..._base.locations import URLPath, is_url, shown_url
 from ..format.header import PACKED, Header, encodable, pack, read_header
 from ..format.layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
 from ..format.sources import SourceEndedError, open_tensor_file
+from .sparse import SparseSink
 
 #: Named temporary files of `save_arrays`/`align_file` (where the filesystem has no
 #: `O_TMPFILE`) are `.<name>.devpolicy-<host>-<pid>-<random>.tmp` beside the target (so a
@@ -115,7 +116,8 @@ def rewrite_aligned(
 ) -> Header:
     """Rewrite a safetensors file so its largest tensors start at `align`-byte offsets.
 
-    Streams each tensor's bytes (64 MiB at a time), so memory does not grow with the file.
+    Streams each tensor's bytes (64 MiB at a time), so memory does not grow with the file;
+    runs of zeros are left out as holes where a reader can read them back (`sparse`).
     Returns the new file's header.
     """
     check_align(align)
@@ -127,19 +129,21 @@ def rewrite_aligned(
 
     def copy_data(out: Any) -> None:
         largest = max((t.nbytes for t in header.tensors), default=0)
-        chunk = memoryview(bytearray(min(largest, _COPY_BYTES)))
+        chunk = np.empty(min(largest, _COPY_BYTES), np.uint8)
+        sink = SparseSink(out, 8 + len(new_header), destination)
         with open_tensor_file(source) as f:
             for slot in order:
                 entry = by_key[slot.key]
                 for start in range(0, entry.nbytes, _COPY_BYTES):
                     piece = chunk[: min(_COPY_BYTES, entry.nbytes - start)]
                     try:
-                        f.read_into(entry.offset + start, piece)
+                        f.read_into(entry.offset + start, piece.data)
                     except SourceEndedError:
                         raise SafetensorsFileError(
                             source, "file shrank while being read", tensor=slot.key
                         ) from None
-                    out.write(piece)
+                    sink.write(piece)
+        sink.finish()
 
     _atomic_write(Path(destination), new_header, copy_data)
     return read_header(destination)

@@ -25,11 +25,10 @@ from ..._base.errors import SafetensorsFileError
 from ..format.header import dtype_name, encodable, read_header
 from ..format.layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, unmappable_reasons
 from .local_files import _atomic_write, _prepared_target, check_local, check_metadata
+from .sparse import SparseSink
 
 #: Bytes of an array written (and, for a file mapping, given back) at a time.
 BLOCK_BYTES = 64 * 2**20
-#: Runs of zeros this long, at file offsets that are multiples of it, are left as holes.
-HOLE_BYTES = 2**20
 #: What a dimension or a byte count could be: the reserved header holds numbers this wide.
 _WIDEST = 10**20 - 1
 
@@ -103,15 +102,14 @@ def save_chunks(
     start = 8 + len(reserved)
 
     def write_data(out: Any) -> None:
-        sink = _SparseSink(out, start)
+        sink = SparseSink(out, start, path)
         rows = 0
         for chunk in stream.all(first):
             rows += chunk.shape[0]
-            sink.write_array(chunk)
+            sink.write(chunk)
         nbytes = rows * row_bytes
         header, _ = plan_layout([Slot(key, name, (rows, *trailing), nbytes)], metadata, align)
-        out.seek(start + nbytes)
-        out.truncate()  # the file's length, where it ends in a hole
+        sink.finish()
         out.seek(8)
         out.write(header + b" " * (len(reserved) - len(header)))  # still ends at `start`
 
@@ -270,37 +268,6 @@ def _blocks(array: np.ndarray[Any, Any]) -> Iterator[np.ndarray[Any, Any]]:
                 pager.release([start], min(rows, array.shape[0] - start))
     finally:
         pager.close()
-
-
-class _SparseSink:
-    """Writes arrays' bytes one after another from file offset `start`, skipping each
-    `HOLE_BYTES` span (aligned in the file) that holds only zeros."""
-
-    def __init__(self, out: Any, start: int) -> None:
-        self._out = out
-        self._position = start  # the file offset the next byte goes to
-        self._at = start  # where the file object is
-
-    def write_array(self, chunk: np.ndarray[Any, Any]) -> None:
-        data = chunk.reshape(-1).view(np.uint8)
-        done = 0
-        while done < data.size:
-            end = min(data.size, done + HOLE_BYTES - self._position % HOLE_BYTES)
-            piece = data[done:end]
-            if _nonzero(piece):
-                if self._at != self._position:
-                    self._out.seek(self._position)
-                self._out.write(piece.data)
-                self._at = self._position + piece.size
-            self._position += piece.size
-            done = end
-
-
-def _nonzero(piece: np.ndarray[Any, Any]) -> bool:
-    """Whether any byte of `piece` is not zero (eight at a time where they divide)."""
-    if piece.size % 8 == 0:
-        return bool(piece.view(np.uint64).any())
-    return bool(piece.any())
 
 
 def _check_key(key: object, path: str | os.PathLike[str]) -> None:

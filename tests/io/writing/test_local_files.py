@@ -277,3 +277,22 @@ class TestExistingTargets:
         after = os.stat(target)
         assert (after.st_uid, after.st_gid, after.st_mode & 0o7777) == (4321, 8765, 0o640)
         assert devpolicy.load_file(target, prefix="")["a"].shape == (4,)
+
+
+class TestAlignFile:
+    def test_runs_of_zeros_stay_holes_in_the_copy(self, tmp_path: Path) -> None:
+        """A sparse file copied by `align_file` stays sparse (1 MiB runs of zeros, aligned in
+        the file, are not written, as `save_chunks` leaves them) and reads back exact."""
+        source = tmp_path / "in.safetensors"
+        tokens = np.zeros(48 * 2**20, np.uint16)  # 96 MiB, zeros but for two runs
+        tokens[:1000] = 1
+        tokens[32 * 2**20 : 32 * 2**20 + 1000] = 2
+        devpolicy.save_chunks(tokens, source)
+        copy = tmp_path / "out.safetensors"
+
+        devpolicy.align_file(source, copy)
+
+        assert copy.stat().st_size == source.stat().st_size
+        assert copy.stat().st_blocks * 512 < 4 * 2**20
+        back = np.asarray(devpolicy.load_file(copy, prefix="", mmap=True)["tokens"])
+        assert np.array_equal(back, tokens)

@@ -35,6 +35,46 @@ from tests.conftest import REPO
 MiB = 2**20
 
 
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own, mounted for the test and unmounted after it: a filesystem
+    held in memory, where reading a hole through a mapping takes a page."""
+    where = tmp_path / "ram"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or 'not permitted'}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+def read_every_token(path: Path) -> subprocess.CompletedProcess[str]:
+    """Load `path` mapped in a new process and read every token (a SIGBUS kills that
+    process: a negative return code)."""
+    script = (
+        "import sys, numpy as np, devpolicy\n"
+        "tokens = np.asarray(devpolicy.load_file(sys.argv[1], prefix='', mmap=True)['tokens'])\n"
+        "print(int(tokens.astype(np.uint64).sum()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def leftovers(directory: Path) -> list[str]:
     """Every file in `directory` (a failed write must add none)."""
     return sorted(p.name for p in directory.iterdir())
@@ -116,6 +156,41 @@ class TestSaveChunks:
         assert not back[1000 : 1000 + 32 * MiB].any()
         assert back[1000 + 32 * MiB : 2000 + 32 * MiB].tolist() == [1] * 1000
         assert not back[2000 + 32 * MiB :].any()
+
+    @pytest.mark.slow
+    def test_zeros_a_memory_filesystem_cannot_hold_are_refused_not_left_to_kill_the_reader(
+        self, small_tmpfs: Path
+    ) -> None:
+        """64 MiB of mostly zeros to a 16 MiB tmpfs: holes would fit, but reading them
+        through the load's mapping takes pages the tmpfs does not have (SIGBUS). The zeros
+        are kept as data there, so the save fails, saying why, and leaves nothing."""
+        zeros = np.zeros(16 * MiB, dtype=np.uint16)
+        path = small_tmpfs / "tokens.safetensors"
+        with pytest.raises(
+            devpolicy.SafetensorsFileError,
+            match=rf"^{re.escape(str(path))}: cannot write: no space for its 64\.0 MiB of zeros "
+            r"\(.* free on tmpfs\): a filesystem held in memory takes a page for each page of "
+            r"a hole read through a mapping, so the zeros are written, not left as holes that "
+            r"would kill the reader \(SIGBUS\); nothing written$",
+        ):
+            devpolicy.save_chunks([np.ones(1000, np.uint16), zeros, zeros], path)
+        assert leftovers(small_tmpfs) == []
+
+    @pytest.mark.slow
+    def test_a_file_on_a_memory_filesystem_reads_every_token_through_its_map(
+        self, small_tmpfs: Path
+    ) -> None:
+        """8 MiB of zeros on the 16 MiB tmpfs: written as data, not holes (the file holds
+        its pages), and a mapped load reads every token."""
+        path = small_tmpfs / "tokens.safetensors"
+        devpolicy.save_chunks(
+            [np.ones(1000, np.uint16), np.zeros(4 * MiB, np.uint16), np.ones(5, np.uint16)],
+            path,
+        )
+        assert path.stat().st_blocks * 512 >= 8 * MiB
+        result = read_every_token(path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.strip().splitlines()[-1] == "1005"
 
     def test_a_memmap_source_is_copied_with_its_pages_given_back(self, tmp_path: Path) -> None:
         """A 512 MiB `np.memmap` is copied without the process holding it: its resident
