@@ -23,7 +23,14 @@ import numpy as np
 from ..._apply.paging import Pager
 from ..._base.errors import SafetensorsFileError
 from ..format.header import dtype_name, encodable, read_header
-from ..format.layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, unmappable_reasons
+from ..format.layout import (
+    DEFAULT_ALIGN,
+    Slot,
+    check_align,
+    mapping_obstacles,
+    plan_layout,
+    unmappable_reasons,
+)
 from .local_files import _atomic_write, _prepared_target, check_local, check_metadata
 from .sparse import SparseSink
 
@@ -150,6 +157,29 @@ def unmappable(path: str | os.PathLike[str]) -> dict[str, str]:
     header = read_header(path)
     x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
     return unmappable_reasons(header, x64=x64)
+
+
+def mapped_once_aligned(path: str | os.PathLike[str]) -> set[str]:
+    """The tensors of `path` that `unmappable` names and that would map in the copy
+    `align_file` writes: those it names for their offset alone and that the copy starts
+    aligned. Empty where no rewrite maps any more of the file: what is left is F4, 64-bit
+    with x64 off, or small tensors that follow one whose size is not a multiple of 64 bytes
+    (the format has no gaps between tensors)."""
+    check_local(path)
+    header = read_header(path)
+    x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
+    slots = [Slot(t.key, t.dtype_name, t.shape, t.nbytes) for t in header.tensors]
+    new_header, order = plan_layout(slots, header.metadata, DEFAULT_ALIGN)
+    entries = {t.key: t for t in header.tensors}
+    mapped = set()
+    position = 8 + len(new_header)
+    for slot in order:
+        entry = entries[slot.key]
+        starts_aligned = position % DEFAULT_ALIGN == 0
+        if entry.nbytes and starts_aligned and mapping_obstacles(entry, x64=x64) == ("unaligned",):
+            mapped.add(slot.key)
+        position += slot.nbytes
+    return mapped
 
 
 class _SourceFailedError(Exception):

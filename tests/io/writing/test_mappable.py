@@ -422,6 +422,51 @@ class TestAlignCheck:
         assert lines[-1].startswith(f"{path}: ")
         assert "of the bytes) would be read, not mapped" in lines[-1]
 
+    def test_check_after_align_names_what_cannot_start_aligned_and_exits_0(
+        self, tmp_path: Path
+    ) -> None:
+        """Once aligned, small tensors after one whose size is not a multiple of 64 bytes
+        still start off a boundary, and no rewrite can help (the format has no gaps):
+        `--check` says so, tells no one to run `align` again, and exits 0."""
+        source = tmp_path / "in.safetensors"
+        reference_save(
+            {
+                "big": np.ones(1024, np.float32),
+                "a": np.ones(3, np.uint8),
+                "b": np.ones(5, np.float32),
+                "c": np.ones(7, np.uint8),
+            },
+            source,
+        )
+        aligned = tmp_path / "aligned.safetensors"
+        assert self.run(str(source), str(aligned)).returncode == 0
+
+        result = self.run("--check", str(aligned))
+
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = result.stdout.strip().splitlines()
+        assert len(lines) == 3
+        assert lines[0].startswith(f"{aligned}: tensor 'c': its data starts at byte ")
+        assert lines[1].startswith(f"{aligned}: tensor 'a': its data starts at byte ")
+        assert lines[2] == (
+            f"{aligned}: 2 of 4 tensors (0% of the bytes) would be read, not mapped, and no "
+            "rewrite maps them: the format leaves no gap between tensors, so a tensor after "
+            "one whose size is not a multiple of 64 bytes cannot start aligned (`devpolicy "
+            "align` puts those last, largest first); nothing more to do"
+        )
+        assert "devpolicy align" not in lines[0] + lines[1]
+
+    def test_check_says_how_many_a_rewrite_would_map_and_exits_1(self, tmp_path: Path) -> None:
+        path = tmp_path / "m.safetensors"
+        unaligned_file(path)
+        result = self.run("--check", str(path))
+        assert result.returncode == 1
+        assert result.stdout.strip().splitlines()[-1] == (
+            f"{path}: 2 of 2 tensors (100% of the bytes) would be read, not mapped; "
+            f"`devpolicy align {path} OUT` writes a copy where 1 of them (91% of the bytes) "
+            "maps"
+        )
+
     def test_check_and_a_destination_together_are_a_usage_error(self, tmp_path: Path) -> None:
         path = tmp_path / "m.safetensors"
         devpolicy.save_chunks([np.ones(5, np.uint16)], path)
