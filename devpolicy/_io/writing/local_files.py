@@ -28,6 +28,7 @@ import numpy as np
 from ..._base.errors import SafetensorsFileError
 from ..._base.files import kind, why_unopenable
 from ..._base.locations import URLPath, is_url, shown_url
+from ..._base.progress import progress_bar
 from ..format.header import PACKED, Header, encodable, pack, read_header
 from ..format.layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
 from ..format.sources import SourceEndedError, open_tensor_file
@@ -113,12 +114,13 @@ def rewrite_aligned(
     destination: str | os.PathLike[str],
     *,
     align: int = DEFAULT_ALIGN,
+    progress: bool | None = None,
 ) -> Header:
     """Rewrite a safetensors file so its largest tensors start at `align`-byte offsets.
 
     Streams each tensor's bytes (64 MiB at a time), so memory does not grow with the file;
     runs of zeros are left out as holes where a reader can read them back (`sparse`).
-    Returns the new file's header.
+    `progress`: the terminal bar, as `align_file` says. Returns the new file's header.
     """
     check_align(align)
     check_local(destination)
@@ -130,8 +132,12 @@ def rewrite_aligned(
     def copy_data(out: Any) -> None:
         largest = max((t.nbytes for t in header.tensors), default=0)
         chunk = np.empty(min(largest, _COPY_BYTES), np.uint8)
-        sink = SparseSink(out, 8 + len(new_header), destination)
-        with open_tensor_file(source) as f:
+        total = sum(t.nbytes for t in header.tensors)
+        with (
+            progress_bar(Path(destination).name, total, progress) as advance,
+            open_tensor_file(source) as f,
+        ):
+            sink = SparseSink(out, 8 + len(new_header), destination, advance)
             for slot in order:
                 entry = by_key[slot.key]
                 for start in range(0, entry.nbytes, _COPY_BYTES):
@@ -143,7 +149,7 @@ def rewrite_aligned(
                             source, "file shrank while being read", tensor=slot.key
                         ) from None
                     sink.write(piece)
-        sink.finish()
+            sink.finish()
 
     _atomic_write(Path(destination), new_header, copy_data)
     return read_header(destination)
@@ -616,11 +622,15 @@ def align_file(
     destination: str | os.PathLike[str],
     *,
     align: int = DEFAULT_ALIGN,
+    progress: bool | None = None,
 ) -> None:
     """Copy a safetensors file so its largest tensors start at `align`-byte offsets.
 
     Streams the data, so memory stays flat however large the file. The copy loads
-    zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`.
+    zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`. Runs of zeros
+    stay holes, as `save_chunks` leaves them. `progress`: show the bar `load_file` shows
+    (bytes copied, rate, time left) on a terminal: None (default) for a file over 256 MiB,
+    True always, False never.
 
     Raises:
         SafetensorsFileError: `source` is not a readable safetensors file, or `destination`
@@ -637,4 +647,4 @@ def align_file(
         >>> devpolicy.plan(copy).tensors[0].offset % 64
         0
     """
-    rewrite_aligned(source, destination, align=align)
+    rewrite_aligned(source, destination, align=align, progress=progress)

@@ -7,7 +7,8 @@ an existing `np.memmap`). `save_chunks` streams the pieces into a file laid out 
 maps it), through the same atomic write: the header's place is reserved before the first
 byte of data (its length cannot depend on a total not yet known) and filled in last.
 Memory stays bounded by one chunk, or for an array by one block, whose pages, where the
-array is a file mapping, are given back as the copy goes. Runs of zeros are left as holes.
+array is a file mapping, are given back as the copy goes. Runs of zeros are left as holes
+where a reader can read them back (`sparse`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from ..._apply.paging import Pager
 from ..._base.errors import SafetensorsFileError
+from ..._base.progress import progress_bar
 from ..format.header import dtype_name, encodable, read_header
 from ..format.layout import (
     DEFAULT_ALIGN,
@@ -50,6 +52,7 @@ def save_chunks(
     align: int = DEFAULT_ALIGN,
     metadata: Mapping[str, str] | None = None,
     overwrite: bool = False,
+    progress: bool | None = None,
 ) -> None:
     """Write one tensor, given in chunks, as a safetensors file that maps with no copy.
 
@@ -59,8 +62,9 @@ def save_chunks(
     64 MiB at a time, its mapped pages given back as the copy goes, so the process never
     holds it. The tensor's data starts at an `align`-byte offset: `load_file(path,
     mmap=True)` (or a rule with `mmap: true`) maps it zero-copy, and any safetensors
-    reader reads it. Runs of zeros (1 MiB, aligned in the file) are left as holes: a
-    sparse source stays sparse on disk.
+    reader reads it. Runs of zeros (1 MiB, aligned in the file) are left as holes where a
+    reader can read them back (not on a tmpfs, where reading one through a mapping takes
+    memory: there they are given their space): a sparse source stays sparse on disk.
 
     Written to a temporary file and renamed into place once complete: a bad chunk, an
     error or an exception from `chunks` itself leaves nothing behind.
@@ -73,12 +77,17 @@ def save_chunks(
         align: Alignment of the data's file offset (a power of two).
         metadata: The header's `__metadata__` (strings to strings).
         overwrite: Replace an existing file at `path` (default: refuse it).
+        progress: Show the bar `load_file` shows (bytes written, rate, time left) on a
+            terminal: None (default) for a write over 256 MiB (for chunks whose total is
+            not known, once 256 MiB are written, with no time left), True always, False
+            never.
 
     Raises:
         SafetensorsFileError: `path` exists (without `overwrite`), or is a URL, a FIFO, a
             directory, or cannot be written; `chunks` gave none; a chunk is not an array
             of numbers, is 0-d, or differs from the first in dtype, rank or shape past
-            the first axis; a packed dtype (F4). Nothing is written.
+            the first axis; a packed dtype (F4); a tmpfs too small for the zeros (see
+            above). Nothing is written.
         ValueError: a bad `align` or `metadata`.
 
     Example:
@@ -109,11 +118,13 @@ def save_chunks(
     start = 8 + len(reserved)
 
     def write_data(out: Any) -> None:
-        sink = SparseSink(out, start, path)
-        rows = 0
-        for chunk in stream.all(first):
-            rows += chunk.shape[0]
-            sink.write(chunk)
+        total = first.nbytes if stream.whole else None
+        with progress_bar(target.name, total, progress) as advance:
+            sink = SparseSink(out, start, path, advance)
+            rows = 0
+            for chunk in stream.all(first):
+                rows += chunk.shape[0]
+                sink.write(chunk)
         nbytes = rows * row_bytes
         header, _ = plan_layout([Slot(key, name, (rows, *trailing), nbytes)], metadata, align)
         sink.finish()
@@ -203,6 +214,11 @@ class _Chunks:
             self._source = iter(chunks)
             self._array = None
         self._index = 0
+
+    @property
+    def whole(self) -> bool:
+        """Whether the chunks are one array, whose size is known before it is written."""
+        return self._array is not None
 
     def _refuse(self, problem: str) -> SafetensorsFileError:
         return SafetensorsFileError(self.path, f"{problem}; {_NOTHING}", tensor=self.key)

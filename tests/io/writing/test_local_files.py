@@ -5,6 +5,7 @@ forced with `writing._TMPFILE = 0`."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -296,3 +297,24 @@ class TestAlignFile:
         assert copy.stat().st_blocks * 512 < 4 * 2**20
         back = np.asarray(devpolicy.load_file(copy, prefix="", mmap=True)["tokens"])
         assert np.array_equal(back, tokens)
+
+    def test_a_long_copy_shows_the_bar_load_file_shows(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Over 256 MiB, on a terminal, the copy shows the bar with the copy's name and the
+        bytes copied of the whole; `progress=False` shows nothing."""
+
+        class Terminal(io.StringIO):
+            def isatty(self) -> bool:
+                return True
+
+        source = tmp_path / "in.safetensors"
+        devpolicy.save_chunks(np.zeros(160 * 2**20, np.uint16), source, progress=False)
+        screen = Terminal()
+        monkeypatch.setattr(sys, "stderr", screen)
+        monkeypatch.setenv("TERM", "xterm")
+        devpolicy.align_file(source, tmp_path / "quiet.safetensors", progress=False)
+        assert screen.getvalue() == ""
+        devpolicy.align_file(source, tmp_path / "copy.safetensors")
+        assert "copy.safetensors" in screen.getvalue()
+        assert "320.0 MiB" in screen.getvalue()

@@ -11,6 +11,7 @@ map, with its offset and the alignment it needs. The full-scale file is in
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -234,6 +235,61 @@ class TestSaveChunks:
             part = f.get_slice("tokens")
             assert part[count - 5 : count].tolist() == [(count - 5 + i) % 2**16 for i in range(5)]
             assert part[70_000:70_003].tolist() == [70_000 % 2**16 + i for i in range(3)]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> _Terminal:
+    """stderr as a terminal, what the bar is drawn on (set in the test itself: pytest's
+    capture would replace it after a fixture's set-up)."""
+    screen = _Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    monkeypatch.setenv("TERM", "xterm")
+    return screen
+
+
+class TestProgress:
+    def test_a_long_write_of_an_array_shows_the_bar_load_file_shows(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An array over 256 MiB (its size known) shows the bar with the file's name, the
+        bytes written of the whole and the rate, on a terminal."""
+        terminal = on_a_terminal(monkeypatch)
+        devpolicy.save_chunks(np.zeros(160 * MiB, np.uint16), tmp_path / "big.safetensors")
+        shown = terminal.getvalue()
+        assert "big.safetensors" in shown
+        assert "320.0 MiB" in shown
+
+    def test_chunks_of_unknown_total_show_the_bar_once_past_256_mib(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A generator's total is unknown: its bar appears once 256 MiB are written, and
+        counts on (a few small chunks show none)."""
+        terminal = on_a_terminal(monkeypatch)
+        devpolicy.save_chunks(
+            (np.zeros(MiB, np.uint16) for _ in range(4)), tmp_path / "small.safetensors"
+        )
+        assert terminal.getvalue() == ""
+        devpolicy.save_chunks(
+            (np.zeros(16 * MiB, np.uint16) for _ in range(10)), tmp_path / "big.safetensors"
+        )
+        assert "big.safetensors" in terminal.getvalue()
+
+    def test_progress_false_shows_nothing_and_true_shows_a_small_write(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        terminal = on_a_terminal(monkeypatch)
+        devpolicy.save_chunks(
+            np.zeros(160 * MiB, np.uint16), tmp_path / "quiet.safetensors", progress=False
+        )
+        assert terminal.getvalue() == ""
+        devpolicy.save_chunks(
+            [np.ones(5, np.uint16)], tmp_path / "asked.safetensors", progress=True
+        )
+        assert "asked.safetensors" in terminal.getvalue()
 
 
 def _chunks_then(bad: Any) -> Iterator[Any]:
