@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import devpolicy
+from devpolicy._io.writing.mappable import mapped_once_aligned
 
 from .common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, lit, new_console
 
@@ -36,7 +37,8 @@ def command(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     """Print each tensor of `args.source` that a load would read instead of map, with why,
-    and a summary line; exit 1 when there is one."""
+    and a summary line: what a rewrite (`devpolicy align`) would map, exit 1; or, where a
+    rewrite maps none of them, why not, exit 0 (nothing more to do)."""
     source = args.source
     reasons = devpolicy.unmappable(source)
     tensors = _planned(source).tensors
@@ -48,16 +50,35 @@ def check(args: argparse.Namespace) -> int:
         return EXIT_OK
     for key, why in reasons.items():
         console.print(lit(f"{source}: tensor {key!r}: {why}"))
+    total = max(1, sum(t.nbytes for t in tensors))
     read = sum(t.nbytes for t in tensors if t.key in reasons)
-    share = read / max(1, sum(t.nbytes for t in tensors))
-    console.print(
-        lit(
-            f"{source}: {len(reasons)} of {len(tensors)} tensors ({share:.0%} of the bytes) "
-            f"would be read, not mapped; `devpolicy align {source} OUT` writes a copy whose "
-            "largest tensors start aligned"
-        )
+    found = (
+        f"{source}: {len(reasons)} of {len(tensors)} tensors ({read / total:.0%} of the bytes) "
+        "would be read, not mapped"
     )
-    return EXIT_FINDINGS
+    fixed = mapped_once_aligned(source)
+    if fixed:
+        mapped = sum(t.nbytes for t in tensors if t.key in fixed)
+        console.print(
+            lit(
+                f"{found}; `devpolicy align {source} OUT` writes a copy where {len(fixed)} of "
+                f"them ({mapped / total:.0%} of the bytes) map{'s' if len(fixed) == 1 else ''}"
+            )
+        )
+        return EXIT_FINDINGS
+    causes = []
+    if any(t.key in reasons and t.offset % 64 for t in tensors):
+        causes.append(
+            "the format leaves no gap between tensors, so a tensor after one whose size is not "
+            "a multiple of 64 bytes cannot start aligned (`devpolicy align` puts those last, "
+            "largest first)"
+        )
+    if any("two values a byte" in r or "narrowed" in r for r in reasons.values()):
+        causes.append("F4 and narrowed 64-bit tensors are new buffers wherever they start")
+    console.print(
+        lit(f"{found}, and no rewrite maps them: {'; '.join(causes)}; nothing more to do")
+    )
+    return EXIT_OK
 
 
 def _planned(path: Path) -> devpolicy.types.Plan:

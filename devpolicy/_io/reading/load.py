@@ -29,6 +29,7 @@ from ..._apply.hostview import INDEX_LIMIT, sent, warn_unindexable
 from ..._apply.narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ..._base.errors import NarrowingError
 from ..._base.events import EventLog
+from ..._base.progress import progress_bar
 from ..._decide.decider import Decider
 from ..._decide.decision import Decision
 from ..._decide.rule_use import RuleUse, shadowed_notes, silent_rules, uses_of_decisions
@@ -51,7 +52,7 @@ from .naming import (
     source_files,
     tensor_names,
 )
-from .progress import left_out_events, mmap_refused_event, progress_bar, summary_event
+from .progress import left_out_events, mmap_refused_event, summary_event
 from .ranges import ShardReader
 from .readahead import ReadAhead, reads_whole
 from .reopening import map_tensor_file
@@ -317,7 +318,7 @@ def _load_opened(
     total = sum(t.nbytes for t in header.tensors)
     region: mmap_module.mmap | None = None
     with (
-        progress_bar(header, total, progress) as advance,
+        progress_bar(header.path.name, total, progress) as advance,
         ReadAhead(source, header, decisions, order, mmap, x64, advance) as ahead,
     ):
         # Sent as they are read, batched, several calls in flight: reading the next

@@ -1,27 +1,22 @@
-"""What a load shows as it goes and says when done: the progress bar, and one event per
+"""What a load says when done (its progress bar is `_base.progress`'s): one event per
 file (`load_file`: where its bytes went, by which rules; `mmap_refused`: why tensors to
 be mapped were read; `checkpoint_file_left_out`: a directory's files not loaded).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from ..._base.events import EventLog
 from ..._base.limits import ALIGN
 from ..._base.sizes import format_size
-from ..._base.visible import visible
 from ..._decide.decision import Decision
 from ..format.header import Header, TensorEntry
 from ..format.layout import mapping_obstacles
 from .checkpoints import Checkpoint
 from .naming import PathLike
 
-#: Files larger than this show a progress bar on a terminal (`progress=None`).
-PROGRESS_THRESHOLD = 256 * 2**20
 _TRIED_FIRST = {"code": 0, "env": 1, "policy": 2}
 
 
@@ -85,43 +80,6 @@ def mmap_refused_event(
             "reason": "; ".join(reasons),
         },
     )
-
-
-@contextmanager
-def progress_bar(header: Header, total: int, wanted: bool | None) -> Iterator[Any]:
-    """A function to call with each count of bytes read: a bar on a terminal (asked for, or
-    by default for files over `PROGRESS_THRESHOLD`), else one that does nothing."""
-    show = (
-        wanted is not False
-        and (wanted is True or total > PROGRESS_THRESHOLD)
-        and sys.stderr.isatty()
-    )
-    if not show:
-        yield lambda _n: None
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    with Progress(
-        # The file's name is whoever made the checkpoint's text: shown, never read as
-        # markup (`[white on white]`, `[link=...]`) nor obeyed as a terminal escape.
-        TextColumn("{task.description}", style="bold", markup=False),
-        BarColumn(),
-        DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(visible(header.path.name), total=total)
-        yield lambda n: bar.advance(task, n)
 
 
 def summary_event(

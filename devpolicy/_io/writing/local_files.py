@@ -26,11 +26,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..._base.errors import SafetensorsFileError
-from ..._base.files import kind
+from ..._base.files import kind, why_unopenable
 from ..._base.locations import URLPath, is_url, shown_url
+from ..._base.progress import progress_bar
 from ..format.header import PACKED, Header, encodable, pack, read_header
 from ..format.layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, slots_of
 from ..format.sources import SourceEndedError, open_tensor_file
+from .sparse import SparseSink
 
 #: Named temporary files of `save_arrays`/`align_file` (where the filesystem has no
 #: `O_TMPFILE`) are `.<name>.devpolicy-<host>-<pid>-<random>.tmp` beside the target (so a
@@ -112,11 +114,13 @@ def rewrite_aligned(
     destination: str | os.PathLike[str],
     *,
     align: int = DEFAULT_ALIGN,
+    progress: bool | None = None,
 ) -> Header:
     """Rewrite a safetensors file so its largest tensors start at `align`-byte offsets.
 
-    Streams each tensor's bytes (64 MiB at a time), so memory does not grow with the file.
-    Returns the new file's header.
+    Streams each tensor's bytes (64 MiB at a time), so memory does not grow with the file;
+    runs of zeros are left out as holes where a reader can read them back (`sparse`).
+    `progress`: the terminal bar, as `align_file` says. Returns the new file's header.
     """
     check_align(align)
     check_local(destination)
@@ -127,19 +131,25 @@ def rewrite_aligned(
 
     def copy_data(out: Any) -> None:
         largest = max((t.nbytes for t in header.tensors), default=0)
-        chunk = memoryview(bytearray(min(largest, _COPY_BYTES)))
-        with open_tensor_file(source) as f:
+        chunk = np.empty(min(largest, _COPY_BYTES), np.uint8)
+        total = sum(t.nbytes for t in header.tensors)
+        with (
+            progress_bar(Path(destination).name, total, progress) as advance,
+            open_tensor_file(source) as f,
+        ):
+            sink = SparseSink(out, 8 + len(new_header), destination, advance)
             for slot in order:
                 entry = by_key[slot.key]
                 for start in range(0, entry.nbytes, _COPY_BYTES):
                     piece = chunk[: min(_COPY_BYTES, entry.nbytes - start)]
                     try:
-                        f.read_into(entry.offset + start, piece)
+                        f.read_into(entry.offset + start, piece.data)
                     except SourceEndedError:
                         raise SafetensorsFileError(
                             source, "file shrank while being read", tensor=slot.key
                         ) from None
-                    out.write(piece)
+                    sink.write(piece)
+            sink.finish()
 
     _atomic_write(Path(destination), new_header, copy_data)
     return read_header(destination)
@@ -149,15 +159,17 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
     """Write a new file and rename it over `path`: never truncated or half-written in place.
 
     A symlink is written through (its target is replaced, the link kept), an existing file
-    keeps its permission bits, and anything that exists but is not a regular file (a
-    device, a FIFO, a directory) is refused before anything is written. The data goes to
-    an unnamed file (`O_TMPFILE`) given a name only once complete, so a process killed in
-    any thread, by any signal, leaves nothing; where the filesystem cannot do that (NFS),
-    to a named temporary file (`TEMP_PATTERN`) removed on any error, on the signals that
-    can be caught (`_removed_on_signals`) and when the interpreter exits with it unfinished
-    (a daemon thread's); one a kill left is removed by the next save of `path`.
+    keeps its permission bits and, where this process may give them (root may), its owner
+    and group (`_keep_attributes`), and anything that exists but is not a regular file (a
+    device, a FIFO, a directory) or a symlink loop is refused before anything is written.
+    The data goes to an unnamed file (`O_TMPFILE`) given a name only once complete, so a
+    process killed in any thread, by any signal, leaves nothing; where the filesystem
+    cannot do that (NFS), to a named temporary file (`TEMP_PATTERN`) removed on any error,
+    on the signals that can be caught (`_removed_on_signals`) and when the interpreter exits
+    with it unfinished (a daemon thread's); one a kill left is removed by the next save of
+    `path`.
     """
-    target, directory, mode, prefix = _prepared_target(path)
+    target, directory, existing, prefix = _prepared_target(path)
     try:
         fd, tmp = _temporary(directory, prefix)
     except OSError as e:
@@ -167,7 +179,7 @@ def _atomic_write(path: Path, header: bytes, write_data: Callable[[Any], None]) 
     try:
         with temporaries_removed_on_sigterm(named=tmp is not None):
             try:
-                os.fchmod(fd, mode)
+                _keep_attributes(fd, existing)
                 with os.fdopen(fd, "wb") as out:
                     out.write(len(header).to_bytes(8, "little"))
                     out.write(header)
@@ -194,11 +206,12 @@ def _where(path: Path) -> tuple[Path, Path]:
     return target, target.parent if str(target.parent) else Path(".")
 
 
-def _prepared_target(path: Path) -> tuple[Path, Path, int, str]:
-    """(target, directory, mode of the new file, its temporary name's prefix) for a write of
-    `path`, or a refusal before anything is written: a missing directory, or something there
-    that is not a regular file. Leftovers of this host's dead saves of `path` are removed
-    first; the prefix is `TEMP_PATTERN`'s with this host and process.
+def _prepared_target(path: Path) -> tuple[Path, Path, os.stat_result | None, str]:
+    """(target, directory, the status of the file replaced or None, the temporary name's
+    prefix) for a write of `path`, or a refusal before anything is written: a missing
+    directory, a symlink loop, or something there that is not a regular file. Leftovers of
+    this host's dead saves of `path` are removed first; the prefix is `TEMP_PATTERN`'s with
+    this host and process.
     """
     target, directory = _where(path)
     if not directory.is_dir():
@@ -206,7 +219,11 @@ def _prepared_target(path: Path) -> tuple[Path, Path, int, str]:
         raise SafetensorsFileError(path, f"cannot write: the directory {str(directory)!r} {what}")
     try:
         info: os.stat_result | None = os.stat(target)
-    except OSError:
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # else the rename would replace one link of the loop
+            raise SafetensorsFileError(
+                path, f"cannot write: it is a {why_unopenable(path, e)}; nothing written"
+            ) from None
         info = None
     if info is not None and not stat.S_ISREG(info.st_mode):
         shown = f" (the symlink's target {str(target)!r})" if target != path else ""
@@ -215,10 +232,28 @@ def _prepared_target(path: Path) -> tuple[Path, Path, int, str]:
             f"cannot write: it is {kind(info.st_mode)}{shown}, not a regular file; "
             "only a regular file (or a new path) is replaced",
         )
-    # A new file gets what a plain open() would give it.
-    mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
     remove_stale_temp_files(target)
-    return target, directory, mode, f".{target.name}.devpolicy-{host_tag()}-{os.getpid()}-"
+    return target, directory, info, f".{target.name}.devpolicy-{host_tag()}-{os.getpid()}-"
+
+
+def _keep_attributes(fd: int, existing: os.stat_result | None) -> None:
+    """Give the new file `fd` what the file it replaces had: its permission bits, and its
+    owner and group where this process may give them (root may; anyone the group, being
+    in it). Where it may not, the file is the writer's, as a new file would be. A new path
+    gets what a plain open() would give it."""
+    if existing is None:
+        os.fchmod(fd, 0o666 & ~_umask())
+        return
+    mine = os.fstat(fd)
+    if (mine.st_uid, mine.st_gid) != (existing.st_uid, existing.st_gid):
+        # Before the mode: a change of owner clears the set-user-ID and set-group-ID bits.
+        for uid in (existing.st_uid, -1):
+            try:
+                os.fchown(fd, uid, existing.st_gid)
+                break
+            except PermissionError:
+                continue
+    os.fchmod(fd, stat.S_IMODE(existing.st_mode))
 
 
 #: Named temporary files being written, by any thread: the signal handler (main thread
@@ -454,7 +489,7 @@ class LocalJointFile:
     def create(self, header: bytes, size: int) -> str:
         """Make the unfinished file, `size` bytes with `header` (and its length) written at
         the start; return the name every process opens it by."""
-        _, directory, mode, prefix = _prepared_target(self.path)
+        _, directory, existing, prefix = _prepared_target(self.path)
         try:
             fd, tmp = _named_temporary(directory, prefix)
         except OSError as e:
@@ -462,7 +497,7 @@ class LocalJointFile:
                 self.path, f"cannot write in {str(directory)!r}: {e.strerror}"
             ) from None
         try:
-            os.fchmod(fd, mode)
+            _keep_attributes(fd, existing)
             os.ftruncate(fd, size)  # sparse until written: every process's runs fill it
             _pwrite_all(fd, memoryview(len(header).to_bytes(8, "little") + header), 0)
         except BaseException as e:
@@ -587,11 +622,15 @@ def align_file(
     destination: str | os.PathLike[str],
     *,
     align: int = DEFAULT_ALIGN,
+    progress: bool | None = None,
 ) -> None:
     """Copy a safetensors file so its largest tensors start at `align`-byte offsets.
 
     Streams the data, so memory stays flat however large the file. The copy loads
-    zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`.
+    zero-copy with `load_file(..., mmap=True)` or a rule with `mmap: true`. Runs of zeros
+    stay holes, as `save_chunks` leaves them. `progress`: show the bar `load_file` shows
+    (bytes copied, rate, time left) on a terminal: None (default) for a file over 256 MiB,
+    True always, False never.
 
     Raises:
         SafetensorsFileError: `source` is not a readable safetensors file, or `destination`
@@ -608,4 +647,4 @@ def align_file(
         >>> devpolicy.plan(copy).tensors[0].offset % 64
         0
     """
-    rewrite_aligned(source, destination, align=align)
+    rewrite_aligned(source, destination, align=align, progress=progress)

@@ -7,7 +7,8 @@ an existing `np.memmap`). `save_chunks` streams the pieces into a file laid out 
 maps it), through the same atomic write: the header's place is reserved before the first
 byte of data (its length cannot depend on a total not yet known) and filled in last.
 Memory stays bounded by one chunk, or for an array by one block, whose pages, where the
-array is a file mapping, are given back as the copy goes. Runs of zeros are left as holes.
+array is a file mapping, are given back as the copy goes. Runs of zeros are left as holes
+where a reader can read them back (`sparse`).
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ import numpy as np
 
 from ..._apply.stream.paging import Pager
 from ..._base.errors import SafetensorsFileError
+from ..._base.progress import progress_bar
 from ..format.header import dtype_name, encodable, read_header
-from ..format.layout import DEFAULT_ALIGN, Slot, check_align, plan_layout, unmappable_reasons
+from ..format.layout import (
+    DEFAULT_ALIGN,
+    Slot,
+    check_align,
+    mapping_obstacles,
+    plan_layout,
+    unmappable_reasons,
+)
 from .local_files import _atomic_write, _prepared_target, check_local, check_metadata
+from .sparse import SparseSink
 
 #: Bytes of an array written (and, for a file mapping, given back) at a time.
 BLOCK_BYTES = 64 * 2**20
-#: Runs of zeros this long, at file offsets that are multiples of it, are left as holes.
-HOLE_BYTES = 2**20
 #: What a dimension or a byte count could be: the reserved header holds numbers this wide.
 _WIDEST = 10**20 - 1
 
@@ -44,6 +52,7 @@ def save_chunks(
     align: int = DEFAULT_ALIGN,
     metadata: Mapping[str, str] | None = None,
     overwrite: bool = False,
+    progress: bool | None = None,
 ) -> None:
     """Write one tensor, given in chunks, as a safetensors file that maps with no copy.
 
@@ -53,8 +62,9 @@ def save_chunks(
     64 MiB at a time, its mapped pages given back as the copy goes, so the process never
     holds it. The tensor's data starts at an `align`-byte offset: `load_file(path,
     mmap=True)` (or a rule with `mmap: true`) maps it zero-copy, and any safetensors
-    reader reads it. Runs of zeros (1 MiB, aligned in the file) are left as holes: a
-    sparse source stays sparse on disk.
+    reader reads it. Runs of zeros (1 MiB, aligned in the file) are left as holes where a
+    reader can read them back (not on a tmpfs, where reading one through a mapping takes
+    memory: there they are given their space): a sparse source stays sparse on disk.
 
     Written to a temporary file and renamed into place once complete: a bad chunk, an
     error or an exception from `chunks` itself leaves nothing behind.
@@ -67,12 +77,17 @@ def save_chunks(
         align: Alignment of the data's file offset (a power of two).
         metadata: The header's `__metadata__` (strings to strings).
         overwrite: Replace an existing file at `path` (default: refuse it).
+        progress: Show the bar `load_file` shows (bytes written, rate, time left) on a
+            terminal: None (default) for a write over 256 MiB (for chunks whose total is
+            not known, once 256 MiB are written, with no time left), True always, False
+            never.
 
     Raises:
         SafetensorsFileError: `path` exists (without `overwrite`), or is a URL, a FIFO, a
             directory, or cannot be written; `chunks` gave none; a chunk is not an array
             of numbers, is 0-d, or differs from the first in dtype, rank or shape past
-            the first axis; a packed dtype (F4). Nothing is written.
+            the first axis; a packed dtype (F4); a tmpfs too small for the zeros (see
+            above). Nothing is written.
         ValueError: a bad `align` or `metadata`.
 
     Example:
@@ -103,15 +118,16 @@ def save_chunks(
     start = 8 + len(reserved)
 
     def write_data(out: Any) -> None:
-        sink = _SparseSink(out, start)
-        rows = 0
-        for chunk in stream.all(first):
-            rows += chunk.shape[0]
-            sink.write_array(chunk)
+        total = first.nbytes if stream.whole else None
+        with progress_bar(target.name, total, progress) as advance:
+            sink = SparseSink(out, start, path, advance)
+            rows = 0
+            for chunk in stream.all(first):
+                rows += chunk.shape[0]
+                sink.write(chunk)
         nbytes = rows * row_bytes
         header, _ = plan_layout([Slot(key, name, (rows, *trailing), nbytes)], metadata, align)
-        out.seek(start + nbytes)
-        out.truncate()  # the file's length, where it ends in a hole
+        sink.finish()
         out.seek(8)
         out.write(header + b" " * (len(reserved) - len(header)))  # still ends at `start`
 
@@ -154,6 +170,29 @@ def unmappable(path: str | os.PathLike[str]) -> dict[str, str]:
     return unmappable_reasons(header, x64=x64)
 
 
+def mapped_once_aligned(path: str | os.PathLike[str]) -> set[str]:
+    """The tensors of `path` that `unmappable` names and that would map in the copy
+    `align_file` writes: those it names for their offset alone and that the copy starts
+    aligned. Empty where no rewrite maps any more of the file: what is left is F4, 64-bit
+    with x64 off, or small tensors that follow one whose size is not a multiple of 64 bytes
+    (the format has no gaps between tensors)."""
+    check_local(path)
+    header = read_header(path)
+    x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
+    slots = [Slot(t.key, t.dtype_name, t.shape, t.nbytes) for t in header.tensors]
+    new_header, order = plan_layout(slots, header.metadata, DEFAULT_ALIGN)
+    entries = {t.key: t for t in header.tensors}
+    mapped = set()
+    position = 8 + len(new_header)
+    for slot in order:
+        entry = entries[slot.key]
+        starts_aligned = position % DEFAULT_ALIGN == 0
+        if entry.nbytes and starts_aligned and mapping_obstacles(entry, x64=x64) == ("unaligned",):
+            mapped.add(slot.key)
+        position += slot.nbytes
+    return mapped
+
+
 class _SourceFailedError(Exception):
     """The caller's chunks raised `error` while the file was being written."""
 
@@ -175,6 +214,11 @@ class _Chunks:
             self._source = iter(chunks)
             self._array = None
         self._index = 0
+
+    @property
+    def whole(self) -> bool:
+        """Whether the chunks are one array, whose size is known before it is written."""
+        return self._array is not None
 
     def _refuse(self, problem: str) -> SafetensorsFileError:
         return SafetensorsFileError(self.path, f"{problem}; {_NOTHING}", tensor=self.key)
@@ -270,37 +314,6 @@ def _blocks(array: np.ndarray[Any, Any]) -> Iterator[np.ndarray[Any, Any]]:
                 pager.release([start], min(rows, array.shape[0] - start))
     finally:
         pager.close()
-
-
-class _SparseSink:
-    """Writes arrays' bytes one after another from file offset `start`, skipping each
-    `HOLE_BYTES` span (aligned in the file) that holds only zeros."""
-
-    def __init__(self, out: Any, start: int) -> None:
-        self._out = out
-        self._position = start  # the file offset the next byte goes to
-        self._at = start  # where the file object is
-
-    def write_array(self, chunk: np.ndarray[Any, Any]) -> None:
-        data = chunk.reshape(-1).view(np.uint8)
-        done = 0
-        while done < data.size:
-            end = min(data.size, done + HOLE_BYTES - self._position % HOLE_BYTES)
-            piece = data[done:end]
-            if _nonzero(piece):
-                if self._at != self._position:
-                    self._out.seek(self._position)
-                self._out.write(piece.data)
-                self._at = self._position + piece.size
-            self._position += piece.size
-            done = end
-
-
-def _nonzero(piece: np.ndarray[Any, Any]) -> bool:
-    """Whether any byte of `piece` is not zero (eight at a time where they divide)."""
-    if piece.size % 8 == 0:
-        return bool(piece.view(np.uint64).any())
-    return bool(piece.any())
 
 
 def _check_key(key: object, path: str | os.PathLike[str]) -> None:

@@ -5,7 +5,9 @@ forced with `writing._TMPFILE = 0`."""
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -220,3 +222,99 @@ class TestForkedChild:
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.strip() == "True"
         assert not list(tmp_path.glob(_TEMPORARY))
+
+
+def _write(writer: str, source: Path, target: Path) -> None:
+    """Write `target` as `writer` does: four values under the key `a`."""
+    if writer == "save_file":
+        devpolicy.save_file({"a": np.ones(4)}, target)
+    elif writer == "save_chunks":
+        devpolicy.save_chunks([np.ones(4, np.uint16)], target, key="a", overwrite=True)
+    else:
+        devpolicy.align_file(source, target)
+
+
+class TestExistingTargets:
+    @pytest.mark.parametrize("writer", ["save_file", "save_chunks", "align_file"])
+    def test_a_symlink_loop_is_refused_and_its_links_kept(
+        self, tmp_path: Path, writer: str
+    ) -> None:
+        """Links that point at each other reach no file to replace: the save is refused,
+        naming the loop, and both links stay links (a save once replaced one with a file)."""
+        source = tmp_path / "in.safetensors"
+        devpolicy.save_file({"a": np.zeros(4, np.float32)}, source)
+        os.symlink("b.safetensors", tmp_path / "a.safetensors")
+        os.symlink("a.safetensors", tmp_path / "b.safetensors")
+        target = tmp_path / "a.safetensors"
+        with pytest.raises(
+            devpolicy.SafetensorsFileError,
+            match=rf"^{re.escape(str(target))}: cannot write: it is a symlink loop \(links that "
+            r"point at each other never reach a file\); nothing written$",
+        ):
+            _write(writer, source, target)
+        assert os.readlink(tmp_path / "a.safetensors") == "b.safetensors"
+        assert os.readlink(tmp_path / "b.safetensors") == "a.safetensors"
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "a.safetensors",
+            "b.safetensors",
+            "in.safetensors",
+        ]
+
+    @pytest.mark.parametrize("writer", ["save_file", "save_chunks", "align_file"])
+    def test_a_file_of_another_account_keeps_its_owner_and_mode(
+        self, tmp_path: Path, writer: str
+    ) -> None:
+        """Overwriting a file another account owns (as root may) keeps its owner, group and
+        permission bits: the new file is given them before it is renamed into place."""
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another account needs root")
+        source = tmp_path / "in.safetensors"
+        devpolicy.save_file({"a": np.zeros(4, np.float32)}, source)
+        target = tmp_path / "out.safetensors"
+        devpolicy.save_file({"a": np.zeros(2, np.float32)}, target)
+        os.chown(target, 4321, 8765)
+        os.chmod(target, 0o640)
+        _write(writer, source, target)
+        after = os.stat(target)
+        assert (after.st_uid, after.st_gid, after.st_mode & 0o7777) == (4321, 8765, 0o640)
+        assert devpolicy.load_file(target, prefix="")["a"].shape == (4,)
+
+
+class TestAlignFile:
+    def test_runs_of_zeros_stay_holes_in_the_copy(self, tmp_path: Path) -> None:
+        """A sparse file copied by `align_file` stays sparse (1 MiB runs of zeros, aligned in
+        the file, are not written, as `save_chunks` leaves them) and reads back exact."""
+        source = tmp_path / "in.safetensors"
+        tokens = np.zeros(48 * 2**20, np.uint16)  # 96 MiB, zeros but for two runs
+        tokens[:1000] = 1
+        tokens[32 * 2**20 : 32 * 2**20 + 1000] = 2
+        devpolicy.save_chunks(tokens, source)
+        copy = tmp_path / "out.safetensors"
+
+        devpolicy.align_file(source, copy)
+
+        assert copy.stat().st_size == source.stat().st_size
+        assert copy.stat().st_blocks * 512 < 4 * 2**20
+        back = np.asarray(devpolicy.load_file(copy, prefix="", mmap=True)["tokens"])
+        assert np.array_equal(back, tokens)
+
+    def test_a_long_copy_shows_the_bar_load_file_shows(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Over 256 MiB, on a terminal, the copy shows the bar with the copy's name and the
+        bytes copied of the whole; `progress=False` shows nothing."""
+
+        class Terminal(io.StringIO):
+            def isatty(self) -> bool:
+                return True
+
+        source = tmp_path / "in.safetensors"
+        devpolicy.save_chunks(np.zeros(160 * 2**20, np.uint16), source, progress=False)
+        screen = Terminal()
+        monkeypatch.setattr(sys, "stderr", screen)
+        monkeypatch.setenv("TERM", "xterm")
+        devpolicy.align_file(source, tmp_path / "quiet.safetensors", progress=False)
+        assert screen.getvalue() == ""
+        devpolicy.align_file(source, tmp_path / "copy.safetensors")
+        assert "copy.safetensors" in screen.getvalue()
+        assert "320.0 MiB" in screen.getvalue()

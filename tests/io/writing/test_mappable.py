@@ -11,6 +11,7 @@ map, with its offset and the alignment it needs. The full-scale file is in
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -33,6 +34,46 @@ from devpolicy._io.format.header import read_header
 from tests.conftest import REPO
 
 MiB = 2**20
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own, mounted for the test and unmounted after it: a filesystem
+    held in memory, where reading a hole through a mapping takes a page."""
+    where = tmp_path / "ram"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or 'not permitted'}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+def read_every_token(path: Path) -> subprocess.CompletedProcess[str]:
+    """Load `path` mapped in a new process and read every token (a SIGBUS kills that
+    process: a negative return code)."""
+    script = (
+        "import sys, numpy as np, devpolicy\n"
+        "tokens = np.asarray(devpolicy.load_file(sys.argv[1], prefix='', mmap=True)['tokens'])\n"
+        "print(int(tokens.astype(np.uint64).sum()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def leftovers(directory: Path) -> list[str]:
@@ -117,6 +158,41 @@ class TestSaveChunks:
         assert back[1000 + 32 * MiB : 2000 + 32 * MiB].tolist() == [1] * 1000
         assert not back[2000 + 32 * MiB :].any()
 
+    @pytest.mark.slow
+    def test_zeros_a_memory_filesystem_cannot_hold_are_refused_not_left_to_kill_the_reader(
+        self, small_tmpfs: Path
+    ) -> None:
+        """64 MiB of mostly zeros to a 16 MiB tmpfs: holes would fit, but reading them
+        through the load's mapping takes pages the tmpfs does not have (SIGBUS). The zeros
+        are kept as data there, so the save fails, saying why, and leaves nothing."""
+        zeros = np.zeros(16 * MiB, dtype=np.uint16)
+        path = small_tmpfs / "tokens.safetensors"
+        with pytest.raises(
+            devpolicy.SafetensorsFileError,
+            match=rf"^{re.escape(str(path))}: cannot write: no space for its 64\.0 MiB of zeros "
+            r"\(.* free on tmpfs\): a filesystem held in memory takes a page for each page of "
+            r"a hole read through a mapping, so the zeros are written, not left as holes that "
+            r"would kill the reader \(SIGBUS\); nothing written$",
+        ):
+            devpolicy.save_chunks([np.ones(1000, np.uint16), zeros, zeros], path)
+        assert leftovers(small_tmpfs) == []
+
+    @pytest.mark.slow
+    def test_a_file_on_a_memory_filesystem_reads_every_token_through_its_map(
+        self, small_tmpfs: Path
+    ) -> None:
+        """8 MiB of zeros on the 16 MiB tmpfs: written as data, not holes (the file holds
+        its pages), and a mapped load reads every token."""
+        path = small_tmpfs / "tokens.safetensors"
+        devpolicy.save_chunks(
+            [np.ones(1000, np.uint16), np.zeros(4 * MiB, np.uint16), np.ones(5, np.uint16)],
+            path,
+        )
+        assert path.stat().st_blocks * 512 >= 8 * MiB
+        result = read_every_token(path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.strip().splitlines()[-1] == "1005"
+
     def test_a_memmap_source_is_copied_with_its_pages_given_back(self, tmp_path: Path) -> None:
         """A 512 MiB `np.memmap` is copied without the process holding it: its resident
         memory grows by a block or two (64 MiB each), not by the source's size."""
@@ -159,6 +235,61 @@ class TestSaveChunks:
             part = f.get_slice("tokens")
             assert part[count - 5 : count].tolist() == [(count - 5 + i) % 2**16 for i in range(5)]
             assert part[70_000:70_003].tolist() == [70_000 % 2**16 + i for i in range(3)]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> _Terminal:
+    """stderr as a terminal, what the bar is drawn on (set in the test itself: pytest's
+    capture would replace it after a fixture's set-up)."""
+    screen = _Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    monkeypatch.setenv("TERM", "xterm")
+    return screen
+
+
+class TestProgress:
+    def test_a_long_write_of_an_array_shows_the_bar_load_file_shows(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An array over 256 MiB (its size known) shows the bar with the file's name, the
+        bytes written of the whole and the rate, on a terminal."""
+        terminal = on_a_terminal(monkeypatch)
+        devpolicy.save_chunks(np.zeros(160 * MiB, np.uint16), tmp_path / "big.safetensors")
+        shown = terminal.getvalue()
+        assert "big.safetensors" in shown
+        assert "320.0 MiB" in shown
+
+    def test_chunks_of_unknown_total_show_the_bar_once_past_256_mib(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A generator's total is unknown: its bar appears once 256 MiB are written, and
+        counts on (a few small chunks show none)."""
+        terminal = on_a_terminal(monkeypatch)
+        devpolicy.save_chunks(
+            (np.zeros(MiB, np.uint16) for _ in range(4)), tmp_path / "small.safetensors"
+        )
+        assert terminal.getvalue() == ""
+        devpolicy.save_chunks(
+            (np.zeros(16 * MiB, np.uint16) for _ in range(10)), tmp_path / "big.safetensors"
+        )
+        assert "big.safetensors" in terminal.getvalue()
+
+    def test_progress_false_shows_nothing_and_true_shows_a_small_write(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        terminal = on_a_terminal(monkeypatch)
+        devpolicy.save_chunks(
+            np.zeros(160 * MiB, np.uint16), tmp_path / "quiet.safetensors", progress=False
+        )
+        assert terminal.getvalue() == ""
+        devpolicy.save_chunks(
+            [np.ones(5, np.uint16)], tmp_path / "asked.safetensors", progress=True
+        )
+        assert "asked.safetensors" in terminal.getvalue()
 
 
 def _chunks_then(bad: Any) -> Iterator[Any]:
@@ -346,6 +477,51 @@ class TestAlignCheck:
         assert f"{path}: tensor 'b': its data starts at byte {offset}" in result.stdout
         assert lines[-1].startswith(f"{path}: ")
         assert "of the bytes) would be read, not mapped" in lines[-1]
+
+    def test_check_after_align_names_what_cannot_start_aligned_and_exits_0(
+        self, tmp_path: Path
+    ) -> None:
+        """Once aligned, small tensors after one whose size is not a multiple of 64 bytes
+        still start off a boundary, and no rewrite can help (the format has no gaps):
+        `--check` says so, tells no one to run `align` again, and exits 0."""
+        source = tmp_path / "in.safetensors"
+        reference_save(
+            {
+                "big": np.ones(1024, np.float32),
+                "a": np.ones(3, np.uint8),
+                "b": np.ones(5, np.float32),
+                "c": np.ones(7, np.uint8),
+            },
+            source,
+        )
+        aligned = tmp_path / "aligned.safetensors"
+        assert self.run(str(source), str(aligned)).returncode == 0
+
+        result = self.run("--check", str(aligned))
+
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = result.stdout.strip().splitlines()
+        assert len(lines) == 3
+        assert lines[0].startswith(f"{aligned}: tensor 'c': its data starts at byte ")
+        assert lines[1].startswith(f"{aligned}: tensor 'a': its data starts at byte ")
+        assert lines[2] == (
+            f"{aligned}: 2 of 4 tensors (0% of the bytes) would be read, not mapped, and no "
+            "rewrite maps them: the format leaves no gap between tensors, so a tensor after "
+            "one whose size is not a multiple of 64 bytes cannot start aligned (`devpolicy "
+            "align` puts those last, largest first); nothing more to do"
+        )
+        assert "devpolicy align" not in lines[0] + lines[1]
+
+    def test_check_says_how_many_a_rewrite_would_map_and_exits_1(self, tmp_path: Path) -> None:
+        path = tmp_path / "m.safetensors"
+        unaligned_file(path)
+        result = self.run("--check", str(path))
+        assert result.returncode == 1
+        assert result.stdout.strip().splitlines()[-1] == (
+            f"{path}: 2 of 2 tensors (100% of the bytes) would be read, not mapped; "
+            f"`devpolicy align {path} OUT` writes a copy where 1 of them (91% of the bytes) "
+            "maps"
+        )
 
     def test_check_and_a_destination_together_are_a_usage_error(self, tmp_path: Path) -> None:
         path = tmp_path / "m.safetensors"
