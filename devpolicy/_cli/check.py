@@ -51,6 +51,15 @@ def command(args: argparse.Namespace) -> int:
         return _report_check(args, label, findings, invalid=True)
     label = policy.file or label
     found = devpolicy.lint(policy, machine=described_machine(args))
+    if args.policy is None:
+        from .._policy.lint import no_policy_found
+        from .._policy.loading import load_settings
+
+        # Discovery again, without JAX: whether it found nothing (the load above said so
+        # in a `no_policy` event, which a gate reading the findings does not see).
+        nothing = load_settings().nothing_found
+        if nothing is not None:
+            found.insert(0, no_policy_found(nothing))
     uses: tuple[Any, ...] = ()
     named = ""
     if args.names is not None:
