@@ -323,6 +323,7 @@ class Decider(Generic[DeviceT]):
             and nbytes is not None
             and nbytes >= LARGE_BY_DEFAULT
             and not self.disabled
+            and self.settings.default.source == "defaults"
         ):
             warn_large_by_default(self.events, decision, source)
         return decision
