@@ -48,8 +48,8 @@ def warn_large_by_default(
     events: EventLog, decision: Decision[Any], source: SourceFile | None
 ) -> None:
     """Warn, once per tensor (or file), that a large tensor went where no rule said: the
-    built-in default (JAX's default device) decided it. The caller has checked that it is
-    large, and decided by a default no layer wrote (a written `default:` is an answer)."""
+    default, JAX's default device (`auto`), decided it. The caller has checked that it is
+    large, and that the default is `auto` (a default written to a device is an answer)."""
     if not events.first_time(("large_by_default", source or decision.name)):
         return
     fields: dict[str, Any] = {
@@ -65,7 +65,7 @@ def warn_large_by_default(
         f"no rule names it, so the default put {format_size(decision.nbytes or 0)} on "
         f"{decision.device_text}, which differs between machines; add this rule "
         "(device: cpu keeps it on the host; gpu:0 if it belongs on the accelerator), or "
-        "a `default:` for every name no rule names"
+        "a `default:` device for every name no rule names"
     )
     events.emit("warning", "large_by_default", fields)
 
