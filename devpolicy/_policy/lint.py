@@ -19,7 +19,6 @@ from .._base.files import untrusted
 from .._decide.decider import Decider, virtual_decider
 from .._decide.routing import Fit, Route
 from .._document.axes import ATTACHED, Attached
-from .._document.discovery import NO_POLICY_FIX, Found
 from .._document.layers import RuleEntry, Setting
 from .._document.schema import MeshSpec
 from .._document.targets import ShardingTarget
@@ -54,8 +53,8 @@ class Finding:
             `runtime-conflict`, `runtime-env-wins`, `runtime-hides-accelerator`, `runtime-opt-in`,
             `runtime-allow-unused`, `untrusted-policy`, `file-never-matches`,
             `regex-is-a-fragment`, `attached-without-axis-rules`, `transfers-left-to-jax`,
-            `transfers-watch-nothing`, `no-policy` (`no_policy_found`); against real names
-            (`lint_names`): `rule-matched-nothing`, `not-sharded`.
+            `transfers-watch-nothing`; against real names (`lint_names`):
+            `rule-matched-nothing`, `not-sharded`.
         message: What is wrong and what to do.
     """
 
@@ -117,26 +116,6 @@ def lint(policy: Policy, *, machine: VirtualMachine | None = None) -> list[Findi
     findings += _attached_without_table(policy.rules, settings.meshes)
     findings += _transfers_findings(policy, machine)
     return findings + _unused_meshes(policy) + _runtime_findings(policy)
-
-
-def no_policy_found(found: Found) -> Finding:
-    """The warning that discovery found no policy (`check` of the discovered policy): an
-    empty policy passes every lint, and a gate (`check --strict`) must not pass a project
-    that has none.
-
-    Example:
-        >>> from pathlib import Path
-        >>> finding = no_policy_found(Found(None, "none", looked=(Path("/p/devpolicy.yaml"),)))
-        >>> finding.code, finding.message[:51]
-        ('no-policy', 'no policy found (looked for devpolicy.yaml in /p): ')
-    """
-    return Finding(
-        "warning",
-        "discovery",
-        "no-policy",
-        f"no policy found (looked for {found.looked_text}): every name goes to JAX's "
-        f"default device, unsharded; to fix: {NO_POLICY_FIX}",
-    )
 
 
 # A regex that starts and ends with plain text (after any inline flags): a path fragment.
