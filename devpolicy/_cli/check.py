@@ -11,6 +11,7 @@ from rich.text import Text
 
 import devpolicy
 
+from .._document.discovery import NO_POLICY_FIX, Found
 from .common import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -51,6 +52,14 @@ def command(args: argparse.Namespace) -> int:
         return _report_check(args, label, findings, invalid=True)
     label = policy.file or label
     found = devpolicy.lint(policy, machine=described_machine(args))
+    if args.policy is None:
+        from .._policy.loading import load_settings
+
+        # Discovery again, without JAX: whether it found nothing (the load above said so
+        # in a `no_policy` event, which a gate reading the findings does not see).
+        nothing = load_settings().nothing_found
+        if nothing is not None:
+            found.insert(0, _no_policy(nothing))
     uses: tuple[Any, ...] = ()
     named = ""
     if args.names is not None:
@@ -67,6 +76,18 @@ def command(args: argparse.Namespace) -> int:
     how = f"; found by {policy.found}" if args.policy is None else ""
     return _report_check(
         args, f"{label} ({len(policy.rules)} rules{how}{named})", findings, uses=uses
+    )
+
+
+def _no_policy(found: Found) -> devpolicy.types.Finding:
+    """The `no-policy` warning: an empty policy passes every lint, and a gate (`check
+    --strict`) must not pass a project that has none."""
+    return devpolicy.types.Finding(
+        "warning",
+        "discovery",
+        "no-policy",
+        f"no policy found (looked for {found.looked_text}): every name goes to JAX's "
+        f"default device, unsharded; to fix: {NO_POLICY_FIX}",
     )
 
 

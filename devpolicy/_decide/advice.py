@@ -8,6 +8,7 @@ or table entry that would fix it; the first occurrence is a warning, repeats deb
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,17 +31,25 @@ LARGE_BY_DEFAULT = 2**30
 
 
 def _rule_to_write(name: str, source: SourceFile | None) -> str:
-    """The rule that would name a tensor's place: by its file where it has one."""
+    """The rule that would name a tensor's place, by its file where it has one: one line
+    of YAML to paste under `rules:` (a console shows a newline in a field as `\\n`).
+
+    Example:
+        >>> print(_rule_to_write("cache/kv", None))
+        - {match: "cache/kv", device: cpu}
+    """
+    # A JSON string is a YAML double-quoted scalar: any name pastes as written.
     if source is not None:
-        return f'- file: "{source.names[0]}"\n  device: cpu'
-    return f'- match: "{name}"\n  device: cpu'
+        return f"- {{file: {json.dumps(source.names[0], ensure_ascii=False)}, device: cpu}}"
+    return f"- {{match: {json.dumps(name, ensure_ascii=False)}, device: cpu}}"
 
 
 def warn_large_by_default(
     events: EventLog, decision: Decision[Any], source: SourceFile | None
 ) -> None:
     """Warn, once per tensor (or file), that a large tensor went where no rule said: the
-    default decided it. The caller has checked that it is large and default-decided."""
+    default, JAX's default device (`auto`), decided it. The caller has checked that it is
+    large, and that the default is `auto` (a default written to a device is an answer)."""
     if not events.first_time(("large_by_default", source or decision.name)):
         return
     fields: dict[str, Any] = {
@@ -55,7 +64,8 @@ def warn_large_by_default(
     fields["hint"] = (
         f"no rule names it, so the default put {format_size(decision.nbytes or 0)} on "
         f"{decision.device_text}, which differs between machines; add this rule "
-        "(device: cpu keeps it on the host; gpu:0 if it belongs on the accelerator)"
+        "(device: cpu keeps it on the host; gpu:0 if it belongs on the accelerator), or "
+        "a `default:` device for every name no rule names"
     )
     events.emit("warning", "large_by_default", fields)
 

@@ -29,6 +29,7 @@ from .._document.axes import ATTACHED, Attached, resolve_axes
 from .._document.layers import Settings
 from .._document.schema import MeshSpec, RuleSpec, Source
 from .._document.targets import (
+    AUTO,
     REJECT,
     AttachedTarget,
     ShardingTarget,
@@ -323,6 +324,9 @@ class Decider(Generic[DeviceT]):
             and nbytes is not None
             and nbytes >= LARGE_BY_DEFAULT
             and not self.disabled
+            # A default written to a device (`cpu`, `gpu:0`) is where the user chose; only
+            # JAX's default device (`auto`, written or not) differs between machines.
+            and self.settings.default.value == AUTO
         ):
             warn_large_by_default(self.events, decision, source)
         return decision

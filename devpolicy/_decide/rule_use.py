@@ -12,9 +12,11 @@ A rule that took none of the names is one of:
 - `near`: it would take names but for one slip (`nearby`: a regex written for search, a
   misspelt first word, `.` between the parts, a prefix that differs): a warning with the
   fix, whoever took those names instead;
-- `other-names`: its first word is no part of any name and no slip explains it
-  (`dataset/*` in a model's load): written for other names, counted;
-- `nothing`: none of the above; a warning when the default or a catch-all took names.
+- `other-names`: its first word, or its last, is no part of any name and no slip
+  explains it (`dataset/*`, or `*/tokens`, in a model's load): written for other names,
+  counted, and said as its why;
+- `nothing`: none of the above (a last word a slip away from a part of the names, such as
+  `*/kernal`, is one); a warning when the default or a catch-all took names.
 
 A judgement about rules, so it sits beside the decider and reads no file: the I/O wing
 hands it the names a load or a plan met (`_io/reading/naming.checkpoint_names` reads them
@@ -23,6 +25,7 @@ from a checkpoint) and says its verdicts as each load's events.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -33,8 +36,8 @@ from .._document.layers import RuleEntry, Settings
 from .._document.schema import RuleSpec
 from .._document.targets import parse_target
 from .._names.matching import Condition, SourceFile
-from .._names.nearby import MetNames, NearMiss, near_miss
-from .._names.prefixes import literal_prefix
+from .._names.nearby import TYPO_CUTOFF, MetNames, NearMiss, near_miss
+from .._names.prefixes import last_word, literal_prefix
 from .decision import Decision
 
 #: Patterns that take every name: a rule written with one is a catch-all.
@@ -48,6 +51,8 @@ OTHER_FILES = "other-files"
 NEAR = "near"
 OTHER_NAMES = "other-names"
 NOTHING = "nothing"
+#: The note of a rule that took nothing for no reason found (`nothing`).
+NO_MATCH = "its pattern matches none of these names"
 #: Why a rule took nothing, in the order they are judged (see the module).
 STATUSES = (TOOK, OTHER_FILES, SHADOWED, CONDITIONS, NEAR, OTHER_NAMES, NOTHING)
 
@@ -259,6 +264,7 @@ class _Reasons:
         self._catch_alls = catch_alls
         self._met_names: MetNames | None = None  # read on the first rule to explain
         self._name_parts: set[str] | None = None  # likewise
+        self._parts_in_order: list[str] | None = None  # likewise
         #: Each `near` rule's slip, for `_one_prefix_guess`.
         self.slips: dict[int, NearMiss] = {}
 
@@ -271,6 +277,13 @@ class _Reasons:
                 part for p in self._placed for part in p.name.replace(".", "/").split("/")
             }
         return self._name_parts
+
+    @property
+    def _sorted_parts(self) -> list[str]:
+        """`_parts` in order (a close match is then the same from run to run)."""
+        if self._parts_in_order is None:
+            self._parts_in_order = sorted(self._parts)
+        return self._parts_in_order
 
     @property
     def _met(self) -> MetNames:
@@ -315,7 +328,20 @@ class _Reasons:
         lead = re.split(r"[/.]", literal, maxsplit=1)[0]
         if lead and lead not in self._parts:
             return OTHER_NAMES, f"no name holds its first word {lead!r}", None
-        return NOTHING, "", None
+        # Likewise a rule whose names end in a part no name holds (the shipped policy's
+        # `*/tokens` in a model's load): unless a part is a slip away (`*/kernal`), then
+        # it was meant for these names, and stays a finding.
+        tail = last_word(condition.pattern, condition.is_regex)
+        if tail and tail not in self._parts:
+            held = difflib.get_close_matches(tail, self._sorted_parts, n=1, cutoff=TYPO_CUTOFF)
+            if not held:
+                return OTHER_NAMES, f"no name holds its last word {tail!r}", None
+            return (
+                NOTHING,
+                f"no name holds its last word {tail!r}: did you mean {held[0]!r}?",
+                None,
+            )
+        return NOTHING, NO_MATCH, None
 
     def _matching(self, condition: Condition) -> list[int]:
         """The names (by position) the rule's pattern matches: only those starting with
@@ -434,10 +460,11 @@ def silent_rules(uses: tuple[RuleUse, ...], quiet: tuple[str, ...] = ()) -> list
             )
         elif u.status == NOTHING and fell and not u.catch_all:
             took = " and ".join(_took(f) for f in fell)
+            why = f" ({u.note})" if u.note and u.note != NO_MATCH else ""
             found.append(
                 (
                     "rule-matched-nothing",
-                    f"rule {u.origin} ({u.label}) took no tensor, while {took}; names "
+                    f"rule {u.origin} ({u.label}) took no tensor{why}, while {took}; names "
                     f"look like {fell[0].example!r}: check the rule against them "
                     "(devpolicy check --names), or set the policy's `names:` (separator, "
                     "prefix)",

@@ -32,12 +32,14 @@ class Found:
         named: Whether the user named it (`DEVPOLICY_FILE`) rather than discovery finding it.
         looked: Where discovery looked, in order: each `devpolicy.yaml` it tried, then the
             project's `pyproject.toml` when there is one.
+        no_cwd: Whether there was no working directory to look from (it was deleted).
     """
 
     path: Path | None
     how: str
     named: bool = False
     looked: tuple[Path, ...] = ()
+    no_cwd: bool = False
 
     @property
     def looked_text(self) -> str:
@@ -48,6 +50,8 @@ class Found:
             ...     Path("/p/pyproject.toml"))).looked_text
             'devpolicy.yaml in /p/a, /p; [tool.devpolicy] in /p/pyproject.toml'
         """
+        if self.no_cwd:
+            return f"nowhere: {NO_CWD}"
         places = [p.parent for p in self.looked if p.name == POLICY_FILENAME]
         parts = [f"{POLICY_FILENAME} in " + ", ".join(map(str, places))] if places else []
         parts += [f"[tool.devpolicy] in {p}" for p in self.looked if p.name == "pyproject.toml"]
@@ -66,6 +70,19 @@ NO_POLICY_FIX = f"{POLICY_POINTERS}; DEVPOLICY_REQUIRE=1 makes a missing policy 
 
 #: Files whose presence marks a project's root: discovery never looks above it.
 ROOT_MARKERS = ("pyproject.toml", ".git")
+
+#: Why discovery looked nowhere: a working directory removed while a process was in it
+#: (a shell or job left in a deleted checkout) has no path, so it has no policy either.
+NO_CWD = "the working directory no longer exists"
+
+
+def working_directory() -> Path | None:
+    """The working directory, or None when it was deleted (or cannot be named): discovery
+    then finds no policy, as plain JAX would start there."""
+    try:
+        return Path.cwd()
+    except OSError:
+        return None
 
 
 def search_directories(cwd: Path) -> list[Path]:
@@ -94,10 +111,11 @@ def _device(directory: Path) -> int | None:
         return None
 
 
-def discover(env_file: Path | None, cwd: Path) -> Found:
+def discover(env_file: Path | None, cwd: Path | None) -> Found:
     """Find the policy file, in order: DEVPOLICY_FILE, `devpolicy.yaml` in `cwd` or a parent
     up to the project root, `[tool.devpolicy] policy` in the root's `pyproject.toml`; else
-    none.
+    none. No `cwd` (the working directory was deleted: `working_directory`) finds none
+    but the one DEVPOLICY_FILE names.
 
     A file found (not named) must pass the trust check (`_files.untrusted`).
 
@@ -109,6 +127,8 @@ def discover(env_file: Path | None, cwd: Path) -> Found:
     """
     if env_file is not None:
         return Found(env_file, "DEVPOLICY_FILE", named=True)
+    if cwd is None:
+        return Found(None, f"no policy file ({NO_CWD})", no_cwd=True)
     directories = search_directories(cwd) or [cwd]
     for directory in directories:
         candidate = directory / POLICY_FILENAME

@@ -91,9 +91,7 @@ def parse_target(text: object) -> Target:
         return Target(text, AUTO, None)
     m = _TARGET.fullmatch(text)
     if m is None:
-        head = text.split(":", 1)[0].strip()
-        hint = did_you_mean(head, [AUTO, ACCELERATOR, *PLATFORM_ALIASES])
-        raise ValueError(f"not a target: {text!r}{hint}; accepted: {TARGET_FORMS}")
+        raise ValueError(f"not a target: {text!r}{_meant(text)}; accepted: {TARGET_FORMS}")
     name, index = m.groups()
     if name == AUTO:
         raise ValueError(f"{text!r}: `auto` takes no device index; accepted: {TARGET_FORMS}")
@@ -107,6 +105,27 @@ def parse_target(text: object) -> Target:
     if idx is not None and idx > MAX_INDEX:
         raise ValueError(f"device index {idx} in {text!r} is out of range (0..{MAX_INDEX})")
     return Target(text, platform, idx)
+
+
+# A platform and an index with something else than `:` between them (`cpu;1`, `gpu.0`,
+# `tpu 1`, `cpu1`); never `-`, which would turn `gpu:-1` into a guess of `gpu:1`.
+_SLIPPED_INDEX = re.compile(r"([A-Za-z]+)[\s;.,/|=_:]*([0-9]+)")
+
+
+def _meant(text: str) -> str:
+    """` (did you mean 'cpu:1'?)` for text that is no target: the target a slip of its
+    `:` meant where it has an index, else the platform its head is close to ("" where
+    the head is a platform already: the bare platform is not what was meant)."""
+    slipped = _SLIPPED_INDEX.fullmatch(text.strip())
+    if slipped is not None:
+        name, index = slipped.groups()
+        try:
+            return f" (did you mean {parse_target(f'{name.lower()}:{int(index)}').text!r}?)"
+        except ValueError:
+            pass  # not a platform, or an index out of range: no guess from the index
+    head = text.split(":", 1)[0].strip()
+    choices = [AUTO, ACCELERATOR, *PLATFORM_ALIASES]
+    return "" if head in choices else did_you_mean(head, choices)
 
 
 def check_default(text: object) -> str:

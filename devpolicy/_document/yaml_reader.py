@@ -59,11 +59,10 @@ def read_yaml(text: str, file: str) -> tuple[Any, LineMap, list[Problem]]:
         PolicyError: for syntax errors, several documents, unsafe tags, recursive aliases
             or excessive size or nesting, with the file and line.
     """
-    last_line = max(1, len(text.rstrip().splitlines()))
     try:
         # The reader checks characters both when made and as it reads on: one handler.
         loader = _Loader(text)
-        return _read(loader, file, last_line)
+        return _read(loader, file, text)
     except yaml.reader.ReaderError as e:
         line = text.count("\n", 0, e.position) + 1
         raise PolicyError.single(
@@ -71,7 +70,8 @@ def read_yaml(text: str, file: str) -> tuple[Any, LineMap, list[Problem]]:
         ) from None
 
 
-def _read(loader: _Loader, file: str, last_line: int) -> tuple[Any, LineMap, list[Problem]]:
+def _read(loader: _Loader, file: str, text: str) -> tuple[Any, LineMap, list[Problem]]:
+    last_line = max(1, len(text.rstrip().splitlines()))
     try:
         node = loader.get_single_node()
         lines: LineMap = {(): 1 if node is None else node.start_mark.line + 1}
@@ -84,6 +84,8 @@ def _read(loader: _Loader, file: str, last_line: int) -> tuple[Any, LineMap, lis
         # At the end of the input the mark is past the last line: say the last line instead.
         where = min(mark.line + 1, last_line) if mark is not None else None
         problem = " ".join(p for p in (e.context, e.problem) if p) or str(e)
+        if where is not None:
+            problem += _indentation_hint(e, text, where)
         raise PolicyError.single(file, where, "", f"invalid YAML: {problem}") from None
     except RecursionError:  # pragma: no cover - nesting is bounded above; a last guard
         raise PolicyError.single(file, None, "", "invalid YAML: nested too deeply") from None
@@ -92,6 +94,32 @@ def _read(loader: _Loader, file: str, last_line: int) -> tuple[Any, LineMap, lis
     finally:
         loader.dispose()
     return data, lines, builder.problems
+
+
+# What PyYAML says of a line indented unlike the block it is in, by the block's kind.
+_BLOCKS = {"while parsing a block mapping": "mapping", "while parsing a block collection": "list"}
+
+
+def _indentation_hint(error: yaml.MarkedYAMLError, text: str, line: int) -> str:
+    """What to look at when PyYAML's words describe an indentation slip (its parser's
+    tokens, such as "expected <block end>, but found '<block mapping start>'"), else "":
+    the line's column, and the column of the mapping or list it breaks.
+    """
+    lines = text.splitlines()
+    shown = lines[line - 1] if line <= len(lines) else ""
+    column = len(shown) - len(shown.lstrip(" ")) + 1
+    near = f"; check the indentation near line {line} (it starts at column {column})"
+    problem, context, opened = error.problem or "", error.context or "", error.context_mark
+    if problem.startswith("expected <block end>") and context in _BLOCKS and opened is not None:
+        kind = _BLOCKS[context]
+        return (
+            f"{near}: the {'keys' if kind == 'mapping' else 'dashes'} of one {kind} start in "
+            f"one column, and the {kind} it breaks opens at line {opened.line + 1}, column "
+            f"{opened.column + 1}"
+        )
+    if problem == "mapping values are not allowed here":
+        return f"{near}, or quote a value that holds ': '"
+    return ""
 
 
 class _Builder:

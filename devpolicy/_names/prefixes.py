@@ -9,6 +9,7 @@ of rules. The same index tells lint which earlier rules can share names with a l
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections.abc import Iterable
 
@@ -62,6 +63,44 @@ def literal_prefix(pattern: str, is_regex: bool) -> str:
         out.append(literal)
         i += width
     return "".join(out)
+
+
+# A regex's last word: a run of word characters after a `/` or an escaped `.`, at its end.
+_REGEX_LAST_WORD = re.compile(r"(?:/|\\\.)([A-Za-z0-9_-]+)\Z")
+# Inline flags that make a regex ignore case: its words are then no literal text.
+_IGNORE_CASE = re.compile(r"\(\?[a-zA-Z]*i")
+
+
+def last_word(pattern: str, is_regex: bool) -> str:
+    """The last part every name `pattern` matches ends with, as a whole part (after a `/`
+    or `.`), or "" where no such part can be told (conservative).
+
+    Args:
+        pattern: A glob (fnmatch, `*` crosses `/`) or a regex matched in full.
+        is_regex: Whether `pattern` is a regex.
+
+    Returns:
+        For a glob, the literal text after its last wildcard, from its last `/` or `.`
+        on (a glob with no wildcard: its last part). For a regex, a trailing run of word
+        characters after `/` or `\\.`; "" where the regex has a top-level `|` or ignores
+        case.
+
+    Example:
+        >>> last_word("*/tokens", False), last_word("*tokens", False), last_word("a.b", False)
+        ('tokens', '', 'b')
+        >>> last_word(r".*/kernel", True), last_word(r".*\\.kernel", True), last_word("a|b/c", True)
+        ('kernel', 'kernel', '')
+    """
+    if is_regex:
+        if top_level_bar(pattern) or _IGNORE_CASE.search(pattern):
+            return ""
+        found = _REGEX_LAST_WORD.search(pattern)
+        return found.group(1) if found is not None else ""
+    cut = max((pattern.rfind(c) for c in "*?]"), default=-1)
+    tail = pattern[cut + 1 :]
+    parts = re.split(r"[/.]", tail)
+    # After a wildcard the text must start a part for its last piece to be a whole part.
+    return parts[-1] if cut < 0 or len(parts) > 1 else ""
 
 
 def top_level_bar(pattern: str) -> bool:

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from .._base.errors import PolicyError
 from .._base.files import Untrusted, untrusted
-from .._document.discovery import NO_POLICY_FIX, POLICY_POINTERS, Found, discover
+from .._document.discovery import (
+    NO_POLICY_FIX,
+    POLICY_POINTERS,
+    Found,
+    discover,
+    working_directory,
+)
 from .._document.documents import display_path, read_document, validate_overrides
 from .._document.environment import read_env
 from .._document.layers import Settings, merge
@@ -84,7 +90,7 @@ def load_settings(
     named: Path | None = None
     nothing_found = None
     if source is None:
-        found = discover(env.file, Path.cwd())
+        found = discover(env.file, working_directory())
         document = read_document(found.path) if found.path is not None else None
         how = found.how
         named = found.path if found.named else None

@@ -12,7 +12,7 @@ import os
 
 from .._base.files import FileRefused, read_capped
 from .._base.locations import URLPath, is_url
-from .._decide.rule_use import NEAR, NOTHING, Placed, RuleUse, rule_uses, silent_rules
+from .._decide.rule_use import NEAR, NO_MATCH, NOTHING, Placed, RuleUse, rule_uses, silent_rules
 from .._io.format.header import DTYPES
 from .._io.reading.naming import checkpoint_names
 from .._names.matching import SourceFile
@@ -187,7 +187,7 @@ def lint_names(policy: Policy, names: list[NameItem]) -> tuple[list[Finding], tu
     for position, (entry, use) in enumerate(zip(rules, uses, strict=False)):
         if use.status not in (NEAR, NOTHING):
             continue
-        hint = ""
+        hint = f": {use.note}" if use.note and use.note != NO_MATCH else ""
         if use.status == NEAR:
             whole = " whole" if use.shards else ""
             hint = (

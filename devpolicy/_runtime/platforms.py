@@ -95,18 +95,35 @@ class Startable:
 # Where libraries are looked for ----------------------------------------------------------
 
 
-def _working_dirs(cwd: str) -> tuple[str, ...]:
+def _working_dirs(cwd: str | None) -> tuple[str, ...]:
     """The folders Python puts first on `sys.path` that hold no installation: the working
     directory (`python -c`, `-m`, the REPL, notebooks) and `sys.path[0]` (the script's
-    folder for `python train.py`), unless `-P`/`PYTHONSAFEPATH` keeps it off."""
-    dirs = [os.path.realpath(cwd)]
+    folder for `python train.py`), unless `-P`/`PYTHONSAFEPATH` keeps it off. A working
+    directory that was deleted (None) holds nothing to import."""
+    dirs = [cwd]
     if sys.path and not getattr(sys.flags, "safe_path", False):
-        dirs.append(os.path.realpath(sys.path[0] or cwd))
-    return tuple(dict.fromkeys(dirs))
+        dirs.append(sys.path[0] or cwd)
+    return tuple(dict.fromkeys(r for r in map(_real, dirs) if r is not None))
+
+
+def _cwd() -> str | None:
+    """The working directory, or None when it was deleted."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def _real(path: str | None) -> str | None:
+    """`path` resolved, or None: a relative path names nothing without a working directory."""
+    try:
+        return os.path.realpath(path) if path is not None else None
+    except OSError:
+        return None
 
 
 def _installed_paths(path: Sequence[str], working: tuple[str, ...]) -> list[str]:
-    return [p for p in path if p and os.path.realpath(p) not in working]
+    return [p for p in path if p and _real(p) not in (*working, None)]
 
 
 def _found_in(name: str, dirs: Iterable[str]) -> str | None:
@@ -315,7 +332,7 @@ def startable(
         env.get("TPU_LIBRARY_PATH", ""),
         ROOT if root is None else root,
         tuple(sys.path if path is None else path),
-        _working_dirs(os.getcwd() if cwd is None else cwd),
+        _working_dirs(_cwd() if cwd is None else cwd),
     )
 
 

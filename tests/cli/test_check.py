@@ -3,6 +3,7 @@ never blocking, never without limit, and each refusal names the file and why."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -95,3 +96,40 @@ class TestNamesFileGuards:
         names = write(tmp_path / "tree.json", '["model/w", "other/b"]')
         assert main(["check", str(policy), "--names", str(names)]) == 0
         assert "against 2 names" in capsys.readouterr().out
+
+
+class TestNoPolicyFound:
+    def test_check_strict_fails_when_no_policy_is_found(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`check --strict` where discovery finds no policy exits 2 (a CI gate must not
+        pass a project with no policy: issue 51, N5), with the `no-policy` finding naming
+        where it looked and the fix."""
+        assert main(["check", "--strict"]) == 2
+        out = capsys.readouterr().out
+        assert "valid, no findings" not in out
+        assert re.search(
+            rf"discovery: warning: no policy found \(looked for devpolicy\.yaml in "
+            rf"{re.escape(str(tmp_path))}[^)]*\): every name goes to JAX's default device.*"
+            r"DEVPOLICY_FILE=path/to/devpolicy\.yaml.* \[no-policy\]",
+            out,
+        ), out
+        assert "0 error(s), 1 warning(s)" in out
+
+    def test_check_without_strict_warns_of_no_policy_and_passes(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Without --strict the finding is a warning: exit 0, as for other warnings."""
+        assert main(["check", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert [(f["severity"], f["code"], f["origin"]) for f in report["findings"]] == [
+            ("warning", "no-policy", "discovery")
+        ]
+
+    def test_a_policy_from_the_environment_is_a_policy(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """DEVPOLICY_RULES with no file is a policy: no `no-policy` finding."""
+        monkeypatch.setenv("DEVPOLICY_RULES", "model/*=cpu")
+        assert main(["check", "--strict", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["findings"] == []

@@ -89,6 +89,66 @@ class TestTheDemoSaysNothingAboutItsOwnPolicy:
         assert "'*/tokens': 0 tensors, 0 B (shadowed by rule 1 (" in str(plan)
 
 
+class TestRulesForAnotherKindOfFile:
+    """Issue 51, N11: a rule whose names end in a word no name here holds (`*/tokens` in a
+    model's plan) was written for another kind of file: said in the plan, never warned."""
+
+    def test_a_model_plan_under_the_shipped_policy_says_tokens_is_for_other_names(
+        self, tmp_path: Path
+    ) -> None:
+        """An HF checkpoint the default took: `*/tokens` took nothing because no name ends
+        in `tokens`, said as its why; the warning left is the real slip (`model/*` and the
+        `.` separator)."""
+        plan = devpolicy.plan(_hf_llama(tmp_path), policy=devpolicy.load_policy(DEMO))
+        tokens = next(u for u in plan.rules if u.label == "'*/tokens'")
+        assert (tokens.status, tokens.note, tokens.applies) == (
+            "other-names",
+            "no name holds its last word 'tokens'",
+            False,
+        )
+        assert not any("'*/tokens'" in message for _, message in plan.warnings)
+        assert [m for _, m in plan.warnings if "('model/*') took no tensor" in m]
+        assert "'*/tokens': 0 tensors, 0 B (no name holds its last word 'tokens')" in str(plan)
+
+    def test_the_plan_command_shows_why_none(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`devpolicy plan --json` gives the rule its reason, where it was empty."""
+        main(["plan", str(_hf_llama(tmp_path)), "--policy", str(DEMO), "--json"])
+        rules = json.loads(capsys.readouterr().out)["rules"]
+        (tokens,) = [r for r in rules if r["pattern"] == "'*/tokens'"]
+        assert (tokens["status"], tokens["note"]) == (
+            "other-names",
+            "no name holds its last word 'tokens'",
+        )
+
+    @pytest.mark.parametrize(
+        ("rule", "why"),
+        [
+            ("*/kernal", "no name holds its last word 'kernal': did you mean 'kernel'?"),
+            ("*/w/kernel", "its pattern matches none of these names"),
+            (r"regex:.*/kernal", "no name holds its last word 'kernal': did you mean 'kernel'?"),
+        ],
+        ids=["misspelt", "held-word", "regex-misspelt"],
+    )
+    def test_a_rule_whose_last_word_the_names_hold_or_nearly_hold_is_still_warned(
+        self, tmp_path: Path, rule: str, why: str
+    ) -> None:
+        """A last word the names hold, or one a slip away (`kernal`), is a rule meant for
+        these names: still a `rule-matched-nothing` warning, with why none said."""
+        spec = (
+            {"regex": rule.removeprefix("regex:")} if rule.startswith("regex:") else {"match": rule}
+        )
+        policy = policy_of(rules=[{**spec, "device": "cpu:1"}])
+        path = _model(tmp_path / "model.safetensors", ("dense/kernel", "dense/bias"))
+        plan = devpolicy.plan(path, policy=policy)
+        (use, _) = plan.rules
+        assert (use.status, use.note) == ("nothing", why)
+        ((code, message),) = plan.warnings
+        assert code == "rule-matched-nothing"
+        assert (why in message) is (why != "its pattern matches none of these names")
+
+
 class TestConditionsArePartOfWhatARuleCouldMatch:
     def test_a_scalar_rule_on_a_checkpoint_without_scalars_is_not_wrong(
         self, tmp_path: Path

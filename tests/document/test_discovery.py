@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 import devpolicy
 from devpolicy._document.discovery import discover
 from tests.helpers import within, write
+from tests.runtime.test_settings import last_json, python
 
 
 class TestDiscovery:
@@ -151,3 +152,74 @@ class TestDiscoveryRegressions:
             devpolicy.PolicyError, match=r"tool\.devpolicy\.policy: is a FIFO or pipe"
         ):
             within(30, lambda: devpolicy.load_policy(environ={}))
+
+
+# The child enters a directory and removes it (a working directory deleted under a running
+# shell or job), then runs `code`; the events it logs and what it prints come back as JSON.
+DELETED_CWD = """
+import json, os, sys
+os.mkdir("gone"); os.chdir("gone"); os.rmdir(os.path.join("..", "gone"))
+import jax, structlog
+import devpolicy
+with structlog.testing.capture_logs() as logs:
+    try:
+        result = {{"value": {code}}}
+    except devpolicy.DevicePolicyError as e:
+        result = {{"error": type(e).__name__, "message": str(e)}}
+result["events"] = [{{k: str(v) for k, v in e.items()}} for e in logs]
+result["jax_default"] = str(jax.devices()[0])
+print(json.dumps(result))
+"""
+
+
+def in_deleted_directory(code: str, cwd: Path, **env: str) -> dict[str, Any]:
+    result = python(DELETED_CWD.format(code=code), cwd, **env)
+    assert result.returncode == 0, result.stderr
+    return cast("dict[str, Any]", last_json(result.stdout))
+
+
+class TestDeletedWorkingDirectory:
+    def test_discovery_in_no_working_directory_finds_no_policy(self) -> None:
+        """No working directory (it was deleted): no policy here, and the places looked
+        say why there were none."""
+        found = discover(None, None)
+        assert (found.path, found.looked) == (None, ())
+        assert found.looked_text == "nowhere: the working directory no longer exists"
+        assert "working directory no longer exists" in found.how
+
+    def test_bootstrap_in_a_deleted_working_directory_starts_as_plain_jax(
+        self, tmp_path: Path
+    ) -> None:
+        """bootstrap() where the working directory was deleted starts (issue 51, M4): an
+        array goes where plain JAX puts it, and the `no_policy` warning says why nothing
+        was looked at."""
+        out = in_deleted_directory(
+            "[str(d) for d in devpolicy.put('w', jax.numpy.ones(3)).devices()] "
+            "if devpolicy.bootstrap() else None",
+            tmp_path,
+        )
+        assert "error" not in out, out
+        assert out["value"] == [out["jax_default"]]
+        (warning,) = [e for e in out["events"] if e["event"] == "no_policy"]
+        assert warning["looked"] == "nowhere: the working directory no longer exists"
+
+    def test_a_named_policy_is_used_in_a_deleted_working_directory(self, tmp_path: Path) -> None:
+        """DEVPOLICY_FILE (an absolute path) still names the policy there."""
+        write(tmp_path / "p.yaml", "version: 1\ndefault: cpu\n")
+        out = in_deleted_directory(
+            "devpolicy.load_policy().file",
+            tmp_path,
+            DEVPOLICY_FILE=str(tmp_path / "p.yaml"),
+        )
+        assert out["value"] == str(tmp_path / "p.yaml")
+
+    def test_a_required_policy_in_a_deleted_working_directory_says_why_none(
+        self, tmp_path: Path
+    ) -> None:
+        """DEVPOLICY_REQUIRE=1 there: a PolicyError naming the missing working directory."""
+        out = in_deleted_directory("devpolicy.load_policy()", tmp_path, DEVPOLICY_REQUIRE="1")
+        assert out["error"] == "PolicyError"
+        assert out["message"].startswith(
+            "DEVPOLICY_REQUIRE: no policy found (looked for nowhere: the working directory "
+            "no longer exists)"
+        )

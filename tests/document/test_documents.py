@@ -200,6 +200,45 @@ BAD_DOCUMENTS = [
 ]
 
 
+class TestIndentationSlips:
+    """Issue 51, N12: PyYAML's words for an indentation slip ("expected <block end>, but
+    found '<block mapping start>'") come with what to look at: the indentation near the
+    line, and where the mapping or list it breaks opens."""
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            (
+                "version: 1\nrules:\n  - match: 'model/*'\n     device: cpu\n",
+                r"^policy\.yaml:4: invalid YAML: while parsing a block mapping expected "
+                r"<block end>, but found '<block mapping start>'; check the indentation near "
+                r"line 4 \(it starts at column 6\): the keys of one mapping start in one column, "
+                r"and the mapping it breaks opens at line 3, column 5$",
+            ),
+            (
+                "version: 1\nrules:\n  - match: 'model/*'\n    device: cpu\n"
+                "   - match: 'data/*'\n    device: cpu\n",
+                r"^policy\.yaml:5: invalid YAML: .*; check the indentation near line 5 \(it "
+                r"starts at column 4\): the dashes of one list start in one column, and the list "
+                r"it breaks opens at line 3, column 3$",
+            ),
+            (
+                "version: 1\n  bad: indent\n",
+                r"^policy\.yaml:2: invalid YAML: mapping values are not allowed here; check "
+                r"the indentation near line 2 \(it starts at column 3\), or quote a value "
+                r"that holds ': '$",
+            ),
+        ],
+        ids=["mapping", "list", "mapping-value"],
+    )
+    def test_an_indentation_slip_says_where_to_look(
+        self, tmp_path: Path, text: str, message: str
+    ) -> None:
+        write(tmp_path / "policy.yaml", text)
+        with pytest.raises(devpolicy.PolicyError, match=message):
+            devpolicy.load_policy(tmp_path / "policy.yaml", environ={})
+
+
 class TestInvalidPolicies:
     @pytest.mark.parametrize(("text", "message"), BAD_DOCUMENTS)
     def test_mistakes_raise_policy_error_with_file_line_and_field(

@@ -105,6 +105,12 @@ BAD = [
     ),
     ("DEVPOLICY_RULES", "a=cpu:-1", r"item 0: not a target: 'cpu:-1'"),
     (
+        "DEVPOLICY_RULES",
+        "model/*=cpu;1",
+        r"^DEVPOLICY_RULES='model/\*=cpu;1': item 0: not a target: 'cpu;1' \(did you mean "
+        r"'cpu:1'\?\); accepted",
+    ),
+    (
         "DEVPOLICY_DEFAULT",
         "cuda:x",
         r"^DEVPOLICY_DEFAULT='cuda:x': not a target: 'cuda:x'.*; accepted: auto, or cpu",

@@ -39,7 +39,7 @@ class TestParseTarget:
             ("gpuu", r"did you mean 'gpu'\?"),
             ("accelerater", r"did you mean 'accelerator'\?"),
             ("accel:0", r"^unknown platform 'accel'.*accelerator"),
-            ("gpu:-1", r"^not a target: 'gpu:-1'"),
+            ("gpu:-1", r"^not a target: 'gpu:-1'; accepted"),
             ("gpu:01", r"^not a target: 'gpu:01'"),
             ("gpu: 1", r"^not a target"),
             ("cpu:1:2", r"^not a target"),
@@ -47,6 +47,13 @@ class TestParseTarget:
             ("npu", r"^unknown platform 'npu' in target 'npu'"),
             ("", r"^not a target: ''"),
             ("gpu:99999999999999999999", r"out of range \(0\.\.65535\)"),
+            # A slip of the `:` before the index: the target meant, not the bare platform.
+            ("cpu;1", r"^not a target: 'cpu;1' \(did you mean 'cpu:1'\?\)"),
+            ("gpu.0", r"^not a target: 'gpu\.0' \(did you mean 'gpu:0'\?\)"),
+            ("gpu 1", r"^not a target: 'gpu 1' \(did you mean 'gpu:1'\?\)"),
+            ("tpu1", r"\(did you mean 'tpu:1'\?\)"),
+            ("CPU;1", r"\(did you mean 'cpu:1'\?\)"),
+            ("accelerator;1", r"\(did you mean 'accelerator:1'\?\)"),
         ],
     )
     def test_rejects_bad_targets_listing_the_accepted_forms(self, text: str, message: str) -> None:

@@ -378,7 +378,7 @@ class TestLargeByDefault:
             policy.resolve("train/labels", nbytes=2 * GiB, file="/d/train.safetensors")
         (warning,) = [e for e in logs if e["event"] == "large_by_default"]
         assert warning["log_level"] == "warning"
-        assert warning["suggested_rule"] == '- file: "train.safetensors"\n  device: cpu'
+        assert warning["suggested_rule"] == '- {file: "train.safetensors", device: cpu}'
         assert (warning["name"], warning["file"], warning["device"]) == (
             "train/tokens",
             "/d/train.safetensors",
@@ -390,7 +390,7 @@ class TestLargeByDefault:
         with capture_logs() as logs:
             policy_of().resolve("cache/kv", nbytes=3 * GiB)
         (warning,) = [e for e in logs if e["event"] == "large_by_default"]
-        assert warning["suggested_rule"] == '- match: "cache/kv"\n  device: cpu'
+        assert warning["suggested_rule"] == '- {match: "cache/kv", device: cpu}'
 
 
 _SEGMENT = st.text(
