@@ -307,7 +307,8 @@ def _distribution(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def quick_start_modules() -> set[str]:
+@functools.cache
+def quick_start_modules() -> frozenset[str]:
     """The top-level modules a reader has after the quick start's `pip install -e .`: the
     standard library, devpolicy and the distributions pyproject.toml lists as devpolicy's
     own dependencies (not an extra's, not one installed only as a dependency's)."""
@@ -316,15 +317,17 @@ def quick_start_modules() -> set[str]:
         _distribution(m[0]) for d in project["dependencies"] if (m := re.match(r"[\w.-]+", d))
     }
     installed = importlib.metadata.packages_distributions()
-    return {
-        *sys.stdlib_module_names,
-        "devpolicy",
-        *(
-            module
-            for module, dists in installed.items()
-            if any(_distribution(d) in wanted for d in dists)
-        ),
-    }
+    return frozenset(
+        {
+            *sys.stdlib_module_names,
+            "devpolicy",
+            *(
+                module
+                for module, dists in installed.items()
+                if any(_distribution(d) in wanted for d in dists)
+            ),
+        }
+    )
 
 
 def imported_modules(code: str) -> set[str]:
@@ -609,6 +612,7 @@ def crawl(base: str) -> tuple[dict[str, _Links], list[str]]:
     return pages, sorted(assets)
 
 
+@pytest.mark.slow  # builds and serves the site with mkdocs
 class TestSite:
     def test_the_site_builds_strictly(self, site: Path) -> None:
         """`mkdocs build --strict` makes one HTML page per Markdown page."""
@@ -651,6 +655,7 @@ class TestSite:
         assert "RESOURCE_EXHAUSTED" in texts
 
 
+@pytest.mark.slow  # builds the site with mkdocs, as TestSite does
 class TestApiReference:
     def test_every_public_name_is_documented_with_its_example(self, site: Path) -> None:
         """Each name of devpolicy.__all__ has its own entry on the API page, and an entry
