@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -23,8 +24,9 @@ SMALLEST = (
 )
 
 
+@functools.cache
 def script(path: Path) -> ModuleType:
-    """A benchmark script imported as a module (its `main` is not run)."""
+    """A benchmark script imported as a module, once (its `main` is not run)."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None
     assert spec.loader is not None
