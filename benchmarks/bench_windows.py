@@ -171,25 +171,67 @@ def mib(n: float) -> str:
     return f"{n / MiB:,.1f}"
 
 
-def main() -> int:
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (argparse names the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def variant_list(text: str) -> str:
+    """An argparse type: comma-separated names of `VARIANTS`, at least one."""
+    names = [name for name in text.split(",") if name]
+    for name in names:
+        if name not in VARIANTS:
+            raise argparse.ArgumentTypeError(
+                f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}"
+            )
+    if not names:
+        raise argparse.ArgumentTypeError(f"name at least one of {', '.join(VARIANTS)}")
+    return ",".join(names)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every number checked before any file is written or run started."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, default=STORY_TOKENS)
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("--length", type=int, default=1025)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--runs", type=int, default=1, help="runs of each variant, interleaved")
+    parser.add_argument("--tokens", type=at_least_one, default=STORY_TOKENS)
+    parser.add_argument("--steps", type=at_least_one, default=10_000)
+    parser.add_argument("--length", type=at_least_one, default=1025)
+    parser.add_argument("--batch", type=at_least_one, default=32)
+    parser.add_argument(
+        "--runs", type=at_least_one, default=1, help="runs of each variant, interleaved"
+    )
     parser.add_argument(
         "--variants",
+        type=variant_list,
         default=",".join(VARIANTS),
         help=f"which of {','.join(VARIANTS)} to run (the kernel's defaults grow RSS by GiBs)",
     )
     parser.add_argument("--dir", type=Path, default=None, help="where the token file goes")
-    parser.add_argument("--paired-steps", type=int, default=500, help="steps a paired segment")
-    parser.add_argument("--paired-rounds", type=int, default=6, help="paired segments each way")
+    parser.add_argument(
+        "--paired-steps", type=at_least_one, default=500, help="steps a paired segment"
+    )
+    parser.add_argument(
+        "--paired-rounds", type=at_least_one, default=6, help="paired segments each way"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the tables as Markdown")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.length > args.tokens:
+        parser.error(
+            f"--length ({args.length}) must be at most --tokens ({args.tokens}): "
+            "a window is that many tokens of the file"
+        )
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     lines = [
         "# Random windows from a mapped token file: resident memory over steps",
         "",
@@ -218,7 +260,7 @@ def main() -> int:
                 print(f"run {run + 1}/{args.runs}: {VARIANTS[variant]}", file=sys.stderr)
                 results[variant].append(run_child(variant, path, args))
     lines += ["", "**RSS growth over the run (MiB; the file-backed part in brackets)**", ""]
-    steps_seen = [s[0] for s in results["devpolicy"][0]["samples"]]  # type: ignore[index]
+    steps_seen = [s[0] for s in results[chosen[0]][0]["samples"]]  # type: ignore[index]
     lines.append("| variant | " + " | ".join(f"{s:,}" for s in steps_seen) + " |")
     lines.append("|---|" + "---|" * len(steps_seen))
     for variant, runs in results.items():

@@ -156,6 +156,7 @@ def test_signals_during_the_wait_only_restart_it(tmp_path: Path, ring: BatchRead
         assert out[index].tobytes() == data[at : at + SIZE]
 
 
+@pytest.mark.slow
 def test_an_exception_from_a_signal_handler_leaves_no_read_in_flight(
     tmp_path: Path, ring: BatchReads
 ) -> None:

@@ -159,6 +159,7 @@ class TestFlaxLinen:
         )
         assert by_name["params/params/scale"] == ("tensor",)
 
+    @pytest.mark.slow
     def test_jit_init_with_these_out_shardings_creates_the_params_sharded(self) -> None:
         """The tree `shardings` returns is what `jax.jit(init, out_shardings=...)` takes:
         the parameters are created where the rules put them."""

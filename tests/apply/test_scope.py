@@ -894,6 +894,7 @@ class TestInterrupts:
 
     RUNS = 1000
 
+    @pytest.mark.slow
     def test_a_plain_scope(self) -> None:
         scope = policy_of(rules=[{"match": "x", "device": "cpu:1"}]).scope("x")
 
@@ -904,6 +905,7 @@ class TestInterrupts:
         counts = interrupted_runs(block, [scope], self.RUNS)
         assert counts["left"] == counts["at_exit_start"], counts
 
+    @pytest.mark.slow
     def test_a_watching_scope(self) -> None:
         p = policy_of(rules=[{"match": "x", "device": "cpu:1"}], transfers={"host_local": "log"})
         scope = p.scope("x")
@@ -915,6 +917,7 @@ class TestInterrupts:
         counts = interrupted_runs(block, [scope], self.RUNS)
         assert counts["left"] == counts["at_exit_start"], counts
 
+    @pytest.mark.slow
     def test_a_decorated_call(self) -> None:
         """`@place`: entry and exit in one frame, nothing left at all."""
         p = policy_of(rules=[{"match": "x", "device": "cpu:1"}], transfers={"host_local": "log"})
@@ -925,6 +928,7 @@ class TestInterrupts:
 
         assert interrupted_runs(call, [], self.RUNS)["left"] == 0
 
+    @pytest.mark.slow
     def test_a_decorated_generator(self) -> None:
         """A generator under `@place`: its device around each step, never left behind."""
         p = policy_of(rules=[{"match": "x", "device": "cpu:1"}])

@@ -173,6 +173,7 @@ class TestCoroutines:
 
 
 class TestStress:
+    @pytest.mark.slow
     def test_sixteen_threads_by_a_thousand_scopes_with_random_exceptions(
         self, cpus: list[jax.Device]
     ) -> None:

@@ -400,6 +400,7 @@ with devpolicy.activate(policy):
 print(len(devpolicy.report().transfers))
 """
 
+    @pytest.mark.slow
     def test_a_policy_activated_before_jax_starts_arms_nothing_on_one_cpu(
         self, tmp_path: Path
     ) -> None:

@@ -464,6 +464,7 @@ class TestFlatMemory:
         (ended,) = [e for e in logs if e["event"] == "stream_ended"]
         assert (ended["reads"], ended["reads_with"]) == ("mapping", None)
 
+    @pytest.mark.slow
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
     def test_with_the_page_cache_warm_what_comes_in_stays_under_the_budget(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -489,6 +490,7 @@ class TestFlatMemory:
         (reads,) = [e["reads"] for e in logs if e["event"] == "stream_ended"]
         assert reads == ("file" if maps_large_folios(tokens) else "mapping")
 
+    @pytest.mark.slow
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
     def test_gathered_a_few_at_a_time_large_folios_stay_under_the_budget(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -509,6 +511,7 @@ class TestFlatMemory:
                 pass
         assert 0 < max(peaks) <= 16 * 2**20
 
+    @pytest.mark.slow
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
     def test_another_mapping_given_back_meanwhile_does_not_let_more_in(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -963,6 +966,7 @@ class TestHardening:
         assert len(batches) == 1
         np.testing.assert_array_equal(batches[0], tokens[None, :10])
 
+    @pytest.mark.slow
     def test_a_stream_left_open_at_exit_prints_nothing(self, tmp_path: Path) -> None:
         """A stream read from and left open when the interpreter exits (a script that
         breaks out of its loop) ends without an "Exception ignored" line on stderr."""

@@ -107,6 +107,7 @@ class TestPickling:
 
 
 class TestWorkerProcesses:
+    @pytest.mark.slow
     def test_a_policy_error_in_a_pool_worker_reaches_the_parent_as_itself(self) -> None:
         """Raised in a ProcessPoolExecutor worker: the parent gets the PolicyError with its
         problems, and the pool goes on working (no BrokenProcessPool)."""

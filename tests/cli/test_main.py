@@ -129,6 +129,7 @@ class TestStartsLight:
 
 
 class TestDevices:
+    @pytest.mark.slow
     def test_json_lists_every_device_and_why_backends_are_absent(self) -> None:
         """`devices --json` has each device's target text and each absent backend's reason."""
         result = run_cli("devices", "--json")
@@ -187,12 +188,14 @@ class TestCheck:
         assert main(["check", str(policy_file)]) == 0
         assert "valid, no findings" in capsys.readouterr().out
 
+    @pytest.mark.slow
     def test_discovered_policy_is_checked_by_default(self, policy_file: Path) -> None:
         """Without an argument, check finds devpolicy.yaml like the library does."""
         result = run_cli("check", cwd=policy_file.parent)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "found by devpolicy.yaml" in result.stdout
 
+    @pytest.mark.slow
     def test_invalid_policy_lists_each_problem_with_its_line_and_exits_1(
         self, tmp_path: Path
     ) -> None:
@@ -225,6 +228,7 @@ class TestCheck:
             in out
         )
 
+    @pytest.mark.slow
     @pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
     def test_missing_devices_are_warnings_and_strict_exits_2(self, tmp_path: Path) -> None:
         """A GPU target on a CPU host warns (exit 0), and exits 2 under --strict."""
@@ -255,6 +259,7 @@ class TestCheck:
         assert main(["check", str(safe), "--devices", "gpu=8x80GiB"]) == 0
         assert "valid, no findings" in capsys.readouterr().out
 
+    @pytest.mark.slow
     def test_env_rules_are_checked_too(self, policy_file: Path) -> None:
         """Rules from DEVPOLICY_RULES are linted with their origin."""
         result = run_cli("check", str(policy_file), "--json", env={"DEVPOLICY_RULES": "*=cpu"})
@@ -274,6 +279,7 @@ class TestExplain:
         assert "match: glob 'model/*' matches" in out
         assert "decision: cpu:2" in out
 
+    @pytest.mark.slow
     def test_explain_json_includes_fallback_steps_and_layers(self, policy_file: Path) -> None:
         """JSON lists rules with layers, fallback steps and the decision's fields."""
         result = run_cli(
@@ -399,6 +405,7 @@ class TestPlan:
         assert main([*args, "--separator", "::"]) == 2
         assert "--separator takes one character" in capsys.readouterr().err
 
+    @pytest.mark.slow
     def test_plan_json_flags_what_does_not_fit(self, checkpoint: Path, tmp_path: Path) -> None:
         """JSON has per-tensor decisions and per-device fit; an unplaceable tensor exits 1."""
         policy = write(
@@ -423,6 +430,7 @@ class TestPlan:
 
 
 class TestSchemaAndAlign:
+    @pytest.mark.slow
     def test_schema_is_the_models_json_schema(self) -> None:
         """`devpolicy schema` prints the JSON Schema, matching policies/devpolicy.schema.json."""
         result = run_cli("schema")
@@ -437,6 +445,7 @@ class TestSchemaAndAlign:
         assert main(["schema"]) == 0
         assert json.loads(capsys.readouterr().out)["title"] == "devpolicy policy"
 
+    @pytest.mark.slow
     def test_align_rewrites_for_zero_copy(self, tmp_path: Path) -> None:
         """`devpolicy align IN OUT` writes a copy whose tensors start aligned."""
         from safetensors.numpy import save_file as plain
@@ -480,6 +489,7 @@ class TestOsErrors:
         assert "does not exist" in err
         assert ".tmp" not in err
 
+    @pytest.mark.slow
     def test_closed_pipe_is_not_a_crash(self, checkpoint: Path) -> None:
         """`devpolicy plan --json | head -1` ends quietly."""
         result = subprocess.run(
@@ -519,6 +529,7 @@ class TestDataIsShownLiterally:
             "version: 1\nrules:\n  - match: '[[]bold]*'\n    device: cpu:1\n",
         )
 
+    @pytest.mark.slow
     def test_plan_shows_markup_in_tensor_names_and_prefix_literally(
         self, marked: Path, marked_policy: Path
     ) -> None:
@@ -538,6 +549,7 @@ class TestDataIsShownLiterally:
         assert r"e\x1b[31mred" in result.stdout
         assert "Traceback" not in result.stderr
 
+    @pytest.mark.slow
     def test_explain_and_check_show_a_markup_policy_path_literally(
         self, marked_policy: Path
     ) -> None:
@@ -550,6 +562,7 @@ class TestDataIsShownLiterally:
         assert checked.returncode == 0, checked.stderr
         assert "policy: pol[/b]c.yaml" in checked.stdout
 
+    @pytest.mark.slow
     def test_control_characters_in_errors_are_made_visible(self, tmp_path: Path) -> None:
         """An escape sequence in a path reaches the terminal as text, not as a command."""
         result = run_cli("check", "p\x1b[2Jq.yaml", cwd=tmp_path)
@@ -567,6 +580,7 @@ class TestDataIsShownLiterally:
 
 
 class TestClosedPipes:
+    @pytest.mark.slow
     @pytest.mark.parametrize("command", ["plan", "explain"])
     def test_table_output_closed_early_exits_0(self, command: str, tmp_path: Path) -> None:
         """`devpolicy plan --all FILE | head -1` exits 0, not 1 ("findings"), and prints no traceback."""
@@ -594,6 +608,7 @@ class TestClosedPipes:
 
 
 class TestAlignArguments:
+    @pytest.mark.slow
     @pytest.mark.parametrize("align", ["1099511627776", "3", "0"])
     def test_bad_align_is_an_input_error_before_any_allocation(
         self, checkpoint: Path, align: str

@@ -290,6 +290,7 @@ class TestSearchPatterns:
         assert (policy.decide(name).device_text == "cpu:1") is found
         assert (re.search(pattern, name) is not None) is found
 
+    @pytest.mark.slow
     @settings(max_examples=300, deadline=None)
     @given(
         st.lists(

@@ -402,6 +402,7 @@ documents = st.recursive(
 
 
 class TestRandomDocuments:
+    @pytest.mark.slow
     @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
     @given(documents)
     def test_random_mappings_load_or_raise_policy_error(self, document: object) -> None:
@@ -411,6 +412,7 @@ class TestRandomDocuments:
         with contextlib.suppress(devpolicy.PolicyError):
             devpolicy.load_policy(document, environ={})
 
+    @pytest.mark.slow
     @settings(
         max_examples=300,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

@@ -215,6 +215,7 @@ class TestPlantedPolicy:
             write(scratch / marker, "")
         assert devpolicy.load_policy(environ={}).file is None
 
+    @pytest.mark.slow
     def test_the_attack_cannot_set_a_cache_directory_through_run_or_bootstrap(
         self, shared: Path
     ) -> None:
@@ -327,6 +328,7 @@ class TestWritableByOthers:
             pytest.skip("this user's primary group is shared")
         assert devpolicy.load_policy(environ={}).resolve("x").device_text == "cpu:2"
 
+    @pytest.mark.slow
     def test_a_group_another_account_has_as_primary_group_is_not_private(
         self, owner: pwd.struct_passwd
     ) -> None:
@@ -653,6 +655,7 @@ def runtime_events(stderr: str) -> list[dict[str, Any]]:
 
 
 class TestWhatWasApplied:
+    @pytest.mark.slow
     def test_bootstrap_logs_the_policy_file_and_every_variable_it_set(self, tmp_path: Path) -> None:
         """The runtime event names the file, how it was found, and each NAME=value set."""
         write(
@@ -709,6 +712,7 @@ class TestRunCommand:
         assert shown.stdout == os.fsencode(odd / "p.yaml")
         assert not (tmp_path / "pwned").exists()
 
+    @pytest.mark.slow
     def test_dry_run_lists_every_variable_the_child_gets(self, tmp_path: Path) -> None:
         """The child's environment differs from the parent's in exactly the listed
         variables (importing JAX used to add TF_CPP_MIN_LOG_LEVEL unlisted)."""

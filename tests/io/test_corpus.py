@@ -658,6 +658,7 @@ def test_the_corpus_is_large_enough() -> None:
     assert len({c.id for c in CASES}) == len(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_malformed_input_raises_its_specific_error(case: Case, tmp_path: Path) -> None:
     """Each input raises the specific DevicePolicyError subclass, saying where and what."""
@@ -689,6 +690,7 @@ class TestRandomFiles:
             return
         assert isinstance(out, dict)
 
+    @pytest.mark.slow
     @settings(
         max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
     )

@@ -83,6 +83,7 @@ def _placed(model: Model, policy: devpolicy.Policy) -> None:
     nnx.update(model, policy.put("params", nnx.state(model)))
 
 
+@pytest.mark.slow
 def test_an_nnx_model_saved_and_loaded_into_a_fresh_one_trains_on_bit_identically(
     tmp_path: Path,
 ) -> None:
@@ -175,6 +176,7 @@ def _keys(state: Any) -> dict[str, Any]:
 
 
 class TestPrngKeys:
+    @pytest.mark.slow
     def test_a_model_with_dropout_round_trips_and_trains_on_with_the_same_masks(
         self, tmp_path: Path
     ) -> None:

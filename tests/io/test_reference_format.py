@@ -467,6 +467,7 @@ class TestHeaders:
         """Both accept or both refuse; where both accept, the same tensors and bytes."""
         assert_agree(tmp_path, raw)
 
+    @pytest.mark.slow
     def test_seeded_header_mutants_are_judged_alike(self, tmp_path: Path) -> None:
         """Headers with one token changed, dropped or repeated: both accept or refuse."""
         good = json.dumps(

@@ -302,6 +302,7 @@ class _Yields:
 
 
 class TestThreads:
+    @pytest.mark.slow
     def test_put_from_several_threads_while_the_table_is_pruned_never_fails(self) -> None:
         """A collection during the pruning runs finalizers that let other threads place
         arrays: the pruning must not fail (it raised `RuntimeError: dictionary changed size
@@ -345,6 +346,7 @@ class TestThreads:
         assert live <= recorded
         kept.clear()
 
+    @pytest.mark.slow
     def test_arrays_donated_by_another_thread_during_a_report_are_gone_not_errors(self) -> None:
         """A thread donating arrays to a jitted step (single-device and sharded) while
         report() runs: each report succeeds (it raised `RuntimeError: Array has been

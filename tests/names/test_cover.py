@@ -90,6 +90,7 @@ def _matches(pattern: tuple[str, bool], name: str) -> bool:
     return bool(compile_condition(*pattern).test(name))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(PATTERNS, PATTERNS, st.data())
 def test_decisions_agree_with_pythons_matching(
@@ -113,6 +114,7 @@ def test_decisions_agree_with_pythons_matching(
 class TestLintHelpers:
     """What lint asks of every rule before comparing automata: sound, or the filter loses findings."""
 
+    @pytest.mark.slow
     @settings(max_examples=200, deadline=None)
     @given(PATTERNS, st.data())
     def test_the_required_literal_is_in_every_name_matched(
@@ -125,6 +127,7 @@ class TestLintHelpers:
             if test(name):
                 assert literal in name, f"{pattern}: {literal!r} not in {name!r}"
 
+    @pytest.mark.slow
     @settings(max_examples=200, deadline=None)
     @given(PATTERNS)
     def test_an_example_is_a_name_the_rule_matches(self, pattern: tuple[str, bool]) -> None:

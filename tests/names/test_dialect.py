@@ -238,6 +238,7 @@ def _refusal(pattern: str) -> str | None:
 
 
 class TestAgainstPython:
+    @pytest.mark.slow
     @settings(max_examples=400, deadline=None)
     @given(_patterns(), st.text(alphabet=_CHARS, max_size=6))
     @example("x{,3}", "xx")

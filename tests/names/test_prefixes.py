@@ -75,6 +75,7 @@ class TestPrefixIndex:
         assert index.overlapping(0) == []
         assert index.overlapping(4) == [0, 1, 3]
 
+    @pytest.mark.slow
     @settings(max_examples=150)
     @given(st.lists(PATTERNS, min_size=1, max_size=8), NAMES)
     def test_every_pattern_matching_a_name_is_a_candidate(
@@ -87,6 +88,7 @@ class TestPrefixIndex:
         assert set(matches) <= set(candidates)
         assert candidates == sorted(candidates)
 
+    @pytest.mark.slow
     @settings(max_examples=150)
     @given(st.lists(PATTERNS, min_size=2, max_size=8), NAMES)
     def test_rules_sharing_a_name_overlap(

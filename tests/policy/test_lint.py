@@ -337,6 +337,7 @@ class TestIssueCases:
         ]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(PATTERNS, PATTERNS, st.data())
 def test_a_reported_cover_holds_for_every_sampled_name(
@@ -371,6 +372,7 @@ def test_lint_itself_reports_runtime_knobs_the_environment_overrides(
     assert ("runtime-env-wins", "env:XLA_PYTHON_CLIENT_PREALLOCATE") in codes
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.lists(PATTERNS, min_size=2, max_size=8))
 def test_lint_finds_what_comparing_every_pair_finds(patterns: list[tuple[str, bool]]) -> None:

@@ -32,6 +32,7 @@ def placed_on(report: str) -> dict[str, tuple[str, str]]:
 
 
 class TestExamples:
+    @pytest.mark.slow
     def test_dataset_on_host_demo_runs_and_reports_placements(self) -> None:
         """The Quick start demo runs on this machine and logs every decision."""
         steering = ("DEVPOLICY_", "XLA_PYTHON_CLIENT_PREALLOCATE")
@@ -83,6 +84,7 @@ class TestExamples:
             assert placed["model/embed"][0] == f"{accelerator}:0"
             assert placed["batch"][0] == f"{accelerator}:0"
 
+    @pytest.mark.slow
     def test_readme_split_variant_puts_the_model_on_the_second_cpu(self) -> None:
         """The Quick start's one-line XLA_FLAGS variant shows the host/accelerator split."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
@@ -104,6 +106,7 @@ class TestExamples:
         assert placed["model/embed"][1].strip().startswith("env:DEVPOLICY_RULES item 0")
         assert "origin=env:DEVPOLICY_RULES" in result.stderr
 
+    @pytest.mark.slow
     def test_demo_rejects_a_bad_size(self) -> None:
         """A bad --size is a usage error naming the accepted forms."""
         result = subprocess.run(

@@ -9,6 +9,8 @@ import re
 import sys
 import tomllib
 
+import pytest
+
 from tests.conftest import REPO
 
 CONSTRAINTS = REPO / ".ci" / "constraints-oldest.txt"
@@ -57,6 +59,7 @@ def _imported_distributions() -> set[str]:
     return {_normalised(dist) for module in modules for dist in providers.get(module, [module])}
 
 
+@pytest.mark.slow
 def test_runtime_dependencies_are_the_distributions_the_library_imports() -> None:
     """Each runtime dependency is imported by devpolicy, and each import is declared (jaxlib
     and pydantic-core come with jax and pydantic, each at the version its partner pins)."""

@@ -86,6 +86,7 @@ def test_every_public_class_s_examples_still_run() -> None:
     assert examples >= 40
 
 
+@pytest.mark.slow
 def test_a_moved_name_warns_with_a_futurewarning_even_from_an_imported_module(
     tmp_path: Path,
 ) -> None:

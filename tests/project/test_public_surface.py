@@ -304,6 +304,7 @@ class TestDeprecated:
                 devpolicy.Plan  # noqa: B018
             assert [w.filename for w in caught] == [__file__]
 
+    @pytest.mark.slow
     def test_a_from_import_of_a_moved_name_warns_once(self) -> None:
         """`from devpolicy import NarrowingError` in a fresh process shows one warning at
         the importing line, though Python reads the name twice and JAX loads between."""

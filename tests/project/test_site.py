@@ -29,14 +29,19 @@ Markers, an HTML comment on the line before a block:
   So a drift between a page and what the code prints fails here.
 - `<!-- shown: why -->` on a shown block that is not compared (a synopsis, an excerpt of
   a run that needs another machine); kept to a few.
+- `<!-- needs: flax, optax -->` on a python block: the packages it imports that
+  `pip install -e .` does not install (the page then says so); a block without it imports
+  only the standard library, devpolicy and devpolicy's own dependencies.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import html
 import html.parser
+import importlib.metadata
 import json
 import os
 import re
@@ -44,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -296,6 +302,59 @@ def block_env(*, cpu_devices: int | None) -> dict[str, str]:
     return env
 
 
+def _distribution(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503: `PyYAML` is `pyyaml`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.cache
+def quick_start_modules() -> frozenset[str]:
+    """The top-level modules a reader has after the quick start's `pip install -e .`: the
+    standard library, devpolicy and the distributions pyproject.toml lists as devpolicy's
+    own dependencies (not an extra's, not one installed only as a dependency's)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = {
+        _distribution(m[0]) for d in project["dependencies"] if (m := re.match(r"[\w.-]+", d))
+    }
+    installed = importlib.metadata.packages_distributions()
+    return frozenset(
+        {
+            *sys.stdlib_module_names,
+            "devpolicy",
+            *(
+                module
+                for module, dists in installed.items()
+                if any(_distribution(d) in wanted for d in dists)
+            ),
+        }
+    )
+
+
+def imported_modules(code: str) -> set[str]:
+    """The top-level modules a python block imports (`from safetensors import x`: safetensors)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _imports_case(block: Block) -> object:
+    # The resuming example in host-arrays.md reads the checkpoint's metadata with
+    # safetensors' `safe_open`; that page is being rewritten elsewhere (issue 51, N4), to read it
+    # with devpolicy.read_metadata. Until then this block is the known failure, strictly.
+    if block.page == "host-arrays.md" and "from safetensors import safe_open" in block.code:
+        return pytest.param(
+            block,
+            marks=pytest.mark.xfail(
+                strict=True, reason="issue 51 N4: host-arrays.md still imports safetensors"
+            ),
+        )
+    return block
+
+
 class TestBlocks:
     def test_every_block_runs_or_says_why_not(self) -> None:
         """Each block is python, yaml or bash (run) or text/json (shown); a block that
@@ -331,6 +390,22 @@ class TestBlocks:
                 devpolicy.load_policy(path, environ={})
             return
         devpolicy.load_policy(path, environ={})
+
+    @pytest.mark.parametrize(
+        "block", [_imports_case(b) for b in runnable("python")], ids=lambda b: b.where
+    )
+    def test_python_block_imports_only_what_the_quick_start_installs(self, block: Block) -> None:
+        """A reader who ran `pip install -e .` can run every python block, or the block says
+        which other packages it needs (`needs:`) and names only those."""
+        needs = {m.strip() for m in block.marker.get("needs", "").split(",") if m.strip()}
+        missing = imported_modules(block.code) - quick_start_modules() - needs
+        assert not missing, (
+            f"{block.where}: imports {sorted(missing)}, which `pip install -e .` does not "
+            "install; use devpolicy's own call, or mark the block `<!-- needs: ... -->` and "
+            "say on the page how to install it"
+        )
+        unused = needs - imported_modules(block.code)
+        assert not unused, f"{block.where}: `needs:` names {sorted(unused)}, not imported"
 
     @pytest.mark.slow
     @pytest.mark.parametrize("page", sorted({b.page for b in runnable("python")}), ids=lambda p: p)
@@ -537,6 +612,7 @@ def crawl(base: str) -> tuple[dict[str, _Links], list[str]]:
     return pages, sorted(assets)
 
 
+@pytest.mark.slow  # builds and serves the site with mkdocs
 class TestSite:
     def test_the_site_builds_strictly(self, site: Path) -> None:
         """`mkdocs build --strict` makes one HTML page per Markdown page."""
@@ -579,6 +655,7 @@ class TestSite:
         assert "RESOURCE_EXHAUSTED" in texts
 
 
+@pytest.mark.slow  # builds the site with mkdocs, as TestSite does
 class TestApiReference:
     def test_every_public_name_is_documented_with_its_example(self, site: Path) -> None:
         """Each name of devpolicy.__all__ has its own entry on the API page, and an entry

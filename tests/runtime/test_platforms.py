@@ -88,6 +88,7 @@ def plain_jax(cwd: Path, **env: str) -> str:
 
 @needs_no_chip
 class TestAStrayLibraryNeverStopsJax:
+    @pytest.mark.slow
     @pytest.mark.parametrize("what", PLANTS)
     def test_a_stray_library_in_the_working_directory_leaves_jax_on_the_cpu(
         self, tmp_path: Path, what: str
@@ -102,6 +103,7 @@ class TestAStrayLibraryNeverStopsJax:
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["cpu", "cpu"]
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("what", ["libtpu.py", "jax_plugins/xla_cuda12.py"])
     def test_a_stray_library_beside_the_script_leaves_jax_on_the_cpu(
         self, tmp_path: Path, what: str
@@ -115,6 +117,7 @@ class TestAStrayLibraryNeverStopsJax:
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["cpu", "cpu"]
 
+    @pytest.mark.slow
     def test_tpu_named_with_a_stray_libtpu_is_dropped_saying_why(self, tmp_path: Path) -> None:
         """`[tpu, cpu]` beside a stray `libtpu.py` starts the CPU; the note names the file."""
         plant(tmp_path, "libtpu.py")
@@ -124,6 +127,7 @@ class TestAStrayLibraryNeverStopsJax:
         assert result.stdout.split() == ["cpu", "cpu"]
         assert "libtpu.py in the working directory is not an installed libtpu" in result.stderr
 
+    @pytest.mark.slow
     def test_a_garbage_tpu_library_path_leaves_jax_on_the_cpu(self, tmp_path: Path) -> None:
         """TPU_LIBRARY_PATH naming a file that is no shared library: `[tpu, cpu]` starts the
         CPU, as plain JAX does, and the note says what is wrong with the variable."""
@@ -135,6 +139,7 @@ class TestAStrayLibraryNeverStopsJax:
         assert result.stdout.split() == ["cpu", "cpu"]
         assert f"TPU_LIBRARY_PATH={garbage} is not a shared library" in result.stderr
 
+    @pytest.mark.slow
     def test_libtpu_installed_without_a_chip_leaves_jax_on_the_cpu(self, tmp_path: Path) -> None:
         """A real libtpu installed (as `jax[tpu]` installs it) on a machine with no TPU chip,
         a CI image or a laptop: `[accelerator, cpu]` is `cpu`, and the note says no chip."""
@@ -333,6 +338,7 @@ def devpolicy_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @needs_no_chip
 class TestOneAnswer:
+    @pytest.mark.slow
     def test_run_bootstrap_devices_and_check_agree_beside_a_stray_libtpu(
         self, tmp_path: Path
     ) -> None:

@@ -79,6 +79,7 @@ REPORT = """
 
 
 class TestBootstrap:
+    @pytest.mark.slow
     def test_cpu_policy_gives_four_cpu_devices_with_each_variable_set_once(
         self, tmp_path: Path
     ) -> None:
@@ -104,6 +105,7 @@ class TestBootstrap:
         """jaxlib 0.10 reads XLA_CLIENT_MEM_FRACTION (and refuses it with the old one)."""
         assert _settings.memory_fraction_variable() == "XLA_CLIENT_MEM_FRACTION"
 
+    @pytest.mark.slow
     def test_one_runtime_event_gives_each_knob_value_and_source(self, tmp_path: Path) -> None:
         """The event has every knob's effective value and `_source`."""
         policy_file(tmp_path, "platforms: [cpu]\ncpu_devices: 2\nx64: true")
@@ -115,6 +117,7 @@ class TestBootstrap:
         assert (event["x64"], event["x64_source"]) == (True, "policy")
         assert event["policy"] == "p.yaml"
 
+    @pytest.mark.slow
     def test_the_runtime_event_reports_transfers_with_each_fields_layer(
         self, tmp_path: Path
     ) -> None:
@@ -130,6 +133,7 @@ class TestBootstrap:
         assert "host_to_device=disallow (env: env:DEVPOLICY_TRANSFERS)" in event["transfers"]
         assert "device_to_device=log (policy: p.yaml:4)" in event["transfers"]
 
+    @pytest.mark.slow
     def test_a_user_variable_beats_the_policy_and_is_reported_as_env(self, tmp_path: Path) -> None:
         """JAX_NUM_CPU_DEVICES=2 and PREALLOCATE=true set by the user win, with source=env."""
         policy_file(tmp_path, "cpu_devices: 4\npreallocate: false")
@@ -148,6 +152,7 @@ class TestBootstrap:
         assert event["preallocate_source"] == "env"
         assert "overridden by XLA_PYTHON_CLIENT_PREALLOCATE" in event["preallocate_note"]
 
+    @pytest.mark.slow
     def test_gpu_in_platforms_becomes_the_installed_gpu_plugins(self, tmp_path: Path) -> None:
         """[gpu, cpu] is translated (JAX_PLATFORMS=gpu,cpu fails without a GPU) and starts."""
         policy_file(tmp_path, "platforms: [gpu, cpu]")
@@ -158,6 +163,7 @@ class TestBootstrap:
         wanted = ",".join([*_platforms.startable().gpus, "cpu"])
         assert last_json(result.stdout)["env"]["JAX_PLATFORMS"] == wanted
 
+    @pytest.mark.slow
     def test_env_section_reaches_jax_config_options_read_at_import(self, tmp_path: Path) -> None:
         """env: JAX_* options are applied through jax.config (jax is already imported)."""
         policy_file(
@@ -176,6 +182,7 @@ class TestBootstrap:
 
 
 class TestRefusedValues:
+    @pytest.mark.slow
     def test_a_value_jax_refuses_is_a_policy_error_and_changes_nothing(
         self, tmp_path: Path
     ) -> None:
@@ -213,6 +220,7 @@ class TestRefusedValues:
 
 
 class TestTooLate:
+    @pytest.mark.slow
     def test_a_differing_knob_after_start_raises_naming_it_and_changes_nothing(
         self, tmp_path: Path
     ) -> None:
@@ -234,6 +242,7 @@ class TestTooLate:
         assert "`devpolicy run`" in result.stdout
         assert result.stdout.splitlines()[-1] == "None False"
 
+    @pytest.mark.slow
     def test_identical_knobs_after_start_pass(self, tmp_path: Path) -> None:
         """The backend already has them: no error; GPU-only knobs are inert on a CPU."""
         policy_file(tmp_path, "platforms: [cpu]\ncpu_devices: 4\npreallocate: false")
@@ -253,6 +262,7 @@ class TestTooLate:
         if not _platforms.startable().gpus:
             assert states["platforms"] == "in effect"
 
+    @pytest.mark.slow
     def test_a_platform_list_the_running_process_excluded_is_too_late(self, tmp_path: Path) -> None:
         """Started with jax_platforms=cpu, a policy asking [tpu, cpu] is named as differing
         (planned for a machine where JAX would start a TPU)."""
@@ -272,6 +282,7 @@ class TestTooLate:
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "('platforms', 'tpu,cpu', 'cpu (default cpu)')"
 
+    @pytest.mark.slow
     def test_x64_can_still_change_after_start_and_is_applied(self, tmp_path: Path) -> None:
         """x64 is live: applied after the backend started, no error."""
         policy_file(tmp_path, "x64: true")
@@ -287,6 +298,7 @@ class TestTooLate:
 
 
 class TestRunCommand:
+    @pytest.mark.slow
     def test_child_gets_the_settings_and_policy_file_and_its_exit_code_is_ours(
         self, tmp_path: Path
     ) -> None:
@@ -346,6 +358,7 @@ class TestRunCommand:
 
 
 class TestVisibility:
+    @pytest.mark.slow
     def test_devices_shows_each_knob_with_its_origin_and_state(self, tmp_path: Path) -> None:
         """`devpolicy devices --json` applies the runtime first and lists each knob."""
         policy_file(tmp_path, "platforms: [cpu]\ncpu_devices: 2")
@@ -491,6 +504,7 @@ class TestControlCharacters:
         ):
             devpolicy.load_policy(path, environ={})
 
+    @pytest.mark.slow
     @given(st.characters(codec="utf-8"))
     def test_exactly_c0_del_and_c1_are_refused(self, char: str) -> None:
         """Every character of Unicode category Cc (C0, DEL, C1), and no other, makes a

@@ -249,6 +249,7 @@ _trees = st.recursive(
 ).filter(lambda tree: isinstance(tree, dict))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(tree=_trees)
 def test_any_tree_saved_comes_back_equal_through_into(tmp_path_factory: Any, tree: Any) -> None:

@@ -235,6 +235,7 @@ def reading_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 class TestLargeReadsOnSeveralThreads:
+    @pytest.mark.slow
     def test_a_large_host_tensor_is_read_in_pieces_on_reader_threads(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

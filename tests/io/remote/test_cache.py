@@ -17,6 +17,10 @@ from tests.helpers import run_threads
 from . import servers
 from .conftest import BUCKET, Proxied, s3_environ
 
+# Each test talks to real servers (local S3, GCS, Hub and HTTP servers, some of them processes):
+# out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 
 class TestCache:
     def test_second_open_makes_no_data_request_and_maps(

@@ -17,6 +17,10 @@ from devpolicy._io.remote import (
 from . import servers
 from .conftest import BUCKET, Proxied, s3_environ
 
+# Each test talks to real servers (local S3, GCS, Hub and HTTP servers, some of them processes):
+# out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 
 def _gets(method: str, path: str, range_: str | None) -> bool:
     return method == "GET" and range_ is not None

@@ -14,6 +14,10 @@ from devpolicy._io.remote import RemoteReadError, RemoteURLError, open_remote
 
 from .servers import Asked, Scripted
 
+# Each test talks to real servers (local S3, GCS, Hub and HTTP servers, some of them processes):
+# out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 SIZE = 4096
 BODY = bytes(range(256)) * (SIZE // 256)
 

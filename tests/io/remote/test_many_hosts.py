@@ -16,6 +16,10 @@ from tests.helpers import reports_of, run_job
 from . import servers
 from .conftest import BUCKET, s3_environ
 
+# Each test talks to real servers (local S3, GCS, Hub and HTTP servers, some of them processes):
+# out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).with_name("remote_worker.py")
 
 

@@ -19,6 +19,10 @@ from devpolicy._io.remote import (
 from . import servers
 from .conftest import BUCKET, Proxied, s3_environ
 
+# Each test talks to real servers (local S3, GCS, Hub and HTTP servers, some of them processes):
+# out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(params=["s3", "gs", "hf", "hf-dataset", "https"])
 def opened(request: pytest.FixtureRequest, served_root: Path) -> Iterator[RemoteObject]:

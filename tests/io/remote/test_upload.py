@@ -18,6 +18,10 @@ from tests.helpers import reports_of, run_job
 from . import servers
 from .conftest import BUCKET, Proxied, s3_environ
 
+# Each test talks to real servers (local S3, GCS, Hub and HTTP servers, some of them processes):
+# out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).parent / "upload_worker.py"
 
 

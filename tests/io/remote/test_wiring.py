@@ -31,6 +31,10 @@ from tests.conftest import REPO
 from . import servers
 from .conftest import BUCKET, Checkpoints, Proxied, s3_environ
 
+# Each test talks to real servers (local S3, GCS, Hub and HTTP servers, some of them processes):
+# out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 _TEXT = devpolicy.inventory().text
 
 

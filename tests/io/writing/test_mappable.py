@@ -193,6 +193,7 @@ class TestSaveChunks:
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.strip().splitlines()[-1] == "1005"
 
+    @pytest.mark.slow
     def test_a_memmap_source_is_copied_with_its_pages_given_back(self, tmp_path: Path) -> None:
         """A 512 MiB `np.memmap` is copied without the process holding it: its resident
         memory grows by a block or two (64 MiB each), not by the source's size."""
@@ -461,6 +462,7 @@ class TestAlignCheck:
             check=False,
         )
 
+    @pytest.mark.slow
     def test_check_of_an_aligned_file_exits_0(self, tmp_path: Path) -> None:
         path = tmp_path / "m.safetensors"
         devpolicy.save_chunks([np.ones(5, np.uint16)], path)
@@ -468,6 +470,7 @@ class TestAlignCheck:
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == f"{path}: 1 of 1 tensors map (64-byte aligned)"
 
+    @pytest.mark.slow
     def test_check_of_an_unaligned_file_names_each_tensor_and_exits_1(self, tmp_path: Path) -> None:
         path = tmp_path / "m.safetensors"
         offset = unaligned_file(path)

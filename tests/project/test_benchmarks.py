@@ -1,0 +1,112 @@
+"""The benchmark scripts refuse numbers they cannot use, saying which option and why."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO
+
+WINDOWS = REPO / "benchmarks" / "bench_windows.py"
+
+#: Every count at its smallest, so that a check that lets a bad number through costs seconds,
+#: not the story's 19 GiB run (the option under test comes after these: argparse keeps it).
+SMALLEST = (
+    *("--tokens", "4096", "--steps", "1", "--length", "1", "--batch", "1"),
+    *("--runs", "1", "--paired-steps", "1", "--paired-rounds", "1", "--variants", "file"),
+)
+
+
+@functools.cache
+def script(path: Path) -> ModuleType:
+    """A benchmark script imported as a module, once (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """What `bench_windows.py`'s command line says, refusing `ARGV` after the smallest counts."""
+    with pytest.raises(SystemExit) as exited:
+        script(WINDOWS).parse_args([*SMALLEST, *argv])
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def bench_windows(tmp: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`benchmarks/bench_windows.py` with the smallest counts, then ARGV, from the checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
+    return subprocess.run(
+        [sys.executable, str(WINDOWS), "--dir", str(tmp), *SMALLEST, *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
+
+
+class TestBenchWindowsArguments:
+    @pytest.mark.parametrize(
+        ("argv", "says"),
+        [
+            (["--paired-rounds", "0"], "argument --paired-rounds: must be at least 1, got 0"),
+            (["--paired-steps", "0"], "argument --paired-steps: must be at least 1, got 0"),
+            (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+            (["--runs", "0"], "argument --runs: must be at least 1, got 0"),
+            (["--length", "-3"], "argument --length: must be at least 1, got -3"),
+            (["--batch", "0"], "argument --batch: must be at least 1, got 0"),
+            (["--tokens", "0"], "argument --tokens: must be at least 1, got 0"),
+            (["--runs", "two"], "argument --runs: must be a whole number, got 'two'"),
+        ],
+    )
+    def test_bench_windows_rejects_a_number_below_its_range_naming_the_option(
+        self, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+    ) -> None:
+        """A number the run cannot use is an argparse error at the start, not a traceback
+        after minutes of work (`--paired-rounds 0` ended in `StatisticsError`)."""
+        assert says in refusal(capsys, *argv)
+
+    def test_bench_windows_rejects_windows_longer_than_the_tokens(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """No window of `--length` tokens fits in fewer tokens: said before any file is written."""
+        said = refusal(capsys, "--tokens", "100", "--length", "101")
+        assert "--length (101) must be at most --tokens (100)" in said
+
+    def test_bench_windows_rejects_an_unknown_variant_naming_the_choices(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A misspelt variant is refused, with the variants there are, not silently skipped."""
+        said = refusal(capsys, "--variants", "file,defualts")
+        assert (
+            "argument --variants: unknown variant 'defualts'; choose from "
+            "defaults, random-only, mapping, file, devpolicy" in said
+        )
+
+    def test_bench_windows_rejects_no_variant_at_all(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An empty `--variants` would make an empty table: refused, naming the choices."""
+        said = refusal(capsys, "--variants", ",")
+        assert "argument --variants: name at least one of defaults, random-only" in said
+
+    @pytest.mark.slow
+    def test_bench_windows_runs_with_every_count_at_its_smallest(self, tmp_path: Path) -> None:
+        """The smallest accepted numbers make a report, with one variant that is not
+        `devpolicy` (its table's columns came from the `devpolicy` variant's samples)."""
+        result = bench_windows(tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "| read from the file by position |" in result.stdout
+        assert "| devpolicy.windows |" in result.stdout
