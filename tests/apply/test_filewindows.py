@@ -15,7 +15,6 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply import hostview
 from devpolicy._apply.stream import cutting as _windows
 from devpolicy._apply.stream import filewindows
 from devpolicy._apply.stream import sampling as _sampling
@@ -184,12 +183,10 @@ class TestReadByPosition:
         np.testing.assert_array_equal(np.stack([a for a, _ in got]), expected(values, 1, 24, 50, 4))
         np.testing.assert_array_equal(np.stack([b for _, b in got]), expected(values, 2, 24, 70, 3))
 
-    def test_kept_batches_never_change_while_the_ring_is_reused(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    @pytest.mark.usefixtures("copying_device")
+    def test_kept_batches_never_change_while_the_ring_is_reused(self, tmp_path: Path) -> None:
         """With the host-buffer ring reused (a device that copies, as an accelerator
         does), every batch kept still holds its own windows after 240 more were read."""
-        monkeypatch.setattr(hostview, "ADOPTING", frozenset())
         path, values = token_file(tmp_path)
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         held = list(

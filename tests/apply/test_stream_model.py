@@ -93,11 +93,13 @@ class StreamModel(RuleBasedStateMachine):
                 self.failed = True
                 return
             if isinstance(outcome, HostViewError):
-                assert self.truncated and not self.failed, outcome
+                assert self.truncated, outcome
+                assert not self.failed, outcome
                 self.failed = True
                 return
             raise AssertionError(f"a raw error from a pull: {outcome!r}") from outcome
-        assert not self.closed and not self.failed, "a batch after the stream ended"
+        assert not self.closed, "a batch after the stream was closed"
+        assert not self.failed, "a batch after the stream failed"
         assert self.expected < STEPS, "a batch past the last step"
         assert_exact(outcome, SEED, self.expected, LENGTH, COUNT)
         self.expected += 1

@@ -889,6 +889,36 @@ class TestStream:
         for a, b in zip(held, expected, strict=True):
             np.testing.assert_array_equal(np.asarray(a), b)
 
+    @pytest.mark.usefixtures("copying_device")
+    def test_bound_for_a_copying_device_the_ring_is_reused_and_batches_hold(self) -> None:
+        """Under the honest copying-device fake (each batch the device's own copy, as on an
+        accelerator), the stream reuses its few ring buffers, and every batch still holds
+        its own windows after 240 more were cut into the same buffers."""
+        made: list[int] = []
+        aligned = _groups.aligned
+
+        def counted(nbytes: int) -> np.ndarray:
+            made.append(nbytes)
+            return aligned(nbytes)
+
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(_groups, "aligned", counted)
+            tokens = np.arange(2**16, dtype=np.uint32)
+            stream = devpolicy.windows(
+                tokens,
+                256,
+                4,
+                order="random",
+                seed=1,
+                steps=240,
+                policy=policy_of(rules=BATCH_RULES),
+            )
+            held = list(stream)
+        assert len(made) == 3  # the ring, reused
+        expected = step_by_step(tokens, 256, 4, 1, 240)
+        for a, b in zip(held, expected, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), b)
+
     def test_on_the_cpu_a_batch_is_the_buffer_it_was_cut_into(self) -> None:
         """A CPU device adopts the aligned group buffer: no second copy of a batch."""
         (batch,) = devpolicy.windows(np.arange(64, dtype=np.uint16), 64, 1, policy=policy_of())

@@ -341,20 +341,6 @@ def imported_modules(code: str) -> set[str]:
     return found
 
 
-def _imports_case(block: Block) -> object:
-    # The resuming example in host-arrays.md reads the checkpoint's metadata with
-    # safetensors' `safe_open`; that page is being rewritten elsewhere (issue 51, N4), to read it
-    # with devpolicy.read_metadata. Until then this block is the known failure, strictly.
-    if block.page == "host-arrays.md" and "from safetensors import safe_open" in block.code:
-        return pytest.param(
-            block,
-            marks=pytest.mark.xfail(
-                strict=True, reason="issue 51 N4: host-arrays.md still imports safetensors"
-            ),
-        )
-    return block
-
-
 class TestBlocks:
     def test_every_block_runs_or_says_why_not(self) -> None:
         """Each block is python, yaml or bash (run) or text/json (shown); a block that
@@ -392,7 +378,7 @@ class TestBlocks:
         devpolicy.load_policy(path, environ={})
 
     @pytest.mark.parametrize(
-        "block", [_imports_case(b) for b in runnable("python")], ids=lambda b: b.where
+        "block", runnable("python"), ids=lambda b: b.where
     )
     def test_python_block_imports_only_what_the_quick_start_installs(self, block: Block) -> None:
         """A reader who ran `pip install -e .` can run every python block, or the block says
