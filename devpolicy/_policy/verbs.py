@@ -612,18 +612,19 @@ def windows(
         name: The name each batch is placed as (its rule decides the device).
         order: "sequential": windows at 0, stride, 2*stride, ... for one pass, the last
             batch possibly smaller. "random": each window starts at an offset drawn
-            uniformly, with replacement, from every offset it fits at; endless unless
-            `steps` is given.
-        seed: Seed of the random order (None: fresh entropy, drawn once and kept in
-            the stream's `state()`). Step k's windows depend on the seed and k alone.
+            uniformly, with replacement, from every offset it fits at; until `steps`
+            if given, else for 2**63 steps.
+        seed: Seed of the random order, an int from 0 to 2**64 - 1 (None: fresh
+            entropy, drawn once and kept in the stream's `state()`). Step k's windows
+            depend on the seed and k alone.
         stride: Distance between sequential windows (default `length`: no overlap).
         steps: Stop after this many batches.
         size: Batches in flight ahead of use (`prefetch`'s `size`).
         policy: Policy to decide by (default: the active one at this call).
         narrow: `put`'s, for 64-bit tokens with x64 disabled.
-        start: The first batch to yield: the stream yields exactly the batches an
-            uninterrupted one yields from batch `start` on, at once (no batch before it
-            is drawn or read), for either order.
+        start: The first batch to yield (from 0 to 2**63 - 1): the stream yields
+            exactly the batches an uninterrupted one yields from batch `start` on, at
+            once (no batch before it is drawn or read), for either order.
         resume: A stream's `state()` (or its JSON text), saved beside a checkpoint: the
             stream resumes at its step, once every argument that decides the batches
             (order, seed, length, batch, stride, steps, the tokens' rows, row shape and
@@ -631,14 +632,17 @@ def windows(
 
     Returns:
         A `WindowStream` of placed batches; `close()` ends it, `state()` says where it
-        is.
+        is. Each step is handed out once, in order, exactly; threads may share it; a
+        `KeyboardInterrupt` inside `next()` skips nothing (docs/host-arrays.md, "What a
+        stream promises").
 
     Raises:
         HostViewError: `tokens` is not on a host device (or sharded): it would be copied.
-        ValueError: a bad `length`, `batch`, `stride`, `steps`, `size`, `order` or
-            `start`, or fewer rows than `length`.
-        StreamStateError: `resume` is not a saved state, or was saved by a stream with
-            other arguments (it would draw other batches).
+        ValueError: a bad `length`, `batch`, `stride`, `steps`, `size`, `order`, `seed`
+            or `start`, or fewer rows than `length`.
+        StreamStateError: `resume` is not a saved state, is damaged (every field at
+            fault named), or was saved by a stream with other arguments (it would draw
+            other batches; every one that differs named).
 
     Example:
         >>> import devpolicy, numpy as np
