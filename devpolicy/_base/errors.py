@@ -1,4 +1,9 @@
-"""The error hierarchy: every error devpolicy raises derives from DevicePolicyError."""
+"""The error hierarchy: every error devpolicy raises derives from DevicePolicyError.
+
+One concept, kept in one file although it is long: the classes are a table read together
+(each says when it is raised and carries where and what), so that one error is never
+defined twice and `devpolicy.errors` lists them all from one place.
+"""
 
 from __future__ import annotations
 

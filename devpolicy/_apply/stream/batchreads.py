@@ -1,38 +1,24 @@
 """Many positional reads of one file in one system call, or none (Linux io_uring).
 
-A stream that reads its windows by position (`filewindows`) makes one `preadv` a window:
-256 system calls for a group of 8 batches of 32, each entered and left holding the GIL
-between them, so they cannot overlap the stream's own work (a worker thread of `preadv`s
-lost to the stream's own thread everywhere it was measured). io_uring queues the reads in
-a ring shared with the kernel (written with numpy, a few vectorised assignments a
-group). A polled ring (`IORING_SETUP_SQPOLL`) has a kernel thread of its own that takes
-them from the queue and reads on another core (one cheap call a group wakes it; no GIL
-involved) while the stream places the group before; a plain ring reads them all in one
-`io_uring_enter` made through ctypes, which releases the GIL for it.
+Reading by position (`filewindows`) one `preadv` a window, each call entered and left holding
+the GIL, overlaps nothing of the stream's own work (a worker thread of them lost). io_uring
+queues a group's reads in a ring shared with the kernel (a few numpy assignments): a polled
+ring's kernel thread reads them on another core while the stream places the group before (the
+cost: a core busy `POLL_IDLE_MS` after the last read), a plain ring in one `io_uring_enter`
+through ctypes with the GIL released
+(measured: docs/benchmarks.md#the-stream-wings-choices-as-measured).
 
-On the 2-core CPU machine (Linux 6.18, December 2026), 1,024 random 2 KiB windows of a
-file in the page cache, then the group placed with `device_put`: 9,500-10,000 batches/s
-with a plain ring, 18,500-23,500 with a polled one, the hand loop 5,600-9,600 in the same
-rounds. The polled ring's thread looks for more reads for `POLL_IDLE_MS` after the last
-before it sleeps, a core busy while a stream reads: what the overlap costs.
-
-No library: the ABI is four structures and two system calls, stable since Linux 5.6, and
-the Python bindings for it are compiled extensions. Where io_uring cannot be had (another
-OS or architecture, a kernel before 5.6, `kernel.io_uring_disabled`, a seccomp profile
-that refuses it, gVisor), `BatchReads.open` returns None and the caller reads with
-`preadv`; where a polled ring cannot (a kernel before 5.11, where it reads only
-registered files; aarch64, whose stores Python cannot order for another CPU; one core),
-a plain one. A ring the kernel offers but that could not read (checked by its features)
-is not used. A read that comes back short or failed is the caller's to redo (`wait`
-returns each read's result), so a truncated file or an I/O error is reported as a single
-`preadv` reports it.
-
-The buffers read into are the caller's: a read still in flight writes into them. So no
-exception leaves `submit` or `wait` with reads in flight (a signal interrupting the wait
-only restarts it), a ring closed waits for them, and a ring that could not wait keeps the
-buffer alive for good. One thread at a time (a lock: `close` from another thread waits
-for a `wait` in progress), and only in the process that opened it: a forked child shares
-the ring's memory, so its copy refuses to read (`usable`) and its reader uses `preadv`.
+No library: the ABI is four structures and two system calls, stable since Linux 5.6, and its
+Python bindings are compiled extensions. Where io_uring cannot be had (another OS or
+architecture, a kernel before 5.6, `kernel.io_uring_disabled`, seccomp, gVisor),
+`BatchReads.open` returns None and the caller uses `preadv`; where a polled ring cannot (before
+5.11, aarch64's store order, one core), a plain one; a ring whose features say it could not
+read is not used. A short or failed read is the caller's to redo (`wait` returns each result),
+as a `preadv` would report it. Reads in flight write into the caller's buffers: nothing leaves
+`submit` or `wait` with reads in flight (a signal only restarts the wait), `close` waits for
+them, and a ring that could not wait keeps the buffer alive for good. One thread at a time
+(`close` waits for a `wait`), and only in the process that opened it: a forked child's copy
+refuses to read (`usable`) and its reader uses `preadv`.
 """
 
 from __future__ import annotations

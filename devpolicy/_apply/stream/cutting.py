@@ -5,7 +5,8 @@ The read paths: gathered from memory (tokens in memory, or a file mapping whose 
 pages are given back: `paging`), or read by position from the file a view maps
 (`filewindows`; a group in one io_uring call where Linux allows: `batchreads`), the next
 group read ahead (`ahead`). Which path runs where, and why, is in docs/host-arrays.md;
-the figures behind the choices are in docs/benchmarks.md.
+the figures behind the choices are in
+docs/benchmarks.md#the-stream-wings-choices-as-measured.
 
 `GroupCutter.cut(first)` is a function of the step: it returns the group of batches from
 step `first`, whatever was cut before. The group read ahead is used only where it is that

@@ -1,21 +1,15 @@
 """Windows of a file-backed host array read by position from the file, not through its map.
 
-A host array that `load_file` mapped (or any `np.memmap`) is a view of a file mapping.
-Copying a window out of the mapping faults its pages in, and keeping resident memory
-flat then needs the pages given back (`paging`: `MADV_DONTNEED` by blocks or sweeps).
-Both cost system calls the copy itself does not need, and their price depends on the
-machine: on a TPU VM under gVisor (December 2026) `madvise` cost about 100 us a call and
-a stream that gave its pages back spent 84% of its time doing so (292 batches/s), where
-one `preadv` per window into the batch's own buffer ran 1,262 batches/s, 2.49x a hand
-loop of memmap slices (8,189 and 4.23x on the 2-core CPU machine): nothing is mapped by
-the read, so nothing is left to give back, and resident memory is the batch buffers.
-
-So a stream over such a view finds the file it maps (`mapped_file`: the mapping that
-holds the view, in `/proc/self/maps`, opened through `/proc/self/map_files` or by its
-path, and kept only if it is the same inode on the same device) and reads each window
-with one positional read. A private writable mapping is never read this way (its pages
-may differ from the file's), nor anything that is not one regular file's mapping: those
-keep the mapped path. No JAX here.
+Copying a window out of a mapping (`load_file`'s, any `np.memmap`) faults its pages in, and
+keeping resident memory flat then needs them given back (`paging`): system calls the copy does
+not need, whose price depends on the machine (under gVisor, most of a stream's time). One
+positional read a window into the batch's own buffer maps nothing, so nothing is left to give
+back, resident memory is the batch buffers, and it outran a hand loop of memmap slices on both
+machines measured (docs/benchmarks.md#the-stream-wings-choices-as-measured). So a stream finds
+the file its view maps (`mapped_file`: the mapping that holds the view in `/proc/self/maps`,
+opened through `/proc/self/map_files` or by its path, kept only if it is the same inode on the
+same device) and reads from it. A private writable mapping (its pages may differ from the
+file's), or anything not one regular file's mapping, keeps the mapped path. No JAX here.
 """
 
 from __future__ import annotations
@@ -43,12 +37,11 @@ class FileWindows:
     `length` rows) with the windows at `starts`, on the caller's thread: where io_uring
     can be had (`batchreads`), all of them in one system call with the GIL released
     (`batched`), else one `preadv` each. `submit_batches` starts a group and `finish`
-    waits for it: on a polled ring (`polled`) the kernel reads meanwhile. `preadv`s on
-    other threads were measured on a TPU v5e VM under gVisor: 6 threads fed 792
-    batches/s against 1,908 on the stream's own thread, the hand-offs costing more than
-    the overlap saves. A file that shrank under the stream is an error naming it (a
-    mapping would have raised SIGBUS instead). One stream, one reader, one thread at a
-    time.
+    waits for it: on a polled ring (`polled`) the kernel reads meanwhile. `preadv`s stay
+    on the caller's thread: on other threads the hand-offs cost more than the overlap
+    saves (measured: docs/benchmarks.md#the-stream-wings-choices-as-measured). A file
+    that shrank under the stream is an error naming it (a mapping would have raised
+    SIGBUS instead). One stream, one reader, one thread at a time.
     """
 
     __slots__ = ("_batch", "_fd", "_name", "_offset", "_results", "_row", "_submitted", "length")

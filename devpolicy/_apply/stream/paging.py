@@ -1,32 +1,16 @@
 """The pages that windows of a mapped host array leave behind: advised and given back.
 
-A window copied out of a file mapping faults in far more than it copies. Measured on
-Linux 6.18 (a 19.09 GiB token file mapped read-only, 10,000 steps of 32 random windows of
-1,025 uint16 tokens, about 650 MB copied), the process's resident memory grew by:
-
-- 12.4 GiB with the kernel's defaults: read-ahead reads 128 KiB and more around each
-  2 KiB window, and fault-around maps up to 64 KiB of cached neighbours with it;
-- 1.7 GiB with `MADV_RANDOM` alone (no read-ahead; the pages touched stay mapped);
-- 0.6 GiB with `MADV_RANDOM` and `MADV_DONTNEED` on each window's own pages (fault-around
-  still maps cached neighbours, which nobody gives back);
-- 0.2 MiB with `MADV_RANDOM` and `MADV_DONTNEED` on the 64 KiB-aligned blocks each window
-  lies in (fault-around works in such blocks): what this module does.
-
-The pages are file cache: the kernel could reclaim them, but they count in the process's
-RSS and in a container's memory limit, so a long run looks like a leak and can be killed
-for one. `MADV_DONTNEED` only unmaps them from this process: for a file mapping that is
-shared or read-only, the next read faults the same bytes back from the page cache or the
-file. It is never used on anything else: on anonymous memory (a buffer a tensor was read
-into) or a private writable mapping it would throw data away, so those are left alone.
-`MADV_RANDOM` also saves the disk the read-ahead: random windows from a file not in the
-page cache read what they copy, not 64 times as much.
-
-Giving back block by block costs about 0.5 ms a step of 32 windows in a JAX process (one
-`madvise` a block, about 15-25 us each; `benchmarks/bench_windows.py`, paired). Sweeping
-the whole view (one call) costs about as much as one step's blocks once its page tables
-are spread over the file (the kernel walks all of them), so it pays where a release
-covers many windows at once: `windows` gives back a group of batches (up to 8) at a
-time, and `Pager` takes whichever way has cost less (`Pager.release`).
+A window copied out of a file mapping faults in far more than it copies (read-ahead around it,
+fault-around's cached neighbours): file cache the kernel could reclaim, but it counts in the
+process's RSS and a container's memory limit, so a long run looks like a leak and can be killed
+for one. So a random stream's view gets `MADV_RANDOM` (no read-ahead: random windows from a file
+not in the page cache read what they copy), and the pages a stream's windows touched are given
+back with `MADV_DONTNEED`: by the 64 KiB blocks fault-around works in (a window's own pages
+would leave its neighbours mapped), or the whole view in one sweep, whichever has cost less
+(`Pager.release`); each call's cost is why a group of batches is given back at once (measured:
+docs/benchmarks.md#the-stream-wings-choices-as-measured). `MADV_DONTNEED` only unmaps: on a
+shared or read-only file mapping the next read faults the same bytes back. On anonymous memory
+or a private writable mapping it would throw data away, so those are left alone.
 """
 
 from __future__ import annotations
@@ -123,14 +107,13 @@ class Pager:
     nothing.
 
     Two ways to give them back, the cheaper one taken, by what each has cost this
-    stream: the 64 KiB blocks the windows lie in, one `madvise` per run of blocks (about
-    5-25 us a call), or the whole view in one call (its cost grows with the page tables
-    the view has: about 0.4 ms for 19 GiB mapped and sampled at random). 256 random
-    windows (8 batches of 32) are 256 calls, or one sweep for a third to a tenth of the
-    time; 32 windows in a row are one call. Each way is timed when taken; the first
-    release takes the blocks, the second the sweep, and every `_SWEEP_EVERY`-th sweeps
-    (the backstop) or, where sweeping won, takes the blocks again, so a change of costs
-    is seen.
+    stream: the 64 KiB blocks the windows lie in, one `madvise` per run of blocks, or the
+    whole view in one call (its cost grows with the page tables the view has). 256 random
+    windows (8 batches of 32) are 256 calls, or one sweep for less time; 32 windows in a
+    row are one call (measured: docs/benchmarks.md#the-stream-wings-choices-as-measured).
+    Each way is timed when taken; the first release takes the blocks, the second the
+    sweep, and every `_SWEEP_EVERY`-th sweeps (the backstop) or, where sweeping won,
+    takes the blocks again, so a change of costs is seen.
 
     Example:
         >>> import numpy as np
@@ -212,11 +195,11 @@ class Pager:
         What they brought in is measured where that is cheap: the growth of the process's
         resident file-backed memory since the last sweep (`/proc/self/statm`, one read).
         A fault maps what the kernel holds around the window: two 64 KiB fault-around
-        blocks of small pages, or a whole large folio. On Linux 6.18 with the page cache
-        warm (ext4), a window of 2 KiB brought in 1.8 MiB, a 2 MiB folio: counted, 256 MiB
-        would have let 3.3 GiB in. Elsewhere (no statm, or reads dearer than
-        `_MEASURE_MOST`) each window is counted with the two fault-around blocks, as small
-        pages bring in, or with what the last measure found, if more.
+        blocks of small pages, or a whole large folio, where windows counted as small pages
+        would let many times the budget in (measured on Linux 6.18:
+        docs/benchmarks.md#the-stream-wings-choices-as-measured). Elsewhere (no statm, or
+        reads dearer than `_MEASURE_MOST`) each window is counted with the two fault-around
+        blocks, as small pages bring in, or with what the last measure found, if more.
         """
         bounds = self._range
         if bounds is None:

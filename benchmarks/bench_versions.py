@@ -1,0 +1,132 @@
+"""`devpolicy.windows` of two versions of devpolicy, side by side in one run: is a change
+slower than the code before it?
+
+    python benchmarks/bench_versions.py --base REV [--rounds 6] [--batches 2000]
+        [--tokens 536870912] [--length 1025] [--batch 32] [--dir DIR]
+
+`REV` (a commit, a branch) is checked out into a temporary git worktree; the working tree
+is the other version. Each round runs one process per version and per source, taking
+turns (base, this, base, this...), each timing the pipeline alone (every batch waited
+for, then dropped) of a random stream of `--batches` batches with fresh windows (the seed
+is the round's). Sources: `--tokens` uint16 tokens in memory, and the same tokens in a
+dense file (random tokens in every byte, written once in `--dir`, default a temporary
+folder) mapped read-only with `np.memmap`, read through once first (warm). Medians of the
+rounds, and this version's rate over the base's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: One timed stream, in a process of its own (so each version imports its own devpolicy).
+PROBE = r"""
+import json, sys, time
+import numpy as np
+import devpolicy
+source, path, count, length, batch, batches, seed = sys.argv[1:8]
+count, length, batch, batches, seed = map(int, (count, length, batch, batches, seed))
+if source == "memory":
+    tokens = np.random.default_rng(0).integers(0, 2**16, count, dtype=np.uint16)
+else:
+    tokens = np.memmap(path, dtype=np.uint16, mode="r", shape=(count,))
+policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}})
+warm = devpolicy.windows(tokens, length, batch, order="random", seed=10**6 + seed,
+                         steps=64, policy=policy)
+for b in warm:
+    b.block_until_ready()
+start = time.perf_counter()
+stream = devpolicy.windows(tokens, length, batch, order="random", seed=seed,
+                           steps=batches, policy=policy)
+for b in stream:
+    b.block_until_ready()
+print(json.dumps({"rate": batches / (time.perf_counter() - start)}))
+"""
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def dense_file(folder: Path, count: int) -> Path:
+    """`count` random uint16 tokens written to every byte of a file, read through once."""
+    path = folder / f"dense-{count}.u16"
+    if not path.exists() or path.stat().st_size != 2 * count:
+        rng = __import__("numpy").random.default_rng(0)
+        with open(path, "wb") as f:
+            for first in range(0, count, 2**26):
+                f.write(rng.integers(0, 2**16, min(2**26, count - first), dtype="u2").tobytes())
+    with open(path, "rb", buffering=0) as f:
+        chunk = bytearray(2**24)
+        while f.readinto(chunk):
+            pass
+    return path
+
+
+def run(checkout: Path, source: str, path: Path, args: argparse.Namespace, seed: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, source, str(path), str(args.tokens), str(args.length),
+         str(args.batch), str(args.batches), str(seed)],
+        env=env, capture_output=True, text=True, check=True, cwd=checkout,
+    )  # fmt: skip
+    rate: float = json.loads(done.stdout.strip().splitlines()[-1])["rate"]
+    return rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the commit to compare against")
+    parser.add_argument("--rounds", type=positive, default=6)
+    parser.add_argument("--batches", type=positive, default=2000)
+    parser.add_argument("--tokens", type=positive, default=2**29)
+    parser.add_argument("--length", type=positive, default=1025)
+    parser.add_argument("--batch", type=positive, default=32)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        base = Path(scratch) / "base"
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(base), args.base],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        try:
+            folder = args.dir or Path(scratch)
+            path = dense_file(folder, args.tokens)
+            rates: dict[tuple[str, str], list[float]] = {}
+            for seed in range(args.rounds):
+                for source in ("memory", "mapped"):
+                    for name, checkout in (("base", base), ("this", REPO)):
+                        rate = run(checkout, source, path, args, seed)
+                        rates.setdefault((source, name), []).append(rate)
+        finally:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)],
+                check=False, capture_output=True,
+            )  # fmt: skip
+    print(
+        f"windows, {args.batches} random batches of {args.batch} x {args.length} uint16, "
+        f"pipeline alone; {args.tokens:,} tokens, dense; medians of {args.rounds} rounds, "
+        f"taking turns; base {args.base}\n"
+    )
+    print("| source | base batches/s | this batches/s | this / base |")
+    print("|---|---|---|---|")
+    for source in ("memory", "mapped"):
+        old = statistics.median(rates[(source, "base")])
+        new = statistics.median(rates[(source, "this")])
+        print(f"| {source} | {old:,.0f} | {new:,.0f} | {new / old:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
