@@ -377,9 +377,7 @@ class TestBlocks:
             return
         devpolicy.load_policy(path, environ={})
 
-    @pytest.mark.parametrize(
-        "block", runnable("python"), ids=lambda b: b.where
-    )
+    @pytest.mark.parametrize("block", runnable("python"), ids=lambda b: b.where)
     def test_python_block_imports_only_what_the_quick_start_installs(self, block: Block) -> None:
         """A reader who ran `pip install -e .` can run every python block, or the block says
         which other packages it needs (`needs:`) and names only those."""
