@@ -66,7 +66,7 @@ class _Ahead:
 
     first: int
     offsets: np.ndarray[Any, Any]
-    work: Future[Any] | KernelReads
+    work: Future[Any] | KernelReads | None  # None until the start returned
 
 
 class GroupCutter:
@@ -248,7 +248,7 @@ class GroupCutter:
         if not self._opened:
             self._open()
         ahead = self._ahead
-        if ahead is not None and ahead.first != first:
+        if ahead is not None and (ahead.first != first or ahead.work is None):
             self.settle()  # an interrupted or abandoned cut's group: never trusted
             ahead = None
         if ahead is None:
@@ -261,6 +261,7 @@ class GroupCutter:
             early = self._gatherer is not None or self._kernel_reads
             gathered = self._made_ready(offsets, self._into(offsets)) if early else None
         else:
+            assert ahead.work is not None
             offsets = ahead.offsets
             gathered = ahead.work.result()  # what the read raised, raised here
             self._ahead = None
@@ -271,10 +272,12 @@ class GroupCutter:
             following = first + offsets.shape[0]
             starts = self._sampler.take(following, self._group)
             if starts is not None:
-                # Held back: a Ctrl-C between the start and its record would leave a read
-                # running that nothing waits for, on a reader the next cut uses.
-                with deferred_interrupts():
-                    self._ahead = _Ahead(following, starts, self._start_ahead(starts))
+                # Recorded before it starts: a Ctrl-C just after the start returns leaves
+                # the record without its work, and `settle` then waits for whatever the
+                # start began (no signal held back here: under gVisor each change of a
+                # handler is a system call, and this runs every group).
+                ahead = self._ahead = _Ahead(following, starts, None)
+                ahead.work = self._start_ahead(starts)
         return self._cut(offsets, gathered)
 
     def _start_ahead(self, offsets: np.ndarray[Any, Any]) -> Future[Any] | KernelReads:
@@ -393,8 +396,15 @@ class GroupCutter:
         ahead = self._ahead
         if ahead is None:
             return
-        if not ahead.work.cancel():
-            ahead.work.exception()  # waited for; what it raised, nobody needs now
+        work = ahead.work
+        if work is None:  # a start a Ctrl-C cut short: what it began, if anything
+            gatherer, reader = self._gatherer, self._reader
+            if gatherer is not None:  # one worker, in order: done once this is
+                gatherer.submit(int).result()
+            if reader is not None:  # a polled ring's reads
+                reader.settle()
+        elif not work.cancel():
+            work.exception()  # waited for; what it raised, nobody needs now
         self._ahead = None
 
     def _drop_mapping(self, *, sweep: bool, wait: bool = True) -> None:

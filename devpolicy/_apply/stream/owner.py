@@ -31,6 +31,22 @@ from .state import StreamState
 Status = Literal["open", "ended", "failed", "closed"]
 
 
+class _Forks:
+    """How many times this process is a forked child of the one that imported this module:
+    a stream made before a fork sees another count (a pull checks it without a system
+    call; under gVisor `getpid` is one)."""
+
+    count = 0
+
+    @classmethod
+    def child(cls) -> None:
+        cls.count += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Forks.child)
+
+
 class WindowStream(BatchStream[Any]):
     """The placed batches of `devpolicy.windows`: a `BatchStream` whose batches are cut,
     decided and sent by the stream itself, a group at a time, and that can say where it
@@ -59,6 +75,7 @@ class WindowStream(BatchStream[Any]):
         "_closing",
         "_cutter",
         "_cutting",
+        "_forks",
         "_lock",
         "_next",
         "_owner",
@@ -90,11 +107,12 @@ class WindowStream(BatchStream[Any]):
         self._owner: int | None = None  # the thread pulling now
         self._closing = False  # `close()` came from inside a pull on the same thread
         self._pid = os.getpid()
+        self._forks = _Forks.count
 
     # Pulling.
 
     def __next__(self) -> Any:
-        if self._pid != os.getpid():
+        if self._forks != _Forks.count:
             self._forked()
         handed: int | None = None
         try:
@@ -253,7 +271,7 @@ class WindowStream(BatchStream[Any]):
         """Drop the batches in flight and end the stream (its paging advice, readers and
         worker thread included). From another thread it waits for a pull in progress;
         it never raises. Closing again does nothing; the stream then yields nothing more."""
-        if self._pid != os.getpid():
+        if self._forks != _Forks.count:
             self._leave_parent()
             self._status = "closed"
             return
@@ -284,7 +302,7 @@ class WindowStream(BatchStream[Any]):
         child does not have), and the parent's readers let go, its descriptors closed."""
         self._lock = threading.RLock()
         self._owner = None
-        self._pid = os.getpid()
+        self._forks = _Forks.count
         self._cutting = False
         self._ready = deque()
         self._cutter.abandon(child=True)
