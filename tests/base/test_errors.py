@@ -48,6 +48,7 @@ SAMPLES: dict[str, Any] = {
     "SafetensorsFileError": lambda cls: cls("m.safetensors", "truncated", tensor="w"),
     "ScopeInCoroutineError": lambda cls: cls("model"),
     "StreamStateError": lambda cls: cls("batch", "the saved stream had batch=32", "resume alike"),
+    "StreamEndedError": lambda cls: cls("batch", "failed at step 7: HostViewError: cut", "reopen"),
     "TransferPlanError": lambda cls: cls("step", "args[0]", "deleted: the call would fail"),
     "TransferRefusedError": lambda cls: cls(
         "train.py:7",
