@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import devpolicy
-from devpolicy._io.writing.mappable import mapped_once_aligned
 
 from .common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, lit, new_console
 
@@ -56,6 +55,9 @@ def check(args: argparse.Namespace) -> int:
         f"{source}: {len(reasons)} of {len(tensors)} tensors ({read / total:.0%} of the bytes) "
         "would be read, not mapped"
     )
+    # Here, not at the top: `devpolicy --help` starts without JAX, which the writer imports.
+    from devpolicy._io.writing.mappable import mapped_once_aligned
+
     fixed = mapped_once_aligned(source)
     if fixed:
         mapped = sum(t.nbytes for t in tensors if t.key in fixed)

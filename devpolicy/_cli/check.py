@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
 import devpolicy
 
-from .._document.discovery import NO_POLICY_FIX, Found
+if TYPE_CHECKING:
+    from .._document.discovery import Found
 from .common import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -82,6 +83,9 @@ def command(args: argparse.Namespace) -> int:
 def _no_policy(found: Found) -> devpolicy.types.Finding:
     """The `no-policy` warning: an empty policy passes every lint, and a gate (`check
     --strict`) must not pass a project that has none."""
+    # Here, not at the top: `devpolicy --help` starts without pydantic, which it imports.
+    from .._document.discovery import NO_POLICY_FIX
+
     return devpolicy.types.Finding(
         "warning",
         "discovery",

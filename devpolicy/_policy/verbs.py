@@ -613,8 +613,8 @@ def windows(
         order: "sequential": windows at 0, stride, 2*stride, ... for one pass, the last
             batch possibly smaller. "random": each window starts at an offset drawn
             uniformly, with replacement, from every offset it fits at; until `steps`
-            if given, else for 2**63 steps.
-        seed: Seed of the random order, an int from 0 to 2**64 - 1 (None: fresh
+            if given, else for `2**63` steps.
+        seed: Seed of the random order, an int from 0 to `2**64 - 1` (None: fresh
             entropy, drawn once and kept in the stream's `state()`). Step k's windows
             depend on the seed and k alone.
         stride: Distance between sequential windows (default `length`: no overlap).
@@ -622,7 +622,7 @@ def windows(
         size: Batches in flight ahead of use (`prefetch`'s `size`).
         policy: Policy to decide by (default: the active one at this call).
         narrow: `put`'s, for 64-bit tokens with x64 disabled.
-        start: The first batch to yield (from 0 to 2**63 - 1): the stream yields
+        start: The first batch to yield (from 0 to `2**63 - 1`): the stream yields
             exactly the batches an uninterrupted one yields from batch `start` on, at
             once (no batch before it is drawn or read), for either order.
         resume: A stream's `state()` (or its JSON text), saved beside a checkpoint: the

@@ -89,6 +89,7 @@ ERRORS = [
     "RuntimeTooLateError",
     "SafetensorsFileError",
     "ScopeInCoroutineError",
+    "StreamEndedError",
     "StreamStateError",
     "TransferPlanError",
     "TransferRefusedError",
