@@ -5,6 +5,7 @@ a count of what a stream holds open."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import struct
@@ -159,7 +160,13 @@ def interrupted_at(event: int) -> Iterator[list[str]]:
         nonlocal seen
         if struck or what not in ("call", "c_return"):
             return
-        if not frame.f_code.co_filename.startswith(_OURS):
+        code = frame.f_code
+        if not code.co_filename.startswith(_OURS):
+            return
+        if code.co_flags & inspect.CO_GENERATOR or code.co_name == "__del__":
+            # A generator may be resumed only to be closed by the collector, and a finaliser
+            # runs where the collector runs: an exception there is only printed (Python's
+            # rule for signals too), never raised in `next()`.
             return
         seen += 1
         if seen < event:
