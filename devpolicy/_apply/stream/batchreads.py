@@ -401,6 +401,13 @@ class BatchReads:
     def close(self) -> None:
         """Wait out anything in flight and release the ring. Safe to call twice; in a
         forked child, only its descriptor is closed (the reads are the parent's)."""
+        if self._pid != os.getpid():
+            # A forked child's copy: the lock may be held for good by a thread of the
+            # parent's that the child does not have (reading ahead when it forked).
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)
+            return
         with self._lock:
             if self._fd < 0:
                 return
