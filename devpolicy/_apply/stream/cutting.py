@@ -407,16 +407,27 @@ class GroupCutter:
             work.exception()  # waited for; what it raised, nobody needs now
         self._ahead = None
 
-    def _drop_mapping(self, *, sweep: bool, wait: bool = True) -> None:
-        """End the worker thread and the pager (its advice; with `sweep`, its pages)."""
+    def _drop_mapping(self, *, sweep: bool, wait: bool = True, child: bool = False) -> None:
+        """End the worker thread (waiting for it, with `wait`) and the pager: its advice
+        (with `sweep`, its pages too), or in a forked child (`child`) only its descriptor."""
         gatherer, self._gatherer = self._gatherer, None
         if gatherer is not None:
             gatherer.shutdown(wait=wait)
         pager, self._pager = self._pager, None
         if pager is not None:
+            if child:
+                pager.close_descriptor()
+                return
             if sweep:
                 pager.sweep()
             pager.close()
+
+    def _drop_reader(self) -> None:
+        """Close the reader (its descriptor and ring), keeping how it read for the event."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            self.reads_with = reader.way
+            reader.close()
 
     def close(self) -> None:
         """Wait out the group read ahead, end the worker thread, the pager and the reader
@@ -427,10 +438,7 @@ class GroupCutter:
             self._drop_mapping(sweep=False)
         finally:
             self._ring.clear()
-            reader, self._reader = self._reader, None
-            if reader is not None:
-                self.reads_with = reader.way
-                reader.close()
+            self._drop_reader()
 
     def abandon(self, *, child: bool = False) -> None:
         """Let go of everything without waiting for anything: for a collected stream (its
@@ -440,17 +448,10 @@ class GroupCutter:
         self._opened = True
         self._ahead = None
         self._ring.clear()
-        gatherer, self._gatherer = self._gatherer, None
-        if gatherer is not None:
-            gatherer.shutdown(wait=False)
-        pager, self._pager = self._pager, None
-        reader, self._reader = self._reader, None
         try:
-            if pager is not None:
-                pager.close_descriptor() if child else pager.close()
+            self._drop_mapping(sweep=False, wait=False, child=child)
         finally:
-            if reader is not None:
-                reader.close()
+            self._drop_reader()
 
     def __del__(self) -> None:
         # Collected: no worker runs for it (a running one holds it), so nothing is waited
