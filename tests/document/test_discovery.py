@@ -158,9 +158,11 @@ class TestDiscoveryRegressions:
 # shell or job), then runs `code`; the events it logs and what it prints come back as JSON.
 DELETED_CWD = """
 import json, os, sys
-os.mkdir("gone"); os.chdir("gone"); os.rmdir(os.path.join("..", "gone"))
 import jax, structlog
 import devpolicy
+# Deleted after the imports: on Python 3.13 numpy itself fails to import without a
+# working directory, so plain JAX would not start either.
+os.mkdir("gone"); os.chdir("gone"); os.rmdir(os.path.join("..", "gone"))
 with structlog.testing.capture_logs() as logs:
     try:
         result = {{"value": {code}}}
