@@ -275,5 +275,6 @@ def test_an_interrupt_while_waiting_for_the_group_read_ahead_closes_after_that_r
                 pass
         monkeypatch.setattr(Future, "result", original)
         stream.close()
-        assert interrupted[0].done()  # close waited for it
-        assert interrupted[0].exception() is None  # and it read undisturbed
+        assert interrupted[0].done()  # close waited for it, or took it off the queue
+        # Read undisturbed, unless the worker had not yet started it (then never read).
+        assert interrupted[0].cancelled() or interrupted[0].exception() is None

@@ -450,13 +450,14 @@ class TestFlatMemory:
         assert (ended["reads"], ended["reads_with"]) == ("file", by_position)
 
     @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
-    def test_by_default_what_comes_in_stays_under_the_budget(
+    def test_gathered_within_the_budget_what_comes_in_stays_under_it(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """By default windows are gathered from the mapping and the view is swept once
-        about the budget may have come in: 300 steps with a 4 MiB budget leave under the
-        16 MiB bound resident, where without sweeps the same run leaves over 4 times the
-        bound (the control below)."""
+        """Windows gathered from the mapping within the budget (`MAPPED_COPY="budget"`):
+        the view is swept once about the budget may have come in: 300 steps with a 4 MiB
+        budget leave under the 16 MiB bound resident, where without sweeps the same run
+        leaves over 4 times the bound (the control below)."""
+        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
         monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 4 * 2**20)
         tokens = mapped_tokens(tmp_path, 2**28)
         with capture_logs() as logs:
@@ -474,6 +475,7 @@ class TestFlatMemory:
         6.18). Measured after every one of 300 steps, what is resident of the mapping
         stays under the 16 MiB budget; where a window was measured to map a folio, the
         stream reads by position from its second group on (nothing mapped)."""
+        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
         monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 16 * 2**20)
         tokens = warm_mapped_tokens(tmp_path, 2**28)
         view = devpolicy.host_view(tokens)
@@ -499,6 +501,7 @@ class TestFlatMemory:
         windows are gathered a few at a time and the view swept by what they measurably
         brought in, so resident memory stays under the budget even where each window
         maps 2 MiB."""
+        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
         monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 16 * 2**20)
         monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
         tokens = warm_mapped_tokens(tmp_path, 2**28)
@@ -520,6 +523,7 @@ class TestFlatMemory:
         another file mapping given back while the stream runs hides that much growth.
         The windows are also counted at the most one was measured to bring in, so the
         view stays under the budget all the same."""
+        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
         monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 16 * 2**20)
         monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
         tokens = warm_mapped_tokens(tmp_path, 2**28)
@@ -621,9 +625,13 @@ class TestFlatMemory:
         gc.collect()
         assert "rr" not in {f for m in mapping_of(view) for f in m["VmFlags"].split()}
 
-    def test_sequential_windows_give_their_pages_back_too(self, tmp_path: Path) -> None:
-        """A sequential pass over a mapped file keeps only about a batch resident, and
-        every window holds the values written (pages given back read back the same)."""
+    def test_sequential_windows_give_their_pages_back_too(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A sequential pass over a mapped file gathered within the budget keeps only
+        about a batch resident, and every window holds the values written (pages given
+        back read back the same)."""
+        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
         count = 2**22
         path = tmp_path / "train.safetensors"
         values = np.arange(count, dtype=np.uint32).astype(np.uint16)

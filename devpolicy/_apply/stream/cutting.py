@@ -31,13 +31,15 @@ import numpy as np
 from ..._base.errors import NarrowingError
 from ..._decide.decider import Decider
 from ..._decide.routing import NEVER_MAPPED
+from ..._base.sizes import format_size
+from ..._machine.capacity import host_total_bytes, memory_headroom
 from ..._machine.streams import StreamTally, open_stream
 from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
 from .ahead import KernelReads, call_weakly
 from .filewindows import FileWindows, mapped_file
 from .groups import GroupBuffer, GroupPlan
 from .interrupts import deferred_interrupts
-from .paging import Pager
+from .paging import Pager, cached_share, releasable_range
 from .sampling import Random, Sequential, process_rows
 
 #: Batches sent in one `device_put`, at most, and their bytes at most: a call's fixed cost
@@ -48,10 +50,24 @@ GROUP_BYTES = 4 * 2**20
 #: Batches read from a file in one group, at most, where a group is read ahead in one
 #: system call (`filewindows`, `batchreads`).
 READ_GROUP_MAX = 32
-#: How windows of a file mapping are copied: "budget" (gathered from the mapping, its pages
-#: given back) or "file" (read by position: `bench_loop.py --mapped-copy file`).
-MAPPED_COPY = "budget"
+#: How windows of a file mapping are copied: "auto" (chosen by the file and the memory
+#: left: `_choose`), "keep" (gathered from the mapping, its pages kept), "budget"
+#: (gathered, its pages given back past `RESIDENT_BUDGET`) or "file" (read by position);
+#: `bench_loop.py --mapped-copy` sets it.
+MAPPED_COPY = "auto"
 RESIDENT_BUDGET = 256 * 2**20
+#: "auto" keeps a mapping's pages where the tokens take at most this share of the memory
+#: the process can still use (`memory_headroom`) ...
+KEEP_SHARE = 0.5
+#: ... and at least this share of their pages is in the page cache (sampled); a file
+#: larger, or colder, is read by position, a group's windows in flight at once (a cold
+#: file's pages faulted in one at a time through a mapping wait on the disk one by one).
+WARM_SHARE = 0.5
+#: Kept pages are given up (the stream turns to reading by position) once the memory the
+#: process can still use falls under this share of the host's RAM, looked at every
+#: `KEEP_CHECK_EVERY` groups (a read of /proc/meminfo cost 9 ms under gVisor).
+LOW_MEMORY_SHARE = 0.1
+KEEP_CHECK_EVERY = 256
 #: A random stream over a mapping reads by position instead once a window is measured
 #: to bring in more than this many times what small pages can (the window and two
 #: 64 KiB fault-around blocks): the kernel maps each a large folio.
@@ -83,6 +99,9 @@ class GroupCutter:
         "_dtype",
         "_gatherer",
         "_group",
+        "_groups",
+        "_keep",
+        "_budgeted",
         "_kernel_reads",
         "_length",
         "_name",
@@ -100,6 +119,7 @@ class GroupCutter:
         "_view",
         "_windows",
         "reads",
+        "reads_why",
         "reads_with",
         "tally",
     )
@@ -150,8 +170,12 @@ class GroupCutter:
         self._tried_file = False  # whether reading by position was tried mid-stream
         self._kernel_reads = False  # whether the next group is read by a polled ring
         self._narrowed: set[bool] = set()  # the exactness already reported
+        self._keep = False  # whether a mapping's pages are kept (not given back)
+        self._budgeted = False  # or given back past RESIDENT_BUDGET (else each group's)
+        self._groups = 0  # groups cut (a kept mapping looks at the memory left every few)
         self.reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
         self.reads_with: str | None = None  # for "file": the reader's way
+        self.reads_why = "the tokens are in memory"  # why `reads`, for `stream_ended`
         self.tally: StreamTally | None = None
 
     # The plan of a batch shape, and the read path.
@@ -173,17 +197,36 @@ class GroupCutter:
         return found
 
     def _open(self) -> None:
-        """The read path, chosen at the first cut: a file read by position, a mapping
-        gathered from (its pages given back), or memory. Opened with Ctrl-C held back, so
-        no descriptor is ever left without an owner that closes it."""
+        """The read path, chosen when the stream starts (`_choose`): a file read by
+        position, a mapping gathered from (its pages kept, or given back), or memory.
+        Opened with Ctrl-C held back, so no descriptor is ever left without an owner that
+        closes it."""
         if jax.process_count() > 1:
             self._own_rows()
+        copy, why = MAPPED_COPY, f"chosen: MAPPED_COPY={MAPPED_COPY!r}"
+        if copy == "auto":
+            copy, why = self._choose()
         with deferred_interrupts():
-            if MAPPED_COPY == "file":
+            if copy == "file":
                 self._reader = mapped_file(self._view, self._length)
             if self._reader is None:
                 self._pager = Pager(self._view, random=self._sampler.random)
             self._opened = True
+        pager = self._pager
+        if pager is not None and pager.active:
+            if copy == "file":  # no file to read by position: each group's pages given back
+                why += "; the file cannot be read by position here: gathered instead"
+            self._keep = copy == "keep"
+            self._budgeted = copy == "budget" and self._sampler.random
+            if not self._keep and pager.blind:
+                # gVisor: statm sees no file page, and a sweep gives nothing back that
+                # the next fault would not map again whole (measured on a TPU VM).
+                self._keep = True
+                why += (
+                    "; this kernel does not count a mapping's pages (/proc/self/statm), so "
+                    "nothing is measured or given back"
+                )
+        self.reads_why = why
         if self._reader is not None:
             self.reads = "file"
             self._reads_ahead()
@@ -191,6 +234,53 @@ class GroupCutter:
             self.reads = "mapping"
             if GATHER_AHEAD:
                 self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
+
+    def _choose(self) -> tuple[str, str]:
+        """How a file mapping's windows are best copied, and why, measured once: kept
+        mapped where the tokens are mostly in the page cache and fit in the memory left
+        with room to spare; read by position, many reads in flight, where they do not
+        (larger than memory can hold, or cold). Tokens in memory stay "memory"."""
+        view = self._view
+        if releasable_range(view) is None:
+            return "budget", "the tokens are in memory, not a file mapping"
+        size = format_size(view.nbytes)
+        room = memory_headroom()
+        if room is not None and view.nbytes > KEEP_SHARE * room:
+            return "file", (
+                f"the tokens ({size}) are more than {KEEP_SHARE:.0%} of the "
+                f"{format_size(room)} this process can still use: read from the file by "
+                "position, a group's windows in flight at once"
+            )
+        cached = cached_share(view)
+        if cached is not None and cached < WARM_SHARE:
+            return "file", (
+                f"{cached:.0%} of the tokens' pages ({size}) are in the page cache: read "
+                "from the file by position, a group's windows in flight at once"
+            )
+        known = "" if cached is None else f", {cached:.0%} in the page cache,"
+        left = "" if room is None else f" of the {format_size(room)} this process can still use"
+        return "keep", (
+            f"the tokens ({size}{known}) fit in memory{left}: gathered from the mapping, "
+            "its pages kept while memory allows"
+        )
+
+    def _memory_allows(self, first: int) -> None:
+        """Every `KEEP_CHECK_EVERY` groups of a kept mapping: where the memory the process
+        can still use has fallen under `LOW_MEMORY_SHARE` of the host's RAM, give the
+        pages back and read by position from now on (or gather within the budget)."""
+        self._groups += 1
+        if not self._keep or self._groups % KEEP_CHECK_EVERY:
+            return
+        room, total = memory_headroom(), host_total_bytes()
+        if room is None or total is None or room >= LOW_MEMORY_SHARE * total:
+            return
+        self._keep = False
+        self.reads_why += (
+            f"; at step {first} the memory this process can still use fell to "
+            f"{format_size(room)}: the mapping's pages given back"
+        )
+        self._tried_file = True
+        self._read_by_position()
 
     def _own_rows(self) -> None:
         """Several processes: this process draws its own rows of the global batch (the
@@ -239,6 +329,19 @@ class GroupCutter:
 
     # Cutting a group.
 
+    def start(self, first: int) -> None:
+        """Open the read path and start reading the group from step `first` (one batch:
+        the first pull waits for no more), so that it is read while the caller does
+        whatever comes before that pull."""
+        if not self._opened:
+            self._open()
+        if self._ahead is not None or (self._gatherer is None and not self._kernel_reads):
+            return  # tokens in memory: the first cut is a copy
+        offsets = self._sampler.take(first, 1)
+        if offsets is not None:
+            ahead = self._ahead = _Ahead(first, offsets, None)
+            ahead.work = self._start_ahead(offsets)
+
     def cut(self, first: int) -> tuple[list[Any], int] | None:
         """The batches of the group from step `first`, placed, and their bytes; None past
         the last step.
@@ -267,7 +370,12 @@ class GroupCutter:
             self._ahead = None
         if self._pager is not None and not self._tried_file and self._folios_mapped():
             self._tried_file = True
+            self.reads_why += (
+                f"; at step {first} a window was measured to bring in a large folio: "
+                "read by position from then on"
+            )
             self._read_by_position()  # from the group after this one
+        self._memory_allows(first)
         if self._gatherer is not None or self._kernel_reads:
             following = first + offsets.shape[0]
             starts = self._sampler.take(following, self._group)
@@ -321,10 +429,9 @@ class GroupCutter:
             reader.read(offsets, read)
             return read
         pager = self._pager
-        if pager is None or not pager.active:
+        if pager is None or not pager.active or self._keep:
             return self._windows[offsets]  # type: ignore[no-any-return]  # one copy
-        budgeted = MAPPED_COPY == "budget" and self._sampler.random
-        return pager.gather(self._windows, offsets, RESIDENT_BUDGET if budgeted else None)
+        return pager.gather(self._windows, offsets, RESIDENT_BUDGET if self._budgeted else None)
 
     def _buffer(self, count: int, shape: tuple[int, ...], reuse: bool) -> GroupBuffer:
         """Host memory for a group: the ring's oldest buffer once its transfers are done,

@@ -109,6 +109,18 @@ class WindowStream(BatchStream[Any]):
         self._pid = os.getpid()
         self._forks = _Forks.count
 
+    def start(self) -> None:
+        """Open the read path and start reading the first batch, so that it is read while
+        the caller does what comes before the first pull. Raises what opening raised,
+        the stream closed."""
+        with self._lock:
+            try:
+                self._cutter.start(self._next)
+            except BaseException:
+                self._status = "failed"
+                self._cutter_closed()
+                raise
+
     # Pulling.
 
     def __next__(self) -> Any:
@@ -263,6 +275,7 @@ class WindowStream(BatchStream[Any]):
                     "origin": tally.origin,
                     "reads": cutter.reads,
                     "reads_with": cutter.reads_with,
+                    "reads_why": cutter.reads_why,
                     "error": None if failure is None else f"{type(failure).__name__}: {failure}",
                 },
             )

@@ -161,4 +161,6 @@ def windows(
             )
         sampler = Sequential(starts, batch, stride, steps)
     cutter = GroupCutter(view, length, batch, sampler, decider, name, whole, narrow)
-    return WindowStream(cutter, state, decider, name, whole, narrow)
+    stream = WindowStream(cutter, state, decider, name, whole, narrow)
+    stream.start()
+    return stream
