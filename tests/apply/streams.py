@@ -128,6 +128,32 @@ def tokens_for(from_file: bool, path: Path, count: int) -> Any:
     return devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
 
 
+def mapping_of(view: np.ndarray) -> list[dict[str, str]]:
+    """The entries of /proc/self/smaps for the mappings `view` lies in: each a dict of
+    its fields (`Rss`, `VmFlags`, ...), with `range` and `perms`."""
+    start, end = view.ctypes.data, view.ctypes.data + view.nbytes
+    found: list[dict[str, str]] = []
+    current: dict[str, str] | None = None
+    with open("/proc/self/smaps", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):
+                low, _, high = first.partition("-")
+                inside = int(high, 16) > start and int(low, 16) < end
+                current = {"range": first, "perms": line.split()[1]} if inside else None
+                if current is not None:
+                    found.append(current)
+            elif current is not None:
+                key, _, value = line.partition(":")
+                current[key] = value.strip()
+    return found
+
+
+def resident(view: np.ndarray) -> int:
+    """Bytes of the mappings `view` lies in that are resident in this process."""
+    return sum(int(m["Rss"].split()[0]) * 1024 for m in mapping_of(view))
+
+
 def held_open(path: Path | None = None) -> dict[str, int]:
     """What this process holds that a stream may open: descriptors of `path`, io_uring
     rings, and stream worker threads."""

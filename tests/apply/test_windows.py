@@ -24,6 +24,7 @@ from devpolicy._apply.stream import cutting as _windows
 from devpolicy._apply.stream import groups as _groups
 from devpolicy._apply.stream import paging as _paging
 from devpolicy._apply.stream import sampling as _sampling
+from tests.apply.streams import mapping_of, resident
 from tests.helpers import policy_of
 
 BATCH_RULES = [
@@ -61,32 +62,6 @@ def sparse_tokens(path: Path, count: int, values: dict[int, np.ndarray]) -> None
         f.truncate(start + 2 * count)
         for offset, data in values.items():
             os.pwrite(f.fileno(), data.astype("<u2").tobytes(), start + 2 * offset)
-
-
-def mapping_of(view: np.ndarray) -> list[dict[str, str]]:
-    """The entries of /proc/self/smaps for the mappings `view` lies in: each a dict of
-    its fields (`Rss`, `VmFlags`, ...), with `range` and `perms`."""
-    start, end = view.ctypes.data, view.ctypes.data + view.nbytes
-    found: list[dict[str, str]] = []
-    current: dict[str, str] | None = None
-    with open("/proc/self/smaps", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            first = line.split(maxsplit=1)[0]
-            if "-" in first and not first.endswith(":"):
-                low, _, high = first.partition("-")
-                inside = int(high, 16) > start and int(low, 16) < end
-                current = {"range": first, "perms": line.split()[1]} if inside else None
-                if current is not None:
-                    found.append(current)
-            elif current is not None:
-                key, _, value = line.partition(":")
-                current[key] = value.strip()
-    return found
-
-
-def resident(view: np.ndarray) -> int:
-    """Bytes of the mappings `view` lies in that are resident in this process."""
-    return sum(int(m["Rss"].split()[0]) * 1024 for m in mapping_of(view))
 
 
 def peaks_before_each_release(view: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -29,9 +29,9 @@ import jax
 import numpy as np
 
 from ..._base.errors import NarrowingError
+from ..._base.sizes import format_size
 from ..._decide.decider import Decider
 from ..._decide.routing import NEVER_MAPPED
-from ..._base.sizes import format_size
 from ..._machine.capacity import host_total_bytes, memory_headroom
 from ..._machine.streams import StreamTally, open_stream
 from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
@@ -94,6 +94,7 @@ class GroupCutter:
         "_ahead",
         "_batch",
         "_batch_bytes",
+        "_budgeted",
         "_buffers",
         "_decider",
         "_dtype",
@@ -101,7 +102,6 @@ class GroupCutter:
         "_group",
         "_groups",
         "_keep",
-        "_budgeted",
         "_kernel_reads",
         "_length",
         "_name",

@@ -42,6 +42,9 @@ _MEASURE_MOST = 200e-6
 #: cost is measured again).
 _SWEEP_EVERY = 64
 
+#: Where this process's memory counts are read (the third field: file-backed pages).
+STATM = "/proc/self/statm"
+
 # Re-entrant: a stream collected (its pager closed) while this thread holds it.
 _lock = threading.RLock()
 #: Views with random-access advice, by (start, end): how many streams asked for it.
@@ -269,7 +272,7 @@ class Pager:
 
     def _open_statm(self) -> None:
         try:
-            self._statm = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+            self._statm = os.open(STATM, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return
         self._baseline = self._resident_bytes() or 0
