@@ -160,8 +160,9 @@ DELETED_CWD = """
 import json, os, sys
 import jax, structlog
 import devpolicy
-# Deleted after the imports: on Python 3.13 numpy itself fails to import without a
-# working directory, so plain JAX would not start either.
+devpolicy.bootstrap, devpolicy.put, devpolicy.load_policy  # their modules imported
+# Deleted after the imports: on Python 3.13.0 no C extension (numpy, pydantic-core)
+# imports without a working directory, so plain JAX would not start either.
 os.mkdir("gone"); os.chdir("gone"); os.rmdir(os.path.join("..", "gone"))
 with structlog.testing.capture_logs() as logs:
     try:
