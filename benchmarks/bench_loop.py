@@ -3,14 +3,18 @@ writes by hand, a double-buffered `device_put` loop, and batches already on the 
 
     python benchmarks/bench_loop.py [--rounds 5] [--batches 400] [--steps 100]
         [--tokens 268435456] [--length 1025] [--batch 32] [--dim D] [--vocab 32000]
-        [--mapped DIR] [--out FILE]
+        [--mapped DIR [--cold] [--sparse] [--depth 64]] [--out FILE]
 
 One process, one command, on whatever platform JAX finds (the CPU here, an accelerator
 where there is one: nothing in the script names a platform). Tokens: a `--tokens` uint16
 array in host memory (2**28 is 512 MiB), random windows of `--length` x `--batch`. With
-`--mapped DIR`, a file of `--tokens` uint16 tokens (sparse: zeros) is written in DIR and
-mapped read-only (`np.memmap`) instead, every feeder reading the same mapping: the
-story's 19.09 GiB file is `--tokens 10248871837`.
+`--mapped DIR`, a file of `--tokens` uint16 tokens is written in DIR, dense (random tokens
+in every byte, as a real token file is; `--sparse` writes zeros as a hole instead, which
+reads as no real data does), and mapped read-only instead, every feeder reading the same
+mapping: the story's 19.09 GiB file is `--tokens 10248871837`. Warm by default (the file
+read through once first); with `--cold`, dropped from the page cache before every run
+(the share still cached after the drop is printed: a machine that cannot drop it needs a
+file larger than its memory instead).
 
 The feeders, each taking turns with the others in every round (A, B, C, A, B, C...):
 
@@ -22,8 +26,10 @@ The feeders, each taking turns with the others in every round (A, B, C, A, B, C.
   read-ahead thread help, given the GIL?);
 - with `--mapped`: `windows, gathered on the stream's thread` (the stream without its
   worker thread that gathers a mapping's next group ahead: what that thread gains),
-  `positional reads by hand` (one `os.preadv` per window, nothing mapped) and `gather
-  from the mapping, never given back` (one fancy index a batch, resident memory growing);
+  `positional reads by hand` (one `os.preadv` per window, nothing mapped), `many reads
+  in flight by hand` (the disk's limit: `--depth` positional reads in flight, a pool of
+  threads, batches read ahead) and `gather from the mapping, never given back` (one fancy
+  index a batch, resident memory growing);
 - `pre-placed` (the step only): the batches placed before the clock starts: the ceiling,
   the input fully hidden;
 - `the story, shipped policy` (the step only, with `--mapped`): the story as a user runs
@@ -47,6 +53,7 @@ the ratio of each feeder to the hand loop in the same rounds.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import mmap
@@ -59,6 +66,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +147,43 @@ def positional(path: Path, offset: int, length: int, batch: int, where: Any) -> 
                     os.preadv(fd, [slots[i * size : (i + 1) * size]], offset + o * 2)
                 yield jax.device_put(out, where)
         finally:
+            os.close(fd)
+
+    return feed
+
+
+def in_flight(path: Path, offset: int, length: int, batch: int, where: Any, depth: int) -> Feeder:
+    """The disk's limit, by hand: `depth` positional reads in flight (a pool of `depth`
+    threads, each `os.preadv` with the GIL released), the next batches' reads started
+    before this one is sent."""
+
+    def feed(n: int) -> Iterator[Any]:
+        rng = np.random.default_rng(fresh_seed())
+        starts = (path.stat().st_size - offset) // 2 - length + 1
+        size = length * 2
+        fd = os.open(path, os.O_RDONLY)
+        pool = ThreadPoolExecutor(depth)
+
+        def start() -> tuple[np.ndarray, list[Future[int]]]:
+            out = np.empty((batch, length), np.uint16)
+            slots = memoryview(out).cast("B")
+            offsets = rng.integers(0, starts, size=batch).tolist()
+            return out, [
+                pool.submit(os.preadv, fd, [slots[i * size : (i + 1) * size]], offset + o * 2)
+                for i, o in enumerate(offsets)
+            ]
+
+        try:
+            ahead = collections.deque(start() for _ in range(min(n, -(-depth // batch) + 1)))
+            for i in range(n):
+                out, reads = ahead.popleft()
+                if i + len(ahead) + 1 < n:
+                    ahead.append(start())
+                for read in reads:
+                    read.result()
+                yield jax.device_put(out, where)
+        finally:
+            pool.shutdown(cancel_futures=True)
             os.close(fd)
 
     return feed
@@ -336,7 +381,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--dim", type=int, default=None)
-    parser.add_argument("--mapped", type=Path, default=None, help="map a sparse token file here")
+    parser.add_argument("--mapped", type=Path, default=None, help="map a dense token file here")
+    parser.add_argument("--cold", action="store_true", help="drop the file's pages every run")
+    parser.add_argument("--sparse", action="store_true", help="a sparse file (zeros) instead")
+    parser.add_argument("--depth", type=int, default=64, help="reads in flight by hand")
+    parser.add_argument("--keep", action="store_true", help="keep the file for the next run")
     parser.add_argument("--out", type=Path, default=None, help="write the tables as Markdown")
     parser.add_argument(
         "--json", action="store_true", help="also print each table's ratios as JSON"
@@ -344,11 +393,13 @@ def main() -> int:
     parser.add_argument("--no-sharded", action="store_true", help="skip the sharded pipeline")
     parser.add_argument(
         "--mapped-copy",
-        choices=["file", "budget"],
+        choices=["auto", "keep", "file", "budget"],
         default=None,
         help="how windows of a mapped file are copied (default: devpolicy's choice)",
     )
     args = parser.parse_args()
+    if (args.cold or args.sparse) and args.mapped is None:
+        parser.error("--cold and --sparse describe the --mapped file: give --mapped DIR")
     if args.mapped_copy is not None:
         windows_module.MAPPED_COPY = args.mapped_copy
     backend = jax.default_backend()
@@ -377,30 +428,56 @@ def main() -> int:
         reset = lambda: None  # noqa: E731 - nothing mapped to give back
         held = f"{args.tokens:,} uint16 in host memory ({args.tokens * 2 / 2**20:,.0f} MiB)"
     else:
-        from tests.helpers import sparse_tensor_file
+        from devpolicy._apply.stream.paging import cached_share
+        from tests.helpers import dense_tensor_file, drop_from_page_cache, sparse_tensor_file
 
         args.mapped.mkdir(parents=True, exist_ok=True)
-        path = sparse_tensor_file(args.mapped / "bench_loop_tokens.safetensors", args.tokens)
+        kind = "sparse" if args.sparse else "dense"
+        path = args.mapped / f"bench_loop_tokens_{kind}_{args.tokens}.safetensors"
+        if not path.exists():  # written once: 19.09 GiB dense takes minutes
+            written = path.with_suffix(".partial")
+            if args.sparse:
+                sparse_tensor_file(written, args.tokens)
+            else:
+                dense_tensor_file(written, args.tokens, vocab=args.vocab)
+            written.rename(path)
         start = path.stat().st_size - 2 * args.tokens
-        # The warm-up: the whole file read once, so that no case alone pays the page
-        # cache's first fill (what a long training run meets; say so in the tables).
-        with open(path, "rb", buffering=0) as f:
-            chunk = bytearray(64 * 2**20)
-            while f.readinto(chunk):
-                pass
+        if not args.cold:
+            # The warm-up: the whole file read once, so that no case alone pays the page
+            # cache's first fill (what a long training run meets; say so in the tables).
+            with open(path, "rb", buffering=0) as f:
+                chunk = bytearray(64 * 2**20)
+                while f.readinto(chunk):
+                    pass
         with open(path, "rb") as f:
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         tokens = np.frombuffer(mapping, np.uint16, count=args.tokens, offset=start)
 
         def reset() -> None:
             # What a run faulted in is given back before the next: no feeder finds pages
-            # another left mapped, or pays to give back what another faulted in.
+            # another left mapped, or pays to give back what another faulted in; cold,
+            # the page cache forgets the file too.
             mapping.madvise(mmap.MADV_DONTNEED)
+            if args.cold:
+                drop_from_page_cache(path)
 
+        reset()
+        share = cached_share(tokens)
+        cached = "not known" if share is None else f"{share:.0%}"
+        how = (
+            f"cold: dropped from the page cache before every run ({cached} of it still "
+            "cached after a drop)"
+            if args.cold
+            else "warm: read through once first"
+        )
+        what = (
+            "a sparse file (zeros, a hole: no real data reads so)"
+            if args.sparse
+            else "a dense file (random tokens in every byte)"
+        )
         held = (
-            f"{args.tokens:,} uint16 mapped from a sparse file ({args.tokens / 2**29:,.2f} "
-            "GiB), read through once first (page cache warm); none of it mapped in at the "
-            "start of each run"
+            f"{args.tokens:,} uint16 mapped from {what}, {args.tokens / 2**29:,.2f} GiB; "
+            f"{how}; none of it mapped in at the start of each run"
             + (
                 ""
                 if _STATM_MEASURES
@@ -425,15 +502,18 @@ def main() -> int:
         # Three groups: a random stream may turn to reading by position after its first.
         for _ in probe:
             pass
-    reads = next(e["reads"] for e in seen if e["event"] == "stream_ended")
-    held += f"; `devpolicy.windows` copies its windows from: {reads}"
+    ended = next(e for e in seen if e["event"] == "stream_ended")
+    reads = ended["reads"]
+    held += f"; `devpolicy.windows` copies its windows from: {reads} ({ended['reads_why']})"
+    reset()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
         "# The story's loop: devpolicy.windows against a hand loop, side by side",
         "",
         f"`python benchmarks/bench_loop.py --rounds {args.rounds} --batches {args.batches} "
         f"--steps {args.steps} --tokens {args.tokens} --length {length} --batch {size} "
-        f"--vocab {args.vocab} --dim {dim}{' --mapped DIR' if args.mapped else ''}`",
+        f"--vocab {args.vocab} --dim {dim}{' --mapped DIR' if args.mapped else ''}"
+        f"{' --cold' if args.cold else ''}{' --sparse' if args.sparse else ''}`",
         "",
         f"- platform: {backend}, {len(devices)} devices ({device.device_kind}); "
         f"{os.cpu_count()} host cores; load average at start: {load}",
@@ -457,6 +537,9 @@ def main() -> int:
                 tokens, length, size, policy, ahead=False
             )
             feeders["positional reads by hand"] = positional(path, start, length, size, where)
+            feeders[f"many reads in flight by hand ({args.depth})"] = in_flight(
+                path, start, length, size, where, args.depth
+            )
             feeders["gather from the mapping, never given back"] = gathered(
                 tokens, length, size, where
             )
@@ -476,7 +559,11 @@ def main() -> int:
         print("\n".join(part), flush=True)
         lines.extend(part)
         if args.json:
-            where = "memory" if args.mapped is None else f"mapped file, copied from {reads}"
+            where = (
+                "memory"
+                if args.mapped is None
+                else f"a {kind} mapped file, {'cold' if args.cold else 'warm'}, copied from {reads}"
+            )
             row: dict[str, Any] = {"row": f"loop from {where}: {label}"}
             row |= {f"windows x {b}": round(ratio(rates, "devpolicy.windows", b), 2) for b in bases}
             row[f"windows {unit}"] = round(statistics.median(rates["devpolicy.windows"]))
@@ -565,7 +652,7 @@ def main() -> int:
         row = {"row": "resume: ms to the first batch"}
         row |= {f"step {n:.0e}": round(statistics.median(waits[n][1:]) * 1000, 2) for n in at}
         print(json.dumps(row), flush=True)
-    if args.mapped is not None:
+    if args.mapped is not None and not args.keep:
         del tokens
         path.unlink()
     text = "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import devpolicy
@@ -192,6 +193,41 @@ def reports_of(finished: list[Finished]) -> list[dict[str, Any]]:
         assert process.returncode == 0, process.stderr[-3000:]
         assert process.report is not None, process.stderr[-3000:]
     return [process.report for process in finished if process.report is not None]
+
+
+def dense_tensor_file(
+    path: Path, elements: int, key: str = "tokens", *, vocab: int = 32_000, seed: int = 0
+) -> Path:
+    """A safetensors file of one 1-D uint16 tensor of random tokens below `vocab`, every
+    byte written (what a real token file is: no holes, which read as no data does), its
+    data 64-byte aligned so that `load_file` maps it. Written 64 MiB at a time."""
+    header = {key: {"dtype": "U16", "shape": [elements], "data_offsets": [0, elements * 2]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % 64)
+    rng = np.random.default_rng(seed)
+    chunk = 32 * 2**20  # tokens a write
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for first in range(0, elements, chunk):
+            count = min(chunk, elements - first)
+            # 32-bit draws seen as two tokens each: the fastest random bytes numpy makes.
+            words = rng.integers(0, 2**32, -(-count // 2), dtype=np.uint32)
+            tokens = words.view(np.uint16)[:count]
+            tokens %= vocab
+            f.write(memoryview(tokens))
+    return path
+
+
+def drop_from_page_cache(path: Path) -> None:
+    """Write `path`'s pages to disk and drop them from the page cache (Linux; elsewhere,
+    or where the filesystem keeps them, nothing happens: measure what is cached)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def sparse_tensor_file(path: Path, elements: int, key: str = "tokens", dtype: str = "U16") -> Path:

@@ -172,6 +172,14 @@ def held_open(path: Path | None = None) -> dict[str, int]:
 _OURS = str(Path(devpolicy.__file__).parent)
 
 
+def _in_finaliser(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextmanager
 def interrupted_at(event: int) -> Iterator[list[str]]:
     """Ctrl-C at the `event`-th place inside devpolicy where Python would act on a signal:
@@ -189,10 +197,10 @@ def interrupted_at(event: int) -> Iterator[list[str]]:
         code = frame.f_code
         if not code.co_filename.startswith(_OURS):
             return
-        if code.co_flags & inspect.CO_GENERATOR or code.co_name == "__del__":
+        if code.co_flags & inspect.CO_GENERATOR or _in_finaliser(frame):
             # A generator may be resumed only to be closed by the collector, and a finaliser
-            # runs where the collector runs: an exception there is only printed (Python's
-            # rule for signals too), never raised in `next()`.
+            # (and what it calls) runs where the collector runs: an exception there is only
+            # printed (Python's rule for signals too), never raised in `next()`.
             return
         seen += 1
         if seen < event:

@@ -6,7 +6,6 @@ and `stream_ended` says which ran and why."""
 from __future__ import annotations
 
 import mmap
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._apply.stream import cutting, paging
-from tests.helpers import policy_of
+from tests.helpers import drop_from_page_cache, policy_of
 
 from .streams import TOKEN_RULES, assert_exact, counting_file, resident
 
@@ -32,12 +31,7 @@ def mapped(path: Path, *, cold: bool = False) -> Any:
     (written to disk, then dropped from the page cache)."""
     counting_file(path, COUNT)
     if cold:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_from_page_cache(path)
     return devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
 
 

@@ -156,9 +156,11 @@ class TestInterrupts:
                 # Not devpolicy's code (a gc callback of JAX's, say): there Python would
                 # only print what it raised.
                 return
-            if frame.f_code.co_name == "__del__":
-                return
             while frame is not None:
+                if frame.f_code.co_name == "__del__":
+                    # A finaliser the collector runs inside `next()` (an earlier stream's),
+                    # or what it calls: there Python would only print what it raised.
+                    return
                 if frame.f_code.co_name == "__next__" and frame.f_code.co_filename == OWNER:
                     interrupts += 1
                     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:

@@ -257,11 +257,11 @@ class GroupCutter:
                 f"{cached:.0%} of the tokens' pages ({size}) are in the page cache: read "
                 "from the file by position, a group's windows in flight at once"
             )
-        known = "" if cached is None else f", {cached:.0%} in the page cache,"
-        left = "" if room is None else f" of the {format_size(room)} this process can still use"
+        known = "" if cached is None else f", {cached:.0%} of their pages in the page cache"
+        left = "memory" if room is None else f"the {format_size(room)} this process can still use"
         return "keep", (
-            f"the tokens ({size}{known}) fit in memory{left}: gathered from the mapping, "
-            "its pages kept while memory allows"
+            f"the tokens ({size}{known}) fit in {left}: gathered from the mapping, its pages "
+            "kept while memory allows"
         )
 
     def _memory_allows(self, first: int) -> None:
