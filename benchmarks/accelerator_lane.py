@@ -18,9 +18,11 @@ imports JAX):
    went, and how many warnings it printed (none is the claim);
 3. `benchmarks/bench_accelerator.py`: loading onto the chip and windows to it;
 4. `benchmarks/bench_loop.py`: the story's loop, from tokens in memory and from the
-   story-scale token file (19.09 GiB, sparse, mapped; `--story-tokens`), fresh windows
-   every run, against the hand loop, the double-buffered hand loop, positional reads and
-   a gather from the mapping by hand;
+   story-scale token file (19.09 GiB, dense: random tokens in every byte, warm, mapped;
+   `--story-tokens`), fresh windows every run, against the hand loop, the
+   double-buffered hand loop, positional reads (one at a time, and many in flight) and
+   a gather from the mapping by hand; the lowest round of each ratio, and `windows` from
+   the file over `windows` from memory, are rows of their own;
 5. `benchmarks/bench_floor.py --in-process`: a 2 GiB checkpoint written by
    `safetensors.numpy.save_file` loaded onto the chip against the transfer floor and
    a mapping's views sent in one `device_put`.
@@ -43,6 +45,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 #: What the lane needs besides devpolicy (and the jax the machine has).
@@ -150,8 +153,11 @@ def run_demo() -> tuple[int, list[tuple[str, str, str]]]:
 LOGS: list[Path] = []
 
 
-def json_rows(command: list[str], what: str) -> list[tuple[str, str, str]]:
-    """Run a benchmark that prints JSON lines; one row of the table per line."""
+def json_rows(
+    command: list[str], what: str, records: list[dict[str, Any]] | None = None
+) -> list[tuple[str, str, str]]:
+    """Run a benchmark that prints JSON lines; one row of the table per line (each line's
+    object also added to `records`, where given)."""
     print("$", " ".join(command), flush=True)
     result = subprocess.run(
         command, cwd=REPO, env=chip_env(), capture_output=True, text=True, check=False
@@ -167,6 +173,8 @@ def json_rows(command: list[str], what: str) -> list[tuple[str, str, str]]:
         if not line.startswith("{"):
             continue
         r = json.loads(line)
+        if records is not None:
+            records.append(r)
         if "methods" in r:
             cells = [
                 f"{m} {v['median']:.3g} ({v['low']:.3g}-{v['high']:.3g})"
@@ -189,12 +197,32 @@ def run_benchmarks(runs: int, story_tokens: int, folder: Path) -> list[tuple[str
     )
     loop = [python, "benchmarks/bench_loop.py", "--json", "--rounds", rounds, "--no-sharded"]
     loop += ["--steps", "600"]  # a stream's start (its first batch) is not a run's cost
-    rows += json_rows(loop, "bench_loop (memory)")
+    in_memory: list[dict[str, Any]] = []
+    rows += json_rows(loop, "bench_loop (memory)", in_memory)
     mapped = [*loop, "--tokens", str(story_tokens), "--mapped", str(folder / "story")]
-    rows += json_rows(mapped, "bench_loop (mapped story file)")
+    from_file: list[dict[str, Any]] = []
+    rows += json_rows(mapped, "bench_loop (dense story file, warm)", from_file)
+    rows += file_over_memory(from_file, in_memory)
     floor = [python, "benchmarks/bench_floor.py", "--json", "--in-process", "--runs", rounds]
     floor += ["--dir", str(folder / "floor"), "--cases", ",".join(FLOOR_CASES)]
     rows += json_rows(floor, "bench_floor")
+    return rows
+
+
+def file_over_memory(
+    from_file: list[dict[str, Any]], in_memory: list[dict[str, Any]]
+) -> list[tuple[str, str, str]]:
+    """`windows` from the mapped file over `windows` from memory, in each measure both
+    runs printed (the pipeline alone, the step): one row each."""
+    rows = []
+    for record in from_file:
+        label = str(record.get("row", "")).rpartition(": ")[2]
+        rate = next((k for k in record if k.startswith("windows ") and "/s" in k), None)
+        twin = next((r for r in in_memory if str(r.get("row", "")).endswith(f": {label}")), None)
+        if rate is None or twin is None or not twin.get(rate):
+            continue
+        ratio = record[rate] / twin[rate]
+        rows.append((f"bench: windows from the file / from memory: {label}", "", f"{ratio:.2f}"))
     return rows
 
 

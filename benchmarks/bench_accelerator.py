@@ -13,8 +13,11 @@ of `--runs` and the spread (lowest-highest). Rows:
    onto the chip: `devpolicy.load_file` against `safetensors.numpy.load_file` plus a
    `jax.device_put` per tensor (when safetensors is installed), in GiB/s.
 3. windows: random batches of 32 windows of 1,025 uint16 tokens from a mapped token file
-   to the chip, `--steps` per run: `devpolicy.windows` against a hand loop (`np.stack`
-   of 32 slices and `jax.device_put`), in steps/s.
+   (dense: random tokens in every byte) to the chip, `--steps` per run: `devpolicy.windows`
+   against a hand loop (`np.stack` of 32 slices and `jax.device_put`), in steps/s; warm
+   (the file in the page cache) and cold (dropped from it before every run, where the
+   machine allows: the share still cached is in the row's note). Before every run the
+   pages the last one mapped are given back, so no run finds another's.
 
 With `--json` each row is printed as one JSON object per line (what
 `benchmarks/accelerator_lane.py` reads); otherwise as a table.
@@ -107,10 +110,16 @@ def bench_load(chip: Any, target: str, folder: Path, nbytes: int, runs: int) -> 
     return row("load onto the chip", "GiB/s", alternate(methods, runs), note)
 
 
-def bench_windows(chip: Any, target: str, folder: Path, steps: int, runs: int) -> dict[str, Any]:
+def bench_windows(
+    chip: Any, target: str, folder: Path, steps: int, runs: int, *, cold: bool
+) -> dict[str, Any]:
     import jax
 
     import devpolicy
+    from devpolicy._apply.stream.paging import Pager, cached_share
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.helpers import drop_from_page_cache
 
     count = 256 * 2**20  # 512 MiB of uint16 tokens
     path = folder / "train.safetensors"
@@ -131,6 +140,15 @@ def bench_windows(chip: Any, target: str, folder: Path, steps: int, runs: int) -
     )
     mapped = devpolicy.load_file(path, policy=policy)["tokens"]
     view = devpolicy.host_view(mapped)
+    pager = Pager(view, random=False)  # gives the mapping's pages back between runs
+
+    def reset() -> None:
+        pager.sweep()
+        if cold:
+            drop_from_page_cache(path)
+
+    reset()
+    share = cached_share(view)
     # A seed per run and per feeder, never reused: no run finds the windows (and pages)
     # of a run before it, as a training run over a large file does not.
     seeds = itertools.count(1)
@@ -158,14 +176,24 @@ def bench_windows(chip: Any, target: str, folder: Path, steps: int, runs: int) -
         last.block_until_ready()
         return steps / (time.perf_counter() - start)
 
+    def after_reset(method: Callable[[], float]) -> Callable[[], float]:
+        return lambda: (reset(), method())[1]
+
     values = alternate(
-        {"devpolicy.windows": with_devpolicy, "np.stack + device_put": by_hand}, runs
+        {
+            "devpolicy.windows": after_reset(with_devpolicy),
+            "np.stack + device_put": after_reset(by_hand),
+        },
+        runs,
     )
+    pager.close()
+    cached = "not known" if share is None else f"{share:.0%}"
+    how = f"cold ({cached} cached after a drop)" if cold else "warm"
     note = (
-        f"{BATCH} x {WINDOW} uint16 from a mapped 512 MiB file, {steps} steps a run, "
-        "fresh windows every run"
+        f"{BATCH} x {WINDOW} uint16 from a mapped 512 MiB dense file, {how}, {steps} steps "
+        "a run, fresh windows every run"
     )
-    return row("windows to the chip", "steps/s", values, note)
+    return row(f"windows to the chip, {how.split()[0]} file", "steps/s", values, note)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as folder:
             size = devpolicy.sizes.parse_size(args.size)
             rows.append(bench_load(chip, args.target, Path(folder), size, args.runs))
-            rows.append(bench_windows(chip, args.target, Path(folder), args.steps, args.runs))
+            for cold in (False, True):
+                rows.append(
+                    bench_windows(chip, args.target, Path(folder), args.steps, args.runs, cold=cold)
+                )
     for r in rows:
         print(json.dumps(r) if args.json else format_row(r))
     return 0

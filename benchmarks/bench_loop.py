@@ -343,6 +343,11 @@ def ratio(rates: dict[str, list[float]], name: str, base: str) -> float:
     return statistics.median(v / b for v, b in zip(rates[name], rates[base], strict=True))
 
 
+def lowest(rates: dict[str, list[float]], name: str, base: str) -> float:
+    """The lowest over rounds of `name`'s rate over `base`'s in the same round."""
+    return min(v / b for v, b in zip(rates[name], rates[base], strict=True))
+
+
 def table(
     title: str,
     unit: str,
@@ -566,9 +571,18 @@ def main() -> int:
             )
             row: dict[str, Any] = {"row": f"loop from {where}: {label}"}
             row |= {f"windows x {b}": round(ratio(rates, "devpolicy.windows", b), 2) for b in bases}
+            row |= {
+                f"windows x {b}, lowest round": round(lowest(rates, "devpolicy.windows", b), 2)
+                for b in bases
+            }
+            many = next((name for name in rates if name.startswith("many reads")), None)
+            if many is not None:
+                row["windows x many in flight"] = round(ratio(rates, "devpolicy.windows", many), 2)
             row[f"windows {unit}"] = round(statistics.median(rates["devpolicy.windows"]))
             if "devpolicy.windows" in mapped and args.mapped is not None:
                 row["windows file-backed MiB at most"] = round(mapped["devpolicy.windows"])
+            if args.mapped is not None:
+                row["why"] = ended["reads_why"]
             if "the story, shipped policy" in rates:
                 row |= {
                     f"story x {b}": round(ratio(rates, "the story, shipped policy", b), 2)

@@ -15,10 +15,17 @@ import pytest
 import devpolicy
 from devpolicy._apply.stream import cutting as _windows
 from devpolicy._apply.stream import paging as _paging
-from tests.apply.test_windows import mapping_of
+from tests.apply.streams import mapping_of
 from tests.helpers import policy_of
 
 LENGTH = 257
+
+
+@pytest.fixture(autouse=True)
+def gathered_from_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stream here gathers from the mapping (the path with a worker thread), whatever
+    `windows` would choose for these files on this machine."""
+    monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
 
 
 def workers() -> list[threading.Thread]:

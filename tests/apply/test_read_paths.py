@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,10 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply.stream import cutting, paging
+from devpolicy._apply.stream import cutting, filewindows, paging
 from tests.helpers import drop_from_page_cache, policy_of
 
+from .conftest import batched_reads_here
 from .streams import TOKEN_RULES, assert_exact, counting_file, resident
 
 COUNT = 2**22  # 16 MiB of uint32 tokens
@@ -48,33 +50,80 @@ def run(tokens: Any, steps: int = 40, seed: int = 3) -> dict[str, Any]:
     return ended
 
 
+@pytest.fixture
+def no_io_uring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading by position is one `preadv` a window, as where io_uring cannot be had
+    (gVisor, a seccomp profile that refuses it)."""
+    monkeypatch.setattr(filewindows, "BATCHED", False)
+
+
+def threads_named(prefix: str) -> int:
+    return sum(t.name.startswith(prefix) for t in threading.enumerate())
+
+
 class TestChoice:
-    def test_warm_tokens_that_fit_are_gathered_from_the_mapping_their_pages_kept(
+    @pytest.mark.usefixtures("no_io_uring")
+    def test_warm_tokens_that_fit_are_kept_mapped_where_reads_are_one_call_a_window(
         self, tmp_path: Path
     ) -> None:
-        """A file just written (in the page cache) and far smaller than the memory left:
-        gathered from the mapping, nothing given back, and the event says why."""
-        ended = run(mapped(tmp_path / "t.safetensors"))
+        """No io_uring, a file just written (in the page cache) and far smaller than the
+        memory left: gathered from the mapping, its pages kept (and mapped in whole on a
+        thread of the stream's), and the event says why."""
+        tokens = mapped(tmp_path / "t.safetensors")
+        view = devpolicy.host_view(tokens)
+        with capture_logs() as logs:
+            stream = devpolicy.windows(
+                tokens, LENGTH, BATCH, order="random", seed=3, steps=40, policy=policy_of()
+            )
+            deadline = time.monotonic() + 30
+            while resident(view) < view.nbytes and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert resident(view) >= view.nbytes  # mapped in whole, nothing given back
+            for step, batch in enumerate(stream):
+                assert_exact(batch, 3, step, LENGTH, COUNT)
+        (ended,) = [e for e in logs if e["event"] == "stream_ended"]
         assert (ended["reads"], ended["reads_with"]) == ("mapping", None)
-        assert "in the page cache" in ended["reads_why"]
+        assert "100% of their pages in the page cache" in ended["reads_why"]
+        assert "no io_uring" in ended["reads_why"]
         assert "its pages kept while memory allows" in ended["reads_why"]
+        assert threads_named("devpolicy-populate") == 0
+        assert resident(view) >= view.nbytes
 
-    def test_cold_tokens_are_read_by_position_many_reads_in_flight(self, tmp_path: Path) -> None:
-        """The file dropped from the page cache: faults through a mapping would wait on the
-        disk one page at a time, so the stream reads by position, a group at once."""
+    def test_warm_tokens_are_read_by_position_where_a_group_is_one_io_uring_call(
+        self, tmp_path: Path
+    ) -> None:
+        """With io_uring, reading a group by position outran gathering from a kept
+        mapping, warm as cold: the stream maps nothing."""
+        if not batched_reads_here():
+            pytest.skip("io_uring cannot be had here")
+        tokens = mapped(tmp_path / "t.safetensors")
+        ended = run(tokens)
+        assert ended["reads"] == "file"
+        assert ended["reads_with"].startswith("io_uring")
+        assert "a group's windows in one io_uring call" in ended["reads_why"]
+        assert resident(devpolicy.host_view(tokens)) == 0
+
+    @pytest.mark.usefixtures("no_io_uring")
+    def test_cold_tokens_are_read_by_position(self, tmp_path: Path) -> None:
+        """The file dropped from the page cache: faults through a mapping would wait on
+        the disk one page at a time, so the stream reads by position."""
         tokens = mapped(tmp_path / "t.safetensors", cold=True)
         share = paging.cached_share(devpolicy.host_view(tokens))
         if share is None or share >= cutting.WARM_SHARE:
             pytest.skip(f"this filesystem kept the file cached ({share})")
         ended = run(tokens)
-        assert ended["reads"] == "file"
+        assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
         assert "in the page cache: read from the file by position" in ended["reads_why"]
 
+    @pytest.mark.parametrize("uring", [True, False], ids=["io_uring", "preadv"])
     def test_tokens_larger_than_the_share_of_memory_left_are_read_by_position(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, uring: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Tokens that would take more than `KEEP_SHARE` of the memory left (here the share
         made tiny, the memory measured for real) are read by position: nothing mapped."""
+        if uring and not batched_reads_here():
+            pytest.skip("io_uring cannot be had here")
+        monkeypatch.setattr(filewindows, "BATCHED", uring)
         monkeypatch.setattr(cutting, "KEEP_SHARE", 1e-9)
         tokens = mapped(tmp_path / "t.safetensors")
         ended = run(tokens)
@@ -82,6 +131,7 @@ class TestChoice:
         assert "this process can still use: read from the file by position" in ended["reads_why"]
         assert resident(devpolicy.host_view(tokens)) == 0
 
+    @pytest.mark.usefixtures("no_io_uring")
     def test_kept_pages_are_given_back_once_memory_runs_low_and_no_batch_changes(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -92,10 +142,11 @@ class TestChoice:
         monkeypatch.setattr(cutting, "LOW_MEMORY_SHARE", 1.0)
         tokens = mapped(tmp_path / "t.safetensors")
         ended = run(tokens, steps=200)
-        assert ended["reads"] == "file"
+        assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
         assert "its pages kept" in ended["reads_why"]
         assert "this process can still use fell to" in ended["reads_why"]
         assert resident(devpolicy.host_view(tokens)) == 0
+        assert threads_named("devpolicy-populate") == 0
 
     def test_a_kernel_that_counts_no_mapped_page_gets_no_sweeps(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -125,24 +176,37 @@ class TestChoice:
 
 
 class TestFirstBatch:
+    @pytest.mark.parametrize("way", ["gathered from a kept mapping", "read by a polled ring"])
     def test_the_first_batch_is_read_when_the_stream_is_made(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, way: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """The first group is read on the stream's worker as soon as `windows` returns,
-        so whatever the caller does before its first pull hides that read."""
-        read = threading.Event()
-        real = cutting.GroupCutter._made_ready
+        """The first batch starts being read (on the stream's worker, or by a polled
+        ring's kernel thread) as soon as `windows` returns, so whatever the caller does
+        before its first pull hides that read."""
+        started = threading.Event()
+        if way == "read by a polled ring":
+            if not batched_reads_here(polled=True):
+                pytest.skip("a polled ring cannot be had here")
+            real_submit = filewindows.FileWindows.submit_batches
 
-        def noted(cutter: cutting.GroupCutter, *args: Any) -> Any:
-            made = real(cutter, *args)
-            if threading.current_thread().name.startswith("devpolicy-windows"):
-                read.set()
-            return made
+            def submitted(reader: filewindows.FileWindows, *args: Any) -> Any:
+                started.set()
+                return real_submit(reader, *args)
 
-        monkeypatch.setattr(cutting.GroupCutter, "_made_ready", noted)
+            monkeypatch.setattr(filewindows.FileWindows, "submit_batches", submitted)
+        else:
+            monkeypatch.setattr(filewindows, "BATCHED", False)
+            real_made = cutting.GroupCutter._made_ready
+
+            def made(cutter: cutting.GroupCutter, *args: Any) -> Any:
+                if threading.current_thread().name.startswith("devpolicy-windows"):
+                    started.set()
+                return real_made(cutter, *args)
+
+            monkeypatch.setattr(cutting.GroupCutter, "_made_ready", made)
         tokens = mapped(tmp_path / "t.safetensors")
         with devpolicy.windows(
             tokens, LENGTH, BATCH, order="random", seed=3, policy=policy_of()
         ) as stream:
-            assert read.wait(10), "nothing was read before the first pull"
+            assert started.wait(10), "nothing was read before the first pull"
             assert_exact(next(stream), 3, 0, LENGTH, COUNT)

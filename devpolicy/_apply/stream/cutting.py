@@ -68,6 +68,8 @@ WARM_SHARE = 0.5
 #: `KEEP_CHECK_EVERY` groups (a read of /proc/meminfo cost 9 ms under gVisor).
 LOW_MEMORY_SHARE = 0.1
 KEEP_CHECK_EVERY = 256
+#: Whether a kept mapping is mapped in whole on a thread of its own (`Pager.keep`).
+POPULATE = True
 #: A random stream over a mapping reads by position instead once a window is measured
 #: to bring in more than this many times what small pages can (the window and two
 #: 64 KiB fault-around blocks): the kernel maps each a large folio.
@@ -204,11 +206,13 @@ class GroupCutter:
         if jax.process_count() > 1:
             self._own_rows()
         copy, why = MAPPED_COPY, f"chosen: MAPPED_COPY={MAPPED_COPY!r}"
-        if copy == "auto":
-            copy, why = self._choose()
         with deferred_interrupts():
-            if copy == "file":
+            if copy in ("auto", "file"):
                 self._reader = mapped_file(self._view, self._length)
+            if copy == "auto":
+                copy, why = self._choose(self._reader)
+                if copy != "file":
+                    self._drop_reader()
             if self._reader is None:
                 self._pager = Pager(self._view, random=self._sampler.random)
             self._opened = True
@@ -217,6 +221,8 @@ class GroupCutter:
             if copy == "file":  # no file to read by position: each group's pages given back
                 why += "; the file cannot be read by position here: gathered instead"
             self._keep = copy == "keep"
+            if self._keep and POPULATE:
+                pager.keep(self._view)
             self._budgeted = copy == "budget" and self._sampler.random
             if not self._keep and pager.blind:
                 # gVisor: statm sees no file page, and a sweep gives nothing back that
@@ -227,6 +233,7 @@ class GroupCutter:
                     "nothing is measured or given back"
                 )
         self.reads_why = why
+        self.reads_with = None
         if self._reader is not None:
             self.reads = "file"
             self._reads_ahead()
@@ -235,33 +242,50 @@ class GroupCutter:
             if GATHER_AHEAD:
                 self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
 
-    def _choose(self) -> tuple[str, str]:
-        """How a file mapping's windows are best copied, and why, measured once: kept
-        mapped where the tokens are mostly in the page cache and fit in the memory left
-        with room to spare; read by position, many reads in flight, where they do not
-        (larger than memory can hold, or cold). Tokens in memory stay "memory"."""
+    def _choose(self, reader: FileWindows | None) -> tuple[str, str]:
+        """How a file mapping's windows are best copied, and why, measured once (`reader`:
+        the file opened to read by position, or None where it cannot be).
+
+        Read by position where a group is one io_uring call (on Linux 6.18 it outran
+        gathering from a kept mapping warm as cold, and maps nothing), or where the tokens
+        are larger than memory can keep or cold (faults through a mapping wait on the disk
+        one at a time). Where reading by position is a system call a window (no io_uring:
+        gVisor, a seccomp profile), a warm file that fits is kept mapped instead. Tokens
+        in memory stay "memory"; a mapping that cannot be read by position is gathered
+        within the budget."""
         view = self._view
-        if releasable_range(view) is None:
-            return "budget", "the tokens are in memory, not a file mapping"
+        if reader is None:
+            if releasable_range(view) is None:
+                return "budget", "the tokens are in memory, not a file mapping"
+            return "budget", (
+                "the file this mapping shows cannot be opened to read by position: gathered "
+                "from the mapping, its pages given back within the budget"
+            )
+        by_position = (
+            "read from the file by position, a group's windows in one io_uring call"
+            if reader.batched
+            else "read from the file by position (preadv: no io_uring here)"
+        )
         size = format_size(view.nbytes)
         room = memory_headroom()
         if room is not None and view.nbytes > KEEP_SHARE * room:
             return "file", (
                 f"the tokens ({size}) are more than {KEEP_SHARE:.0%} of the "
-                f"{format_size(room)} this process can still use: read from the file by "
-                "position, a group's windows in flight at once"
+                f"{format_size(room)} this process can still use: {by_position}"
             )
+        if reader.batched:
+            return "file", f"{by_position} (faster here than a mapping, warm or cold)"
         cached = cached_share(view)
         if cached is not None and cached < WARM_SHARE:
             return "file", (
-                f"{cached:.0%} of the tokens' pages ({size}) are in the page cache: read "
-                "from the file by position, a group's windows in flight at once"
+                f"{cached:.0%} of the tokens' pages ({size}) are in the page cache: {by_position}"
             )
         known = "" if cached is None else f", {cached:.0%} of their pages in the page cache"
         left = "memory" if room is None else f"the {format_size(room)} this process can still use"
         return "keep", (
-            f"the tokens ({size}{known}) fit in {left}: gathered from the mapping, its pages "
-            "kept while memory allows"
+            f"the tokens ({size}{known}) fit in {left} and reading by position is a system "
+            "call a window here (no io_uring): gathered from the mapping, its pages kept "
+            "while memory allows"
         )
 
     def _memory_allows(self, first: int) -> None:
