@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import mmap
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,37 +56,20 @@ def no_io_uring(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(filewindows, "BATCHED", False)
 
 
-def threads_named(prefix: str) -> int:
-    return sum(t.name.startswith(prefix) for t in threading.enumerate())
-
-
 class TestChoice:
     @pytest.mark.usefixtures("no_io_uring")
     def test_warm_tokens_that_fit_are_kept_mapped_where_reads_are_one_call_a_window(
         self, tmp_path: Path
     ) -> None:
         """No io_uring, a file just written (in the page cache) and far smaller than the
-        memory left: gathered from the mapping, its pages kept (and mapped in whole on a
-        thread of the stream's), and the event says why."""
+        memory left: gathered from the mapping, its pages kept, and the event says why."""
         tokens = mapped(tmp_path / "t.safetensors")
-        view = devpolicy.host_view(tokens)
-        with capture_logs() as logs:
-            stream = devpolicy.windows(
-                tokens, LENGTH, BATCH, order="random", seed=3, steps=40, policy=policy_of()
-            )
-            deadline = time.monotonic() + 30
-            while resident(view) < view.nbytes and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert resident(view) >= view.nbytes  # mapped in whole, nothing given back
-            for step, batch in enumerate(stream):
-                assert_exact(batch, 3, step, LENGTH, COUNT)
-        (ended,) = [e for e in logs if e["event"] == "stream_ended"]
+        ended = run(tokens)
         assert (ended["reads"], ended["reads_with"]) == ("mapping", None)
         assert "100% of their pages in the page cache" in ended["reads_why"]
         assert "no io_uring" in ended["reads_why"]
         assert "its pages kept while memory allows" in ended["reads_why"]
-        assert threads_named("devpolicy-populate") == 0
-        assert resident(view) >= view.nbytes
+        assert resident(devpolicy.host_view(tokens)) >= 40 * BATCH * LENGTH * 4  # none given back
 
     def test_warm_tokens_are_read_by_position_where_a_group_is_one_io_uring_call(
         self, tmp_path: Path
@@ -115,15 +97,13 @@ class TestChoice:
         assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
         assert "in the page cache: read from the file by position" in ended["reads_why"]
 
-    @pytest.mark.parametrize("uring", [True, False], ids=["io_uring", "preadv"])
+    @pytest.mark.usefixtures("no_io_uring")
     def test_tokens_larger_than_the_share_of_memory_left_are_read_by_position(
-        self, uring: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Tokens that would take more than `KEEP_SHARE` of the memory left (here the share
-        made tiny, the memory measured for real) are read by position: nothing mapped."""
-        if uring and not batched_reads_here():
-            pytest.skip("io_uring cannot be had here")
-        monkeypatch.setattr(filewindows, "BATCHED", uring)
+        """Without io_uring, tokens that would take more than `KEEP_SHARE` of the memory
+        left (here the share made tiny, the memory measured for real) are read by
+        position: nothing mapped."""
         monkeypatch.setattr(cutting, "KEEP_SHARE", 1e-9)
         tokens = mapped(tmp_path / "t.safetensors")
         ended = run(tokens)
@@ -146,7 +126,6 @@ class TestChoice:
         assert "its pages kept" in ended["reads_why"]
         assert "this process can still use fell to" in ended["reads_why"]
         assert resident(devpolicy.host_view(tokens)) == 0
-        assert threads_named("devpolicy-populate") == 0
 
     def test_a_kernel_that_counts_no_mapped_page_gets_no_sweeps(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -4,9 +4,11 @@ placed, and the next group made ready while the current one is used.
 The read paths: gathered from memory (tokens in memory, or a file mapping whose touched
 pages are given back: `paging`), or read by position from the file a view maps
 (`filewindows`; a group in one io_uring call where Linux allows: `batchreads`), the next
-group read ahead (`ahead`). Which path runs where, and why, is in docs/host-arrays.md;
-the figures behind the choices are in
-docs/benchmarks.md#the-stream-wings-choices-as-measured.
+group read ahead (`ahead`). The path is chosen once, when the stream is made
+(`GroupCutter._choose`: by io_uring, the tokens' size against the memory left, and the
+share of their pages in the page cache) and said in `stream_ended` (`reads_why`); why, is
+in docs/host-arrays.md ("Which read path runs, and why"); the figures behind the choices
+are in docs/benchmarks.md#the-stream-wings-choices-as-measured.
 
 `GroupCutter.cut(first)` is a function of the step: it returns the group of batches from
 step `first`, whatever was cut before. The group read ahead is used only where it is that
@@ -68,8 +70,6 @@ WARM_SHARE = 0.5
 #: `KEEP_CHECK_EVERY` groups (a read of /proc/meminfo cost 9 ms under gVisor).
 LOW_MEMORY_SHARE = 0.1
 KEEP_CHECK_EVERY = 256
-#: Whether a kept mapping is mapped in whole on a thread of its own (`Pager.keep`).
-POPULATE = True
 #: A random stream over a mapping reads by position instead once a window is measured
 #: to bring in more than this many times what small pages can (the window and two
 #: 64 KiB fault-around blocks): the kernel maps each a large folio.
@@ -221,8 +221,6 @@ class GroupCutter:
             if copy == "file":  # no file to read by position: each group's pages given back
                 why += "; the file cannot be read by position here: gathered instead"
             self._keep = copy == "keep"
-            if self._keep and POPULATE:
-                pager.keep(self._view)
             self._budgeted = copy == "budget" and self._sampler.random
             if not self._keep and pager.blind:
                 # gVisor: statm sees no file page, and a sweep gives nothing back that
@@ -266,6 +264,8 @@ class GroupCutter:
             if reader.batched
             else "read from the file by position (preadv: no io_uring here)"
         )
+        if reader.batched:
+            return "file", f"{by_position} (faster here than a mapping, warm or cold)"
         size = format_size(view.nbytes)
         room = memory_headroom()
         if room is not None and view.nbytes > KEEP_SHARE * room:
@@ -273,8 +273,6 @@ class GroupCutter:
                 f"the tokens ({size}) are more than {KEEP_SHARE:.0%} of the "
                 f"{format_size(room)} this process can still use: {by_position}"
             )
-        if reader.batched:
-            return "file", f"{by_position} (faster here than a mapping, warm or cold)"
         cached = cached_share(view)
         if cached is not None and cached < WARM_SHARE:
             return "file", (

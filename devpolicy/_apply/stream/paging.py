@@ -11,6 +11,9 @@ would leave its neighbours mapped), or the whole view in one sweep, whichever ha
 docs/benchmarks.md#the-stream-wings-choices-as-measured). `MADV_DONTNEED` only unmaps: on a
 shared or read-only file mapping the next read faults the same bytes back. On anonymous memory
 or a private writable mapping it would throw data away, so those are left alone.
+
+Where a stream keeps a warm file's pages instead (chosen in `cutting`), none of this runs;
+`cached_share` samples how much of a view the page cache holds, for that choice.
 """
 
 from __future__ import annotations
@@ -41,12 +44,6 @@ _MEASURE_MOST = 200e-6
 #: or a large folio mapped at once, cannot pile up), the blocks where sweeps are (their
 #: cost is measured again).
 _SWEEP_EVERY = 64
-
-#: `MADV_POPULATE_READ` (Linux 5.14): map a range's pages in, reading what the page cache
-#: lacks; refused (EINVAL) where the kernel has none, gVisor's included.
-_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
-#: Bytes mapped in by one call: a kept view's mapping in stops within one call's time.
-_POPULATE_CHUNK = 256 * 2**20
 
 #: Where this process's memory counts are read (the third field: file-backed pages).
 STATM = "/proc/self/statm"
@@ -185,7 +182,6 @@ class Pager:
         self._footprint: float | None = None  # the most a window has brought in, measured
         self._reads = 0  # resident-memory reads, and the seconds they took
         self._read_time = 0.0
-        self._populating: _Populating | None = None  # a kept view being mapped in
         #: Whether this kernel's statm counts no file-backed page at all (gVisor): no
         #: measure, and a sweep there gives back nothing the next fault does not map again.
         self.blind = False
@@ -223,23 +219,8 @@ class Pager:
         footprint = self._footprint
         return footprint is not None and footprint > times * (length * self._row + 2 * _BLOCK)
 
-    def keep(self, view: np.ndarray[Any, Any]) -> None:
-        """Map the whole view in on a thread of its own (`MADV_POPULATE_READ`, a chunk at
-        a time), so that windows gathered from it later fault nothing: a warm file's pages
-        are kept mapped, and mapping them one fault at a time (on Linux 6.18 a 2 MiB folio
-        a fault) cost a gather twice what reading by position does. `view` is held until
-        it is done, so its mapping outlives it."""
-        if self._range is not None and self._populating is None:
-            self._populating = _Populating(view, *self._range)
-
-    def _stop_populating(self) -> None:
-        populating, self._populating = self._populating, None
-        if populating is not None:
-            populating.stop()
-
     def sweep(self) -> None:
-        """Give the whole view back now (mapping it in stops first)."""
-        self._stop_populating()
+        """Give the whole view back now."""
         if self._range is not None:
             self._advise(self._range[0], self._range[1], mmap.MADV_DONTNEED)
 
@@ -409,13 +390,11 @@ class Pager:
     def close_descriptor(self) -> None:
         """Close only what this process holds open (a forked child's copy of the pager: the
         advice and its count are the parent's, and the count's lock may be held there)."""
-        self._populating = None  # the parent's thread: not in this process
         self._close_statm()
 
     def close(self) -> None:
         """End this stream's random-access advice (the last stream over a view restores
         the kernel's default, read-ahead included). Safe to call twice."""
-        self._stop_populating()
         self._close_statm()
         key, self._advised = self._advised, None
         if key is None:
@@ -425,31 +404,3 @@ class Pager:
             if not _random_advised[key]:
                 del _random_advised[key]
                 _MADVISE(key[0], key[1] - key[0], mmap.MADV_NORMAL)
-
-
-class _Populating:
-    """A view's mapping mapped in on a thread of its own, `_POPULATE_CHUNK` bytes a call,
-    until done, refused, or stopped."""
-
-    __slots__ = ("_stop", "_thread")
-
-    def __init__(self, view: np.ndarray[Any, Any], start: int, end: int) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(view, start, end), name="devpolicy-populate", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, view: np.ndarray[Any, Any], start: int, end: int) -> None:
-        for low in range(start, end, _POPULATE_CHUNK):
-            if self._stop.is_set() or _MADVISE is None:
-                return
-            if _MADVISE(low, min(_POPULATE_CHUNK, end - low), _POPULATE_READ) != 0:
-                return  # not offered here, or the range is gone: windows fault it in
-        del view
-
-    def stop(self) -> None:
-        """Stop after the call in progress, and wait for it."""
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
