@@ -400,7 +400,10 @@ class GroupCutter:
         self._memory_allows(first)
         if self._gatherer is not None or self._kernel_reads:
             following = first + offsets.shape[0]
-            starts = self._sampler.take(following, self._group)
+            # After a first group (one batch, or a few), a group of a few: the first
+            # pulls wait for no large read.
+            ramp = self._group if offsets.shape[0] >= GROUP_MAX else GROUP_MAX
+            starts = self._sampler.take(following, min(self._group, ramp))
             if starts is not None:
                 # Recorded before it starts: a Ctrl-C just after the start returns leaves
                 # the record without its work, and `settle` then waits for whatever the
