@@ -92,7 +92,7 @@ class TestBenchWindowsArguments:
         said = refusal(capsys, "--variants", "file,defualts")
         assert (
             "argument --variants: unknown variant 'defualts'; choose from "
-            "defaults, random-only, mapping, file, devpolicy" in said
+            "defaults, random-only, mapping, budget, keep, file, devpolicy" in said
         )
 
     def test_bench_windows_rejects_no_variant_at_all(
@@ -109,4 +109,4 @@ class TestBenchWindowsArguments:
         result = bench_windows(tmp_path)
         assert result.returncode == 0, result.stderr
         assert "| read from the file by position |" in result.stdout
-        assert "| devpolicy.windows |" in result.stdout
+        assert "| each group's pages given back |" in result.stdout
