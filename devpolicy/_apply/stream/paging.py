@@ -75,8 +75,12 @@ def cached_share(view: np.ndarray[Any, Any]) -> float | None:
     has mapped in, so such a file looks cold until read.
 
     Example:
-        >>> import numpy as np
-        >>> cached_share(np.arange(10)) is None or True  # anonymous memory: resident
+        >>> import mmap, tempfile, numpy as np
+        >>> with tempfile.TemporaryFile() as f:
+        ...     _ = f.write(b"x" * 4 * mmap.PAGESIZE)
+        ...     f.flush()
+        ...     share = cached_share(np.memmap(f, np.uint8, mode="r"))
+        >>> share in (None, 1.0)  # just written: all in the page cache (None: not Linux)
         True
     """
     if _MINCORE is None or not view.size:
