@@ -3,7 +3,7 @@ writes by hand, a double-buffered `device_put` loop, and batches already on the 
 
     python benchmarks/bench_loop.py [--rounds 5] [--batches 400] [--steps 100]
         [--tokens 268435456] [--length 1025] [--batch 32] [--dim D] [--vocab 32000]
-        [--mapped DIR [--cold] [--sparse] [--depth 64]] [--out FILE]
+        [--mapped DIR [--cold] [--sparse] [--depth 64] [--keep]] [--out FILE]
 
 One process, one command, on whatever platform JAX finds (the CPU here, an accelerator
 where there is one: nothing in the script names a platform). Tokens: a `--tokens` uint16
@@ -403,8 +403,10 @@ def main() -> int:
         help="how windows of a mapped file are copied (default: devpolicy's choice)",
     )
     args = parser.parse_args()
-    if (args.cold or args.sparse) and args.mapped is None:
-        parser.error("--cold and --sparse describe the --mapped file: give --mapped DIR")
+    if (args.cold or args.sparse or args.keep) and args.mapped is None:
+        parser.error("--cold, --sparse and --keep describe the --mapped file: give --mapped DIR")
+    if args.depth < 1:
+        parser.error(f"--depth is the reads in flight by hand, at least 1, got {args.depth}")
     if args.mapped_copy is not None:
         windows_module.MAPPED_COPY = args.mapped_copy
     backend = jax.default_backend()
