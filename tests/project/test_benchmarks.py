@@ -110,3 +110,31 @@ class TestBenchWindowsArguments:
         assert result.returncode == 0, result.stderr
         assert "| read from the file by position |" in result.stdout
         assert "| each group's pages given back |" in result.stdout
+
+
+class TestBenchLoopArguments:
+    @pytest.mark.slow
+    @pytest.mark.parametrize(
+        ("argv", "said"),
+        [
+            (["--depth", "0"], "--depth is the reads in flight by hand, at least 1, got 0"),
+            (["--cold"], "--cold, --sparse and --keep describe the --mapped file"),
+        ],
+        ids=["no reads in flight", "cold without a file"],
+    )
+    def test_bench_loop_refuses_before_it_writes_a_token_file(
+        self, argv: list[str], said: str, tmp_path: Path
+    ) -> None:
+        """A bad option is refused by name (exit 2) before the dense file is written."""
+        mapped = [] if argv == ["--cold"] else ["--mapped", str(tmp_path / "tokens")]
+        result = subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "bench_loop.py"), *mapped, *argv],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+            check=False,
+        )
+        assert result.returncode == 2
+        assert said in result.stderr
+        assert not (tmp_path / "tokens").exists()
