@@ -26,8 +26,8 @@ tenth of the run and the time per step:
 - `read from the file by position` (`devpolicy/_apply/stream/filewindows.py`): each
   window read into the batch buffer, nothing of the mapping touched;
 - `devpolicy.windows`: what it chooses (docs/host-arrays.md, "Which read path runs"):
-  kept mapped where the tokens are warm and fit in half the memory left, else read by
-  position; the table says which it took, and why.
+  read by position where io_uring can be had; else kept mapped where the tokens are warm
+  and fit, read by position where not; the table says which it took, and why.
 
 The time the giving back costs is also measured paired: in one process, segments with
 and without it take turns (a shared machine's load then weighs on both alike).

@@ -6,6 +6,7 @@ and `stream_ended` says which ran and why."""
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -98,18 +99,45 @@ class TestChoice:
         assert "in the page cache: read from the file by position" in ended["reads_why"]
 
     @pytest.mark.usefixtures("no_io_uring")
-    def test_tokens_larger_than_the_share_of_memory_left_are_read_by_position(
+    def test_tokens_larger_than_the_page_cache_can_hold_are_read_by_position(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Without io_uring, tokens that would take more than `KEEP_SHARE` of the memory
-        left (here the share made tiny, the memory measured for real) are read by
-        position: nothing mapped."""
-        monkeypatch.setattr(cutting, "KEEP_SHARE", 1e-9)
+        """Without io_uring, tokens more than `KEEP_OF_RAM` of the host's RAM (here the
+        share made tiny, the RAM measured for real) are read by position: nothing mapped."""
+        monkeypatch.setattr(cutting, "KEEP_OF_RAM", 1e-9)
         tokens = mapped(tmp_path / "t.safetensors")
         ended = run(tokens)
-        assert ended["reads"] == "file"
-        assert "this process can still use: read from the file by position" in ended["reads_why"]
+        assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
+        assert "of the host's" in ended["reads_why"]
+        assert "of RAM: read from the file by position" in ended["reads_why"]
         assert resident(devpolicy.host_view(tokens)) == 0
+
+    @pytest.mark.usefixtures("no_io_uring")
+    def test_tokens_whose_uncached_part_passes_the_memory_left_are_read_by_position(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without io_uring, a file partly dropped from the page cache (warm enough),
+        whose missing part is more than `KEEP_SHARE` of the memory left (the share made
+        tiny), is read by position; all of it cached, the same share keeps it mapped."""
+        monkeypatch.setattr(cutting, "KEEP_SHARE", 1e-9)
+        tokens = mapped(tmp_path / "t.safetensors")
+        assert run(tokens)["reads"] == "mapping"  # nothing missing: kept
+        view = devpolicy.host_view(tokens)
+        paging.Pager(view, random=False).sweep()  # what the stream mapped, unmapped
+        path = tmp_path / "t.safetensors"
+        fd = os.open(path, os.O_RDONLY)
+        try:  # the last quarter of the file written out and dropped from the page cache
+            os.fsync(fd)
+            size = path.stat().st_size
+            os.posix_fadvise(fd, size * 3 // 4, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        share = paging.cached_share(view)
+        if share is None or not cutting.WARM_SHARE <= share < 1.0:
+            pytest.skip(f"this filesystem did not drop a part ({share})")
+        ended = run(tokens)
+        assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
+        assert "not in the page cache are more than" in ended["reads_why"]
 
     @pytest.mark.usefixtures("no_io_uring")
     def test_kept_pages_are_given_back_once_memory_runs_low_and_no_batch_changes(

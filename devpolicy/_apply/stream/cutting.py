@@ -58,12 +58,15 @@ READ_GROUP_MAX = 32
 #: `bench_loop.py --mapped-copy` sets it.
 MAPPED_COPY = "auto"
 RESIDENT_BUDGET = 256 * 2**20
-#: "auto" keeps a mapping's pages where the tokens take at most this share of the memory
-#: the process can still use (`memory_headroom`) ...
+#: Without io_uring, "auto" keeps a mapping's pages where the tokens take at most this
+#: share of the host's RAM (so that the page cache can hold them all) ...
+KEEP_OF_RAM = 0.75
+#: ... what of them the page cache lacks takes at most this share of the memory the
+#: process can still use (`memory_headroom`, which counts the page cache as free) ...
 KEEP_SHARE = 0.5
 #: ... and at least this share of their pages is in the page cache (sampled); a file
-#: larger, or colder, is read by position, a group's windows in flight at once (a cold
-#: file's pages faulted in one at a time through a mapping wait on the disk one by one).
+#: larger, or colder, is read by position (a cold file's pages faulted in through a
+#: mapping wait on the disk one at a time).
 WARM_SHARE = 0.5
 #: Kept pages are given up (the stream turns to reading by position) once the memory the
 #: process can still use falls under this share of the host's RAM, looked at every
@@ -246,11 +249,12 @@ class GroupCutter:
 
         Read by position where a group is one io_uring call (on Linux 6.18 it outran
         gathering from a kept mapping warm as cold, and maps nothing), or where the tokens
-        are larger than memory can keep or cold (faults through a mapping wait on the disk
-        one at a time). Where reading by position is a system call a window (no io_uring:
-        gVisor, a seccomp profile), a warm file that fits is kept mapped instead. Tokens
-        in memory stay "memory"; a mapping that cannot be read by position is gathered
-        within the budget."""
+        are larger than the page cache can hold, cold, or lack more of it than the memory
+        left allows (faults through a mapping wait on the disk one at a time). Where
+        reading by position is a system call a window (no io_uring: gVisor, a seccomp
+        profile), a warm file that fits is kept mapped instead. Tokens in memory stay
+        "memory"; a mapping that cannot be read by position is gathered within the
+        budget."""
         view = self._view
         if reader is None:
             if releasable_range(view) is None:
@@ -267,21 +271,28 @@ class GroupCutter:
         if reader.batched:
             return "file", f"{by_position} (faster here than a mapping, warm or cold)"
         size = format_size(view.nbytes)
-        room = memory_headroom()
-        if room is not None and view.nbytes > KEEP_SHARE * room:
+        total = host_total_bytes()
+        if total is not None and view.nbytes > KEEP_OF_RAM * total:
             return "file", (
-                f"the tokens ({size}) are more than {KEEP_SHARE:.0%} of the "
-                f"{format_size(room)} this process can still use: {by_position}"
+                f"the tokens ({size}) are more than {KEEP_OF_RAM:.0%} of the host's "
+                f"{format_size(total)} of RAM: {by_position}"
             )
         cached = cached_share(view)
         if cached is not None and cached < WARM_SHARE:
             return "file", (
                 f"{cached:.0%} of the tokens' pages ({size}) are in the page cache: {by_position}"
             )
+        room = memory_headroom()
+        missing = view.nbytes * (1.0 - (cached or 0.0))
+        if room is not None and missing > KEEP_SHARE * room:
+            return "file", (
+                f"the {format_size(int(missing))} of the tokens not in the page cache are more "
+                f"than {KEEP_SHARE:.0%} of the {format_size(room)} this process can still "
+                f"use: {by_position}"
+            )
         known = "" if cached is None else f", {cached:.0%} of their pages in the page cache"
-        left = "memory" if room is None else f"the {format_size(room)} this process can still use"
         return "keep", (
-            f"the tokens ({size}{known}) fit in {left} and reading by position is a system "
+            f"the tokens ({size}{known}) fit in memory and reading by position is a system "
             "call a window here (no io_uring): gathered from the mapping, its pages kept "
             "while memory allows"
         )
