@@ -64,39 +64,60 @@ def _cgroup_file(name_v2: str, name_v1: str) -> str | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            where, name = f"/sys/fs/cgroup{path}", name_v2
+            root, name = "/sys/fs/cgroup", name_v2
         elif "memory" in controllers.split(","):
-            where, name = f"/sys/fs/cgroup/memory{path}", name_v1
+            root, name = "/sys/fs/cgroup/memory", name_v1
         else:
             continue
-        try:
-            with open(f"{where.rstrip('/')}/{name}", encoding="utf-8") as f:
-                return f.read()
-        except OSError:
-            continue
+        # The process's own group, or (in a container, whose mount is its group) the root.
+        for where in (f"{root}{path.rstrip()}", root):
+            try:
+                with open(f"{where.rstrip('/')}/{name}", encoding="utf-8") as f:
+                    return f.read()
+            except OSError:
+                continue
     return None
 
 
 def _cgroup_headroom() -> int | None:
-    """What this process's memory cgroup still allows, its page cache counted as
-    reclaimable (as MemAvailable counts it), or None where it sets no limit."""
-    limit = _cgroup_file("memory.max", "memory.limit_in_bytes")
-    usage = _cgroup_file("memory.current", "memory.usage_in_bytes")
-    stat = _cgroup_file("memory.stat", "memory.stat")
-    if limit is None or usage is None or not limit.strip().isdigit():
-        return None  # "max" (v2), or none to read
+    """What this process's memory cgroup still allows, or None where it sets no limit."""
+    return cgroup_room(
+        _cgroup_file("memory.max", "memory.limit_in_bytes"),
+        _cgroup_file("memory.current", "memory.usage_in_bytes"),
+        _cgroup_file("memory.stat", "memory.stat"),
+    )
+
+
+def cgroup_room(limit: str | None, usage: str | None, stat: str | None) -> int | None:
+    """A memory cgroup's room from its files' texts: the limit less the usage, its page
+    cache counted as reclaimable (as MemAvailable counts it: `file` in v2's memory.stat,
+    `cache` in v1's); None where it sets no limit (v2's "max", v1's number near 2**63) or
+    a text is missing or not a number.
+
+    Example:
+        >>> cgroup_room("1000", "600", "file 100")
+        500
+        >>> cgroup_room("max", "600", None) is None
+        True
+    """
+    if limit is None or usage is None:
+        return None
+    try:
+        ceiling, used = int(limit), int(usage)
+    except ValueError:
+        return None
+    if ceiling >= 2**62:
+        return None
     cache = 0
     for line in (stat or "").splitlines():
         key, _, value = line.partition(" ")
-        if key in ("file", "cache") and value.strip().isdigit():  # v2, v1
-            cache = int(value)
+        if key in ("file", "cache"):
+            try:
+                cache = int(value)
+            except ValueError:
+                cache = 0
             break
-    try:
-        headroom = int(limit) - int(usage) + cache
-    except ValueError:
-        return None
-    # v1 writes "no limit" as a number near 2**63.
-    return None if int(limit) >= 2**62 else max(0, headroom)
+    return max(0, ceiling - used + cache)
 
 
 def memory_headroom() -> int | None:

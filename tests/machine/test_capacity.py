@@ -7,10 +7,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._machine.capacity import pool_of
+from devpolicy._machine.capacity import cgroup_room, pool_of
 
 
 def with_capacity(document: dict[str, object], free: dict[str, int | str]) -> devpolicy.Policy:
@@ -222,3 +224,37 @@ class TestSharedHostMemory:
             ("cpu:2", "host RAM", 1200, False),
         ]
         assert not plan.fits
+
+
+class TestCgroupRoom:
+    def test_a_v2_limit_less_its_usage_counts_its_page_cache_as_free(self) -> None:
+        """memory.max 8 GiB, memory.current 6 GiB of which 4 GiB page cache: 6 GiB room."""
+        stat = "anon 2147483648\nfile 4294967296\nkernel 1000\n"
+        assert cgroup_room("8589934592\n", "6442450944\n", stat) == 6 * 2**30
+
+    def test_a_v1_limit_counts_cache(self) -> None:
+        """v1 names the page cache `cache` in memory.stat."""
+        assert cgroup_room("1000", "900", "cache 300\nrss 600\n") == 400
+
+    @pytest.mark.parametrize(
+        "limit", ["max\n", "9223372036854771712\n", None, "", "12 GiB"], ids=repr
+    )
+    def test_no_limit_or_an_unreadable_one_is_no_room_to_speak_of(self, limit: str | None) -> None:
+        """v2's `max`, v1's "no limit" near 2**63, a missing or garbled file: None, so the
+        host's MemAvailable alone is used."""
+        assert cgroup_room(limit, "100", "file 0\n") is None
+
+    @given(
+        limit=st.integers(0, 2**61),
+        usage=st.integers(0, 2**61),
+        cache=st.integers(0, 2**61),
+        junk=st.text(alphabet="abc \n0123456789", max_size=40),
+    )
+    def test_the_room_is_never_negative_and_never_more_than_the_limit_plus_cache(
+        self, limit: int, usage: int, cache: int, junk: str
+    ) -> None:
+        """Whatever the numbers (usage past the limit included) and whatever else the
+        stat file holds, the room is a count of bytes from 0 up."""
+        room = cgroup_room(str(limit), str(usage), f"{junk}\nfile {cache}\n")
+        assert room is not None
+        assert 0 <= room <= limit + cache
