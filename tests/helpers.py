@@ -218,14 +218,15 @@ def dense_tensor_file(
     return path
 
 
-def drop_from_page_cache(path: Path) -> None:
-    """Write `path`'s pages to disk and drop them from the page cache (Linux; elsewhere,
-    or where the filesystem keeps them, nothing happens: measure what is cached)."""
+def drop_from_page_cache(path: Path, start: int = 0) -> None:
+    """Write `path`'s pages to disk and drop them, from byte `start` on, from the page
+    cache (Linux; elsewhere, or where the filesystem keeps them, nothing happens: measure
+    what is cached)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
         if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(fd, start, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 

@@ -6,7 +6,6 @@ and `stream_ended` says which ran and why."""
 from __future__ import annotations
 
 import mmap
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,18 @@ def run(tokens: Any, steps: int = 40, seed: int = 3) -> dict[str, Any]:
     return ended
 
 
+def read_by_position(tokens: Any, cached: tuple[float, float], why: str) -> None:
+    """With the share of `tokens` in the page cache within `cached` (else the test is
+    skipped: the filesystem kept what it was told to drop), a stream reads them by
+    position, one `preadv` a window, and `reads_why` says `why`."""
+    share = paging.cached_share(devpolicy.host_view(tokens))
+    if share is None or not cached[0] <= share < cached[1]:
+        pytest.skip(f"this filesystem kept what was dropped from the page cache ({share})")
+    ended = run(tokens)
+    assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
+    assert why in ended["reads_why"]
+
+
 @pytest.fixture
 def no_io_uring(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading by position is one `preadv` a window, as where io_uring cannot be had
@@ -91,12 +102,7 @@ class TestChoice:
         """The file dropped from the page cache: faults through a mapping would wait on
         the disk one page at a time, so the stream reads by position."""
         tokens = mapped(tmp_path / "t.safetensors", cold=True)
-        share = paging.cached_share(devpolicy.host_view(tokens))
-        if share is None or share >= cutting.WARM_SHARE:
-            pytest.skip(f"this filesystem kept the file cached ({share})")
-        ended = run(tokens)
-        assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
-        assert "in the page cache: read from the file by position" in ended["reads_why"]
+        read_by_position(tokens, (0.0, cutting.WARM_SHARE), "in the page cache: read from")
 
     @pytest.mark.usefixtures("no_io_uring")
     def test_tokens_larger_than_the_page_cache_can_hold_are_read_by_position(
@@ -125,19 +131,8 @@ class TestChoice:
         view = devpolicy.host_view(tokens)
         paging.Pager(view, random=False).sweep()  # what the stream mapped, unmapped
         path = tmp_path / "t.safetensors"
-        fd = os.open(path, os.O_RDONLY)
-        try:  # the last quarter of the file written out and dropped from the page cache
-            os.fsync(fd)
-            size = path.stat().st_size
-            os.posix_fadvise(fd, size * 3 // 4, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        share = paging.cached_share(view)
-        if share is None or not cutting.WARM_SHARE <= share < 1.0:
-            pytest.skip(f"this filesystem did not drop a part ({share})")
-        ended = run(tokens)
-        assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
-        assert "not in the page cache are more than" in ended["reads_why"]
+        drop_from_page_cache(path, start=path.stat().st_size * 3 // 4)  # the last quarter
+        read_by_position(tokens, (cutting.WARM_SHARE, 1.0), "not in the page cache are more")
 
     @pytest.mark.usefixtures("no_io_uring")
     def test_kept_pages_are_given_back_once_memory_runs_low_and_no_batch_changes(
