@@ -53,38 +53,58 @@ def host_available_bytes() -> int | None:
         return None
 
 
-def _cgroup_file(name_v2: str, name_v1: str) -> str | None:
-    """The text of this process's memory cgroup file (cgroup v2 `name_v2`, else v1
-    `name_v1`), or None where there is none."""
+def _memory_cgroup() -> tuple[str, bool] | None:
+    """The folder of this process's memory cgroup and whether it is cgroup v2, or None
+    where there is none to read (its own group's folder, or in a container, whose mount
+    is its group, the mount's root)."""
     try:
         with open("/proc/self/cgroup", encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if controllers == "":
-            root, name = "/sys/fs/cgroup", name_v2
+            root, v2, probe = "/sys/fs/cgroup", True, "memory.max"
         elif "memory" in controllers.split(","):
-            root, name = "/sys/fs/cgroup/memory", name_v1
+            root, v2, probe = "/sys/fs/cgroup/memory", False, "memory.limit_in_bytes"
         else:
             continue
-        # The process's own group, or (in a container, whose mount is its group) the root.
-        for where in (f"{root}{path.rstrip()}", root):
-            try:
-                with open(f"{where.rstrip('/')}/{name}", encoding="utf-8") as f:
-                    return f.read()
-            except OSError:
-                continue
+        for where in (f"{root}{path.rstrip()}".rstrip("/"), root):
+            if os.path.exists(f"{where}/{probe}"):
+                return where, v2
     return None
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _cgroup_headroom() -> int | None:
     """What this process's memory cgroup still allows, or None where it sets no limit."""
+    found = _memory_cgroup()
+    if found is None:
+        return None
+    where, v2 = found
+    limit, usage = (
+        ("memory.max", "memory.current")
+        if v2
+        else (
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+        )
+    )
     return cgroup_room(
-        _cgroup_file("memory.max", "memory.limit_in_bytes"),
-        _cgroup_file("memory.current", "memory.usage_in_bytes"),
-        _cgroup_file("memory.stat", "memory.stat"),
+        _read_text(f"{where}/{limit}"),
+        _read_text(f"{where}/{usage}"),
+        _read_text(f"{where}/memory.stat"),
     )
 
 
