@@ -189,16 +189,17 @@ class Pager:
         #: Whether this kernel's statm counts no file-backed page at all (gVisor): no
         #: measure, and a sweep there gives back nothing the next fault does not map again.
         self.blind = False
-        if self._range is not None:
-            self._open_statm()
-            if not random:  # only a random stream measures what its windows bring in
-                self._close_statm()
-        if self._range is not None and random:
-            with _lock:
-                count = _random_advised.get(self._range, 0)
-                if count or self._advise(*self._range, mmap.MADV_RANDOM):
-                    _random_advised[self._range] = count + 1
-                    self._advised = self._range
+        if self._range is None:
+            return
+        self._open_statm()
+        if not random:  # only a random stream measures what its windows bring in
+            self._close_statm()
+            return
+        with _lock:
+            count = _random_advised.get(self._range, 0)
+            if count or self._advise(*self._range, mmap.MADV_RANDOM):
+                _random_advised[self._range] = count + 1
+                self._advised = self._range
 
     @property
     def active(self) -> bool:
