@@ -41,7 +41,7 @@ from .ahead import KernelReads, call_weakly
 from .filewindows import FileWindows, mapped_file
 from .groups import GroupBuffer, GroupPlan
 from .interrupts import deferred_interrupts
-from .paging import Pager, cached_share, releasable_range
+from .paging import Pager, cached_share
 from .sampling import Random, Sequential, process_rows
 
 #: Batches sent in one `device_put`, at most, and their bytes at most: a call's fixed cost
@@ -233,6 +233,8 @@ class GroupCutter:
                     "; this kernel does not count a mapping's pages (/proc/self/statm), so "
                     "nothing is measured or given back"
                 )
+        elif self._reader is None:
+            why = "the tokens are in memory, not a file mapping"
         self.reads_why = why
         self.reads_with = None
         if self._reader is not None:
@@ -256,9 +258,7 @@ class GroupCutter:
         "memory"; a mapping that cannot be read by position is gathered within the
         budget."""
         view = self._view
-        if reader is None:
-            if releasable_range(view) is None:
-                return "budget", "the tokens are in memory, not a file mapping"
+        if reader is None:  # memory (`_open` says so once its pager has looked) or this:
             return "budget", (
                 "the file this mapping shows cannot be opened to read by position: gathered "
                 "from the mapping, its pages given back within the budget"
