@@ -441,13 +441,11 @@ def main() -> int:
         args.mapped.mkdir(parents=True, exist_ok=True)
         kind = "sparse" if args.sparse else "dense"
         path = args.mapped / f"bench_loop_tokens_{kind}_{args.tokens}.safetensors"
-        if not path.exists():  # written once: 19.09 GiB dense takes minutes
-            written = path.with_suffix(".partial")
+        if not path.exists():  # written once (with --keep): 19.09 GiB dense takes minutes
             if args.sparse:
-                sparse_tensor_file(written, args.tokens)
+                sparse_tensor_file(path, args.tokens)
             else:
-                dense_tensor_file(written, args.tokens, vocab=args.vocab)
-            written.rename(path)
+                dense_tensor_file(path, args.tokens, vocab=args.vocab)
         start = path.stat().st_size - 2 * args.tokens
         if not args.cold:
             # The warm-up: the whole file read once, so that no case alone pays the page

@@ -26,10 +26,12 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.helpers import dense_tensor_file  # noqa: E402 - the checkout on the path first
 
 #: One timed stream, in a process of its own (so each version imports its own devpolicy).
 PROBE = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
 import devpolicy
 source, path, count, length, batch, batches, seed = sys.argv[1:8]
@@ -37,7 +39,8 @@ count, length, batch, batches, seed = map(int, (count, length, batch, batches, s
 if source == "memory":
     tokens = np.random.default_rng(0).integers(0, 2**16, count, dtype=np.uint16)
 else:
-    tokens = np.memmap(path, dtype=np.uint16, mode="r", shape=(count,))
+    start = os.path.getsize(path) - 2 * count  # the tensor's data ends the file
+    tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=start, shape=(count,))
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}})
 warm = devpolicy.windows(tokens, length, batch, order="random", seed=10**6 + seed,
                          steps=64, policy=policy)
@@ -60,13 +63,11 @@ def positive(text: str) -> int:
 
 
 def dense_file(folder: Path, count: int) -> Path:
-    """`count` random uint16 tokens written to every byte of a file, read through once."""
-    path = folder / f"dense-{count}.u16"
-    if not path.exists() or path.stat().st_size != 2 * count:
-        rng = __import__("numpy").random.default_rng(0)
-        with open(path, "wb") as f:
-            for first in range(0, count, 2**26):
-                f.write(rng.integers(0, 2**16, min(2**26, count - first), dtype="u2").tobytes())
+    """`count` random tokens below 32,000 in every byte of a file (`dense_tensor_file`, as the
+    other benchmarks write theirs), read through once."""
+    path = folder / f"dense-{count}.safetensors"
+    if not path.exists():
+        dense_tensor_file(path, count)
     with open(path, "rb", buffering=0) as f:
         chunk = bytearray(2**24)
         while f.readinto(chunk):

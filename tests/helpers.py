@@ -200,13 +200,15 @@ def dense_tensor_file(
 ) -> Path:
     """A safetensors file of one 1-D uint16 tensor of random tokens below `vocab`, every
     byte written (what a real token file is: no holes, which read as no data does), its
-    data 64-byte aligned so that `load_file` maps it. Written 64 MiB at a time."""
+    data 64-byte aligned so that `load_file` maps it. Written 64 MiB at a time, under a
+    temporary name renamed to `path` once whole (a run cut short leaves no short file)."""
     header = {key: {"dtype": "U16", "shape": [elements], "data_offsets": [0, elements * 2]}}
     text = json.dumps(header).encode()
     text += b" " * (-(8 + len(text)) % 64)
     rng = np.random.default_rng(seed)
     chunk = 32 * 2**20  # tokens a write
-    with open(path, "wb") as f:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
         for first in range(0, elements, chunk):
             count = min(chunk, elements - first)
@@ -215,6 +217,7 @@ def dense_tensor_file(
             tokens = words.view(np.uint16)[:count]
             tokens %= vocab
             f.write(memoryview(tokens))
+    partial.rename(path)
     return path
 
 
