@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,16 +33,31 @@ class StreamTally:
     nbytes: int = 0
     open: bool = True
     recent: deque[weakref.ref[Any]] = field(default_factory=lambda: deque(maxlen=STREAM_RECENT))
+    #: A mixture's windows of each source in its first n batches (while open), and in the
+    #: batches it handed out (once ended).
+    count_sources: Callable[[int], dict[str, int]] | None = None
+    sources: dict[str, int] | None = None
 
-    def add(self, arrays: list[Any], nbytes: int) -> None:
-        """Count the batches `arrays` (`nbytes` in all), placed by this stream."""
+    def add(self, arrays: list[Any], nbytes: int, batches: int | None = None) -> None:
+        """Count the batches `arrays` (`nbytes` in all), placed by this stream: one a batch,
+        or `batches` of them (a batch of several arrays)."""
         self.recent.extend(map(weakref.ref, arrays))
-        self.batches += len(arrays)
+        self.batches += len(arrays) if batches is None else batches
         self.nbytes += nbytes
 
-    def close(self) -> None:
-        """The stream ended: its counts stay readable (`streams()`) for a while."""
+    def close(self, handed: int | None = None) -> None:
+        """The stream ended, `handed` batches handed out: its counts stay readable
+        (`streams()`) for a while (a mixture's, of those batches)."""
         self.open = False
+        count = self.count_sources
+        if count is not None:
+            self.sources = count(self.batches if handed is None else handed)
+            self.count_sources = None  # what counted them (the stream's draws) let go of
+
+    def source_counts(self) -> dict[str, int] | None:
+        """A mixture's windows of each source (see `count_sources`), else None."""
+        count = self.count_sources
+        return count(self.batches) if count is not None else self.sources
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +71,8 @@ class LedgerStream:
         batches: How many batches it has placed so far.
         nbytes: Their bytes in all.
         open: Whether the stream is still running (not ended or closed).
+        sources: A mixture's windows from each source, in the batches placed (once it
+            ended, in those handed out), over every process's rows; None for one array.
     """
 
     name: str
@@ -64,14 +81,21 @@ class LedgerStream:
     batches: int
     nbytes: int
     open: bool
+    sources: Mapping[str, int] | None = None
 
 
 _tallies: list[StreamTally] = []
 
 
-def open_stream(name: str, origin: str, rule: int | None, device: str) -> StreamTally:
+def open_stream(
+    name: str,
+    origin: str,
+    rule: int | None,
+    device: str,
+    count_sources: Callable[[int], dict[str, int]] | None = None,
+) -> StreamTally:
     """A new stream's tally, listed by `streams()` (and its recent batches by `report`)."""
-    tally = StreamTally(name, origin, rule, device)
+    tally = StreamTally(name, origin, rule, device, count_sources=count_sources)
     ended = [t for t in _tallies if not t.open]
     if len(ended) > _ENDED_KEPT:  # only the latest ended streams are kept
         dropped = {id(t) for t in ended[: len(ended) - _ENDED_KEPT]}
@@ -91,7 +115,7 @@ def streams() -> tuple[LedgerStream, ...]:
         ('tally', 2, 32, False)
     """
     return tuple(
-        LedgerStream(t.name, t.origin, t.device, t.batches, t.nbytes, t.open)
+        LedgerStream(t.name, t.origin, t.device, t.batches, t.nbytes, t.open, t.source_counts())
         for t in list(_tallies)
     )
 

@@ -321,8 +321,8 @@ class Policy:
         """Batches of windows of a host array, placed by this policy ahead of use.
 
         The keywords are `devpolicy.windows`'s (`name`, `order`, `seed`, `stride`, `steps`,
-        `size`, `narrow`, `start`, `resume`), defined once there; a keyword it does not take
-        is a TypeError naming it.
+        `epochs`, `weights`, `separator`, `separator_is`, `size`, `narrow`, `start`,
+        `resume`), defined once there; a keyword it does not take is a TypeError naming it.
 
         Example:
             >>> import devpolicy, numpy as np

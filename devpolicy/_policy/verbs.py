@@ -582,10 +582,14 @@ def windows(
     batch: int,
     *,
     name: str = "batch",
-    order: Literal["sequential", "random"] = "sequential",
+    order: Literal["sequential", "random", "shuffled"] = "sequential",
     seed: int | None = None,
     stride: int | None = None,
     steps: int | None = None,
+    epochs: int | None = None,
+    weights: Mapping[str, float] | None = None,
+    separator: int | None = None,
+    separator_is: Literal["eos", "bos"] = "eos",
     size: int = 2,
     policy: Policy | None = None,
     narrow: Literal["exact", "lossy"] = "exact",
@@ -606,19 +610,36 @@ def windows(
 
     Args:
         tokens: A `jax.Array` on one host device, or a numpy array (a memmap is fine).
-            Windows run along its first dimension.
+            Windows run along its first dimension. A mapping of names to such arrays
+            (one dtype and row shape) is a mixture: each row of a batch comes from a
+            source allotted by `weights` (docs/training-data.md).
         length: Rows per window (for a language model, the context length plus one).
-        batch: Windows per batch.
+        batch: Windows per batch (this process's, under several processes).
         name: The name each batch is placed as (its rule decides the device).
         order: "sequential": windows at 0, stride, 2*stride, ... for one pass, the last
             batch possibly smaller. "random": each window starts at an offset drawn
             uniformly, with replacement, from every offset it fits at; until `steps`
-            if given, else for `2**63` steps.
-        seed: Seed of the random order, an int from 0 to `2**64 - 1` (None: fresh
-            entropy, drawn once and kept in the stream's `state()`). Step k's windows
-            depend on the seed and k alone.
-        stride: Distance between sequential windows (default `length`: no overlap).
+            if given, else for `2**63` steps. "shuffled": epochs of the windows at 0,
+            stride, 2*stride, ..., each window once an epoch, in an order drawn anew
+            each epoch; batches run on across an epoch's end; until `epochs` or `steps`.
+        seed: Seed of the random or shuffled order, an int from 0 to `2**64 - 1`
+            (None: fresh entropy, drawn once and kept in the stream's `state()`). Step
+            k's windows depend on the seed and k alone.
+        stride: Distance between sequential or shuffled windows (default `length`: no
+            overlap; 1: every start).
         steps: Stop after this many batches.
+        epochs: Stop a shuffled stream (of one array) after this many epochs; the last
+            batch holds what is left of the last epoch.
+        weights: A mixture's weights, by source name (any positive numbers: their
+            shares are what counts). Each source's rows of a batch are allotted by them
+            exactly over every few rows, and drawn from that source by `order` ("random",
+            or "shuffled": each source's own epochs). `stream_ended` and `streams()` say
+            how many windows came from each source.
+        separator: A token id that separates documents: each batch is then a dict of
+            "tokens", "segment_ids" (1, 2, ... for the documents of each window) and
+            "positions" (0 at each document's first token), int32, placed together.
+        separator_is: "eos" (the separator ends a document, and belongs to it) or "bos"
+            (it starts one).
         size: Batches in flight ahead of use (`prefetch`'s `size`).
         policy: Policy to decide by (default: the active one at this call).
         narrow: `put`'s, for 64-bit tokens with x64 disabled.
@@ -627,8 +648,10 @@ def windows(
             once (no batch before it is drawn or read), for either order.
         resume: A stream's `state()` (or its JSON text), saved beside a checkpoint: the
             stream resumes at its step, once every argument that decides the batches
-            (order, seed, length, batch, stride, steps, the tokens' rows, row shape and
-            dtype) matches the saved one.
+            (order, seed, length, global batch, stride, steps, epochs, the tokens' rows,
+            row shape and dtype, a mixture's sources and weights) matches the saved one.
+            A state saved by N processes resumes on M with the same global batch (each
+            process's `batch` that global batch over M).
 
     Returns:
         A `WindowStream` of placed batches; `close()` ends it, `state()` says where it
@@ -638,8 +661,8 @@ def windows(
 
     Raises:
         HostViewError: `tokens` is not on a host device (or sharded): it would be copied.
-        ValueError: a bad `length`, `batch`, `stride`, `steps`, `size`, `order`, `seed`
-            or `start`, or fewer rows than `length`.
+        ValueError: a bad `length`, `batch`, `stride`, `steps`, `epochs`, `weights`,
+            `separator`, `size`, `order`, `seed` or `start`, or fewer rows than `length`.
         StreamStateError: `resume` is not a saved state, is damaged (every field at
             fault named), or was saved by a stream with other arguments (it would draw
             other batches; every one that differs named).
@@ -654,6 +677,19 @@ def windows(
         >>> (b,) = devpolicy.windows(tokens, 4, 8, order="random", seed=0, steps=1, policy=p)
         >>> b.shape, devpolicy.inventory().text(*b.devices())
         ((8, 4), 'cpu:1')
+        >>> epoch = devpolicy.windows(tokens, 2, 5, order="shuffled", seed=1, epochs=1, policy=p)
+        >>> sorted(w[0] for b in epoch for w in b.tolist())  # each window once
+        [0, 2, 4, 6, 8]
+        >>> mixed = devpolicy.windows({"web": tokens, "code": tokens + 100}, 2, 10,
+        ...     order="random", seed=0, weights={"web": 0.7, "code": 0.3}, policy=p)
+        >>> sum(w[0] >= 100 for w in next(mixed).tolist())  # 3 rows of 10 from "code"
+        3
+        >>> mixed.close()
+        >>> docs = devpolicy.windows(np.array([5, 0, 6, 7, 0, 8], np.uint16), 6, 1,
+        ...     separator=0, policy=p)
+        >>> b = next(docs)
+        >>> b["segment_ids"].tolist(), b["positions"].tolist()
+        ([[1, 1, 2, 2, 2, 3]], [[0, 1, 0, 1, 2, 0]])
     """
     return _windows.windows(
         tokens,
@@ -667,6 +703,10 @@ def windows(
         steps=steps,
         size=size,
         narrow=narrow,
+        epochs=epochs,
+        weights=weights,
+        separator=separator,
+        separator_is=separator_is,
         start=start,
         resume=resume,
     )

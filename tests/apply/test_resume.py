@@ -137,7 +137,7 @@ class TestStateThatDoesNotMatch:
         ("change", "field"),
         [
             ({"length": 65}, "length"),
-            ({"batch": 5}, "batch"),
+            ({"batch": 5}, "global_batch"),
             ({"tokens": TOKENS[:-1]}, "rows"),
             ({"tokens": TOKENS.astype(np.int64)}, "dtype"),
             ({"seed": 4}, "seed"),
@@ -148,8 +148,8 @@ class TestStateThatDoesNotMatch:
     def test_other_arguments_are_an_error_naming_the_field(
         self, change: dict[str, object], field: str
     ) -> None:
-        """A state resumed with another length, batch, token count, dtype, seed or steps
-        would draw other batches: StreamStateError names the field and both values."""
+        """A state resumed with another length, (global) batch, token count, dtype, seed or
+        steps would draw other batches: StreamStateError names the field and both values."""
         arguments: dict[str, object] = {
             "tokens": TOKENS, "length": 64, "batch": 4, "seed": 3, "steps": 50,
         }  # fmt: skip

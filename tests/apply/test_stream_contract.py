@@ -371,7 +371,7 @@ class TestSavedState:
             ({"step": 201}, "resume['step']"),
             ({"steps": 0}, "resume['steps']"),
             ({"length": "64"}, "resume['length']"),
-            ({"order": "shuffled"}, "resume['order']"),
+            ({"order": "shuffle"}, "resume['order']"),
             ({"row_shape": [-1]}, "resume['row_shape']"),
             ({"dtype": "not a dtype"}, "resume['dtype']"),
             ({"stride": 3}, "resume['stride']"),
@@ -414,8 +414,8 @@ class TestSavedState:
         state = self.saved()
         with pytest.raises(
             StreamStateError,
-            match=r"^windows resume: length, batch: the saved stream had length=64, batch=4; "
-            r"this one has length=32, batch=8",
+            match=r"^windows resume: length, global_batch: the saved stream had length=64, "
+            r"global_batch=4; this one has length=32, global_batch=8",
         ):
             devpolicy.windows(
                 np.arange(COUNT, dtype=np.uint32),

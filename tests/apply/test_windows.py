@@ -279,8 +279,9 @@ class TestWindows:
             ({"steps": True}, r"^windows steps must be an int >= 1, got True$"),
             ({"size": 0}, r"^prefetch size must be an int >= 1, got 0$"),
             (
-                {"order": "shuffled"},
-                r"^windows order must be one of \('sequential', 'random'\), got 'shuffled'$",
+                {"order": "shuffle"},
+                r"^windows order must be one of \('sequential', 'random', 'shuffled'\), got "
+                r"'shuffle'$",
             ),
             (
                 {"length": 11},
@@ -303,7 +304,8 @@ class TestWindows:
             (
                 {"order": "random", "stride": 3},
                 ValueError,
-                r"^windows stride applies to order='sequential' only; order='random' draws "
+                r"^windows stride applies to order='sequential' or 'shuffled' only; "
+                r"order='random' draws "
                 r"every start at random, got stride=3$",
             ),
             (

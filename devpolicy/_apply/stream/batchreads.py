@@ -118,7 +118,7 @@ _ABANDONED: list[Any] = []
 class _Job:
     """The reads of one `submit`: queued a ring's worth at a time."""
 
-    fd: int
+    fd: int | np.ndarray[Any, Any]  # one file, or one a read
     positions: np.ndarray[Any, Any]
     addresses: np.ndarray[Any, Any]
     size: int
@@ -267,15 +267,16 @@ class BatchReads:
 
     def submit(
         self,
-        fd: int,
+        fd: int | np.ndarray[Any, Any],
         positions: np.ndarray[Any, Any],
         addresses: np.ndarray[Any, Any],
         size: int,
         into: object,
     ) -> None:
-        """Start reading `size` bytes at each of `positions` (file offsets) of `fd` to the
-        memory at the same index of `addresses`, which `into` holds (kept alive until the
-        reads are done). One submission at a time: `wait` for it before the next."""
+        """Start reading `size` bytes at each of `positions` (file offsets) of `fd` (one
+        descriptor, or one a read) to the memory at the same index of `addresses`, which
+        `into` holds (kept alive until the reads are done). One submission at a time:
+        `wait` for it before the next."""
         with self._lock:
             if not self.usable:
                 raise ValueError("this ring is closed, or was opened by another process")
@@ -330,7 +331,7 @@ class BatchReads:
         numbers = np.arange(count, dtype=np.uint32)
         self._sq_array[(self._tail + numbers) & (len(self._sq_array) - 1)] = numbers
         sqes = self._sqes[:count]
-        sqes["fd"] = job.fd
+        sqes["fd"] = job.fd if isinstance(job.fd, int) else job.fd[first : first + count]
         sqes["off"] = job.positions[first : first + count]
         sqes["addr"] = job.addresses[first : first + count]
         sqes["len"] = job.size

@@ -16,6 +16,12 @@ group; any other is waited out and dropped. So an interrupt or an error anywhere
 cut leaves nothing a later cut would trust. The cutter keeps no step of its own: the
 stream that owns it (`owner.WindowStream`) does, under its lock, and calls the cutter only
 while it holds that lock.
+
+Why this is one concept, past 600 lines: every read path (one array, a mixture, a file, a
+mapping kept or given back) fills the same group buffers, reads ahead through the same
+record, and is switched mid-stream (memory falling, large folios) between two cuts; the
+invariant above holds only where one object sees all of them. What each path does alone
+lives below it (`filewindows`, `paging`, `groups`, `mixing`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +45,17 @@ from ..._machine.capacity import host_total_bytes, memory_headroom
 from ..._machine.streams import StreamTally, open_stream
 from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
 from .ahead import KernelReads, call_weakly
-from .filewindows import FileWindows, mapped_file
-from .groups import GroupBuffer, GroupPlan
+from .documents import SeparatorIs
+from .filewindows import FileWindows, mapped_file, mapped_files
+from .groups import GroupBuffer, GroupPlan, every_window, place_documents
 from .interrupts import deferred_interrupts
+from .mixing import Mixed, MixedViews
 from .paging import Pager, cached_share
 from .sampling import Random, Sequential, process_rows
+from .shuffling import Shuffled
+
+#: What draws a stream's windows, step by step.
+Sampler = Random | Sequential | Shuffled | Mixed
 
 #: Batches sent in one `device_put`, at most, and their bytes at most: a call's fixed cost
 #: (about 100 us on this CPU, most of a small batch's time) is shared by the group, and
@@ -101,6 +114,7 @@ class GroupCutter:
         "_batch_bytes",
         "_budgeted",
         "_buffers",
+        "_count_sources",
         "_decider",
         "_dtype",
         "_gatherer",
@@ -109,6 +123,7 @@ class GroupCutter:
         "_keep",
         "_kernel_reads",
         "_length",
+        "_mixture",
         "_name",
         "_narrow",
         "_narrowed",
@@ -118,6 +133,7 @@ class GroupCutter:
         "_reader",
         "_ring",
         "_sampler",
+        "_separator",
         "_shapes",
         "_target",
         "_tried_file",
@@ -134,28 +150,26 @@ class GroupCutter:
         view: np.ndarray[Any, Any],
         length: int,
         batch: int,
-        sampler: Random | Sequential,
+        sampler: Sampler,
         decider: Decider,
         name: str,
         size: int,
         narrow: Narrow,
+        *,
+        mixture: MixedViews | None = None,
+        separator: tuple[int, SeparatorIs] | None = None,
     ) -> None:
-        self._view = view
+        self._view = view  # a mixture's first source (its dtype and row shape are all's)
+        self._mixture = mixture
+        self._separator = separator  # (token, "eos" or "bos"): segment ids with each batch
+        self._count_sources: Callable[[int], dict[str, int]] | None = None
         self._length = length
         self._batch = batch
         self._sampler = sampler
         self._decider = decider
         self._name = name
         self._narrow = narrow
-        # Every window as a row of a 2-D (starts, length, ...) view: one fancy index
-        # gathers a whole group, with numpy's 64-bit offsets.
-        starts = view.shape[0] - length + 1
-        self._windows = np.lib.stride_tricks.as_strided(
-            view,
-            shape=(starts, length, *view.shape[1:]),
-            strides=(view.strides[0], *view.strides),
-            writeable=False,
-        )
+        self._windows = every_window(view, length)
         # Narrowed once per batch where x64 is off and the tokens are 64-bit.
         x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
         self._target: np.dtype[Any] | None = None if x64 else NARROWER.get(view.dtype)
@@ -197,7 +211,11 @@ class GroupCutter:
             found = self._shapes[shape] = GroupPlan(decision, nbytes, decider.disabled)
             if self.tally is None:
                 self.tally = open_stream(
-                    self._name, decision.origin, decision.rule, decision.device_text
+                    self._name,
+                    decision.origin,
+                    decision.rule,
+                    decision.device_text,
+                    self._count_sources,
                 )
         return found
 
@@ -206,8 +224,9 @@ class GroupCutter:
         position, a mapping gathered from (its pages kept, or given back), or memory.
         Opened with Ctrl-C held back, so no descriptor is ever left without an owner that
         closes it."""
-        if jax.process_count() > 1:
-            self._own_rows()
+        if self._mixture is not None:
+            self._open_mixture(self._mixture)
+            return
         copy, why = MAPPED_COPY, f"chosen: MAPPED_COPY={MAPPED_COPY!r}"
         with deferred_interrupts():
             if copy in ("auto", "file"):
@@ -315,17 +334,49 @@ class GroupCutter:
         self._tried_file = True
         self._read_by_position()
 
-    def _own_rows(self) -> None:
-        """Several processes: this process draws its own rows of the global batch (the
-        rows its devices hold of it), so one seed gives every process other windows of
-        one global batch, and a process resumed at a step draws the rows it drew."""
+    def _open_mixture(self, mixture: MixedViews) -> None:
+        """A mixture's read path: read by position where every source maps a file that
+        can be read so (one reader over all of them), else gathered from each array
+        (a mapping's pages kept: no pager watches a mixture's several mappings)."""
+        with deferred_interrupts():
+            self._reader = mapped_files(mixture.views, self._length, mixture.bases)
+            self._opened = True
+        reader = self._reader
+        if reader is not None:
+            self.reads = "file"
+            self.reads_why = "a mixture of files: read from them by position, " + (
+                "a group's windows in one io_uring call" if reader.batched else "preadv"
+            )
+            self._reads_ahead()
+        else:
+            self.reads_why = (
+                "a mixture whose sources are not all files that can be read by position: "
+                "gathered from each array (a mapping's pages kept)"
+            )
+
+    def count_sources(self, counts: Callable[[int], dict[str, int]]) -> None:
+        """How the stream's tally counts a mixture's windows of each source in its first
+        n batches (see `StreamTally.count_sources`)."""
+        self._count_sources = counts
+        if self.tally is not None:
+            self.tally.count_sources = counts
+
+    def own_rows(self) -> int:
+        """The rows of a step's global batch, this process's drawn from now on: under
+        several processes the rows its devices hold of the global batch, so one seed
+        gives every process other windows of one global batch, and a process resumed at a
+        step draws the rows it drew. Every process draws the same windows in order."""
         batch = self._batch
+        if jax.process_count() == 1 or isinstance(self._sampler, Sequential):
+            return batch
         plan = self._shape((batch, self._length, *self._view.shape[1:]))
-        if plan.local:
-            assert plan.decision.sharding is not None
-            rest = (self._length, *self._view.shape[1:])
-            rows, per_step = process_rows(plan.decision.sharding, batch, rest)
-            self._sampler.own_rows(rows, per_step)
+        if not plan.local:
+            return batch
+        assert plan.decision.sharding is not None
+        rest = (self._length, *self._view.shape[1:])
+        rows, per_step = process_rows(plan.decision.sharding, batch, rest)
+        self._sampler.own_rows(rows, per_step)
+        return per_step
 
     def _read_by_position(self) -> None:
         """From now on read the windows from the file by position (ahead, where a group is
@@ -464,6 +515,8 @@ class GroupCutter:
             read = np.empty((*offsets.shape, *self._windows.shape[1:]), self._view.dtype)
             reader.read(offsets, read)
             return read
+        if self._mixture is not None:
+            return self._mixture.gather(offsets)
         pager = self._pager
         if pager is None or not pager.active or self._keep:
             return self._windows[offsets]  # type: ignore[no-any-return]  # one copy
@@ -510,13 +563,18 @@ class GroupCutter:
         elif windows is not buffer.batches:
             for out, batch in zip(buffer.batches, windows, strict=True):
                 np.copyto(out, batch)
-        placed = plan.place(buffer.batches)
-        if plan.reuse and (buffer.checked or not buffer.held_by(placed)):
+        nbytes = plan.nbytes * count
+        if self._separator is None:
+            placed = tokens = plan.place(buffer.batches)
+        else:
+            placed, tokens, extra = place_documents(plan, buffer, self._separator)
+            nbytes += extra
+        if plan.reuse and (buffer.checked or not buffer.held_by(tokens)):
             # Reused once its transfers are done; never if a batch holds it.
             buffer.checked = True
-            buffer.placed = [weakref.ref(a) for a in placed]
+            buffer.placed = [weakref.ref(a) for a in tokens]
             self._ring.append(buffer)
-        return placed, plan.nbytes * count
+        return placed, nbytes
 
     def _narrow_into(
         self, batch: np.ndarray[Any, Any], out: np.ndarray[Any, Any], target: np.dtype[Any]

@@ -44,7 +44,20 @@ class FileWindows:
     SIGBUS instead). One stream, one reader, one thread at a time.
     """
 
-    __slots__ = ("_batch", "_fd", "_name", "_offset", "_results", "_row", "_submitted", "length")
+    __slots__ = (
+        "_bases",
+        "_batch",
+        "_fd",
+        "_fds",
+        "_name",
+        "_names",
+        "_offset",
+        "_offsets",
+        "_results",
+        "_row",
+        "_submitted",
+        "length",
+    )
 
     def __init__(self, fd: int, name: str, offset: int, row: int, length: int) -> None:
         self._fd = fd
@@ -52,12 +65,44 @@ class FileWindows:
         self._offset = offset  # the file offset of the view's first row
         self._row = row  # bytes of one row of the view
         self.length = length  # rows per window
+        # A mixture's files (`joined`): where each one's rows start in the one range of
+        # rows, its descriptor, the file offset of its first row, and its name.
+        self._bases: np.ndarray[Any, Any] | None = None
+        self._fds = np.asarray([fd], np.int32)
+        self._offsets = np.asarray([offset], np.int64)
+        self._names = [name]
         self._batch = BatchReads.open() if BATCHED else None
         # The windows `submit_batches` started reading: (starts, batches), and, once waited
         # for, what each read gave (kept until every short read is read again, so that a
         # `finish` an interrupt cut short is done again whole).
         self._submitted: tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]] | None = None
         self._results: np.ndarray[Any, Any] | None = None
+
+    @classmethod
+    def joined(cls, readers: list[FileWindows], bases: np.ndarray[Any, Any]) -> FileWindows:
+        """One reader of several files' windows (a mixture's), numbered in one range of
+        rows: reader i's rows from `bases[i]`. It takes over their descriptors (each
+        reader given is left closed); a window never spans two files."""
+        first = readers[0]
+        joined = cls(first._fd, first._name, first._offset, first._row, first.length)
+        joined._fds = np.asarray([r._fd for r in readers], np.int32)
+        joined._offsets = np.asarray([r._offset for r in readers], np.int64)
+        joined._names = [r._name for r in readers]
+        joined._name = ", ".join(joined._names)
+        joined._bases = np.asarray(bases, np.int64)
+        for reader in readers:
+            reader._fd = -1  # now the joined reader's
+            reader.close()
+        return joined
+
+    def _located(self, starts: np.ndarray[Any, Any]) -> tuple[Any, np.ndarray[Any, Any]]:
+        """The descriptor (one, or one a window) and file offset of each window at
+        `starts` (a flat integer array)."""
+        bases = self._bases
+        if bases is None:
+            return self._fd, self._offset + starts * self._row
+        part = np.searchsorted(bases, starts, side="right") - 1
+        return self._fds[part], self._offsets[part] + (starts - bases[part]) * self._row
 
     def _ring(self) -> BatchReads | None:
         """The ring, where this process may use it (not in a forked child)."""
@@ -100,18 +145,31 @@ class FileWindows:
             self.submit_batches(starts, batches)
             self.finish()
             return
-        fd, offset, row = self._fd, self._offset, self._row
-        size = self.length * row
+        size = self.length * self._row
         preadv = os.preadv
-        for batch, row_starts in zip(batches, starts.tolist(), strict=True):
+        if self._bases is None:
+            fd, offset, row = self._fd, self._offset, self._row
+            for batch, row_starts in zip(batches, starts.tolist(), strict=True):
+                target = batch.reshape(-1).view(np.uint8).data
+                at = 0
+                for start in row_starts:
+                    slot = target[at : at + size]
+                    got = preadv(fd, [slot], offset + start * row)
+                    if got != size:
+                        self._short(start, got, slot)
+                    at += size
+            return
+        fds, positions = self._located(starts.reshape(-1))
+        fds, positions = fds.reshape(starts.shape).tolist(), positions.reshape(starts.shape)
+        for batch, row_fds, row_positions, row_starts in zip(
+            batches, fds, positions.tolist(), starts.tolist(), strict=True
+        ):
             target = batch.reshape(-1).view(np.uint8).data
-            at = 0
-            for start in row_starts:
-                slot = target[at : at + size]
-                got = preadv(fd, [slot], offset + start * row)
+            for i, (fd, position) in enumerate(zip(row_fds, row_positions, strict=True)):
+                slot = target[i * size : (i + 1) * size]
+                got = preadv(fd, [slot], position)
                 if got != size:
-                    self._short(start, got, slot)
-                at += size
+                    self._short(row_starts[i], got, slot)
 
     def submit_batches(
         self, starts: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]
@@ -141,8 +199,8 @@ class FileWindows:
             raise ValueError(f"{len(batches)} batches for {starts.shape[0]} rows of starts")
         within = np.arange(windows, dtype=np.uint64) * np.uint64(size)
         addresses = np.concatenate([within + np.uint64(b.ctypes.data) for b in batches])
-        positions = self._offset + starts.reshape(-1) * self._row
-        ring.submit(self._fd, positions, addresses, size, batches)
+        fds, positions = self._located(starts.reshape(-1))
+        ring.submit(fds, positions, addresses, size, batches)
         self._submitted = (starts, batches)
 
     def finish(self) -> None:
@@ -177,17 +235,21 @@ class FileWindows:
         short), all of it where `got` is None (a batch's read that failed), or the file
         ended."""
         size = len(slot)
-        position = self._offset + start * self._row
+        fds, positions = self._located(np.asarray([start], np.int64))
+        fd, position = int(np.asarray(fds).reshape(-1)[0]), int(positions[0])
         if got is None:
-            got = os.preadv(self._fd, [slot], position)
+            got = os.preadv(fd, [slot], position)
         while 0 < got < size:  # a signal may cut a read short: go on where it stopped
-            more = os.preadv(self._fd, [slot[got:]], position + got)
+            more = os.preadv(fd, [slot[got:]], position + got)
             if more == 0:
                 break
             got += more
         if got != size:
+            name = self._name
+            if self._bases is not None:
+                name = self._names[int(np.searchsorted(self._bases, start, side="right")) - 1]
             raise HostViewError(
-                self._name,
+                name,
                 f"the file ended at byte {position + got:,} while reading a window of "
                 f"{size:,} bytes at byte {position:,}: it was truncated after it was mapped",
                 "do not rewrite a token file while a stream reads it; load it again",
@@ -200,9 +262,12 @@ class FileWindows:
             if batch is not None:
                 batch.close()
         finally:
-            fd, self._fd = self._fd, -1
-            if fd >= 0:
-                os.close(fd)
+            fds = self._fds.tolist() if self._bases is not None else [self._fd]
+            self._fd = -1
+            self._fds = np.asarray([], np.int32)
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
 
     def __del__(self) -> None:
         # Dropped unclosed (a stream collected, or one an error left): its descriptor and
@@ -322,3 +387,24 @@ def mapped_file(view: np.ndarray[Any, Any], length: int) -> FileWindows | None:
     except BaseException:
         os.close(fd)
         raise
+
+
+def mapped_files(
+    views: list[np.ndarray[Any, Any]], length: int, bases: np.ndarray[Any, Any]
+) -> FileWindows | None:
+    """One positional reader of a mixture's files (`FileWindows.joined`: view i's rows
+    from `bases[i]`), or None unless every view maps a file that can be read so (nothing
+    is left open then)."""
+    readers: list[FileWindows] = []
+    try:
+        for view in views:
+            reader = mapped_file(view, length)
+            if reader is None:
+                return None
+            readers.append(reader)
+        joined = FileWindows.joined(readers, bases)
+        readers = []
+        return joined
+    finally:
+        for reader in readers:
+            reader.close()

@@ -1,4 +1,5 @@
-"""The host memory a group of batches is cut into, and how a group is sent.
+"""The host memory a group of batches is cut into, and how a group is sent (with its
+documents' segments, where a stream has a separator).
 
 Host buffers: a device that adopts an aligned host buffer instead of copying it (JAX's
 CPU client) gets a fresh aligned buffer per group, which it then owns (zero copies, and
@@ -20,6 +21,19 @@ from ..._base.limits import ALIGN
 from ..._decide.decision import Decision
 from .. import hostview
 from ..hostview import copies_host_memory, sent
+from .documents import SeparatorIs, segments
+
+
+def every_window(view: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any]:
+    """Every window of `length` rows of `view` as a row of a read-only (starts, length,
+    ...) view: one fancy index gathers a whole group, with numpy's 64-bit offsets."""
+    starts = view.shape[0] - length + 1
+    return np.lib.stride_tricks.as_strided(
+        view,
+        shape=(starts, length, *view.shape[1:]),
+        strides=(view.strides[0], *view.strides),
+        writeable=False,
+    )
 
 
 def aligned(nbytes: int) -> np.ndarray[Any, Any]:
@@ -33,7 +47,7 @@ class GroupBuffer:
     """One group's host memory: `count` batches of `shape`, each at an aligned offset,
     and the batches placed from it (weakly: a batch its user dropped needs no waiting)."""
 
-    __slots__ = ("batches", "checked", "high", "low", "placed", "shape")
+    __slots__ = ("_raw", "batches", "checked", "high", "low", "placed", "shape")
 
     def __init__(self, count: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         nbytes = math.prod(shape) * dtype.itemsize
@@ -47,6 +61,19 @@ class GroupBuffer:
         ]
         self.placed: list[Any] = []
         self.checked = False  # whether the batches placed from it were seen to copy it
+        self._raw = raw if step == nbytes else None  # the batches back to back, if so
+
+    def whole(self) -> np.ndarray[Any, Any] | None:
+        """The batches as one (count, *shape) array, where they lie back to back (a
+        batch's bytes a multiple of `ALIGN`), else None."""
+        raw = self._raw
+        if raw is None:
+            return None
+        return (
+            raw[: math.prod(self.shape) * self.batches[0].itemsize]
+            .view(self.batches[0].dtype)
+            .reshape(self.shape)
+        )
 
     def ready(self) -> None:
         """Wait for the transfers that read this buffer."""
@@ -98,3 +125,24 @@ class GroupPlan:
         if self.destination is None:  # disabled: what JAX does without devpolicy
             return list(jax.device_put(batches))
         return list(jax.device_put(batches, self.destination))
+
+
+def place_documents(
+    plan: GroupPlan, buffer: GroupBuffer, separator: tuple[int, SeparatorIs]
+) -> tuple[list[dict[str, Any]], list[Any], int]:
+    """A group's batches with their segment ids and positions (`documents`), placed in one
+    call as the batches alone are (so they land where each batch does, sharded as it is):
+    each batch a dict of "tokens", "segment_ids" and "positions"; the tokens placed, and
+    the bytes the segments added."""
+    token, separator_is = separator
+    whole = buffer.whole()
+    windows = np.stack(buffer.batches) if whole is None else whole
+    ids, positions = segments(windows, token, separator_is)
+    count = len(buffer.batches)
+    placed = plan.place([*buffer.batches, *ids, *positions])
+    tokens = placed[:count]
+    batches = [
+        {"tokens": t, "segment_ids": i, "positions": p}
+        for t, i, p in zip(tokens, placed[count : 2 * count], placed[2 * count :], strict=True)
+    ]
+    return batches, tokens, ids.nbytes + positions.nbytes

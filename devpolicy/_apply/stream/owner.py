@@ -19,6 +19,7 @@ import dataclasses
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Literal
 
 from ..._base.errors import StreamEndedError
@@ -75,6 +76,7 @@ class WindowStream(BatchStream[Any]):
         "_closing",
         "_cutter",
         "_cutting",
+        "_epoch_at",
         "_forks",
         "_lock",
         "_next",
@@ -93,8 +95,11 @@ class WindowStream(BatchStream[Any]):
         name: str,
         size: int,
         narrow: Narrow,
+        *,
+        epoch_at: Callable[[int], int | list[int]] | None = None,
     ) -> None:
         super().__init__(iter(()), name, size, decider, narrow)
+        self._epoch_at = epoch_at  # a shuffled stream's epoch (a mixture's, each source's)
         self._source = None
         self._pulling = False  # `BatchStream`'s own loop never runs here
         self._cutter = cutter
@@ -186,7 +191,7 @@ class WindowStream(BatchStream[Any]):
         self._ready.extend(zip(range(first, first + len(placed)), placed, strict=True))
         tally = self._cutter.tally
         if tally is not None:
-            tally.add(placed, nbytes)
+            tally.add(_arrays(placed), nbytes, len(placed))
 
     def _cut_quietly(self) -> bool:
         """Cut ahead while a batch is ready: an error is kept for the pull that finds
@@ -256,7 +261,8 @@ class WindowStream(BatchStream[Any]):
         tally = cutter.tally
         if tally is None:
             return  # nothing was ever cut: nothing to say
-        tally.close()
+        handed = self._next - self._state.step
+        tally.close(handed)
         events = self._decider.events
         # Every stream's end at info, also for a name seen before (a warm-up stream):
         # one event a stream, its counts its own.
@@ -268,14 +274,15 @@ class WindowStream(BatchStream[Any]):
                 {
                     "name": tally.name,
                     "how": how,
-                    "batches": self._next - self._state.step,
-                    "nbytes": tally.nbytes - sum(a.nbytes for a in dropped),
+                    "batches": handed,
+                    "nbytes": tally.nbytes - sum(a.nbytes for a in _arrays(dropped)),
                     "dropped": len(dropped),
                     "device": tally.device,
                     "origin": tally.origin,
                     "reads": cutter.reads,
                     "reads_with": cutter.reads_with,
                     "reads_why": cutter.reads_why,
+                    "sources": tally.sources,
                     "error": None if failure is None else f"{type(failure).__name__}: {failure}",
                 },
             )
@@ -345,4 +352,21 @@ class WindowStream(BatchStream[Any]):
             >>> bool((np.asarray(next(resumed)) == np.asarray(next(stream))).all())
             True
         """
-        return dataclasses.replace(self._state, step=self._next).saved()
+        state = dataclasses.replace(self._state, step=self._next)
+        epoch_at = self._epoch_at
+        if epoch_at is None or state.order != "shuffled":
+            return state.saved()
+        epoch = epoch_at(state.step)
+        sources = state.sources
+        if isinstance(epoch, list):
+            names = [n for n, _ in sources or ()]
+            return state.saved(dict(zip(names, epoch, strict=True)))
+        return state.saved(epoch)
+
+
+def _arrays(batches: list[Any]) -> list[Any]:
+    """The arrays of `batches`: each one, or each of its arrays (a batch with its segment
+    ids and positions is a dict of three)."""
+    if batches and isinstance(batches[0], dict):
+        return [array for batch in batches for array in batch.values()]
+    return batches

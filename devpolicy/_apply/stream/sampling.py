@@ -19,6 +19,7 @@ from .state import LAST_STEP
 
 _MASK = 2**64 - 1
 _GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so every counter differs
+_SALT = 0xD1B54A32D192ED03  # another odd constant: a salted key is no seed's key
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11))
@@ -52,7 +53,7 @@ class CounterDraws:
     __slots__ = ("_base", "_stride", "starts")
 
     def __init__(self, seed: int, rows: np.ndarray[Any, Any], per_step: int, starts: int) -> None:
-        key = _mixed_int((seed * _GAMMA) & _MASK)
+        key = stream_key(seed)
         offsets = ((rows.astype(np.uint64) + np.uint64(1)) * np.uint64(_GAMMA)) + np.uint64(key)
         self._base = offsets[None, :]
         self._stride = np.uint64((per_step * _GAMMA) & _MASK)
@@ -61,17 +62,35 @@ class CounterDraws:
     def steps(self, first: int, count: int) -> np.ndarray[Any, Any]:
         """The starts of steps `first` .. `first + count - 1`, shape (count, rows)."""
         z = np.arange(first, first + count, dtype=np.uint64)[:, None] * self._stride + self._base
-        one, two, three, eleven = _SHIFTS
-        z ^= z >> one
-        z *= _MIX1
-        z ^= z >> two
-        z *= _MIX2
-        z ^= z >> three
-        z >>= eleven
-        fractions = z.astype(np.float64)
-        fractions *= self.starts / 2**53
-        drawn = fractions.astype(np.int64)
-        return np.minimum(drawn, self.starts - 1, out=drawn)  # a product rounded up
+        return uniform_below(mixed(z), self.starts)
+
+
+def mixed(z: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """SplitMix64's finaliser on a uint64 array, in place (and returned)."""
+    one, two, three, _ = _SHIFTS
+    z ^= z >> one
+    z *= _MIX1
+    z ^= z >> two
+    z *= _MIX2
+    z ^= z >> three
+    return z
+
+
+def uniform_below(z: np.ndarray[Any, Any], count: int) -> np.ndarray[Any, Any]:
+    """Mixed uint64 values (`mixed`, changed in place) as ints uniform over [0, count), up
+    to 2**-53 relative: their top 53 bits scaled."""
+    z >>= _SHIFTS[3]
+    fractions = z.astype(np.float64)
+    fractions *= count / 2**53
+    drawn: np.ndarray[Any, Any] = fractions.astype(np.int64)
+    np.minimum(drawn, count - 1, out=drawn)  # a product rounded up
+    return drawn
+
+
+def stream_key(seed: int, salt: int = 0) -> int:
+    """The 64-bit key a stream's draws are keyed by: `seed` (and `salt`, one per source of
+    a mixture, or per use) mixed once."""
+    return _mixed_int((seed * _GAMMA + salt * _SALT) & _MASK)
 
 
 def random_starts(

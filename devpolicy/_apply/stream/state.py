@@ -2,12 +2,15 @@
 rebuilt from it only if it would draw the same batches.
 
 The state names the next batch (`step`) and everything that decides which windows each
-batch holds: the order, seed, length, batch, stride and steps, and the tokens' rows,
-row shape and dtype. Resuming checks each against the stream being built: another
-length, batch or token count would give other batches, silently, so it is an error
-naming every field that differs, the saved value and the given one. A saved state is
-read as untrusted text: each field's type and range is checked, and every one at fault
-is named. No JAX here.
+batch holds: the order, seed, length, global batch (all processes' rows of a step),
+stride, steps and epochs, the tokens' rows, row shape and dtype, and a mixture's sources
+and weights. Resuming checks each against the stream being built: another length, batch
+or token count would give other batches, silently, so it is an error naming every field
+that differs, the saved value and the given one. The batch of each process is not
+checked: a state saved by N processes resumes on M with the same global batches. A saved
+state is read as untrusted text: each field's type and range is checked, and every one
+at fault is named. A state of the first version (before epochs and mixtures) still reads.
+No JAX here.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from ..._base.errors import StreamStateError
 
 #: The key that marks a saved state, and its format's version.
 STATE_KEY = "devpolicy.windows"
-STATE_VERSION = 1
+STATE_VERSION = 2
+#: The versions read back: 1 had no epochs, global batch or mixture.
+_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,18 +46,43 @@ class StreamState:
     rows: int
     row_shape: tuple[int, ...]
     dtype: str
+    epochs: int | None = None
+    global_batch: int = 0  # all processes' rows of a step (0: `batch`)
+    sources: tuple[tuple[str, int], ...] | None = None  # a mixture's (name, rows)
+    weights: tuple[tuple[str, float], ...] | None = None  # and (name, weight)
 
-    def saved(self) -> dict[str, Any]:
+    def saved(self, epoch: int | dict[str, int] | None = None) -> dict[str, Any]:
         """The state as plain JSON-able values (`json.dumps` it into a checkpoint's
-        metadata, or keep it as it is)."""
+        metadata, or keep it as it is); `epoch`, where given, says which epoch the step is
+        in (a mixture's, of each source), for people reading it."""
         fields = asdict(self)
         fields["row_shape"] = list(self.row_shape)
+        fields["global_batch"] = self.global_batch or self.batch
+        for name in ("sources", "weights"):
+            pairs = getattr(self, name)
+            fields[name] = None if pairs is None else dict(pairs)
+        if epoch is not None:
+            fields["epoch"] = epoch
         return {STATE_KEY: STATE_VERSION, **fields}
 
 
-#: The fields a resumed stream must share with the saved one (all but the step).
-_MATCHED = ("order", "seed", "length", "batch", "stride", "steps", "rows", "row_shape", "dtype")
-_FIELDS = ("step", *_MATCHED)
+#: The fields a resumed stream must share with the saved one (all but the step, this
+#: process's batch and the epoch it is in).
+_MATCHED = (
+    "order",
+    "seed",
+    "length",
+    "global_batch",
+    "stride",
+    "steps",
+    "epochs",
+    "rows",
+    "row_shape",
+    "dtype",
+    "sources",
+    "weights",
+)
+_FIELDS = ("step", "batch", "epoch", *_MATCHED)
 
 
 #: The steps a stream can reach: 0 .. 2**63 - 1 (its counters are 64-bit, and a group is
@@ -62,7 +92,7 @@ LAST_STEP = 2**63
 SEEDS = 2**64
 #: The longest JSON text read as a state (a saved state is a few hundred bytes).
 _MOST_TEXT = 64 * 1024
-_ORDERS = ("sequential", "random")
+_ORDERS = ("sequential", "random", "shuffled")
 _FIX = "the saved state is damaged: save stream.state() again, or start without resume="
 # A damaged state is shown short and shallow (a deeply nested one would exhaust repr).
 _SHOWN = reprlib.Repr()
@@ -102,12 +132,19 @@ def _field_problems(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
         "steps", steps is None or _whole(steps, 1, LAST_STEP + 1), "null or an int from 1 to 2**63"
     )
     seed, stride = get("seed"), get("stride")
+    if order in ("random", "shuffled"):
+        need("seed", _whole(seed, 0, SEEDS), f"an int from 0 to 2**64 - 1 (a {order} stream's)")
     if order == "random":
-        need("seed", _whole(seed, 0, SEEDS), "an int from 0 to 2**64 - 1 (a random stream's)")
         need("stride", stride is None, "null (a random stream has no stride)")
-    elif order == "sequential":
-        need("seed", seed is None, "null (a sequential stream has no seed)")
-        need("stride", _whole(stride, 1), "an int >= 1 (a sequential stream's)")
+    elif order in ("sequential", "shuffled"):
+        if order == "sequential":
+            need("seed", seed is None, "null (a sequential stream has no seed)")
+        need("stride", _whole(stride, 1), f"an int >= 1 (a {order} stream's)")
+    need("epochs", get("epochs") is None or _whole(get("epochs"), 1), "null or an int >= 1")
+    need("global_batch", _whole(get("global_batch"), 1), "an int >= 1")
+    sources, weights = get("sources"), get("weights")
+    need("sources", sources is None or _named(sources, 1), "null or a mapping of names to rows")
+    need("weights", weights is None or _named(weights, 0), "null or a mapping of names to weights")
     shape = get("row_shape")
     need(
         "row_shape",
@@ -123,6 +160,21 @@ def _field_problems(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
         (k[:40], f"is not a field of a saved state ({', '.join(_FIELDS)})") for k in unknown[:3]
     )
     return problems
+
+
+def _named(value: object, low: int) -> bool:
+    """Whether `value` maps names to ints >= `low` (1), or to positive numbers (0)."""
+    if not isinstance(value, Mapping) or not value:
+        return False
+    return all(
+        isinstance(k, str)
+        and (
+            _whole(v, low)
+            if low
+            else isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+        )
+        for k, v in value.items()
+    )
 
 
 def _is_dtype(name: str) -> bool:
@@ -158,14 +210,19 @@ def read_state(saved: object) -> dict[str, Any]:
                 "pass stream.state(), or its json.dumps",
             ) from None
     marker = saved.get(STATE_KEY) if isinstance(saved, Mapping) else None
-    if not isinstance(saved, Mapping) or type(marker) is not int or marker != STATE_VERSION:
+    if not isinstance(saved, Mapping) or type(marker) is not int or marker not in _VERSIONS:
         raise StreamStateError(
             "resume",
-            f"not a saved stream state (no {STATE_KEY!r}: {STATE_VERSION}), got "
+            f"not a saved stream state (no {STATE_KEY!r}: {STATE_VERSION} or 1), got "
             f"{_SHOWN.repr(saved)}",
             "pass the value a stream's state() returned, or its json.dumps",
         )
     fields = dict(saved)
+    if marker == 1:  # before epochs and mixtures: one process's batch was the global one
+        fields.setdefault("epochs", None)
+        fields.setdefault("global_batch", fields.get("batch"))
+        fields.setdefault("sources", None)
+        fields.setdefault("weights", None)
     problems = _field_problems(fields)
     if problems:
         raise StreamStateError(
@@ -174,6 +231,9 @@ def read_state(saved: object) -> dict[str, Any]:
             _FIX,
         )
     fields["row_shape"] = tuple(fields["row_shape"])
+    for name in ("sources", "weights"):
+        if fields[name] is not None:
+            fields[name] = tuple(fields[name].items())
     return fields
 
 
@@ -190,14 +250,32 @@ def resumed_step(saved: Mapping[str, Any], stream: StreamState) -> int:
         if not (name == "seed" and stream.seed is None) and getattr(stream, name) != saved.get(name)
     ]
     if differ:
+        step = saved["step"]
+        fix = "resume with the arguments (and tokens) the state was saved with"
+        if differ == ["global_batch"]:
+            # Rows of the stream handed out, over the new global batch: where it was.
+            at = -(-step * saved["global_batch"] // stream.global_batch)
+            fix += (
+                f"; or go on from the same place in the data with this global batch: "
+                f"start={at} (and seed={saved['seed']!r}), without resume="
+                if stream.order != "sequential"
+                else f"; or go on from the same place in the data: start={at}, without resume="
+            )
         raise StreamStateError(
             ", ".join(differ),
             "the saved stream had "
-            + ", ".join(f"{name}={saved.get(name)!r}" for name in differ)
+            + ", ".join(f"{name}={_shown(saved.get(name))!r}" for name in differ)
             + "; this one has "
-            + ", ".join(f"{name}={getattr(stream, name)!r}" for name in differ)
+            + ", ".join(f"{name}={_shown(getattr(stream, name))!r}" for name in differ)
             + ": other arguments draw other batches",
-            "resume with the arguments (and tokens) the state was saved with",
+            fix,
         )
-    step: int = saved["step"]
-    return step
+    resumed: int = saved["step"]
+    return resumed
+
+
+def _shown(value: object) -> object:
+    """A field as it is saved (a mixture's pairs as a mapping)."""
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):
+        return dict(value)
+    return value

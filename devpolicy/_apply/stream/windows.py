@@ -11,6 +11,7 @@ is in docs/host-arrays.md and docs/benchmarks.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
@@ -22,15 +23,19 @@ from ..._decide.decider import Decider
 from ..._machine.capacity import host_available_bytes
 from ..hostview import host_view
 from ..narrowing import Narrow, check_mode
-from .cutting import GroupCutter
+from .cutting import GroupCutter, Sampler
+from .documents import SEPARATOR_KINDS, SeparatorIs
+from .mixing import Mixed, MixedViews
 from .owner import WindowStream
 from .prefetch import as_int
 from .sampling import Random, Sequential
+from .shuffling import Shuffled
 from .state import LAST_STEP, SEEDS, StreamState, read_state, resumed_step
 
-#: How windows are chosen: in order, or each start drawn at random.
-Order: TypeAlias = 'Literal["sequential", "random"]'
-ORDERS = ("sequential", "random")
+#: How windows are chosen: in order, each start drawn at random, or epochs of every
+#: window once each in an order drawn anew each epoch.
+Order: TypeAlias = 'Literal["sequential", "random", "shuffled"]'
+ORDERS = ("sequential", "random", "shuffled")
 
 #: A batch this large or larger is checked against the host's available memory first.
 ASK_HOST_FROM = 64 * 2**20
@@ -61,6 +66,96 @@ def _batch_fits(view: np.ndarray[Any, Any], length: int, batch: int, windows: in
         )
 
 
+def _sources(
+    tokens: Any, weights: Mapping[str, float] | None
+) -> tuple[list[tuple[str, np.ndarray[Any, Any]]] | None, list[float] | None]:
+    """A mixture's sources and weights, checked (None, None for one array)."""
+    if not isinstance(tokens, Mapping):
+        if weights is not None:
+            raise ValueError(
+                "windows weights= mixes several token arrays: pass tokens as a mapping of "
+                f"names to arrays ({{'web': a, 'code': b}}), got one {type(tokens).__name__}"
+            )
+        return None, None
+    if not tokens:
+        raise ValueError("windows tokens is an empty mapping: a mixture needs a source")
+    names = list(tokens)
+    for key in names:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"windows tokens' names must be non-empty strs, got {key!r}")
+    if not isinstance(weights, Mapping):
+        raise ValueError(
+            f"windows of a mixture ({', '.join(names)}) need weights=, a mapping of the "
+            f"same names to weights, got {weights!r}"
+        )
+    missing = [n for n in names if n not in weights]
+    unknown = [str(n) for n in weights if n not in tokens]
+    if missing or unknown:
+        raise ValueError(
+            "windows weights must name the sources of tokens, each once: "
+            + "; ".join(
+                part
+                for part in (
+                    f"no weight for {', '.join(map(repr, missing))}" if missing else "",
+                    f"no source {', '.join(map(repr, unknown))} in tokens" if unknown else "",
+                )
+                if part
+            )
+            + f" (sources: {', '.join(map(repr, names))})"
+        )
+    numbers = []
+    for key in names:
+        weight = weights[key]
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float, np.integer, np.floating))
+            or not 0 < float(weight) < float("inf")
+        ):
+            raise ValueError(
+                f"windows weights[{key!r}] must be a finite number > 0 (a source never "
+                f"drawn from is a source left out), got {weight!r}"
+            )
+        numbers.append(float(weight))
+    views = [(key, host_view(tokens[key])) for key in names]
+    _, first = views[0]
+    for key, view in views[1:]:
+        if view.dtype != first.dtype or view.shape[1:] != first.shape[1:]:
+            raise ValueError(
+                f"windows sources of one mixture share a dtype and row shape: "
+                f"{names[0]!r} is {first.dtype} {first.shape[1:]}, {key!r} is "
+                f"{view.dtype} {view.shape[1:]}"
+            )
+    return views, numbers
+
+
+def _separator(
+    separator: int | None, separator_is: str, view: np.ndarray[Any, Any]
+) -> tuple[int, SeparatorIs] | None:
+    """The separator token and its side, checked against the tokens (None: no segments)."""
+    if separator_is not in SEPARATOR_KINDS:
+        raise ValueError(
+            f"windows separator_is must be one of {SEPARATOR_KINDS}, got {separator_is!r}"
+        )
+    if separator is None:
+        return None
+    token = as_int(separator)
+    if token is None:
+        raise TypeError(f"windows separator must be an int (a token id), got {separator!r}")
+    if view.ndim != 1 or view.dtype.kind not in "iu":
+        raise ValueError(
+            f"windows separator= needs a 1-D array of integer token ids, got shape "
+            f"{view.shape} of {view.dtype}"
+        )
+    info = np.iinfo(view.dtype)
+    if not info.min <= token <= info.max:
+        raise ValueError(
+            f"windows separator={token} cannot occur in tokens of {view.dtype} "
+            f"({info.min} to {info.max}): it would never separate anything"
+        )
+    kind: SeparatorIs = "bos" if separator_is == "bos" else "eos"
+    return token, kind
+
+
 def windows(
     tokens: Any,
     decider: Decider,
@@ -72,27 +167,45 @@ def windows(
     seed: int | None = None,
     stride: int | None = None,
     steps: int | None = None,
+    epochs: int | None = None,
+    weights: Mapping[str, float] | None = None,
+    separator: int | None = None,
+    separator_is: str = "eos",
     size: int = 2,
     narrow: Narrow = "exact",
     start: int = 0,
     resume: Mapping[str, Any] | str | None = None,
 ) -> WindowStream:
     """Batches of windows of `tokens` placed by `decider`. See `devpolicy.windows`."""
-    view = host_view(tokens)
+    sources, shares = _sources(tokens, weights)
+    views = [view for _, view in sources] if sources else [host_view(tokens)]
+    view = views[0]
     length = _positive("length", length)
     batch = _positive("batch", batch)
     if order not in ORDERS:
         raise ValueError(f"windows order must be one of {ORDERS}, got {order!r}")
+    if sources is not None and order == "sequential":
+        raise ValueError(
+            "windows of a mixture are drawn by weight: pass order='random' (with "
+            "replacement) or order='shuffled' (each source's epochs), not 'sequential'"
+        )
     if stride is not None and order == "random":
         # Silently ignored, it would look like it took effect.
         raise ValueError(
-            f"windows stride applies to order='sequential' only; order='random' draws "
-            f"every start at random, got stride={stride!r}"
+            f"windows stride applies to order='sequential' or 'shuffled' only; "
+            f"order='random' draws every start at random, got stride={stride!r}"
         )
-    stride = length if stride is None else _positive("stride", stride)
-    # A stride past the last start gives one window a pass, as that last start does
-    # (and keeps the offsets within int64).
-    stride = min(stride, max(1, (view.shape[0] if view.ndim else 0) - length + 1))
+    if epochs is not None:
+        epochs = _positive("epochs", epochs)
+        if order != "shuffled" or sources is not None:
+            raise ValueError(
+                "windows epochs= bounds an order='shuffled' stream of one array"
+                + (
+                    f"; got order={order!r}"
+                    if order != "shuffled"
+                    else "; each source of a mixture has its own epochs: bound it with steps="
+                )
+            )
     if steps is not None:
         steps = _positive("steps", steps)
     number = None if seed is None else as_int(seed)
@@ -106,61 +219,110 @@ def windows(
     if not isinstance(name, str):
         raise TypeError(f"windows name must be a str, got {type(name).__name__} {name!r}")
     check_mode(narrow)
-    if view.ndim == 0 or view.shape[0] < length:
-        rows = view.shape[0] if view.ndim else 0
-        raise ValueError(
-            f"windows of length {length} need at least {length} rows along the first "
-            f"dimension; the array has {rows} (shape {view.shape})"
-        )
-    starts = view.shape[0] - length + 1  # every offset a window can start at
+    for index, part in enumerate(views):
+        if part.ndim == 0 or part.shape[0] < length:
+            rows = part.shape[0] if part.ndim else 0
+            which = f"source {sources[index][0]!r}" if sources else "the array"
+            raise ValueError(
+                f"windows of length {length} need at least {length} rows along the first "
+                f"dimension; {which} has {rows} (shape {part.shape})"
+            )
+    documents = _separator(separator, separator_is, view)
+    starts = [part.shape[0] - length + 1 for part in views]  # every offset a window fits at
+    stride = length if stride is None else _positive("stride", stride)
+    # A stride past the last start gives one window a pass, as that last start does
+    # (and keeps the offsets within int64).
+    stride = min(stride, max(starts))
     first = as_int(start)
     if first is None or not 0 <= first < LAST_STEP:
         raise ValueError(f"windows start must be an int from 0 to 2**63 - 1, got {start!r}")
     if steps is not None and steps > LAST_STEP:
         raise ValueError(f"windows steps must be an int from 1 to 2**63, got {steps!r}")
     saved = None if resume is None else read_state(resume)
-    if order == "random" and number is None:
+    if order != "sequential" and number is None:
         # Drawn here, so that the stream's state can name it and a resume draw the same.
         number = secrets.randbits(63) if saved is None else saved["seed"]
-    state = StreamState(
-        first,
-        order,
-        number,
+    _batch_fits(view, length, batch, -(-starts[0] // stride) if order == "sequential" else batch)
+    sampler: Sampler
+    if sources is not None:
+        assert shares is not None
+        assert number is not None
+        sampler = Mixed(
+            starts,
+            [part.shape[0] for part in views],
+            shares,
+            batch,
+            number,
+            steps,
+            stride if order == "shuffled" else None,
+        )
+    elif order == "random":
+        assert number is not None
+        sampler = Random(starts[0], batch, number, steps)
+    elif order == "shuffled":
+        assert number is not None
+        sampler = Shuffled(starts[0], batch, stride, number, steps, epochs)
+    else:
+        sampler = Sequential(starts[0], batch, stride, steps)
+    names = tuple(key for key, _ in sources) if sources else ()
+    cutter = GroupCutter(
+        view,
         length,
         batch,
-        stride if order == "sequential" else None,
-        steps,
-        int(view.shape[0]),
-        tuple(int(n) for n in view.shape[1:]),
-        str(view.dtype),
+        sampler,
+        decider,
+        name,
+        whole,
+        narrow,
+        mixture=MixedViews(views, length) if sources else None,
+        separator=documents,
     )
-    if saved is not None:
-        if first:
+    try:
+        per_step = cutter.own_rows()
+        state = StreamState(
+            first,
+            order,
+            number,
+            length,
+            batch,
+            None if order == "random" else stride,
+            steps,
+            sum(part.shape[0] for part in views),
+            tuple(int(n) for n in view.shape[1:]),
+            str(view.dtype),
+            epochs=epochs,
+            global_batch=per_step,
+            sources=tuple((key, int(part.shape[0])) for key, part in sources) if sources else None,
+            weights=tuple(zip(names, shares, strict=True)) if shares else None,
+        )
+        if saved is not None:
+            if first:
+                raise ValueError(
+                    f"windows takes start= or resume=, not both (start={first}, and the "
+                    f"state saved at step {saved['step']})"
+                )
+            first = resumed_step(saved, state)
+            state = dataclasses.replace(state, step=first)
+        last = sampler.steps
+        if last is not None and first > last:
             raise ValueError(
-                f"windows takes start= or resume=, not both (start={first}, and the "
-                f"state saved at step {saved['step']})"
+                f"windows start={first} is past steps={steps}"
+                if order == "random"
+                else f"windows start={first} is past the end: "
+                + (
+                    f"a sequential pass of this stream has {last} batches"
+                    if order == "sequential"
+                    else f"this stream has {last} batches"
+                )
             )
-        first = resumed_step(saved, state)
-        state = dataclasses.replace(state, step=first)
-    sampler: Random | Sequential
-    if order == "random":
-        _batch_fits(view, length, batch, batch)
-        assert number is not None
-        if steps is not None and first > steps:
-            raise ValueError(f"windows start={first} is past steps={steps}")
-        sampler = Random(starts, batch, number, steps)
-    else:
-        _batch_fits(view, length, batch, -(-starts // stride))
-        in_pass = -(-starts // stride)  # windows in one pass
-        batches = -(-in_pass // batch)
-        last = batches if steps is None else min(steps, batches)
-        if first > last:
-            raise ValueError(
-                f"windows start={first} is past the end: a sequential pass of this stream "
-                f"has {last} batches"
-            )
-        sampler = Sequential(starts, batch, stride, steps)
-    cutter = GroupCutter(view, length, batch, sampler, decider, name, whole, narrow)
-    stream = WindowStream(cutter, state, decider, name, whole, narrow)
+        if isinstance(sampler, Mixed):
+            cutter.count_sources(functools.partial(sampler.counted, names, first))
+    except BaseException:
+        cutter.close()
+        if cutter.tally is not None:
+            cutter.tally.close(0)
+        raise
+    epoch_at = getattr(sampler, "epoch_at", None)
+    stream = WindowStream(cutter, state, decider, name, whole, narrow, epoch_at=epoch_at)
     stream.start()
     return stream

@@ -1,0 +1,223 @@
+"""Weighted mixtures: one stream over several token arrays, each row of a global batch
+allotted to a source by weight, and a window drawn from that source.
+
+The weights become whole counts over a period of rows (the shortest period, up to
+`PERIOD_MOST` rows, that holds them exactly; else `PERIOD_MOST` rows by largest
+remainders), each source's rows spread evenly over the period. Global row g (step *
+global batch + row) is then row g mod P of period g // P: its source, and how many rows of
+that source came before it (its k), are two lookups. So each source's share is exact over
+every period and within a row or so of it in every batch, and a source's k-th window is
+drawn from counters as a random or shuffled stream's are (with replacement, or from its
+own epochs): any step costs what the first does, a stream resumes at once, and every
+process draws its own rows. A draw per row at random could not say k without counting
+every row before it: no resume in O(1), no epochs per source.
+
+A mixture's windows are numbered in one range, source after source (`bases`), so the rest
+of the stream cuts them as it cuts one array's. No JAX here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .groups import every_window
+from .sampling import mixed, stream_key, uniform_below
+from .shuffling import BLOCK_WINDOWS, LAST_ROW, shuffled_windows
+
+#: The longest period of an allotment, in rows: weights no period up to it holds exactly
+#: are held to within 1/PERIOD_MOST of their share.
+PERIOD_MOST = 2**16
+#: How near a period's counts must come to the weights to count as exact.
+_EXACT = 1e-9
+
+
+def allotment(weights: list[float]) -> np.ndarray[Any, Any]:
+    """Rows of each source in one period: the shortest period that holds the weights'
+    shares exactly, or `PERIOD_MOST` rows by largest remainders.
+
+    Example:
+        >>> allotment([0.7, 0.3]).tolist(), allotment([1, 2]).tolist()
+        ([7, 3], [1, 2])
+    """
+    shares = np.asarray(weights, np.float64) / float(sum(weights))
+    chunk = max(1, 2**18 // shares.size)  # periods tried at once: memory stays small
+    for low in range(1, PERIOD_MOST + 1, chunk):
+        periods = np.arange(low, min(low + chunk, PERIOD_MOST + 1), dtype=np.float64)[:, None]
+        counts = np.rint(periods * shares)
+        exact = (counts.sum(axis=1) == periods[:, 0]) & (
+            np.abs(counts / periods - shares).max(axis=1) <= _EXACT
+        )
+        found = np.flatnonzero(exact & (counts > 0).all(axis=1))
+        if found.size:
+            exact_counts: np.ndarray[Any, Any] = counts[found[0]].astype(np.int64)
+            return exact_counts
+    wanted = shares * PERIOD_MOST
+    whole = np.floor(wanted).astype(np.int64)
+    short = PERIOD_MOST - int(whole.sum())
+    whole[np.argsort(whole - wanted, kind="stable")[:short]] += 1
+    return whole
+
+
+def spread(counts: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Each row of a period: its source, and the rows of that source before it in the
+    period. Source s's j-th row sits at (j + 1/2) / counts[s] of the period.
+
+    Example:
+        >>> [a.tolist() for a in spread(np.array([2, 1]))]
+        [[0, 1, 0], [0, 0, 1]]
+    """
+    sources = np.repeat(np.arange(counts.size), counts)
+    ranks = np.concatenate([np.arange(n) for n in counts.tolist()])
+    order = np.argsort((ranks + 0.5) / counts[sources], kind="stable")
+    return sources[order], ranks[order]
+
+
+class Mixed:
+    """Windows of several sources by weight (`allotment`), each source's windows drawn at
+    random (with replacement) or from its own shuffled epochs; endless unless `steps`.
+    Offsets are in the mixture's one range (source s's rows from `bases[s]`). `take` is a
+    pure function of the step, as `Random`'s is."""
+
+    __slots__ = (
+        "_block",
+        "_keys",
+        "_per_step",
+        "_ranks",
+        "_rows",
+        "_seed",
+        "_shuffled",
+        "_sources",
+        "_steps",
+        "_stride",
+        "bases",
+        "counts",
+        "starts",
+        "steps",
+        "windows",
+    )
+
+    random = True
+
+    def __init__(
+        self,
+        starts: list[int],
+        rows: list[int],
+        weights: list[float],
+        batch: int,
+        seed: int,
+        steps: int | None,
+        shuffled_stride: int | None,
+    ) -> None:
+        self.starts = starts  # offsets a window fits at, a source
+        self.bases = np.cumsum([0, *rows[:-1]]).astype(np.int64)
+        self.counts = allotment(weights)
+        self._sources, self._ranks = spread(self.counts)
+        self._seed = seed
+        self._shuffled = shuffled_stride is not None
+        self._stride = shuffled_stride or 1
+        # A shuffled source's epoch: its windows at `stride`; a random one draws starts.
+        self.windows = [-(-n // self._stride) for n in starts]
+        self._keys = [np.uint64(stream_key(seed, 2 + s)) for s in range(len(starts))]
+        self._steps = steps
+        self._block: tuple[int, np.ndarray[Any, Any]] | None = None
+        self.own_rows(np.arange(batch, dtype=np.int64), batch)
+
+    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
+        """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
+        self._rows = rows.astype(np.uint64)[None, :]
+        self._per_step = per_step
+        self._block = None
+        last = LAST_ROW // per_step
+        self.steps = last if self._steps is None else min(self._steps, last)
+
+    def drawn_before(self, step: int) -> np.ndarray[Any, Any]:
+        """Windows of each source in the global batches before `step`."""
+        rows = step * self._per_step
+        period = int(self.counts.sum())
+        cycles, within = divmod(rows, period)
+        counts = self.counts * cycles
+        counts += np.bincount(self._sources[:within], minlength=self.counts.size)
+        return counts
+
+    def counted(self, names: tuple[str, ...], first: int, steps: int) -> dict[str, int]:
+        """The windows of each source (by name) in the global batches of steps `first` ..
+        `first + steps - 1`."""
+        drawn = self.drawn_before(first + steps) - self.drawn_before(first)
+        return dict(zip(names, drawn.tolist(), strict=True))
+
+    def epoch_at(self, step: int) -> list[int]:
+        """Each source's epoch at `step` (for a shuffled mixture)."""
+        drawn = self.drawn_before(step)
+        return [int(n) // w for n, w in zip(drawn.tolist(), self.windows, strict=True)]
+
+    def sources_of(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The source of each of `offsets` (in the mixture's one range)."""
+        return np.searchsorted(self.bases, offsets, side="right") - 1
+
+    def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
+        """The offsets of steps `first` .. (up to `most` of them), shape (k, rows); None
+        past the last step."""
+        count = min(most, self.steps - first)
+        if count <= 0:
+            return None
+        block = self._block
+        if block is None or not block[0] <= first <= first + count <= block[0] + len(block[1]):
+            ahead = min(max(count, BLOCK_WINDOWS // self._rows.size), self.steps - first)
+            block = self._block = (first, self._drawn(first, ahead))
+        at = first - block[0]
+        return block[1][at : at + count]
+
+    def _drawn(self, first: int, count: int) -> np.ndarray[Any, Any]:
+        steps = np.arange(first, first + count, dtype=np.uint64)[:, None]
+        rows = steps * np.uint64(self._per_step) + self._rows
+        period = np.uint64(self.counts.sum())
+        cycles, within = np.divmod(rows, period)
+        sources = self._sources[within]
+        nth = cycles.astype(np.int64) * self.counts[sources] + self._ranks[within]
+        offsets = np.empty(rows.shape, np.int64)
+        for source in range(self.counts.size):
+            where = sources == source
+            k = nth[where].astype(np.uint64)
+            if self._shuffled:
+                drawn, _ = shuffled_windows(
+                    stream_key(self._seed, 2 + source), k, self.windows[source]
+                )
+                drawn *= self._stride
+            else:
+                z = k * np.uint64(0x9E3779B97F4A7C15)
+                z += self._keys[source]
+                drawn = uniform_below(mixed(z), self.starts[source])
+            offsets[where] = drawn + self.bases[source]
+        return offsets
+
+
+class MixedViews:
+    """A mixture's token arrays as one range of rows (source s's from `bases[s]`): a group
+    of windows at offsets in that range gathered from each source's own array.
+
+    Example:
+        >>> views = MixedViews([np.arange(10), np.arange(100, 105)], 3)
+        >>> views.gather(np.array([[0, 10], [12, 7]])).tolist()
+        [[[0, 1, 2], [100, 101, 102]], [[102, 103, 104], [7, 8, 9]]]
+    """
+
+    __slots__ = ("bases", "views", "windows")
+
+    def __init__(self, views: list[np.ndarray[Any, Any]], length: int) -> None:
+        self.views = views
+        self.bases = np.cumsum([0, *(v.shape[0] for v in views[:-1])]).astype(np.int64)
+        self.windows = [every_window(v, length) for v in views]
+
+    def gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The windows at `offsets` (any shape), in one new array."""
+        first = self.windows[0]
+        out = np.empty((offsets.size, *first.shape[1:]), first.dtype)
+        flat = offsets.reshape(-1)
+        part = np.searchsorted(self.bases, flat, side="right") - 1
+        for source, windows in enumerate(self.windows):
+            where = np.flatnonzero(part == source)
+            if where.size:
+                out[where] = windows[flat[where] - self.bases[source]]
+        return out.reshape(*offsets.shape, *first.shape[1:])

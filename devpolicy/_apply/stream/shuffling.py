@@ -1,0 +1,199 @@
+"""Epochs without replacement: each epoch a permutation of a stream's windows, drawn from
+counters as the random order's starts are.
+
+Row r of step k is the stream's global row g = k * batch + r: position g mod W of epoch
+g // W (W windows an epoch), and its window is that position permuted by a permutation
+keyed by the seed and the epoch. The permutation is a Feistel network over the smallest
+power of two of at least W values (six to twelve rounds, a multiply-shift round function),
+walked along its cycle until it lands below W (fewer than two passes on average):
+a bijection whatever the key, so every window comes exactly once an epoch; and any
+position's window costs what the first one does, so a stream resumed at step N starts at
+once, as a random one does. grain's global shuffle (`index_shuffle`) is built the same way.
+No JAX here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .sampling import mixed, stream_key
+
+# Odd multipliers of the round function, one a round (constants of wyhash, xxHash and
+# SplitMix64: any odd ones with well-mixed bits do).
+_MULTIPLIERS = tuple(
+    np.uint64(m)
+    for m in (
+        0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+        0xA0761D6478BD642F, 0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3, 0x589965CC75374CC3,
+        0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x27D4EB2F165667C5, 0x85EBCA77C2B2AE63,
+    )
+)  # fmt: skip
+
+
+def _rounds(bits: int) -> int:
+    """Rounds of the network over `bits`-bit values: a round's function has half of them
+    to work with, so small domains need more (at 4 rounds, where 10 windows land across
+    epochs was 23 times a uniform shuffle's chi-square; at 12, as uniform's)."""
+    return 12 if bits <= 8 else 8 if bits <= 16 else 6
+
+
+_EPOCH_SALT = 1  # the salt of the epochs' keys (`stream_key`)
+#: Windows drawn at once, at least (a block of steps, kept until the stream passes it): a
+#: numpy call's fixed cost, most of a small group's drawing, is shared by more windows.
+BLOCK_WINDOWS = 4096
+#: Global rows a shuffled stream can reach: their counters are 64-bit and signed.
+LAST_ROW = 2**63
+
+
+def epoch_keys(seed: int, epochs: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The key of each epoch of `epochs` (uint64) of a stream with `seed`."""
+    z = epochs.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z += np.uint64(stream_key(seed, _EPOCH_SALT))
+    return mixed(z)
+
+
+def _feistel(x: np.ndarray[Any, Any], keys: Any, high: int, low: int) -> np.ndarray[Any, Any]:
+    """One pass of the network over `high + low`-bit values `x` (uint64), keyed per value
+    (or once, a scalar)."""
+    for multiplier in _MULTIPLIERS[: _rounds(high + low)]:
+        left = x >> np.uint64(low)
+        right = x & np.uint64((1 << low) - 1)
+        # The top `high` bits of (right + key) * multiplier: every bit of `right` counts.
+        mixed_right = right + keys
+        mixed_right *= multiplier
+        mixed_right >>= np.uint64(64 - high)
+        left ^= mixed_right
+        x = right << np.uint64(high)
+        x |= left
+        high, low = low, high
+    return x
+
+
+def permuted(positions: np.ndarray[Any, Any], keys: Any, count: int) -> np.ndarray[Any, Any]:
+    """The windows at `positions` (uint64, each below `count`) of the permutations keyed by
+    `keys` (one a position, or one for all): a bijection of [0, count) for each key.
+
+    Example:
+        >>> keys = np.uint64(7)
+        >>> sorted(permuted(np.arange(10, dtype=np.uint64), keys, 10).tolist())
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+    if count <= 1:
+        return np.zeros(positions.shape, np.int64)
+    bits = max(2, (count - 1).bit_length())
+    high = bits // 2
+    low = bits - high
+    out = _feistel(positions, keys, high, low)
+    # Cycle walking: a value at or past `count` is permuted again until it is below; the
+    # cycle through a position below `count` comes back below it, so this ends, and the
+    # whole stays a bijection of [0, count).
+    outside = np.flatnonzero(out >= np.uint64(count))
+    while outside.size:
+        own = keys if np.ndim(keys) == 0 else keys.reshape(-1)[outside]
+        flat = out.reshape(-1)
+        flat[outside] = _feistel(flat[outside], own, high, low)
+        outside = outside[flat[outside] >= np.uint64(count)]
+    return out.astype(np.int64)
+
+
+def shuffled_windows(
+    seed: int, rows: np.ndarray[Any, Any], count: int
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The windows (of `count` an epoch) and the epochs of global rows `rows` (uint64, in
+    increasing order) of a shuffled stream with `seed`."""
+    epochs, positions = np.divmod(rows, np.uint64(count))
+    first, last = int(epochs.reshape(-1)[0]), int(epochs.reshape(-1)[-1])
+    # Most groups lie in one epoch: one key for all of them.
+    keys: Any = (
+        epoch_keys(seed, np.asarray([first]))[0] if first == last else epoch_keys(seed, epochs)
+    )
+    return permuted(positions, keys, count), epochs
+
+
+class Shuffled:
+    """`batch` windows a step from epochs of every window (at `stride`) once each, in an
+    order drawn anew each epoch; batches run on across an epoch's end. Endless unless
+    `steps` or `epochs` is given (with `epochs`, the last batch holds what is left of the
+    last epoch). `take` is a pure function of the step, as `Random`'s is; `rows` are the
+    rows of the (global) batch this process draws."""
+
+    __slots__ = (
+        "_block",
+        "_epochs",
+        "_per_step",
+        "_rows",
+        "_seed",
+        "_steps",
+        "_stride",
+        "count",
+        "steps",
+    )
+
+    random = True
+
+    def __init__(
+        self, starts: int, batch: int, stride: int, seed: int, steps: int | None, epochs: int | None
+    ) -> None:
+        self.count = -(-starts // stride)  # windows an epoch
+        self._stride = stride
+        self._seed = seed
+        self._steps = steps
+        self._epochs = epochs
+        # The starts of a block of steps from its first: (first, (steps, rows)).
+        self._block: tuple[int, np.ndarray[Any, Any]] | None = None
+        self.own_rows(np.arange(batch, dtype=np.int64), batch)
+
+    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
+        """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
+        self._rows = rows.astype(np.uint64)[None, :]
+        self._per_step = per_step
+        self._block = None
+        last = LAST_ROW // per_step
+        if self._epochs is not None:
+            last = min(last, -(-self._epochs * self.count // per_step))
+        self.steps = last if self._steps is None else min(self._steps, last)
+        if self.tail() and rows.size != per_step:
+            raise ValueError(
+                f"windows epochs={self._epochs} of {self.count:,} windows end in a short "
+                f"batch of {self.tail()} of the global batch's {per_step} rows, which "
+                "several processes cannot share: pass steps= (whole batches), or a batch "
+                "that divides the epochs' windows"
+            )
+
+    def tail(self) -> int:
+        """The rows of the last batch where `epochs` ends it short, else 0."""
+        if self._epochs is None or self.steps * self._per_step <= self._epochs * self.count:
+            return 0
+        return self._epochs * self.count - (self.steps - 1) * self._per_step
+
+    def epoch_at(self, step: int) -> int:
+        """The epoch of the first window of `step`."""
+        return step * self._per_step // self.count
+
+    def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
+        """The starts of steps `first` .. (up to `most` of them), shape (k, rows); None past
+        the last step. A short last batch (`tail`) comes alone."""
+        count = min(most, self.steps - first)
+        if count <= 0:
+            return None
+        tail = self.tail()
+        if tail and first == self.steps - 1:
+            rows = self._rows[self._rows < np.uint64(tail)][None, :]
+            return self._drawn(first, 1, rows)
+        whole = self.steps - 1 if tail else self.steps  # the steps of whole batches
+        count = min(count, whole - first)
+        block = self._block
+        if block is None or not block[0] <= first <= first + count <= block[0] + len(block[1]):
+            ahead = max(count, BLOCK_WINDOWS // self._rows.size)
+            block = self._block = (first, self._drawn(first, min(ahead, whole - first), self._rows))
+        at = first - block[0]
+        return block[1][at : at + count]
+
+    def _drawn(self, first: int, count: int, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        steps = np.arange(first, first + count, dtype=np.uint64)[:, None]
+        rows = steps * np.uint64(self._per_step) + rows
+        drawn, _ = shuffled_windows(self._seed, rows, self.count)
+        drawn *= self._stride
+        return drawn
