@@ -225,6 +225,21 @@ def stream(
     return feed
 
 
+def training(
+    tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy, **options: Any
+) -> Feeder:
+    """`devpolicy.windows` with the training-data options (`order="shuffled"`, a mixture's
+    `weights`, a `separator`); `tokens` a mapping for a mixture."""
+
+    def feed(n: int) -> Iterator[Any]:
+        with devpolicy.windows(
+            tokens, length, batch, seed=fresh_seed(), steps=n, policy=policy, **options
+        ) as batches:
+            yield from batches
+
+    return feed
+
+
 def story(path: Path, length: int, batch: int) -> Feeder:
     """The story as a user runs it: `policies/dataset-on-host.yaml` unchanged decides where
     the loaded tokens stay (the host, mapped) and where each `batch` goes; its events are
@@ -297,7 +312,7 @@ def pipeline_rate(feeder: Feeder, n: int) -> float:
     paused = 0.0
     start = time.perf_counter()
     for i, b in enumerate(feeder(n)):
-        b.block_until_ready()
+        jax.block_until_ready(b)
         if base is not None and i % 20 == 0:
             clock = time.perf_counter()
             most = max(most, (file_backed_bytes() or base) - base)
@@ -583,6 +598,10 @@ def main() -> int:
                 row["windows file-backed MiB at most"] = round(mapped["devpolicy.windows"])
             if args.mapped is not None:
                 row["why"] = ended["reads_why"]
+            if "windows, with segment ids" in rates:
+                row["windows with segment ids x windows"] = round(
+                    ratio(rates, "windows, with segment ids", "devpolicy.windows"), 2
+                )
             if "the story, shipped policy" in rates:
                 row |= {
                     f"story x {b}": round(ratio(rates, "the story, shipped policy", b), 2)
@@ -609,6 +628,43 @@ def main() -> int:
             "pipeline alone, sharded",
         )
 
+    # Training data: each option against the random stream it builds on, side by side.
+    half = len(tokens) // 2
+    two = {"web": tokens[:half], "code": tokens[half:]}
+    mix = {"web": 0.7, "code": 0.3}
+    separator = int(np.asarray(tokens[:length]).reshape(-1)[0])
+    data = {
+        "devpolicy.windows": stream(tokens, length, size, single),
+        "shuffled": training(tokens, length, size, single, order="shuffled"),
+        "shuffled, every start": training(tokens, length, size, single, order="shuffled", stride=1),
+        "mixed, 2 sources (random)": training(
+            two, length, size, single, order="random", weights=mix
+        ),
+        "mixed, 2 sources (shuffled)": training(
+            two, length, size, single, order="shuffled", weights=mix
+        ),
+        "random, with segment ids": training(
+            tokens, length, size, single, order="random", separator=separator
+        ),
+    }
+    data_rates = side_by_side(data, args.rounds, lambda f: pipeline_rate(f, n), reset)
+    part = table(
+        f"Training data, the pipeline alone, one device ({target}): {n} batches a run; "
+        f"segment ids from token {separator} (one token in {args.vocab:,} of dense random data)",
+        "batches/s",
+        data_rates,
+        ["devpolicy.windows"],
+    )
+    print("\n".join(part), flush=True)
+    lines.extend(part)
+    if args.json:
+        where = "memory" if args.mapped is None else f"a {kind} mapped file"
+        row = {"row": f"training data from {where}: x the random stream"}
+        for name in list(data)[1:]:
+            row[name] = round(ratio(data_rates, name, "devpolicy.windows"), 2)
+            row[f"{name}, lowest round"] = round(lowest(data_rates, name, "devpolicy.windows"), 2)
+        print(json.dumps(row), flush=True)
+
     keys = jax.random.split(jax.random.key(0))
     table_ = jax.device_put(jax.random.normal(keys[0], (args.vocab, dim), jnp.float32), device)
     weight = jax.device_put(jax.random.normal(keys[1], (dim, dim), jnp.float32), device)
@@ -618,7 +674,19 @@ def main() -> int:
         hidden = table[batch[:, :-1].astype(jnp.int32)] @ weight  # lookup, then matmul
         return jnp.mean(hidden * hidden)
 
+    @jax.jit
+    def documents_step(table: Any, weight: Any, tokens: Any, ids: Any, positions: Any) -> Any:
+        # The same step, each token's position looked up too and the loss kept within
+        # documents: what a model does with the segments a stream carries.
+        ahead = tokens[:, :-1].astype(jnp.int32)
+        hidden = (table[ahead] + table[positions[:, :-1]]) @ weight
+        same = (ids[:, :-1] == ids[:, 1:]).astype(hidden.dtype)[..., None]
+        return jnp.mean(hidden * hidden * same)
+
     def fed(batch: Any) -> Any:
+        if isinstance(batch, dict):
+            parts = batch["tokens"], batch["segment_ids"], batch["positions"]
+            return documents_step(table_, weight, *parts)
         return step(table_, weight, batch)
 
     steps = args.steps
@@ -628,6 +696,7 @@ def main() -> int:
     feeders["pre-placed"] = lambda n: iter(placed[:n])
     if args.mapped is not None:
         feeders["the story, shipped policy"] = story(path, length, size)
+    feeders["windows, with segment ids"] = data["random, with segment ids"]
     run(
         f"The step (lookup in a {args.vocab:,} x {dim} table, {dim} x {dim} matmul), one "
         f"device: {steps} steps a run",
@@ -640,32 +709,41 @@ def main() -> int:
     # Resuming: the time to a resumed stream's first batch, by the step resumed at. A
     # counter-based draw makes it the same at step 10**9 as at step 1.
     at = [1, 10**3, 10**6, 10**7, 10**9]
-    waits: dict[int, list[float]] = {n: [] for n in at}
+    kinds: dict[str, tuple[Any, dict[str, Any]]] = {
+        "random": (tokens, {"order": "random"}),
+        "shuffled": (tokens, {"order": "shuffled"}),
+        "mixed, shuffled": (two, {"order": "shuffled", "weights": mix}),
+    }
+    waits: dict[tuple[str, int], list[float]] = {(k, n): [] for k in kinds for n in at}
     for _ in range(args.rounds + 1):  # the first round warms up
-        for n in at:
-            start_clock = time.perf_counter()
-            with devpolicy.windows(
-                tokens, length, size, order="random", seed=7, start=n, policy=single
-            ) as resumed:
-                next(resumed).block_until_ready()
-            waits[n].append(time.perf_counter() - start_clock)
+        for kind_name, (source, options) in kinds.items():
+            for n in at:
+                start_clock = time.perf_counter()
+                with devpolicy.windows(
+                    source, length, size, seed=7, start=n, policy=single, **options
+                ) as resumed:
+                    jax.block_until_ready(next(resumed))
+                waits[kind_name, n].append(time.perf_counter() - start_clock)
     part = [
         f"**Resuming: the time to the first batch of `windows(..., start=N)`, one device, "
-        f"medians of {args.rounds} rounds**",
+        f"medians of {args.rounds} rounds (ms)**",
         "",
-        "| resumed at step | ms to the first batch | x at step 1 |",
-        "|---|---|---|",
+        "| resumed at step | " + " | ".join(kinds) + " |",
+        "|---|" + "---|" * len(kinds),
     ]
-    first_ms = statistics.median(waits[1][1:]) * 1000
     for n in at:
-        ms = statistics.median(waits[n][1:]) * 1000
-        part.append(f"| {n:,} | {ms:.2f} | {ms / first_ms:.2f} |")
+        cells = " | ".join(f"{statistics.median(waits[k, n][1:]) * 1000:.2f}" for k in kinds)
+        part.append(f"| {n:,} | {cells} |")
     print("\n".join([*part, ""]), flush=True)
     lines.extend([*part, ""])
     if args.json:
-        row = {"row": "resume: ms to the first batch"}
-        row |= {f"step {n:.0e}": round(statistics.median(waits[n][1:]) * 1000, 2) for n in at}
-        print(json.dumps(row), flush=True)
+        for kind_name in kinds:
+            row = {"row": f"resume ({kind_name}): ms to the first batch"}
+            row |= {
+                f"step {n:.0e}": round(statistics.median(waits[kind_name, n][1:]) * 1000, 2)
+                for n in at
+            }
+            print(json.dumps(row), flush=True)
     if args.mapped is not None and not args.keep:
         del tokens
         path.unlink()

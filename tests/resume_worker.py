@@ -4,7 +4,9 @@ Usage: python tests/resume_worker.py PORT PROCESS_ID
 
 Each process draws its rows of 6 global batches (4 rows, sharded by rows over 2 x 2
 devices) from one uninterrupted stream, then from a stream resumed at step 3 (by `start`
-and by the saved state), and reports its rows of each.
+and by the saved state), and reports its rows of each. Then, for a shuffled stream and a
+mixture, it reports its rows of 6 global batches by global row, and the state saved at
+step 3: the test resumes that state in one process (2 -> 1) and compares.
 """
 
 from __future__ import annotations
@@ -31,6 +33,28 @@ def local_rows(batch: jax.Array) -> list[list[int]]:
         for i, row in enumerate(np.asarray(shard.data).tolist()):
             seen[start + i] = row
     return [seen[k] for k in sorted(seen)]
+
+
+def rows_by_index(batch: jax.Array) -> dict[int, list[int]]:
+    """This process's rows of a global batch, by their index in the global batch."""
+    seen: dict[int, list[int]] = {}
+    for shard in batch.addressable_shards:
+        start = shard.index[0].start or 0
+        for i, row in enumerate(np.asarray(shard.data).tolist()):
+            seen[start + i] = row
+    return seen
+
+
+def elastic(tokens: object, policy: devpolicy.Policy, **options: object) -> dict[str, object]:
+    """Six global batches of a stream (this process's rows, by global row) and its state
+    saved after three."""
+    stream = devpolicy.windows(tokens, 5, 2, seed=11, steps=6, policy=policy, **options)
+    batches, saved = [], None
+    for step, batch in enumerate(stream):
+        batches.append(rows_by_index(batch))
+        if step == 2:
+            saved = stream.state()
+    return {"batches": batches, "state": saved}
 
 
 def main() -> None:
@@ -70,6 +94,13 @@ def main() -> None:
                     "by_state": by_state,
                     "shapes": shapes,
                     "saved_step": saved["step"] if saved else None,
+                    "shuffled": elastic(tokens, policy, order="shuffled", stride=3),
+                    "mixed": elastic(
+                        {"low": tokens[:60_000], "high": tokens[60_000:]},
+                        policy,
+                        order="shuffled",
+                        weights={"low": 3, "high": 1},
+                    ),
                 }
             ),
             flush=True,

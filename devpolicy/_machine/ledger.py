@@ -20,7 +20,8 @@ import jax
 from .._base.sizes import format_size
 from .capacity import Capacity, DeviceMemory, host_available_bytes, pool_of, pool_text
 from .inventory import inventory
-from .streams import recent_batches
+from .streams import LedgerStream, recent_batches, stream_lines, streams
+from .streams import printable as _shown
 
 #: The origin shown for live arrays devpolicy did not place.
 UNPLACED = "unplaced"
@@ -165,6 +166,9 @@ class Ledger:
     #: The implicit transfers JAX made while a policy with `transfers:` watched, by site,
     #: most bytes first (see `TransferSite`); empty when nothing watched.
     transfers: tuple[TransferSite, ...] = ()
+    #: The streams of batches (`windows`, `prefetch`) open now and the latest that ended,
+    #: oldest first, with a mixture's windows from each source (see `LedgerStream`).
+    streams: tuple[LedgerStream, ...] = ()
 
     @property
     def by_device(self) -> Mapping[str, LedgerDevice]:
@@ -223,6 +227,7 @@ class Ledger:
                     f"{size:>{widths[3]}}{_backed(e.file_backed)}"
                 )
                 lines.append(line.rstrip())
+        lines += stream_lines(self.streams)
         lines.append(
             f"total: {_total(self.arrays, self.sharded, self.shards)}, "
             f"{format_size(self.nbytes)}{_backed(self.file_backed)}"
@@ -263,11 +268,6 @@ def _total(arrays: int, sharded: int, shards: int) -> str:
 
 def _backed(nbytes: int) -> str:
     return f" ({format_size(nbytes)} file-backed)" if nbytes else ""
-
-
-def _shown(name: str) -> str:
-    # Names come from files and callers: control characters are shown escaped.
-    return name if name.isprintable() else repr(name)[1:-1]
 
 
 def _names_text(names: tuple[str, ...], limit: int = 3) -> str:
@@ -511,6 +511,7 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
         sum(spread for _, spread in owners),
         shards,
         transfer_sites(),
+        streams(),
     )
 
 

@@ -127,3 +127,29 @@ def recent_batches() -> Iterator[tuple[Any, weakref.ref[Any], StreamTally]]:
             array = ref()
             if array is not None:
                 yield array, ref, tally
+
+
+def stream_lines(listed: tuple[LedgerStream, ...]) -> list[str]:
+    """The report's lines for mixtures: each one's windows from each source, and their
+    shares (a stream of one array has no line: `stream_ended` says its counts)."""
+    lines = []
+    for stream in listed:
+        sources = stream.sources
+        if not sources:
+            continue
+        total = sum(sources.values()) or 1
+        shares = ", ".join(
+            f"{printable(name)} {count:,} ({count / total:.1%})" for name, count in sources.items()
+        )
+        state = "open" if stream.open else "ended"
+        lines.append(
+            f"stream {printable(stream.name)} ({state}, {stream.batches:,} batches): "
+            f"windows by source: {shares}"
+        )
+    return lines
+
+
+def printable(name: str) -> str:
+    """`name` as shown in a report: control characters escaped (names come from files and
+    callers)."""
+    return name if name.isprintable() else repr(name)[1:-1]

@@ -657,7 +657,10 @@ class GroupCutter:
     def __del__(self) -> None:
         # Collected: no worker runs for it (a running one holds it), so nothing is waited
         # for; its descriptors are closed and its paging advice ended.
-        try:  # noqa: SIM105 - a finaliser never raises; no contextlib (a module global)
+        try:  # a finaliser never raises; no contextlib (a module global)
+            tally = self.tally
+            if tally is not None and tally.open:  # a stream dropped unclosed is not open
+                tally.close()
             self.abandon(child=self._pid != os.getpid())
         except Exception:
             pass

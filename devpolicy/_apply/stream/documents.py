@@ -24,9 +24,13 @@ SEPARATOR_KINDS = ("eos", "bos")
 
 
 def segments(
-    windows: np.ndarray[Any, Any], separator: int, separator_is: SeparatorIs
+    windows: np.ndarray[Any, Any],
+    separator: int,
+    separator_is: SeparatorIs,
+    out: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """The segment ids and positions (int32) of every token of `windows` (..., length).
+    """The segment ids and positions (int32) of every token of `windows` (..., length),
+    written into `out` where given (two int32 arrays of the windows' shape).
 
     Example:
         >>> w = np.array([[5, 0, 6, 7, 0, 8]])
@@ -49,9 +53,13 @@ def segments(
     columns = firsts % length
     row_of_first = np.searchsorted(firsts, firsts - columns)
     ids = (np.arange(1, firsts.size + 1) - row_of_first).astype(np.int32)
-    segment_ids = np.repeat(ids, lengths)
-    positions = _columns(length, total // length) - np.repeat(columns.astype(np.int32), lengths)
-    return segment_ids.reshape(windows.shape), positions.reshape(windows.shape)
+    if out is None:
+        out = (np.empty(windows.shape, np.int32), np.empty(windows.shape, np.int32))
+    segment_ids, positions = out
+    np.copyto(segment_ids.reshape(-1), np.repeat(ids, lengths))
+    starts = np.repeat(columns.astype(np.int32), lengths)
+    np.subtract(_columns(length, total // length), starts, out=positions.reshape(-1))
+    return segment_ids, positions
 
 
 @functools.lru_cache(maxsize=4)

@@ -137,6 +137,8 @@ def place_documents(
     token, separator_is = separator
     whole = buffer.whole()
     windows = np.stack(buffer.batches) if whole is None else whole
+    # Fresh arrays, not the ring's: a copy into aligned memory cost more than the
+    # unaligned transfer it saves (measured: docs/benchmarks.md#training-data).
     ids, positions = segments(windows, token, separator_is)
     count = len(buffer.batches)
     placed = plan.place([*buffer.batches, *ids, *positions])

@@ -6,7 +6,7 @@ The weights become whole counts over a period of rows (the shortest period, up t
 remainders), each source's rows spread evenly over the period. Global row g (step *
 global batch + row) is then row g mod P of period g // P: its source, and how many rows of
 that source came before it (its k), are two lookups. So each source's share is exact over
-every period and within a row or so of it in every batch, and a source's k-th window is
+every period and within two rows of it in every batch, and a source's k-th window is
 drawn from counters as a random or shuffled stream's are (with replacement, or from its
 own epochs): any step costs what the first does, a stream resumes at once, and every
 process draws its own rows. A draw per row at random could not say k without counting
@@ -42,9 +42,12 @@ def allotment(weights: list[float]) -> np.ndarray[Any, Any]:
         ([7, 3], [1, 2])
     """
     shares = np.asarray(weights, np.float64) / float(sum(weights))
-    chunk = max(1, 2**18 // shares.size)  # periods tried at once: memory stays small
-    for low in range(1, PERIOD_MOST + 1, chunk):
-        periods = np.arange(low, min(low + chunk, PERIOD_MOST + 1), dtype=np.float64)[:, None]
+    most = max(1, 2**18 // shares.size)  # periods tried at once: memory stays small
+    low, chunk = 1, 64  # short periods first (most weights are held by one): then more
+    while low <= PERIOD_MOST:
+        high = min(low + chunk, PERIOD_MOST + 1)
+        periods = np.arange(low, high, dtype=np.float64)[:, None]
+        low, chunk = high, min(most, chunk * 8)
         counts = np.rint(periods * shares)
         exact = (counts.sum(axis=1) == periods[:, 0]) & (
             np.abs(counts / periods - shares).max(axis=1) <= _EXACT
@@ -180,6 +183,8 @@ class Mixed:
         for source in range(self.counts.size):
             where = sources == source
             k = nth[where].astype(np.uint64)
+            if not k.size:  # no row of this block from this source
+                continue
             if self._shuffled:
                 drawn, _ = shuffled_windows(
                     stream_key(self._seed, 2 + source), k, self.windows[source]

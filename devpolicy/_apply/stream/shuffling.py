@@ -104,6 +104,8 @@ def shuffled_windows(
     """The windows (of `count` an epoch) and the epochs of global rows `rows` (uint64, in
     increasing order) of a shuffled stream with `seed`."""
     epochs, positions = np.divmod(rows, np.uint64(count))
+    if not rows.size:
+        return np.zeros(rows.shape, np.int64), epochs
     first, last = int(epochs.reshape(-1)[0]), int(epochs.reshape(-1)[-1])
     # Most groups lie in one epoch: one key for all of them.
     keys: Any = (

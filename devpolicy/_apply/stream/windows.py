@@ -25,7 +25,7 @@ from ..hostview import host_view
 from ..narrowing import Narrow, check_mode
 from .cutting import GroupCutter, Sampler
 from .documents import SEPARATOR_KINDS, SeparatorIs
-from .mixing import Mixed, MixedViews
+from .mixing import PERIOD_MOST, Mixed, MixedViews
 from .owner import WindowStream
 from .prefetch import as_int
 from .sampling import Random, Sequential
@@ -256,6 +256,15 @@ def windows(
             steps,
             stride if order == "shuffled" else None,
         )
+        unseen = [
+            key for (key, _), n in zip(sources, sampler.counts.tolist(), strict=True) if not n
+        ]
+        if unseen:
+            raise ValueError(
+                f"windows weights[{unseen[0]!r}] is too small: under 1/{PERIOD_MOST:,} of "
+                "the weights' total, that source would never be drawn from (leave it out, "
+                "or raise its weight)"
+            )
     elif order == "random":
         assert number is not None
         sampler = Random(starts[0], batch, number, steps)

@@ -1,0 +1,638 @@
+"""Training data from `windows`: shuffled epochs without replacement, weighted mixtures of
+several token arrays, documents' segment ids and positions, and a state resumed by a job
+of another size (2 processes -> 1)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import structlog
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import devpolicy
+from devpolicy._apply.stream import filewindows, mixing, shuffling
+from devpolicy._apply.stream import state as streamstate
+from devpolicy.errors import StreamEndedError, StreamStateError
+from tests.conftest import REPO
+from tests.helpers import policy_of, reports_of, run_job
+
+from .streams import held_open, interrupted_at
+
+TOKENS = np.arange(100_000, dtype=np.int32)
+
+
+def firsts(stream: Any) -> list[list[int]]:
+    """Each batch's windows by their first token (windows of an arange: their start)."""
+    return [np.asarray(b)[:, 0].tolist() for b in stream]
+
+
+def every(stream: Any) -> list[np.ndarray]:
+    return [np.asarray(b) for b in stream]
+
+
+def source_of(value: int, bounds: dict[str, tuple[int, int]]) -> str:
+    return next(name for name, (low, high) in bounds.items() if low <= value < high)
+
+
+class TestShuffledEpochs:
+    @pytest.mark.parametrize("stride", [1, 2, 3])
+    def test_each_epoch_hands_out_every_window_exactly_once_exhaustively(self, stride: int) -> None:
+        """Every small array (4 to 30 rows), batch (1 to 5) and 1 to 3 epochs: each epoch
+        is the windows at 0, stride, 2*stride, ... each exactly once, in an order drawn anew
+        each epoch; batches run on across an epoch's end, the last holding what is left."""
+        policy = policy_of()
+        length = 4
+        for rows in range(length, 31):
+            tokens = np.arange(rows, dtype=np.int32)
+            expected = list(range(0, rows - length + 1, stride))
+            for batch in range(1, 6):
+                for epochs in (1, 2, 3):
+                    got = firsts(
+                        devpolicy.windows(
+                            tokens, length, batch, order="shuffled", seed=rows * 7 + batch,
+                            stride=stride, epochs=epochs, policy=policy,
+                        )
+                    )  # fmt: skip
+                    flat = [w for b in got for w in b]
+                    assert len(flat) == epochs * len(expected)
+                    assert all(len(b) == batch for b in got[:-1])
+                    for e in range(epochs):
+                        epoch = flat[e * len(expected) : (e + 1) * len(expected)]
+                        assert sorted(epoch) == expected, (rows, batch, epochs, e)
+
+    def test_epochs_are_drawn_anew_and_look_uniform(self) -> None:
+        """Over 4,000 epochs of 10 windows, each window lands at each position about as
+        often as a uniform shuffle puts it there (chi-square), and epochs differ."""
+        rows = np.arange(10 * 4000, dtype=np.uint64)
+        windows, _ = shuffling.shuffled_windows(3, rows, 10)
+        table = np.zeros((10, 10))
+        np.add.at(table, (np.tile(np.arange(10), 4000), windows), 1)
+        expected = 400.0
+        chi = ((table - expected) ** 2 / expected).sum()
+        assert chi < 81 + 4 * np.sqrt(2 * 81)  # 81 degrees of freedom, 4 sigma
+        epochs = windows.reshape(4000, 10)
+        assert len({tuple(e) for e in epochs.tolist()}) > 3900
+
+    @given(count=st.integers(1, 5000), seed=st.integers(0, 2**64 - 1))
+    @settings(max_examples=60, deadline=None)
+    def test_the_permutation_is_a_bijection_for_any_size_and_key(
+        self, count: int, seed: int
+    ) -> None:
+        keys = shuffling.epoch_keys(seed, np.asarray([0]))[0]
+        drawn = shuffling.permuted(np.arange(count, dtype=np.uint64), keys, count)
+        assert sorted(drawn.tolist()) == list(range(count))
+
+    def test_the_state_names_the_epoch_and_resumes_it(self) -> None:
+        """`state()` of a shuffled stream says its epoch; resumed from it at any step, the
+        stream equals the uninterrupted one element by element."""
+        policy = policy_of()
+        options: dict[str, Any] = {"order": "shuffled", "seed": 9, "epochs": 3, "stride": 7}
+        whole = every(devpolicy.windows(TOKENS[:5000], 50, 16, policy=policy, **options))
+        stream = devpolicy.windows(TOKENS[:5000], 50, 16, policy=policy, **options)
+        for step in range(len(whole)):
+            saved = stream.state()
+            assert saved["epoch"] == step * 16 // len(range(0, 5000 - 50 + 1, 7))
+            resumed = devpolicy.windows(
+                TOKENS[:5000], 50, 16, policy=policy, resume=json.dumps(saved), **options
+            )
+            for got, want in zip(every(resumed), whole[step:], strict=True):
+                np.testing.assert_array_equal(got, want)
+            next(stream)
+
+    def test_an_endless_shuffled_stream_starts_at_step_ten_to_the_ninth_at_once(self) -> None:
+        policy = policy_of()
+        far = devpolicy.windows(TOKENS, 8, 4, order="shuffled", seed=1, start=10**9, policy=policy)
+        batch = np.asarray(next(far))
+        rows = np.arange(4, dtype=np.uint64) + np.uint64(10**9 * 4)
+        windows, epochs = shuffling.shuffled_windows(1, rows, (len(TOKENS) - 8 + 1 + 7) // 8)
+        np.testing.assert_array_equal(batch[:, 0], windows * 8)
+        assert far.state()["epoch"] == int(epochs[0])
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            ({"order": "random", "epochs": 2}, r"epochs= bounds an order='shuffled' stream"),
+            ({"order": "shuffled", "epochs": 0}, r"^windows epochs must be an int >= 1, got 0$"),
+            (
+                {"order": "shuffled", "epochs": 1, "start": 99},
+                r"^windows start=99 is past the end: this stream has 3 batches$",
+            ),
+        ],
+    )
+    def test_bad_epoch_arguments_are_refused_naming_them(
+        self, options: dict[str, Any], message: str
+    ) -> None:
+        with pytest.raises(ValueError, match=message):
+            devpolicy.windows(np.arange(24), 4, 2, policy=policy_of(), **options)
+
+
+BOUNDS = {"web": (0, 10_000), "code": (10_000, 14_000), "math": (14_000, 15_000)}
+SOURCES = {name: np.arange(low, high, dtype=np.int32) for name, (low, high) in BOUNDS.items()}
+WEIGHTS = {"web": 0.6, "code": 0.3, "math": 0.1}
+
+
+class TestMixtures:
+    def test_proportions_over_ten_thousand_batches_are_within_three_sigma(self) -> None:
+        """10,000 batches of 8: each source's share of the windows is within 3 standard
+        deviations of its weight (and each batch's within two rows of it, the allotment
+        being exact over every 10 rows)."""
+        stream = devpolicy.windows(
+            SOURCES, 2, 8, order="random", seed=4, weights=WEIGHTS, steps=10_000,
+            policy=policy_of(),
+        )  # fmt: skip
+        counts: Counter[str] = Counter()
+        for batch in stream:
+            here = Counter(source_of(v, BOUNDS) for v in np.asarray(batch)[:, 0].tolist())
+            for name, weight in WEIGHTS.items():
+                assert abs(here[name] - 8 * weight) < 2
+            counts.update(here)
+        total = 80_000
+        for name, weight in WEIGHTS.items():
+            sigma = np.sqrt(total * weight * (1 - weight))
+            assert abs(counts[name] - total * weight) <= 3 * sigma
+
+    def test_random_windows_of_each_source_are_spread_over_that_source(self) -> None:
+        stream = devpolicy.windows(
+            SOURCES, 2, 50, order="random", seed=1, weights=WEIGHTS, steps=400,
+            policy=policy_of(),
+        )  # fmt: skip
+        seen: dict[str, list[int]] = {name: [] for name in BOUNDS}
+        for batch in stream:
+            for value in np.asarray(batch)[:, 0].tolist():
+                seen[source_of(value, BOUNDS)].append(value)
+        for name, (low, high) in BOUNDS.items():
+            values = np.asarray(seen[name])
+            assert values.min() >= low
+            assert values.max() <= high - 2
+            assert abs(values.mean() - (low + high - 2) / 2) < 0.05 * (high - low)
+
+    def test_a_shuffled_mixture_gives_each_source_its_own_epochs(self) -> None:
+        """Each source's windows come each once an epoch of that source, the small source
+        going round more often."""
+        stream = devpolicy.windows(
+            {"web": SOURCES["web"][:400], "math": SOURCES["math"][:100]}, 10, 20,
+            order="shuffled", seed=2, weights={"web": 1, "math": 1}, steps=60,
+            policy=policy_of(),
+        )  # fmt: skip
+        order: dict[str, list[int]] = {"web": [], "math": []}
+        for batch in stream:
+            for value in np.asarray(batch)[:, 0].tolist():
+                order["web" if value < 10_000 else "math"].append(value)
+        for name, count in (("web", 40), ("math", 10)):
+            drawn = order[name]
+            low = BOUNDS[name][0]
+            for e in range(len(drawn) // count):
+                epoch = drawn[e * count : (e + 1) * count]
+                assert sorted(epoch) == [low + 10 * i for i in range(count)]
+        assert stream.state()["epoch"] == {"web": 600 // 40, "math": 600 // 10}
+
+    @pytest.mark.parametrize("order", ["random", "shuffled"])
+    def test_resume_at_any_step_equals_the_uninterrupted_mixture(self, order: str) -> None:
+        policy = policy_of()
+        options: dict[str, Any] = {"order": order, "seed": 8, "weights": WEIGHTS, "steps": 30}
+        whole = every(devpolicy.windows(SOURCES, 16, 8, policy=policy, **options))
+        stream = devpolicy.windows(SOURCES, 16, 8, policy=policy, **options)
+        for step in range(30):
+            saved = json.dumps(stream.state())
+            resumed = every(
+                devpolicy.windows(SOURCES, 16, 8, policy=policy, resume=saved, **options)
+            )
+            assert len(resumed) == 30 - step
+            for got, want in zip(resumed, whole[step:], strict=True):
+                np.testing.assert_array_equal(got, want)
+            next(stream)
+
+    def test_stream_ended_and_streams_count_the_windows_of_each_source(self) -> None:
+        policy = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
+        with structlog.testing.capture_logs() as events:
+            stream = devpolicy.windows(
+                SOURCES, 4, 10, order="random", seed=3, weights=WEIGHTS, steps=5,
+                name="mixture/tally", policy=policy,
+            )  # fmt: skip
+            list(stream)
+        (ended,) = [e for e in events if e["event"] == "stream_ended"]
+        assert ended["sources"] == {"web": 30, "code": 15, "math": 5}
+        report = devpolicy.report()
+        (listed,) = [s for s in report.streams if s.name == "mixture/tally"]
+        assert listed.sources == {"web": 30, "code": 15, "math": 5}
+        assert (
+            "stream mixture/tally (ended, 5 batches): windows by source: web 30 (60.0%), "
+            "code 15 (30.0%), math 5 (10.0%)"
+        ) in str(report).splitlines()
+
+    def test_a_mixture_of_mapped_files_reads_by_position_the_same_windows(
+        self, tmp_path: Path
+    ) -> None:
+        """Sources mapped from files are read from them by position (one reader over all)
+        and give exactly the batches the same arrays in memory give."""
+        mapped = {}
+        for name, values in SOURCES.items():
+            path = tmp_path / f"{name}.bin"
+            values.tofile(path)
+            mapped[name] = np.memmap(path, dtype=np.int32, mode="r")
+        policy = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
+        options: dict[str, Any] = {"order": "shuffled", "seed": 6, "weights": WEIGHTS, "steps": 40}
+        with structlog.testing.capture_logs() as events:
+            from_files = every(devpolicy.windows(mapped, 32, 8, policy=policy, **options))
+        in_memory = every(devpolicy.windows(SOURCES, 32, 8, policy=policy, **options))
+        for got, want in zip(from_files, in_memory, strict=True):
+            np.testing.assert_array_equal(got, want)
+        ended = next(e for e in events if e["event"] == "stream_ended")
+        assert ended["reads"] == "file"
+        assert ended["reads_why"].startswith("a mixture of files: read from them by position")
+
+    def test_a_source_file_cut_short_is_an_error_naming_that_file(self, tmp_path: Path) -> None:
+        paths = {}
+        for name, values in SOURCES.items():
+            paths[name] = tmp_path / f"{name}.bin"
+            values.tofile(paths[name])
+        mapped = {n: np.memmap(p, dtype=np.int32, mode="r") for n, p in paths.items()}
+        stream = devpolicy.windows(
+            mapped, 32, 8, order="random", seed=1, weights=WEIGHTS, steps=400, policy=policy_of()
+        )
+        next(stream)
+        with open(paths["code"], "r+b") as f:
+            f.truncate(100)
+        with pytest.raises(
+            (devpolicy.errors.HostViewError, devpolicy.errors.StreamEndedError)
+        ) as e:
+            for _ in stream:
+                pass
+        assert "code.bin" in str(e.value)
+        stream.close()
+
+    @pytest.mark.parametrize(
+        ("tokens", "options", "error", "message"),
+        [
+            (TOKENS, {"weights": {"a": 1}}, ValueError, r"weights= mixes several token arrays"),
+            (SOURCES, {"order": "random"}, ValueError, r"need weights="),
+            (
+                SOURCES,
+                {"order": "random", "weights": {"web": 1, "code": 1}},
+                ValueError,
+                r"no weight for 'math'",
+            ),
+            (
+                SOURCES,
+                {"order": "random", "weights": {**WEIGHTS, "wiki": 1}},
+                ValueError,
+                r"no source 'wiki' in tokens",
+            ),
+            (
+                SOURCES,
+                {"order": "random", "weights": {**WEIGHTS, "math": 0}},
+                ValueError,
+                r"weights\['math'\] must be a finite number > 0",
+            ),
+            (
+                SOURCES,
+                {"order": "random", "weights": {**WEIGHTS, "math": float("nan")}},
+                ValueError,
+                r"weights\['math'\] must be a finite number > 0",
+            ),
+            (SOURCES, {"weights": WEIGHTS}, ValueError, r"not 'sequential'"),
+            (
+                SOURCES,
+                {"order": "shuffled", "weights": WEIGHTS, "epochs": 2},
+                ValueError,
+                r"each source of a mixture has its own epochs",
+            ),
+            ({}, {"order": "random", "weights": {}}, ValueError, r"an empty mapping"),
+            (
+                {"a": TOKENS, "b": TOKENS.astype(np.int64)},
+                {"order": "random", "weights": {"a": 1, "b": 1}},
+                ValueError,
+                r"share a dtype and row shape: 'a' is int32 \(\), 'b' is int64 \(\)",
+            ),
+            (
+                {"a": TOKENS, "b": TOKENS[:3]},
+                {"order": "random", "weights": {"a": 1, "b": 1}},
+                ValueError,
+                r"source 'b' has 3",
+            ),
+            (
+                {"a": TOKENS, "b": TOKENS},
+                {"order": "random", "weights": {"a": 1, "b": 1e-7}},
+                ValueError,
+                r"weights\['b'\] is too small",
+            ),
+        ],
+    )
+    def test_bad_mixtures_are_refused_naming_what_is_wrong(
+        self, tokens: Any, options: dict[str, Any], error: type[Exception], message: str
+    ) -> None:
+        with pytest.raises(error, match=message):
+            devpolicy.windows(tokens, 4, 2, policy=policy_of(), **options)
+
+    def test_the_allotment_is_exact_for_simple_weights_and_close_for_any(self) -> None:
+        assert mixing.allotment([0.6, 0.3, 0.1]).tolist() == [6, 3, 1]
+        assert mixing.allotment([1, 1, 1]).tolist() == [1, 1, 1]
+        shares = [np.pi, np.e, 1.0]
+        counts = mixing.allotment(shares)
+        assert counts.sum() == mixing.PERIOD_MOST
+        assert np.abs(counts / counts.sum() - np.asarray(shares) / sum(shares)).max() <= (
+            1 / mixing.PERIOD_MOST
+        )
+
+
+def segments_by_hand(row: list[int], separator: int, kind: str) -> tuple[list[int], list[int]]:
+    ids, positions, segment, position = [], [], 1, 0
+    for i, token in enumerate(row):
+        starts = i > 0 and (row[i - 1] == separator if kind == "eos" else token == separator)
+        if starts:
+            segment, position = segment + 1, 0
+        ids.append(segment)
+        positions.append(position)
+        position += 1
+    return ids, positions
+
+
+class TestDocuments:
+    @given(
+        tokens=st.lists(st.integers(0, 4), min_size=8, max_size=200),
+        length=st.integers(1, 8),
+        batch=st.integers(1, 4),
+        kind=st.sampled_from(["eos", "bos"]),
+    )
+    @settings(max_examples=60, deadline=None)
+    def test_segment_ids_and_positions_agree_with_the_separators(
+        self, tokens: list[int], length: int, batch: int, kind: str
+    ) -> None:
+        stream = devpolicy.windows(
+            np.asarray(tokens, np.uint16), length, batch, separator=0, separator_is=kind,
+            policy=policy_of(),
+        )  # fmt: skip
+        for b in stream:
+            rows = np.asarray(b["tokens"]).tolist()
+            ids = np.asarray(b["segment_ids"]).tolist()
+            positions = np.asarray(b["positions"]).tolist()
+            for row, row_ids, row_positions in zip(rows, ids, positions, strict=True):
+                assert (row_ids, row_positions) == segments_by_hand(row, 0, kind)
+
+    def test_segments_are_placed_with_their_batch_sharded_as_it_is(self) -> None:
+        policy = policy_of(
+            meshes={"rows": {"axes": {"data": 4}, "devices": "cpu"}},
+            rules=[{"match": "batch", "sharding": {"mesh": "rows", "spec": ["data"]}}],
+        )
+        stream = devpolicy.windows(
+            TOKENS % 50, 64, 8, order="shuffled", seed=1, separator=0, steps=3, policy=policy
+        )
+        for b in stream:
+            assert set(b) == {"tokens", "segment_ids", "positions"}
+            assert b["segment_ids"].dtype == np.int32
+            assert b["positions"].dtype == np.int32
+            for key in ("segment_ids", "positions"):
+                assert b[key].shape == b["tokens"].shape
+                assert b[key].sharding == b["tokens"].sharding
+
+    def test_stream_ended_counts_the_segments_bytes(self) -> None:
+        policy = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
+        with structlog.testing.capture_logs() as events:
+            list(devpolicy.windows(TOKENS.astype(np.uint16), 10, 4, steps=3, separator=7,
+                                   policy=policy))  # fmt: skip
+        ended = next(e for e in events if e["event"] == "stream_ended")
+        assert ended["nbytes"] == 3 * 4 * 10 * (2 + 4 + 4)
+
+    @pytest.mark.parametrize(
+        ("tokens", "options", "error", "message"),
+        [
+            (TOKENS.astype(np.uint16), {"separator": 70_000}, ValueError, r"cannot occur in"),
+            (TOKENS.astype(np.uint16), {"separator": "eos"}, TypeError, r"must be an int"),
+            (
+                np.zeros((100, 2), np.int32),
+                {"separator": 0},
+                ValueError,
+                r"needs a 1-D array of integer token ids",
+            ),
+            (np.zeros(100, np.float32), {"separator": 0}, ValueError, r"integer token ids"),
+            (TOKENS, {"separator": 0, "separator_is": "end"}, ValueError, r"separator_is must"),
+        ],
+    )
+    def test_a_bad_separator_is_refused_naming_it(
+        self, tokens: Any, options: dict[str, Any], error: type[Exception], message: str
+    ) -> None:
+        with pytest.raises(error, match=message):
+            devpolicy.windows(tokens, 4, 2, policy=policy_of(), **options)
+
+
+class TestElasticResume:
+    def test_a_state_of_another_global_batch_names_how_to_go_on_with_start(self) -> None:
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS, 8, 4, order="shuffled", seed=2, policy=policy)
+        for _ in range(6):
+            next(stream)
+        saved = stream.state()
+        with pytest.raises(StreamStateError, match=r"start=8 \(and seed=2\), without resume=$"):
+            devpolicy.windows(TOKENS, 8, 3, order="shuffled", seed=2, resume=saved, policy=policy)
+        # Going on that way continues the epoch where the saved stream was.
+        on = devpolicy.windows(TOKENS, 8, 3, order="shuffled", seed=2, start=8, policy=policy)
+        assert on.state()["epoch"] == saved["epoch"]
+        next(on)
+
+    def test_a_state_of_the_first_version_still_resumes(self) -> None:
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS, 8, 4, order="random", seed=2, policy=policy)
+        next(stream)
+        first = {
+            k: v
+            for k, v in stream.state().items()
+            if k not in ("epochs", "global_batch", "sources", "weights")
+        }
+        first[streamstate.STATE_KEY] = 1
+        resumed = devpolicy.windows(
+            TOKENS, 8, 4, order="random", seed=2, resume=first, policy=policy
+        )
+        np.testing.assert_array_equal(np.asarray(next(resumed)), np.asarray(next(stream)))
+
+    @pytest.mark.slow
+    def test_two_processes_resume_on_one_with_the_same_global_batches(self) -> None:
+        """A shuffled stream and a shuffled mixture drawn by 2 jax.distributed processes
+        (2 rows each of a global batch of 4): the state one of them saved at step 3,
+        resumed here by one process with batch 4, yields global batches 3..5 element by
+        element, and both processes saved the same state."""
+        reports = reports_of(run_job(REPO / "tests" / "resume_worker.py", [[], []], timeout=240))
+        tokens = np.arange(100_000, dtype=np.int32)
+        cases = {
+            "shuffled": (tokens, {"order": "shuffled", "stride": 3}),
+            "mixed": (
+                {"low": tokens[:60_000], "high": tokens[60_000:]},
+                {"order": "shuffled", "weights": {"low": 3, "high": 1}},
+            ),
+        }
+        for case, (source, options) in cases.items():
+            states = [r[case]["state"] for r in reports]
+            assert states[0] == states[1]
+            assert states[0]["global_batch"] == 4
+            assert states[0]["batch"] == 2
+            global_batches = []
+            for step in range(6):
+                rows: dict[int, list[int]] = {}
+                for report in reports:
+                    rows |= {int(k): v for k, v in report[case]["batches"][step].items()}
+                global_batches.append([rows[i] for i in range(4)])
+            resumed = devpolicy.windows(
+                source, 5, 4, seed=11, steps=6, resume=states[0], policy=policy_of(), **options
+            )
+            assert [np.asarray(b).tolist() for b in resumed] == global_batches[3:]
+
+
+# Every fault the stream contract holds one array's stream to, on the new kinds: each
+# compared with the same stream uninterrupted, batch for batch.
+KINDS = ["shuffled", "mixture", "mixture of files (preadv)", "mixture of files", "documents"]
+
+
+def kind_stream(kind: str, tmp_path: Path, steps: int | None = 300) -> Any:
+    """A stream of `kind` (its sources written under `tmp_path` for a mixture of files)."""
+    policy = policy_of()
+    if kind == "shuffled":
+        return devpolicy.windows(
+            TOKENS, 64, 4, order="shuffled", seed=5, stride=3, steps=steps, policy=policy
+        )
+    if kind == "documents":
+        return devpolicy.windows(
+            TOKENS % 97, 64, 4, order="shuffled", seed=5, separator=0, steps=steps, policy=policy
+        )
+    sources: dict[str, Any] = dict(SOURCES)
+    if kind.startswith("mixture of files"):
+        for name, values in SOURCES.items():
+            path = tmp_path / f"{name}.bin"
+            if not path.exists():
+                values.tofile(path)
+            sources[name] = np.memmap(path, dtype=np.int32, mode="r")
+    return devpolicy.windows(
+        sources, 64, 4, order="shuffled", seed=5, weights=WEIGHTS, steps=steps, policy=policy
+    )
+
+
+def as_key(batch: Any) -> bytes:
+    if isinstance(batch, dict):
+        return b"".join(np.asarray(batch[k]).tobytes() for k in sorted(batch))
+    return np.asarray(batch).tobytes()
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "mixture of files (preadv)":
+        monkeypatch.setattr(filewindows, "BATCHED", False)
+    return str(request.param)
+
+
+class TestFaultsOnTheNewKinds:
+    def test_ctrl_c_inside_next_skips_nothing_and_repeats_nothing(
+        self, kind: str, tmp_path: Path
+    ) -> None:
+        want = [as_key(b) for b in kind_stream(kind, tmp_path, steps=200)]
+        stream = kind_stream(kind, tmp_path, steps=200)
+        handed = 0
+        rng = np.random.default_rng(1)
+        for _ in range(120):
+            with interrupted_at(int(rng.integers(1, 400))) as struck:
+                try:
+                    batch = next(stream)
+                except KeyboardInterrupt:
+                    assert struck, "a KeyboardInterrupt nobody injected"
+                    assert stream.state()["step"] == handed, struck
+                    continue
+            assert as_key(batch) == want[handed]
+            handed += 1
+        assert [as_key(b) for b in stream] == want[handed:]
+
+    def test_four_threads_share_one_stream_each_step_to_exactly_one(
+        self, kind: str, tmp_path: Path
+    ) -> None:
+        want = {as_key(b): step for step, b in enumerate(kind_stream(kind, tmp_path))}
+        stream = kind_stream(kind, tmp_path)
+        taken: list[list[int]] = [[] for _ in range(4)]
+        errors: list[BaseException] = []
+
+        def pull(mine: list[int]) -> None:
+            try:
+                mine.extend(want[as_key(b)] for b in stream)
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=pull, args=(mine,)) for mine in taken]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors
+        for mine in taken:
+            assert mine == sorted(mine)
+        assert sorted(s for mine in taken for s in mine) == list(range(300))
+
+    def test_close_from_another_thread_never_raises_and_leaves_nothing_open(
+        self, kind: str, tmp_path: Path
+    ) -> None:
+        kind_stream(kind, tmp_path, steps=1).close()  # the sources written
+        before = held_open()
+        rng = np.random.default_rng(3)
+        for _ in range(10):
+            stream = kind_stream(kind, tmp_path, steps=None)
+            outcome: list[object] = []
+
+            def pull(stream: Any = stream, outcome: list[object] = outcome) -> None:
+                try:
+                    for _ in stream:
+                        pass
+                    outcome.append("stopped")
+                except devpolicy.DevicePolicyError as e:
+                    outcome.append(e)
+                except BaseException as e:
+                    outcome.append(("raw", e))
+
+            puller = threading.Thread(target=pull)
+            puller.start()
+            time.sleep(float(rng.uniform(0, 0.02)))
+            stream.close()
+            puller.join(60)
+            assert outcome
+            assert not isinstance(outcome[0], tuple), outcome
+        del stream
+        gc.collect()
+        assert held_open() == before
+
+    @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+    @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+    def test_a_forked_childs_copy_refuses_and_the_parent_goes_on_exactly(
+        self, kind: str, tmp_path: Path
+    ) -> None:
+        want = [as_key(b) for b in kind_stream(kind, tmp_path, steps=40)]
+        stream = kind_stream(kind, tmp_path, steps=40)
+        for step in range(3):
+            assert as_key(next(stream)) == want[step]
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports by its exit status
+            code = 1
+            try:
+                try:
+                    next(stream)
+                    code = 2
+                except StreamEndedError as e:
+                    code = 0 if "forked child" in str(e) else 3
+                stream.close()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 20
+        while True:
+            done, status = os.waitpid(child, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+                pytest.fail("the forked child hung")
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert [as_key(b) for b in stream] == want[3:]
