@@ -59,7 +59,9 @@ class FileWindows:
         "length",
     )
 
-    def __init__(self, fd: int, name: str, offset: int, row: int, length: int) -> None:
+    def __init__(
+        self, fd: int, name: str, offset: int, row: int, length: int, *, ring: bool = True
+    ) -> None:
         self._fd = fd
         self._name = name
         self._offset = offset  # the file offset of the view's first row
@@ -71,7 +73,7 @@ class FileWindows:
         self._fds = np.asarray([fd], np.int32)
         self._offsets = np.asarray([offset], np.int64)
         self._names = [name]
-        self._batch = BatchReads.open() if BATCHED else None
+        self._batch = BatchReads.open() if BATCHED and ring else None
         # The windows `submit_batches` started reading: (starts, batches), and, once waited
         # for, what each read gave (kept until every short read is read again, so that a
         # `finish` an interrupt cut short is done again whole).
@@ -331,13 +333,17 @@ def _open_checked(path: str, inode: int, device: str) -> int | None:
     return None
 
 
-def mapped_file(view: np.ndarray[Any, Any], length: int) -> FileWindows | None:
+def mapped_file(
+    view: np.ndarray[Any, Any], length: int, *, ring: bool = True
+) -> FileWindows | None:
     """A positional reader of the file `view` is a mapping of, or None where there is
     none to read by position (memory, a private writable map, several mappings).
 
     Args:
         view: The host array windows are cut from (rows along the first axis).
         length: Rows per window.
+        ring: Whether the reader opens an io_uring of its own (a mixture's parts do not:
+            the reader they are joined into does).
 
     Returns:
         The reader (its descriptor open until `close`), or None.
@@ -383,7 +389,7 @@ def mapped_file(view: np.ndarray[Any, Any], length: int) -> FileWindows | None:
         )
     row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
     try:
-        return FileWindows(fd, path, file_offset, row, length)
+        return FileWindows(fd, path, file_offset, row, length, ring=ring)
     except BaseException:
         os.close(fd)
         raise
@@ -398,7 +404,7 @@ def mapped_files(
     readers: list[FileWindows] = []
     try:
         for view in views:
-            reader = mapped_file(view, length)
+            reader = mapped_file(view, length, ring=False)
             if reader is None:
                 return None
             readers.append(reader)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .groups import every_window
 from .sampling import mixed, stream_key, uniform_below
-from .shuffling import BLOCK_WINDOWS, LAST_ROW, shuffled_windows
+from .shuffling import RowDraws, shuffled_windows
 
 #: The longest period of an allotment, in rows: weights no period up to it holds exactly
 #: are held to within 1/PERIOD_MOST of their share.
@@ -77,31 +77,24 @@ def spread(counts: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarr
     return sources[order], ranks[order]
 
 
-class Mixed:
+class Mixed(RowDraws):
     """Windows of several sources by weight (`allotment`), each source's windows drawn at
     random (with replacement) or from its own shuffled epochs; endless unless `steps`.
     Offsets are in the mixture's one range (source s's rows from `bases[s]`). `take` is a
     pure function of the step, as `Random`'s is."""
 
     __slots__ = (
-        "_block",
         "_keys",
-        "_per_step",
         "_ranks",
-        "_rows",
         "_seed",
         "_shuffled",
         "_sources",
-        "_steps",
         "_stride",
         "bases",
         "counts",
         "starts",
-        "steps",
         "windows",
     )
-
-    random = True
 
     def __init__(
         self,
@@ -123,17 +116,7 @@ class Mixed:
         # A shuffled source's epoch: its windows at `stride`; a random one draws starts.
         self.windows = [-(-n // self._stride) for n in starts]
         self._keys = [np.uint64(stream_key(seed, 2 + s)) for s in range(len(starts))]
-        self._steps = steps
-        self._block: tuple[int, np.ndarray[Any, Any]] | None = None
-        self.own_rows(np.arange(batch, dtype=np.int64), batch)
-
-    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
-        """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
-        self._rows = rows.astype(np.uint64)[None, :]
-        self._per_step = per_step
-        self._block = None
-        last = LAST_ROW // per_step
-        self.steps = last if self._steps is None else min(self._steps, last)
+        super().__init__(batch, steps)
 
     def drawn_before(self, step: int) -> np.ndarray[Any, Any]:
         """Windows of each source in the global batches before `step`."""
@@ -155,26 +138,16 @@ class Mixed:
         drawn = self.drawn_before(step)
         return [int(n) // w for n, w in zip(drawn.tolist(), self.windows, strict=True)]
 
-    def sources_of(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """The source of each of `offsets` (in the mixture's one range)."""
-        return np.searchsorted(self.bases, offsets, side="right") - 1
-
     def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
         """The offsets of steps `first` .. (up to `most` of them), shape (k, rows); None
         past the last step."""
         count = min(most, self.steps - first)
         if count <= 0:
             return None
-        block = self._block
-        if block is None or not block[0] <= first <= first + count <= block[0] + len(block[1]):
-            ahead = min(max(count, BLOCK_WINDOWS // self._rows.size), self.steps - first)
-            block = self._block = (first, self._drawn(first, ahead))
-        at = first - block[0]
-        return block[1][at : at + count]
+        return self._block_from(first, count, self.steps)
 
-    def _drawn(self, first: int, count: int) -> np.ndarray[Any, Any]:
-        steps = np.arange(first, first + count, dtype=np.uint64)[:, None]
-        rows = steps * np.uint64(self._per_step) + self._rows
+    def _drawn(self, first: int, count: int, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        rows = self.global_rows(first, count, rows)
         period = np.uint64(self.counts.sum())
         cycles, within = np.divmod(rows, period)
         sources = self._sources[within]

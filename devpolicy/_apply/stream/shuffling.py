@@ -114,36 +114,19 @@ def shuffled_windows(
     return permuted(positions, keys, count), epochs
 
 
-class Shuffled:
-    """`batch` windows a step from epochs of every window (at `stride`) once each, in an
-    order drawn anew each epoch; batches run on across an epoch's end. Endless unless
-    `steps` or `epochs` is given (with `epochs`, the last batch holds what is left of the
-    last epoch). `take` is a pure function of the step, as `Random`'s is; `rows` are the
-    rows of the (global) batch this process draws."""
+class RowDraws:
+    """What a sampler drawing global rows from counters shares: this process's rows of a
+    global batch of `per_step`, the steps it can reach (global rows below 2**63), and the
+    draws of a block of steps kept until the stream passes it (`_block_from`). A subclass
+    says its last step (`_last`) and draws steps (`_drawn`)."""
 
-    __slots__ = (
-        "_block",
-        "_epochs",
-        "_per_step",
-        "_rows",
-        "_seed",
-        "_steps",
-        "_stride",
-        "count",
-        "steps",
-    )
+    __slots__ = ("_block", "_per_step", "_rows", "_steps", "steps")
 
     random = True
 
-    def __init__(
-        self, starts: int, batch: int, stride: int, seed: int, steps: int | None, epochs: int | None
-    ) -> None:
-        self.count = -(-starts // stride)  # windows an epoch
-        self._stride = stride
-        self._seed = seed
+    def __init__(self, batch: int, steps: int | None) -> None:
         self._steps = steps
-        self._epochs = epochs
-        # The starts of a block of steps from its first: (first, (steps, rows)).
+        # The draws of a block of steps from its first: (first, (steps, rows)).
         self._block: tuple[int, np.ndarray[Any, Any]] | None = None
         self.own_rows(np.arange(batch, dtype=np.int64), batch)
 
@@ -152,10 +135,56 @@ class Shuffled:
         self._rows = rows.astype(np.uint64)[None, :]
         self._per_step = per_step
         self._block = None
-        last = LAST_ROW // per_step
-        if self._epochs is not None:
-            last = min(last, -(-self._epochs * self.count // per_step))
+        last = min(LAST_ROW // per_step, self._last(per_step))
         self.steps = last if self._steps is None else min(self._steps, last)
+
+    def _last(self, per_step: int) -> int:
+        return LAST_ROW // per_step
+
+    def _block_from(self, first: int, count: int, whole: int) -> np.ndarray[Any, Any]:
+        """Steps `first` .. `first + count - 1` of this process's rows, from the block that
+        holds them (drawn anew, up to step `whole`, where none does)."""
+        block = self._block
+        if block is None or not block[0] <= first <= first + count <= block[0] + len(block[1]):
+            ahead = min(max(count, BLOCK_WINDOWS // self._rows.size), whole - first)
+            block = self._block = (first, self._drawn(first, ahead, self._rows))
+        at = first - block[0]
+        return block[1][at : at + count]
+
+    def _drawn(self, first: int, count: int, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Steps `first` .. `first + count - 1` of `rows`, drawn: each subclass's own."""
+        raise NotImplementedError
+
+    def global_rows(
+        self, first: int, count: int, rows: np.ndarray[Any, Any]
+    ) -> np.ndarray[Any, Any]:
+        """The global rows of `rows` of steps `first` .. `first + count - 1` (uint64)."""
+        steps = np.arange(first, first + count, dtype=np.uint64)[:, None]
+        rows_of_steps: np.ndarray[Any, Any] = steps * np.uint64(self._per_step) + rows
+        return rows_of_steps
+
+
+class Shuffled(RowDraws):
+    """`batch` windows a step from epochs of every window (at `stride`) once each, in an
+    order drawn anew each epoch; batches run on across an epoch's end. Endless unless
+    `steps` or `epochs` is given (with `epochs`, the last batch holds what is left of the
+    last epoch). `take` is a pure function of the step, as `Random`'s is; `rows` are the
+    rows of the (global) batch this process draws."""
+
+    __slots__ = ("_epochs", "_seed", "_stride", "count")
+
+    def __init__(
+        self, starts: int, batch: int, stride: int, seed: int, steps: int | None, epochs: int | None
+    ) -> None:
+        self.count = -(-starts // stride)  # windows an epoch
+        self._stride = stride
+        self._seed = seed
+        self._epochs = epochs
+        super().__init__(batch, steps)
+
+    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
+        """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
+        super().own_rows(rows, per_step)
         if self.tail() and rows.size != per_step:
             raise ValueError(
                 f"windows epochs={self._epochs} of {self.count:,} windows end in a short "
@@ -163,6 +192,11 @@ class Shuffled:
                 "several processes cannot share: pass steps= (whole batches), or a batch "
                 "that divides the epochs' windows"
             )
+
+    def _last(self, per_step: int) -> int:
+        if self._epochs is None:
+            return LAST_ROW // per_step
+        return -(-self._epochs * self.count // per_step)
 
     def tail(self) -> int:
         """The rows of the last batch where `epochs` ends it short, else 0."""
@@ -185,17 +219,9 @@ class Shuffled:
             rows = self._rows[self._rows < np.uint64(tail)][None, :]
             return self._drawn(first, 1, rows)
         whole = self.steps - 1 if tail else self.steps  # the steps of whole batches
-        count = min(count, whole - first)
-        block = self._block
-        if block is None or not block[0] <= first <= first + count <= block[0] + len(block[1]):
-            ahead = max(count, BLOCK_WINDOWS // self._rows.size)
-            block = self._block = (first, self._drawn(first, min(ahead, whole - first), self._rows))
-        at = first - block[0]
-        return block[1][at : at + count]
+        return self._block_from(first, min(count, whole - first), whole)
 
     def _drawn(self, first: int, count: int, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        steps = np.arange(first, first + count, dtype=np.uint64)[:, None]
-        rows = steps * np.uint64(self._per_step) + rows
-        drawn, _ = shuffled_windows(self._seed, rows, self.count)
+        drawn, _ = shuffled_windows(self._seed, self.global_rows(first, count, rows), self.count)
         drawn *= self._stride
         return drawn
