@@ -188,14 +188,20 @@ class MixedViews:
         self.bases = np.cumsum([0, *(v.shape[0] for v in views[:-1])]).astype(np.int64)
         self.windows = [every_window(v, length) for v in views]
 
-    def gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """The windows at `offsets` (any shape), in one new array."""
+    def gather(
+        self, offsets: np.ndarray[Any, Any], out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        """The windows at `offsets` (any shape), in `out` (C-contiguous, of their shape
+        and dtype) or a new array."""
         first = self.windows[0]
-        out = np.empty((offsets.size, *first.shape[1:]), first.dtype)
+        shape = (*offsets.shape, *first.shape[1:])
+        if out is None:
+            out = np.empty(shape, first.dtype)
+        whole = out.reshape(offsets.size, *first.shape[1:])
         flat = offsets.reshape(-1)
         part = np.searchsorted(self.bases, flat, side="right") - 1
         for source, windows in enumerate(self.windows):
             where = np.flatnonzero(part == source)
             if where.size:
-                out[where] = windows[flat[where] - self.bases[source]]
-        return out.reshape(*offsets.shape, *first.shape[1:])
+                whole[where] = windows[flat[where] - self.bases[source]]
+        return out.reshape(shape)
