@@ -38,8 +38,15 @@ The feeders, each taking turns with the others in every round (A, B, C, A, B, C.
   `devpolicy.windows(tokens, ..., order="random")` placing each `batch` where the policy
   says.
 
-Last, the time to the first batch of a stream resumed at step 1 to 10**9
-(`windows(..., start=N)`): the same at every step.
+Training data: each option of `windows` against the random stream it builds on, side by
+side (the pipeline alone, one device): `order="shuffled"` (windows at `length`, and at
+every start), a mixture of the tokens' two halves weighted 0.7/0.3 (random, and
+shuffled), and the random stream with segment ids (`separator=`, a token of the data);
+and in the step, the stream with segment ids feeding a step that keeps its loss within
+documents.
+
+Last, the time to the first batch of a random, a shuffled and a mixed stream resumed at
+step 1 to 10**9 (`windows(..., start=N)`): the same at every step.
 
 Two measures: the pipeline alone (no step: each batch is waited for, `block_until_ready`,
 then dropped), on one device and sharded by rows over every device of the default
