@@ -41,9 +41,9 @@ The feeders, each taking turns with the others in every round (A, B, C, A, B, C.
 Training data: each option of `windows` against the random stream it builds on, side by
 side (the pipeline alone, one device): `order="shuffled"` (windows at `length`, and at
 every start), a mixture of the tokens' two halves weighted 0.7/0.3 (random, and
-shuffled), and the random stream with segment ids (`separator=`, a token of the data);
-and in the step, the stream with segment ids feeding a step that keeps its loss within
-documents.
+shuffled), of twenty slices weighted 1 to 20 (shuffled: 10x the sources), and the random
+stream with segment ids (`separator=`, a token of the data); and in the step, the stream
+with segment ids feeding a step that keeps its loss within documents.
 
 Last, the time to the first batch of a random, a shuffled and a mixed stream resumed at
 step 1 to 10**9 (`windows(..., start=N)`): the same at every step.
@@ -639,6 +639,9 @@ def main() -> int:
     half = len(tokens) // 2
     two = {"web": tokens[:half], "code": tokens[half:]}
     mix = {"web": 0.7, "code": 0.3}
+    slice_rows = len(tokens) // 20  # 10x the sources, weighted 1 to 20
+    twenty = {f"s{i}": tokens[i * slice_rows : (i + 1) * slice_rows] for i in range(20)}
+    twenty_weights = {f"s{i}": float(i + 1) for i in range(20)}
     separator = int(np.asarray(tokens[:length]).reshape(-1)[0])
     data = {
         "devpolicy.windows": stream(tokens, length, size, single),
@@ -649,6 +652,9 @@ def main() -> int:
         ),
         "mixed, 2 sources (shuffled)": training(
             two, length, size, single, order="shuffled", weights=mix
+        ),
+        "mixed, 20 sources (shuffled)": training(
+            twenty, length, size, single, order="shuffled", weights=twenty_weights
         ),
         "random, with segment ids": training(
             tokens, length, size, single, order="random", separator=separator

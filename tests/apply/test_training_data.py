@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,12 @@ class TestMixtures:
             (TOKENS, {"weights": {"a": 1}}, ValueError, r"weights= mixes several token arrays"),
             (SOURCES, {"order": "random"}, ValueError, r"need weights="),
             (
+                {"tokens": TOKENS},
+                {},
+                ValueError,
+                r"need weights=.*: pass tokens\['tokens'\] itself for a stream of it$",
+            ),
+            (
                 SOURCES,
                 {"order": "random", "weights": {"web": 1, "code": 1}},
                 ValueError,
@@ -396,6 +403,22 @@ class TestDocuments:
                 assert b[key].shape == b["tokens"].shape
                 assert b[key].sharding == b["tokens"].sharding
 
+    def test_a_mixture_carries_segments_too(self) -> None:
+        """Segments are cut from whatever windows a batch holds: a mixture's alike."""
+        sources = {"a": TOKENS[:5000] % 13, "b": TOKENS[5000:9000] % 7}
+        stream = devpolicy.windows(
+            sources, 32, 8, order="shuffled", seed=1, weights={"a": 1, "b": 1},
+            separator=0, steps=20, policy=policy_of(),
+        )  # fmt: skip
+        for b in stream:
+            for row, ids, positions in zip(
+                np.asarray(b["tokens"]).tolist(),
+                np.asarray(b["segment_ids"]).tolist(),
+                np.asarray(b["positions"]).tolist(),
+                strict=True,
+            ):
+                assert (ids, positions) == segments_by_hand(row, 0, "eos")
+
     def test_stream_ended_counts_the_segments_bytes(self) -> None:
         policy = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
         with structlog.testing.capture_logs() as events:
@@ -424,6 +447,44 @@ class TestDocuments:
     ) -> None:
         with pytest.raises(error, match=message):
             devpolicy.windows(tokens, 4, 2, policy=policy_of(), **options)
+
+
+class TestScale:
+    def test_ten_thousand_steps_of_a_shuffled_mixture_with_segments_keep_memory_flat(
+        self,
+    ) -> None:
+        """Across many epochs of each source: what Python and numpy hold after 10,000
+        steps is what they held after 1,000 (no table of an epoch, no list of batches)."""
+        sources = {"a": TOKENS[:3000] % 11, "b": TOKENS[3000:4000] % 5}
+        stream = devpolicy.windows(
+            sources, 16, 4, order="shuffled", seed=3, weights={"a": 2, "b": 1}, separator=0,
+            steps=10_000, policy=policy_of(),
+        )  # fmt: skip
+        tracemalloc.start()
+        try:
+            for step, _ in enumerate(stream):
+                if step == 1_000:
+                    gc.collect()
+                    early = tracemalloc.get_traced_memory()[0]
+            gc.collect()
+            late = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        # 40,000 rows allotted a, b, a (2:1): 26,667 and 13,333 windows, epochs of
+        # ceil((3,000 - 15) / 16) = 187 and ceil((1,000 - 15) / 16) = 62 windows.
+        assert stream.state()["epoch"] == {"a": 26_667 // 187, "b": 13_333 // 62}
+        assert late - early < 256 * 1024
+
+    def test_twenty_sources_are_each_drawn_by_their_weight(self) -> None:
+        """10x the sources: each source's share over 1,000 batches is its weight's."""
+        sources = {f"s{i}": np.arange(i * 1000, (i + 1) * 1000, dtype=np.int32) for i in range(20)}
+        weights = {f"s{i}": float(i + 1) for i in range(20)}
+        stream = devpolicy.windows(
+            sources, 8, 21, order="random", seed=2, weights=weights, steps=1_000,
+            policy=policy_of(),
+        )  # fmt: skip
+        counts = Counter(v // 1000 for b in stream for v in np.asarray(b)[:, 0].tolist())
+        assert [counts[i] for i in range(20)] == [(i + 1) * 100 for i in range(20)]
 
 
 class TestElasticResume:

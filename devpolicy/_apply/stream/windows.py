@@ -84,9 +84,15 @@ def _sources(
         if not isinstance(key, str) or not key:
             raise TypeError(f"windows tokens' names must be non-empty strs, got {key!r}")
     if not isinstance(weights, Mapping):
+        one = (
+            f"; a mapping of one array (a loaded file's tensors?): pass "
+            f"tokens[{names[0]!r}] itself for a stream of it"
+            if len(names) == 1
+            else ""
+        )
         raise ValueError(
             f"windows of a mixture ({', '.join(names)}) need weights=, a mapping of the "
-            f"same names to weights, got {weights!r}"
+            f"same names to weights, got {weights!r}{one}"
         )
     missing = [n for n in names if n not in weights]
     unknown = [str(n) for n in weights if n not in tokens]
