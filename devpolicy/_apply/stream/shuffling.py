@@ -8,7 +8,7 @@ power of two of at least W values (six or twelve rounds, a multiply-shift round 
 walked along its cycle until it lands below W (fewer than two passes on average):
 a bijection whatever the key, so every window comes exactly once an epoch; and any
 position's window costs what the first one does, so a stream resumed at step N starts at
-once, as a random one does. grain's global shuffle (`index_shuffle`) is built the same way.
+once, as a random one does. grain's global shuffle (`index_shuffle`) is a Feistel network too.
 No JAX here.
 """
 
