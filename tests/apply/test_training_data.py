@@ -450,6 +450,7 @@ class TestDocuments:
 
 
 class TestScale:
+    @pytest.mark.slow
     def test_ten_thousand_steps_of_a_shuffled_mixture_with_segments_keep_memory_flat(
         self,
     ) -> None:

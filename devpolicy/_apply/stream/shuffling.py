@@ -142,12 +142,15 @@ class RowDraws:
     def _last(self, per_step: int) -> int:
         return LAST_ROW // per_step
 
-    def _block_from(self, first: int, count: int, whole: int) -> np.ndarray[Any, Any]:
+    def _block_from(
+        self, first: int, count: int, whole: int, windows: int = BLOCK_WINDOWS
+    ) -> np.ndarray[Any, Any]:
         """Steps `first` .. `first + count - 1` of this process's rows, from the block that
-        holds them (drawn anew, up to step `whole`, where none does)."""
+        holds them (drawn anew, about `windows` of them up to step `whole`, where none
+        does)."""
         block = self._block
         if block is None or not block[0] <= first <= first + count <= block[0] + len(block[1]):
-            ahead = min(max(count, BLOCK_WINDOWS // self._rows.size), whole - first)
+            ahead = min(max(count, windows // self._rows.size), whole - first)
             block = self._block = (first, self._drawn(first, ahead, self._rows))
         at = first - block[0]
         return block[1][at : at + count]
