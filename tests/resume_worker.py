@@ -5,8 +5,8 @@ Usage: python tests/resume_worker.py PORT PROCESS_ID
 Each process draws its rows of 6 global batches (4 rows, sharded by rows over 2 x 2
 devices) from one uninterrupted stream, then from a stream resumed at step 3 (by `start`
 and by the saved state), and reports its rows of each. Then, for a shuffled stream and a
-mixture, it reports its rows of 6 global batches by global row, and the state saved at
-step 3: the test resumes that state in one process (2 -> 1) and compares.
+mixture, it reports its rows of 6 global batches by global row, and the state saved before
+each step: the test resumes each state in one process (2 -> 1) and compares.
 """
 
 from __future__ import annotations
@@ -47,14 +47,13 @@ def rows_by_index(batch: jax.Array) -> dict[int, list[int]]:
 
 def elastic(tokens: object, policy: devpolicy.Policy, **options: object) -> dict[str, object]:
     """Six global batches of a stream (this process's rows, by global row) and its state
-    saved after three."""
+    saved before each step."""
     stream = devpolicy.windows(tokens, 5, 2, seed=11, steps=6, policy=policy, **options)
-    batches, saved = [], None
-    for step, batch in enumerate(stream):
+    batches, states = [], [stream.state()]
+    for batch in stream:
         batches.append(rows_by_index(batch))
-        if step == 2:
-            saved = stream.state()
-    return {"batches": batches, "state": saved}
+        states.append(stream.state())
+    return {"batches": batches, "states": states}
 
 
 def main() -> None:

@@ -520,9 +520,9 @@ class TestElasticResume:
     @pytest.mark.slow
     def test_two_processes_resume_on_one_with_the_same_global_batches(self) -> None:
         """A shuffled stream and a shuffled mixture drawn by 2 jax.distributed processes
-        (2 rows each of a global batch of 4): the state one of them saved at step 3,
-        resumed here by one process with batch 4, yields global batches 3..5 element by
-        element, and both processes saved the same state."""
+        (2 rows each of a global batch of 4): the state saved before each step, resumed
+        here by one process with batch 4, yields the global batches from that step on,
+        element by element; both processes saved the same states."""
         reports = reports_of(run_job(REPO / "tests" / "resume_worker.py", [[], []], timeout=240))
         tokens = np.arange(100_000, dtype=np.int32)
         cases = {
@@ -533,20 +533,22 @@ class TestElasticResume:
             ),
         }
         for case, (source, options) in cases.items():
-            states = [r[case]["state"] for r in reports]
+            states = [r[case]["states"] for r in reports]
             assert states[0] == states[1]
-            assert states[0]["global_batch"] == 4
-            assert states[0]["batch"] == 2
             global_batches = []
             for step in range(6):
                 rows: dict[int, list[int]] = {}
                 for report in reports:
                     rows |= {int(k): v for k, v in report[case]["batches"][step].items()}
                 global_batches.append([rows[i] for i in range(4)])
-            resumed = devpolicy.windows(
-                source, 5, 4, seed=11, steps=6, resume=states[0], policy=policy_of(), **options
-            )
-            assert [np.asarray(b).tolist() for b in resumed] == global_batches[3:]
+            for step, state in enumerate(states[0]):
+                assert state["step"] == step
+                assert state["global_batch"] == 4
+                assert state["batch"] == 2
+                resumed = devpolicy.windows(
+                    source, 5, 4, seed=11, steps=6, resume=state, policy=policy_of(), **options
+                )
+                assert [np.asarray(b).tolist() for b in resumed] == global_batches[step:]
 
 
 # Every fault the stream contract holds one array's stream to, on the new kinds: each
