@@ -8,10 +8,12 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import signal
 import struct
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -219,3 +221,116 @@ def interrupted_at(event: int) -> Iterator[list[str]]:
         yield struck
     finally:
         sys.setprofile(None)
+
+
+def pull_through_interrupts(
+    stream: Any, check: Callable[[Any, int], None], pulls: int = 120, seed: int = 1
+) -> int:
+    """Pull `stream` `pulls` times, each pull struck by Ctrl-C at a random place inside
+    devpolicy (`interrupted_at`) and pulled on after (a notebook cell run again): an
+    interrupted pull hands nothing out, `state()` naming the same step; any other hands out
+    the next step, `check(batch, step)`. Returns how many steps were handed out."""
+    handed = 0
+    rng = np.random.default_rng(seed)
+    for _ in range(pulls):
+        with interrupted_at(int(rng.integers(1, 400))) as struck:
+            try:
+                batch = next(stream)
+            except KeyboardInterrupt:
+                assert struck, "a KeyboardInterrupt nobody injected"
+                assert stream.state()["step"] == handed, struck
+                continue
+        check(batch, handed)
+        handed += 1
+        assert stream.state()["step"] == handed
+    return handed
+
+
+def pulled_by_threads(stream: Any, step_of_batch: Callable[[Any], int], threads: int = 4) -> None:
+    """`threads` threads pull `stream` to its end: no error, each thread's steps in order,
+    every step of the stream (0 .. n - 1) to exactly one of them."""
+    taken: list[list[int]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+
+    def pull(mine: list[int]) -> None:
+        try:
+            mine.extend(step_of_batch(b) for b in stream)
+        except BaseException as e:
+            errors.append(e)
+
+    running = [threading.Thread(target=pull, args=(mine,)) for mine in taken]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join(120)
+    assert not errors
+    for mine in taken:
+        assert mine == sorted(mine)
+    every = sorted(s for mine in taken for s in mine)
+    assert every == list(range(len(every)))
+
+
+def closed_while_pulled(
+    make: Callable[[], Any], check: Callable[[Any, int], None], attempts: int, seed: int = 3
+) -> None:
+    """`attempts` times: a stream from `make()` pulled on another thread and `close()`d
+    from this one at a random moment. `close()` never raises; the puller's batches pass
+    `check(batch, step)`, then it stops or gets a devpolicy error, never a raw one; a pull
+    after the close raises StopIteration."""
+    rng = np.random.default_rng(seed)
+    for attempt in range(attempts):
+        stream = make()
+        outcome: list[object] = []
+
+        def pull(stream: Any = stream, outcome: list[object] = outcome) -> None:
+            handed = 0
+            try:
+                for batch in stream:
+                    check(batch, handed)
+                    handed += 1
+                outcome.append("stopped")
+            except devpolicy.DevicePolicyError as e:
+                outcome.append(e)
+            except BaseException as e:
+                outcome.append(("raw", e))
+
+        puller = threading.Thread(target=pull)
+        puller.start()
+        time.sleep(float(rng.uniform(0, 0.02)))
+        stream.close()  # never raises
+        puller.join(60)
+        assert not puller.is_alive()
+        assert outcome, attempt
+        assert not isinstance(outcome[0], tuple), (attempt, outcome)
+        with pytest.raises(StopIteration):
+            next(stream)
+
+
+def forked_child_refuses(stream: Any, step: int, seconds: float = 20) -> int | None:
+    """Fork with `stream` open: in the child, the first pull must raise `StreamEndedError`
+    saying it is a forked child's copy (never a batch, never a hang), `state()` still at
+    `step` and `close()` working. The child's exit code (0: all so; 2: it got a batch; 3:
+    another error), or None where it hung (killed after `seconds`)."""
+    from devpolicy.errors import StreamEndedError
+
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit status
+        code = 1
+        try:
+            try:
+                next(stream)
+                code = 2  # a batch: the promise broken
+            except StreamEndedError as e:
+                code = 0 if "forked child" in str(e) and stream.state()["step"] == step else 3
+            stream.close()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return None

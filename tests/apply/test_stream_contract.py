@@ -8,8 +8,6 @@ import gc
 import json
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,8 +25,11 @@ from .streams import (
     FILE_PATHS,
     READ_PATHS,
     assert_exact,
+    closed_while_pulled,
+    forked_child_refuses,
     held_open,
-    interrupted_at,
+    pull_through_interrupts,
+    pulled_by_threads,
     step_of,
     tokens_for,
     use_read_path,
@@ -121,19 +122,9 @@ class TestInterrupts:
         `state()` names it, and the batches are the uninterrupted stream's, exactly."""
         tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
         stream = open_stream(tokens, steps=None)
-        handed = 0
-        rng = np.random.default_rng(1)
-        for _ in range(120):
-            with interrupted_at(int(rng.integers(1, 400))) as struck:
-                try:
-                    batch = next(stream)
-                except KeyboardInterrupt:
-                    assert struck, "a KeyboardInterrupt nobody injected"
-                    assert stream.state()["step"] == handed, struck
-                    continue
-            assert_exact(batch, 5, handed, LENGTH, COUNT)
-            handed += 1
-            assert stream.state()["step"] == handed
+        handed = pull_through_interrupts(
+            stream, lambda batch, step: assert_exact(batch, 5, step, LENGTH, COUNT)
+        )
         for _ in range(40):
             assert_exact(next(stream), 5, handed, LENGTH, COUNT)
             handed += 1
@@ -240,26 +231,8 @@ class TestThreads:
         tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
         steps = 300
         stream = open_stream(tokens, steps=steps)
-        taken: list[list[Any]] = [[] for _ in range(4)]
-        errors: list[BaseException] = []
-
-        def pull(mine: list[Any]) -> None:
-            try:
-                for batch in stream:
-                    mine.append(np.asarray(batch))
-            except BaseException as e:
-                errors.append(e)
-
-        threads = [threading.Thread(target=pull, args=(mine,)) for mine in taken]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert not errors
-        found = [[step_of(b, 5, LENGTH, COUNT, steps) for b in mine] for mine in taken]
-        for mine in found:
-            assert mine == sorted(mine)
-        assert sorted(s for mine in found for s in mine) == list(range(steps))
+        pulled_by_threads(stream, lambda batch: step_of(np.asarray(batch), 5, LENGTH, COUNT, steps))
+        assert stream.state()["step"] == steps
 
     def test_close_from_another_thread_never_raises_and_leaves_nothing_open(
         self, path_name: str, tmp_path: Path
@@ -270,49 +243,13 @@ class TestThreads:
         path = tmp_path / "train.safetensors"
         tokens = tokens_for(from_file(path_name), path, COUNT)
         before = held_open(path)  # the mapping's own descriptor
-        rng = np.random.default_rng(3)
-        for attempt in range(25):
-            stream = open_stream(tokens, steps=None)
-            outcome: list[object] = []
-
-            def pull(stream: Any = stream, outcome: list[object] = outcome) -> None:
-                handed = 0
-                try:
-                    for batch in stream:
-                        assert_exact(batch, 5, handed, LENGTH, COUNT)
-                        handed += 1
-                    outcome.append("stopped")
-                except devpolicy.DevicePolicyError as e:
-                    outcome.append(e)
-                except BaseException as e:
-                    outcome.append(("raw", e))
-
-            puller = threading.Thread(target=pull)
-            puller.start()
-            time.sleep(float(rng.uniform(0, 0.02)))
-            stream.close()  # never raises
-            puller.join(60)
-            assert not puller.is_alive()
-            assert outcome, attempt
-            assert not isinstance(outcome[0], tuple), (attempt, outcome)
-            with pytest.raises(StopIteration):
-                next(stream)
-        del stream
+        closed_while_pulled(
+            lambda: open_stream(tokens, steps=None),
+            lambda batch, step: assert_exact(batch, 5, step, LENGTH, COUNT),
+            attempts=25,
+        )
         gc.collect()
         assert held_open(path) == before
-
-
-def _wait(child: int, seconds: float) -> int | None:
-    """The child's exit code, or None if it is still running after `seconds` (killed)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(child, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    os.kill(child, signal.SIGKILL)
-    os.waitpid(child, 0)
-    return None
 
 
 class TestFork:
@@ -330,19 +267,7 @@ class TestFork:
         stream = open_stream(tokens, steps=None)
         for step in range(3):
             assert_exact(next(stream), 5, step, LENGTH, COUNT)
-        child = os.fork()
-        if child == 0:  # pragma: no cover - the child reports by its exit status
-            code = 1
-            try:
-                try:
-                    next(stream)
-                    code = 2  # a batch: the promise broken
-                except StreamEndedError as e:
-                    code = 0 if "forked child" in str(e) and stream.state()["step"] == 3 else 3
-                stream.close()
-            finally:
-                os._exit(code)
-        assert _wait(child, 20) == 0
+        assert forked_child_refuses(stream, 3) == 0
         for step in range(3, 40):
             assert_exact(next(stream), 5, step, LENGTH, COUNT)
         stream.close()

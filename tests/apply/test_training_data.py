@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import signal
-import threading
-import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
@@ -24,11 +20,17 @@ from hypothesis import strategies as st
 import devpolicy
 from devpolicy._apply.stream import filewindows, mixing, shuffling
 from devpolicy._apply.stream import state as streamstate
-from devpolicy.errors import StreamEndedError, StreamStateError
+from devpolicy.errors import StreamStateError
 from tests.conftest import REPO
 from tests.helpers import policy_of, reports_of, run_job
 
-from .streams import held_open, interrupted_at
+from .streams import (
+    closed_while_pulled,
+    forked_child_refuses,
+    held_open,
+    pull_through_interrupts,
+    pulled_by_threads,
+)
 
 TOKENS = np.arange(100_000, dtype=np.int32)
 
@@ -598,18 +600,11 @@ class TestFaultsOnTheNewKinds:
     ) -> None:
         want = [as_key(b) for b in kind_stream(kind, tmp_path, steps=200)]
         stream = kind_stream(kind, tmp_path, steps=200)
-        handed = 0
-        rng = np.random.default_rng(1)
-        for _ in range(120):
-            with interrupted_at(int(rng.integers(1, 400))) as struck:
-                try:
-                    batch = next(stream)
-                except KeyboardInterrupt:
-                    assert struck, "a KeyboardInterrupt nobody injected"
-                    assert stream.state()["step"] == handed, struck
-                    continue
-            assert as_key(batch) == want[handed]
-            handed += 1
+
+        def check(batch: Any, step: int) -> None:
+            assert as_key(batch) == want[step]
+
+        handed = pull_through_interrupts(stream, check)
         assert [as_key(b) for b in stream] == want[handed:]
 
     def test_four_threads_share_one_stream_each_step_to_exactly_one(
@@ -617,53 +612,20 @@ class TestFaultsOnTheNewKinds:
     ) -> None:
         want = {as_key(b): step for step, b in enumerate(kind_stream(kind, tmp_path))}
         stream = kind_stream(kind, tmp_path)
-        taken: list[list[int]] = [[] for _ in range(4)]
-        errors: list[BaseException] = []
-
-        def pull(mine: list[int]) -> None:
-            try:
-                mine.extend(want[as_key(b)] for b in stream)
-            except BaseException as e:
-                errors.append(e)
-
-        threads = [threading.Thread(target=pull, args=(mine,)) for mine in taken]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert not errors
-        for mine in taken:
-            assert mine == sorted(mine)
-        assert sorted(s for mine in taken for s in mine) == list(range(300))
+        pulled_by_threads(stream, lambda batch: want[as_key(batch)])
+        assert stream.state()["step"] == 300
 
     def test_close_from_another_thread_never_raises_and_leaves_nothing_open(
         self, kind: str, tmp_path: Path
     ) -> None:
         kind_stream(kind, tmp_path, steps=1).close()  # the sources written
         before = held_open()
-        rng = np.random.default_rng(3)
-        for _ in range(10):
-            stream = kind_stream(kind, tmp_path, steps=None)
-            outcome: list[object] = []
+        want = [as_key(b) for b in kind_stream(kind, tmp_path, steps=2000)]
 
-            def pull(stream: Any = stream, outcome: list[object] = outcome) -> None:
-                try:
-                    for _ in stream:
-                        pass
-                    outcome.append("stopped")
-                except devpolicy.DevicePolicyError as e:
-                    outcome.append(e)
-                except BaseException as e:
-                    outcome.append(("raw", e))
+        def check(batch: Any, step: int) -> None:
+            assert as_key(batch) == want[step]
 
-            puller = threading.Thread(target=pull)
-            puller.start()
-            time.sleep(float(rng.uniform(0, 0.02)))
-            stream.close()
-            puller.join(60)
-            assert outcome
-            assert not isinstance(outcome[0], tuple), outcome
-        del stream
+        closed_while_pulled(lambda: kind_stream(kind, tmp_path, steps=2000), check, attempts=10)
         gc.collect()
         assert held_open() == before
 
@@ -676,27 +638,5 @@ class TestFaultsOnTheNewKinds:
         stream = kind_stream(kind, tmp_path, steps=40)
         for step in range(3):
             assert as_key(next(stream)) == want[step]
-        child = os.fork()
-        if child == 0:  # pragma: no cover - the child reports by its exit status
-            code = 1
-            try:
-                try:
-                    next(stream)
-                    code = 2
-                except StreamEndedError as e:
-                    code = 0 if "forked child" in str(e) else 3
-                stream.close()
-            finally:
-                os._exit(code)
-        deadline = time.monotonic() + 20
-        while True:
-            done, status = os.waitpid(child, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(child, signal.SIGKILL)
-                os.waitpid(child, 0)
-                pytest.fail("the forked child hung")
-            time.sleep(0.01)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert forked_child_refuses(stream, 3) == 0
         assert [as_key(b) for b in stream] == want[3:]
