@@ -319,6 +319,12 @@ class TestMixtures:
             ),
             ({}, {"order": "random", "weights": {}}, ValueError, r"an empty mapping"),
             (
+                {"a": TOKENS, "b": [1, 2, 3, 4, 5]},
+                {"order": "random", "weights": {"a": 1, "b": 1}},
+                TypeError,
+                r"^windows tokens\['b'\]: host_view\(\) takes a jax.Array on a host device",
+            ),
+            (
                 {"a": TOKENS, "b": TOKENS.astype(np.int64)},
                 {"order": "random", "weights": {"a": 1, "b": 1}},
                 ValueError,

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
+from ..._base.errors import HostViewError
 from ..._base.sizes import format_size
 from ..._decide.decider import Decider
 from ..._machine.capacity import host_available_bytes
@@ -122,7 +123,7 @@ def _sources(
                 f"drawn from is a source left out), got {weight!r}"
             )
         numbers.append(float(weight))
-    views = [(key, host_view(tokens[key])) for key in names]
+    views = [(key, _source_view(key, tokens[key])) for key in names]
     _, first = views[0]
     for key, view in views[1:]:
         if view.dtype != first.dtype or view.shape[1:] != first.shape[1:]:
@@ -132,6 +133,16 @@ def _sources(
                 f"{view.dtype} {view.shape[1:]}"
             )
     return views, numbers
+
+
+def _source_view(key: str, source: Any) -> np.ndarray[Any, Any]:
+    """A mixture's source as a host view, an error naming the source where it is none."""
+    try:
+        return host_view(source)
+    except HostViewError as e:
+        raise HostViewError(f"windows tokens[{key!r}], {e.array}", e.problem, e.fix) from None
+    except TypeError as e:
+        raise TypeError(f"windows tokens[{key!r}]: {e}") from None
 
 
 def _separator(
