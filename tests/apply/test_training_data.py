@@ -484,6 +484,29 @@ class TestScale:
         assert stream.state()["epoch"] == {"a": 26_667 // 187, "b": 13_333 // 62}
         assert late - early < 256 * 1024
 
+    def test_ten_billion_windows_are_drawn_in_range_and_an_epoch_is_a_permutation(
+        self,
+    ) -> None:
+        """Epochs and mixtures of 10**10 windows (34-bit positions, 64-bit offsets):
+        every start in range, a step's windows distinct, and a resumed step equal."""
+        shuffled = shuffling.Shuffled(10**10 + 7, 64, 1, 5, None, None)
+        far = shuffled.take(10**9, 4)
+        assert far is not None
+        assert far.min() >= 0
+        assert far.max() < 10**10 + 7
+        assert len(np.unique(far)) == far.size
+        again = shuffling.Shuffled(10**10 + 7, 64, 1, 5, None, None).take(10**9 + 2, 1)
+        assert again is not None
+        np.testing.assert_array_equal(again[0], far[2])
+        mixture = mixing.Mixed(
+            [5 * 10**9, 10**10], [5 * 10**9 + 15, 10**10 + 15], [1, 3], 64, 5, None, 1
+        )
+        offsets = mixture.take(10**9, 4)
+        assert offsets is not None
+        sources = np.searchsorted(mixture.bases, offsets, side="right") - 1
+        assert (offsets - mixture.bases[sources]).max() < 10**10
+        assert np.bincount(sources.ravel(), minlength=2).tolist() == [64, 192]
+
     def test_twenty_sources_are_each_drawn_by_their_weight(self) -> None:
         """10x the sources: each source's share over 1,000 batches is its weight's."""
         sources = {f"s{i}": np.arange(i * 1000, (i + 1) * 1000, dtype=np.int32) for i in range(20)}
