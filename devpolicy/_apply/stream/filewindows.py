@@ -47,11 +47,8 @@ class FileWindows:
     __slots__ = (
         "_bases",
         "_batch",
-        "_fd",
         "_fds",
-        "_name",
         "_names",
-        "_offset",
         "_offsets",
         "_results",
         "_row",
@@ -62,17 +59,14 @@ class FileWindows:
     def __init__(
         self, fd: int, name: str, offset: int, row: int, length: int, *, ring: bool = True
     ) -> None:
-        self._fd = fd
-        self._name = name
-        self._offset = offset  # the file offset of the view's first row
+        # The files read, one unless `joined` (a mixture's): each one's descriptor, name,
+        # file offset of its first row, and where its rows start in the one range of rows.
+        self._fds = np.asarray([fd], np.int32)
+        self._names = [name]
+        self._offsets = np.asarray([offset], np.int64)
+        self._bases = np.zeros(1, np.int64)
         self._row = row  # bytes of one row of the view
         self.length = length  # rows per window
-        # A mixture's files (`joined`): where each one's rows start in the one range of
-        # rows, its descriptor, the file offset of its first row, and its name.
-        self._bases: np.ndarray[Any, Any] | None = None
-        self._fds = np.asarray([fd], np.int32)
-        self._offsets = np.asarray([offset], np.int64)
-        self._names = [name]
         self._batch = BatchReads.open() if BATCHED and ring else None
         # The windows `submit_batches` started reading: (starts, batches), and, once waited
         # for, what each read gave (kept until every short read is read again, so that a
@@ -86,25 +80,28 @@ class FileWindows:
         rows: reader i's rows from `bases[i]`. It takes over their descriptors (each
         reader given is left closed); a window never spans two files."""
         first = readers[0]
-        joined = cls(first._fd, first._name, first._offset, first._row, first.length)
-        joined._fds = np.asarray([r._fd for r in readers], np.int32)
-        joined._offsets = np.asarray([r._offset for r in readers], np.int64)
-        joined._names = [r._name for r in readers]
-        joined._name = ", ".join(joined._names)
+        joined = cls(-1, "", 0, first._row, first.length)
+        joined._fds = np.concatenate([r._fds for r in readers])
+        joined._names = [name for r in readers for name in r._names]
+        joined._offsets = np.concatenate([r._offsets for r in readers])
         joined._bases = np.asarray(bases, np.int64)
         for reader in readers:
-            reader._fd = -1  # now the joined reader's
+            reader._fds = np.asarray([], np.int32)  # now the joined reader's
             reader.close()
         return joined
+
+    def _part(self, starts: Any) -> Any:
+        """Which file each window at `starts` is in (0 for all where there is one)."""
+        if len(self._names) == 1:
+            return 0
+        return np.searchsorted(self._bases, starts, side="right") - 1
 
     def _located(self, starts: np.ndarray[Any, Any]) -> tuple[Any, np.ndarray[Any, Any]]:
         """The descriptor (one, or one a window) and file offset of each window at
         `starts` (a flat integer array)."""
-        bases = self._bases
-        if bases is None:
-            return self._fd, self._offset + starts * self._row
-        part = np.searchsorted(bases, starts, side="right") - 1
-        return self._fds[part], self._offsets[part] + (starts - bases[part]) * self._row
+        part = self._part(starts)
+        fds = int(self._fds[0]) if isinstance(part, int) else self._fds[part]
+        return fds, self._offsets[part] + (starts - self._bases[part]) * self._row
 
     def _ring(self) -> BatchReads | None:
         """The ring, where this process may use it (not in a forked child)."""
@@ -130,8 +127,8 @@ class FileWindows:
 
     @property
     def name(self) -> str:
-        """The file read, as `/proc/self/maps` names it."""
-        return self._name
+        """The file read, as `/proc/self/maps` names it (a mixture's, each one)."""
+        return ", ".join(self._names)
 
     def read(self, starts: Any, out: np.ndarray[Any, Any]) -> None:
         """Fill `out` (C-contiguous) with the windows at `starts` (rows of the view: a
@@ -149,22 +146,10 @@ class FileWindows:
             return
         size = self.length * self._row
         preadv = os.preadv
-        if self._bases is None:
-            fd, offset, row = self._fd, self._offset, self._row
-            for batch, row_starts in zip(batches, starts.tolist(), strict=True):
-                target = batch.reshape(-1).view(np.uint8).data
-                at = 0
-                for start in row_starts:
-                    slot = target[at : at + size]
-                    got = preadv(fd, [slot], offset + start * row)
-                    if got != size:
-                        self._short(start, got, slot)
-                    at += size
-            return
         fds, positions = self._located(starts.reshape(-1))
-        fds, positions = fds.reshape(starts.shape).tolist(), positions.reshape(starts.shape)
+        fd_rows = np.broadcast_to(fds, positions.shape).reshape(starts.shape).tolist()
         for batch, row_fds, row_positions, row_starts in zip(
-            batches, fds, positions.tolist(), starts.tolist(), strict=True
+            batches, fd_rows, positions.reshape(starts.shape).tolist(), starts.tolist(), strict=True
         ):
             target = batch.reshape(-1).view(np.uint8).data
             for i, (fd, position) in enumerate(zip(row_fds, row_positions, strict=True)):
@@ -237,8 +222,9 @@ class FileWindows:
         short), all of it where `got` is None (a batch's read that failed), or the file
         ended."""
         size = len(slot)
-        fds, positions = self._located(np.asarray([start], np.int64))
-        fd, position = int(np.asarray(fds).reshape(-1)[0]), int(positions[0])
+        part = int(self._part(start))
+        fd = int(self._fds[part])
+        position = int(self._offsets[part] + (start - self._bases[part]) * self._row)
         if got is None:
             got = os.preadv(fd, [slot], position)
         while 0 < got < size:  # a signal may cut a read short: go on where it stopped
@@ -247,11 +233,8 @@ class FileWindows:
                 break
             got += more
         if got != size:
-            name = self._name
-            if self._bases is not None:
-                name = self._names[int(np.searchsorted(self._bases, start, side="right")) - 1]
             raise HostViewError(
-                name,
+                self._names[part],
                 f"the file ended at byte {position + got:,} while reading a window of "
                 f"{size:,} bytes at byte {position:,}: it was truncated after it was mapped",
                 "do not rewrite a token file while a stream reads it; load it again",
@@ -264,9 +247,7 @@ class FileWindows:
             if batch is not None:
                 batch.close()
         finally:
-            fds = self._fds.tolist() if self._bases is not None else [self._fd]
-            self._fd = -1
-            self._fds = np.asarray([], np.int32)
+            fds, self._fds = self._fds.tolist(), np.asarray([], np.int32)
             for fd in fds:
                 if fd >= 0:
                     os.close(fd)
