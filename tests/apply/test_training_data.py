@@ -499,7 +499,7 @@ class TestScale:
         assert again is not None
         np.testing.assert_array_equal(again[0], far[2])
         mixture = mixing.Mixed(
-            [5 * 10**9, 10**10], [5 * 10**9 + 15, 10**10 + 15], [1, 3], 64, 5, None, 1
+            [5 * 10**9, 10**10], np.array([0, 5 * 10**9 + 15]), [1, 3], 64, 5, None, 1
         )
         offsets = mixture.take(10**9, 4)
         assert offsets is not None

@@ -555,9 +555,13 @@ class GroupCutter:
             elif reader is not None and target is None:  # straight into the buffer
                 windows = buffer.batches
                 reader.read_batches(offsets, windows)
-            elif self._mixture is not None and target is None and buffer.whole() is not None:
+            elif (
+                self._mixture is not None
+                and target is None
+                and (whole := buffer.whole()) is not None
+            ):
                 windows = buffer.batches  # a mixture's sources gathered straight into it
-                self._mixture.gather(offsets, buffer.whole())
+                self._mixture.gather(offsets, whole)
             else:  # 64-bit tokens of a file read into memory of their dtype first
                 windows = self._gather(offsets)
         if target is not None:

@@ -86,7 +86,6 @@ class Mixed(RowDraws):
     __slots__ = (
         "_keys",
         "_ranks",
-        "_seed",
         "_shuffled",
         "_sources",
         "_stride",
@@ -99,7 +98,7 @@ class Mixed(RowDraws):
     def __init__(
         self,
         starts: list[int],
-        rows: list[int],
+        bases: np.ndarray[Any, Any],
         weights: list[float],
         batch: int,
         seed: int,
@@ -107,10 +106,9 @@ class Mixed(RowDraws):
         shuffled_stride: int | None,
     ) -> None:
         self.starts = starts  # offsets a window fits at, a source
-        self.bases = np.cumsum([0, *rows[:-1]]).astype(np.int64)
+        self.bases = bases  # where each source's rows start in the mixture's one range
         self.counts = allotment(weights)
         self._sources, self._ranks = spread(self.counts)
-        self._seed = seed
         self._shuffled = shuffled_stride is not None
         self._stride = shuffled_stride or 1
         # A shuffled source's epoch: its windows at `stride`; a random one draws starts.
@@ -133,10 +131,10 @@ class Mixed(RowDraws):
         drawn = self.drawn_before(first + steps) - self.drawn_before(first)
         return dict(zip(names, drawn.tolist(), strict=True))
 
-    def epoch_at(self, step: int) -> list[int]:
-        """Each source's epoch at `step` (for a shuffled mixture)."""
-        drawn = self.drawn_before(step)
-        return [int(n) // w for n, w in zip(drawn.tolist(), self.windows, strict=True)]
+    def epoch_at(self, names: tuple[str, ...], step: int) -> dict[str, int]:
+        """Each source's epoch (by name) at `step`, for a shuffled mixture."""
+        drawn = self.drawn_before(step).tolist()
+        return {name: n // w for name, n, w in zip(names, drawn, self.windows, strict=True)}
 
     def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
         """The offsets of steps `first` .. (up to `most` of them), shape (k, rows); None
@@ -161,9 +159,7 @@ class Mixed(RowDraws):
             if not k.size:  # no row of this block from this source
                 continue
             if self._shuffled:
-                drawn, _ = shuffled_windows(
-                    stream_key(self._seed, 2 + source), k, self.windows[source]
-                )
+                drawn, _ = shuffled_windows(int(self._keys[source]), k, self.windows[source])
                 drawn *= self._stride
             else:
                 z = k * np.uint64(0x9E3779B97F4A7C15)

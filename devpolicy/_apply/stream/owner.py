@@ -96,7 +96,7 @@ class WindowStream(BatchStream[Any]):
         size: int,
         narrow: Narrow,
         *,
-        epoch_at: Callable[[int], int | list[int]] | None = None,
+        epoch_at: Callable[[int], int | dict[str, int]] | None = None,
     ) -> None:
         super().__init__(iter(()), name, size, decider, narrow)
         self._epoch_at = epoch_at  # a shuffled stream's epoch (a mixture's, each source's)
@@ -352,16 +352,9 @@ class WindowStream(BatchStream[Any]):
             >>> bool((np.asarray(next(resumed)) == np.asarray(next(stream))).all())
             True
         """
-        state = dataclasses.replace(self._state, step=self._next)
         epoch_at = self._epoch_at
-        if epoch_at is None or state.order != "shuffled":
-            return state.saved()
-        epoch = epoch_at(state.step)
-        sources = state.sources
-        if isinstance(epoch, list):
-            names = [n for n, _ in sources or ()]
-            return state.saved(dict(zip(names, epoch, strict=True)))
-        return state.saved(epoch)
+        epoch = None if epoch_at is None else epoch_at(self._next)
+        return dataclasses.replace(self._state, step=self._next).saved(epoch)
 
 
 def _arrays(batches: list[Any]) -> list[Any]:

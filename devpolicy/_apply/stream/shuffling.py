@@ -136,10 +136,11 @@ class RowDraws:
         self._rows = rows.astype(np.uint64)[None, :]
         self._per_step = per_step
         self._block = None
-        last = min(LAST_ROW // per_step, self._last(per_step))
+        last = self._last(per_step)
         self.steps = last if self._steps is None else min(self._steps, last)
 
     def _last(self, per_step: int) -> int:
+        """The steps a stream of global batches of `per_step` rows can reach."""
         return LAST_ROW // per_step
 
     def _block_from(
@@ -198,9 +199,10 @@ class Shuffled(RowDraws):
             )
 
     def _last(self, per_step: int) -> int:
+        last = super()._last(per_step)
         if self._epochs is None:
-            return LAST_ROW // per_step
-        return -(-self._epochs * self.count // per_step)
+            return last
+        return min(last, -(-self._epochs * self.count // per_step))
 
     def tail(self) -> int:
         """The rows of the last batch where `epochs` ends it short, else 0."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
@@ -261,12 +261,14 @@ def windows(
         number = secrets.randbits(63) if saved is None else saved["seed"]
     _batch_fits(view, length, batch, -(-starts[0] // stride) if order == "sequential" else batch)
     sampler: Sampler
-    if sources is not None:
+    mixture = MixedViews(views, length) if sources else None
+    if mixture is not None:
+        assert sources is not None
         assert shares is not None
         assert number is not None
         sampler = Mixed(
             starts,
-            [part.shape[0] for part in views],
+            mixture.bases,
             shares,
             batch,
             number,
@@ -300,7 +302,7 @@ def windows(
         name,
         whole,
         narrow,
-        mixture=MixedViews(views, length) if sources else None,
+        mixture=mixture,
         separator=documents,
     )
     try:
@@ -348,7 +350,12 @@ def windows(
         if cutter.tally is not None:
             cutter.tally.close(0)
         raise
-    epoch_at = getattr(sampler, "epoch_at", None)
+    # A shuffled stream's state names its epoch (a mixture's, each source's).
+    epoch_at: Callable[[int], int | dict[str, int]] | None = None
+    if isinstance(sampler, Shuffled):
+        epoch_at = sampler.epoch_at
+    elif isinstance(sampler, Mixed) and order == "shuffled":
+        epoch_at = functools.partial(sampler.epoch_at, names)
     stream = WindowStream(cutter, state, decider, name, whole, narrow, epoch_at=epoch_at)
     stream.start()
     return stream
