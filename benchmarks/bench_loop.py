@@ -214,35 +214,29 @@ def gathered(tokens: np.ndarray, length: int, batch: int, where: Any) -> Feeder:
 
 
 def stream(
-    tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy, *, ahead: bool = True
+    tokens: Any,
+    length: int,
+    batch: int,
+    policy: devpolicy.Policy,
+    *,
+    ahead: bool = True,
+    **options: Any,
 ) -> Feeder:
-    """`devpolicy.windows`; with `ahead=False`, a mapping's next group is gathered on the
-    stream's own thread instead of a worker's (what the worker thread gains)."""
+    """`devpolicy.windows`, random unless `options` say otherwise (the training-data
+    options: `order="shuffled"`, a mixture's `weights` with `tokens` a mapping, a
+    `separator`); with `ahead=False`, a mapping's next group is gathered on the stream's
+    own thread instead of a worker's (what the worker thread gains)."""
+    options = {"order": "random", **options}
 
     def feed(n: int) -> Iterator[Any]:
         windows_module.GATHER_AHEAD = ahead
         try:
             with devpolicy.windows(
-                tokens, length, batch, order="random", seed=fresh_seed(), steps=n, policy=policy
+                tokens, length, batch, seed=fresh_seed(), steps=n, policy=policy, **options
             ) as batches:
                 yield from batches
         finally:
             windows_module.GATHER_AHEAD = True
-
-    return feed
-
-
-def training(
-    tokens: np.ndarray, length: int, batch: int, policy: devpolicy.Policy, **options: Any
-) -> Feeder:
-    """`devpolicy.windows` with the training-data options (`order="shuffled"`, a mixture's
-    `weights`, a `separator`); `tokens` a mapping for a mixture."""
-
-    def feed(n: int) -> Iterator[Any]:
-        with devpolicy.windows(
-            tokens, length, batch, seed=fresh_seed(), steps=n, policy=policy, **options
-        ) as batches:
-            yield from batches
 
     return feed
 
@@ -645,18 +639,16 @@ def main() -> int:
     separator = int(np.asarray(tokens[:length]).reshape(-1)[0])
     data = {
         "devpolicy.windows": stream(tokens, length, size, single),
-        "shuffled": training(tokens, length, size, single, order="shuffled"),
-        "shuffled, every start": training(tokens, length, size, single, order="shuffled", stride=1),
-        "mixed, 2 sources (random)": training(
-            two, length, size, single, order="random", weights=mix
-        ),
-        "mixed, 2 sources (shuffled)": training(
+        "shuffled": stream(tokens, length, size, single, order="shuffled"),
+        "shuffled, every start": stream(tokens, length, size, single, order="shuffled", stride=1),
+        "mixed, 2 sources (random)": stream(two, length, size, single, order="random", weights=mix),
+        "mixed, 2 sources (shuffled)": stream(
             two, length, size, single, order="shuffled", weights=mix
         ),
-        "mixed, 20 sources (shuffled)": training(
+        "mixed, 20 sources (shuffled)": stream(
             twenty, length, size, single, order="shuffled", weights=twenty_weights
         ),
-        "random, with segment ids": training(
+        "random, with segment ids": stream(
             tokens, length, size, single, order="random", separator=separator
         ),
     }
