@@ -18,12 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import devpolicy
-from devpolicy._apply.stream import filewindows, mixing, shuffling
+from devpolicy._apply.stream import cutting, filewindows, mixing, shuffling
 from devpolicy._apply.stream import state as streamstate
 from devpolicy.errors import StreamStateError
 from tests.conftest import REPO
 from tests.helpers import policy_of, reports_of, run_job
 
+from .conftest import batched_reads_here
 from .streams import (
     closed_while_pulled,
     forked_child_refuses,
@@ -234,11 +235,17 @@ class TestMixtures:
             "code 15 (30.0%), math 5 (10.0%)"
         ) in str(report).splitlines()
 
+    @pytest.mark.parametrize("uring", [True, False], ids=["io_uring", "no io_uring"])
     def test_a_mixture_of_mapped_files_reads_by_position_the_same_windows(
-        self, tmp_path: Path
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uring: bool
     ) -> None:
-        """Sources mapped from files are read from them by position (one reader over all)
-        and give exactly the batches the same arrays in memory give."""
+        """Sources mapped from files give exactly the batches the same arrays in memory
+        give, the read path chosen as one file's is: by position (one reader over all the
+        files) where a group is one io_uring call, else from the mappings, kept (warm
+        files that fit)."""
+        if uring and not batched_reads_here():
+            pytest.skip("no io_uring here")
+        monkeypatch.setattr(filewindows, "BATCHED", uring)
         mapped = {}
         for name, values in SOURCES.items():
             path = tmp_path / f"{name}.bin"
@@ -252,10 +259,24 @@ class TestMixtures:
         for got, want in zip(from_files, in_memory, strict=True):
             np.testing.assert_array_equal(got, want)
         ended = next(e for e in events if e["event"] == "stream_ended")
-        assert ended["reads"] == "file"
-        assert ended["reads_why"].startswith("a mixture of files: read from them by position")
+        if uring:
+            assert ended["reads"] == "file"
+            assert ended["reads_why"].startswith(
+                "read from the files by position, a group's windows in one io_uring call"
+            )
+        else:
+            assert ended["reads"] == "mapping"
+            assert (
+                "fit in memory and reading by position is a system call a window here"
+                in (ended["reads_why"])
+            )
 
-    def test_a_source_file_cut_short_is_an_error_naming_that_file(self, tmp_path: Path) -> None:
+    def test_a_source_file_cut_short_is_an_error_naming_that_file(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Read by position (a mapping read past its file's end is SIGBUS: host-arrays.md),
+        a file of a mixture cut short mid-stream is an error naming that file."""
+        monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
         paths = {}
         for name, values in SOURCES.items():
             paths[name] = tmp_path / f"{name}.bin"
@@ -584,7 +605,14 @@ class TestElasticResume:
 
 # Every fault the stream contract holds one array's stream to, on the new kinds: each
 # compared with the same stream uninterrupted, batch for batch.
-KINDS = ["shuffled", "mixture", "mixture of files (preadv)", "mixture of files", "documents"]
+KINDS = [
+    "shuffled",
+    "mixture",
+    "mixture of files (preadv)",
+    "mixture of files (kept mapped)",
+    "mixture of files",
+    "documents",
+]
 
 
 def kind_stream(kind: str, tmp_path: Path, steps: int | None = 300) -> Any:
@@ -618,8 +646,10 @@ def as_key(batch: Any) -> bytes:
 
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "mixture of files (preadv)":
+    if request.param in ("mixture of files (preadv)", "mixture of files (kept mapped)"):
         monkeypatch.setattr(filewindows, "BATCHED", False)
+    if request.param == "mixture of files (preadv)":  # by position though the files are warm
+        monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
     return str(request.param)
 
 

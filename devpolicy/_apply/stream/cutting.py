@@ -224,18 +224,16 @@ class GroupCutter:
         position, a mapping gathered from (its pages kept, or given back), or memory.
         Opened with Ctrl-C held back, so no descriptor is ever left without an owner that
         closes it."""
-        if self._mixture is not None:
-            self._open_mixture(self._mixture)
-            return
         copy, why = MAPPED_COPY, f"chosen: MAPPED_COPY={MAPPED_COPY!r}"
+        mixture = self._mixture
         with deferred_interrupts():
             if copy in ("auto", "file"):
-                self._reader = mapped_file(self._view, self._length)
+                self._reader = self._file_reader()
             if copy == "auto":
                 copy, why = self._choose(self._reader)
                 if copy != "file":
                     self._drop_reader()
-            if self._reader is None:
+            if self._reader is None and mixture is None:
                 self._pager = Pager(self._view, random=self._sampler.random)
             self._opened = True
         pager = self._pager
@@ -252,6 +250,14 @@ class GroupCutter:
                     "; this kernel does not count a mapping's pages (/proc/self/statm), so "
                     "nothing is measured or given back"
                 )
+        elif self._reader is None and mixture is not None:
+            # No pager watches a mixture's several mappings: their pages are kept.
+            self._keep = copy == "keep"
+            if not self._keep:
+                why = (
+                    "a mixture whose sources are not all files that can be read by "
+                    "position: gathered from each array (a mapping's pages kept)"
+                )
         elif self._reader is None:
             why = "the tokens are in memory, not a file mapping"
         self.reads_why = why
@@ -259,7 +265,7 @@ class GroupCutter:
         if self._reader is not None:
             self.reads = "file"
             self._reads_ahead()
-        elif self._pager is not None and self._pager.active:
+        elif (self._pager is not None and self._pager.active) or self._keep:
             self.reads = "mapping"
             if GATHER_AHEAD:
                 self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
@@ -276,33 +282,42 @@ class GroupCutter:
         profile), a warm file that fits is kept mapped instead. Tokens in memory stay
         "memory"; a mapping that cannot be read by position is gathered within the
         budget."""
-        view = self._view
         if reader is None:  # memory (`_open` says so once its pager has looked) or this:
             return "budget", (
                 "the file this mapping shows cannot be opened to read by position: gathered "
                 "from the mapping, its pages given back within the budget"
             )
+        files = "file" if self._mixture is None else "files"
         by_position = (
-            "read from the file by position, a group's windows in one io_uring call"
+            f"read from the {files} by position, a group's windows in one io_uring call"
             if reader.batched
-            else "read from the file by position (preadv: no io_uring here)"
+            else f"read from the {files} by position (preadv: no io_uring here)"
         )
         if reader.batched:
             return "file", f"{by_position} (faster here than a mapping, warm or cold)"
-        size = format_size(view.nbytes)
+        views = [self._view] if self._mixture is None else self._mixture.views
+        nbytes = sum(view.nbytes for view in views)
+        size = format_size(nbytes)
         total = host_total_bytes()
-        if total is not None and view.nbytes > KEEP_OF_RAM * total:
+        if total is not None and nbytes > KEEP_OF_RAM * total:
             return "file", (
                 f"the tokens ({size}) are more than {KEEP_OF_RAM:.0%} of the host's "
                 f"{format_size(total)} of RAM: {by_position}"
             )
-        cached = cached_share(view)
+        # Of all the files' pages, for a mixture (unknown if any file's is).
+        cached: float | None = 0.0
+        for view in views:
+            share = cached_share(view)
+            if share is None or cached is None:
+                cached = None
+                continue
+            cached += share * view.nbytes / max(1, nbytes)
         if cached is not None and cached < WARM_SHARE:
             return "file", (
                 f"{cached:.0%} of the tokens' pages ({size}) are in the page cache: {by_position}"
             )
         room = memory_headroom()
-        missing = view.nbytes * (1.0 - (cached or 0.0))
+        missing = nbytes * (1.0 - (cached or 0.0))
         if room is not None and missing > KEEP_SHARE * room:
             return "file", (
                 f"the {format_size(int(missing))} of the tokens not in the page cache are more "
@@ -334,25 +349,12 @@ class GroupCutter:
         self._tried_file = True
         self._read_by_position()
 
-    def _open_mixture(self, mixture: MixedViews) -> None:
-        """A mixture's read path: read by position where every source maps a file that
-        can be read so (one reader over all of them), else gathered from each array
-        (a mapping's pages kept: no pager watches a mixture's several mappings)."""
-        with deferred_interrupts():
-            self._reader = mapped_files(mixture.views, self._length, mixture.bases)
-            self._opened = True
-        reader = self._reader
-        if reader is not None:
-            self.reads = "file"
-            self.reads_why = "a mixture of files: read from them by position, " + (
-                "a group's windows in one io_uring call" if reader.batched else "preadv"
-            )
-            self._reads_ahead()
-        else:
-            self.reads_why = (
-                "a mixture whose sources are not all files that can be read by position: "
-                "gathered from each array (a mapping's pages kept)"
-            )
+    def _file_reader(self) -> FileWindows | None:
+        """A reader of the file the tokens map (of every file, for a mixture), or None."""
+        mixture = self._mixture
+        if mixture is None:
+            return mapped_file(self._view, self._length)
+        return mapped_files(mixture.views, self._length, mixture.bases)
 
     def count_sources(self, counts: Callable[[int], dict[str, int]]) -> None:
         """How the stream's tally counts a mixture's windows of each source in its first
@@ -383,7 +385,7 @@ class GroupCutter:
         one system call): nothing is mapped, so nothing needs giving back. Where the file
         cannot be read so, the stream goes on gathering from the mapping."""
         with deferred_interrupts():
-            reader = mapped_file(self._view, self._length)
+            reader = self._file_reader()
             if reader is None:
                 return
             self._reader = reader
