@@ -151,6 +151,32 @@ def run_demo() -> tuple[int, list[tuple[str, str, str]]]:
 
 #: Where each benchmark's whole output is kept (`--logs`), if anywhere.
 LOGS: list[Path] = []
+#: Folders the lane's output names its files relative to: the lane's temporary folder
+#: (added once made), the checkout, this interpreter's import paths. A result holds
+#: figures and relative names, never this machine's own paths.
+ROOTS: list[Path] = [REPO, *(Path(p) for p in sys.path if os.path.isabs(p) and p != "/")]
+#: An absolute path of two parts or more (not inside a URL or a longer name).
+ABSOLUTE = re.compile(r"(?<![\w.:/~-])/(?:[\w.+@-]+/)+[\w.+@-]+")
+#: The kernel's own files, the same on every machine: kept as they are.
+KERNEL = ("/proc/", "/dev/", "/sys/", "/etc/")
+
+
+def relative(text: str) -> str:
+    """`text` with each absolute path relative to the first of `ROOTS` it is in (the lane's
+    token file is `story/bench_loop_tokens_dense_N.safetensors`), or else its file's name;
+    the kernel's files are kept."""
+
+    def named(found: re.Match[str]) -> str:
+        path = found.group(0)
+        if path.startswith(KERNEL):
+            return path
+        for root in ROOTS:
+            for form in dict.fromkeys((str(root), str(root.resolve()))):
+                if path.startswith(form.rstrip("/") + "/"):
+                    return path[len(form.rstrip("/")) + 1 :]
+        return path.rsplit("/", 1)[1]
+
+    return ABSOLUTE.sub(named, text)
 
 
 def json_rows(
@@ -164,10 +190,11 @@ def json_rows(
     )
     for folder in LOGS:
         name = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-")
-        (folder / f"{name}.md").write_text(result.stdout + result.stderr[-4000:], encoding="utf-8")
+        text = relative(result.stdout + result.stderr[-4000:])
+        (folder / f"{name}.md").write_text(text, encoding="utf-8")
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return [(what, "FAILED", last)]
+        return [(what, "FAILED", relative(last))]
     rows = []
     for line in result.stdout.splitlines():
         if not line.startswith("{"):
@@ -270,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     status, rows = 0, []
     demo_status = 0
     with tempfile.TemporaryDirectory() as folder:
+        ROOTS.insert(0, Path(folder))
         if not args.skip_tests:
             status, rows = run_tests(Path(folder))
             demo_status, demo = run_demo()
@@ -284,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     text = f"{head}\n\n{table([('what', 'outcome', 'detail'), *rows])}"
     print("\n" + text)
     if args.out is not None:
-        args.out.write_text(f"{head}\n\n```\n{table(rows)}\n```\n", encoding="utf-8")
+        args.out.write_text(relative(f"{head}\n\n```\n{table(rows)}\n```\n"), encoding="utf-8")
     return status if status not in (0, 5) else demo_status
 
 

@@ -1,10 +1,12 @@
-"""The benchmark scripts refuse numbers they cannot use, saying which option and why."""
+"""The benchmark scripts refuse numbers they cannot use, saying which option and why; their
+results hold figures and relative names, not the measuring machine's paths."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +140,105 @@ class TestBenchLoopArguments:
         assert result.returncode == 2
         assert said in result.stderr
         assert not (tmp_path / "tokens").exists()
+
+
+#: The folders a machine keeps its users', installs' and temporary files in: an absolute
+#: path under one of them names the machine a result was measured on, not the result.
+MACHINE_ROOTS = (
+    "tmp",
+    "var",
+    "private",
+    "home",
+    "root",
+    "work",
+    "Users",
+    "opt",
+    "mnt",
+    "media",
+    "srv",
+    "scratch",
+    "usr",
+    "nix",
+)
+#: An absolute path under one of them, not inside a URL or a longer name (`/proc/self/...`,
+#: `/dev/...`, `/sys/...` and a tensor's `/mlp/wo/kernel` are other roots, so never match).
+MACHINE_PATH = re.compile(rf"(?<![\w.:/~-])/(?:{'|'.join(MACHINE_ROOTS)})/[^\s`'\")\]]*")
+#: The paths the docs teach with, each an example a reader takes for one: the example
+#: user's home (`/home/me/...`), and Trust's policy planted in a shared /tmp, the program
+#: below it and a world-writable cache folder. A result file has none of them.
+EXAMPLES = ("/home/me/", "/tmp/devpolicy.yaml", "/tmp/scratch/", "/srv/cache")
+
+
+def machine_paths(path: Path, allowed: tuple[str, ...]) -> list[str]:
+    """Each `file:line: path` of `path` that names a machine's own folder."""
+    found = []
+    text = path.read_text(encoding="utf-8")
+    for number, line in enumerate(text.splitlines(), 1):
+        for hit in MACHINE_PATH.finditer(line):
+            if not hit.group(0).startswith(allowed):
+                found.append(f"{path.relative_to(REPO)}:{number}: {hit.group(0)}")
+    return found
+
+
+class TestNoMachinePaths:
+    def test_result_files_hold_figures_and_relative_names_not_the_machines_paths(self) -> None:
+        """`benchmarks/results/` once quoted log lines holding the measuring machine's temp
+        folder (`file=/tmp/tmp.../story/...`) and its install's: a result says what was
+        measured, not where a file lay on one machine."""
+        results = sorted(p for p in (REPO / "benchmarks" / "results").rglob("*") if p.is_file())
+        assert results
+        found = [hit for path in results for hit in machine_paths(path, ())]
+        assert not found, "\n".join(found)
+
+    def test_docs_name_no_machines_path_but_their_examples(self) -> None:
+        """The docs and the README show only the example paths they teach with
+        (`/home/me/project`), never a folder of the machine a figure or an output was
+        taken on."""
+        pages = sorted(p for p in (REPO / "docs").rglob("*") if p.is_file())
+        pages.append(REPO / "README.md")
+        found = [hit for path in pages for hit in machine_paths(path, EXAMPLES)]
+        assert not found, "\n".join(found)
+
+    def test_machine_paths_are_found_where_a_result_would_quote_them(self, tmp_path: Path) -> None:
+        """The check finds a log line's temp file, a warning's install path and a home
+        folder, and passes the kernel's files, URLs and names with slashes."""
+        story = f"{tmp_path}/story/tokens.safetensors"
+        text = (
+            f"load_file file={story} seconds=0.1\n"
+            "/opt/env/jax/_src/cloud_tpu_init.py:88: UserWarning: ...\n"
+            "`/home/alice/data`, /mnt/disk/x.md and (/Users/bob/y)\n"
+            "/proc/self/statm, /dev/shm, /sys/kernel/mm/x, https://example.org/tmp/x,\n"
+            "`model/tmp/kernel`, `/mlp/wo/kernel`, 1,024/s, ~/tmp/x\n"
+        )
+        assert [hit.group(0) for hit in MACHINE_PATH.finditer(text)] == [
+            story,
+            "/opt/env/jax/_src/cloud_tpu_init.py:88:",
+            "/home/alice/data",
+            "/mnt/disk/x.md",
+            "/Users/bob/y",
+        ]
+
+
+class TestLaneWritesRelativeNames:
+    def test_the_lanes_logs_name_its_files_relative_to_its_folders(self, tmp_path: Path) -> None:
+        """The accelerator lane keeps each benchmark's output (`--logs`): the token file is
+        named inside the lane's folder, an installed module by its path on the import path,
+        anything else by its name, and the kernel's files as they are."""
+        lane = script(REPO / "benchmarks" / "accelerator_lane.py")
+        roots = [tmp_path, REPO, Path("/opt/env")]
+        line = (
+            f"file={tmp_path}/story/bench_loop_tokens_dense_3221225472.safetensors "
+            f"{REPO}/benchmarks/bench_loop.py /opt/env/jax/_src/cloud_tpu_init.py:88: "
+            "/elsewhere/x/tokens.bin /sys/kernel/mm/transparent_hugepage/enabled "
+            "https://example.org/a/b 1,024/s"
+        )
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(lane, "ROOTS", roots)
+            said = lane.relative(line)
+        assert said == (
+            "file=story/bench_loop_tokens_dense_3221225472.safetensors "
+            "benchmarks/bench_loop.py jax/_src/cloud_tpu_init.py:88: "
+            "tokens.bin /sys/kernel/mm/transparent_hugepage/enabled "
+            "https://example.org/a/b 1,024/s"
+        )
+        assert not MACHINE_PATH.search(said)
