@@ -225,10 +225,16 @@ class Overrides:
                 )
         return message if slip is None else f"{message}; {slip.fix}"
 
-    def say_unused(self) -> None:
-        """Warn, once each, about the items that took nothing (at the end of the process)."""
+    def say_unused(self, said: set[str] | None = None) -> None:
+        """Warn, once each, about the items that took nothing (at the end of the process);
+        a message in `said` (another policy's of the same items) is not said again, and
+        each one said is added to it."""
         for index, message in self.unused():
             self._warned.add(("missed", index))
+            if said is not None:
+                if message in said:
+                    continue
+                said.add(message)
             self._events.emit(
                 "warning",
                 "override_matched_nothing",
@@ -298,10 +304,14 @@ def _collected(
 
 def at_exit() -> None:
     """The end of the process: each item that took nothing says so, of a live policy or of
-    one collected before."""
+    one collected before. A process with several policies of the same items (one activated,
+    one dropped after a load) says each message once."""
+    said: set[str] = set()
     for overrides in list(_LIVE):
-        overrides.say_unused()
-    collected = list(_COLLECTED.values())
+        overrides.say_unused(said)
+    collected = list(_COLLECTED.items())
     _COLLECTED.clear()
-    for events, fields in collected:
-        events.emit("warning", "override_matched_nothing", fields)
+    for message, (events, fields) in collected:
+        if message not in said:
+            said.add(message)
+            events.emit("warning", "override_matched_nothing", fields)

@@ -119,6 +119,13 @@ def _indentation_hint(error: yaml.MarkedYAMLError, text: str, line: int) -> str:
         )
     if problem == "mapping values are not allowed here":
         return f"{near}, or quote a value that holds ': '"
+    if "'\\t'" in problem and error.problem_mark is not None:
+        # YAML indents with spaces only; PyYAML names the tab but not what to do.
+        return (
+            f"; line {line} has a tab at column {error.problem_mark.column + 1}: YAML "
+            "indents with spaces only (replace each tab with spaces, in the column of the "
+            "keys or dashes around it)"
+        )
     return ""
 
 

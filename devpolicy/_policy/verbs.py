@@ -590,6 +590,7 @@ def windows(
     weights: Mapping[str, float] | None = None,
     separator: int | None = None,
     separator_is: Literal["eos", "bos"] = "eos",
+    fields: Mapping[str, str] | None = None,
     size: int = 2,
     policy: Policy | None = None,
     narrow: Literal["exact", "lossy"] = "exact",
@@ -640,7 +641,13 @@ def windows(
             "positions" (0 at each document's first token), int32, placed together.
         separator_is: "eos" (the separator ends a document, and belongs to it) or "bos"
             (it starts one).
-        size: Batches in flight ahead of use (`prefetch`'s `size`).
+        fields: A batch's keys renamed to the ones a model wants: a mapping from
+            "tokens" (and, with `separator`, "segment_ids" and "positions") to names,
+            e.g. flax's lm1b `{"tokens": "inputs", "segment_ids": "inputs_segmentation",
+            "positions": "inputs_position"}`; a key left out keeps its name. With
+            `fields`, each batch is a dict (without `separator`, of the tokens alone).
+        size: Batches in flight ahead of use, from 1 to 1,024 (`prefetch`'s `size`); the
+            host must hold about `2 * size + 2` batches at once.
         policy: Policy to decide by (default: the active one at this call).
         narrow: `put`'s, for 64-bit tokens with x64 disabled.
         start: The first batch to yield (from 0 to `2**63 - 1`): the stream yields
@@ -661,8 +668,11 @@ def windows(
 
     Raises:
         HostViewError: `tokens` is not on a host device (or sharded): it would be copied.
+        TypeError: `tokens` is not an array of numbers (a list, or objects, strings,
+            dates or records).
         ValueError: a bad `length`, `batch`, `stride`, `steps`, `epochs`, `weights`,
-            `separator`, `size`, `order`, `seed` or `start`, or fewer rows than `length`.
+            `separator`, `fields`, `size`, `order`, `seed` or `start`, fewer rows than
+            `length`, or batches ahead the host cannot hold.
         StreamStateError: `resume` is not a saved state, is damaged (every field at
             fault named), or was saved by a stream with other arguments (it would draw
             other batches; every one that differs named).
@@ -690,6 +700,10 @@ def windows(
         >>> b = next(docs)
         >>> b["segment_ids"].tolist(), b["positions"].tolist()
         ([[1, 1, 2, 2, 2, 3]], [[0, 1, 0, 1, 2, 0]])
+        >>> lm1b = {"tokens": "inputs", "segment_ids": "inputs_segmentation",
+        ...     "positions": "inputs_position"}
+        >>> sorted(next(devpolicy.windows(tokens, 4, 2, separator=0, fields=lm1b, policy=p)))
+        ['inputs', 'inputs_position', 'inputs_segmentation']
     """
     return _windows.windows(
         tokens,
@@ -707,6 +721,7 @@ def windows(
         weights=weights,
         separator=separator,
         separator_is=separator_is,
+        fields=fields,
         start=start,
         resume=resume,
     )

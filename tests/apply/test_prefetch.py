@@ -55,10 +55,11 @@ class TestPrefetch:
             stream = devpolicy.prefetch([np.zeros(1)])
         assert where(next(stream)) == "cpu:2"
 
-    @pytest.mark.parametrize("size", [0, -1, 1.5, True])
+    @pytest.mark.parametrize("size", [0, -1, 1.5, True, 1025, 10**7])
     def test_bad_size_is_rejected_at_once(self, size: object) -> None:
-        """size must be a positive int; the error comes at the call, not at first use."""
-        with pytest.raises(ValueError, match=r"^prefetch size must be an int >= 1"):
+        """size must be an int from 1 to 1,024 (a deeper queue hides no more latency and
+        fills the host with arrays); the error comes at the call, not at first use."""
+        with pytest.raises(ValueError, match=r"^prefetch size must be an int from 1 to 1024"):
             devpolicy.prefetch([], size=size, policy=POLICY)  # type: ignore[arg-type]
 
     def test_empty_iterable_yields_nothing(self) -> None:

@@ -343,7 +343,7 @@ class TestMixtures:
                 {"a": TOKENS, "b": [1, 2, 3, 4, 5]},
                 {"order": "random", "weights": {"a": 1, "b": 1}},
                 TypeError,
-                r"^windows tokens\['b'\]: host_view\(\) takes a jax.Array on a host device",
+                r"^windows tokens\['b'\] must be a jax.Array on a host device or a numpy array",
             ),
             (
                 {"a": TOKENS, "b": TOKENS.astype(np.int64)},
@@ -699,3 +699,110 @@ class TestFaultsOnTheNewKinds:
             assert as_key(next(stream)) == want[step]
         assert forked_child_refuses(stream, 3) == 0
         assert [as_key(b) for b in stream] == want[3:]
+
+
+class TestEdgesOfTheArguments:
+    """Issue 56's attack findings at the edges of the training-data arguments: each
+    mixed, resumed or refused wrongly in silence, or with a raw error."""
+
+    def test_weights_near_the_largest_float_keep_their_shares(self) -> None:
+        """H2: 1.5e308 and 0.5e308 summed to inf and mixed 400/400 where 3:1 is 600/200."""
+        policy = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
+        with structlog.testing.capture_logs() as events:
+            stream = devpolicy.windows(
+                {"a": TOKENS, "b": TOKENS}, 4, 8, order="random", seed=1, steps=100,
+                weights={"a": 1.5e308, "b": 0.5e308}, policy=policy,
+            )  # fmt: skip
+            list(stream)
+        ended = next(e for e in events if e["event"] == "stream_ended")
+        assert ended["sources"] == {"a": 600, "b": 200}
+
+    def test_a_weight_too_small_beside_huge_ones_is_refused(self) -> None:
+        """H2: a weight 10**8 times smaller than the others got a third of the rows."""
+        with pytest.raises(ValueError, match=r"^windows weights\['c'\] is too small"):
+            devpolicy.windows(
+                {"a": TOKENS, "b": TOKENS, "c": TOKENS}, 4, 8, order="random", seed=1,
+                weights={"a": 1e308, "b": 1e308, "c": 1e300}, policy=policy_of(),
+            )  # fmt: skip
+
+    @pytest.mark.parametrize("order", ["random", "shuffled"])
+    def test_a_sequential_state_resumed_by_another_order_names_order_and_seed(
+        self, order: str
+    ) -> None:
+        """M1: without seed= this was a raw AssertionError; with it, the proper error."""
+        stream = devpolicy.windows(TOKENS, 4, 8, steps=5, policy=policy_of())
+        next(stream)
+        saved = stream.state()
+        stream.close()
+        for seed in (None, 3):
+            with pytest.raises(StreamStateError, match=r"^windows resume: order") as raised:
+                devpolicy.windows(
+                    TOKENS, 4, 8, order=order, seed=seed, resume=saved, policy=policy_of()
+                )
+            assert "sequential" in str(raised.value)
+
+    @pytest.mark.parametrize("order", ["random", "shuffled"])
+    def test_a_one_source_mixture_ends_at_the_last_step_with_exact_counts(self, order: str) -> None:
+        """M2: at step 2**63 - 1, the ending pull and state() raised numpy's OverflowError
+        (int64 counts times 2**63)."""
+        policy = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
+        last = 2**63 - 1
+        with structlog.testing.capture_logs() as events:
+            stream = devpolicy.windows(
+                {"a": TOKENS}, 4, 1, order=order, seed=1, weights={"a": 1}, start=last,
+                policy=policy,
+            )  # fmt: skip
+            assert len(list(stream)) == 1
+            state = stream.state()
+        assert state["step"] == 2**63
+        if order == "shuffled":
+            assert state["epoch"] == {"a": 2**63 // -(-(TOKENS.size - 3) // 4)}
+        ended = next(e for e in events if e["event"] == "stream_ended")
+        assert ended["sources"] == {"a": 1}
+        resumed = devpolicy.windows(
+            {"a": TOKENS}, 4, 1, order=order, seed=1, weights={"a": 1}, resume=state,
+            policy=policy_of(),
+        )  # fmt: skip
+        assert list(resumed) == []
+
+    def test_the_epoch_of_a_finished_stream_is_never_past_epochs(self) -> None:
+        """M3: epochs=1 of 3 windows at batch=100 ended saying epoch 33."""
+        for epochs in (1, 2):
+            stream = devpolicy.windows(
+                np.arange(12, dtype=np.int32), 4, 100, order="shuffled", seed=1, epochs=epochs,
+                policy=policy_of(),
+            )  # fmt: skip
+            (batch,) = list(stream)
+            assert batch.shape[0] == 3 * epochs
+            assert stream.state()["epoch"] == epochs
+
+    def test_a_separator_past_int32_is_refused_with_x64_off(self) -> None:
+        """L2: it fit int64 but with x64 off tokens become int32: a batch holding it raised
+        (exact) or it never separated anything (lossy)."""
+        for narrow in ("exact", "lossy"):
+            with pytest.raises(
+                ValueError, match=r"^windows separator=1099511627776 does not fit int32"
+            ):
+                devpolicy.windows(
+                    TOKENS.astype(np.int64), 4, 2, separator=2**40, narrow=narrow,
+                    policy=policy_of(),
+                )  # fmt: skip
+
+    def test_a_tampered_step_past_the_epochs_is_a_state_error_naming_step(self) -> None:
+        """L3: it was refused as 'windows start=118 is past the end', a plain ValueError,
+        though no start= was given."""
+        stream = devpolicy.windows(
+            np.arange(12, dtype=np.int32), 4, 1, order="shuffled", seed=1, epochs=1,
+            policy=policy_of(),
+        )  # fmt: skip
+        saved = {**stream.state(), "step": 118}
+        stream.close()
+        with pytest.raises(
+            StreamStateError,
+            match=r"^windows resume: resume\['step'\]: the saved step 118 is past the end of "
+            r"this stream, which has 3 batches",
+        ):
+            devpolicy.windows(
+                np.arange(12, dtype=np.int32), 4, 1, order="shuffled", seed=1, epochs=1,
+                resume=saved, policy=policy_of(),
+            )  # fmt: skip

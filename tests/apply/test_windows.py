@@ -7,6 +7,7 @@ import gc
 import json
 import mmap
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -277,7 +278,11 @@ class TestWindows:
             ({"batch": 2.0}, r"^windows batch must be an int >= 1, got 2\.0$"),
             ({"stride": -1}, r"^windows stride must be an int >= 1, got -1$"),
             ({"steps": True}, r"^windows steps must be an int >= 1, got True$"),
-            ({"size": 0}, r"^prefetch size must be an int >= 1, got 0$"),
+            (
+                {"size": 0},
+                r"^windows size must be an int from 1 to 1024 \(the batches placed "
+                r"ahead of use\), got 0$",
+            ),
             (
                 {"order": "shuffle"},
                 r"^windows order must be one of \('sequential', 'random', 'shuffled'\), got "
@@ -364,8 +369,9 @@ class TestWindows:
         with pytest.raises(
             ValueError,
             match=r"^windows batch=1099511627776 of length=1025 needs [0-9.]+ [GTP]iB per batch "
-            r"\(uint16, 2\.0 KiB a window\), more than the [0-9.]+ [MGT]iB this host has "
-            r"available: lower batch or length$",
+            r"\(uint16, 2\.0 KiB a window\), and size=2 holds up to 6 batches at once: "
+            r"[0-9.]+ [GTP]iB, more than the [0-9.]+ [MGT]iB this host has available: lower "
+            r"size, batch or length$",
         ):
             devpolicy.windows(
                 tokens,
@@ -383,7 +389,8 @@ class TestWindows:
         monkeypatch.setattr(_hostview, "_HOST_PLATFORMS", frozenset({"tpu"}))
         with pytest.raises(
             devpolicy.errors.HostViewError,
-            match=r"^uint16\[8\] on cpu:0: not on a host device: a view would first copy "
+            match=r"^windows tokens, uint16\[8\] on cpu:0: not on a host device: a view would "
+            r"first copy "
             r"16 bytes to the host; place it on the host",
         ):
             devpolicy.windows(jnp.zeros(8, jnp.uint16), 2, 2, policy=policy_of())
@@ -1020,3 +1027,173 @@ class TestHardening:
                     pass
         ended = [e for e in logs if e["event"] == "stream_ended"]
         assert [(e["log_level"], e["batches"]) for e in ended] == [("info", 3), ("info", 20)]
+
+
+class TestArgumentsRefusedBeforeAnythingOpens:
+    """Issue 56's attack findings on `windows`' arguments (H1, M4, N8), each refused at
+    the call, naming the argument, before a batch is cut."""
+
+    def test_a_size_past_the_cap_is_refused_naming_size_not_grown_into(self) -> None:
+        """H1: `size=10**7` placed ten million batches before the first came, growing
+        memory until the process died; now a ValueError names `size` and its range."""
+        tokens = np.arange(100_000, dtype=np.int32)
+        with pytest.raises(
+            ValueError, match=r"^windows size must be an int from 1 to 1024 .*got 10000000$"
+        ):
+            devpolicy.windows(
+                tokens, 8, 4, order="shuffled", seed=1, size=10**7, policy=policy_of()
+            )
+
+    def test_batches_ahead_the_host_cannot_hold_are_refused_naming_size(self) -> None:
+        """H1: one batch fits the host, `2 * size + 2` of them do not: refused with what
+        a batch needs and how many the stream would hold, before anything is allocated."""
+        from devpolicy._machine.capacity import host_available_bytes
+
+        available = host_available_bytes()
+        if available is None:
+            pytest.skip("this host does not say how much memory it has available")
+        window = 1000
+        batch = available // (10 * window)  # a tenth of what is available, a batch
+        tokens = np.zeros(window, np.uint8)
+        with pytest.raises(
+            ValueError, match=r"size=8 holds up to 18 batches at once: .* lower size, batch"
+        ):
+            devpolicy.windows(
+                tokens, window, batch, order="random", seed=0, size=8, policy=policy_of()
+            )
+
+    @pytest.mark.parametrize(
+        "tokens",
+        [
+            np.array(["a", "b", "c", "d"] * 10),
+            np.array([object()] * 40),
+            np.zeros(40, [("id", np.int32), ("w", np.float32)]),
+            np.zeros(40, "datetime64[s]"),
+        ],
+        ids=["str", "object", "structured", "datetime"],
+    )
+    def test_tokens_that_are_not_numbers_are_refused_naming_tokens_and_dtype(
+        self, tokens: np.ndarray
+    ) -> None:
+        """M4: such tokens were accepted and the first pull raised numpy's or JAX's
+        TypeError, naming neither `windows` nor `tokens`."""
+        with pytest.raises(
+            TypeError, match=rf"^windows tokens are {re.escape(str(tokens.dtype))}: .*numbers"
+        ):
+            devpolicy.windows(tokens, 4, 2, policy=policy_of())
+
+    def test_numbers_of_every_kind_jax_takes_are_accepted(self) -> None:
+        """The dtype check refuses nothing a stream could place: bool, ints, floats and
+        ml_dtypes' bfloat16."""
+        import ml_dtypes
+
+        for dtype in (np.bool_, np.uint16, np.int32, np.float16, ml_dtypes.bfloat16):
+            (batch,) = devpolicy.windows(np.zeros(8, dtype), 4, 2, steps=1, policy=policy_of())
+            assert batch.dtype == np.dtype(dtype)
+
+    @pytest.mark.parametrize(
+        ("tokens", "got"), [(list(range(5000)), "list"), (tuple(range(50)), "tuple")]
+    )
+    def test_a_python_list_of_tokens_is_refused_naming_windows_and_tokens(
+        self, tokens: object, got: str
+    ) -> None:
+        """N8: the error named `host_view()`, a function the user never called."""
+        with pytest.raises(
+            TypeError,
+            match=rf"^windows tokens must be a jax\.Array .*got a {got}: pass np\.asarray",
+        ):
+            devpolicy.windows(tokens, 10, 2, policy=policy_of())
+
+    def test_a_mixture_source_that_is_a_list_is_named(self) -> None:
+        with pytest.raises(TypeError, match=r"^windows tokens\['code'\] must be a jax\.Array"):
+            devpolicy.windows(
+                {"web": np.arange(100), "code": list(range(100))},
+                4,
+                2,
+                order="random",
+                weights={"web": 1, "code": 1},
+                policy=policy_of(),
+            )
+
+
+class TestFieldsAndPlacedBytes:
+    def test_a_batch_with_segments_is_decided_on_all_the_bytes_it_places(self) -> None:
+        """T1: the decision (and its event) counted the tokens' 4,096 bytes where the batch
+        places 20,480 with its segment ids and positions: a `min_bytes: 10000` rule missed
+        a 20 KB batch, silently."""
+        policy = policy_of(
+            rules=[
+                {"match": "batch", "device": "cpu:1", "min_bytes": 10000},
+                {"match": "batch", "device": "cpu:2"},
+            ]
+        )
+        tokens = np.random.default_rng(0).integers(0, 100, 100_000).astype(np.uint16)
+        with capture_logs() as logs:
+            stream = devpolicy.windows(
+                tokens, 1024, 2, order="random", seed=0, separator=0, policy=policy
+            )
+            batch = next(stream)
+            stream.close()
+        assert {where(a) for a in batch.values()} == {"cpu:1"}
+        placement = next(e for e in logs if e["event"] == "placement")
+        assert placement["nbytes"] == 2 * 1024 * (2 + 4 + 4) == 20480
+        ended = next(e for e in logs if e["event"] == "stream_ended")
+        assert ended["nbytes"] == 20480
+
+    def test_fields_rename_a_batch_for_the_model(self) -> None:
+        """T2: flax's lm1b wants inputs, inputs_segmentation and inputs_position."""
+        lm1b = {
+            "tokens": "inputs",
+            "segment_ids": "inputs_segmentation",
+            "positions": "inputs_position",
+        }
+        tokens = np.array([5, 0, 6, 7, 0, 8, 9, 0], np.uint16)
+        plain = next(devpolicy.windows(tokens, 4, 2, separator=0, policy=policy_of()))
+        renamed = next(
+            devpolicy.windows(tokens, 4, 2, separator=0, fields=lm1b, policy=policy_of())
+        )
+        assert sorted(renamed) == sorted(lm1b.values())
+        for ours, theirs in lm1b.items():
+            assert np.array_equal(plain[ours], renamed[theirs])
+
+    def test_fields_without_separator_make_each_batch_a_dict_of_the_tokens(self) -> None:
+        stream = devpolicy.windows(
+            np.arange(8), 4, 2, fields={"tokens": "inputs"}, policy=policy_of()
+        )
+        (batch,) = list(stream)
+        assert list(batch) == ["inputs"]
+        assert batch["inputs"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+    @pytest.mark.parametrize(
+        ("fields", "options", "error", "message"),
+        [
+            (["inputs"], {}, TypeError, r"^windows fields must be a mapping"),
+            (
+                {"segment_ids": "seg"},
+                {},
+                ValueError,
+                r"^windows fields names a batch's keys: tokens; got 'segment_ids' "
+                r"\(segment_ids and positions come with separator= only\)$",
+            ),
+            ({"token": "inputs"}, {"separator": 0}, ValueError, r"got 'token'$"),
+            ({"tokens": ""}, {}, TypeError, r"^windows fields\['tokens'\] must be a non-empty"),
+            (
+                {"tokens": "x", "positions": "x"},
+                {"separator": 0},
+                ValueError,
+                r"^windows fields would give two of a batch's arrays one key",
+            ),
+        ],
+    )
+    def test_bad_fields_are_refused_naming_them(
+        self, fields: object, options: dict[str, object], error: type[Exception], message: str
+    ) -> None:
+        with pytest.raises(error, match=message):
+            devpolicy.windows(
+                np.arange(8),
+                4,
+                2,
+                fields=fields,
+                policy=policy_of(),
+                **options,  # type: ignore[arg-type]
+            )

@@ -4,6 +4,7 @@ rule's tensors being mapped."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -104,6 +105,21 @@ class TestAnItemThatMovedNothingSaysSoWhenTheProcessEnds:
             "'train*.safetensors'), name their file: 'file:train*.safetensors=cpu:1'"
         )
         assert not [m for m in _said(logs, "override_matched_nothing") if "batch*" in m]
+
+    def test_two_policies_of_the_same_items_say_each_message_once(self, tmp_path: Path) -> None:
+        """N6: the story with the shipped policy and `dataset/*=cpu:1` printed one
+        `override_matched_nothing` twice: one policy live, one collected after a load,
+        each of the same items and names."""
+        train, _ = _files(tmp_path)
+        environ = {"DEVPOLICY_RULES": "dataset/*=cpu:1"}
+        live = devpolicy.load_policy(STORY, environ=environ)
+        live.load_file(train)
+        devpolicy.load_policy(STORY, environ=environ).load_file(train)  # then collected
+        gc.collect()
+        with capture_logs() as logs:
+            overrides.at_exit()
+        said = [m for m in _said(logs, "override_matched_nothing") if "dataset/*" in m]
+        assert len(said) == 1
 
     def test_a_policy_that_placed_nothing_says_nothing(self) -> None:
         devpolicy.load_policy({"version": 1}, environ={"DEVPOLICY_RULES": "zz/*=cpu:1"})

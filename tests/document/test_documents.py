@@ -228,8 +228,19 @@ class TestIndentationSlips:
                 r"the indentation near line 2 \(it starts at column 3\), or quote a value "
                 r"that holds ': '$",
             ),
+            (
+                "version: 1\nrules:\n\t- match: 'model/*'\n    device: cpu\n",
+                r"^policy\.yaml:3: invalid YAML: while scanning for the next token found "
+                r"character '\\t' that cannot start any token; line 3 has a tab at column 1: "
+                r"YAML indents with spaces only \(replace each tab with spaces",
+            ),
+            (
+                "version: 1\nrules:\n  - match: 'model/*'\n  \tdevice: cpu\n",
+                r"^policy\.yaml:4: invalid YAML: .*; line 4 has a tab at column 3: YAML "
+                r"indents with spaces only",
+            ),
         ],
-        ids=["mapping", "list", "mapping-value"],
+        ids=["mapping", "list", "mapping-value", "tab", "tab-after-spaces"],
     )
     def test_an_indentation_slip_says_where_to_look(
         self, tmp_path: Path, text: str, message: str

@@ -45,7 +45,7 @@ from ..._machine.capacity import host_total_bytes, memory_headroom
 from ..._machine.streams import StreamTally, open_stream
 from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
 from .ahead import KernelReads, call_weakly
-from .documents import SeparatorIs
+from .documents import FIELDS, SEGMENT_BYTES, SeparatorIs
 from .filewindows import FileWindows, mapped_file, mapped_files
 from .groups import GroupBuffer, GroupPlan, every_window, place_documents
 from .interrupts import deferred_interrupts
@@ -117,6 +117,7 @@ class GroupCutter:
         "_count_sources",
         "_decider",
         "_dtype",
+        "_fields",
         "_gatherer",
         "_group",
         "_groups",
@@ -158,10 +159,12 @@ class GroupCutter:
         *,
         mixture: MixedViews | None = None,
         separator: tuple[int, SeparatorIs] | None = None,
+        fields: tuple[str, str, str] | None = None,
     ) -> None:
         self._view = view  # a mixture's first source (its dtype and row shape are all's)
         self._mixture = mixture
         self._separator = separator  # (token, "eos" or "bos"): segment ids with each batch
+        self._fields = fields  # a batch's keys (tokens, segment ids, positions): a dict
         self._count_sources: Callable[[int], dict[str, int]] | None = None
         self._length = length
         self._batch = batch
@@ -204,6 +207,8 @@ class GroupCutter:
         if found is None:
             decider = self._decider
             nbytes = math.prod(shape) * self._dtype.itemsize
+            if self._separator is not None:  # placed with the tokens: decided with them
+                nbytes += math.prod(shape[:2]) * SEGMENT_BYTES
             # As `put(name, batch)` decides one leaf; a process-local part's shape says
             # nothing of the global one across processes.
             known = None if jax.process_count() > 1 else shape
@@ -573,11 +578,13 @@ class GroupCutter:
             for out, batch in zip(buffer.batches, windows, strict=True):
                 np.copyto(out, batch)
         nbytes = plan.nbytes * count
-        if self._separator is None:
-            placed = tokens = plan.place(buffer.batches)
+        if self._separator is not None:
+            placed, tokens = place_documents(plan, buffer, self._separator, self._fields or FIELDS)
         else:
-            placed, tokens, extra = place_documents(plan, buffer, self._separator)
-            nbytes += extra
+            placed = tokens = plan.place(buffer.batches)
+            if self._fields is not None:
+                key = self._fields[0]
+                placed = [{key: batch} for batch in tokens]
         if plan.reuse and (buffer.checked or not buffer.held_by(tokens)):
             # Reused once its transfers are done; never if a batch holds it.
             buffer.checked = True

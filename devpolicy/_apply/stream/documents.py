@@ -21,6 +21,11 @@ import numpy as np
 #: Which side of a document the separator token sits on.
 SeparatorIs = Literal["eos", "bos"]
 SEPARATOR_KINDS = ("eos", "bos")
+#: A batch's keys with segments, in the order they are placed: `windows(fields=...)`
+#: renames them to a model's own (flax's lm1b: inputs, inputs_segmentation, ...).
+FIELDS = ("tokens", "segment_ids", "positions")
+#: The bytes a token's segment id and position add to a batch (two int32).
+SEGMENT_BYTES = 8
 
 
 def segments(

@@ -21,7 +21,7 @@ from ..._base.limits import ALIGN
 from ..._decide.decision import Decision
 from .. import hostview
 from ..hostview import copies_host_memory, sent
-from .documents import SeparatorIs, segments
+from .documents import FIELDS, SeparatorIs, segments
 
 
 def every_window(view: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any]:
@@ -128,12 +128,15 @@ class GroupPlan:
 
 
 def place_documents(
-    plan: GroupPlan, buffer: GroupBuffer, separator: tuple[int, SeparatorIs]
-) -> tuple[list[dict[str, Any]], list[Any], int]:
+    plan: GroupPlan,
+    buffer: GroupBuffer,
+    separator: tuple[int, SeparatorIs],
+    fields: tuple[str, str, str] = FIELDS,
+) -> tuple[list[dict[str, Any]], list[Any]]:
     """A group's batches with their segment ids and positions (`documents`), placed in one
     call as the batches alone are (so they land where each batch does, sharded as it is):
-    each batch a dict of "tokens", "segment_ids" and "positions"; the tokens placed, and
-    the bytes the segments added."""
+    each batch a dict of the tokens, segment ids and positions under `fields`' names;
+    and the tokens placed."""
     token, separator_is = separator
     whole = buffer.whole()
     windows = np.stack(buffer.batches) if whole is None else whole
@@ -144,7 +147,7 @@ def place_documents(
     placed = plan.place([*buffer.batches, *ids, *positions])
     tokens = placed[:count]
     batches = [
-        {"tokens": t, "segment_ids": i, "positions": p}
-        for t, i, p in zip(tokens, placed[count : 2 * count], placed[2 * count :], strict=True)
+        dict(zip(fields, arrays, strict=True))
+        for arrays in zip(tokens, placed[count : 2 * count], placed[2 * count :], strict=True)
     ]
-    return batches, tokens, ids.nbytes + positions.nbytes
+    return batches, tokens

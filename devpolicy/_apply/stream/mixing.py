@@ -37,11 +37,17 @@ def allotment(weights: list[float]) -> np.ndarray[Any, Any]:
     """Rows of each source in one period: the shortest period that holds the weights'
     shares exactly, or `PERIOD_MOST` rows by largest remainders.
 
+    Any finite positive weights: they are scaled by the largest before they are summed,
+    so weights near float64's largest keep their shares (their plain sum is inf).
+
     Example:
         >>> allotment([0.7, 0.3]).tolist(), allotment([1, 2]).tolist()
         ([7, 3], [1, 2])
+        >>> allotment([1.5e308, 0.5e308]).tolist()
+        [3, 1]
     """
-    shares = np.asarray(weights, np.float64) / float(sum(weights))
+    scaled = np.asarray(weights, np.float64) / max(weights)
+    shares: np.ndarray[Any, Any] = scaled / scaled.sum()
     most = max(1, 2**18 // shares.size)  # periods tried at once: memory stays small
     low, chunk = 1, 64  # short periods first (most weights are held by one): then more
     while low <= PERIOD_MOST:
@@ -57,7 +63,7 @@ def allotment(weights: list[float]) -> np.ndarray[Any, Any]:
             exact_counts: np.ndarray[Any, Any] = counts[found[0]].astype(np.int64)
             return exact_counts
     wanted = shares * PERIOD_MOST
-    whole = np.floor(wanted).astype(np.int64)
+    whole: np.ndarray[Any, Any] = np.floor(wanted).astype(np.int64)
     short = PERIOD_MOST - int(whole.sum())
     whole[np.argsort(whole - wanted, kind="stable")[:short]] += 1
     return whole
@@ -116,24 +122,24 @@ class Mixed(RowDraws):
         self._keys = [np.uint64(stream_key(seed, 2 + s)) for s in range(len(starts))]
         super().__init__(batch, steps)
 
-    def drawn_before(self, step: int) -> np.ndarray[Any, Any]:
-        """Windows of each source in the global batches before `step`."""
+    def drawn_before(self, step: int) -> list[int]:
+        """Windows of each source in the global batches before `step`, as Python ints:
+        near step 2**63 a source's count times the periods passes int64."""
         rows = step * self._per_step
         period = int(self.counts.sum())
         cycles, within = divmod(rows, period)
-        counts = self.counts * cycles
-        counts += np.bincount(self._sources[:within], minlength=self.counts.size)
-        return counts
+        partial = np.bincount(self._sources[:within], minlength=self.counts.size).tolist()
+        return [n * cycles + k for n, k in zip(self.counts.tolist(), partial, strict=True)]
 
     def counted(self, names: tuple[str, ...], first: int, steps: int) -> dict[str, int]:
         """The windows of each source (by name) in the global batches of steps `first` ..
         `first + steps - 1`."""
-        drawn = self.drawn_before(first + steps) - self.drawn_before(first)
-        return dict(zip(names, drawn.tolist(), strict=True))
+        after, before = self.drawn_before(first + steps), self.drawn_before(first)
+        return {name: a - b for name, a, b in zip(names, after, before, strict=True)}
 
     def epoch_at(self, names: tuple[str, ...], step: int) -> dict[str, int]:
         """Each source's epoch (by name) at `step`, for a shuffled mixture."""
-        drawn = self.drawn_before(step).tolist()
+        drawn = self.drawn_before(step)
         return {name: n // w for name, n, w in zip(names, drawn, self.windows, strict=True)}
 
     def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:

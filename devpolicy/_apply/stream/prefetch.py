@@ -22,14 +22,36 @@ def as_int(value: object) -> int | None:
     return None
 
 
+#: The most batches a stream places ahead of use. Each is a device array held until used:
+#: a deeper queue than this hides no more latency, and `size=10**7` would fill the host
+#: with arrays (and their per-array cost) before the first batch came.
+SIZE_MOST = 1024
+
+
+def checked_size(verb: str, size: object) -> int:
+    """`size`, the batches placed ahead, checked: an int from 1 to `SIZE_MOST`.
+
+    Example:
+        >>> checked_size("prefetch", 4)
+        4
+        >>> checked_size("windows", 10**7)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: windows size must be an int from 1 to 1024 ..., got 10000000
+    """
+    whole = as_int(size)
+    if whole is None or not 1 <= whole <= SIZE_MOST:
+        raise ValueError(
+            f"{verb} size must be an int from 1 to {SIZE_MOST} (the batches placed ahead "
+            f"of use), got {size!r}"
+        )
+    return whole
+
+
 def prefetch(
     iterable: Iterable[T], decider: Decider, name: str, size: int, narrow: Narrow = "exact"
 ) -> BatchStream[T]:
     """Place each element by `decider`, `size` transfers ahead. See `devpolicy.prefetch`."""
-    whole = as_int(size)
-    if whole is None or whole < 1:
-        raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
-    size = whole
+    size = checked_size("prefetch", size)
     if not isinstance(name, str):
         raise TypeError(f"prefetch name must be a str, got {type(name).__name__} {name!r}")
     check_mode(narrow)

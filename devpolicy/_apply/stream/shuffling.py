@@ -211,8 +211,12 @@ class Shuffled(RowDraws):
         return self._epochs * self.count - (self.steps - 1) * self._per_step
 
     def epoch_at(self, step: int) -> int:
-        """The epoch of the first window of `step`."""
-        return step * self._per_step // self.count
+        """The epoch of the first window of `step`; past the end of `epochs` (after a
+        short last batch), `epochs`: the epochs done, never one that was not drawn."""
+        rows = step * self._per_step
+        if self._epochs is not None:
+            rows = min(rows, self._epochs * self.count)
+        return rows // self.count
 
     def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
         """The starts of steps `first` .. (up to `most` of them), shape (k, rows); None past

@@ -16,19 +16,20 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeAlias
 
+import jax
 import numpy as np
 
-from ..._base.errors import HostViewError
+from ..._base.errors import HostViewError, StreamStateError
 from ..._base.sizes import format_size
 from ..._decide.decider import Decider
 from ..._machine.capacity import host_available_bytes
 from ..hostview import host_view
-from ..narrowing import Narrow, check_mode
+from ..narrowing import NARROWER, Narrow, check_mode
 from .cutting import GroupCutter, Sampler
-from .documents import SEPARATOR_KINDS, SeparatorIs
+from .documents import FIELDS, SEPARATOR_KINDS, SeparatorIs
 from .mixing import PERIOD_MOST, Mixed, MixedViews
 from .owner import WindowStream
-from .prefetch import as_int
+from .prefetch import as_int, checked_size
 from .sampling import Random, Sequential
 from .shuffling import Shuffled
 from .state import LAST_STEP, SEEDS, StreamState, read_state, resumed_step
@@ -49,21 +50,36 @@ def _positive(what: str, value: object) -> int:
     return number
 
 
-def _batch_fits(view: np.ndarray[Any, Any], length: int, batch: int, windows: int) -> None:
-    """Refuse a batch the host cannot hold, before anything is allocated for it. The host
-    is asked only for a batch of `ASK_HOST_FROM` or more: reading its available memory
-    cost 9 ms on a TPU VM under gVisor (more than a small stream's whole first group),
-    and a smaller batch that does not fit fails in numpy as it would by hand."""
+def _batch_fits(
+    view: np.ndarray[Any, Any],
+    length: int,
+    batch: int,
+    windows: int,
+    size: int,
+    segments: bool,
+) -> None:
+    """Refuse a stream the host cannot hold, before anything is allocated for it: its
+    batches ahead (`size` placed, as many cut, one in use and one being cut), each with
+    its offsets and, with segments, two int32 arrays a token. The host is asked only
+    where that is `ASK_HOST_FROM` or more: reading its available memory is dear under
+    gVisor (docs/benchmarks.md), and a smaller stream that does not fit fails in numpy
+    as it would by hand."""
     row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
-    nbytes = min(batch, windows) * (length * row + 8)  # the batch and its offsets
+    per_window = length * row + 8 + (8 * length if segments else 0)
+    per_batch = min(batch, windows) * per_window
+    held = 2 * size + 2  # the batches a stream holds at once, at most
+    nbytes = per_batch * held
     if nbytes < ASK_HOST_FROM:
         return
     available = host_available_bytes()
     if available is not None and nbytes > available:
         raise ValueError(
-            f"windows batch={batch} of length={length} needs {format_size(nbytes)} per "
-            f"batch ({view.dtype}, {format_size(length * row)} a window), more than the "
-            f"{format_size(available)} this host has available: lower batch or length"
+            f"windows batch={batch} of length={length} needs {format_size(per_batch)} per "
+            f"batch ({view.dtype}, {format_size(length * row)} a window"
+            + (", with segment ids and positions" if segments else "")
+            + f"), and size={size} holds up to {held} batches at once: "
+            f"{format_size(nbytes)}, more than the {format_size(available)} this host has "
+            "available: lower size, batch or length"
         )
 
 
@@ -135,14 +151,38 @@ def _sources(
     return views, numbers
 
 
-def _source_view(key: str, source: Any) -> np.ndarray[Any, Any]:
-    """A mixture's source as a host view, an error naming the source where it is none."""
+def _source_view(key: str | None, source: Any) -> np.ndarray[Any, Any]:
+    """Tokens (a mixture's source `key`) as a host view of numbers, an error naming them
+    where they are none."""
+    what = "windows tokens" if key is None else f"windows tokens[{key!r}]"
+    if isinstance(source, (list, tuple)) or np.isscalar(source):
+        raise TypeError(
+            f"{what} must be a jax.Array on a host device or a numpy array (a memmap is "
+            f"fine), got a {type(source).__name__}: pass np.asarray(...) of it"
+        )
     try:
-        return host_view(source)
+        view = host_view(source)
     except HostViewError as e:
-        raise HostViewError(f"windows tokens[{key!r}], {e.array}", e.problem, e.fix) from None
-    except TypeError as e:
-        raise TypeError(f"windows tokens[{key!r}]: {e}") from None
+        raise HostViewError(f"{what}, {e.array}", e.problem, e.fix) from None
+    except TypeError:
+        raise TypeError(
+            f"{what} must be a jax.Array on a host device or a numpy array (a memmap is "
+            f"fine)"
+            + ("" if key is not None else ", or a mapping of names to them (a mixture)")
+            + f", got {type(source).__name__}"
+        ) from None
+    dtype = view.dtype
+    # numpy's bool, integers, floats and complex, and ml_dtypes' (bfloat16, float8, int4:
+    # kind "V" with a scalar type of their own); not objects, strings, dates or records.
+    if not (
+        dtype.kind in "biufc"
+        or (dtype.kind == "V" and dtype.fields is None and dtype.type is not np.void)
+    ):
+        raise TypeError(
+            f"{what} are {dtype}: a stream's tokens must be numbers (integer token ids, "
+            "or bool, float, complex, bfloat16 rows), not objects, strings, dates or records"
+        )
+    return view
 
 
 def _separator(
@@ -169,8 +209,53 @@ def _separator(
             f"windows separator={token} cannot occur in tokens of {view.dtype} "
             f"({info.min} to {info.max}): it would never separate anything"
         )
+    narrowed = NARROWER.get(view.dtype)
+    if narrowed is not None and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        info = np.iinfo(narrowed)
+        if not info.min <= token <= info.max:
+            raise ValueError(
+                f"windows separator={token} does not fit {narrowed} ({info.min} to "
+                f"{info.max}), and with x64 off JAX narrows tokens of {view.dtype} to "
+                f"{narrowed}: a batch holding it would raise (narrow='exact') or never "
+                "separate (narrow='lossy'); use a separator that fits, or enable "
+                "jax_enable_x64"
+            )
     kind: SeparatorIs = "bos" if separator_is == "bos" else "eos"
     return token, kind
+
+
+def _fields(fields: Mapping[str, str] | None, segments: bool) -> tuple[str, str, str] | None:
+    """A batch's keys (tokens, segment ids, positions) renamed by `fields`, checked; None
+    where a batch is the tokens alone."""
+    if fields is None:
+        return None
+    known = FIELDS if segments else FIELDS[:1]
+    if not isinstance(fields, Mapping):
+        raise TypeError(
+            f"windows fields must be a mapping of a batch's keys ({', '.join(known)}) to "
+            f"the names a model wants, got {type(fields).__name__} {fields!r}"
+        )
+    unknown = [key for key in fields if key not in known]
+    if unknown:
+        why = (
+            ""
+            if segments or any(k not in FIELDS for k in unknown)
+            else " (segment_ids and positions come with separator= only)"
+        )
+        raise ValueError(
+            f"windows fields names a batch's keys: {', '.join(known)}; got "
+            f"{', '.join(map(repr, unknown))}{why}"
+        )
+    for key, value in fields.items():
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"windows fields[{key!r}] must be a non-empty str, got {value!r}")
+    names = tuple(fields.get(key, key) for key in FIELDS)
+    if len(set(names[: len(known)])) < len(known):
+        raise ValueError(
+            f"windows fields would give two of a batch's arrays one key: "
+            f"{dict(zip(known, names, strict=False))}"
+        )
+    return names[0], names[1], names[2]
 
 
 def windows(
@@ -188,6 +273,7 @@ def windows(
     weights: Mapping[str, float] | None = None,
     separator: int | None = None,
     separator_is: str = "eos",
+    fields: Mapping[str, str] | None = None,
     size: int = 2,
     narrow: Narrow = "exact",
     start: int = 0,
@@ -195,7 +281,7 @@ def windows(
 ) -> WindowStream:
     """Batches of windows of `tokens` placed by `decider`. See `devpolicy.windows`."""
     sources, shares = _sources(tokens, weights)
-    views = [view for _, view in sources] if sources else [host_view(tokens)]
+    views = [view for _, view in sources] if sources else [_source_view(None, tokens)]
     view = views[0]
     length = _positive("length", length)
     batch = _positive("batch", batch)
@@ -230,9 +316,7 @@ def windows(
         raise TypeError(f"windows seed must be an int or None, got {seed!r}")
     if number is not None and not 0 <= number < SEEDS:
         raise ValueError(f"windows seed must be an int from 0 to 2**64 - 1, got {seed!r}")
-    whole = as_int(size)
-    if whole is None or whole < 1:
-        raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
+    whole = checked_size("windows", size)
     if not isinstance(name, str):
         raise TypeError(f"windows name must be a str, got {type(name).__name__} {name!r}")
     check_mode(narrow)
@@ -245,6 +329,7 @@ def windows(
                 f"dimension; {which} has {rows} (shape {part.shape})"
             )
     documents = _separator(separator, separator_is, view)
+    keys = _fields(fields, documents is not None)
     starts = [part.shape[0] - length + 1 for part in views]  # every offset a window fits at
     stride = length if stride is None else _positive("stride", stride)
     # A stride past the last start gives one window a pass, as that last start does
@@ -257,9 +342,23 @@ def windows(
         raise ValueError(f"windows steps must be an int from 1 to 2**63, got {steps!r}")
     saved = None if resume is None else read_state(resume)
     if order != "sequential" and number is None:
+        if saved is not None and saved["seed"] is None:
+            raise StreamStateError(
+                "order, seed",
+                f"the saved stream had order={saved['order']!r} (no seed); this one has "
+                f"order={order!r}, which draws by a seed: other arguments draw other batches",
+                f"resume with the arguments the state was saved with (order={saved['order']!r})",
+            )
         # Drawn here, so that the stream's state can name it and a resume draw the same.
         number = secrets.randbits(63) if saved is None else saved["seed"]
-    _batch_fits(view, length, batch, -(-starts[0] // stride) if order == "sequential" else batch)
+    _batch_fits(
+        view,
+        length,
+        batch,
+        -(-starts[0] // stride) if order == "sequential" else batch,
+        whole,
+        separator is not None,
+    )
     sampler: Sampler
     mixture = MixedViews(views, length) if sources else None
     if mixture is not None:
@@ -304,6 +403,7 @@ def windows(
         narrow,
         mixture=mixture,
         separator=documents,
+        fields=keys,
     )
     try:
         per_step = cutter.own_rows()
@@ -332,6 +432,12 @@ def windows(
             first = resumed_step(saved, state)
             state = dataclasses.replace(state, step=first)
         last = sampler.steps
+        if saved is not None and last is not None and first > last:
+            raise StreamStateError(
+                "resume['step']",
+                f"the saved step {first} is past the end of this stream, which has {last} batches",
+                "the saved state is damaged: save stream.state() again, or start without resume=",
+            )
         if last is not None and first > last:
             raise ValueError(
                 f"windows start={first} is past steps={steps}"

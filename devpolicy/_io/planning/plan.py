@@ -28,7 +28,14 @@ from ..reading.buffers import MAP_THRESHOLD
 from ..reading.checkpoint_sources import Files, Where, can_map
 from ..reading.fill_tree import fit_into
 from ..reading.map_or_read import map_hint, x64_enabled
-from ..reading.naming import PathLike, call_naming, name_prefix, source_files, tensor_names
+from ..reading.naming import (
+    PathLike,
+    call_naming,
+    check_mmap,
+    name_prefix,
+    source_files,
+    tensor_names,
+)
 from ..reading.ranges import slice_bounds, slice_ranges
 from ..reading.readahead import small_run
 from ..reading.tensor_reads import remote_groups
@@ -307,6 +314,7 @@ def plan(path: PathLike, decider: Decider, options: PlanOptions) -> Plan:
     on `options.machine` (which is then also the capacity judged by); the model's names for
     rules with `axes: attached` from `options.into` (its tree) or `options.axes` (by tensor
     name). See `devpolicy.plan`."""
+    check_mmap("plan", options.mmap)
     naming = call_naming(decider.settings.names, options.separator)
     names = _ModelNames(options.into, _checked_axes(options.axes), options.strict)
     remote = options_of(decider.settings.remote_values, options.remote)

@@ -46,6 +46,7 @@ from .map_or_read import NARROW, map_hint, may_map, sends_from_map, x64_enabled
 from .naming import (
     PathLike,
     call_naming,
+    check_mmap,
     check_prefix,
     name_prefix,
     path_text,
@@ -84,6 +85,7 @@ def load_file(path: PathLike, decider: Decider, options: LoadOptions) -> Any:
         raise TypeError(f"strict= takes True or False, got {options.strict!r}")
     naming = call_naming(decider.settings.names, options.separator)
     check_prefix(options.prefix)  # before anything is read
+    check_mmap("load_file", options.mmap)
     remote = options_of(decider.settings.remote_values, options.remote)
     with Files(remote, decider.events.emit) as files:
         return _load_file(path, decider, options, naming, files)

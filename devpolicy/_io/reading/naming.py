@@ -49,6 +49,20 @@ def check_prefix(prefix: str | None) -> None:
         raise ValueError(f"prefix= takes {problem}")
 
 
+def check_mmap(verb: str, mmap: object) -> None:
+    """Refuse a call's `mmap=` that is not True, False or None: `mmap="no"` is truthy, and
+    mapping a file nobody asked to map is a silent miss (the same slip in YAML is refused).
+
+    Raises:
+        TypeError: naming `mmap=` and what it takes.
+    """
+    if mmap is not None and not isinstance(mmap, bool):
+        raise TypeError(
+            f"{verb} mmap= takes True (map aligned tensors), False (read them) or None "
+            f"(each rule's `mmap`), got {type(mmap).__name__} {mmap!r}"
+        )
+
+
 def name_prefix(stem: str, prefix: str | None, names: NamesSpec) -> str:
     """The prefix of a checkpoint's names: the call's, else the policy's, else `stem`.
 

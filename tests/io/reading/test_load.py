@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -588,3 +589,20 @@ class TestPlanMapped:
             t.nbytes for t in plan.tensors if offsets[t.key] == 0 and t.nbytes
         )
         assert load.file_backed < load.nbytes
+
+
+class TestMmapArgument:
+    @pytest.mark.parametrize("mmap", ["no", "false", 0, 1, "yes"])
+    def test_mmap_that_is_not_a_bool_is_refused_naming_it(
+        self, tmp_path: Path, mmap: object
+    ) -> None:
+        """N7: `mmap="no"` mapped the file, as any truthy value did; the same slip in YAML
+        is refused. Nothing is read."""
+        path = tmp_path / "m.safetensors"
+        devpolicy.save_file({"t": np.zeros(4096, np.uint8)}, path)
+        message = rf"^load_file mmap= takes True \(map aligned tensors\), False \(read them\) or None \(each rule's `mmap`\), got {type(mmap).__name__} {re.escape(repr(mmap))}$"
+        with capture_logs() as logs, pytest.raises(TypeError, match=message):
+            devpolicy.load_file(path, policy=policy_of(default="cpu:1"), mmap=mmap)  # type: ignore[arg-type]
+        assert not [e for e in logs if e["event"] in ("load_file", "placement")]
+        with pytest.raises(TypeError, match=r"^plan mmap= takes True"):
+            devpolicy.plan(path, policy=policy_of(), mmap=mmap)  # type: ignore[arg-type]
