@@ -116,7 +116,7 @@ def bench_windows(
     import jax
 
     import devpolicy
-    from devpolicy._apply.stream.paging import Pager, cached_share
+    from devpolicy._read.pages import Pager, cached_share
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.helpers import drop_from_page_cache

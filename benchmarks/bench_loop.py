@@ -451,7 +451,7 @@ def main() -> int:
         reset = lambda: None  # noqa: E731 - nothing mapped to give back
         held = f"{args.tokens:,} uint16 in host memory ({args.tokens * 2 / 2**20:,.0f} MiB)"
     else:
-        from devpolicy._apply.stream.paging import cached_share
+        from devpolicy._read.pages import cached_share
         from tests.helpers import dense_tensor_file, drop_from_page_cache, sparse_tensor_file
 
         args.mapped.mkdir(parents=True, exist_ok=True)

@@ -17,13 +17,13 @@ tenth of the run and the time per step:
 
 - `kernel defaults`: no advice, nothing given back (devpolicy before the fix);
 - `MADV_RANDOM only`: the mapping advised random, nothing given back;
-- `copied from the mapping, pages given back a group at a time` (`paging.Pager.release`):
+- `copied from the mapping, pages given back a group at a time` (`pages.Pager.release`):
   `MADV_RANDOM`, and each group's 64 KiB blocks given back (`MADV_DONTNEED`) once copied;
 - `gathered within the budget` (`MAPPED_COPY="budget"`): windows gathered from the
   mapping, the whole view given back in one sweep once what they measurably brought in
   nears `RESIDENT_BUDGET` (256 MiB), or read by position where each maps a large folio;
 - `gathered, pages kept` (`MAPPED_COPY="keep"`): nothing given back;
-- `read from the file by position` (`devpolicy/_apply/stream/filewindows.py`): each
+- `read from the file by position` (`devpolicy/_read/positional.py`): each
   window read into the batch buffer, nothing of the mapping touched;
 - `devpolicy.windows`: what it chooses (docs/host-arrays.md, "Which read path runs"):
   read by position where io_uring can be had; else kept mapped where the tokens are warm
@@ -69,7 +69,7 @@ def status(field):
 
 import numpy as np
 import devpolicy
-from devpolicy._apply.stream import paging
+from devpolicy._read import pages
 from devpolicy._apply.stream import cutting as windows
 
 if variant in ("file", "budget", "keep"):  # one path, whatever the file
@@ -78,9 +78,9 @@ elif variant != "devpolicy":  # copied out of the mapping, its pages given back 
     windows.MAPPED_COPY = "file"
     windows.mapped_file = lambda view, length: None
 if variant == "defaults":
-    paging._MADVISE = None  # no advice, nothing given back: the kernel's defaults
+    pages._MADVISE = None  # no advice, nothing given back: the kernel's defaults
 elif variant == "random-only":
-    paging.Pager.release = lambda self, offsets, length: None  # advice, nothing given back
+    pages.Pager.release = lambda self, offsets, length: None  # advice, nothing given back
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "rules": [
     {"match": "*/tokens", "device": "cpu:0", "mmap": True},
     {"match": "batch", "device": "cpu:1"}]}, environ={})
@@ -114,7 +114,7 @@ PAIRED = r"""
 import json, os, statistics, sys, time
 path, length, batch, segments, rounds = sys.argv[1], *map(int, sys.argv[2:6])
 import devpolicy
-from devpolicy._apply.stream import paging
+from devpolicy._read import pages
 from devpolicy._apply.stream import cutting as windows
 windows.MAPPED_COPY = "file"
 windows.mapped_file = lambda view, length: None  # the mapping's way: pages given back
@@ -122,11 +122,11 @@ policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "
     {"match": "*/tokens", "device": "cpu:0", "mmap": True},
     {"match": "batch", "device": "cpu:1"}]}, environ={})
 tokens = devpolicy.load_file(path, policy=policy, progress=False)["tokens"]
-release = paging.Pager.release
+release = pages.Pager.release
 times = {"each group's pages given back": [], "MADV_RANDOM only": []}
 for _ in range(rounds):
     for variant in times:
-        paging.Pager.release = release if variant == "each group's pages given back" else (
+        pages.Pager.release = release if variant == "each group's pages given back" else (
             lambda self, offsets, length: None)
         stream = devpolicy.windows(tokens, length, batch, order="random", steps=segments,
                                    policy=policy)

@@ -1,6 +1,6 @@
 """Functions of the C library this process runs on, for the few calls Python lacks.
 
-`madvise` on an address range (`paging`) and `syscall` for io_uring (`batchreads`): Linux
+`madvise` on an address range (`_read.pages`) and `syscall` for io_uring (`_read.uring`): Linux
 only, through ctypes, each loaded once with errno kept for the caller to read
 (`ctypes.get_errno`).
 """

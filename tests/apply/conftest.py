@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from devpolicy._apply.stream import batchreads, filewindows
 from devpolicy._apply.stream import cutting as _windows
-from devpolicy._apply.stream.batchreads import BatchReads
+from devpolicy._read import positional, uring
+from devpolicy._read.uring import BatchReads
 
 
 def batched_reads_here(*, polled: bool = False) -> bool:
@@ -24,7 +24,7 @@ class PlainReads(BatchReads):
     __slots__ = ()
 
     @classmethod
-    def open(cls, entries: int = batchreads.ENTRIES, *, polled: bool = True) -> BatchReads | None:
+    def open(cls, entries: int = uring.ENTRIES, *, polled: bool = True) -> BatchReads | None:
         return BatchReads.open(entries, polled=False)
 
 
@@ -40,13 +40,13 @@ READS = {
 def by_position(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Windows of a file mapping read from the file by position (not gathered from the
     mapping, `windows`' default), each way this machine can: one `preadv` a window, or
-    a group in one io_uring call (`batchreads`), read ahead while the group before is
+    a group in one io_uring call (`uring`), read ahead while the group before is
     placed. It gives the way as `stream_ended` names it (`reads_with`)."""
     batched, polled, way = READS[request.param]
     if batched and not batched_reads_here(polled=polled):
         pytest.skip("io_uring (or a polled ring) cannot be had here")
     monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
-    monkeypatch.setattr(filewindows, "BATCHED", batched)
+    monkeypatch.setattr(positional, "BATCHED", batched)
     if batched and not polled:
-        monkeypatch.setattr(filewindows, "BatchReads", PlainReads)
+        monkeypatch.setattr(positional, "BatchReads", PlainReads)
     return way

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import devpolicy
-from devpolicy._apply.stream import cutting, filewindows
+from devpolicy._apply.stream import cutting
+from devpolicy._read import positional
 from tests.helpers import policy_of
 
 from .conftest import PlainReads, batched_reads_here
@@ -116,9 +117,9 @@ def use_read_path(name: str, monkeypatch: pytest.MonkeyPatch) -> bool:
         monkeypatch.setattr(cutting, "mapped_file", lambda view, length: None)
     elif copy == "file":
         monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
-        monkeypatch.setattr(filewindows, "BATCHED", batched)
+        monkeypatch.setattr(positional, "BATCHED", batched)
         if batched and not polled:
-            monkeypatch.setattr(filewindows, "BatchReads", PlainReads)
+            monkeypatch.setattr(positional, "BatchReads", PlainReads)
     return from_file
 
 

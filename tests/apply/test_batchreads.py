@@ -1,4 +1,4 @@
-"""Many positional reads in one io_uring call (`batchreads`), against the file's bytes."""
+"""Many positional reads in one io_uring call (`devpolicy._read.uring`), against the file's bytes."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from devpolicy._apply.stream import filewindows
-from devpolicy._apply.stream.batchreads import ENTRIES, BatchReads
+from devpolicy._read import positional
+from devpolicy._read.uring import ENTRIES, BatchReads
 
 from .conftest import batched_reads_here
 
@@ -270,7 +270,7 @@ def test_a_file_reader_reads_batches_in_one_call_where_io_uring_can_be_had(
     path = tmp_path / "tokens.bin"
     values.tofile(path)
     mapped = np.memmap(path, np.uint16, mode="r")
-    reader = filewindows.mapped_file(mapped, 50)
+    reader = positional.mapped_file(mapped, 50)
     assert reader is not None
     try:
         assert reader.batched
@@ -286,13 +286,13 @@ def test_a_file_reader_reads_batches_in_one_call_where_io_uring_can_be_had(
 
 def batched_reader(
     tmp_path: Path, count: int, length: int
-) -> tuple[filewindows.FileWindows, np.ndarray[Any, Any]]:
+) -> tuple[positional.FileWindows, np.ndarray[Any, Any]]:
     """A reader of windows of `length` over a mapped file of `count` known uint16 tokens,
     reading a call's windows in one io_uring call; and the tokens."""
     values = np.arange(count, dtype=np.uint16)
     path = tmp_path / "tokens.bin"
     values.tofile(path)
-    reader = filewindows.mapped_file(np.memmap(path, np.uint16, mode="r"), length)
+    reader = positional.mapped_file(np.memmap(path, np.uint16, mode="r"), length)
     assert reader is not None
     assert reader.batched
     return reader, values

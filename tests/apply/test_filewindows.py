@@ -1,4 +1,4 @@
-"""Windows of a file-backed host array read by position from the file (`filewindows`)."""
+"""Windows of a file-backed host array read by position from the file (`positional`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy._apply.stream import cutting as _windows
-from devpolicy._apply.stream import filewindows
 from devpolicy._apply.stream import sampling as _sampling
+from devpolicy._read import positional
 from tests.helpers import policy_of
 
 from .conftest import PlainReads, batched_reads_here
@@ -230,8 +230,8 @@ class TestReadByPosition:
 
 def test_memory_that_is_not_a_file_is_copied_from_memory() -> None:
     """A numpy array in memory has no file to read: `mapped_file` says so."""
-    assert filewindows.mapped_file(np.arange(100, dtype=np.uint16), 10) is None
-    assert _windows.mapped_file is filewindows.mapped_file
+    assert positional.mapped_file(np.arange(100, dtype=np.uint16), 10) is None
+    assert _windows.mapped_file is positional.mapped_file
 
 
 @pytest.mark.skipif(not batched_reads_here(), reason="io_uring cannot be had here")
@@ -242,15 +242,15 @@ def test_an_interrupt_while_waiting_for_the_group_read_ahead_closes_after_that_r
     stream closed (as a `with` block does): close waits for that read, so the worker never
     finds its ring or its file closed under it (the worker slowed, so the close comes first)."""
     monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
-    monkeypatch.setattr(filewindows, "BatchReads", PlainReads)
-    read_batches = filewindows.FileWindows.read_batches
+    monkeypatch.setattr(positional, "BatchReads", PlainReads)
+    read_batches = positional.FileWindows.read_batches
 
-    def slow_on_the_worker(reader: filewindows.FileWindows, *args: Any) -> None:
+    def slow_on_the_worker(reader: positional.FileWindows, *args: Any) -> None:
         if threading.current_thread().name.startswith("devpolicy-windows"):
             time.sleep(0.02)  # the interrupt and the close come first
         read_batches(reader, *args)
 
-    monkeypatch.setattr(filewindows.FileWindows, "read_batches", slow_on_the_worker)
+    monkeypatch.setattr(positional.FileWindows, "read_batches", slow_on_the_worker)
     path, _ = token_file(tmp_path)
     tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
     original = Future.result

@@ -14,7 +14,7 @@ import pytest
 
 import devpolicy
 from devpolicy._apply.stream import cutting as _windows
-from devpolicy._apply.stream import paging as _paging
+from devpolicy._read import pages as _pages
 from tests.apply.streams import mapping_of
 from tests.helpers import policy_of
 
@@ -168,7 +168,7 @@ class TestSameBatches:
                 np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.skipif(_paging._MADVISE is None, reason="file mappings are found in Linux's /proc")
+@pytest.mark.skipif(_pages._MADVISE is None, reason="file mappings are found in Linux's /proc")
 class TestThread:
     def test_a_mapped_stream_has_one_worker_until_it_ends(self, tmp_path: Path) -> None:
         """One thread while the stream runs, none once it has ended by itself."""

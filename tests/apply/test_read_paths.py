@@ -15,7 +15,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply.stream import cutting, filewindows, paging
+from devpolicy._apply.stream import cutting
+from devpolicy._read import pages, positional
 from tests.helpers import drop_from_page_cache, policy_of
 
 from .conftest import batched_reads_here
@@ -24,7 +25,7 @@ from .streams import TOKEN_RULES, assert_exact, counting_file, resident
 COUNT = 2**22  # 16 MiB of uint32 tokens
 LENGTH = 257
 BATCH = 16
-pytestmark = pytest.mark.skipif(paging._MADVISE is None, reason="file mappings are Linux's here")
+pytestmark = pytest.mark.skipif(pages._MADVISE is None, reason="file mappings are Linux's here")
 
 
 def mapped(path: Path, *, cold: bool = False) -> Any:
@@ -53,7 +54,7 @@ def read_by_position(tokens: Any, cached: tuple[float, float], why: str) -> None
     """With the share of `tokens` in the page cache within `cached` (else the test is
     skipped: the filesystem kept what it was told to drop), a stream reads them by
     position, one `preadv` a window, and `reads_why` says `why`."""
-    share = paging.cached_share(devpolicy.host_view(tokens))
+    share = pages.cached_share(devpolicy.host_view(tokens))
     if share is None or not cached[0] <= share < cached[1]:
         pytest.skip(f"this filesystem kept what was dropped from the page cache ({share})")
     ended = run(tokens)
@@ -65,7 +66,7 @@ def read_by_position(tokens: Any, cached: tuple[float, float], why: str) -> None
 def no_io_uring(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading by position is one `preadv` a window, as where io_uring cannot be had
     (gVisor, a seccomp profile that refuses it)."""
-    monkeypatch.setattr(filewindows, "BATCHED", False)
+    monkeypatch.setattr(positional, "BATCHED", False)
 
 
 class TestChoice:
@@ -129,7 +130,7 @@ class TestChoice:
         tokens = mapped(tmp_path / "t.safetensors")
         assert run(tokens)["reads"] == "mapping"  # nothing missing: kept
         view = devpolicy.host_view(tokens)
-        paging.Pager(view, random=False).sweep()  # what the stream mapped, unmapped
+        pages.Pager(view, random=False).sweep()  # what the stream mapped, unmapped
         path = tmp_path / "t.safetensors"
         drop_from_page_cache(path, start=path.stat().st_size * 3 // 4)  # the last quarter
         read_by_position(tokens, (cutting.WARM_SHARE, 1.0), "not in the page cache are more")
@@ -158,11 +159,11 @@ class TestChoice:
         stream within a budget of one page sweeps never, and says so."""
         statm = tmp_path / "statm"
         statm.write_text("250000 40000 0 100 0 90000 0\n")
-        monkeypatch.setattr(paging, "STATM", str(statm))
+        monkeypatch.setattr(pages, "STATM", str(statm))
         monkeypatch.setattr(cutting, "MAPPED_COPY", "budget")
         monkeypatch.setattr(cutting, "RESIDENT_BUDGET", mmap.PAGESIZE)
         swept: list[int] = []
-        monkeypatch.setattr(paging.Pager, "sweep", lambda self: swept.append(1))
+        monkeypatch.setattr(pages.Pager, "sweep", lambda self: swept.append(1))
         tokens = mapped(tmp_path / "t.safetensors")
         ended = run(tokens)
         assert ended["reads"] == "mapping"
@@ -189,15 +190,15 @@ class TestFirstBatch:
         if way == "read by a polled ring":
             if not batched_reads_here(polled=True):
                 pytest.skip("a polled ring cannot be had here")
-            real_submit = filewindows.FileWindows.submit_batches
+            real_submit = positional.FileWindows.submit_batches
 
-            def submitted(reader: filewindows.FileWindows, *args: Any) -> Any:
+            def submitted(reader: positional.FileWindows, *args: Any) -> Any:
                 started.set()
                 return real_submit(reader, *args)
 
-            monkeypatch.setattr(filewindows.FileWindows, "submit_batches", submitted)
+            monkeypatch.setattr(positional.FileWindows, "submit_batches", submitted)
         else:
-            monkeypatch.setattr(filewindows, "BATCHED", False)
+            monkeypatch.setattr(positional, "BATCHED", False)
             real_made = cutting.GroupCutter._made_ready
 
             def made(cutter: cutting.GroupCutter, *args: Any) -> Any:

@@ -17,7 +17,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply.stream import filewindows, owner
+from devpolicy._apply.stream import owner
+from devpolicy._read import positional
 from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
 from tests.helpers import policy_of
 
@@ -199,16 +200,16 @@ class TestInterrupts:
                 signal.raise_signal(signal.SIGINT)  # acted on at the next chance
                 return fd
 
-            monkeypatch.setattr(filewindows.os, "open", opened_then_interrupted)
+            monkeypatch.setattr(positional.os, "open", opened_then_interrupted)
         else:
-            real_ring = filewindows.BatchReads.open.__func__  # type: ignore[attr-defined]
+            real_ring = positional.BatchReads.open.__func__  # type: ignore[attr-defined]
 
             def ring_then_interrupted(cls: Any, *args: Any, **kwargs: Any) -> Any:
                 ring = real_ring(cls, *args, **kwargs)
                 signal.raise_signal(signal.SIGINT)
                 return ring
 
-            monkeypatch.setattr(filewindows.BatchReads, "open", classmethod(ring_then_interrupted))
+            monkeypatch.setattr(positional.BatchReads, "open", classmethod(ring_then_interrupted))
         with pytest.raises(KeyboardInterrupt):
             open_stream(tokens)
         gc.collect()

@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import devpolicy
-from devpolicy._apply.stream import cutting, filewindows, mixing, shuffling
+from devpolicy._apply.stream import cutting, mixing, shuffling
 from devpolicy._apply.stream import state as streamstate
+from devpolicy._read import positional
 from devpolicy.errors import StreamStateError
 from tests.conftest import REPO
 from tests.helpers import policy_of, reports_of, run_job
@@ -245,7 +246,7 @@ class TestMixtures:
         files that fit)."""
         if uring and not batched_reads_here():
             pytest.skip("no io_uring here")
-        monkeypatch.setattr(filewindows, "BATCHED", uring)
+        monkeypatch.setattr(positional, "BATCHED", uring)
         mapped = {}
         for name, values in SOURCES.items():
             path = tmp_path / f"{name}.bin"
@@ -647,7 +648,7 @@ def as_key(batch: Any) -> bytes:
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param in ("mixture of files (preadv)", "mixture of files (kept mapped)"):
-        monkeypatch.setattr(filewindows, "BATCHED", False)
+        monkeypatch.setattr(positional, "BATCHED", False)
     if request.param == "mixture of files (preadv)":  # by position though the files are warm
         monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
     return str(request.param)

@@ -23,8 +23,8 @@ import devpolicy
 from devpolicy._apply import hostview as _hostview
 from devpolicy._apply.stream import cutting as _windows
 from devpolicy._apply.stream import groups as _groups
-from devpolicy._apply.stream import paging as _paging
 from devpolicy._apply.stream import sampling as _sampling
+from devpolicy._read import pages as _pages
 from tests.apply.streams import mapping_of, resident
 from tests.helpers import policy_of
 
@@ -70,13 +70,13 @@ def peaks_before_each_release(view: np.ndarray, monkeypatch: pytest.MonkeyPatch)
     to give pages back (on whichever thread gathers): the peaks, which a look after each
     batch misses (the worker gathers ahead and sweeps in between)."""
     peaks: list[int] = []
-    release = _paging.Pager.release_over_budget
+    release = _pages.Pager.release_over_budget
 
-    def sampled(pager: _paging.Pager, windows: int, length: int, budget: int) -> None:
+    def sampled(pager: _pages.Pager, windows: int, length: int, budget: int) -> None:
         peaks.append(resident(view))
         release(pager, windows, length, budget)
 
-    monkeypatch.setattr(_paging.Pager, "release_over_budget", sampled)
+    monkeypatch.setattr(_pages.Pager, "release_over_budget", sampled)
     return peaks
 
 
@@ -110,7 +110,7 @@ def maps_large_folios(tokens: jax.Array) -> bool:
     """Whether touching one token of the mapping maps a large folio here (1 MiB or more
     resident), as Linux 6.18 does for a file read through into its page cache."""
     view = devpolicy.host_view(tokens)
-    pager = _paging.Pager(view, random=True)
+    pager = _pages.Pager(view, random=True)
     pager.sweep()
     int(view[len(view) // 2])
     found = resident(view) >= 2**20
@@ -399,7 +399,7 @@ class TestWindows:
 @pytest.fixture
 def through_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     """Streams copy windows out of the mapping, as where the file cannot be read by
-    position (a private writable map): the pages are then given back (`paging`)."""
+    position (a private writable map): the pages are then given back (`pages`)."""
     monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
     monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
 
@@ -433,7 +433,7 @@ class TestFlatMemory:
         (ended,) = [e for e in logs if e["event"] == "stream_ended"]
         assert (ended["reads"], ended["reads_with"]) == ("file", by_position)
 
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     def test_gathered_within_the_budget_what_comes_in_stays_under_it(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -450,7 +450,7 @@ class TestFlatMemory:
         assert (ended["reads"], ended["reads_with"]) == ("mapping", None)
 
     @pytest.mark.slow
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     def test_with_the_page_cache_warm_what_comes_in_stays_under_the_budget(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -477,7 +477,7 @@ class TestFlatMemory:
         assert reads == ("file" if maps_large_folios(tokens) else "mapping")
 
     @pytest.mark.slow
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     def test_gathered_a_few_at_a_time_large_folios_stay_under_the_budget(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -499,7 +499,7 @@ class TestFlatMemory:
         assert 0 < max(peaks) <= 16 * 2**20
 
     @pytest.mark.slow
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     def test_another_mapping_given_back_meanwhile_does_not_let_more_in(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -525,7 +525,7 @@ class TestFlatMemory:
                     other._mmap.madvise(mmap.MADV_DONTNEED)  # type: ignore[union-attr]
         assert 0 < max(peaks) <= 16 * 2**20
 
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     @pytest.mark.usefixtures("through_the_mapping")
     def test_random_windows_of_a_mapped_file_keep_resident_memory_flat(
         self, tmp_path: Path
@@ -537,7 +537,7 @@ class TestFlatMemory:
             assert self.run(tokens) < self.BOUND
         assert [e["reads"] for e in logs if e["event"] == "stream_ended"] == ["mapping"]
 
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     @pytest.mark.usefixtures("through_the_mapping")
     def test_without_the_advice_the_same_run_grows_past_the_bound(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -545,11 +545,11 @@ class TestFlatMemory:
         """The control: with the kernel's defaults (no advice, nothing given back) the
         same run leaves several times the bound resident, so the bound above holds
         because of the advice, not because the run is too short to show growth."""
-        monkeypatch.setattr(_paging, "_MADVISE", None)
+        monkeypatch.setattr(_pages, "_MADVISE", None)
         tokens = mapped_tokens(tmp_path, 2**28)
         assert self.run(tokens) > 4 * self.BOUND
 
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     @pytest.mark.usefixtures("through_the_mapping")
     def test_random_access_advice_lasts_as_long_as_the_stream(self, tmp_path: Path) -> None:
         """While a random stream runs the mapping is advised random (`rr` in smaps: no
@@ -571,7 +571,7 @@ class TestFlatMemory:
         second.close()
         assert "rr" not in flags()
 
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     @pytest.mark.parametrize("sweep_cheaper", [True, False], ids=["sweep", "blocks"])
     def test_a_release_takes_the_way_that_has_cost_less(
         self, tmp_path: Path, sweep_cheaper: bool
@@ -581,7 +581,7 @@ class TestFlatMemory:
         the windows lie in, and the other pages stay."""
         tokens = mapped_tokens(tmp_path, 2**22)
         view = devpolicy.host_view(tokens)
-        pager = _paging.Pager(view, random=True)
+        pager = _pages.Pager(view, random=True)
         assert int(view[: 2**20].sum()) == 0  # 2 MiB faulted in, far from the windows
         assert int(view[3 * 2**20 :].sum()) == 0
         assert resident(view) >= 2 * 2**20
@@ -595,7 +595,7 @@ class TestFlatMemory:
             assert abs(resident(view) - 3 * 2**20) < 2**16
         pager.close()
 
-    @pytest.mark.skipif(_paging._MADVISE is None, reason="madvise is Linux's")
+    @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     @pytest.mark.usefixtures("through_the_mapping")
     def test_a_stream_dropped_unclosed_ends_its_advice(self, tmp_path: Path) -> None:
         """A random stream that is read, then dropped without `close()`, gives the
@@ -627,14 +627,14 @@ class TestFlatMemory:
             first = step * 16 * 4096
             expected = values[first : first + batch.size].reshape(batch.shape)
             np.testing.assert_array_equal(np.asarray(batch), expected)
-        if _paging._MADVISE is not None:
+        if _pages._MADVISE is not None:
             assert resident(view) < 2**20  # of the 8 MiB read
 
     def test_anonymous_memory_is_never_given_back(self) -> None:
         """Windows of an array in ordinary memory (no file behind it) are read as they
         are, again and again: giving those pages back would zero them."""
         tokens = np.arange(2**22, dtype=np.uint32)
-        pager = _paging.Pager(tokens, random=True)
+        pager = _pages.Pager(tokens, random=True)
         assert not pager.active
         for batch in devpolicy.windows(
             tokens, 1024, 8, order="random", seed=0, steps=50, policy=policy_of()
@@ -649,7 +649,7 @@ class TestFlatMemory:
         np.zeros(2**20, np.uint16).tofile(path)
         tokens = np.memmap(path, np.uint16, mode="c")
         tokens[:] = 7
-        assert not _paging.Pager(tokens, random=False).active
+        assert not _pages.Pager(tokens, random=False).active
         batches = devpolicy.windows(tokens, 512, 64, policy=policy_of())
         assert all(bool((np.asarray(b) == 7).all()) for b in batches)
 
@@ -657,8 +657,8 @@ class TestFlatMemory:
         """`np.memmap(mode="r")` given directly is a file mapping like a loaded tensor."""
         path = tmp_path / "tokens.bin"
         np.zeros(2**20, np.uint16).tofile(path)
-        pager = _paging.Pager(np.memmap(path, np.uint16, mode="r"), random=False)
-        assert pager.active is (_paging._MADVISE is not None)
+        pager = _pages.Pager(np.memmap(path, np.uint16, mode="r"), random=False)
+        assert pager.active is (_pages._MADVISE is not None)
 
 
 class TestHugeArrays:

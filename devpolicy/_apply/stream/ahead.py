@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from .filewindows import FileWindows
+from ..._read.positional import FileWindows
 from .groups import GroupBuffer
 
 

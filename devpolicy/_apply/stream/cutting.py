@@ -43,14 +43,14 @@ from ..._decide.decider import Decider
 from ..._decide.routing import NEVER_MAPPED
 from ..._machine.capacity import host_total_bytes, memory_headroom
 from ..._machine.streams import StreamTally, open_stream
+from ..._read.pages import Pager, cached_share
+from ..._read.positional import FileWindows, mapped_file, mapped_files
 from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
 from .ahead import KernelReads, call_weakly
 from .documents import FIELDS, SEGMENT_BYTES, SeparatorIs
-from .filewindows import FileWindows, mapped_file, mapped_files
 from .groups import GroupBuffer, GroupPlan, every_window, place_documents
 from .interrupts import deferred_interrupts
 from .mixing import Mixed, MixedViews
-from .paging import Pager, cached_share
 from .sampling import Random, Sequential, process_rows
 from .shuffling import Shuffled
 

@@ -21,9 +21,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..._apply.stream.paging import Pager
 from ..._base.errors import SafetensorsFileError
 from ..._base.progress import progress_bar
+from ..._read.pages import Pager
 from ..format.header import dtype_name, encodable, read_header
 from ..format.layout import (
     DEFAULT_ALIGN,

@@ -1,6 +1,6 @@
 """Many positional reads of one file in one system call, or none (Linux io_uring).
 
-Reading by position (`filewindows`) one `preadv` a window, each call entered and left holding
+Reading by position (`positional`) one `preadv` a window, each call entered and left holding
 the GIL, overlaps nothing of the stream's own work (a worker thread of them lost). io_uring
 queues a group's reads in a ring shared with the kernel (a few numpy assignments): a polled
 ring's kernel thread reads them on another core while the stream places the group before (the
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.libc import linux_function
+from .._base.libc import linux_function
 
 # System call numbers: io_uring came after the generic syscall table was unified, so they
 # are the same on x86_64 and aarch64 (not on every architecture: those are left out).

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.libc import linux_function
+from .._base.libc import linux_function
 
 #: Fault-around's span: the kernel maps cached pages around a fault in aligned blocks of
 #: this size (its `fault_around_bytes`, 64 KiB by default since Linux 3.15), so a window's

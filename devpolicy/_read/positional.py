@@ -1,7 +1,7 @@
 """Windows of a file-backed host array read by position from the file, not through its map.
 
 Copying a window out of a mapping (`load_file`'s, any `np.memmap`) faults its pages in, and
-keeping resident memory flat then needs them given back (`paging`): system calls the copy does
+keeping resident memory flat then needs them given back (`pages`): system calls the copy does
 not need, whose price depends on the machine (under gVisor, most of a stream's time). One
 positional read a window into the batch's own buffer maps nothing, so nothing is left to give
 back, resident memory is the batch buffers, and it outran a hand loop of memmap slices on both
@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.errors import HostViewError
-from .batchreads import BatchReads
+from .._base.errors import HostViewError
+from .uring import BatchReads
 
 #: Whether readers read a call's windows in one system call where io_uring can be had
-#: (`batchreads`); off only to measure the difference (`bench_loop.py`).
+#: (`uring`); off only to measure the difference (`bench_loop.py`).
 BATCHED = True
 
 
@@ -35,7 +35,7 @@ class FileWindows:
 
     `read(starts, out)` fills `out` (a C-contiguous batch of `len(starts)` windows of
     `length` rows) with the windows at `starts`, on the caller's thread: where io_uring
-    can be had (`batchreads`), all of them in one system call with the GIL released
+    can be had (`uring`), all of them in one system call with the GIL released
     (`batched`), else one `preadv` each. `submit_batches` starts a group and `finish`
     waits for it: on a polled ring (`polled`) the kernel reads meanwhile. `preadv`s stay
     on the caller's thread: on other threads the hand-offs cost more than the overlap
