@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._base.errors import HostViewError
+from .exact import read_at
 from .uring import BatchReads
 
 #: Whether readers read a call's windows in one system call where io_uring can be had
@@ -225,13 +226,10 @@ class FileWindows:
         part = int(self._part(start))
         fd = int(self._fds[part])
         position = int(self._offsets[part] + (start - self._bases[part]) * self._row)
-        if got is None:
-            got = os.preadv(fd, [slot], position)
-        while 0 < got < size:  # a signal may cut a read short: go on where it stopped
-            more = os.preadv(fd, [slot[got:]], position + got)
-            if more == 0:
-                break
-            got += more
+        if got is None:  # read it all again
+            got = read_at(fd, [slot], position)
+        elif 0 < got < size:  # a signal may cut a read short: go on where it stopped
+            got += read_at(fd, [slot[got:]], position + got)
         if got != size:
             raise HostViewError(
                 self._names[part],

@@ -22,6 +22,7 @@ from typing import Protocol
 from ..._base.errors import SafetensorsFileError
 from ..._base.files import FileRefused, open_regular
 from ..._base.locations import URLPath
+from ..._read.exact import read_at
 
 
 class ByteSource(Protocol):
@@ -146,13 +147,10 @@ class LocalFile:
             SourceEndedError: the file ends before `buffer` is full, naming the file.
             OSError: the read failed (EIO, EBADF once closed).
         """
-        done = 0
         total = len(buffer)
-        while done < total:
-            count = os.preadv(self._fd, [buffer[done:]], offset + done)
-            if count <= 0:
-                raise SourceEndedError(self._name, offset, total, offset + done)
-            done += count
+        done = read_at(self._fd, [buffer], offset)
+        if done < total:
+            raise SourceEndedError(self._name, offset, total, offset + done)
 
     def read_many(self, requests: Sequence[tuple[int, memoryview]]) -> None:
         """Fill each (offset, buffer) in turn, on this thread.

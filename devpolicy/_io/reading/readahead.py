@@ -12,7 +12,6 @@ large tensor is read on a second thread while this one is sent to its device, so
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
@@ -22,6 +21,7 @@ import numpy as np
 from ..._base.errors import SafetensorsFileError
 from ..._base.limits import ALIGN, CHUNK_BYTES
 from ..._decide.decision import Decision
+from ..._read.exact import read_at
 from ..format.header import Header, TensorEntry
 from ..format.sources import ByteSource, SourceEndedError, os_error
 from .buffers import MAP_THRESHOLD, host_buffer
@@ -213,21 +213,13 @@ def _scattered_read(
 ) -> None:
     """Fill `views` from the file's bytes of back-to-back `entries` with `preadv` calls,
     resuming after a partial read."""
-    offset, done, total = entries[0].offset, 0, sum(e.nbytes for e in entries)
-    first = 0  # the first view not yet filled
-    while done < total:
-        try:
-            count = os.preadv(fd, views[first:] if first else views, offset + done)
-        except OSError as e:
-            raise os_error(header.path, e, "cannot read", tensor=entries[0].key) from None
-        if count <= 0:
-            raise _run_ended(header, entries, done, total)
-        done += count
-        while first < len(views) and count >= len(views[first]):  # resume after the filled
-            count -= len(views[first])
-            first += 1
-        if count:
-            views[first] = views[first][count:]
+    total = sum(e.nbytes for e in entries)
+    try:
+        done = read_at(fd, views, entries[0].offset)
+    except OSError as e:
+        raise os_error(header.path, e, "cannot read", tensor=entries[0].key) from None
+    if done < total:
+        raise _run_ended(header, entries, done, total)
 
 
 def _read_slots(
