@@ -44,6 +44,7 @@ __all__ = [
     "DeviceUnavailableError",
     "Policy",
     "PolicyError",
+    "ReadOptions",
     "SafetensorsFileError",
     "StaticCapacity",
     "VirtualMachine",

@@ -13,6 +13,7 @@ from ._apply.jit_arguments import TransferPlan as TransferPlan
 from ._apply.scope import Scope as Scope
 from ._apply.stream.owner import WindowStream as WindowStream
 from ._apply.stream.prefetch import BatchStream as BatchStream
+from ._apply.stream.reading import ReadOptions as ReadOptions
 from ._apply.threads import ThreadPoolExecutor as ThreadPoolExecutor
 from ._apply.threads import propagate as propagate
 from ._base.errors import AxisNamesError as AxisNamesError

@@ -22,6 +22,7 @@ from .._apply.scope import Scope, make_place
 from .._apply.stream import owner as _owner
 from .._apply.stream import prefetch as _prefetch
 from .._apply.stream import windows as _windows
+from .._apply.stream.reading import ReadOptions
 from .._apply.transfers import explicitly
 from .._decide.decider import Decider
 from .._decide.decision import Decision, Explanation
@@ -591,6 +592,7 @@ def windows(
     separator: int | None = None,
     separator_is: Literal["eos", "bos"] = "eos",
     fields: Mapping[str, str] | None = None,
+    reads: ReadOptions | Literal["auto", "keep", "budget", "file"] | None = None,
     size: int = 2,
     policy: Policy | None = None,
     narrow: Literal["exact", "lossy"] = "exact",
@@ -646,6 +648,11 @@ def windows(
             e.g. flax's lm1b `{"tokens": "inputs", "segment_ids": "inputs_segmentation",
             "positions": "inputs_position"}`; a key left out keeps its name. With
             `fields`, each batch is a dict (without `separator`, of the tokens alone).
+        reads: How the windows of a file mapping are read: a `devpolicy.ReadOptions`,
+            or a path's name ("auto", "keep", "budget", "file"). The default, "auto",
+            starts on the rules' guess and, where both reading the file by position and
+            keeping its mapping are safe, times both on the stream's own groups and keeps
+            the faster (`stream_ended`'s `reads_why` says what it measured).
         size: Batches in flight ahead of use, from 1 to 1,024 (`prefetch`'s `size`); the
             host must hold about `2 * size + 2` batches at once.
         policy: Policy to decide by (default: the active one at this call).
@@ -722,6 +729,7 @@ def windows(
         separator=separator,
         separator_is=separator_is,
         fields=fields,
+        reads=reads,
         start=start,
         resume=resume,
     )

@@ -25,10 +25,6 @@ from .._base.errors import HostViewError
 from .exact import read_at
 from .uring import BatchReads
 
-#: Whether readers read a call's windows in one system call where io_uring can be had
-#: (`uring`); off only to measure the difference (`bench_loop.py`).
-BATCHED = True
-
 
 class FileWindows:
     """Positional reads of windows of one file-backed view: an open descriptor of the file,
@@ -58,7 +54,15 @@ class FileWindows:
     )
 
     def __init__(
-        self, fd: int, name: str, offset: int, row: int, length: int, *, ring: bool = True
+        self,
+        fd: int,
+        name: str,
+        offset: int,
+        row: int,
+        length: int,
+        *,
+        io_uring: bool = True,
+        polled: bool = True,
     ) -> None:
         # The files read, one unless `joined` (a mixture's): each one's descriptor, name,
         # file offset of its first row, and where its rows start in the one range of rows.
@@ -68,7 +72,7 @@ class FileWindows:
         self._bases = np.zeros(1, np.int64)
         self._row = row  # bytes of one row of the view
         self.length = length  # rows per window
-        self._batch = BatchReads.open() if BATCHED and ring else None
+        self._batch = BatchReads.open(polled=polled) if io_uring else None
         # The windows `submit_batches` started reading: (starts, batches), and, once waited
         # for, what each read gave (kept until every short read is read again, so that a
         # `finish` an interrupt cut short is done again whole).
@@ -76,12 +80,20 @@ class FileWindows:
         self._results: np.ndarray[Any, Any] | None = None
 
     @classmethod
-    def joined(cls, readers: list[FileWindows], bases: np.ndarray[Any, Any]) -> FileWindows:
+    def joined(
+        cls,
+        readers: list[FileWindows],
+        bases: np.ndarray[Any, Any],
+        *,
+        io_uring: bool = True,
+        polled: bool = True,
+    ) -> FileWindows:
         """One reader of several files' windows (a mixture's), numbered in one range of
-        rows: reader i's rows from `bases[i]`. It takes over their descriptors (each
-        reader given is left closed); a window never spans two files."""
+        rows: reader i's rows from `bases[i]`, with one ring (`io_uring`, `polled`). It
+        takes over their descriptors (each reader given is left closed); a window never
+        spans two files."""
         first = readers[0]
-        joined = cls(-1, "", 0, first._row, first.length)
+        joined = cls(-1, "", 0, first._row, first.length, io_uring=io_uring, polled=polled)
         joined._fds = np.concatenate([r._fds for r in readers])
         joined._names = [name for r in readers for name in r._names]
         joined._offsets = np.concatenate([r._offsets for r in readers])
@@ -313,7 +325,7 @@ def _open_checked(path: str, inode: int, device: str) -> int | None:
 
 
 def mapped_file(
-    view: np.ndarray[Any, Any], length: int, *, ring: bool = True
+    view: np.ndarray[Any, Any], length: int, *, io_uring: bool = True, polled: bool = True
 ) -> FileWindows | None:
     """A positional reader of the file `view` is a mapping of, or None where there is
     none to read by position (memory, a private writable map, several mappings).
@@ -321,8 +333,9 @@ def mapped_file(
     Args:
         view: The host array windows are cut from (rows along the first axis).
         length: Rows per window.
-        ring: Whether the reader opens an io_uring of its own (a mixture's parts do not:
-            the reader they are joined into does).
+        io_uring: Whether the reader opens an io_uring of its own where Linux allows (a
+            mixture's parts do not: the reader they are joined into does).
+        polled: Whether that ring is polled by a kernel thread, where the host allows.
 
     Returns:
         The reader (its descriptor open until `close`), or None.
@@ -368,14 +381,19 @@ def mapped_file(
         )
     row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
     try:
-        return FileWindows(fd, path, file_offset, row, length, ring=ring)
+        return FileWindows(fd, path, file_offset, row, length, io_uring=io_uring, polled=polled)
     except BaseException:
         os.close(fd)
         raise
 
 
 def mapped_files(
-    views: list[np.ndarray[Any, Any]], length: int, bases: np.ndarray[Any, Any]
+    views: list[np.ndarray[Any, Any]],
+    length: int,
+    bases: np.ndarray[Any, Any],
+    *,
+    io_uring: bool = True,
+    polled: bool = True,
 ) -> FileWindows | None:
     """One positional reader of a mixture's files (`FileWindows.joined`: view i's rows
     from `bases[i]`), or None unless every view maps a file that can be read so (nothing
@@ -383,11 +401,11 @@ def mapped_files(
     readers: list[FileWindows] = []
     try:
         for view in views:
-            reader = mapped_file(view, length, ring=False)
+            reader = mapped_file(view, length, io_uring=False)
             if reader is None:
                 return None
             readers.append(reader)
-        joined = FileWindows.joined(readers, bases)
+        joined = FileWindows.joined(readers, bases, io_uring=io_uring, polled=polled)
         readers = []
         return joined
     finally:

@@ -32,6 +32,7 @@ TOP = [
     "DeviceUnavailableError",
     "Policy",
     "PolicyError",
+    "ReadOptions",
     "SafetensorsFileError",
     "StaticCapacity",
     "VirtualMachine",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,10 +48,12 @@ from ..._read.pages import Pager, cached_share
 from ..._read.positional import FileWindows, mapped_file, mapped_files
 from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
 from .ahead import KernelReads, call_weakly
+from .choosing import PathTrials
 from .documents import FIELDS, SEGMENT_BYTES, SeparatorIs
 from .groups import GroupBuffer, GroupPlan, every_window, place_documents
 from .interrupts import deferred_interrupts
 from .mixing import Mixed, MixedViews
+from .reading import ReadOptions
 from .sampling import Random, Sequential, process_rows
 from .shuffling import Shuffled
 
@@ -63,43 +66,18 @@ Sampler = Random | Sequential | Shuffled | Mixed
 GROUP_MAX = 8
 GROUP_BYTES = 4 * 2**20
 #: Batches read from a file in one group, at most, where a group is read ahead in one
-#: system call (`filewindows`, `batchreads`).
+#: system call (`positional`, `uring`).
 READ_GROUP_MAX = 32
-#: How windows of a file mapping are copied: "auto" (chosen by the file and the memory
-#: left: `_choose`), "keep" (gathered from the mapping, its pages kept), "budget"
-#: (gathered, its pages given back past `RESIDENT_BUDGET`) or "file" (read by position);
-#: `bench_loop.py --mapped-copy` sets it.
-MAPPED_COPY = "auto"
-RESIDENT_BUDGET = 256 * 2**20
-#: Without io_uring, "auto" keeps a mapping's pages where the tokens take at most this
-#: share of the host's RAM (so that the page cache can hold them all) ...
-KEEP_OF_RAM = 0.75
-#: ... what of them the page cache lacks takes at most this share of the memory the
-#: process can still use (`memory_headroom`, which counts the page cache as free) ...
-KEEP_SHARE = 0.5
-#: ... and at least this share of their pages is in the page cache (sampled); a file
-#: larger, or colder, is read by position (a cold file's pages faulted in through a
-#: mapping wait on the disk one at a time).
-WARM_SHARE = 0.5
-#: Kept pages are given up (the stream turns to reading by position) once the memory the
-#: process can still use falls under this share of the host's RAM, looked at every
-#: `KEEP_CHECK_EVERY` groups (a read of /proc/meminfo cost 9 ms under gVisor).
-LOW_MEMORY_SHARE = 0.1
-KEEP_CHECK_EVERY = 256
-#: A random stream over a mapping reads by position instead once a window is measured
-#: to bring in more than this many times what small pages can (the window and two
-#: 64 KiB fault-around blocks): the kernel maps each a large folio.
-LARGE_FOOTPRINT = 4
-#: Whether the next group is made ready while the current one is used (`ahead`; off to measure).
-GATHER_AHEAD = True
 
 
 @dataclass(slots=True)
 class _Ahead:
-    """The group from step `first` (its window starts `offsets`), being made ready."""
+    """The group from step `first` (its window starts `offsets`), being made ready by
+    `path` ("file": read by position; "gather": gathered from memory or a mapping)."""
 
     first: int
     offsets: np.ndarray[Any, Any]
+    path: str
     work: Future[Any] | KernelReads | None  # None until the start returned
 
 
@@ -129,7 +107,9 @@ class GroupCutter:
         "_narrow",
         "_narrowed",
         "_opened",
+        "_options",
         "_pager",
+        "_path",
         "_pid",
         "_reader",
         "_ring",
@@ -137,11 +117,13 @@ class GroupCutter:
         "_separator",
         "_shapes",
         "_target",
+        "_trial_step",
+        "_trials",
         "_tried_file",
         "_view",
+        "_why",
         "_windows",
         "reads",
-        "reads_why",
         "reads_with",
         "tally",
     )
@@ -160,7 +142,9 @@ class GroupCutter:
         mixture: MixedViews | None = None,
         separator: tuple[int, SeparatorIs] | None = None,
         fields: tuple[str, str, str] | None = None,
+        reads: ReadOptions | None = None,
     ) -> None:
+        self._options = ReadOptions() if reads is None else reads
         self._view = view  # a mixture's first source (its dtype and row shape are all's)
         self._mixture = mixture
         self._separator = separator  # (token, "eos" or "bos"): segment ids with each batch
@@ -193,12 +177,30 @@ class GroupCutter:
         self._kernel_reads = False  # whether the next group is read by a polled ring
         self._narrowed: set[bool] = set()  # the exactness already reported
         self._keep = False  # whether a mapping's pages are kept (not given back)
-        self._budgeted = False  # or given back past RESIDENT_BUDGET (else each group's)
+        self._budgeted = False  # or given back past the budget (else each group's)
         self._groups = 0  # groups cut (a kept mapping looks at the memory left every few)
         self.reads = "memory"  # how windows are copied: "file", "mapping" or "memory"
         self.reads_with: str | None = None  # for "file": the reader's way
-        self.reads_why = "the tokens are in memory"  # why `reads`, for `stream_ended`
+        self._why = "the tokens are in memory"  # why `reads`, for `stream_ended`
+        self._path = "gather"  # what reads the next group: "file" (by position) or "gather"
+        self._trials: PathTrials | None = None  # where several paths are safe: timed
+        self._trial_step = 0  # the step a trial last ended at
         self.tally: StreamTally | None = None
+
+    @property
+    def reads_why(self) -> str:
+        """Why the stream reads as it does (`reads`), and what its trials measured."""
+        trials = self._trials
+        if trials is None or not trials.decisions:
+            return self._why
+        return (
+            f"{self._why}; timed on its own groups ({', '.join(trials.candidates)}), "
+            f"{trials.decisions} time(s), the last at step {self._trial_step}: {trials.why}"
+        )
+
+    @reads_why.setter
+    def reads_why(self, why: str) -> None:
+        self._why = why
 
     # The plan of a batch shape, and the read path.
 
@@ -226,26 +228,32 @@ class GroupCutter:
 
     def _open(self) -> None:
         """The read path, chosen when the stream starts (`_choose`): a file read by
-        position, a mapping gathered from (its pages kept, or given back), or memory.
-        Opened with Ctrl-C held back, so no descriptor is ever left without an owner that
-        closes it."""
-        copy, why = MAPPED_COPY, f"chosen: MAPPED_COPY={MAPPED_COPY!r}"
+        position, a mapping gathered from (its pages kept, or given back), or memory;
+        where both reading by position and keeping the mapping are safe, both stay open
+        and the stream times them (`choosing`). Opened with Ctrl-C held back, so no
+        descriptor is ever left without an owner that closes it."""
+        options = self._options
+        copy: str = options.path
+        why = f"held to reads={copy!r}"
+        candidates: list[str] = [copy]
         mixture = self._mixture
         with deferred_interrupts():
             if copy in ("auto", "file"):
                 self._reader = self._file_reader()
             if copy == "auto":
-                copy, why = self._choose(self._reader)
-                if copy != "file":
+                copy, why, candidates = self._choose(self._reader)
+                if not options.measure:
+                    candidates = [copy]
+                if "file" not in candidates:
                     self._drop_reader()
-            if self._reader is None and mixture is None:
+            if mixture is None and (self._reader is None or "keep" in candidates):
                 self._pager = Pager(self._view, random=self._sampler.random)
             self._opened = True
         pager = self._pager
         if pager is not None and pager.active:
-            if copy == "file":  # no file to read by position: each group's pages given back
+            if copy == "file" and self._reader is None:  # no file to read by position
                 why += "; the file cannot be read by position here: gathered instead"
-            self._keep = copy == "keep"
+            self._keep = copy == "keep" or "keep" in candidates
             self._budgeted = copy == "budget" and self._sampler.random
             if not self._keep and pager.blind:
                 # gVisor: statm sees no file page, and a sweep gives nothing back that
@@ -255,9 +263,9 @@ class GroupCutter:
                     "; this kernel does not count a mapping's pages (/proc/self/statm), so "
                     "nothing is measured or given back"
                 )
-        elif self._reader is None and mixture is not None:
+        elif mixture is not None and (self._reader is None or "keep" in candidates):
             # No pager watches a mixture's several mappings: their pages are kept.
-            self._keep = copy == "keep"
+            self._keep = copy == "keep" or "keep" in candidates
             if not self._keep:
                 why = (
                     "a mixture whose sources are not all files that can be read by "
@@ -268,29 +276,49 @@ class GroupCutter:
         self.reads_why = why
         self.reads_with = None
         if self._reader is not None:
-            self.reads = "file"
             self._reads_ahead()
+        mapped = (self._pager is not None and self._pager.active) or self._keep
+        if mapped and options.ahead and self._gatherer is None:
+            self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
+        if len(candidates) > 1:
+            self._trials = PathTrials(
+                candidates,
+                copy,
+                groups=options.trial_groups,
+                rounds=options.trial_rounds,
+                recheck=options.recheck_seconds,
+            )
+        self._use("file" if copy == "file" and self._reader is not None else "gather")
+
+    def _use(self, path: str) -> None:
+        """Read the groups from now on by `path` ("file" or "gather"); both stay open."""
+        self._path = path
+        if path == "file":
+            self.reads = "file"
         elif (self._pager is not None and self._pager.active) or self._keep:
             self.reads = "mapping"
-            if GATHER_AHEAD:
-                self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
+        else:
+            self.reads = "memory"
 
-    def _choose(self, reader: FileWindows | None) -> tuple[str, str]:
-        """How a file mapping's windows are best copied, and why, measured once (`reader`:
-        the file opened to read by position, or None where it cannot be).
+    def _choose(self, reader: FileWindows | None) -> tuple[str, str, list[str]]:
+        """How a file mapping's windows are best copied first, why, and the paths safe
+        for it (`reader`: the file opened to read by position, or None where it cannot
+        be).
 
-        Read by position where a group is one io_uring call (on Linux 6.18 it outran
-        gathering from a kept mapping warm as cold, and maps nothing), or where the tokens
-        are larger than the page cache can hold, cold, or lack more of it than the memory
-        left allows (faults through a mapping wait on the disk one at a time). Where
-        reading by position is a system call a window (no io_uring: gVisor, a seccomp
-        profile), a warm file that fits is kept mapped instead. Tokens in memory stay
-        "memory"; a mapping that cannot be read by position is gathered within the
-        budget."""
+        Reading by position is always safe. Keeping the mapping is safe where the tokens
+        fit in the page cache, most of their pages are there (warm), and what they lack
+        fits the memory left: a cold file's pages faulted in through a mapping wait on
+        the disk one at a time. The first guess: read by position where a group is one
+        io_uring call (it outran a kept mapping on an idle host, warm or cold), else keep
+        the mapping where that is safe; where both are safe, the stream times both
+        (`choosing`). Tokens in memory stay "memory"; a mapping that cannot be read by
+        position is gathered within the budget."""
         if reader is None:  # memory (`_open` says so once its pager has looked) or this:
-            return "budget", (
+            return (
+                "budget",
                 "the file this mapping shows cannot be opened to read by position: gathered "
-                "from the mapping, its pages given back within the budget"
+                "from the mapping, its pages given back within the budget",
+                ["budget"],
             )
         files = "file" if self._mixture is None else "files"
         by_position = (
@@ -298,18 +326,56 @@ class GroupCutter:
             if reader.batched
             else f"read from the {files} by position (preadv: no io_uring here)"
         )
+        unsafe = self._keep_unsafe(by_position)
         if reader.batched:
-            return "file", f"{by_position} (faster here than a mapping, warm or cold)"
+            why = f"{by_position} (faster on an idle host than a mapping, warm or cold)"
+            return "file", why, ["file"] if unsafe is not None else ["file", "keep"]
+        if unsafe is not None:
+            return "file", unsafe, ["file"]
+        views = [self._view] if self._mixture is None else self._mixture.views
+        nbytes = sum(view.nbytes for view in views)
+        cached = self._cached(views, nbytes)
+        known = "" if cached is None else f", {cached:.0%} of their pages in the page cache"
+        return (
+            "keep",
+            f"the tokens ({format_size(nbytes)}{known}) fit in memory and reading by "
+            "position is a system call a window here (no io_uring): gathered from the "
+            "mapping, its pages kept while memory allows",
+            ["keep", "file"],
+        )
+
+    def _keep_unsafe(self, by_position: str) -> str | None:
+        """Why keeping the mapping is not safe for these tokens (and they are read
+        `by_position`), or None where it is."""
+        options = self._options
         views = [self._view] if self._mixture is None else self._mixture.views
         nbytes = sum(view.nbytes for view in views)
         size = format_size(nbytes)
         total = host_total_bytes()
-        if total is not None and nbytes > KEEP_OF_RAM * total:
-            return "file", (
-                f"the tokens ({size}) are more than {KEEP_OF_RAM:.0%} of the host's "
+        if total is not None and nbytes > options.keep_of_ram * total:
+            return (
+                f"the tokens ({size}) are more than {options.keep_of_ram:.0%} of the host's "
                 f"{format_size(total)} of RAM: {by_position}"
             )
-        # Of all the files' pages, for a mixture (unknown if any file's is).
+        cached = self._cached(views, nbytes)
+        if cached is not None and cached < options.warm_share:
+            return (
+                f"{cached:.0%} of the tokens' pages ({size}) are in the page cache: {by_position}"
+            )
+        room = memory_headroom()
+        missing = nbytes * (1.0 - (cached or 0.0))
+        if room is not None and missing > options.keep_share * room:
+            return (
+                f"the {format_size(int(missing))} of the tokens not in the page cache are more "
+                f"than {options.keep_share:.0%} of the {format_size(room)} this process can "
+                f"still use: {by_position}"
+            )
+        return None
+
+    @staticmethod
+    def _cached(views: list[np.ndarray[Any, Any]], nbytes: int) -> float | None:
+        """The share of all the views' pages in the page cache (sampled), or None where
+        any file's is unknown."""
         cached: float | None = 0.0
         for view in views:
             share = cached_share(view)
@@ -317,34 +383,17 @@ class GroupCutter:
                 cached = None
                 continue
             cached += share * view.nbytes / max(1, nbytes)
-        if cached is not None and cached < WARM_SHARE:
-            return "file", (
-                f"{cached:.0%} of the tokens' pages ({size}) are in the page cache: {by_position}"
-            )
-        room = memory_headroom()
-        missing = nbytes * (1.0 - (cached or 0.0))
-        if room is not None and missing > KEEP_SHARE * room:
-            return "file", (
-                f"the {format_size(int(missing))} of the tokens not in the page cache are more "
-                f"than {KEEP_SHARE:.0%} of the {format_size(room)} this process can still "
-                f"use: {by_position}"
-            )
-        known = "" if cached is None else f", {cached:.0%} of their pages in the page cache"
-        return "keep", (
-            f"the tokens ({size}{known}) fit in memory and reading by position is a system "
-            "call a window here (no io_uring): gathered from the mapping, its pages kept "
-            "while memory allows"
-        )
+        return cached
 
     def _memory_allows(self, first: int) -> None:
         """Every `KEEP_CHECK_EVERY` groups of a kept mapping: where the memory the process
         can still use has fallen under `LOW_MEMORY_SHARE` of the host's RAM, give the
         pages back and read by position from now on (or gather within the budget)."""
         self._groups += 1
-        if not self._keep or self._groups % KEEP_CHECK_EVERY:
+        if not self._keep or self._groups % self._options.keep_check_every:
             return
         room, total = memory_headroom(), host_total_bytes()
-        if room is None or total is None or room >= LOW_MEMORY_SHARE * total:
+        if room is None or total is None or room >= self._options.low_memory_share * total:
             return
         self._keep = False
         self.reads_why += (
@@ -356,10 +405,11 @@ class GroupCutter:
 
     def _file_reader(self) -> FileWindows | None:
         """A reader of the file the tokens map (of every file, for a mixture), or None."""
-        mixture = self._mixture
+        mixture, options = self._mixture, self._options
+        ring = {"io_uring": options.io_uring, "polled": options.polled}
         if mixture is None:
-            return mapped_file(self._view, self._length)
-        return mapped_files(mixture.views, self._length, mixture.bases)
+            return mapped_file(self._view, self._length, **ring)
+        return mapped_files(mixture.views, self._length, mixture.bases, **ring)
 
     def count_sources(self, counts: Callable[[int], dict[str, int]]) -> None:
         """How the stream's tally counts a mixture's windows of each source in its first
@@ -389,13 +439,16 @@ class GroupCutter:
         """From now on read the windows from the file by position (ahead, where a group is
         one system call): nothing is mapped, so nothing needs giving back. Where the file
         cannot be read so, the stream goes on gathering from the mapping."""
+        trials, self._trials = self._trials, None  # no path but this one is safe now
+        if trials is not None and trials.decisions:
+            self._why = self.reads_why  # what the trials measured, kept
         with deferred_interrupts():
-            reader = self._file_reader()
+            reader = self._reader or self._file_reader()
             if reader is None:
                 return
             self._reader = reader
         self._drop_mapping(sweep=True)
-        self.reads = "file"
+        self._use("file")
         self._reads_ahead()
 
     def _reads_ahead(self) -> None:
@@ -403,7 +456,7 @@ class GroupCutter:
         one is placed: by a polled ring's kernel thread, or on a worker thread, the GIL
         released for the call."""
         reader = self._reader
-        if reader is None or not reader.batched or not GATHER_AHEAD:
+        if reader is None or not reader.batched or not self._options.ahead:
             return
         if reader.polled and self._target is None:
             self._kernel_reads = True
@@ -416,7 +469,10 @@ class GroupCutter:
     def _folios_mapped(self) -> bool:
         """Whether the mapping's windows were measured to bring in far more than small
         pages would: the kernel maps each a large folio (a whole 2 MiB)."""
-        return self._pager is not None and self._pager.maps_more(self._length, LARGE_FOOTPRINT)
+        pager, footprint = self._pager, self._options.large_footprint
+        return (
+            pager is not None and self._path != "file" and pager.maps_more(self._length, footprint)
+        )
 
     # Cutting a group.
 
@@ -430,7 +486,7 @@ class GroupCutter:
             return  # tokens in memory: the first cut is a copy
         offsets = self._sampler.take(first, 1)
         if offsets is not None:
-            ahead = self._ahead = _Ahead(first, offsets, None)
+            ahead = self._ahead = _Ahead(first, offsets, self._path, None)
             ahead.work = self._start_ahead(offsets)
 
     def cut(self, first: int) -> tuple[list[Any], int] | None:
@@ -441,6 +497,9 @@ class GroupCutter:
         the group after this one is started before this one is placed."""
         if not self._opened:
             self._open()
+        trials = self._trials
+        began = time.perf_counter() if trials is not None else 0.0
+        read_by = self._path
         ahead = self._ahead
         if ahead is not None and (ahead.first != first or ahead.work is None):
             self.settle()  # an interrupted or abandoned cut's group: never trusted
@@ -453,10 +512,12 @@ class GroupCutter:
             # Before the thread reads the next: the reader and the pager are never used
             # by two threads at once.
             early = self._gatherer is not None or self._kernel_reads
-            gathered = self._made_ready(offsets, self._into(offsets)) if early else None
+            into = self._into(offsets)
+            gathered = self._made_ready(offsets, into, read_by) if early else None
         else:
             assert ahead.work is not None
             offsets = ahead.offsets
+            read_by = ahead.path
             gathered = ahead.work.result()  # what the read raised, raised here
             self._ahead = None
         if self._pager is not None and not self._tried_file and self._folios_mapped():
@@ -467,6 +528,9 @@ class GroupCutter:
             )
             self._read_by_position()  # from the group after this one
         self._memory_allows(first)
+        trials = self._trials
+        if trials is not None:
+            self._next_path(trials, first)
         if self._gatherer is not None or self._kernel_reads:
             following = first + offsets.shape[0]
             # After a first group (one batch, or a few), a group of a few: the first
@@ -478,47 +542,65 @@ class GroupCutter:
                 # the record without its work, and `settle` then waits for whatever the
                 # start began (no signal held back here: under gVisor each change of a
                 # handler is a system call, and this runs every group).
-                ahead = self._ahead = _Ahead(following, starts, None)
+                ahead = self._ahead = _Ahead(following, starts, self._path, None)
                 ahead.work = self._start_ahead(starts)
-        return self._cut(offsets, gathered)
+        placed = self._cut(offsets, gathered, read_by)
+        if trials is not None:  # the trials' names: "file", or "keep" for a gathered group
+            way = "file" if read_by == "file" else "keep"
+            trials.timed(way, offsets.shape[0], time.perf_counter() - began)
+        return placed
+
+    def _next_path(self, trials: PathTrials, first: int) -> None:
+        """Between two groups, nothing read ahead: the path its trials say reads the
+        next; once a trial settles on reading by position, the mapping's pages the trial
+        brought in are given back."""
+        before = trials.decisions
+        path = "file" if trials.next_path() == "file" else "gather"
+        if trials.decisions != before:
+            self._trial_step = first
+            if path == "file" and self._pager is not None and self._pager.active:
+                self._pager.sweep()
+        if path != self._path:
+            self._use(path)
 
     def _start_ahead(self, offsets: np.ndarray[Any, Any]) -> Future[Any] | KernelReads:
         """Start the group at `offsets`: read by a polled ring's kernel thread straight
         into its buffer, or read or gathered on the worker thread."""
         into = self._into(offsets)
-        reader = self._reader
-        if self._kernel_reads and reader is not None and into is not None:
+        reader, path = self._reader, self._path
+        if self._kernel_reads and path == "file" and reader is not None and into is not None:
             reader.submit_batches(offsets, into.batches)
             return KernelReads(reader, into)
         assert self._gatherer is not None
         # Weakly: a stream dropped unclosed is collected with a group queued.
         made_ready = weakref.WeakMethod(self._made_ready)
-        return self._gatherer.submit(call_weakly, made_ready, offsets, into)
+        return self._gatherer.submit(call_weakly, made_ready, offsets, into, path)
 
     def _into(self, offsets: np.ndarray[Any, Any]) -> GroupBuffer | None:
         """The buffer a group read from the file goes straight into (no copy after), or
         None where it is gathered (a mapping) or narrowed after."""
-        if self._reader is None or self._target is not None:
+        if self._path != "file" or self._reader is None or self._target is not None:
             return None
         count, n = offsets.shape
         shape = (n, self._length, *self._view.shape[1:])
         return self._buffer(count, shape, self._shape(shape).reuse)
 
     def _made_ready(
-        self, offsets: np.ndarray[Any, Any], into: GroupBuffer | None
+        self, offsets: np.ndarray[Any, Any], into: GroupBuffer | None, path: str
     ) -> np.ndarray[Any, Any] | GroupBuffer:
-        """The group at `offsets` read into `into`, or gathered (on the worker thread)."""
+        """The group at `offsets` read into `into`, or gathered by `path` (on the worker
+        thread: the path is the one the group was started with)."""
         if into is None:
-            return self._gather(offsets)
+            return self._gather(offsets, path)
         assert self._reader is not None
         self._reader.read_batches(offsets, into.batches)
         return into
 
-    def _gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """The windows at `offsets` read from the file by position, or gathered from
-        memory (a mapping's pages given back)."""
+    def _gather(self, offsets: np.ndarray[Any, Any], path: str) -> np.ndarray[Any, Any]:
+        """The windows at `offsets` read from the file by position ("file"), or gathered
+        from memory (a mapping's pages kept, or given back)."""
         reader = self._reader
-        if reader is not None:  # batched reads: the GIL released
+        if path == "file" and reader is not None:  # batched reads: the GIL released
             read = np.empty((*offsets.shape, *self._windows.shape[1:]), self._view.dtype)
             reader.read(offsets, read)
             return read
@@ -527,7 +609,8 @@ class GroupCutter:
         pager = self._pager
         if pager is None or not pager.active or self._keep:
             return self._windows[offsets]  # type: ignore[no-any-return]  # one copy
-        return pager.gather(self._windows, offsets, RESIDENT_BUDGET if self._budgeted else None)
+        budget = self._options.resident_budget if self._budgeted else None
+        return pager.gather(self._windows, offsets, budget)
 
     def _buffer(self, count: int, shape: tuple[int, ...], reuse: bool) -> GroupBuffer:
         """Host memory for a group: the ring's oldest buffer once its transfers are done,
@@ -543,10 +626,12 @@ class GroupCutter:
     def _cut(
         self,
         offsets: np.ndarray[Any, Any],
-        gathered: np.ndarray[Any, Any] | GroupBuffer | None = None,
+        gathered: np.ndarray[Any, Any] | GroupBuffer | None,
+        path: str,
     ) -> tuple[list[Any], int]:
-        """The batches at `offsets` (k, n): read from the file by position, or gathered
-        from memory unless `gathered` already (or read into its buffer); narrowed, placed."""
+        """The batches at `offsets` (k, n): read from the file by position or gathered
+        from memory by `path`, unless `gathered` already (or read into its buffer);
+        narrowed, placed."""
         count, n = offsets.shape
         shape = (n, self._length, *self._view.shape[1:])
         plan = self._shape(shape)
@@ -559,7 +644,7 @@ class GroupCutter:
             buffer = self._buffer(count, shape, plan.reuse)
             if gathered is not None:  # gathered (or read) ahead on the worker thread
                 windows = gathered
-            elif reader is not None and target is None:  # straight into the buffer
+            elif path == "file" and reader is not None and target is None:  # into the buffer
                 windows = buffer.batches
                 reader.read_batches(offsets, windows)
             elif (
@@ -570,7 +655,7 @@ class GroupCutter:
                 windows = buffer.batches  # a mixture's sources gathered straight into it
                 self._mixture.gather(offsets, whole)
             else:  # 64-bit tokens of a file read into memory of their dtype first
-                windows = self._gather(offsets)
+                windows = self._gather(offsets, path)
         if target is not None:
             for out, batch in zip(buffer.batches, windows, strict=True):
                 self._narrow_into(batch, out, target)

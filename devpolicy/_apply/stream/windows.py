@@ -30,6 +30,7 @@ from .documents import FIELDS, SEPARATOR_KINDS, SeparatorIs
 from .mixing import PERIOD_MOST, Mixed, MixedViews
 from .owner import WindowStream
 from .prefetch import as_int, checked_size
+from .reading import ReadOptions, read_options
 from .sampling import Random, Sequential
 from .shuffling import Shuffled
 from .state import LAST_STEP, SEEDS, StreamState, read_state, resumed_step
@@ -274,6 +275,7 @@ def windows(
     separator: int | None = None,
     separator_is: str = "eos",
     fields: Mapping[str, str] | None = None,
+    reads: ReadOptions | str | None = None,
     size: int = 2,
     narrow: Narrow = "exact",
     start: int = 0,
@@ -330,6 +332,7 @@ def windows(
             )
     documents = _separator(separator, separator_is, view)
     keys = _fields(fields, documents is not None)
+    options = read_options(reads)
     starts = [part.shape[0] - length + 1 for part in views]  # every offset a window fits at
     stride = length if stride is None else _positive("stride", stride)
     # A stride past the last start gives one window a pass, as that last start does
@@ -404,6 +407,7 @@ def windows(
         mixture=mixture,
         separator=documents,
         fields=keys,
+        reads=options,
     )
     try:
         per_step = cutter.own_rows()
