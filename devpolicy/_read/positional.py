@@ -133,6 +133,15 @@ class FileWindows:
         return ring is not None and ring.polled
 
     @property
+    def identity(self) -> tuple[tuple[int, int], ...]:
+        """The files read, each as (device, inode): the same files whatever their names."""
+        found = []
+        for fd in self._fds.tolist():
+            status = os.fstat(fd)
+            found.append((status.st_dev, status.st_ino))
+        return tuple(found)
+
+    @property
     def way(self) -> str:
         """How windows are read: "io_uring polled" (a kernel thread reads), "io_uring"
         (one call a group) or "preadv" (one call a window)."""

@@ -14,7 +14,9 @@ are in docs/benchmarks.md#choosing-the-read-path-by-measurement. No JAX here.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
+from collections.abc import Hashable
 
 #: Groups cut before any is timed: the first groups are small (a ramp) and pay one-time
 #: costs (a mapping's first faults, a ring's first submission).
@@ -22,6 +24,33 @@ WARM_GROUPS = 4
 #: A path must beat the current one by this share to be switched to: two paths within
 #: it are the same path for a user, and each switch costs a little.
 MARGIN = 0.05
+#: The last trial's outcome for each source (its files and way of reading), at most this
+#: many sources: a new stream of the same files starts on it until its recheck is due,
+#: rather than paying a trial again (an evaluation stream, a loop of short runs).
+REMEMBERED = 64
+
+
+class _Outcomes:
+    """What the last trial of each source settled on: (path, why, when)."""
+
+    lock = threading.Lock()
+    by_source: dict[Hashable, tuple[str, str, float]] = {}  # noqa: RUF012 - one per process
+
+    @classmethod
+    def settled(cls, source: Hashable, now: float, recheck: float) -> tuple[str, str] | None:
+        with cls.lock:
+            found = cls.by_source.get(source)
+        if found is None or now - found[2] >= recheck:
+            return None
+        return found[0], found[1]
+
+    @classmethod
+    def keep(cls, source: Hashable, path: str, why: str, now: float) -> None:
+        with cls.lock:
+            cls.by_source.pop(source, None)
+            cls.by_source[source] = (path, why, now)
+            while len(cls.by_source) > REMEMBERED:
+                del cls.by_source[next(iter(cls.by_source))]
 
 
 class PathTrials:
@@ -56,6 +85,7 @@ class PathTrials:
         "_rounds",
         "_schedule",
         "_seconds",
+        "_source",
         "_warming",
         "candidates",
         "decisions",
@@ -74,6 +104,7 @@ class PathTrials:
         rounds: int,
         recheck: float,
         clock: object = time.monotonic,
+        source: Hashable | None = None,
     ) -> None:
         if first not in candidates:
             raise ValueError(f"the first path {first!r} is not a candidate ({candidates})")
@@ -92,6 +123,16 @@ class PathTrials:
         self._left = 0  # groups left in this turn
         self._due = 0.0  # when to look again, once settled
         self.trying = len(self.candidates) > 1
+        self._source = source  # the files read: a trial's outcome is theirs
+        now = self._clock()  # type: ignore[operator]
+        settled = None if source is None else _Outcomes.settled(source, now, recheck)
+        if settled is not None and settled[0] in self.candidates and self.trying:
+            # A trial of these files in this process settled this lately: start on it.
+            self.path = self._incumbent = settled[0]
+            self.why = f"{settled[1]} (by an earlier stream of the same files)"
+            self.trying = False
+            self._warming = 0
+            self._due = now + recheck
 
     def drop(self, path: str, instead: str) -> None:
         """`path` can no longer serve this stream (memory fell, large folios): never tried
@@ -156,9 +197,12 @@ class PathTrials:
         self.path = best
         self.trying = False
         self.decisions += 1
-        self._due = self._clock() + self.recheck  # type: ignore[operator]
+        now = self._clock()  # type: ignore[operator]
+        self._due = now + self.recheck
         shown = sorted(medians.items(), key=lambda item: item[1])
         self.why = "measured: " + ", ".join(
             f"{path} {seconds * 1e3:.2f} ms a batch" if i == 0 else f"{path} {seconds * 1e3:.2f} ms"
             for i, (path, seconds) in enumerate(shown)
         )
+        if self._source is not None:
+            _Outcomes.keep(self._source, best, self.why, now)

@@ -191,8 +191,10 @@ class GroupCutter:
     def reads_why(self) -> str:
         """Why the stream reads as it does (`reads`), and what its trials measured."""
         trials = self._trials
-        if trials is None or not trials.decisions:
+        if trials is None or not trials.why:
             return self._why
+        if not trials.decisions:
+            return f"{self._why}; started on {trials.path}, {trials.why}"
         return (
             f"{self._why}; timed on its own groups ({', '.join(trials.candidates)}), "
             f"{trials.decisions} time(s), the last at step {self._trial_step}: {trials.why}"
@@ -281,13 +283,16 @@ class GroupCutter:
         if mapped and options.ahead and self._gatherer is None:
             self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
         if len(candidates) > 1:
-            self._trials = PathTrials(
+            reader = self._reader
+            trials = self._trials = PathTrials(
                 candidates,
                 copy,
                 groups=options.trial_groups,
                 rounds=options.trial_rounds,
                 recheck=options.recheck_seconds,
+                source=None if reader is None else (reader.identity, reader.way),
             )
+            copy = trials.path  # where an earlier stream of these files settled lately
         self._use("file" if copy == "file" and self._reader is not None else "gather")
 
     def _use(self, path: str) -> None:

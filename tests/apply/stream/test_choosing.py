@@ -96,3 +96,24 @@ class TestPathTrials:
         kept = trials.path
         assert kept == names[0] or cost[kept] < cost[names[0]] * (1 - MARGIN)
         assert cost[kept] == min(cost.values()) or kept == names[0]
+
+    def test_a_new_stream_of_the_same_files_starts_where_the_last_trial_settled(self) -> None:
+        """Until the recheck is due, a second stream of the same source pays no trial."""
+        clock = FakeClock()
+        source = ("test", object())
+        first = PathTrials(
+            ["file", "keep"], "file", groups=1, rounds=1, recheck=30.0, clock=clock, source=source
+        )
+        run(first, {"file": 2e-4, "keep": 1e-4}, WARM_GROUPS + 3)
+        assert (first.path, first.decisions) == ("keep", 1)
+        second = PathTrials(
+            ["file", "keep"], "file", groups=1, rounds=1, recheck=30.0, clock=clock, source=source
+        )
+        assert (second.path, second.trying) == ("keep", False)
+        assert second.why.endswith("(by an earlier stream of the same files)")
+        assert run(second, {"file": 2e-4, "keep": 1e-4}, 20) == ["keep"] * 20
+        clock.now = 31.0  # due: a third stream tries again
+        third = PathTrials(
+            ["file", "keep"], "file", groups=1, rounds=1, recheck=30.0, clock=clock, source=source
+        )
+        assert (third.path, third.trying) == ("file", True)
