@@ -1,7 +1,7 @@
 """What the tests of a stream's promises share: token files whose token i is i (ground truth
 costs nothing), the batches a stream must hand out computed without the stream's own code,
-every read path this machine offers, an interrupt injected where a signal could land, and
-a count of what a stream holds open."""
+every read path this machine offers (each the `ReadOptions` a test passes to `windows`),
+an interrupt injected where a signal could land, and a count of what a stream holds open."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,11 +24,11 @@ import numpy as np
 import pytest
 
 import devpolicy
+from devpolicy import ReadOptions
 from devpolicy._apply.stream import cutting
-from devpolicy._read import positional
 from tests.helpers import policy_of
 
-from .conftest import PlainReads, batched_reads_here
+from .conftest import batched_reads_here
 
 TOKEN_RULES = [
     {"match": "*/tokens", "device": "cpu:0", "mmap": True},
@@ -94,33 +95,75 @@ def step_of(batch: Any, seed: int, length: int, count: int, steps: int) -> int:
     raise AssertionError(f"a batch that is no step of the stream: starts {rows}")
 
 
-#: Every way a stream copies its windows: (tokens in a file, MAPPED_COPY, reads by position
-#: batched, polled).
+#: A stream that switches its read path nearly every group: where reading by position and
+#: keeping the mapping are both safe (a warm file that fits, whose pages are all in the page
+#: cache), it times both on its own groups, one group a turn, and looks again at once.
+SWITCHING = ReadOptions(trial_groups=1, trial_rounds=1, recheck_seconds=1e-6)
+#: Steps of a small batch past a stream's first groups, which are never timed
+#: (`choosing.WARM_GROUPS`): a stream this far in has switched path a few times.
+SWITCHING_LEAD = 250
+
+
+@dataclass(frozen=True)
+class ReadWay:
+    """One way a stream copies its windows: whether its tokens come from a file, the
+    `ReadOptions` a test passes as `windows(..., reads=...)`, whether it needs io_uring
+    (`ring`) and a polled ring (`polled`), whether the file is made unreadable by position
+    (`no_file`: gathered from the mapping, as for a private writable map), and the steps
+    a test pulls before it strikes (`lead`: a stream's first groups are never timed, so a
+    fault that strikes after them strikes a stream that is switching path)."""
+
+    from_file: bool
+    reads: ReadOptions
+    ring: bool = False
+    polled: bool = False
+    no_file: bool = False
+    lead: int = 0
+
+
+#: Every way a stream copies its windows.
 READ_PATHS = {
-    "memory": (False, "budget", False, False),
-    "mapping": (True, "mapping", False, False),
-    "preadv": (True, "file", False, False),
-    "io_uring": (True, "file", True, False),
-    "io_uring polled": (True, "file", True, True),
+    "memory": ReadWay(False, ReadOptions()),
+    # Gathered from the mapping, its pages given back group by group: held to reading by
+    # position, the stream finds no file to read.
+    "mapping": ReadWay(True, ReadOptions(path="file"), no_file=True),
+    "preadv": ReadWay(True, ReadOptions(path="file", io_uring=False)),
+    "io_uring": ReadWay(True, ReadOptions(path="file", polled=False), ring=True),
+    "io_uring polled": ReadWay(True, ReadOptions(path="file"), ring=True, polled=True),
+    "auto, switching paths every group": ReadWay(True, SWITCHING, lead=SWITCHING_LEAD),
 }
+#: The ways that read the file by position: a file truncated under them is an error naming
+#: it, never a SIGBUS.
 FILE_PATHS = ("preadv", "io_uring", "io_uring polled")
+#: The ways a file is truncated under: those, and the stream switching between reading by
+#: position and its kept mapping. A mapping's page read past its file's end is SIGBUS,
+#: which kills the process (the test run with it), so across a switch the test is marked,
+#: not run, until the stream keeps a truncated file off that path.
+TRUNCATED = [
+    *FILE_PATHS,
+    pytest.param(
+        "auto, switching paths every group",
+        marks=pytest.mark.xfail(
+            run=False,
+            reason="a file truncated while the stream gathers from its kept mapping is SIGBUS",
+        ),
+    ),
+]
 
 
-def use_read_path(name: str, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Make streams copy their windows by `name`'s path (skipping where this machine
-    cannot); whether its tokens come from a file."""
-    from_file, copy, batched, polled = READ_PATHS[name]
-    if batched and not batched_reads_here(polled=polled):
+def no_file_to_read(view: object, length: int, **ring: object) -> None:
+    """`mapped_file` where the file a view maps cannot be read by position."""
+
+
+def use_read_path(name: str, monkeypatch: pytest.MonkeyPatch) -> ReadWay:
+    """`name`'s way of copying windows (skipping where this machine cannot have it): its
+    `reads` is what a test passes to `windows`."""
+    way = READ_PATHS[name]
+    if way.ring and not batched_reads_here(polled=way.polled):
         pytest.skip(f"{name} cannot be had here")
-    if copy == "mapping":  # gathered from the mapping, its pages given back
-        monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
-        monkeypatch.setattr(cutting, "mapped_file", lambda view, length: None)
-    elif copy == "file":
-        monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
-        monkeypatch.setattr(positional, "BATCHED", batched)
-        if batched and not polled:
-            monkeypatch.setattr(positional, "BatchReads", PlainReads)
-    return from_file
+    if way.no_file:
+        monkeypatch.setattr(cutting, "mapped_file", no_file_to_read)
+    return way
 
 
 def tokens_for(from_file: bool, path: Path, count: int) -> Any:
@@ -225,13 +268,17 @@ def interrupted_at(event: int) -> Iterator[list[str]]:
 
 
 def pull_through_interrupts(
-    stream: Any, check: Callable[[Any, int], None], pulls: int = 120, seed: int = 1
+    stream: Any,
+    check: Callable[[Any, int], None],
+    pulls: int = 120,
+    seed: int = 1,
+    first: int = 0,
 ) -> int:
-    """Pull `stream` `pulls` times, each pull struck by Ctrl-C at a random place inside
-    devpolicy (`interrupted_at`) and pulled on after (a notebook cell run again): an
-    interrupted pull hands nothing out, `state()` naming the same step; any other hands out
-    the next step, `check(batch, step)`. Returns how many steps were handed out."""
-    handed = 0
+    """Pull `stream` (at step `first`) `pulls` times, each pull struck by Ctrl-C at a random
+    place inside devpolicy (`interrupted_at`) and pulled on after (a notebook cell run
+    again): an interrupted pull hands nothing out, `state()` naming the same step; any other
+    hands out the next step, `check(batch, step)`. Returns the step it reached."""
+    handed = first
     rng = np.random.default_rng(seed)
     for _ in range(pulls):
         with interrupted_at(int(rng.integers(1, 400))) as struck:

@@ -20,7 +20,7 @@ from devpolicy._apply.stream import sampling as _sampling
 from devpolicy._read import positional
 from tests.helpers import policy_of
 
-from .conftest import PlainReads, batched_reads_here
+from .conftest import ByPosition, batched_reads_here
 from .test_windows import BATCH_RULES, sparse_tokens
 
 COUNT = 2**20
@@ -57,22 +57,32 @@ def open_descriptors(path: Path) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux's /proc")
-@pytest.mark.usefixtures("by_position")
 class TestReadByPosition:
-    def test_windows_of_a_loaded_file_are_read_from_it_exactly(self, tmp_path: Path) -> None:
+    def test_windows_of_a_loaded_file_are_read_from_it_exactly(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """A stream over a mapped token file reads its windows from the file: every
         batch holds exactly the windows the seed draws, and the stream says so."""
         path, values = token_file(tmp_path)
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         with capture_logs() as logs:
             stream = devpolicy.windows(
-                tokens, 100, 8, order="random", seed=5, steps=40, policy=policy_of()
+                tokens,
+                100,
+                8,
+                order="random",
+                seed=5,
+                steps=40,
+                policy=policy_of(),
+                reads=by_position.reads,
             )
             got = np.stack([np.asarray(b) for b in stream])
         np.testing.assert_array_equal(got, expected(values, 5, 40, 100, 8))
         assert reads_of(logs) == ["file"]
 
-    def test_an_np_memmap_is_read_by_position_too(self, tmp_path: Path) -> None:
+    def test_an_np_memmap_is_read_by_position_too(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """Any read-only mapping of a file is read by position, not only load_file's."""
         path, values = token_file(tmp_path)
         start = path.stat().st_size - 2 * COUNT
@@ -82,7 +92,14 @@ class TestReadByPosition:
                 [
                     np.asarray(b)
                     for b in devpolicy.windows(
-                        mapped, 64, 4, order="random", seed=2, steps=30, policy=policy_of()
+                        mapped,
+                        64,
+                        4,
+                        order="random",
+                        seed=2,
+                        steps=30,
+                        policy=policy_of(),
+                        reads=by_position.reads,
                     )
                 ]
             )
@@ -90,7 +107,7 @@ class TestReadByPosition:
         assert reads_of(logs) == ["file"]
 
     def test_a_copy_on_write_mapping_is_copied_from_memory_not_the_file(
-        self, tmp_path: Path
+        self, tmp_path: Path, by_position: ByPosition
     ) -> None:
         """A private writable map (`mode="c"`) may hold what the file does not: its
         windows are copied from memory (nothing read from the file, nothing given back),
@@ -100,11 +117,17 @@ class TestReadByPosition:
         mapped = np.memmap(path, np.uint16, mode="c", offset=start, shape=(COUNT,))
         mapped[:] = 7  # in this process's pages only
         with capture_logs() as logs:
-            batches = list(devpolicy.windows(mapped, 16, 2, steps=3, policy=policy_of()))
+            batches = list(
+                devpolicy.windows(
+                    mapped, 16, 2, steps=3, policy=policy_of(), reads=by_position.reads
+                )
+            )
         assert all((np.asarray(b) == 7).all() for b in batches)
         assert reads_of(logs) == ["memory"]
 
-    def test_a_file_replaced_after_mapping_is_never_read(self, tmp_path: Path) -> None:
+    def test_a_file_replaced_after_mapping_is_never_read(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """The mapped file renamed over by another (as an atomic writer does): the
         windows are still the mapped file's, never the new file's."""
         path, values = token_file(tmp_path)
@@ -116,19 +139,30 @@ class TestReadByPosition:
             [
                 np.asarray(b)
                 for b in devpolicy.windows(
-                    tokens, 32, 4, order="random", seed=1, steps=10, policy=policy_of()
+                    tokens,
+                    32,
+                    4,
+                    order="random",
+                    seed=1,
+                    steps=10,
+                    policy=policy_of(),
+                    reads=by_position.reads,
                 )
             ]
         )
         np.testing.assert_array_equal(got, expected(values, 1, 10, 32, 4))
 
-    def test_a_file_truncated_under_the_stream_is_an_error_naming_it(self, tmp_path: Path) -> None:
+    def test_a_file_truncated_under_the_stream_is_an_error_naming_it(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """A token file cut short while a stream reads it: a clear error naming the file
         and where it ended, not a SIGBUS or short batches."""
         path, _ = token_file(tmp_path)
         start = path.stat().st_size - 2 * COUNT
         mapped = np.memmap(path, np.uint16, mode="r", offset=start, shape=(COUNT,))
-        stream = devpolicy.windows(mapped, 64, 4, steps=10_000, policy=policy_of())
+        stream = devpolicy.windows(
+            mapped, 64, 4, steps=10_000, policy=policy_of(), reads=by_position.reads
+        )
         next(stream)
         os.truncate(path, start + 1024)
         with pytest.raises(
@@ -139,27 +173,33 @@ class TestReadByPosition:
         stream.close()
 
     def test_a_stream_closed_mid_way_closes_its_file_and_yields_nothing_more(
-        self, tmp_path: Path
+        self, tmp_path: Path, by_position: ByPosition
     ) -> None:
         """close() mid-way closes the descriptor the stream opened, and the stream then
         ends."""
         path, _ = token_file(tmp_path)
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         before = open_descriptors(path)
-        stream = devpolicy.windows(tokens, 64, 4, order="random", seed=0, policy=policy_of())
+        stream = devpolicy.windows(
+            tokens, 64, 4, order="random", seed=0, policy=policy_of(), reads=by_position.reads
+        )
         next(stream)
         assert open_descriptors(path) == before + 1
         stream.close()
         assert open_descriptors(path) == before
         assert list(stream) == []
 
-    def test_a_stream_dropped_unclosed_closes_its_file(self, tmp_path: Path) -> None:
+    def test_a_stream_dropped_unclosed_closes_its_file(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """A stream read from, then dropped without close(), closes its descriptor (once
         the group its worker thread is reading ahead is read)."""
         path, _ = token_file(tmp_path)
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         before = open_descriptors(path)
-        stream = devpolicy.windows(tokens, 64, 4, order="random", seed=0, policy=policy_of())
+        stream = devpolicy.windows(
+            tokens, 64, 4, order="random", seed=0, policy=policy_of(), reads=by_position.reads
+        )
         next(stream)
         del stream
         gc.collect()
@@ -168,23 +208,41 @@ class TestReadByPosition:
             time.sleep(0.01)
         assert open_descriptors(path) == before
 
-    def test_two_streams_over_one_mapping_each_get_their_own_windows(self, tmp_path: Path) -> None:
+    def test_two_streams_over_one_mapping_each_get_their_own_windows(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """Two streams over the same mapped tokens, interleaved batch by batch, each
         yield exactly the windows of their own seed."""
         path, values = token_file(tmp_path)
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         first = devpolicy.windows(
-            tokens, 50, 4, order="random", seed=1, steps=24, policy=policy_of()
+            tokens,
+            50,
+            4,
+            order="random",
+            seed=1,
+            steps=24,
+            policy=policy_of(),
+            reads=by_position.reads,
         )
         second = devpolicy.windows(
-            tokens, 70, 3, order="random", seed=2, steps=24, policy=policy_of()
+            tokens,
+            70,
+            3,
+            order="random",
+            seed=2,
+            steps=24,
+            policy=policy_of(),
+            reads=by_position.reads,
         )
         got = [(np.asarray(a), np.asarray(b)) for a, b in zip(first, second, strict=True)]
         np.testing.assert_array_equal(np.stack([a for a, _ in got]), expected(values, 1, 24, 50, 4))
         np.testing.assert_array_equal(np.stack([b for _, b in got]), expected(values, 2, 24, 70, 3))
 
     @pytest.mark.usefixtures("copying_device")
-    def test_kept_batches_never_change_while_the_ring_is_reused(self, tmp_path: Path) -> None:
+    def test_kept_batches_never_change_while_the_ring_is_reused(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """With the host-buffer ring reused (a device that copies, as an accelerator
         does), every batch kept still holds its own windows after 240 more were read."""
         path, values = token_file(tmp_path)
@@ -193,18 +251,24 @@ class TestReadByPosition:
             devpolicy.windows(
                 tokens, 128, 4, order="random", seed=3, steps=240,
                 policy=policy_of(rules=BATCH_RULES),
+                reads=by_position.reads,
             )
         )  # fmt: skip
         np.testing.assert_array_equal(
             np.stack([np.asarray(b) for b in held]), expected(values, 3, 240, 128, 4)
         )
 
-    def test_sequential_windows_with_a_stride_are_read_exactly(self, tmp_path: Path) -> None:
+    def test_sequential_windows_with_a_stride_are_read_exactly(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """A sequential pass with a stride, its last batch smaller, read from the file."""
         path, values = token_file(tmp_path, 10_000)
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         batches = [
-            np.asarray(b) for b in devpolicy.windows(tokens, 300, 7, stride=250, policy=policy_of())
+            np.asarray(b)
+            for b in devpolicy.windows(
+                tokens, 300, 7, stride=250, policy=policy_of(), reads=by_position.reads
+            )
         ]
         starts = np.arange(0, 10_000 - 300 + 1, 250)
         np.testing.assert_array_equal(
@@ -212,7 +276,9 @@ class TestReadByPosition:
         )
         assert batches[-1].shape[0] == len(starts) % 7 or batches[-1].shape[0] == 7
 
-    def test_64_bit_tokens_read_from_the_file_are_narrowed_exactly(self, tmp_path: Path) -> None:
+    def test_64_bit_tokens_read_from_the_file_are_narrowed_exactly(
+        self, tmp_path: Path, by_position: ByPosition
+    ) -> None:
         """int64 tokens in a mapped file, x64 off: read by position, then narrowed to
         int32 with the values kept."""
         values = np.arange(50_000, dtype=np.int64) * 3
@@ -220,7 +286,16 @@ class TestReadByPosition:
         values.tofile(path)
         mapped = np.memmap(path, np.int64, mode="r", shape=(50_000,))
         batches = list(
-            devpolicy.windows(mapped, 40, 5, order="random", seed=4, steps=12, policy=policy_of())
+            devpolicy.windows(
+                mapped,
+                40,
+                5,
+                order="random",
+                seed=4,
+                steps=12,
+                policy=policy_of(),
+                reads=by_position.reads,
+            )
         )
         assert {np.asarray(b).dtype for b in batches} == {np.dtype(np.int32)}
         np.testing.assert_array_equal(
@@ -234,6 +309,10 @@ def test_memory_that_is_not_a_file_is_copied_from_memory() -> None:
     assert _windows.mapped_file is positional.mapped_file
 
 
+#: Read by position, a group in one call of a plain ring on the stream's worker thread.
+PLAIN_RING = devpolicy.ReadOptions(path="file", polled=False)
+
+
 @pytest.mark.skipif(not batched_reads_here(), reason="io_uring cannot be had here")
 def test_an_interrupt_while_waiting_for_the_group_read_ahead_closes_after_that_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -241,8 +320,6 @@ def test_an_interrupt_while_waiting_for_the_group_read_ahead_closes_after_that_r
     """Ctrl-C while a stream waits for the group its worker thread reads ahead, then the
     stream closed (as a `with` block does): close waits for that read, so the worker never
     finds its ring or its file closed under it (the worker slowed, so the close comes first)."""
-    monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
-    monkeypatch.setattr(positional, "BatchReads", PlainReads)
     read_batches = positional.FileWindows.read_batches
 
     def slow_on_the_worker(reader: positional.FileWindows, *args: Any) -> None:
@@ -256,7 +333,7 @@ def test_an_interrupt_while_waiting_for_the_group_read_ahead_closes_after_that_r
     original = Future.result
     for attempt in range(10):
         stream = devpolicy.windows(
-            tokens, 256, 64, order="random", seed=attempt, policy=policy_of()
+            tokens, 256, 64, order="random", seed=attempt, policy=policy_of(), reads=PLAIN_RING
         )
         next(stream)
         interrupted: list[Future[Any]] = []

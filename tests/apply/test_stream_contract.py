@@ -1,6 +1,8 @@
 """What a stream promises (docs/host-arrays.md, "What a stream promises"), each promise held
-by a test on every read path this machine offers: every batch handed out holds exactly
-its own step's windows, each step at most once, in order, whatever happens around it."""
+by a test on every read path this machine offers, and across a switch of path (a stream
+that times two paths and switches between them nearly every group): every batch handed
+out holds exactly its own step's windows, each step at most once, in order, whatever
+happens around it."""
 
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
 from tests.helpers import policy_of
 
 from .streams import (
-    FILE_PATHS,
     READ_PATHS,
+    TRUNCATED,
+    ReadWay,
     assert_exact,
     closed_while_pulled,
     forked_child_refuses,
@@ -44,15 +47,15 @@ BATCH = 4
 
 
 @pytest.fixture(params=list(READ_PATHS))
-def path_name(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    use_read_path(request.param, monkeypatch)
-    return str(request.param)
+def read_way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ReadWay:
+    """Each way a stream copies its windows (`streams.READ_PATHS`)."""
+    return use_read_path(request.param, monkeypatch)
 
 
-@pytest.fixture(params=FILE_PATHS)
-def file_path_name(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    use_read_path(request.param, monkeypatch)
-    return str(request.param)
+@pytest.fixture(params=TRUNCATED)
+def file_way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ReadWay:
+    """Each way a file is truncated under (`streams.TRUNCATED`)."""
+    return use_read_path(request.param, monkeypatch)
 
 
 def open_stream(tokens: Any, seed: int = 5, steps: int | None = 200, **options: Any) -> Any:
@@ -61,13 +64,17 @@ def open_stream(tokens: Any, seed: int = 5, steps: int | None = 200, **options: 
     )
 
 
-def from_file(name: str) -> bool:
-    return READ_PATHS[name][0]
+def led(stream: Any, way: ReadWay, first: int = 0) -> int:
+    """Pull `stream` (at step `first`) `way.lead` steps on, each exact, so that a fault
+    after strikes a stream past its untimed first groups; the step reached."""
+    for step in range(first, first + way.lead):
+        assert_exact(next(stream), 5, step, LENGTH, COUNT)
+    return first + way.lead
 
 
 class TestErrorsEndTheStream:
     def test_after_a_truncated_file_every_pull_raises_and_no_batch_comes(
-        self, file_path_name: str, tmp_path: Path
+        self, file_way: ReadWay, tmp_path: Path
     ) -> None:
         """The token file truncated mid-stream: the pull that finds it raises the error
         naming the file, and every pull after raises a `StreamEndedError` naming it, never
@@ -75,11 +82,12 @@ class TestErrorsEndTheStream:
         path = tmp_path / "train.safetensors"
         tokens = tokens_for(True, path, COUNT)
         before = held_open(path)  # the mapping's own descriptor
-        stream = open_stream(tokens, steps=None)
-        for step in range(3):
+        stream = open_stream(tokens, steps=None, reads=file_way.reads)
+        handed = led(stream, file_way)
+        for step in range(handed, handed + 3):
             assert_exact(next(stream), 5, step, LENGTH, COUNT)
         os.truncate(path, 4096)
-        handed = 3
+        handed += 3
         # Batches read before the truncation may still come, exact; then the error.
         with pytest.raises(HostViewError, match="truncated after it was mapped"):  # noqa: PT012
             for batch in stream:
@@ -93,13 +101,14 @@ class TestErrorsEndTheStream:
         assert held_open(path) == before
 
     def test_the_stream_ended_event_says_it_failed_and_why(
-        self, file_path_name: str, tmp_path: Path
+        self, file_way: ReadWay, tmp_path: Path
     ) -> None:
         """`stream_ended` says `how='failed'` and the error, once."""
         path = tmp_path / "train.safetensors"
         tokens = tokens_for(True, path, COUNT)
         with capture_logs() as logs:
-            stream = open_stream(tokens, steps=None, narrow="exact")
+            stream = open_stream(tokens, steps=None, narrow="exact", reads=file_way.reads)
+            led(stream, file_way)
             next(stream)
             os.truncate(path, 4096)
             with pytest.raises(devpolicy.DevicePolicyError):  # noqa: PT012
@@ -116,15 +125,17 @@ class TestErrorsEndTheStream:
 
 class TestInterrupts:
     def test_ctrl_c_inside_next_skips_nothing_and_state_names_the_next_step(
-        self, path_name: str, tmp_path: Path
+        self, read_way: ReadWay, tmp_path: Path
     ) -> None:
         """Ctrl-C at each place inside `next()` where Python acts on a signal, then pulling
         on (a notebook cell run again): the interrupted step is the next one handed out,
         `state()` names it, and the batches are the uninterrupted stream's, exactly."""
-        tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
-        stream = open_stream(tokens, steps=None)
+        tokens = tokens_for(read_way.from_file, tmp_path / "train.safetensors", COUNT)
+        stream = open_stream(tokens, steps=None, reads=read_way.reads)
         handed = pull_through_interrupts(
-            stream, lambda batch, step: assert_exact(batch, 5, step, LENGTH, COUNT)
+            stream,
+            lambda batch, step: assert_exact(batch, 5, step, LENGTH, COUNT),
+            first=led(stream, read_way),
         )
         for _ in range(40):
             assert_exact(next(stream), 5, handed, LENGTH, COUNT)
@@ -132,14 +143,14 @@ class TestInterrupts:
         stream.close()
 
     def test_a_real_signal_while_pulling_skips_nothing(
-        self, path_name: str, tmp_path: Path
+        self, read_way: ReadWay, tmp_path: Path
     ) -> None:
         """A timer's signal every 1-2 ms sends SIGINT wherever it finds `next()` running
         (as Ctrl-C would, held back where devpolicy holds it back), while a loop pulls on
         after each interrupt: what was handed out is the stream's steps in order, none
         missing, none twice."""
-        tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
-        stream = open_stream(tokens, steps=None)
+        tokens = tokens_for(read_way.from_file, tmp_path / "train.safetensors", COUNT)
+        stream = open_stream(tokens, steps=None, reads=read_way.reads)
         interrupts = 0
 
         def inside_next(number: int, frame: FrameType | None) -> None:
@@ -188,7 +199,8 @@ class TestInterrupts:
         returns, before anything stores it (the stream opens its reader when it is made):
         the interrupt comes once the reader is owned, `windows` raises it with nothing
         left open, and the next stream starts at step 0."""
-        use_read_path("io_uring polled" if where == "the ring opened" else "preadv", monkeypatch)
+        way = "io_uring polled" if where == "the ring opened" else "preadv"
+        reads = use_read_path(way, monkeypatch).reads
         path = tmp_path / "train.safetensors"
         tokens = tokens_for(True, path, COUNT)
         before = held_open(path)
@@ -211,11 +223,11 @@ class TestInterrupts:
 
             monkeypatch.setattr(positional.BatchReads, "open", classmethod(ring_then_interrupted))
         with pytest.raises(KeyboardInterrupt):
-            open_stream(tokens)
+            open_stream(tokens, reads=reads)
         gc.collect()
         assert held_open(path) == before
         monkeypatch.undo()
-        stream = open_stream(tokens)
+        stream = open_stream(tokens, reads=reads)
         assert_exact(next(stream), 5, 0, LENGTH, COUNT)
         stream.close()
         del stream
@@ -225,28 +237,34 @@ class TestInterrupts:
 
 class TestThreads:
     def test_four_threads_pulling_one_stream_each_get_other_steps_all_of_them(
-        self, path_name: str, tmp_path: Path
+        self, read_way: ReadWay, tmp_path: Path
     ) -> None:
         """Four threads pull one stream to its end: every step goes to exactly one thread,
         each thread's steps in order, none twice, none missing, no raw error."""
-        tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
-        steps = 300
-        stream = open_stream(tokens, steps=steps)
+        tokens = tokens_for(read_way.from_file, tmp_path / "train.safetensors", COUNT)
+        steps = 300 + read_way.lead
+        stream = open_stream(tokens, steps=steps, reads=read_way.reads)
         pulled_by_threads(stream, lambda batch: step_of(np.asarray(batch), 5, LENGTH, COUNT, steps))
         assert stream.state()["step"] == steps
 
     def test_close_from_another_thread_never_raises_and_leaves_nothing_open(
-        self, path_name: str, tmp_path: Path
+        self, read_way: ReadWay, tmp_path: Path
     ) -> None:
         """`close()` from another thread at any moment: it never raises; the puller gets
         exact batches, then `StopIteration` (or a devpolicy error), never a raw error; no
         descriptor, ring or worker thread is left."""
         path = tmp_path / "train.safetensors"
-        tokens = tokens_for(from_file(path_name), path, COUNT)
+        tokens = tokens_for(read_way.from_file, path, COUNT)
         before = held_open(path)  # the mapping's own descriptor
+
+        def made() -> Any:
+            stream = open_stream(tokens, steps=None, reads=read_way.reads)
+            led(stream, read_way)
+            return stream
+
         closed_while_pulled(
-            lambda: open_stream(tokens, steps=None),
-            lambda batch, step: assert_exact(batch, 5, step, LENGTH, COUNT),
+            made,
+            lambda batch, step: assert_exact(batch, 5, read_way.lead + step, LENGTH, COUNT),
             attempts=25,
         )
         gc.collect()
@@ -259,17 +277,18 @@ class TestFork:
     @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
     @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
     def test_a_forked_childs_copy_refuses_clearly_never_zeros_never_a_hang(
-        self, path_name: str, tmp_path: Path
+        self, read_way: ReadWay, tmp_path: Path
     ) -> None:
         """Forked with a group in flight, the child's first pull raises `StreamEndedError`
         saying why (no zeros, no hang: the child is killed after 20 s); `state()` and
         `close()` work there; the parent's stream goes on exactly."""
-        tokens = tokens_for(from_file(path_name), tmp_path / "train.safetensors", COUNT)
-        stream = open_stream(tokens, steps=None)
-        for step in range(3):
+        tokens = tokens_for(read_way.from_file, tmp_path / "train.safetensors", COUNT)
+        stream = open_stream(tokens, steps=None, reads=read_way.reads)
+        forked = led(stream, read_way) + 3
+        for step in range(forked - 3, forked):
             assert_exact(next(stream), 5, step, LENGTH, COUNT)
-        assert forked_child_refuses(stream, 3) == 0
-        for step in range(3, 40):
+        assert forked_child_refuses(stream, forked) == 0
+        for step in range(forked, forked + 37):
             assert_exact(next(stream), 5, step, LENGTH, COUNT)
         stream.close()
 

@@ -25,7 +25,8 @@ from devpolicy._apply.stream import cutting as _windows
 from devpolicy._apply.stream import groups as _groups
 from devpolicy._apply.stream import sampling as _sampling
 from devpolicy._read import pages as _pages
-from tests.apply.streams import mapping_of, resident
+from tests.apply.conftest import ByPosition
+from tests.apply.streams import mapping_of, no_file_to_read, resident
 from tests.helpers import policy_of
 
 BATCH_RULES = [
@@ -397,11 +398,12 @@ class TestWindows:
 
 
 @pytest.fixture
-def through_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Streams copy windows out of the mapping, as where the file cannot be read by
-    position (a private writable map): the pages are then given back (`pages`)."""
-    monkeypatch.setattr(_windows, "MAPPED_COPY", "file")
-    monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
+def through_the_mapping(monkeypatch: pytest.MonkeyPatch) -> devpolicy.ReadOptions:
+    """Options for streams that copy windows out of the mapping, as where the file cannot
+    be read by position (a private writable map): held to reading by position, they find
+    no file and gather, the pages then given back (`pages`) group by group."""
+    monkeypatch.setattr(_windows, "mapped_file", no_file_to_read)
+    return devpolicy.ReadOptions(path="file")
 
 
 class TestFlatMemory:
@@ -413,61 +415,71 @@ class TestFlatMemory:
     STEPS = 300  # 9,600 windows of 1,025 tokens: 19 MiB copied
     BOUND = 16 * 2**20
 
-    def run(self, tokens: jax.Array) -> int:
+    def run(self, tokens: jax.Array, reads: devpolicy.ReadOptions) -> int:
         view = devpolicy.host_view(tokens)
         stream = devpolicy.windows(
-            tokens, 1025, 32, order="random", seed=0, steps=self.STEPS, policy=policy_of()
+            tokens,
+            1025,
+            32,
+            order="random",
+            seed=0,
+            steps=self.STEPS,
+            policy=policy_of(),
+            reads=reads,
         )
         assert sum(1 for _ in stream) == self.STEPS
         return resident(view)
 
     def test_random_windows_read_from_the_file_leave_nothing_of_it_resident(
-        self, tmp_path: Path, by_position: str
+        self, tmp_path: Path, by_position: ByPosition
     ) -> None:
         """300 steps of 32 random windows of a 512 MiB mapped file, read by position from
         the file: none of the mapping is faulted in, and `stream_ended` says how it was
         read."""
         tokens = mapped_tokens(tmp_path, 2**28)
         with capture_logs() as logs:
-            assert self.run(tokens) == 0
+            assert self.run(tokens, by_position.reads) == 0
         (ended,) = [e for e in logs if e["event"] == "stream_ended"]
-        assert (ended["reads"], ended["reads_with"]) == ("file", by_position)
+        assert (ended["reads"], ended["reads_with"]) == ("file", by_position.way)
 
     @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
-    def test_gathered_within_the_budget_what_comes_in_stays_under_it(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """Windows gathered from the mapping within the budget (`MAPPED_COPY="budget"`):
+    def test_gathered_within_the_budget_what_comes_in_stays_under_it(self, tmp_path: Path) -> None:
+        """Windows gathered from the mapping within the budget (`ReadOptions(path="budget")`):
         the view is swept once about the budget may have come in: 300 steps with a 4 MiB
         budget leave under the 16 MiB bound resident, where without sweeps the same run
         leaves over 4 times the bound (the control below)."""
-        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
-        monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 4 * 2**20)
+        reads = devpolicy.ReadOptions(path="budget", resident_budget=4 * 2**20)
         tokens = mapped_tokens(tmp_path, 2**28)
         with capture_logs() as logs:
-            assert self.run(tokens) < self.BOUND
+            assert self.run(tokens, reads) < self.BOUND
         (ended,) = [e for e in logs if e["event"] == "stream_ended"]
         assert (ended["reads"], ended["reads_with"]) == ("mapping", None)
 
     @pytest.mark.slow
     @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
     def test_with_the_page_cache_warm_what_comes_in_stays_under_the_budget(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path
     ) -> None:
         """The file read through first, as a second epoch finds it: where the kernel then
         holds it in large folios, one 2 KiB window maps a whole folio (2 MiB on Linux
         6.18). Measured after every one of 300 steps, what is resident of the mapping
         stays under the 16 MiB budget; where a window was measured to map a folio, the
         stream reads by position from its second group on (nothing mapped)."""
-        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
-        monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 16 * 2**20)
+        reads = devpolicy.ReadOptions(path="budget", resident_budget=16 * 2**20)
         tokens = warm_mapped_tokens(tmp_path, 2**28)
         view = devpolicy.host_view(tokens)
         most = 0
         with (
             capture_logs() as logs,
             devpolicy.windows(
-                tokens, 1025, 32, order="random", seed=0, steps=self.STEPS, policy=policy_of()
+                tokens,
+                1025,
+                32,
+                order="random",
+                seed=0,
+                steps=self.STEPS,
+                policy=policy_of(),
+                reads=reads,
             ) as stream,
         ):
             for _ in stream:
@@ -485,14 +497,13 @@ class TestFlatMemory:
         windows are gathered a few at a time and the view swept by what they measurably
         brought in, so resident memory stays under the budget even where each window
         maps 2 MiB."""
-        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
-        monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 16 * 2**20)
-        monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
+        reads = devpolicy.ReadOptions(path="budget", resident_budget=16 * 2**20)
+        monkeypatch.setattr(_windows, "mapped_file", no_file_to_read)
         tokens = warm_mapped_tokens(tmp_path, 2**28)
         view = devpolicy.host_view(tokens)
         peaks = peaks_before_each_release(view, monkeypatch)
         with devpolicy.windows(
-            tokens, 1025, 32, order="random", seed=0, steps=40, policy=policy_of()
+            tokens, 1025, 32, order="random", seed=0, steps=40, policy=policy_of(), reads=reads
         ) as stream:
             for _ in stream:
                 pass
@@ -507,9 +518,8 @@ class TestFlatMemory:
         another file mapping given back while the stream runs hides that much growth.
         The windows are also counted at the most one was measured to bring in, so the
         view stays under the budget all the same."""
-        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
-        monkeypatch.setattr(_windows, "RESIDENT_BUDGET", 16 * 2**20)
-        monkeypatch.setattr(_windows, "mapped_file", lambda view, length: None)
+        reads = devpolicy.ReadOptions(path="budget", resident_budget=16 * 2**20)
+        monkeypatch.setattr(_windows, "mapped_file", no_file_to_read)
         tokens = warm_mapped_tokens(tmp_path, 2**28)
         other_path = tmp_path / "other.bin"
         other_path.write_bytes(b"\1" * 64 * 2**20)
@@ -518,7 +528,7 @@ class TestFlatMemory:
         view = devpolicy.host_view(tokens)
         peaks = peaks_before_each_release(view, monkeypatch)
         with devpolicy.windows(
-            tokens, 1025, 32, order="random", seed=0, steps=40, policy=policy_of()
+            tokens, 1025, 32, order="random", seed=0, steps=40, policy=policy_of(), reads=reads
         ) as stream:
             for step, _ in enumerate(stream):
                 if step == 2:
@@ -526,32 +536,34 @@ class TestFlatMemory:
         assert 0 < max(peaks) <= 16 * 2**20
 
     @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
-    @pytest.mark.usefixtures("through_the_mapping")
     def test_random_windows_of_a_mapped_file_keep_resident_memory_flat(
-        self, tmp_path: Path
+        self, tmp_path: Path, through_the_mapping: devpolicy.ReadOptions
     ) -> None:
         """300 steps of 32 random windows copied out of a 512 MiB mapping leave under
         16 MiB of it resident (the same run without the advice: the next test)."""
         tokens = mapped_tokens(tmp_path, 2**28)
         with capture_logs() as logs:
-            assert self.run(tokens) < self.BOUND
+            assert self.run(tokens, through_the_mapping) < self.BOUND
         assert [e["reads"] for e in logs if e["event"] == "stream_ended"] == ["mapping"]
 
     @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
-    @pytest.mark.usefixtures("through_the_mapping")
     def test_without_the_advice_the_same_run_grows_past_the_bound(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        through_the_mapping: devpolicy.ReadOptions,
     ) -> None:
         """The control: with the kernel's defaults (no advice, nothing given back) the
         same run leaves several times the bound resident, so the bound above holds
         because of the advice, not because the run is too short to show growth."""
         monkeypatch.setattr(_pages, "_MADVISE", None)
         tokens = mapped_tokens(tmp_path, 2**28)
-        assert self.run(tokens) > 4 * self.BOUND
+        assert self.run(tokens, through_the_mapping) > 4 * self.BOUND
 
     @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
-    @pytest.mark.usefixtures("through_the_mapping")
-    def test_random_access_advice_lasts_as_long_as_the_stream(self, tmp_path: Path) -> None:
+    def test_random_access_advice_lasts_as_long_as_the_stream(
+        self, tmp_path: Path, through_the_mapping: devpolicy.ReadOptions
+    ) -> None:
         """While a random stream runs the mapping is advised random (`rr` in smaps: no
         read-ahead); when the last stream over it ends, the kernel's default returns."""
         tokens = mapped_tokens(tmp_path, 2**20)
@@ -561,8 +573,13 @@ class TestFlatMemory:
             return {f for m in mapping_of(view) for f in m["VmFlags"].split()}
 
         assert "rr" not in flags()
-        first = devpolicy.windows(tokens, 8, 4, order="random", seed=0, policy=policy_of())
-        second = devpolicy.windows(tokens, 8, 4, order="random", seed=1, policy=policy_of())
+        reads = through_the_mapping
+        first = devpolicy.windows(
+            tokens, 8, 4, order="random", seed=0, policy=policy_of(), reads=reads
+        )
+        second = devpolicy.windows(
+            tokens, 8, 4, order="random", seed=1, policy=policy_of(), reads=reads
+        )
         next(first)
         next(second)
         assert "rr" in flags()
@@ -596,33 +613,33 @@ class TestFlatMemory:
         pager.close()
 
     @pytest.mark.skipif(_pages._MADVISE is None, reason="madvise is Linux's")
-    @pytest.mark.usefixtures("through_the_mapping")
-    def test_a_stream_dropped_unclosed_ends_its_advice(self, tmp_path: Path) -> None:
+    def test_a_stream_dropped_unclosed_ends_its_advice(
+        self, tmp_path: Path, through_the_mapping: devpolicy.ReadOptions
+    ) -> None:
         """A random stream that is read, then dropped without `close()`, gives the
         kernel's default read-ahead back when it is collected."""
         tokens = mapped_tokens(tmp_path, 2**20)
         view = devpolicy.host_view(tokens)
-        stream = devpolicy.windows(tokens, 8, 4, order="random", seed=0, policy=policy_of())
+        stream = devpolicy.windows(
+            tokens, 8, 4, order="random", seed=0, policy=policy_of(), reads=through_the_mapping
+        )
         next(stream)
         assert "rr" in {f for m in mapping_of(view) for f in m["VmFlags"].split()}
         del stream
         gc.collect()
         assert "rr" not in {f for m in mapping_of(view) for f in m["VmFlags"].split()}
 
-    def test_sequential_windows_give_their_pages_back_too(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_sequential_windows_give_their_pages_back_too(self, tmp_path: Path) -> None:
         """A sequential pass over a mapped file gathered within the budget keeps only
         about a batch resident, and every window holds the values written (pages given
         back read back the same)."""
-        monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
         count = 2**22
         path = tmp_path / "train.safetensors"
         values = np.arange(count, dtype=np.uint32).astype(np.uint16)
         sparse_tokens(path, count, {0: values})
         tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
         view = devpolicy.host_view(tokens)
-        stream = devpolicy.windows(tokens, 4096, 16, policy=policy_of())
+        stream = devpolicy.windows(tokens, 4096, 16, policy=policy_of(), reads="budget")
         for step, batch in enumerate(stream):
             first = step * 16 * 4096
             expected = values[first : first + batch.size].reshape(batch.shape)
