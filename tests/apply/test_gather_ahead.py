@@ -21,11 +21,11 @@ from tests.helpers import policy_of
 LENGTH = 257
 
 
-@pytest.fixture(autouse=True)
-def gathered_from_the_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every stream here gathers from the mapping (the path with a worker thread), whatever
-    `windows` would choose for these files on this machine."""
-    monkeypatch.setattr(_windows, "MAPPED_COPY", "budget")
+#: Every stream here gathers from the mapping (the path with a worker thread), whatever
+#: `windows` would choose for these files on this machine.
+GATHERED = devpolicy.ReadOptions(path="budget")
+#: The same, each group gathered on the stream's own thread (nothing read ahead).
+ALONE = devpolicy.ReadOptions(path="budget", ahead=False)
 
 
 def workers() -> list[threading.Thread]:
@@ -66,22 +66,23 @@ def exact(batch: object) -> bool:
 
 
 def stream_of(tokens: np.ndarray, **options: object) -> devpolicy.WindowStream:
-    defaults: dict[str, object] = {"order": "random", "seed": 5, "policy": policy_of()}
+    defaults: dict[str, object] = {
+        "order": "random",
+        "seed": 5,
+        "policy": policy_of(),
+        "reads": GATHERED,
+    }
     return devpolicy.windows(tokens, LENGTH, 8, **(defaults | options))  # type: ignore[arg-type]
 
 
-def alone(
-    monkeypatch: pytest.MonkeyPatch, tokens: np.ndarray, **options: object
-) -> list[np.ndarray]:
+def alone(tokens: np.ndarray, **options: object) -> list[np.ndarray]:
     """The batches of the same stream gathered on its own thread."""
-    with monkeypatch.context() as patched:
-        patched.setattr(_windows, "GATHER_AHEAD", False)
-        with stream_of(tokens, **options) as stream:
-            batches = []
-            for batch in stream:
-                assert stream._cutter._gatherer is None
-                batches.append(np.asarray(batch))
-            return batches
+    with stream_of(tokens, reads=ALONE, **options) as stream:
+        batches = []
+        for batch in stream:
+            assert stream._cutter._gatherer is None
+            batches.append(np.asarray(batch))
+        return batches
 
 
 class TestSameBatches:
@@ -95,29 +96,27 @@ class TestSameBatches:
         ids=["random", "sequential", "sequential-steps"],
     )
     def test_gathered_ahead_a_stream_yields_what_it_yields_alone(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, object]
+        self, tmp_path: Path, options: dict[str, object]
     ) -> None:
         """Random and in order, a number of steps no multiple of a group: the same
         batches, element by element, with the worker thread as without it."""
         tokens = counting_file(tmp_path, 2**16)
         with stream_of(tokens, **options) as stream:
             ahead = [np.asarray(b) for b in stream]
-        expected = alone(monkeypatch, tokens, **options)
+        expected = alone(tokens, **options)
         assert len(ahead) == len(expected) > _windows.GROUP_MAX
         for got, want in zip(ahead, expected, strict=True):
             np.testing.assert_array_equal(got, want)
             assert exact(got)
 
-    def test_64_bit_tokens_gathered_ahead_are_narrowed_and_checked(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_64_bit_tokens_gathered_ahead_are_narrowed_and_checked(self, tmp_path: Path) -> None:
         """uint64 tokens with x64 off: narrowed to uint32 on the stream's thread, values
         exact; a value that would change is still refused, naming the stream."""
         tokens = counting_file(tmp_path, 2**14, "uint64")
         with stream_of(tokens, steps=20) as stream:
             got = [np.asarray(b) for b in stream]
         assert {b.dtype for b in got} == {np.dtype(np.uint32)}
-        for a, b in zip(got, alone(monkeypatch, tokens, steps=20), strict=True):
+        for a, b in zip(got, alone(tokens, steps=20), strict=True):
             np.testing.assert_array_equal(a, b)
         path = tmp_path / "wide.bin"
         np.full(2**14, 2**40, np.uint64).tofile(path)
@@ -136,13 +135,11 @@ class TestSameBatches:
         assert len(held) == 300
         assert all(exact(b) for b in held)
 
-    def test_a_stream_resumed_from_its_state_goes_on_exactly(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_a_stream_resumed_from_its_state_goes_on_exactly(self, tmp_path: Path) -> None:
         """The state taken while the next group is being gathered counts only the
         batches handed out: the resumed stream yields the rest, none skipped."""
         tokens = counting_file(tmp_path, 2**16)
-        whole = alone(monkeypatch, tokens, steps=30)
+        whole = alone(tokens, steps=30)
         with stream_of(tokens, steps=30) as first:
             head = [np.asarray(next(first)) for _ in range(11)]
             saved = first.state()
@@ -152,9 +149,7 @@ class TestSameBatches:
         for a, b in zip(head + tail, whole, strict=True):
             np.testing.assert_array_equal(a, b)
 
-    def test_two_streams_over_one_mapping_each_get_their_own_windows(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_two_streams_over_one_mapping_each_get_their_own_windows(self, tmp_path: Path) -> None:
         """Two streams read one mapping in turns, each on its own worker thread: each
         yields exactly what it yields alone."""
         tokens = counting_file(tmp_path, 2**16)
@@ -164,7 +159,7 @@ class TestSameBatches:
             got_one.append(np.asarray(a))
             got_two.append(np.asarray(b))
         for seed, got in ((1, got_one), (2, got_two)):
-            for a, b in zip(got, alone(monkeypatch, tokens, seed=seed, steps=40), strict=True):
+            for a, b in zip(got, alone(tokens, seed=seed, steps=40), strict=True):
                 np.testing.assert_array_equal(a, b)
 
 

@@ -1,12 +1,15 @@
 """Which way a stream copies the windows of a file mapping, chosen by what the file and
 the machine are (issue 50): kept mapped where the tokens are warm and fit in the memory
 left, read by position where they are larger or cold, given up when memory runs low;
-and `stream_ended` says which ran and why."""
+where both are safe, timed on the stream's own groups (issue 57); and `stream_ended` says
+which ran and why. The rules' thresholds are a `ReadOptions` passed to `windows`."""
 
 from __future__ import annotations
 
 import mmap
 import threading
+from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +18,23 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
+from devpolicy import ReadOptions
 from devpolicy._apply.stream import cutting
 from devpolicy._read import pages, positional
 from tests.helpers import drop_from_page_cache, policy_of
 
 from .conftest import batched_reads_here
-from .streams import TOKEN_RULES, assert_exact, counting_file, resident
+from .streams import SWITCHING, TOKEN_RULES, assert_exact, counting_file, resident
 
 COUNT = 2**22  # 16 MiB of uint32 tokens
 LENGTH = 257
 BATCH = 16
 pytestmark = pytest.mark.skipif(pages._MADVISE is None, reason="file mappings are Linux's here")
+#: The rules' first guess, held to (not timed against the other safe path).
+RULES = ReadOptions(measure=False)
+#: The same where reading by position is one `preadv` a window, as where io_uring cannot
+#: be had (gVisor, a seccomp profile that refuses it).
+NO_IO_URING = ReadOptions(measure=False, io_uring=False)
 
 
 def mapped(path: Path, *, cold: bool = False) -> Any:
@@ -37,11 +46,19 @@ def mapped(path: Path, *, cold: bool = False) -> Any:
     return devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
 
 
-def run(tokens: Any, steps: int = 40, seed: int = 3) -> dict[str, Any]:
-    """`steps` random batches, each checked against the tokens; the `stream_ended` event."""
+def run(tokens: Any, reads: ReadOptions, steps: int = 40, seed: int = 3) -> dict[str, Any]:
+    """`steps` random batches read as `reads` says, each checked against the tokens; the
+    `stream_ended` event."""
     with capture_logs() as logs:
         stream = devpolicy.windows(
-            tokens, LENGTH, BATCH, order="random", seed=seed, steps=steps, policy=policy_of()
+            tokens,
+            LENGTH,
+            BATCH,
+            order="random",
+            seed=seed,
+            steps=steps,
+            policy=policy_of(),
+            reads=reads,
         )
         for step, batch in enumerate(stream):
             assert_exact(batch, seed, step, LENGTH, COUNT)
@@ -50,34 +67,28 @@ def run(tokens: Any, steps: int = 40, seed: int = 3) -> dict[str, Any]:
     return ended
 
 
-def read_by_position(tokens: Any, cached: tuple[float, float], why: str) -> None:
+def read_by_position(
+    tokens: Any, cached: tuple[float, float], why: str, reads: ReadOptions = NO_IO_URING
+) -> None:
     """With the share of `tokens` in the page cache within `cached` (else the test is
-    skipped: the filesystem kept what it was told to drop), a stream reads them by
-    position, one `preadv` a window, and `reads_why` says `why`."""
+    skipped: the filesystem kept what it was told to drop), a stream given `reads` (no
+    io_uring) reads them by position, one `preadv` a window, and `reads_why` says `why`."""
     share = pages.cached_share(devpolicy.host_view(tokens))
     if share is None or not cached[0] <= share < cached[1]:
         pytest.skip(f"this filesystem kept what was dropped from the page cache ({share})")
-    ended = run(tokens)
+    ended = run(tokens, reads)
     assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
     assert why in ended["reads_why"]
 
 
-@pytest.fixture
-def no_io_uring(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reading by position is one `preadv` a window, as where io_uring cannot be had
-    (gVisor, a seccomp profile that refuses it)."""
-    monkeypatch.setattr(positional, "BATCHED", False)
-
-
 class TestChoice:
-    @pytest.mark.usefixtures("no_io_uring")
     def test_warm_tokens_that_fit_are_kept_mapped_where_reads_are_one_call_a_window(
         self, tmp_path: Path
     ) -> None:
         """No io_uring, a file just written (in the page cache) and far smaller than the
         memory left: gathered from the mapping, its pages kept, and the event says why."""
         tokens = mapped(tmp_path / "t.safetensors")
-        ended = run(tokens)
+        ended = run(tokens, NO_IO_URING)
         assert (ended["reads"], ended["reads_with"]) == ("mapping", None)
         assert "100% of their pages in the page cache" in ended["reads_why"]
         assert "no io_uring" in ended["reads_why"]
@@ -92,60 +103,56 @@ class TestChoice:
         if not batched_reads_here():
             pytest.skip("io_uring cannot be had here")
         tokens = mapped(tmp_path / "t.safetensors")
-        ended = run(tokens)
+        ended = run(tokens, RULES)
         assert ended["reads"] == "file"
         assert ended["reads_with"].startswith("io_uring")
         assert "a group's windows in one io_uring call" in ended["reads_why"]
         assert resident(devpolicy.host_view(tokens)) == 0
 
-    @pytest.mark.usefixtures("no_io_uring")
     def test_cold_tokens_are_read_by_position(self, tmp_path: Path) -> None:
         """The file dropped from the page cache: faults through a mapping would wait on
         the disk one page at a time, so the stream reads by position."""
         tokens = mapped(tmp_path / "t.safetensors", cold=True)
-        read_by_position(tokens, (0.0, cutting.WARM_SHARE), "in the page cache: read from")
+        warm = ReadOptions().warm_share
+        read_by_position(tokens, (0.0, warm), "in the page cache: read from")
 
-    @pytest.mark.usefixtures("no_io_uring")
     def test_tokens_larger_than_the_page_cache_can_hold_are_read_by_position(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path
     ) -> None:
-        """Without io_uring, tokens more than `KEEP_OF_RAM` of the host's RAM (here the
+        """Without io_uring, tokens more than `keep_of_ram` of the host's RAM (here the
         share made tiny, the RAM measured for real) are read by position: nothing mapped."""
-        monkeypatch.setattr(cutting, "KEEP_OF_RAM", 1e-9)
         tokens = mapped(tmp_path / "t.safetensors")
-        ended = run(tokens)
+        ended = run(tokens, ReadOptions(measure=False, io_uring=False, keep_of_ram=1e-9))
         assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
         assert "of the host's" in ended["reads_why"]
         assert "of RAM: read from the file by position" in ended["reads_why"]
         assert resident(devpolicy.host_view(tokens)) == 0
 
-    @pytest.mark.usefixtures("no_io_uring")
     def test_tokens_whose_uncached_part_passes_the_memory_left_are_read_by_position(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path
     ) -> None:
         """Without io_uring, a file partly dropped from the page cache (warm enough),
-        whose missing part is more than `KEEP_SHARE` of the memory left (the share made
+        whose missing part is more than `keep_share` of the memory left (the share made
         tiny), is read by position; all of it cached, the same share keeps it mapped."""
-        monkeypatch.setattr(cutting, "KEEP_SHARE", 1e-9)
+        reads = ReadOptions(measure=False, io_uring=False, keep_share=1e-9)
         tokens = mapped(tmp_path / "t.safetensors")
-        assert run(tokens)["reads"] == "mapping"  # nothing missing: kept
+        assert run(tokens, reads)["reads"] == "mapping"  # nothing missing: kept
         view = devpolicy.host_view(tokens)
         pages.Pager(view, random=False).sweep()  # what the stream mapped, unmapped
         path = tmp_path / "t.safetensors"
         drop_from_page_cache(path, start=path.stat().st_size * 3 // 4)  # the last quarter
-        read_by_position(tokens, (cutting.WARM_SHARE, 1.0), "not in the page cache are more")
+        warm = ReadOptions().warm_share
+        read_by_position(tokens, (warm, 1.0), "not in the page cache are more", reads)
 
-    @pytest.mark.usefixtures("no_io_uring")
     def test_kept_pages_are_given_back_once_memory_runs_low_and_no_batch_changes(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path
     ) -> None:
         """Memory looked at every group, and counted low (below all of the host's RAM):
         the stream gives the mapping's pages back and reads by position from then on,
         every batch still its own step's."""
-        monkeypatch.setattr(cutting, "KEEP_CHECK_EVERY", 1)
-        monkeypatch.setattr(cutting, "LOW_MEMORY_SHARE", 1.0)
+        reads = ReadOptions(measure=False, io_uring=False, keep_check_every=1, low_memory_share=1.0)
         tokens = mapped(tmp_path / "t.safetensors")
-        ended = run(tokens, steps=200)
+        ended = run(tokens, reads, steps=200)
         assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
         assert "its pages kept" in ended["reads_why"]
         assert "this process can still use fell to" in ended["reads_why"]
@@ -160,20 +167,43 @@ class TestChoice:
         statm = tmp_path / "statm"
         statm.write_text("250000 40000 0 100 0 90000 0\n")
         monkeypatch.setattr(pages, "STATM", str(statm))
-        monkeypatch.setattr(cutting, "MAPPED_COPY", "budget")
-        monkeypatch.setattr(cutting, "RESIDENT_BUDGET", mmap.PAGESIZE)
         swept: list[int] = []
         monkeypatch.setattr(pages.Pager, "sweep", lambda self: swept.append(1))
         tokens = mapped(tmp_path / "t.safetensors")
-        ended = run(tokens)
+        ended = run(tokens, ReadOptions(path="budget", resident_budget=mmap.PAGESIZE))
         assert ended["reads"] == "mapping"
         assert "does not count a mapping's pages" in ended["reads_why"]
         assert swept == []
         assert resident(devpolicy.host_view(tokens)) > 40 * BATCH * LENGTH * 4 // 2
 
+    @pytest.mark.parametrize("uring", [True, False], ids=["io_uring", "no io_uring"])
+    def test_where_both_paths_are_safe_the_stream_times_them_and_says_so(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uring: bool
+    ) -> None:
+        """Warm tokens that fit, a file that can be read by position: both paths are safe,
+        so the stream times them on its own groups, in turns (here a turn of one group and
+        a trial every group: it switches path nearly every group), every batch still its
+        own step's; `reads_why` says what was measured."""
+        if uring and not batched_reads_here():
+            pytest.skip("io_uring cannot be had here")
+        used: list[str] = []
+        real_use = cutting.GroupCutter._use
+
+        def use(cutter: cutting.GroupCutter, path: str) -> None:
+            used.append(path)
+            real_use(cutter, path)
+
+        monkeypatch.setattr(cutting.GroupCutter, "_use", use)
+        tokens = mapped(tmp_path / "t.safetensors")
+        ended = run(tokens, replace(SWITCHING, io_uring=uring), steps=2000)
+        switches = sum(a != b for a, b in pairwise(used))
+        assert switches >= 10, used
+        assert "timed on its own groups (" in ended["reads_why"]
+        assert "measured: " in ended["reads_why"]
+
     def test_tokens_in_memory_say_so(self) -> None:
         """No file behind the tokens: copied from memory, and the event says that."""
-        ended = run(np.arange(COUNT, dtype=np.uint32))
+        ended = run(np.arange(COUNT, dtype=np.uint32), ReadOptions())
         assert ended["reads"] == "memory"
         assert ended["reads_why"].startswith("the tokens are in memory")
 
@@ -187,6 +217,7 @@ class TestFirstBatch:
         ring's kernel thread) as soon as `windows` returns, so whatever the caller does
         before its first pull hides that read."""
         started = threading.Event()
+        reads = RULES
         if way == "read by a polled ring":
             if not batched_reads_here(polled=True):
                 pytest.skip("a polled ring cannot be had here")
@@ -198,7 +229,7 @@ class TestFirstBatch:
 
             monkeypatch.setattr(positional.FileWindows, "submit_batches", submitted)
         else:
-            monkeypatch.setattr(positional, "BATCHED", False)
+            reads = NO_IO_URING
             real_made = cutting.GroupCutter._made_ready
 
             def made(cutter: cutting.GroupCutter, *args: Any) -> Any:
@@ -209,7 +240,7 @@ class TestFirstBatch:
             monkeypatch.setattr(cutting.GroupCutter, "_made_ready", made)
         tokens = mapped(tmp_path / "t.safetensors")
         with devpolicy.windows(
-            tokens, LENGTH, BATCH, order="random", seed=3, policy=policy_of()
+            tokens, LENGTH, BATCH, order="random", seed=3, policy=policy_of(), reads=reads
         ) as stream:
             assert started.wait(10), "nothing was read before the first pull"
             assert_exact(next(stream), 3, 0, LENGTH, COUNT)

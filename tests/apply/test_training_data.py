@@ -18,15 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import devpolicy
-from devpolicy._apply.stream import cutting, mixing, shuffling
+from devpolicy._apply.stream import mixing, shuffling
 from devpolicy._apply.stream import state as streamstate
-from devpolicy._read import positional
 from devpolicy.errors import StreamStateError
 from tests.conftest import REPO
 from tests.helpers import policy_of, reports_of, run_job
 
 from .conftest import batched_reads_here
 from .streams import (
+    SWITCHING,
     closed_while_pulled,
     forked_child_refuses,
     held_open,
@@ -238,15 +238,15 @@ class TestMixtures:
 
     @pytest.mark.parametrize("uring", [True, False], ids=["io_uring", "no io_uring"])
     def test_a_mixture_of_mapped_files_reads_by_position_the_same_windows(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uring: bool
+        self, tmp_path: Path, uring: bool
     ) -> None:
         """Sources mapped from files give exactly the batches the same arrays in memory
-        give, the read path chosen as one file's is: by position (one reader over all the
-        files) where a group is one io_uring call, else from the mappings, kept (warm
-        files that fit)."""
+        give, the read path chosen as one file's is (the rules' first guess, held to): by
+        position (one reader over all the files) where a group is one io_uring call, else
+        from the mappings, kept (warm files that fit)."""
         if uring and not batched_reads_here():
             pytest.skip("no io_uring here")
-        monkeypatch.setattr(positional, "BATCHED", uring)
+        reads = devpolicy.ReadOptions(io_uring=uring, measure=False)
         mapped = {}
         for name, values in SOURCES.items():
             path = tmp_path / f"{name}.bin"
@@ -255,7 +255,9 @@ class TestMixtures:
         policy = devpolicy.load_policy({"version": 1, "logging": {"level": "info"}}, environ={})
         options: dict[str, Any] = {"order": "shuffled", "seed": 6, "weights": WEIGHTS, "steps": 40}
         with structlog.testing.capture_logs() as events:
-            from_files = every(devpolicy.windows(mapped, 32, 8, policy=policy, **options))
+            from_files = every(
+                devpolicy.windows(mapped, 32, 8, policy=policy, reads=reads, **options)
+            )
         in_memory = every(devpolicy.windows(SOURCES, 32, 8, policy=policy, **options))
         for got, want in zip(from_files, in_memory, strict=True):
             np.testing.assert_array_equal(got, want)
@@ -272,19 +274,24 @@ class TestMixtures:
                 in (ended["reads_why"])
             )
 
-    def test_a_source_file_cut_short_is_an_error_naming_that_file(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_a_source_file_cut_short_is_an_error_naming_that_file(self, tmp_path: Path) -> None:
         """Read by position (a mapping read past its file's end is SIGBUS: host-arrays.md),
         a file of a mixture cut short mid-stream is an error naming that file."""
-        monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
         paths = {}
         for name, values in SOURCES.items():
             paths[name] = tmp_path / f"{name}.bin"
             values.tofile(paths[name])
         mapped = {n: np.memmap(p, dtype=np.int32, mode="r") for n, p in paths.items()}
         stream = devpolicy.windows(
-            mapped, 32, 8, order="random", seed=1, weights=WEIGHTS, steps=400, policy=policy_of()
+            mapped,
+            32,
+            8,
+            order="random",
+            seed=1,
+            weights=WEIGHTS,
+            steps=400,
+            policy=policy_of(),
+            reads="file",
         )
         next(stream)
         with open(paths["code"], "r+b") as f:
@@ -612,8 +619,18 @@ KINDS = [
     "mixture of files (preadv)",
     "mixture of files (kept mapped)",
     "mixture of files",
+    "mixture of files (switching paths every group)",
     "documents",
 ]
+#: How each mixture of files is read: by position though the files are warm, one `preadv`
+#: a window; kept mapped (the rules' guess without io_uring); as `windows` chooses; and
+#: switching between reading by position and the kept mappings nearly every group.
+KIND_READS = {
+    "mixture of files (preadv)": devpolicy.ReadOptions(path="file", io_uring=False),
+    "mixture of files (kept mapped)": devpolicy.ReadOptions(io_uring=False, measure=False),
+    "mixture of files": devpolicy.ReadOptions(),
+    "mixture of files (switching paths every group)": SWITCHING,
+}
 
 
 def kind_stream(kind: str, tmp_path: Path, steps: int | None = 300) -> Any:
@@ -635,7 +652,15 @@ def kind_stream(kind: str, tmp_path: Path, steps: int | None = 300) -> Any:
                 values.tofile(path)
             sources[name] = np.memmap(path, dtype=np.int32, mode="r")
     return devpolicy.windows(
-        sources, 64, 4, order="shuffled", seed=5, weights=WEIGHTS, steps=steps, policy=policy
+        sources,
+        64,
+        4,
+        order="shuffled",
+        seed=5,
+        weights=WEIGHTS,
+        steps=steps,
+        policy=policy,
+        reads=KIND_READS.get(kind),
     )
 
 
@@ -646,11 +671,7 @@ def as_key(batch: Any) -> bytes:
 
 
 @pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param in ("mixture of files (preadv)", "mixture of files (kept mapped)"):
-        monkeypatch.setattr(positional, "BATCHED", False)
-    if request.param == "mixture of files (preadv)":  # by position though the files are warm
-        monkeypatch.setattr(cutting, "MAPPED_COPY", "file")
+def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
