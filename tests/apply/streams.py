@@ -25,7 +25,7 @@ import pytest
 
 import devpolicy
 from devpolicy import ReadOptions
-from devpolicy._apply.stream import cutting
+from devpolicy._read import positional
 from tests.helpers import policy_of
 
 from .conftest import batched_reads_here
@@ -155,6 +155,16 @@ def no_file_to_read(view: object, length: int, **ring: object) -> None:
     """`mapped_file` where the file a view maps cannot be read by position."""
 
 
+def unreadable_by_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every file mapping look like one that cannot be read by position (as a private
+    writable map's): `mapped_file` finds no file, wherever devpolicy's modules took it
+    from `positional` (the stream's read paths may move between modules; this finds them)."""
+    found = positional.mapped_file
+    for name, module in list(sys.modules.items()):
+        if name.startswith("devpolicy.") and getattr(module, "mapped_file", None) is found:
+            monkeypatch.setattr(module, "mapped_file", no_file_to_read)
+
+
 def use_read_path(name: str, monkeypatch: pytest.MonkeyPatch) -> ReadWay:
     """`name`'s way of copying windows (skipping where this machine cannot have it): its
     `reads` is what a test passes to `windows`."""
@@ -162,7 +172,7 @@ def use_read_path(name: str, monkeypatch: pytest.MonkeyPatch) -> ReadWay:
     if way.ring and not batched_reads_here(polled=way.polled):
         pytest.skip(f"{name} cannot be had here")
     if way.no_file:
-        monkeypatch.setattr(cutting, "mapped_file", no_file_to_read)
+        unreadable_by_position(monkeypatch)
     return way
 
 

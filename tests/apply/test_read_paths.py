@@ -7,9 +7,9 @@ which ran and why. The rules' thresholds are a `ReadOptions` passed to `windows`
 from __future__ import annotations
 
 import mmap
+import re
 import threading
 from dataclasses import replace
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +178,7 @@ class TestChoice:
 
     @pytest.mark.parametrize("uring", [True, False], ids=["io_uring", "no io_uring"])
     def test_where_both_paths_are_safe_the_stream_times_them_and_says_so(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uring: bool
+        self, tmp_path: Path, uring: bool
     ) -> None:
         """Warm tokens that fit, a file that can be read by position: both paths are safe,
         so the stream times them on its own groups, in turns (here a turn of one group and
@@ -186,19 +186,15 @@ class TestChoice:
         own step's; `reads_why` says what was measured."""
         if uring and not batched_reads_here():
             pytest.skip("io_uring cannot be had here")
-        used: list[str] = []
-        real_use = cutting.GroupCutter._use
-
-        def use(cutter: cutting.GroupCutter, path: str) -> None:
-            used.append(path)
-            real_use(cutter, path)
-
-        monkeypatch.setattr(cutting.GroupCutter, "_use", use)
         tokens = mapped(tmp_path / "t.safetensors")
         ended = run(tokens, replace(SWITCHING, io_uring=uring), steps=2000)
-        switches = sum(a != b for a, b in pairwise(used))
-        assert switches >= 10, used
-        assert "timed on its own groups (" in ended["reads_why"]
+        # Each trial reads a group by each path: its end, a switch at least once.
+        trials = re.search(
+            r"timed on its own groups \((.+?)\), (\d+) time\(s\)", ended["reads_why"]
+        )
+        assert trials is not None, ended["reads_why"]
+        assert sorted(trials.group(1).split(", ")) == ["file", "keep"]
+        assert int(trials.group(2)) >= 10, ended["reads_why"]
         assert "measured: " in ended["reads_why"]
 
     def test_tokens_in_memory_say_so(self) -> None:

@@ -26,7 +26,7 @@ from devpolicy._apply.stream import groups as _groups
 from devpolicy._apply.stream import sampling as _sampling
 from devpolicy._read import pages as _pages
 from tests.apply.conftest import ByPosition
-from tests.apply.streams import mapping_of, no_file_to_read, resident
+from tests.apply.streams import mapping_of, resident, unreadable_by_position
 from tests.helpers import policy_of
 
 BATCH_RULES = [
@@ -402,7 +402,7 @@ def through_the_mapping(monkeypatch: pytest.MonkeyPatch) -> devpolicy.ReadOption
     """Options for streams that copy windows out of the mapping, as where the file cannot
     be read by position (a private writable map): held to reading by position, they find
     no file and gather, the pages then given back (`pages`) group by group."""
-    monkeypatch.setattr(_windows, "mapped_file", no_file_to_read)
+    unreadable_by_position(monkeypatch)
     return devpolicy.ReadOptions(path="file")
 
 
@@ -498,7 +498,7 @@ class TestFlatMemory:
         brought in, so resident memory stays under the budget even where each window
         maps 2 MiB."""
         reads = devpolicy.ReadOptions(path="budget", resident_budget=16 * 2**20)
-        monkeypatch.setattr(_windows, "mapped_file", no_file_to_read)
+        unreadable_by_position(monkeypatch)
         tokens = warm_mapped_tokens(tmp_path, 2**28)
         view = devpolicy.host_view(tokens)
         peaks = peaks_before_each_release(view, monkeypatch)
@@ -519,7 +519,7 @@ class TestFlatMemory:
         The windows are also counted at the most one was measured to bring in, so the
         view stays under the budget all the same."""
         reads = devpolicy.ReadOptions(path="budget", resident_budget=16 * 2**20)
-        monkeypatch.setattr(_windows, "mapped_file", no_file_to_read)
+        unreadable_by_position(monkeypatch)
         tokens = warm_mapped_tokens(tmp_path, 2**28)
         other_path = tmp_path / "other.bin"
         other_path.write_bytes(b"\1" * 64 * 2**20)
