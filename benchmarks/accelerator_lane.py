@@ -2,6 +2,7 @@
 demo and the accelerator benchmarks on whatever accelerator JAX finds, print one table.
 
     python benchmarks/accelerator_lane.py [--wheels DIR] [--runs 5] [--out lane.md]
+        [--reads auto|keep|budget|file]
 
 Run it from a checkout of the project (its `tests/`, `examples/` and `policies/` are
 used). `--wheels DIR`: install devpolicy and the lane's test tools (pytest, hypothesis,
@@ -26,6 +27,10 @@ imports JAX):
 5. `benchmarks/bench_floor.py --in-process`: a 2 GiB checkpoint written by
    `safetensors.numpy.save_file` loaded onto the chip against the transfer floor and
    a mapping's views sent in one `device_put`.
+
+`--reads` holds every `windows` stream of the benchmarks to one read path
+(`devpolicy.ReadOptions(path=...)`: bench_accelerator's `--reads`, bench_loop's
+`--mapped-copy`); by default each makes its own choice.
 
 The table (and with `--out`, a Markdown copy) says the date, the machine and each
 result. The exit status is pytest's (0: passed or skipped), or the demo's if it failed.
@@ -215,15 +220,16 @@ def json_rows(
     return rows
 
 
-def run_benchmarks(runs: int, story_tokens: int, folder: Path) -> list[tuple[str, str, str]]:
+def run_benchmarks(
+    runs: int, story_tokens: int, folder: Path, reads: str = "auto"
+) -> list[tuple[str, str, str]]:
     python = sys.executable
     rounds = str(max(3, runs))
-    rows = json_rows(
-        [python, "benchmarks/bench_accelerator.py", "--json", "--runs", str(runs)],
-        "bench_accelerator",
-    )
+    accelerator = [python, "benchmarks/bench_accelerator.py", "--json", "--runs", str(runs)]
+    rows = json_rows([*accelerator, "--reads", reads], "bench_accelerator")
     loop = [python, "benchmarks/bench_loop.py", "--json", "--rounds", rounds, "--no-sharded"]
     loop += ["--steps", "600"]  # a stream's start (its first batch) is not a run's cost
+    loop += ["--mapped-copy", reads]
     in_memory: list[dict[str, Any]] = []
     rows += json_rows(loop, "bench_loop (memory)", in_memory)
     mapped = [*loop, "--tokens", str(story_tokens), "--mapped", str(folder / "story")]
@@ -288,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-tests", action="store_true", help="benchmarks only")
     parser.add_argument("--logs", type=Path, help="keep each benchmark's whole output here")
+    parser.add_argument(
+        "--reads",
+        choices=["auto", "keep", "budget", "file"],
+        default="auto",
+        help="the read path every windows stream is held to (default auto: its own choice)",
+    )
     args = parser.parse_args(argv)
     if args.logs is not None:
         args.logs.mkdir(parents=True, exist_ok=True)
@@ -302,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             status, rows = run_tests(Path(folder))
             demo_status, demo = run_demo()
             rows += demo
-        rows += run_benchmarks(args.runs, args.story_tokens, Path(folder))
+        rows += run_benchmarks(args.runs, args.story_tokens, Path(folder), args.reads)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (
         f"accelerator lane, {when}: Python {platform.python_version()}, jax "

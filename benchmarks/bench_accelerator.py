@@ -2,6 +2,7 @@
 against the lines a user would write, side by side in one process.
 
     python benchmarks/bench_accelerator.py [--size 1GiB] [--steps 300] [--runs 5] [--json]
+        [--reads auto|keep|budget|file]
 
 Only one process at a time can hold a TPU, so everything runs in this one, on whatever
 accelerator `accelerator` resolves to (a TPU, else a GPU); with none it prints one row
@@ -17,7 +18,9 @@ of `--runs` and the spread (lowest-highest). Rows:
    against a hand loop (`np.stack` of 32 slices and `jax.device_put`), in steps/s; warm
    (the file in the page cache) and cold (dropped from it before every run, where the
    machine allows: the share still cached is in the row's note). Before every run the
-   pages the last one mapped are given back, so no run finds another's.
+   pages the last one mapped are given back, so no run finds another's. `--reads` holds
+   the stream to one read path (`devpolicy.ReadOptions(path=...)`; default `auto`, its
+   own choice), said in the row's note.
 
 With `--json` each row is printed as one JSON object per line (what
 `benchmarks/accelerator_lane.py` reads); otherwise as a table.
@@ -111,8 +114,10 @@ def bench_load(chip: Any, target: str, folder: Path, nbytes: int, runs: int) -> 
 
 
 def bench_windows(
-    chip: Any, target: str, folder: Path, steps: int, runs: int, *, cold: bool
+    chip: Any, target: str, folder: Path, steps: int, runs: int, *, cold: bool, reads: Any
 ) -> dict[str, Any]:
+    """`devpolicy.windows` (its windows read as `reads`, a `devpolicy.ReadOptions`, says)
+    against a hand loop, to the chip."""
     import jax
 
     import devpolicy
@@ -155,7 +160,14 @@ def bench_windows(
 
     def with_devpolicy() -> float:
         stream = devpolicy.windows(
-            mapped, WINDOW, BATCH, order="random", seed=next(seeds), steps=steps, policy=policy
+            mapped,
+            WINDOW,
+            BATCH,
+            order="random",
+            seed=next(seeds),
+            steps=steps,
+            policy=policy,
+            reads=reads,
         )
         start = time.perf_counter()
         last = None
@@ -191,7 +203,7 @@ def bench_windows(
     how = f"cold ({cached} cached after a drop)" if cold else "warm"
     note = (
         f"{BATCH} x {WINDOW} uint16 from a mapped 512 MiB dense file, {how}, {steps} steps "
-        "a run, fresh windows every run"
+        f"a run, fresh windows every run, reads={reads.path!r}"
     )
     return row(f"windows to the chip, {how.split()[0]} file", "steps/s", values, note)
 
@@ -202,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="window batches a run")
     parser.add_argument("--runs", type=int, default=5, help="runs of each method")
     parser.add_argument("--json", action="store_true", help="one JSON row per line")
+    parser.add_argument(
+        "--reads",
+        choices=["auto", "keep", "budget", "file"],
+        default="auto",
+        help="the read path the windows stream is held to (default auto: its own choice)",
+    )
     parser.add_argument(
         "--target",
         default="accelerator",
@@ -235,9 +253,18 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as folder:
             size = devpolicy.sizes.parse_size(args.size)
             rows.append(bench_load(chip, args.target, Path(folder), size, args.runs))
+            reads = devpolicy.ReadOptions(path=args.reads)
             for cold in (False, True):
                 rows.append(
-                    bench_windows(chip, args.target, Path(folder), args.steps, args.runs, cold=cold)
+                    bench_windows(
+                        chip,
+                        args.target,
+                        Path(folder),
+                        args.steps,
+                        args.runs,
+                        cold=cold,
+                        reads=reads,
+                    )
                 )
     for r in rows:
         print(json.dumps(r) if args.json else format_row(r))

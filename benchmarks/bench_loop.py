@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import itertools
 import json
 import mmap
@@ -89,7 +90,7 @@ import structlog.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import devpolicy
-from devpolicy._apply.stream import cutting as windows_module
+from devpolicy._apply.stream import cutting
 
 Feeder = Callable[[int], Iterator[Any]]
 POLICIES = Path(__file__).resolve().parent.parent / "policies"
@@ -219,34 +220,35 @@ def stream(
     batch: int,
     policy: devpolicy.Policy,
     *,
+    reads: devpolicy.ReadOptions,
     ahead: bool = True,
     **options: Any,
 ) -> Feeder:
     """`devpolicy.windows`, random unless `options` say otherwise (the training-data
     options: `order="shuffled"`, a mixture's `weights` with `tokens` a mapping, a
-    `separator`); with `ahead=False`, a mapping's next group is gathered on the stream's
-    own thread instead of a worker's (what the worker thread gains)."""
+    `separator`), its windows read as `reads` says; with `ahead=False`, a mapping's next
+    group is gathered on the stream's own thread instead of a worker's (what the worker
+    thread gains)."""
     options = {"order": "random", **options}
+    if not ahead:
+        reads = dataclasses.replace(reads, ahead=False)
 
     def feed(n: int) -> Iterator[Any]:
-        windows_module.GATHER_AHEAD = ahead
-        try:
-            with devpolicy.windows(
-                tokens, length, batch, seed=fresh_seed(), steps=n, policy=policy, **options
-            ) as batches:
-                yield from batches
-        finally:
-            windows_module.GATHER_AHEAD = True
+        with devpolicy.windows(
+            tokens, length, batch, seed=fresh_seed(), steps=n, policy=policy, reads=reads, **options
+        ) as batches:
+            yield from batches
 
     return feed
 
 
-def story(path: Path, length: int, batch: int) -> Feeder:
+def story(path: Path, length: int, batch: int, reads: devpolicy.ReadOptions) -> Feeder:
     """The story as a user runs it: `policies/dataset-on-host.yaml` unchanged decides where
     the loaded tokens stay (the host, mapped) and where each `batch` goes; its events are
     logged as they would be."""
     shipped = devpolicy.load_policy(POLICIES / "dataset-on-host.yaml", environ={})
-    return stream(devpolicy.load_file(path, policy=shipped)["tokens"], length, batch, shipped)
+    tokens = devpolicy.load_file(path, policy=shipped)["tokens"]
+    return stream(tokens, length, batch, shipped, reads=reads)
 
 
 def threaded(feeder: Feeder) -> Feeder:
@@ -416,15 +418,15 @@ def main() -> int:
         "--mapped-copy",
         choices=["auto", "keep", "file", "budget"],
         default=None,
-        help="how windows of a mapped file are copied (default: devpolicy's choice)",
+        help="the read path every stream is held to, ReadOptions(path=...) (default: auto)",
     )
     args = parser.parse_args()
     if (args.cold or args.sparse or args.keep) and args.mapped is None:
         parser.error("--cold, --sparse and --keep describe the --mapped file: give --mapped DIR")
     if args.depth < 1:
         parser.error(f"--depth is the reads in flight by hand, at least 1, got {args.depth}")
-    if args.mapped_copy is not None:
-        windows_module.MAPPED_COPY = args.mapped_copy
+    # Every stream's read path: devpolicy's own choice, or the one `--mapped-copy` holds it to.
+    reads = devpolicy.ReadOptions(path=args.mapped_copy or "auto")
     backend = jax.default_backend()
     devices = jax.local_devices(backend=backend)
     dim = args.dim or (64 if backend == "cpu" else 1024)
@@ -516,16 +518,17 @@ def main() -> int:
             size,
             order="random",
             seed=0,
-            steps=3 * windows_module.GROUP_MAX,
+            steps=3 * cutting.GROUP_MAX,
             policy=told,
+            reads=reads,
         ) as probe,
     ):
         # Three groups: a random stream may turn to reading by position after its first.
         for _ in probe:
             pass
     ended = next(e for e in seen if e["event"] == "stream_ended")
-    reads = ended["reads"]
-    held += f"; `devpolicy.windows` copies its windows from: {reads} ({ended['reads_why']})"
+    taken = ended["reads"]
+    held += f"; `devpolicy.windows` copies its windows from: {taken} ({ended['reads_why']})"
     reset()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
@@ -550,12 +553,12 @@ def main() -> int:
         feeders = {
             "hand loop": hand(tokens, length, size, where),
             "double-buffered": double_buffered(tokens, length, size, where),
-            "devpolicy.windows": stream(tokens, length, size, policy),
-            "devpolicy + thread": threaded(stream(tokens, length, size, policy)),
+            "devpolicy.windows": stream(tokens, length, size, policy, reads=reads),
+            "devpolicy + thread": threaded(stream(tokens, length, size, policy, reads=reads)),
         }
         if args.mapped is not None:
             feeders["windows, gathered on the stream's thread"] = stream(
-                tokens, length, size, policy, ahead=False
+                tokens, length, size, policy, reads=reads, ahead=False
             )
             feeders["positional reads by hand"] = positional(path, start, length, size, where)
             feeders[f"many reads in flight by hand ({args.depth})"] = in_flight(
@@ -583,7 +586,7 @@ def main() -> int:
             where = (
                 "memory"
                 if args.mapped is None
-                else f"a {kind} mapped file, {'cold' if args.cold else 'warm'}, copied from {reads}"
+                else f"a {kind} mapped file, {'cold' if args.cold else 'warm'}, copied from {taken}"
             )
             row: dict[str, Any] = {"row": f"loop from {where}: {label}"}
             row |= {f"windows x {b}": round(ratio(rates, "devpolicy.windows", b), 2) for b in bases}
@@ -638,18 +641,22 @@ def main() -> int:
     twenty_weights = {f"s{i}": float(i + 1) for i in range(20)}
     separator = int(np.asarray(tokens[:length]).reshape(-1)[0])
     data = {
-        "devpolicy.windows": stream(tokens, length, size, single),
-        "shuffled": stream(tokens, length, size, single, order="shuffled"),
-        "shuffled, every start": stream(tokens, length, size, single, order="shuffled", stride=1),
-        "mixed, 2 sources (random)": stream(two, length, size, single, order="random", weights=mix),
+        "devpolicy.windows": stream(tokens, length, size, single, reads=reads),
+        "shuffled": stream(tokens, length, size, single, reads=reads, order="shuffled"),
+        "shuffled, every start": stream(
+            tokens, length, size, single, reads=reads, order="shuffled", stride=1
+        ),
+        "mixed, 2 sources (random)": stream(
+            two, length, size, single, reads=reads, order="random", weights=mix
+        ),
         "mixed, 2 sources (shuffled)": stream(
-            two, length, size, single, order="shuffled", weights=mix
+            two, length, size, single, reads=reads, order="shuffled", weights=mix
         ),
         "mixed, 20 sources (shuffled)": stream(
-            twenty, length, size, single, order="shuffled", weights=twenty_weights
+            twenty, length, size, single, reads=reads, order="shuffled", weights=twenty_weights
         ),
         "random, with segment ids": stream(
-            tokens, length, size, single, order="random", separator=separator
+            tokens, length, size, single, reads=reads, order="random", separator=separator
         ),
     }
     data_rates = side_by_side(data, args.rounds, lambda f: pipeline_rate(f, n), reset)
@@ -700,7 +707,7 @@ def main() -> int:
     feeders = pipelines(device, single)
     feeders["pre-placed"] = lambda n: iter(placed[:n])
     if args.mapped is not None:
-        feeders["the story, shipped policy"] = story(path, length, size)
+        feeders["the story, shipped policy"] = story(path, length, size, reads)
     feeders["windows, with segment ids"] = data["random, with segment ids"]
     run(
         f"The step (lookup in a {args.vocab:,} x {dim} table, {dim} x {dim} matmul), one "
@@ -725,7 +732,7 @@ def main() -> int:
             for n in at:
                 start_clock = time.perf_counter()
                 with devpolicy.windows(
-                    source, length, size, seed=7, start=n, policy=single, **options
+                    source, length, size, seed=7, start=n, policy=single, reads=reads, **options
                 ) as resumed:
                     jax.block_until_ready(next(resumed))
                 waits[kind_name, n].append(time.perf_counter() - start_clock)

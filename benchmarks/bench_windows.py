@@ -19,12 +19,14 @@ tenth of the run and the time per step:
 - `MADV_RANDOM only`: the mapping advised random, nothing given back;
 - `copied from the mapping, pages given back a group at a time` (`pages.Pager.release`):
   `MADV_RANDOM`, and each group's 64 KiB blocks given back (`MADV_DONTNEED`) once copied;
-- `gathered within the budget` (`MAPPED_COPY="budget"`): windows gathered from the
-  mapping, the whole view given back in one sweep once what they measurably brought in
-  nears `RESIDENT_BUDGET` (256 MiB), or read by position where each maps a large folio;
-- `gathered, pages kept` (`MAPPED_COPY="keep"`): nothing given back;
-- `read from the file by position` (`devpolicy/_read/positional.py`): each
-  window read into the batch buffer, nothing of the mapping touched;
+- `gathered within the budget` (`reads=ReadOptions(path="budget")`): windows gathered
+  from the mapping, the whole view given back in one sweep once what they measurably
+  brought in nears `resident_budget` (256 MiB), or read by position where each maps a
+  large folio;
+- `gathered, pages kept` (`reads=ReadOptions(path="keep")`): nothing given back;
+- `read from the file by position` (`reads=ReadOptions(path="file")`,
+  `devpolicy/_read/positional.py`): each window read into the batch buffer, nothing of
+  the mapping touched;
 - `devpolicy.windows`: what it chooses (docs/host-arrays.md, "Which read path runs"):
   read by position where io_uring can be had; else kept mapped where the tokens are warm
   and fit, read by position where not; the table says which it took, and why.
@@ -34,7 +36,7 @@ and without it take turns (a shared machine's load then weighs on both alike).
 
 Target: each variant within the resident memory docs/host-arrays.md documents for its
 path: read by position, 64 MiB (the batch buffers and the process's own); gathered
-within the budget, `RESIDENT_BUDGET` + 64 MiB; pages kept, the file's size + 64 MiB (page
+within the budget, `resident_budget` + 64 MiB; pages kept, the file's size + 64 MiB (page
 cache the kernel can reclaim, kept only while memory allows); the kernel's defaults and
 `MADV_RANDOM only` have no budget (they show why there is one).
 The tables and the machine's state are written to `--out` as Markdown.
@@ -69,14 +71,18 @@ def status(field):
 
 import numpy as np
 import devpolicy
-from devpolicy._read import pages
-from devpolicy._apply.stream import cutting as windows
+from devpolicy._read import pages, positional
+import devpolicy._apply.stream.cutting
 
+reads = None  # devpolicy: its own choice
 if variant in ("file", "budget", "keep"):  # one path, whatever the file
-    windows.MAPPED_COPY = variant
-elif variant != "devpolicy":  # copied out of the mapping, its pages given back each group
-    windows.MAPPED_COPY = "file"
-    windows.mapped_file = lambda view, length: None
+    reads = devpolicy.ReadOptions(path=variant)
+elif variant != "devpolicy":  # copied out of the mapping, its pages given back each group:
+    reads = devpolicy.ReadOptions(path="file")  # held to the file, found unreadable
+    found = positional.mapped_file
+    for name, module in list(sys.modules.items()):
+        if name.startswith("devpolicy.") and getattr(module, "mapped_file", None) is found:
+            module.mapped_file = lambda view, length, **ring: None
 if variant == "defaults":
     pages._MADVISE = None  # no advice, nothing given back: the kernel's defaults
 elif variant == "random-only":
@@ -89,7 +95,7 @@ os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # every variant starts from 
 os.close(fd)
 tokens = devpolicy.load_file(path, policy=policy, progress=False)["tokens"]
 stream = devpolicy.windows(tokens, length, batch, order="random", seed=0, steps=steps,
-                           policy=policy)
+                           policy=policy, reads=reads)
 rss0, file0 = status("VmRSS"), status("RssFile")
 samples, times = [], []
 every = max(1, steps // 10)
@@ -114,10 +120,14 @@ PAIRED = r"""
 import json, os, statistics, sys, time
 path, length, batch, segments, rounds = sys.argv[1], *map(int, sys.argv[2:6])
 import devpolicy
-from devpolicy._read import pages
-from devpolicy._apply.stream import cutting as windows
-windows.MAPPED_COPY = "file"
-windows.mapped_file = lambda view, length: None  # the mapping's way: pages given back
+from devpolicy._read import pages, positional
+import devpolicy._apply.stream.cutting
+# The mapping's way, pages given back: held to the file, found unreadable by position.
+reads = devpolicy.ReadOptions(path="file")
+found = positional.mapped_file
+for name, module in list(sys.modules.items()):
+    if name.startswith("devpolicy.") and getattr(module, "mapped_file", None) is found:
+        module.mapped_file = lambda view, length, **ring: None
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}, "rules": [
     {"match": "*/tokens", "device": "cpu:0", "mmap": True},
     {"match": "batch", "device": "cpu:1"}]}, environ={})
@@ -129,7 +139,7 @@ for _ in range(rounds):
         pages.Pager.release = release if variant == "each group's pages given back" else (
             lambda self, offsets, length: None)
         stream = devpolicy.windows(tokens, length, batch, order="random", steps=segments,
-                                   policy=policy)
+                                   policy=policy, reads=reads)
         start = time.perf_counter()
         for b in stream:
             pass
