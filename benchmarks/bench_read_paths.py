@@ -16,7 +16,9 @@ windows every run. The feeders take turns within each round (A, B, C, A, B, C...
   a window, batches read ahead;
 - `windows, its own choice`: `devpolicy.windows(..., reads="auto")`;
 - `windows, read by position` and `windows, mapping kept`: the same stream held to one
-  path (`reads="file"`, `reads="keep"`).
+  path (`reads="file"`, `reads="keep"`); where io_uring can be had, `windows, read by
+  position, ring not polled` too (`ReadOptions(path="file", polled=False)`: a worker
+  thread enters the ring, no kernel thread polls it).
 
 The host's state, for the whole run: `--busy N` runs N CPU-bound processes beside it (a
 training host's loader, logger and checkpoint writer want the cores too); `--cold` drops
@@ -123,11 +125,14 @@ def main() -> int:
         tokens, args.length, args.batch, devpolicy.ReadOptions(io_uring=io_uring), ended
     )
     forced = {
-        "windows, read by position": "file",
-        "windows, mapping kept": "keep",
+        "windows, read by position": devpolicy.ReadOptions(path="file", io_uring=io_uring),
+        "windows, mapping kept": devpolicy.ReadOptions(path="keep", io_uring=io_uring),
     }
-    for name, way in forced.items():
-        reads = devpolicy.ReadOptions(path=way, io_uring=io_uring)  # type: ignore[arg-type]
+    if io_uring:  # the ring entered by a worker thread, not polled by a kernel thread
+        forced["windows, read by position, ring not polled"] = devpolicy.ReadOptions(
+            path="file", polled=False
+        )
+    for name, reads in forced.items():
         feeders[name] = chosen(tokens, args.length, args.batch, reads, [])
 
     def reset() -> None:

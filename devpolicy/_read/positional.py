@@ -44,6 +44,7 @@ class FileWindows:
     __slots__ = (
         "_bases",
         "_batch",
+        "_ends",
         "_fds",
         "_names",
         "_offsets",
@@ -63,7 +64,10 @@ class FileWindows:
         *,
         io_uring: bool = True,
         polled: bool = True,
+        end: int = 0,
     ) -> None:
+        # The bytes of each file the view needs (`check_whole`).
+        self._ends = np.asarray([end], np.int64)
         # The files read, one unless `joined` (a mixture's): each one's descriptor, name,
         # file offset of its first row, and where its rows start in the one range of rows.
         self._fds = np.asarray([fd], np.int32)
@@ -97,6 +101,7 @@ class FileWindows:
         joined._fds = np.concatenate([r._fds for r in readers])
         joined._names = [name for r in readers for name in r._names]
         joined._offsets = np.concatenate([r._offsets for r in readers])
+        joined._ends = np.concatenate([r._ends for r in readers])
         joined._bases = np.asarray(bases, np.int64)
         for reader in readers:
             reader._fds = np.asarray([], np.int32)  # now the joined reader's
@@ -259,6 +264,26 @@ class FileWindows:
                 "do not rewrite a token file while a stream reads it; load it again",
             )
 
+    def check_whole(self) -> None:
+        """Raise where a file is shorter now than the view mapped from it needs: read
+        through the mapping, its missing pages would kill the process (SIGBUS), so a
+        mapping's reader looks first (one `fstat` a file).
+
+        Raises:
+            HostViewError: naming the file, as a read by position that ran past its end.
+        """
+        # strict=False: a closed reader has no descriptor left, and checks nothing.
+        fds, ends = self._fds.tolist(), self._ends.tolist()
+        for fd, end, name in zip(fds, ends, self._names, strict=False):
+            size = os.fstat(fd).st_size
+            if size < end:
+                raise HostViewError(
+                    name,
+                    f"the file is {size:,} bytes, and the array mapped from it needs "
+                    f"{end:,}: it was truncated after it was mapped",
+                    "do not rewrite a token file while a stream reads it; load it again",
+                )
+
     def close(self) -> None:
         """Close the descriptor (and the ring); reading again raises. Safe to call twice."""
         batch, self._batch = self._batch, None
@@ -390,7 +415,9 @@ def mapped_file(
         )
     row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
     try:
-        return FileWindows(fd, path, file_offset, row, length, io_uring=io_uring, polled=polled)
+        return FileWindows(
+            fd, path, file_offset, row, length, io_uring=io_uring, polled=polled, end=needed
+        )
     except BaseException:
         os.close(fd)
         raise

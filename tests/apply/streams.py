@@ -136,16 +136,18 @@ READ_PATHS = {
 #: it, never a SIGBUS.
 FILE_PATHS = ("preadv", "io_uring", "io_uring polled")
 #: The ways a file is truncated under: those, and the stream switching between reading by
-#: position and its kept mapping. A mapping's page read past its file's end is SIGBUS,
-#: which kills the process (the test run with it), so across a switch the test is marked,
-#: not run, until the stream keeps a truncated file off that path.
+#: position and its kept mapping. A kept mapping looks at its file before each group (a
+#: truncation between two groups is an error: tests/apply/stream/test_reads.py), but a
+#: page read past the file's end while the worker copies a group is SIGBUS, which kills
+#: the process (the test run with it): the test truncates while the next group is being
+#: gathered, so across a switch it is marked, not run.
 TRUNCATED = [
     *FILE_PATHS,
     pytest.param(
         "auto, switching paths every group",
         marks=pytest.mark.xfail(
             run=False,
-            reason="a file truncated while the stream gathers from its kept mapping is SIGBUS",
+            reason="a file truncated while the worker copies from its kept mapping is SIGBUS",
         ),
     ),
 ]

@@ -39,15 +39,22 @@ def _sub_layer_folders(folder: str) -> list[str]:
     """The sub-folders of a layer folder, top first, as its contract orders them (`_io/reading`);
     siblings of one level (`reading | writing`) in the contract's order."""
     contract = next(
-        (c for c in _contracts() if c.get("containers") == [f"devpolicy.{folder}"]), None
+        (
+            c
+            for c in _contracts()
+            if c.get("containers") == [f"devpolicy.{folder.replace('/', '.')}"]
+        ),
+        None,
     )
     if contract is None:
         return []
     return [
-        f"{folder}/{name.strip()}"
+        row
         for level in contract["layers"]  # type: ignore[attr-defined]
         for name in str(level).split("|")
         if (PACKAGE / folder / name.strip() / "__init__.py").exists()
+        # A sub-folder's own sub-folders follow it (`_apply/stream/reads`).
+        for row in (f"{folder}/{name.strip()}", *_sub_layer_folders(f"{folder}/{name.strip()}"))
     ]
 
 
@@ -122,7 +129,11 @@ def test_every_folder_of_the_package_is_a_layer() -> None:
     """No folder of the package sits outside the contracts (a new folder must be placed)."""
     folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert folders == {f for f in _layer_folders() if not f.endswith("_api")}
-    sub_folders = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.glob("*/*/__init__.py")}
+    sub_folders = {
+        str(p.parent.relative_to(PACKAGE))
+        for p in PACKAGE.glob("*/**/__init__.py")
+        if p.parent.parent != PACKAGE
+    }
     assert sub_folders == {s for f in folders for s in _sub_layer_folders(f)}
 
 

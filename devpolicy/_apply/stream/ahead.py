@@ -4,8 +4,8 @@ From a file mapping, the next group is gathered on one worker thread (one hand-o
 so its page faults (numpy copies, the GIL released) overlap the transfers and the user's step,
 as a double-buffered hand loop overlaps its own. The first group (nothing to overlap yet) and
 arrays in memory (a gather costs less than a hand-off) stay on the stream's thread. Read by
-position (`filewindows`), the next group is read by a polled io_uring's kernel thread
-(`KernelReads`: no thread of ours, no GIL) or in one plain-ring call on the worker; `preadv`s
+position, the next group is read by a polled io_uring's kernel thread (`reads.polled`,
+`KernelReads`: no thread of ours, no GIL) or in one plain-ring call on the worker; `preadv`s
 stay on the stream's thread. Cutting earlier on the stream's thread, smaller groups, several
 gathering threads (their faults contend for the address space) and threads of `preadv`s all
 lost (measured: docs/benchmarks.md#the-stream-wings-choices-as-measured). The work holds the
@@ -15,10 +15,17 @@ stream weakly (`call_weakly`), so a stream dropped unclosed with a group queued 
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
-from ..._read.positional import FileWindows
 from .groups import GroupBuffer
+
+
+class _Kernel(Protocol):
+    """What a polled ring's path offers: wait for the group it started, or settle it."""
+
+    def finish(self) -> None: ...
+
+    def settle(self) -> None: ...
 
 
 class KernelReads:
@@ -27,7 +34,7 @@ class KernelReads:
 
     __slots__ = ("_into", "_reader")
 
-    def __init__(self, reader: FileWindows, into: GroupBuffer) -> None:
+    def __init__(self, reader: _Kernel, into: GroupBuffer) -> None:
         self._reader = reader
         self._into = into
 
