@@ -61,8 +61,10 @@ _MADVISE = linux_function("madvise", ctypes.c_int, [ctypes.c_void_p, ctypes.c_si
 _MINCORE = linux_function(
     "mincore", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 )
-#: Pages `cached_share` looks at, evenly spread over the view.
-_CACHE_SAMPLES = 256
+#: Pages `cached_share` looks at, evenly spread over the view: one `mincore` each (about
+#: 10 us), paid by every stream over a mapping when it starts; 64 tell a warm file from a
+#: cold one within about 6% (the rules ask for half).
+_CACHE_SAMPLES = 64
 
 
 def cached_share(view: np.ndarray[Any, Any]) -> float | None:
