@@ -11,7 +11,7 @@ import numpy as np
 
 import devpolicy
 from devpolicy._io.format.header import DTYPES
-from tests.apply.test_windows import sparse_tokens
+from tests.apply.streams import sparse_tokens
 
 
 def text(device: jax.Device) -> str:

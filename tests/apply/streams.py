@@ -1,7 +1,8 @@
 """What the tests of a stream's promises share: token files whose token i is i (ground truth
-costs nothing), the batches a stream must hand out computed without the stream's own code,
-every read path this machine offers (each the `ReadOptions` a test passes to `windows`),
-an interrupt injected where a signal could land, and a count of what a stream holds open."""
+costs nothing), sparse ones as large as the story's, the batches a stream must hand out
+computed without the stream's own code, the device a batch is on, every read path this
+machine offers (each the `ReadOptions` a test passes to `windows`), an interrupt injected
+where a signal could land, and a count of what a stream holds open."""
 
 from __future__ import annotations
 
@@ -48,6 +49,27 @@ def counting_file(path: Path, count: int) -> None:
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header)
         f.write(np.arange(count, dtype="<u4").tobytes())
+
+
+def sparse_tokens(path: Path, count: int, values: dict[int, np.ndarray]) -> None:
+    """A safetensors file of `count` uint16 tokens at a 64-byte-aligned offset, written
+    sparse: zeros (holes) except `values` at their token offsets."""
+    header = json.dumps(
+        {"tokens": {"dtype": "U16", "shape": [count], "data_offsets": [0, 2 * count]}}
+    ).encode()
+    header += b" " * (-(8 + len(header)) % 64)
+    start = 8 + len(header)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(start + 2 * count)
+        for offset, data in values.items():
+            os.pwrite(f.fileno(), data.astype("<u2").tobytes(), start + 2 * offset)
+
+
+def where(x: Any) -> str:
+    """The target text of the one device `x` is placed on (`cpu:1`)."""
+    (device,) = x.devices()
+    return devpolicy.inventory().text(device)
 
 
 def _mixed(z: int) -> int:

@@ -15,13 +15,11 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply.stream import cutting as _windows
-from devpolicy._apply.stream import sampling as _sampling
+from devpolicy._apply.stream import cutting, sampling
 from devpolicy._read import positional
+from tests.apply.conftest import ByPosition, batched_reads_here
+from tests.apply.streams import TOKEN_RULES, sparse_tokens
 from tests.helpers import policy_of
-
-from .conftest import ByPosition, batched_reads_here
-from .test_windows import BATCH_RULES, sparse_tokens
 
 COUNT = 2**20
 
@@ -37,7 +35,7 @@ def token_file(tmp_path: Path, count: int = COUNT) -> tuple[Path, np.ndarray]:
 def expected(values: np.ndarray, seed: int, steps: int, length: int, batch: int) -> np.ndarray:
     """The batches a random stream with `seed` draws: (steps, batch, length)."""
     rows = np.arange(batch, dtype=np.uint64)
-    starts = _sampling.random_starts(seed, 0, steps, rows, batch, len(values) - length + 1)
+    starts = sampling.random_starts(seed, 0, steps, rows, batch, len(values) - length + 1)
     return values[starts[..., None] + np.arange(length)]
 
 
@@ -64,7 +62,7 @@ class TestReadByPosition:
         """A stream over a mapped token file reads its windows from the file: every
         batch holds exactly the windows the seed draws, and the stream says so."""
         path, values = token_file(tmp_path)
-        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
         with capture_logs() as logs:
             stream = devpolicy.windows(
                 tokens,
@@ -131,7 +129,7 @@ class TestReadByPosition:
         """The mapped file renamed over by another (as an atomic writer does): the
         windows are still the mapped file's, never the new file's."""
         path, values = token_file(tmp_path)
-        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
         planted = tmp_path / "planted.safetensors"
         sparse_tokens(planted, COUNT, {0: np.full(COUNT, 9, np.uint16)})
         os.replace(planted, path)
@@ -178,7 +176,7 @@ class TestReadByPosition:
         """close() mid-way closes the descriptor the stream opened, and the stream then
         ends."""
         path, _ = token_file(tmp_path)
-        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
         before = open_descriptors(path)
         stream = devpolicy.windows(
             tokens, 64, 4, order="random", seed=0, policy=policy_of(), reads=by_position.reads
@@ -195,7 +193,7 @@ class TestReadByPosition:
         """A stream read from, then dropped without close(), closes its descriptor (once
         the group its worker thread is reading ahead is read)."""
         path, _ = token_file(tmp_path)
-        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
         before = open_descriptors(path)
         stream = devpolicy.windows(
             tokens, 64, 4, order="random", seed=0, policy=policy_of(), reads=by_position.reads
@@ -214,7 +212,7 @@ class TestReadByPosition:
         """Two streams over the same mapped tokens, interleaved batch by batch, each
         yield exactly the windows of their own seed."""
         path, values = token_file(tmp_path)
-        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
         first = devpolicy.windows(
             tokens,
             50,
@@ -246,11 +244,11 @@ class TestReadByPosition:
         """With the host-buffer ring reused (a device that copies, as an accelerator
         does), every batch kept still holds its own windows after 240 more were read."""
         path, values = token_file(tmp_path)
-        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
         held = list(
             devpolicy.windows(
                 tokens, 128, 4, order="random", seed=3, steps=240,
-                policy=policy_of(rules=BATCH_RULES),
+                policy=policy_of(rules=TOKEN_RULES),
                 reads=by_position.reads,
             )
         )  # fmt: skip
@@ -263,7 +261,7 @@ class TestReadByPosition:
     ) -> None:
         """A sequential pass with a stride, its last batch smaller, read from the file."""
         path, values = token_file(tmp_path, 10_000)
-        tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+        tokens = devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
         batches = [
             np.asarray(b)
             for b in devpolicy.windows(
@@ -306,7 +304,7 @@ class TestReadByPosition:
 def test_memory_that_is_not_a_file_is_copied_from_memory() -> None:
     """A numpy array in memory has no file to read: `mapped_file` says so."""
     assert positional.mapped_file(np.arange(100, dtype=np.uint16), 10) is None
-    assert _windows.mapped_file is positional.mapped_file
+    assert cutting.mapped_file is positional.mapped_file
 
 
 #: Read by position, a group in one call of a plain ring on the stream's worker thread.
@@ -329,7 +327,7 @@ def test_an_interrupt_while_waiting_for_the_group_read_ahead_closes_after_that_r
 
     monkeypatch.setattr(positional.FileWindows, "read_batches", slow_on_the_worker)
     path, _ = token_file(tmp_path)
-    tokens = devpolicy.load_file(path, policy=policy_of(rules=BATCH_RULES))["tokens"]
+    tokens = devpolicy.load_file(path, policy=policy_of(rules=TOKEN_RULES))["tokens"]
     original = Future.result
     for attempt in range(10):
         stream = devpolicy.windows(

@@ -15,8 +15,7 @@ import pytest
 
 from devpolicy._read import positional
 from devpolicy._read.uring import ENTRIES, BatchReads
-
-from .conftest import batched_reads_here
+from tests.apply.conftest import batched_reads_here
 
 pytestmark = pytest.mark.skipif(
     not batched_reads_here(), reason="io_uring cannot be had here (kernel, seccomp or sandbox)"
