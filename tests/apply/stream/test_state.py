@@ -1,5 +1,7 @@
-"""A `windows` stream resumed at step N yields exactly what an uninterrupted one yields from
-N on: by `start=`, by a saved `state()`, for both orders, sharded rows and two processes."""
+"""Where a `windows` stream is (`devpolicy._apply.stream.state`): resumed at step N it yields
+exactly what an uninterrupted one yields from N on: by `start=`, by a saved `state()`, for
+both orders, sharded rows and two processes; a state that does not match is an error
+naming the field; and a state resumed by a job of another size (2 processes -> 1)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import devpolicy
-from devpolicy._apply.stream import sampling as _sampling
-from devpolicy._apply.stream import state as streamstate
+from devpolicy._apply.stream import sampling, state
+from devpolicy.errors import StreamStateError
 from tests.conftest import REPO
 from tests.helpers import policy_of, reports_of, run_job
 
 TOKENS = np.arange(200_000, dtype=np.int32)
+#: The tokens of the elastic resume (a job of another size).
+TOKENS_100K = np.arange(100_000, dtype=np.int32)
 SHARDED = {
     "meshes": {"rows": {"axes": {"data": 4}, "devices": "cpu"}},
     "rules": [{"match": "batch", "sharding": {"mesh": "rows", "spec": ["data"]}}],
@@ -105,32 +109,6 @@ class TestResumeAtAStep:
         )
         np.testing.assert_array_equal(np.asarray(next(resumed)), want)
 
-    def test_resuming_far_draws_nothing_before_the_step(self) -> None:
-        """Step 10**12's windows are computed from its counter alone: the same starts as
-        a draw of just that step, and the first batch comes without drawing the others."""
-        rows = np.arange(4, dtype=np.uint64)
-        far = _sampling.random_starts(9, 10**12, 2, rows, 4, 10**9)
-        one = _sampling.random_starts(9, 10**12 + 1, 1, rows, 4, 10**9)
-        np.testing.assert_array_equal(far[1], one[0])
-        stream = devpolicy.windows(
-            TOKENS, 10, 4, order="random", seed=9, start=10**12, policy=policy_of()
-        )
-        assert next(stream).shape == (4, 10)
-        assert stream.state()["step"] == 10**12 + 1
-
-    def test_different_seeds_and_steps_draw_different_uniform_starts(self) -> None:
-        """The counter-based draws cover [0, starts) evenly (a chi-square bound over 100
-        buckets) and differ between seeds."""
-        rows = np.arange(1000, dtype=np.uint64)
-        starts = _sampling.random_starts(1, 0, 100, rows, 1000, 10_000)
-        assert starts.min() >= 0
-        assert starts.max() < 10_000
-        counts = np.bincount(starts.reshape(-1) // 100, minlength=100)
-        expected = starts.size / 100
-        assert ((counts - expected) ** 2 / expected).sum() < 200  # 99 dof: mean 99
-        other = _sampling.random_starts(2, 0, 100, rows, 1000, 10_000)
-        assert (starts != other).mean() > 0.99
-
 
 class TestStateThatDoesNotMatch:
     @pytest.mark.parametrize(
@@ -192,6 +170,71 @@ class TestStateThatDoesNotMatch:
             devpolicy.windows(np.arange(1000), 2, 1, start=-1, policy=policy_of())
 
 
+class TestElasticResume:
+    def test_a_state_of_another_global_batch_names_how_to_go_on_with_start(self) -> None:
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS_100K, 8, 4, order="shuffled", seed=2, policy=policy)
+        for _ in range(6):
+            next(stream)
+        saved = stream.state()
+        with pytest.raises(StreamStateError, match=r"start=8 \(and seed=2\), without resume=$"):
+            devpolicy.windows(
+                TOKENS_100K, 8, 3, order="shuffled", seed=2, resume=saved, policy=policy
+            )
+        # Going on that way continues the epoch where the saved stream was.
+        on = devpolicy.windows(TOKENS_100K, 8, 3, order="shuffled", seed=2, start=8, policy=policy)
+        assert on.state()["epoch"] == saved["epoch"]
+        next(on)
+
+    def test_a_state_of_the_first_version_still_resumes(self) -> None:
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS_100K, 8, 4, order="random", seed=2, policy=policy)
+        next(stream)
+        first = {
+            k: v
+            for k, v in stream.state().items()
+            if k not in ("epochs", "global_batch", "sources", "weights")
+        }
+        first[state.STATE_KEY] = 1
+        resumed = devpolicy.windows(
+            TOKENS_100K, 8, 4, order="random", seed=2, resume=first, policy=policy
+        )
+        np.testing.assert_array_equal(np.asarray(next(resumed)), np.asarray(next(stream)))
+
+    @pytest.mark.slow
+    def test_two_processes_resume_on_one_with_the_same_global_batches(self) -> None:
+        """A shuffled stream and a shuffled mixture drawn by 2 jax.distributed processes
+        (2 rows each of a global batch of 4): the state saved before each step, resumed
+        here by one process with batch 4, yields the global batches from that step on,
+        element by element; both processes saved the same states."""
+        reports = reports_of(run_job(REPO / "tests" / "resume_worker.py", [[], []], timeout=240))
+        tokens = np.arange(100_000, dtype=np.int32)
+        cases = {
+            "shuffled": (tokens, {"order": "shuffled", "stride": 3}),
+            "mixed": (
+                {"low": tokens[:60_000], "high": tokens[60_000:]},
+                {"order": "shuffled", "weights": {"low": 3, "high": 1}},
+            ),
+        }
+        for case, (source, options) in cases.items():
+            states = [r[case]["states"] for r in reports]
+            assert states[0] == states[1]
+            global_batches = []
+            for step in range(6):
+                rows: dict[int, list[int]] = {}
+                for report in reports:
+                    rows |= {int(k): v for k, v in report[case]["batches"][step].items()}
+                global_batches.append([rows[i] for i in range(4)])
+            for step, saved in enumerate(states[0]):
+                assert saved["step"] == step
+                assert saved["global_batch"] == 4
+                assert saved["batch"] == 2
+                resumed = devpolicy.windows(
+                    source, 5, 4, seed=11, steps=6, resume=saved, policy=policy_of(), **options
+                )
+                assert [np.asarray(b).tolist() for b in resumed] == global_batches[step:]
+
+
 @given(
     st.dictionaries(
         st.text(max_size=12),
@@ -205,9 +248,9 @@ def test_any_mapping_either_reads_as_a_state_or_is_a_stream_state_error(
     saved: dict[str, object],
 ) -> None:
     """The state reader never fails with anything but StreamStateError, marker or not."""
-    for candidate in (saved, {**saved, streamstate.STATE_KEY: 1}):
+    for candidate in (saved, {**saved, state.STATE_KEY: 1}):
         with contextlib.suppress(devpolicy.errors.StreamStateError):
-            streamstate.read_state(candidate)
+            state.read_state(candidate)
 
 
 @pytest.mark.slow
@@ -218,7 +261,7 @@ def test_two_processes_resumed_at_a_step_build_their_rows_of_the_same_global_bat
     global batches are the ones one process alone would draw (rows by global index)."""
     reports = reports_of(run_job(REPO / "tests" / "resume_worker.py", [[], []], timeout=180))
     rows = np.arange(4, dtype=np.uint64)
-    global_starts = _sampling.random_starts(11, 0, 6, rows, 4, 100_000 - 5 + 1)
+    global_starts = sampling.random_starts(11, 0, 6, rows, 4, 100_000 - 5 + 1)
     for index, report in enumerate(reports):
         assert report["process_index"] == index
         assert report["saved_step"] == 3

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import devpolicy
-from devpolicy._apply.stream import cutting as _windows
-from devpolicy._read import pages as _pages
+from devpolicy._apply.stream import cutting
+from devpolicy._read import pages
 from tests.apply.streams import mapping_of
 from tests.helpers import policy_of
 
@@ -104,7 +104,7 @@ class TestSameBatches:
         with stream_of(tokens, **options) as stream:
             ahead = [np.asarray(b) for b in stream]
         expected = alone(tokens, **options)
-        assert len(ahead) == len(expected) > _windows.GROUP_MAX
+        assert len(ahead) == len(expected) > cutting.GROUP_MAX
         for got, want in zip(ahead, expected, strict=True):
             np.testing.assert_array_equal(got, want)
             assert exact(got)
@@ -163,7 +163,7 @@ class TestSameBatches:
                 np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.skipif(_pages._MADVISE is None, reason="file mappings are found in Linux's /proc")
+@pytest.mark.skipif(pages._MADVISE is None, reason="file mappings are found in Linux's /proc")
 class TestThread:
     def test_a_mapped_stream_has_one_worker_until_it_ends(self, tmp_path: Path) -> None:
         """One thread while the stream runs, none once it has ended by itself."""

@@ -21,10 +21,9 @@ import devpolicy
 from devpolicy import ReadOptions
 from devpolicy._apply.stream import cutting
 from devpolicy._read import pages, positional
+from tests.apply.conftest import batched_reads_here
+from tests.apply.streams import SWITCHING, TOKEN_RULES, assert_exact, counting_file, resident
 from tests.helpers import drop_from_page_cache, policy_of
-
-from .conftest import batched_reads_here
-from .streams import SWITCHING, TOKEN_RULES, assert_exact, counting_file, resident
 
 COUNT = 2**22  # 16 MiB of uint32 tokens
 LENGTH = 257
