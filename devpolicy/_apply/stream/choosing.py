@@ -24,6 +24,10 @@ WARM_GROUPS = 4
 #: A path must beat the current one by this share to be switched to: two paths within
 #: it are the same path for a user, and each switch costs a little.
 MARGIN = 0.05
+#: A challenger whose group cost this share more than the current path's median so far
+#: has lost: its turns end at once (a trial of a clearly slower path costs a group or
+#: two, not its whole share; a short stream pays a trial at its start).
+LOSING = 0.3
 #: The last trial's outcome for each source (its files and way of reading), at most this
 #: many sources: a new stream of the same files starts on it until its recheck is due,
 #: rather than paying a trial again (an evaluation stream, a loop of short runs).
@@ -82,6 +86,7 @@ class PathTrials:
         "_groups",
         "_incumbent",
         "_left",
+        "_lost",
         "_rounds",
         "_schedule",
         "_seconds",
@@ -121,6 +126,7 @@ class PathTrials:
         self._warming = WARM_GROUPS
         self._schedule: list[str] = []  # the paths of the turns still to come
         self._left = 0  # groups left in this turn
+        self._lost: set[str] = set()  # challengers that lost this trial early
         self._due = 0.0  # when to look again, once settled
         self.trying = len(self.candidates) > 1
         self._source = source  # the files read: a trial's outcome is theirs
@@ -150,7 +156,14 @@ class PathTrials:
         """A group of `batches` read by `path` cost the caller `seconds`."""
         if not self.trying or self._warming or batches < 1:
             return
-        self._seconds.setdefault(path, []).append(seconds / batches)
+        each = seconds / batches
+        self._seconds.setdefault(path, []).append(each)
+        ahead = self._seconds.get(self._incumbent)
+        if path != self._incumbent and ahead and each > statistics.median(ahead) * (1 + LOSING):
+            self._lost.add(path)
+            self._schedule = [p for p in self._schedule if p != path]
+            if self.path == path:
+                self._left = 0  # its turn ends with this group
 
     def next_path(self) -> str:
         """The path that reads the next group (`path`, changed where a trial says so)."""
@@ -165,12 +178,16 @@ class PathTrials:
                 self._start()
             return self.path
         each = self._groups * self._rounds
-        if all(len(self._seconds.get(path, ())) >= each for path in self.candidates):
+        playing = [path for path in self.candidates if path not in self._lost]
+        if all(len(self._seconds.get(path, ())) >= each for path in playing):
             self._decide()
             return self.path
         self._left -= 1
-        if self._left <= 0 and self._schedule:
-            self.path = self._schedule.pop(0)
+        if self._left <= 0:
+            if self._schedule:
+                self.path = self._schedule.pop(0)
+            elif self.path in self._lost:
+                self.path = self._incumbent
             self._left = self._groups
         return self.path
 
@@ -180,6 +197,7 @@ class PathTrials:
         others = [p for p in self.candidates if p != self.path]
         turns = [self.path, *others] * self._rounds
         self._seconds = {}
+        self._lost = set()
         self._schedule = turns[1:]
         self._left = self._groups
 
@@ -190,7 +208,8 @@ class PathTrials:
             path: statistics.median(seconds) for path, seconds in self._seconds.items() if seconds
         }
         before = self._incumbent
-        best = min(medians, key=medians.__getitem__, default=before)
+        playing = {path: m for path, m in medians.items() if path not in self._lost}
+        best = min(playing, key=playing.__getitem__, default=before)
         keep = medians.get(before)
         if keep is not None and medians[best] >= keep * (1 - MARGIN):
             best = before

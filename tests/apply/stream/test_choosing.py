@@ -117,3 +117,14 @@ class TestPathTrials:
             ["file", "keep"], "file", groups=1, rounds=1, recheck=30.0, clock=clock, source=source
         )
         assert (third.path, third.trying) == ("file", True)
+
+    def test_a_clearly_slower_challenger_loses_after_one_group(self) -> None:
+        """A path whose group costs more than `LOSING` over the current one's median is
+        read no more this trial: a trial of a slow path costs a group, not its share."""
+        trials = PathTrials(["file", "keep"], "file", groups=4, rounds=2, recheck=60.0)
+        read = run(trials, {"file": 1e-4, "keep": 3e-4}, WARM_GROUPS + 30)
+        trial = read[WARM_GROUPS:]
+        assert trial[:4] == ["file"] * 4
+        assert trial.count("keep") == 1  # one group, then its turns were dropped
+        assert (trials.path, trials.decisions) == ("file", 1)
+        assert "keep 0.30 ms" in trials.why
