@@ -32,18 +32,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..._base.errors import NarrowingError
 from ..._decide.decider import Decider
-from ..._decide.routing import NEVER_MAPPED
-from ..._machine.streams import StreamTally, open_stream
+from ..._machine.streams import StreamTally
 from ..._read.positional import mapped_file, mapped_files
-from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
+from ..narrowing import Narrow
 from .ahead import KernelReads, call_weakly
 from .choosing import PathTrials
-from .documents import FIELDS, SEGMENT_BYTES, SeparatorIs
-from .groups import GroupBuffer, GroupPlan, every_window, place_documents
+from .documents import SeparatorIs
+from .groups import GroupBuffer, every_window
 from .interrupts import deferred_interrupts
 from .mixing import Mixed, MixedViews
+from .placing import GroupPlacer
 from .reading import ReadOptions
 from .reads import ReadPath
 from .reads.kept import KeptMapping
@@ -83,28 +82,17 @@ class GroupCutter:
         "_ahead",
         "_batch",
         "_batch_bytes",
-        "_buffers",
-        "_count_sources",
-        "_decider",
-        "_dtype",
-        "_fields",
         "_gatherer",
         "_group",
         "_length",
         "_mixture",
-        "_name",
-        "_narrow",
-        "_narrowed",
         "_opened",
         "_options",
         "_paths",
         "_pid",
+        "_placer",
         "_read",
-        "_ring",
         "_sampler",
-        "_separator",
-        "_shapes",
-        "_target",
         "_trial_step",
         "_trials",
         "_tried_file",
@@ -112,7 +100,6 @@ class GroupCutter:
         "_why",
         "_windows",
         "reads_with",
-        "tally",
     )
 
     def __init__(
@@ -134,39 +121,39 @@ class GroupCutter:
         self._options = ReadOptions() if reads is None else reads
         self._view = view  # a mixture's first source (its dtype and row shape are all's)
         self._mixture = mixture
-        self._separator = separator  # (token, "eos" or "bos"): segment ids with each batch
-        self._fields = fields  # a batch's keys (tokens, segment ids, positions): a dict
-        self._count_sources: Callable[[int], dict[str, int]] | None = None
         self._length = length
         self._batch = batch
         self._sampler = sampler
-        self._decider = decider
-        self._name = name
-        self._narrow = narrow
         self._windows = every_window(view, length)
-        # Narrowed once per batch where x64 is off and the tokens are 64-bit.
-        x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
-        self._target: np.dtype[Any] | None = None if x64 else NARROWER.get(view.dtype)
-        self._dtype: np.dtype[Any] = self._target or view.dtype
-        row = self._dtype.itemsize * int(math.prod(view.shape[1:]))
+        self._placer = placer = GroupPlacer(
+            decider,
+            name,
+            narrow,
+            view.dtype,
+            self._windows.shape[1:],
+            separator=separator,
+            fields=fields,
+        )
+        row = placer.dtype.itemsize * int(math.prod(view.shape[1:]))
         self._batch_bytes = length * batch * row
         self._group = _batches_a_group(self._batch_bytes, GROUP_MAX)
+        placer.buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
         self._ahead: _Ahead | None = None
         self._gatherer: ThreadPoolExecutor | None = None
-        self._shapes: dict[tuple[int, ...], GroupPlan] = {}
-        self._ring: list[GroupBuffer] = []
-        self._buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
         self._paths: dict[str, ReadPath] = {}  # opened at the start, by key
         self._read: ReadPath | None = None  # the path that reads the next group
         self._opened = False
         self._pid = os.getpid()
         self._tried_file = False  # whether reading by position was tried mid-stream
-        self._narrowed: set[bool] = set()  # the exactness already reported
         self.reads_with: str | None = None  # for "file": the reader's way
         self._why = "the tokens are in memory"  # why `reads`, for `stream_ended`
         self._trials: PathTrials | None = None  # where several paths are safe: timed
         self._trial_step = 0  # the step a trial last ended at
-        self.tally: StreamTally | None = None
+
+    @property
+    def tally(self) -> StreamTally | None:
+        """The stream's counts, opened with its first batch shape's decision."""
+        return self._placer.tally
 
     @property
     def reads(self) -> str:
@@ -188,28 +175,6 @@ class GroupCutter:
         )
 
     # The plan of a batch shape, and the read path.
-
-    def _shape(self, shape: tuple[int, ...]) -> GroupPlan:
-        found = self._shapes.get(shape)
-        if found is None:
-            decider = self._decider
-            nbytes = math.prod(shape) * self._dtype.itemsize
-            if self._separator is not None:  # placed with the tokens: decided with them
-                nbytes += math.prod(shape[:2]) * SEGMENT_BYTES
-            # As `put(name, batch)` decides one leaf; a process-local part's shape says
-            # nothing of the global one across processes.
-            known = None if jax.process_count() > 1 else shape
-            (decision,) = decider.resolve_many([(self._name, nbytes, known, NEVER_MAPPED)])
-            found = self._shapes[shape] = GroupPlan(decision, nbytes, decider.disabled)
-            if self.tally is None:
-                self.tally = open_stream(
-                    self._name,
-                    decision.origin,
-                    decision.rule,
-                    decision.device_text,
-                    self._count_sources,
-                )
-        return found
 
     def _source(self) -> Source:
         return Source(self._view, self._windows, self._mixture, self._length, self._sampler.random)
@@ -248,7 +213,7 @@ class GroupCutter:
         ring's kernel thread, or on the worker thread (made here the first time)."""
         if not read.ahead or not self._options.ahead:
             return False
-        if (read.kernel and self._target is None) or self._gatherer is not None:
+        if (read.kernel and self._placer.target is None) or self._gatherer is not None:
             return True
         self._gatherer = ThreadPoolExecutor(1, "devpolicy-windows")
         return True
@@ -284,9 +249,7 @@ class GroupCutter:
     def count_sources(self, counts: Callable[[int], dict[str, int]]) -> None:
         """How the stream's tally counts a mixture's windows of each source in its first
         n batches (see `StreamTally.count_sources`)."""
-        self._count_sources = counts
-        if self.tally is not None:
-            self.tally.count_sources = counts
+        self._placer.count_sources(counts)
 
     def own_rows(self) -> int:
         """The rows of a step's global batch, this process's drawn from now on: under
@@ -296,7 +259,7 @@ class GroupCutter:
         batch = self._batch
         if jax.process_count() == 1 or isinstance(self._sampler, Sequential):
             return batch
-        plan = self._shape((batch, self._length, *self._view.shape[1:]))
+        plan = self._placer.plan((batch, *self._windows.shape[1:]))
         if not plan.local:
             return batch
         assert plan.decision.sharding is not None
@@ -373,7 +336,7 @@ class GroupCutter:
                 # handler is a system call, and this runs every group).
                 ahead = self._ahead = _Ahead(after, starts, following, None)
                 ahead.work = self._start_ahead(starts, following)
-        placed = self._cut(offsets, gathered, read)
+        placed = self._placer.place(offsets, gathered, read)
         if trials is not None and self._trials is trials:
             trials.timed(read.key, offsets.shape[0], time.perf_counter() - began)
         return placed
@@ -408,11 +371,9 @@ class GroupCutter:
     def _into(self, offsets: np.ndarray[Any, Any], read: ReadPath) -> GroupBuffer | None:
         """The buffer a group read from the file goes straight into (no copy after), or
         None where it is gathered (a mapping, memory) or narrowed after."""
-        if read.reads != "file" or self._target is not None:
+        if read.reads != "file" or self._placer.target is not None:
             return None
-        count, n = offsets.shape
-        shape = (n, self._length, *self._view.shape[1:])
-        return self._buffer(count, shape, self._shape(shape).reuse)
+        return self._placer.buffer_for(offsets)
 
     def _made_ready(
         self, offsets: np.ndarray[Any, Any], into: GroupBuffer | None, read: ReadPath
@@ -423,76 +384,6 @@ class GroupCutter:
             return read.gather(offsets)
         read.read_into(offsets, into.batches, None)
         return into
-
-    def _buffer(self, count: int, shape: tuple[int, ...], reuse: bool) -> GroupBuffer:
-        """Host memory for a group: the ring's oldest buffer once its transfers are done,
-        or a new one (always, for a device that adopts host buffers)."""
-        ring = self._ring
-        if reuse and len(ring) >= self._buffers:
-            oldest = ring.pop(0)
-            oldest.ready()
-            if oldest.shape == (count, *shape):
-                return oldest
-        return GroupBuffer(count, shape, self._dtype)
-
-    def _cut(
-        self,
-        offsets: np.ndarray[Any, Any],
-        gathered: np.ndarray[Any, Any] | GroupBuffer | None,
-        read: ReadPath,
-    ) -> tuple[list[Any], int]:
-        """The batches at `offsets` (k, n): read by `read` (straight into their buffer,
-        where it can), unless `gathered` already (or read into its buffer); narrowed,
-        placed."""
-        count, n = offsets.shape
-        shape = (n, self._length, *self._view.shape[1:])
-        plan = self._shape(shape)
-        target = self._target
-        windows: Any  # the group's windows, each batch as it came from the tokens
-        if isinstance(gathered, GroupBuffer):  # read ahead straight into its buffer
-            buffer = gathered
-            windows = buffer.batches
-        else:
-            buffer = self._buffer(count, shape, plan.reuse)
-            if gathered is not None:  # gathered (or read) ahead on the worker thread
-                windows = gathered
-            elif target is None and read.read_into(offsets, buffer.batches, buffer.whole()):
-                windows = buffer.batches  # read straight into the group's buffer
-            else:  # gathered (64-bit tokens: read into memory of their dtype first)
-                windows = read.gather(offsets)
-        if target is not None:
-            for out, batch in zip(buffer.batches, windows, strict=True):
-                self._narrow_into(batch, out, target)
-        elif windows is not buffer.batches:
-            for out, batch in zip(buffer.batches, windows, strict=True):
-                np.copyto(out, batch)
-        nbytes = plan.nbytes * count
-        if self._separator is not None:
-            placed, tokens = place_documents(plan, buffer, self._separator, self._fields or FIELDS)
-        else:
-            placed = tokens = plan.place(buffer.batches)
-            if self._fields is not None:
-                key = self._fields[0]
-                placed = [{key: batch} for batch in tokens]
-        if plan.reuse and (buffer.checked or not buffer.held_by(tokens)):
-            # Reused once its transfers are done; never if a batch holds it.
-            buffer.checked = True
-            buffer.placed = [weakref.ref(a) for a in tokens]
-            self._ring.append(buffer)
-        return placed, nbytes
-
-    def _narrow_into(
-        self, batch: np.ndarray[Any, Any], out: np.ndarray[Any, Any], target: np.dtype[Any]
-    ) -> None:
-        """Narrow one 64-bit batch into `out`: refused where values would change (exact),
-        else one `narrowed` event per stream (and one more the first time a batch loses)."""
-        _, problem = narrow_into(batch, out)
-        if problem is not None and self._narrow == "exact":
-            raise NarrowingError([(self._name, problem)])
-        exact = problem is None
-        if not self._narrowed or (not exact and False not in self._narrowed):
-            narrowed_event(self._decider.events, self._name, batch, target, exact)
-            self._narrowed.add(exact)
 
     # Ending.
 
@@ -541,7 +432,7 @@ class GroupCutter:
             self.settle()
             self._end_worker(wait=True)
         finally:
-            self._ring.clear()
+            self._placer.clear()
             self._close_paths(child=None)
 
     def abandon(self, *, child: bool = False) -> None:
@@ -551,7 +442,7 @@ class GroupCutter:
         process's descriptors are closed."""
         self._opened = True
         self._ahead = None
-        self._ring.clear()
+        self._placer.clear()
         try:
             self._end_worker(wait=False)
         finally:
