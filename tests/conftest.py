@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
 
 # Must run before any JAX backend starts: every test then sees cpu:0..cpu:3.
 jax.config.update("jax_num_cpu_devices", 4)
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import structlog  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -46,12 +48,36 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]
 def copying_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU's devices stand in for an accelerator's, which copies host memory: they
     count as copying devices (`hostview.ADOPTING` emptied), so devpolicy takes the
-    accelerator's code path to them, and every host array devpolicy hands JAX for one is
-    copied first (`hostview.COPY_SENT`), where the accelerator copies it. Emptying
+    accelerator's code path to them, and JAX itself copies every host array it is handed
+    for device memory (`jax.device_put` and `jax.make_array_from_callback` wrapped for the
+    test, as the accelerator copies it; a host memory kind is left as it is). Emptying
     `ADOPTING` alone left the CPU adopting aligned arrays: a tensor "sent" from a file's
-    map aliased the file, as on no accelerator."""
+    map aliased the file, as on no accelerator. Nothing in devpolicy reads a test hook."""
     monkeypatch.setattr(hostview, "ADOPTING", frozenset())
-    monkeypatch.setattr(hostview, "COPY_SENT", True)
+    real_put, real_from_callback = jax.device_put, jax.make_array_from_callback
+
+    def copied(leaf: Any, destination: Any) -> Any:
+        if isinstance(leaf, np.ndarray) and (
+            getattr(destination, "memory_kind", None) not in hostview.HOST_KINDS
+        ):
+            return leaf.copy()
+        return leaf
+
+    def device_put(x: Any, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, (list, tuple)) and isinstance(device, (list, tuple)):
+            x = type(x)(copied(a, d) for a, d in zip(x, device, strict=True))
+        else:
+            x = jax.tree.map(lambda leaf: copied(leaf, device), x)
+        return real_put(x, device, *args, **kwargs)
+
+    def make_array_from_callback(shape: Any, sharding: Any, callback: Any, *args: Any,
+                                 **kwargs: Any) -> Any:  # fmt: skip
+        return real_from_callback(
+            shape, sharding, lambda index: copied(callback(index), sharding), *args, **kwargs
+        )
+
+    monkeypatch.setattr(jax, "device_put", device_put)
+    monkeypatch.setattr(jax, "make_array_from_callback", make_array_from_callback)
 
 
 @pytest.fixture

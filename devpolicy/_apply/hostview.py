@@ -32,12 +32,6 @@ _HOST_PLATFORMS = frozenset({"cpu"})
 ADOPTING = frozenset({"cpu"})
 #: Memory kinds that are host memory: a buffer placed there may be adopted too.
 HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
-#: The tests' copying-device fake sets this (with `ADOPTING` emptied, so that the CPU's
-#: devices count as copying ones): every host array `sent` to such a device is then
-#: copied first, where an accelerator copies it. Without it the CPU would still adopt an
-#: aligned array, and a tensor "sent" from a file's map would alias the file. Never set
-#: outside the tests: an accelerator copies by itself.
-COPY_SENT = False
 
 
 def copies_host_memory(decision: Decision[Any]) -> bool:
@@ -50,18 +44,6 @@ def copies_host_memory(decision: Decision[Any]) -> bool:
     sharding = decision.sharding
     devices = sharding.device_set if sharding is not None else {decision.device}
     return all(getattr(d, "platform", "cpu") not in ADOPTING for d in devices)
-
-
-def sent(array: np.ndarray[Any, Any], decision: Decision[Any]) -> np.ndarray[Any, Any]:
-    """What JAX is handed of a host `array` placed by `decision`: the array itself (a
-    device that copies host memory copies it; one that adopts it, adopts it). Under the
-    tests' copying-device fake (`COPY_SENT`), a copy where `copies_host_memory`, so the
-    CPU standing in for an accelerator holds its own bytes as the accelerator would, and
-    the array (a view of a file's map, a reused buffer) may change after as it may there.
-    One module attribute read otherwise."""
-    if COPY_SENT and copies_host_memory(decision):
-        return array.copy()
-    return array
 
 
 def _described(array: jax.Array) -> str:

@@ -19,8 +19,7 @@ import numpy as np
 
 from ..._base.limits import ALIGN
 from ..._decide.decision import Decision
-from .. import hostview
-from ..hostview import copies_host_memory, sent
+from ..hostview import copies_host_memory
 from .documents import FIELDS, SeparatorIs, segments
 
 
@@ -114,8 +113,6 @@ class GroupPlan:
 
     def place(self, batches: list[np.ndarray[Any, Any]]) -> list[Any]:
         """The batches placed: one `device_put` for the group where one process holds it."""
-        if hostview.COPY_SENT:  # the tests' copying-device fake; never on an accelerator
-            batches = [sent(b, self.decision) for b in batches]
         if self.local:
             sharding = self.decision.sharding
             return [

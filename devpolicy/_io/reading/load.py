@@ -25,7 +25,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ..._apply.hostview import INDEX_LIMIT, sent, warn_unindexable
+from ..._apply.hostview import INDEX_LIMIT, warn_unindexable
 from ..._apply.narrowing import Narrow, check_mode, narrow_into, narrowed_event
 from ..._base.errors import NarrowingError
 from ..._base.events import EventLog
@@ -292,8 +292,9 @@ class _OneFileOpen:
 def _slices_sent(
     reader: ShardReader, decision: Decision
 ) -> Callable[[tuple[slice, ...] | None], np.ndarray[Any, Any]]:
-    """`reader`'s slices as JAX is handed them for `decision` (`hostview.sent`)."""
-    return lambda index: sent(reader(index), decision)
+    """`reader`'s slices as JAX is handed them for `decision`: the slices themselves (a
+    device that copies host memory copies them; one that adopts them, adopts them)."""
+    return reader
 
 
 def _load_opened(

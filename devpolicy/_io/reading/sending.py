@@ -20,7 +20,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..._apply.hostview import sent
 from ..._base.limits import CHUNK_BYTES
 from ..._decide.decision import Decision
 
@@ -80,7 +79,7 @@ class Sender:
         """Queue `array` for `decision`'s destination; `counted`: bytes for the progress
         bar when it is sent (0 when its reading already moved it)."""
         self._keys.append(key)
-        self._arrays.append(sent(array, decision))
+        self._arrays.append(array)
         self._destinations.append(decision.destination)
         self._nbytes += array.nbytes
         self._counted += counted
