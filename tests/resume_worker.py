@@ -1,4 +1,4 @@
-"""One process of a 2-process job resuming a `windows` stream (run by test_resume).
+"""One process of a 2-process job resuming a `windows` stream (run by tests/apply/stream/test_state.py).
 
 Usage: python tests/resume_worker.py PORT PROCESS_ID
 
