@@ -11,7 +11,7 @@ import numpy as np
 from ...._read.pages import Pager
 from ..reading import ReadOptions
 from . import ReadPath
-from .kept import folios
+from .kept import folios, let_go
 
 
 class BudgetMapping(ReadPath):
@@ -51,15 +51,8 @@ class BudgetMapping(ReadPath):
 
     def close(self, *, sweep: bool = False) -> None:
         pager, self._pager = self._pager, None
-        if pager is not None:
-            if sweep:
-                pager.sweep()
-            pager.close()
+        let_go(pager, sweep=sweep)
 
     def abandon(self, *, child: bool) -> None:
         pager, self._pager = self._pager, None
-        if pager is not None:
-            if child:
-                pager.close_descriptor()
-            else:
-                pager.close()
+        let_go(pager, child=child)

@@ -82,21 +82,14 @@ class KeptMapping(MemoryGather):
     def close(self, *, sweep: bool = False) -> None:
         pager, self._pager = self._pager, None
         try:
-            if pager is not None:
-                if sweep:
-                    pager.sweep()
-                pager.close()
+            let_go(pager, sweep=sweep)
         finally:
             self._unwatch()
 
     def abandon(self, *, child: bool) -> None:
         pager, self._pager = self._pager, None
         try:
-            if pager is not None:
-                if child:  # the advice and the pages are the parent's
-                    pager.close_descriptor()
-                else:
-                    pager.close()
+            let_go(pager, child=child)
         finally:
             self._unwatch()
 
@@ -104,6 +97,19 @@ class KeptMapping(MemoryGather):
         watch, self._watch = self._watch, None
         if watch is not None and self._own:
             watch.close()
+
+
+def let_go(pager: Pager | None, *, sweep: bool = False, child: bool = False) -> None:
+    """End `pager`'s advice (with `sweep`, its pages given back first), or in a forked
+    child (`child`), whose advice and pages are the parent's, only its descriptor."""
+    if pager is None:
+        return
+    if child:
+        pager.close_descriptor()
+        return
+    if sweep:
+        pager.sweep()
+    pager.close()
 
 
 def folios(pager: Pager | None, length: int, options: ReadOptions) -> bool:
