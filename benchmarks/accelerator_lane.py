@@ -53,6 +53,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO))  # last: what is installed is what the lane reports
+from benchmarks._common import text_table  # noqa: E402
+
 #: What the lane needs besides devpolicy (and the jax the machine has).
 TOOLS = ("pytest", "hypothesis", "safetensors")
 #: JAX warns at `import jax` on a TPU v5e whose transparent huge pages are off; the suite
@@ -272,13 +275,6 @@ FLOOR_CASES = (
 )
 
 
-def table(rows: list[tuple[str, str, str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    return "\n".join(
-        f"{a.ljust(widths[0])}  {b.ljust(widths[1])}  {c}".rstrip() for a, b, c in rows
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -321,10 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{installed('jax')}, jaxlib {installed('jaxlib')}, libtpu {installed('libtpu')}, "
         f"devpolicy {installed('devpolicy') or 'from the checkout'}"
     )
-    text = f"{head}\n\n{table([('what', 'outcome', 'detail'), *rows])}"
+    text = f"{head}\n\n{text_table([('what', 'outcome', 'detail'), *rows])}"
     print("\n" + text)
     if args.out is not None:
-        args.out.write_text(relative(f"{head}\n\n```\n{table(rows)}\n```\n"), encoding="utf-8")
+        args.out.write_text(relative(f"{head}\n\n```\n{text_table(rows)}\n```\n"), encoding="utf-8")
     return status if status not in (0, 5) else demo_status
 
 

@@ -124,7 +124,7 @@ def bench_windows(
     from devpolicy._read.pages import Pager, cached_share
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.helpers import drop_from_page_cache
+    from benchmarks._common import drop_from_page_cache
 
     count = 256 * 2**20  # 512 MiB of uint16 tokens
     path = folder / "train.safetensors"

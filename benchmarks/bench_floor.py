@@ -38,34 +38,18 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import Report, child_env, gib, read_through, run_child, shown_argv
+
 CHILD = r"""
-import gc, json, mmap, os, resource, sys, time
+import gc, json, mmap, os, sys, time
+from benchmarks._common import PeakRise
 plain, aligned, runs, cases = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-
-def status(field):
-    # A sandboxed VM (gVisor) has no VmHWM, nor a meaningful VmRSS: then the peak is
-    # getrusage's ru_maxrss, and None where that says nothing either.
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-def peak_rss():
-    found = status("VmHWM")
-    if found is not None:
-        return found, "VmHWM"
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return (maxrss, "ru_maxrss") if maxrss else (None, "none")
 
 import jax, numpy as np
 import devpolicy, safetensors, safetensors.flax, safetensors.numpy
@@ -119,8 +103,8 @@ policy.put("warm-up", np.zeros(4, np.float32))
 
 def run(case):
     gc.collect()
-    _, source = peak_rss()
-    before = status("VmRSS") if source == "VmHWM" else peak_rss()[0]
+    # The peak's rise from here (ru_maxrss's under gVisor, which keeps no VmHWM).
+    rise = PeakRise()
     host = None
     if case in ("floor-tree", "floor-pinned", "floor-chunked", "floor-each", "put"):
         host = aligned_tree(plain)
@@ -174,9 +158,7 @@ def run(case):
     if out is not None:
         leaves = jax.tree_util.tree_leaves(out)
         assert all(leaf.devices() == {device} for leaf in leaves), case
-    after, _ = peak_rss()
-    peak = None if before is None or after is None else after - before
-    return {"seconds": seconds, "peak": peak, "peak_source": source,
+    return {"seconds": seconds, "peak": rise(), "peak_source": rise.source,
             "platform": device.platform, "device": str(device),
             "kind": getattr(device, "device_kind", "?"), "memories": sorted(kinds)}
 
@@ -209,30 +191,13 @@ CASES = [
 _PLATFORMS = os.environ.get("JAX_PLATFORMS")
 
 
-def run_child(cases: list[str], plain: Path, aligned: Path, runs: int) -> list[dict[str, Any]]:
-    """`runs` rounds of `cases` in one child process (cases taking turns), a sample each."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("DEVPOLICY_") and k != "JAX_PLATFORMS"
-    }
+def run_cases(cases: list[str], plain: Path, aligned: Path, runs: int) -> list[dict[str, Any]]:
+    """`runs` rounds of `cases` in one child process (cases taking turns), a sample each;
+    the peak is the child's own (`PeakRise`), not what wait4 says of it."""
+    env = child_env(drop=("JAX_PLATFORMS",))
     if _PLATFORMS is not None:
         env["JAX_PLATFORMS"] = _PLATFORMS
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(plain), str(aligned), str(runs), *cases],
-        capture_output=True,
-        env=env,
-        check=False,
-    )
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr.decode(errors="replace"))
-        raise SystemExit(f"{' '.join(cases)} failed with exit code {proc.returncode}")
-    # The peak is the child's own VmHWM: wait4's ru_maxrss can include pages copied at fork.
-    return [json.loads(line) for line in proc.stdout.decode().splitlines() if line.startswith("{")]
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return run_child(CHILD, plain, aligned, runs, *cases, what=" ".join(cases), env=env)
 
 
 def main() -> int:
@@ -263,21 +228,10 @@ def main() -> int:
 
     import devpolicy
 
-    lines: list[str] = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
-
+    report = Report()
+    say = report.say
     # Not where the files or results go: a path of this machine.
-    argv = sys.argv[1:]
-    shown = [
-        a
-        for i, a in enumerate(argv)
-        if not a.startswith(("--dir", "--out"))
-        and (i == 0 or argv[i - 1] not in ("--dir", "--out"))
-    ]
-    say(f"`python benchmarks/bench_floor.py {' '.join(shown)}`")
+    say(f"`python benchmarks/bench_floor.py {' '.join(shown_argv(sys.argv[1:]))}`")
     say()
     size = devpolicy.sizes.parse_size(args.size)
     per = size // args.tensors // 4
@@ -293,9 +247,7 @@ def main() -> int:
         nbytes = sum(v.nbytes for v in tree.values())
         del tree
         for path in (plain, aligned):  # warm the page cache
-            with open(path, "rb") as f:
-                while f.read(64 * 2**20):
-                    pass
+            read_through(path)
         known = [case for _, case, _ in CASES]
         every = known if args.cases is None else args.cases.split(",")
         unknown = sorted(set(every) - set(known))
@@ -304,12 +256,12 @@ def main() -> int:
         samples: dict[str, list[dict[str, Any]]] = {case: [] for case in every}
         load_start = os.getloadavg()
         if args.in_process:
-            for sample in run_child(every, plain, aligned, args.runs):
+            for sample in run_cases(every, plain, aligned, args.runs):
                 samples[sample["case"]].append(sample)
         else:
             for _ in range(args.runs):
                 for case in every:
-                    samples[case] += run_child([case], plain, aligned, 1)
+                    samples[case] += run_cases([case], plain, aligned, 1)
         load_end = os.getloadavg()
     first = next(s for case in every for s in samples[case] if "device" in s)
     say(
@@ -389,7 +341,7 @@ def main() -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write("\n".join(report.lines) + "\n")
         print(f"\nappended to {args.out}")
     return 0
 

@@ -18,7 +18,7 @@
 `--before-python` runs the devpolicy rows a second time under another interpreter (one
 whose environment has the code before the change installed) and prints both with the
 ratio. Case 3 times the batching alone (no reading, no placing) with the loader's own
-`_may_map` and `_small_run`, in this process, against the figures recorded before the fix
+`may_map` and `small_run`, in this process, against the figures recorded before the fix
 (below): no copy of the former algorithm is kept to drift from the code it stood for.
 
 Measured once on the 2-core development VM (shared, so loads' absolute times are noisy),
@@ -41,21 +41,18 @@ machine under load) and deciding each name, both linear.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import child_env, mib, run_child
+
 CHILD = r"""
 import json, sys, time
+from benchmarks._common import PeakRise
 method, path = sys.argv[1], sys.argv[2]
-
-def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
 
 import jax, numpy as np
 import devpolicy, safetensors.numpy
@@ -81,36 +78,35 @@ def load(path):
 
 # Warm up on a small file of the same kind: first-call costs (imports, JAX's set-up) aside.
 load(sys.argv[3])
-base_rss = status("VmRSS")
+rise = PeakRise()
 start = time.perf_counter()
 out = load(path)
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "peak": status("VmHWM") - base_rss, "tensors": len(out)}))
+print(json.dumps({"seconds": seconds, "peak": rise(), "tensors": len(out)}))
 """
 
 
-def run_child(python: str, method: str, path: Path, warm: Path) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_FLAGS"))}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+def run_load(python: str, method: str, path: Path, warm: Path) -> dict[str, float]:
+    """One load by `method` in a fresh process of `python` (4 fake CPU devices), after a
+    warm-up load of `warm`: its seconds, peak rise and tensor count."""
     # Run from the file's directory: `-c` puts the working directory first on the path, and
     # each interpreter must import its own devpolicy.
-    proc = subprocess.run(
-        [python, "-c", CHILD, method, str(path), str(warm)],
-        stdout=subprocess.PIPE,
-        env=env,
+    return run_child(
+        CHILD,
+        method,
+        path,
+        warm,
+        what=f"{method} on {path.name} under {python}",
+        python=python,
+        env=child_env(cpu_devices=4),
         cwd=path.parent,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"{method} on {path.name} under {python} failed ({proc.returncode})")
-    result: dict[str, float] = json.loads(proc.stdout)
-    return result
+    )[-1]
 
 
 def best(python: str, method: str, path: Path, warm: Path, runs: int) -> dict[str, float]:
     """The fastest of `runs` fresh processes (noise on a shared machine only adds time)."""
     return min(
-        (run_child(python, method, path, warm) for _ in range(runs)), key=lambda r: r["seconds"]
+        (run_load(python, method, path, warm) for _ in range(runs)), key=lambda r: r["seconds"]
     )
 
 
@@ -127,7 +123,7 @@ def run_finding(path: Path) -> float:
     from devpolicy._io.format.header import read_header
     from devpolicy._io.reading.buffers import MAP_THRESHOLD as _MAP_THRESHOLD
     from devpolicy._io.reading.map_or_read import may_map as _may_map
-    from devpolicy._io.reading.readahead import _small_run
+    from devpolicy._io.reading.readahead import small_run
 
     policy = devpolicy.load_policy(
         {"version": 1, "default": "cpu", "logging": {"level": "error"}}, environ={}
@@ -144,12 +140,8 @@ def run_finding(path: Path) -> float:
         if _may_map(entry, decision, True):
             position += 1
             continue
-        position += len(_small_run(header, decisions, order, position, True, False))
+        position += len(small_run(header, decisions, order, position, True, False))
     return time.perf_counter() - start
-
-
-def mib(n: float) -> str:
-    return f"{n / 2**20:.0f} MiB"
 
 
 def main() -> int:
@@ -197,9 +189,10 @@ def main() -> int:
                     )
                 )
             for label, r in rows:
+                times = "n/a" if r["peak"] is None else f"{r['peak'] / w.nbytes:.2f}"
                 print(
                     f"{label:52} {r['seconds']:9.3f} {mib(r['peak']):>9} "
-                    f"{r['peak'] / w.nbytes:9.2f} {r['seconds'] / ref['seconds']:7.2f}"
+                    f"{times:>9} {r['seconds'] / ref['seconds']:7.2f}"
                 )
             del w
 

@@ -1,7 +1,8 @@
 """Loading with devpolicy.load_file against the two lines a user would write, side by side.
 
     python benchmarks/bench_load.py [--size 1GiB] [--sharded-sizes 64MiB,1GiB,2GiB]
-        [--runs 5] [--dir DIR] [--flax] [--out benchmarks/results/load.md]
+        [--small-tensors 10000] [--runs 5] [--dir DIR] [--flax]
+        [--out benchmarks/results/load.md]
 
 Every method runs in a fresh process (4 fake CPU devices; the page cache warm), `--runs`
 times, the runs of all methods of a table interleaved. Each row gives the median time
@@ -15,21 +16,19 @@ of what the naive recipe costs in memory: its time swings several-fold between r
 Targets (medians):
 1. One large uint16 token tensor (`--size`) to the host: <= 0.5x numpy.load_file +
    device_put, and within 2.5x of the floor.
-2. 10,000 small float32 tensors (1-64 KiB each, about 320 MiB) to cpu:0: <= 0.5x
-   `safetensors.numpy.load_file` plus a `jax.device_put` per tensor.
+2. `--small-tensors` float32 tensors of 1-64 KiB (10,000: about 320 MiB) to cpu:0:
+   <= 0.5x `safetensors.numpy.load_file` plus a `jax.device_put` per tensor.
 3. A tensor of each of `--sharded-sizes` sharded 4 ways over 4 devices: <= 0.5x
    `jax.device_put(safetensors.numpy.load_file(f)[k], NamedSharding)`.
 
-The table and the machine's state (cores, load average before and after, Python, jax,
-devices) are written to `--out` as Markdown.
+The table and the machine's state (the date, cores, load average before and after,
+Python, jax, devices) are written to `--out` as Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,13 +36,23 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import (
+    Report,
+    at_least_one,
+    child_env,
+    gib,
+    machine_state,
+    markdown_table,
+    median_known,
+    run_child,
+    shown_argv,
+)
+
 CHILD = r"""
 import json, mmap, os, sys, time
+from benchmarks._common import PeakRise, growth, status
 method, path = sys.argv[1], sys.argv[2]
-
-def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
 
 import jax, numpy as np
 import devpolicy, safetensors.flax, safetensors.numpy
@@ -59,7 +68,7 @@ sharded = devpolicy.load_policy({"version": 1,
     "meshes": {"four": {"axes": {"data": 4}, "devices": "cpu"}},
     "rules": [{"match": "*", "sharding": {"mesh": "four", "spec": ["data"]}}]}, environ={})
 mesh = jax.make_mesh((4,), ("data",), devices=jax.local_devices(backend="cpu"))
-anon_before, base_rss = status("RssAnon"), status("VmRSS")
+anon_before, rise = status("RssAnon"), PeakRise()
 start = time.perf_counter()
 if method == "floor":
     # Map the file, copy it into fresh anonymous memory: page faults and one copy.
@@ -87,27 +96,19 @@ elif method == "numpy+device_put(NamedSharding)":
 for v in out.values():
     getattr(v, "block_until_ready", lambda: None)()
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "anon_kept": status("RssAnon") - anon_before,
-                  "peak": status("VmHWM") - base_rss}))
+print(json.dumps({"seconds": seconds, "anon_kept": growth(status("RssAnon"), anon_before),
+                  "peak": rise()}))
 """
 
 
-def run_child(method: str, path: Path) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_FLAGS"))}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, method, str(path)],
-        capture_output=True,
-        env=env,
-        check=False,
-    )
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr.decode(errors="replace"))
-        raise SystemExit(f"{method} on {path.name} failed with exit code {proc.returncode}")
-    # The peak is the child's own VmHWM: wait4's ru_maxrss can include the parent's
-    # resident memory copied at fork, which hides small peaks.
-    result: dict[str, float] = json.loads(proc.stdout)
-    return result
+def run_load(method: str, path: Path) -> dict[str, float]:
+    """One load by `method` in a fresh process of 4 fake CPU devices: its seconds, the
+    anonymous memory it kept and its peak rise (the child's own, `PeakRise`: wait4's
+    ru_maxrss can include the parent's resident memory copied at fork, which hides small
+    peaks)."""
+    return run_child(
+        CHILD, method, path, what=f"{method} on {path.name}", env=child_env(cpu_devices=4)
+    )[-1]
 
 
 def cat_seconds(path: Path) -> float:
@@ -117,25 +118,10 @@ def cat_seconds(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
 Row = tuple[str, str, Path]  # label, method, file
 
 
-class Report:
-    """What is printed, kept as Markdown for the results file."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def say(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.lines.append(line)
-
-
-def table(
+def run_table(
     report: Report,
     title: str,
     rows: list[Row],
@@ -148,50 +134,39 @@ def table(
     samples: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in rows}
     for _ in range(runs):
         for label, method, path in rows:
-            samples[label].append(run_child(method, path))
+            samples[label].append(run_load(method, path))
     seconds = {label: [s["seconds"] for s in runs_] for label, runs_ in samples.items()}
     medians = {label: statistics.median(values) for label, values in seconds.items()}
     report.say(f"\n**{title}**\n")
     heads = ["method", "median s", "best-worst s"]
     heads += [f"x {anchor}" for anchor in anchors]
     heads += ["peak RSS", "x tensor", "anon kept"]
-    report.say("| " + " | ".join(heads) + " |")
-    report.say("|" + "---|" * len(heads))
+    lines = []
     for label, _, _ in rows:
-        peak = statistics.median(s["peak"] for s in samples[label])
-        kept = statistics.median(s["anon_kept"] for s in samples[label])
+        peak = median_known(s["peak"] for s in samples[label])
+        kept = median_known(s["anon_kept"] for s in samples[label])
         cells = [
             label,
             f"{medians[label]:.3f}",
             f"{min(seconds[label]):.3f}-{max(seconds[label]):.3f}",
         ]
         cells += [f"{medians[label] / medians[anchor]:.2f}" for anchor in anchors]
-        cells += [gib(peak), f"{peak / nbytes:.2f}", gib(kept)]
-        report.say("| " + " | ".join(cells) + " |")
+        cells += [gib(peak), "n/a" if peak is None else f"{peak / nbytes:.2f}", gib(kept)]
+        lines.append(cells)
+    for line in markdown_table(heads, lines):
+        report.say(line)
     return seconds
 
 
-def machine_state() -> list[str]:
-    import jax
-
-    import devpolicy
-
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    devices = subprocess.run(
+def devices_in_a_child() -> str:
+    """How many devices JAX finds in a child (the fake CPU devices each load runs with)."""
+    return subprocess.run(
         [sys.executable, "-c", "import jax; print(jax.device_count())"],
         stdout=subprocess.PIPE,
-        env=env,
+        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
         text=True,
         check=True,
     ).stdout.strip()
-    return [
-        f"- cores: {os.cpu_count()}; load average (1, 5, 15 min) at start: "
-        + ", ".join(f"{x:.2f}" for x in os.getloadavg()),
-        f"- Python {platform.python_version()}, jax {jax.__version__}, "
-        f"devpolicy {getattr(devpolicy, '__version__', '?')}, {platform.system()} "
-        f"{platform.release()} {platform.machine()}",
-        f"- devices in each child: {devices} (fake CPU devices)",
-    ]
 
 
 def main() -> int:
@@ -206,6 +181,9 @@ def main() -> int:
     parser.add_argument(
         "--dir", type=Path, default=None, help="where to write the files (default: a temp dir)"
     )
+    parser.add_argument(
+        "--small-tensors", type=at_least_one, default=10_000, help="tensors of table 2"
+    )
     parser.add_argument("--flax", action="store_true", help="add safetensors.flax (slow)")
     parser.add_argument(
         "--out", type=Path, default=None, help="write the results as Markdown to this file"
@@ -218,10 +196,11 @@ def main() -> int:
     import devpolicy
 
     report = Report()
-    report.say(f"`python benchmarks/bench_load.py {' '.join(_shown(sys.argv[1:]))}`")
+    report.say(f"`python benchmarks/bench_load.py {' '.join(shown_argv(sys.argv[1:]))}`")
     report.say()
-    for line in machine_state():
+    for line in machine_state().lines():
         report.say(line)
+    report.say(f"- devices in each child: {devices_in_a_child()} (fake CPU devices)")
     size = devpolicy.sizes.parse_size(args.size)
     sharded_sizes = [devpolicy.sizes.parse_size(s) for s in args.sharded_sizes.split(",") if s]
     verdicts: list[str] = []
@@ -256,7 +235,7 @@ def main() -> int:
         ]
         if args.flax:
             large.append(("safetensors.flax.load_file in a CPU scope", "flax", unaligned))
-        host = table(
+        host = run_table(
             report,
             f"1. one {gib(size)} token tensor to the host",
             large,
@@ -278,7 +257,7 @@ def main() -> int:
         )
 
         many = Path(tmp) / "many.safetensors"
-        counts = rng.integers(256, 16_385, size=10_000)
+        counts = rng.integers(256, 16_385, size=args.small_tensors)
         small = {
             f"layer{i}/w": rng.standard_normal(int(n)).astype(np.float32)
             for i, n in enumerate(counts)
@@ -292,9 +271,9 @@ def main() -> int:
             (naive, "numpy+device_put", many),
             ("devpolicy.load_file", "devpolicy", many),
         ]
-        small_seconds = table(
+        small_seconds = run_table(
             report,
-            f"2. 10,000 float32 tensors of 1-64 KiB ({gib(small_bytes)}) to cpu:0",
+            f"2. {args.small_tensors:,} float32 tensors of 1-64 KiB ({gib(small_bytes)}) to cpu:0",
             per_tensor,
             args.runs,
             [naive],
@@ -322,7 +301,7 @@ def main() -> int:
                     padded,
                 ),
             ]
-            sharded = table(
+            sharded = run_table(
                 report,
                 f"3. a {gib(nbytes)} tensor sharded 4 ways over 4 devices",
                 rows,
@@ -350,21 +329,6 @@ def main() -> int:
         args.out.write_text("\n".join(report.lines) + "\n", encoding="utf-8")
         print(f"\nwritten to {args.out}")
     return 0
-
-
-def _shown(argv: list[str]) -> list[str]:
-    """The arguments that shape the results: not where the files were written (`--dir`),
-    nor where the results go (a path of this machine)."""
-    shown: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--dir", "--out"):
-            skip = True
-        elif not arg.startswith(("--dir=", "--out=")):
-            shown.append(arg)
-    return shown
 
 
 def _verdict(met: bool) -> str:

@@ -70,7 +70,6 @@ import platform
 import queue
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -90,6 +89,15 @@ import structlog.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import devpolicy
+from benchmarks._common import (
+    dense_tensor_file,
+    drop_from_page_cache,
+    file_backed_bytes,
+    markdown_table,
+    read_through,
+    sparse_tensor_file,
+    statm_counts_file_pages,
+)
 from devpolicy._apply.stream import cutting
 
 Feeder = Callable[[int], Iterator[Any]]
@@ -277,36 +285,6 @@ def threaded(feeder: Feeder) -> Feeder:
 MAPPED_MOST: dict[Feeder, float] = {}
 
 
-def _statm_file_backed() -> int | None:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[2]) * mmap.PAGESIZE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _statm_counts_file_pages() -> bool:
-    """Whether statm's third field grows when a file's pages are mapped in (a TPU VM
-    under gVisor reports 0 there: the column would read 0 for every feeder)."""
-    with tempfile.TemporaryFile() as f:
-        f.write(b"\1" * (4 * 2**20))
-        f.flush()
-        with mmap.mmap(f.fileno(), 4 * 2**20, prot=mmap.PROT_READ) as mapped:
-            before = _statm_file_backed()
-            touched = sum(mapped[i] for i in range(0, len(mapped), mmap.PAGESIZE))
-            after = _statm_file_backed()
-    return touched > 0 and before is not None and after is not None and after - before >= 2**20
-
-
-_STATM_MEASURES = sys.platform.startswith("linux") and _statm_counts_file_pages()
-
-
-def file_backed_bytes() -> int | None:
-    """This process's resident file-backed memory (`/proc/self/statm`), or None where
-    that is not reported."""
-    return _statm_file_backed() if _STATM_MEASURES else None
-
-
 def pipeline_rate(feeder: Feeder, n: int) -> float:
     """Batches a second, each waited for and dropped; every 20th batch (off the clock),
     what is resident of files is noted (`MAPPED_MOST`)."""
@@ -366,7 +344,7 @@ def lowest(rates: dict[str, list[float]], name: str, base: str) -> float:
     return min(v / b for v, b in zip(rates[name], rates[base], strict=True))
 
 
-def table(
+def rates_table(
     title: str,
     unit: str,
     rates: dict[str, list[float]],
@@ -375,21 +353,19 @@ def table(
 ) -> list[str]:
     """The rates as Markdown; with `mapped`, a column of the file-backed memory (MiB) each
     feeder left resident at most."""
-    extra = " file-backed MiB resident at most |" if mapped else ""
-    lines = [
-        f"**{title}**",
-        "",
-        f"| feeder | {unit}, median | "
-        + " | ".join(f"x {b}, median of rounds" for b in bases)
-        + f" | each round |{extra}",
-        "|---|---|" + "---|" * len(bases) + "---|" + ("---|" if mapped else ""),
-    ]
+    heads = ["feeder", f"{unit}, median", *(f"x {b}, median of rounds" for b in bases)]
+    heads.append("each round")
+    if mapped:
+        heads.append("file-backed MiB resident at most")
+    rows = []
     for name, values in rates.items():
-        ratios = " | ".join(f"{ratio(rates, name, b):.2f}" for b in bases)
-        each = ", ".join(f"{v:,.0f}" for v in values)
-        cell = f" {mapped[name]:,.0f} |" if mapped and name in mapped else (" |" if mapped else "")
-        lines.append(f"| {name} | {statistics.median(values):,.0f} | {ratios} | {each} |{cell}")
-    return [*lines, ""]
+        cells = [name, f"{statistics.median(values):,.0f}"]
+        cells += [f"{ratio(rates, name, b):.2f}" for b in bases]
+        cells.append(", ".join(f"{v:,.0f}" for v in values))
+        if mapped:
+            cells.append(f"{mapped[name]:,.0f}" if name in mapped else "")
+        rows.append(cells)
+    return [f"**{title}**", "", *markdown_table(heads, rows), ""]
 
 
 def main() -> int:
@@ -454,7 +430,6 @@ def main() -> int:
         held = f"{args.tokens:,} uint16 in host memory ({args.tokens * 2 / 2**20:,.0f} MiB)"
     else:
         from devpolicy._read.pages import cached_share
-        from tests.helpers import dense_tensor_file, drop_from_page_cache, sparse_tensor_file
 
         args.mapped.mkdir(parents=True, exist_ok=True)
         kind = "sparse" if args.sparse else "dense"
@@ -468,10 +443,7 @@ def main() -> int:
         if not args.cold:
             # The warm-up: the whole file read once, so that no case alone pays the page
             # cache's first fill (what a long training run meets; say so in the tables).
-            with open(path, "rb", buffering=0) as f:
-                chunk = bytearray(64 * 2**20)
-                while f.readinto(chunk):
-                    pass
+            read_through(path)
         with open(path, "rb") as f:
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         tokens = np.frombuffer(mapping, np.uint16, count=args.tokens, offset=start)
@@ -503,7 +475,7 @@ def main() -> int:
             f"{how}; none of it mapped in at the start of each run"
             + (
                 ""
-                if _STATM_MEASURES
+                if statm_counts_file_pages()
                 else "; what each feeder left resident is not measured here (this kernel's "
                 "/proc/self/statm does not count a file's mapped pages)"
             )
@@ -579,7 +551,7 @@ def main() -> int:
     ) -> None:
         rates = side_by_side(feeders, args.rounds, measure, reset)
         mapped = {name: MAPPED_MOST[f] for name, f in feeders.items() if f in MAPPED_MOST}
-        part = table(title, unit, rates, bases, mapped if args.mapped is not None else None)
+        part = rates_table(title, unit, rates, bases, mapped if args.mapped is not None else None)
         print("\n".join(part), flush=True)
         lines.extend(part)
         if args.json:
@@ -660,7 +632,7 @@ def main() -> int:
         ),
     }
     data_rates = side_by_side(data, args.rounds, lambda f: pipeline_rate(f, n), reset)
-    part = table(
+    part = rates_table(
         f"Training data, the pipeline alone, one device ({target}): {n} batches a run; "
         f"segment ids from token {separator} (one token in {args.vocab:,} of dense random data)",
         "batches/s",

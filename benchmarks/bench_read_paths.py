@@ -34,12 +34,9 @@ ended on. Results and their history: docs/benchmarks.md#choosing-the-read-path-b
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +46,13 @@ import numpy as np
 import structlog.testing
 
 import devpolicy
+from benchmarks._common import (
+    dense_tensor_file,
+    drop_from_page_cache,
+    machine_state,
+    markdown_table,
+    read_through,
+)
 from benchmarks.bench_loop import (
     Feeder,
     double_buffered,
@@ -58,7 +62,6 @@ from benchmarks.bench_loop import (
     pipeline_rate,
     side_by_side,
 )
-from tests.helpers import dense_tensor_file, drop_from_page_cache
 
 #: A CPU-bound process: what `--busy` starts beside the run.
 BUSY = "while True: pass"
@@ -106,10 +109,7 @@ def main() -> int:
     offset = size - 2 * args.tokens  # the tensor's data ends the file
     tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(args.tokens,))
     if args.through:
-        with open(path, "rb", buffering=0) as f:
-            chunk = bytearray(2**24)
-            while f.readinto(chunk):
-                pass
+        read_through(path)
     where = jax.devices()[0]
     io_uring = not args.no_io_uring
     ended: list[str] = []
@@ -140,8 +140,7 @@ def main() -> int:
             drop_from_page_cache(path)
 
     busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(args.busy)]
-    began = time.strftime("%Y-%m-%d %H:%M")
-    load = os.getloadavg()[0]
+    began = machine_state()
     try:
         rates = side_by_side(
             feeders, args.rounds, lambda feeder: pipeline_rate(feeder, args.batches), reset
@@ -155,23 +154,24 @@ def main() -> int:
         + (f", {args.busy} CPU-bound process(es) beside it" if args.busy else ", nothing beside it")
         + (", streams without io_uring" if args.no_io_uring else "")
     )
+    load = "not known" if began.load is None else f"{began.load[0]:.1f}"
     print(
-        f"{began}, {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, load "
-        f"{load:.1f} at the start; {args.tokens:,} tokens ({size / 2**30:.1f} GiB), dense, "
+        f"{began.date}, {began.machine}, {began.cores} cores, jax {began.jax}, load "
+        f"{load} at the start; {args.tokens:,} tokens ({size / 2**30:.1f} GiB), dense, "
         f"{state}; {args.batches} random batches of {args.batch} x {args.length} a run, "
         f"{args.rounds} rounds taking turns\n"
     )
     best = [name for name in feeders if name in forced]
-    print("| feeder | batches/s | x hand loop | x double-buffered | x best forced path |")
-    print("|---|---|---|---|---|")
+    rows = []
     for name, values in rates.items():
         cells = []
         for base in ("hand loop", "double-buffered"):
             cells.append(statistics.median(v / b for v, b in zip(values, rates[base], strict=True)))
         top = [max(rates[f][i] for f in best) for i in range(len(values))]
         cells.append(statistics.median(v / t for v, t in zip(values, top, strict=True)))
-        shown = " | ".join(f"{c:.2f}" for c in cells)
-        print(f"| {name} | {statistics.median(values):,.0f} | {shown} |")
+        rows.append([name, f"{statistics.median(values):,.0f}", *(f"{c:.2f}" for c in cells)])
+    heads = ["feeder", "batches/s", "x hand loop", "x double-buffered", "x best forced path"]
+    print("\n".join(markdown_table(heads, rows)))
     counts = {path: ended.count(path) for path in dict.fromkeys(ended)}
     print(f"\nthe stream's own choice ended on: {counts}")
     return 0

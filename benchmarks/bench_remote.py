@@ -50,6 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._common import PeakRise, child_env, mib
 from devpolicy._base.sizes import parse_size
 from devpolicy._io.remote import open_remote
 from tests.io.remote import servers
@@ -355,11 +356,6 @@ def _worker(method: str, port: str, process: str, endpoint: str, key: str) -> No
     os.environ.update(_environ(endpoint))
     jax.distributed.initialize(f"127.0.0.1:{port}", 2, int(process), initialization_timeout=60)
     try:
-
-        def peak() -> int:
-            with open("/proc/self/status") as f:
-                return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
-
         import botocore.session
         import safetensors.numpy
 
@@ -381,7 +377,7 @@ def _worker(method: str, port: str, process: str, endpoint: str, key: str) -> No
             aws_access_key_id=servers.S3_ACCESS_KEY,
             aws_secret_access_key=servers.S3_SECRET_KEY,
         )  # fmt: skip
-        before, began = peak(), time.perf_counter()
+        rise, began = PeakRise(), time.perf_counter()
         fetched = requests = retries = 0
         try:
             out, fetched, requests, retries = _load(method, client, key, sharding, policy)
@@ -395,7 +391,7 @@ def _worker(method: str, port: str, process: str, endpoint: str, key: str) -> No
         seconds = time.perf_counter() - began
         held = sum(s.data.nbytes for a in out.values() for s in a.addressable_shards)
         total = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in out.values())
-        report = {"seconds": seconds, "peak_rise": peak() - before, "fetched": fetched,
+        report = {"seconds": seconds, "peak_rise": rise(), "fetched": fetched,
                   "requests": requests, "retries": retries, "held": held,
                   "total": total}  # fmt: skip
         print(json.dumps(report), flush=True)
@@ -439,7 +435,7 @@ def _pair(method: str, endpoints: list[str], key: str) -> list[dict[str, Any]]:
     import subprocess
 
     port = servers.free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
+    env = child_env()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
     procs = [
         subprocess.Popen(
@@ -523,7 +519,7 @@ def _sharded(size: int, runs: int, out: str) -> None:
                     )
     load_after = os.getloadavg()
     lines = [
-        f"# A sharded load over two processes: {format_mib(tensor)} from a local S3 server",
+        f"# A sharded load over two processes: {mib(tensor)} from a local S3 server",
         "",
         f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, load average "
         f"{load_before[0]:.2f} before, {load_after[0]:.2f} after; two processes under "
@@ -541,12 +537,13 @@ def _sharded(size: int, runs: int, out: str) -> None:
     }
     base = medians["get_object whole + safetensors.numpy + device_put"]
     for name, runs_ in results.items():
-        peak = max(r["peak_rise"] for reports in runs_ for r in reports)
+        peaks = [r["peak_rise"] for reports in runs_ for r in reports]
+        peak = "n/a" if None in peaks else f"{max(peaks) / tensor:.2f}x"
         share = tensor / 2
         fetched = max(counted[name]) / share
         lines.append(
             f"| {name} | {medians[name]:.2f} | {medians[name] / base:.2f}x | "
-            f"{peak / tensor:.2f}x | {fetched:.3f}x | {delays[name]} |"
+            f"{peak} | {fetched:.3f}x | {delays[name]} |"
         )
     lines += [
         "",
@@ -564,10 +561,6 @@ def _sharded(size: int, runs: int, out: str) -> None:
     marker = "# A sharded load over two processes"
     kept = previous.split(marker, 1)[0].rstrip()
     path.write_text((kept + "\n\n" if kept else "") + text, encoding="utf-8")
-
-
-def format_mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.0f} MiB"
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -43,8 +42,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._common import (  # noqa: E402
+    child_code,
+    child_env,
+    free_port,
+    gib,
+    machine_state,
+    markdown_table,
+    median_known,
+    shown_argv,
+    shown_size,
+)
 from devpolicy._base.sizes import parse_size  # noqa: E402
-from tests.helpers import free_port  # noqa: E402
 
 METHODS = ["devpolicy", "flax", "orbax", "allgather"]
 LABELS = {
@@ -69,10 +78,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import devpolicy, structlog, safetensors.numpy
 from flax.training import checkpoints
 import orbax.checkpoint as ocp
-
-def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
+from benchmarks._common import PeakRise
 
 def wchar():
     with open("/proc/self/io") as f:
@@ -97,9 +103,7 @@ jax.block_until_ready(state)
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}}, environ={})
 target = os.path.join(out_dir, "state")
 multihost_utils.sync_global_devices("bench: ready")
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # VmHWM from here on is this save's peak
-rss, written = status("VmRSS"), wchar()
+rise, written = PeakRise(), wchar()  # VmHWM from here on is this save's peak
 start = time.perf_counter()
 if method == "devpolicy":
     devpolicy.save_file(state, target + ".safetensors", policy=policy)
@@ -116,7 +120,7 @@ elif method == "allgather":
         safetensors.numpy.save_file(flat, target + ".safetensors")
     multihost_utils.sync_global_devices("bench: written")
 seconds = time.perf_counter() - start
-report = {"seconds": seconds, "peak": status("VmHWM") - rss, "written": wchar() - written,
+report = {"seconds": seconds, "peak": rise(), "written": wchar() - written,
           "state": sum(x.nbytes for x in jax.tree.leaves(state))}
 multihost_utils.sync_global_devices("bench: done")
 print(json.dumps(report), flush=True)
@@ -127,12 +131,12 @@ jax.distributed.shutdown()
 def run_job(method: str, directory: Path, size: int) -> list[dict[str, Any]]:
     """One fresh 2-process job saving with `method`; each process's report."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVPOLICY_")}
-    env.pop("XLA_FLAGS", None)
+    env = child_env(drop=("XLA_FLAGS",))
     env["PYTHONPATH"] = str(REPO)
+    code = child_code(WORKER)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(port), str(i), method, str(directory), str(size)],
+            [sys.executable, "-c", code, str(port), str(i), method, str(directory), str(size)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -153,15 +157,6 @@ def disk_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
-def shown_size(n: float) -> str:
-    """GiB, or MiB below a tenth of one (a flat peak shows as its few MiB, not 0.00 GiB)."""
-    return gib(n) if n >= 0.1 * 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -174,20 +169,12 @@ def main() -> int:
     args = parser.parse_args()
     size = parse_size(args.size)
     methods = args.methods.split(",")
-    import jax
-
-    import devpolicy
-
+    # Not where the files or results go: a path of this machine.
+    command = ["python benchmarks/bench_save_multiprocess.py", *shown_argv(sys.argv[1:])]
     lines = [
-        f"`python benchmarks/bench_save_multiprocess.py {' '.join(sys.argv[1:])}`".replace(
-            "  ", " "
-        ),
+        f"`{' '.join(command)}`",
         "",
-        f"- cores: {os.cpu_count()}; load average (1, 5, 15 min) at start: "
-        + ", ".join(f"{x:.2f}" for x in os.getloadavg()),
-        f"- Python {platform.python_version()}, jax {jax.__version__}, "
-        f"devpolicy {getattr(devpolicy, '__version__', '?')}, {platform.system()} "
-        f"{platform.release()} {platform.machine()}",
+        *machine_state().lines(),
         "- job: 2 processes (jax.distributed on 127.0.0.1) x 2 CPU devices, a (data=2, model=2) "
         "mesh; each process holds half of the state",
     ]
@@ -204,26 +191,31 @@ def main() -> int:
                     p.unlink() if p.is_file() else p.rmdir()
     state = results[methods[0]][0][0][0]["state"]
     lines += [f"- state: {gib(state)} of float32 ({args.runs} runs of each method)", ""]
-    lines += [
-        "| method | median s | best-worst s | x devpolicy | peak RSS p0 / p1 "
-        "| x state held (p0 / p1) | written p0 / p1 | on disk |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    heads = ["method", "median s", "best-worst s", "x devpolicy", "peak RSS p0 / p1"]
+    heads += ["x state held (p0 / p1)", "written p0 / p1", "on disk"]
+    rows = []
     anchor = None
+    held = state / 2
     for method in methods:
         runs = results[method]
         times = [max(r["seconds"] for r in reports) for reports, _ in runs]
         median = statistics.median(times)
         anchor = anchor if anchor is not None else median
-        peaks = [statistics.median(reports[i]["peak"] for reports, _ in runs) for i in (0, 1)]
+        peaks = [median_known(reports[i]["peak"] for reports, _ in runs) for i in (0, 1)]
         written = [statistics.median(reports[i]["written"] for reports, _ in runs) for i in (0, 1)]
-        held = state / 2
-        lines.append(
-            f"| {LABELS[method]} | {median:.3f} | {min(times):.3f}-{max(times):.3f} "
-            f"| {median / anchor:.2f} | {shown_size(peaks[0])} / {shown_size(peaks[1])} "
-            f"| {peaks[0] / held:.2f} / {peaks[1] / held:.2f} "
-            f"| {gib(written[0])} / {gib(written[1])} | {gib(runs[0][1])} |"
+        rows.append(
+            [
+                LABELS[method],
+                f"{median:.3f}",
+                f"{min(times):.3f}-{max(times):.3f}",
+                f"{median / anchor:.2f}",
+                " / ".join(shown_size(p) for p in peaks),
+                " / ".join("n/a" if p is None else f"{p / held:.2f}" for p in peaks),
+                " / ".join(gib(w) for w in written),
+                gib(runs[0][1]),
+            ]
         )
+    lines += markdown_table(heads, rows)
     lines += [
         "",
         "`written` is the process's `/proc/self/io` wchar over the save: it counts socket "

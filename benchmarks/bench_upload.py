@@ -23,17 +23,16 @@ with the machine's state and writes it to `--out`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._common import child_env, machine_state, markdown_table, median_known, run_child
 from devpolicy._base.sizes import format_size, parse_size
 from tests.io.remote import servers
 
@@ -43,10 +42,7 @@ CHILD = r"""
 import json, os, sys, time, tempfile
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
-
-def hwm():
-    with open("/proc/self/status") as f:
-        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+from benchmarks._common import PeakRise
 
 method, size, key = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(0)
@@ -56,7 +52,7 @@ tree.update({f"layers/{i}/bias": rng.standard_normal(4096, np.float32) for i in 
 import devpolicy, botocore.session, botocore.config
 from safetensors.numpy import save_file as plain_save
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "error"}}, environ={})
-base = hwm()
+rise = PeakRise()
 started = time.perf_counter()
 if method == "devpolicy":
     devpolicy.save_file(tree, f"s3://bench/{key}", policy=policy)
@@ -87,18 +83,10 @@ else:
                                              MultipartUpload={"Parts": parts})
 seconds = time.perf_counter() - started
 nbytes = sum(v.nbytes for v in tree.values())
-print(json.dumps({"seconds": seconds, "rise": hwm() - base, "nbytes": nbytes}))
+print(json.dumps({"seconds": seconds, "rise": rise(), "nbytes": nbytes}))
 """
 
 METHODS = ("devpolicy", "local+upload", "local only")
-
-
-def machine_state() -> list[str]:
-    return [
-        f"- cores: {os.cpu_count()}; load average (1, 5, 15 min) at start: "
-        + ", ".join(f"{x:.2f}" for x in os.getloadavg()),
-        f"- Python {platform.python_version()}, {platform.system()} {platform.release()}",
-    ]
 
 
 def main() -> int:
@@ -111,32 +99,25 @@ def main() -> int:
     args = parser.parse_args()
     size = parse_size(args.size)
     lines = [f"`python benchmarks/bench_upload.py --size {args.size} --runs {args.runs}`", ""]
-    lines += machine_state()
+    lines += machine_state().lines()
     with tempfile.TemporaryDirectory() as work:
         s3 = servers.start_seaweedfs(Path(work) / "seaweedfs")
         try:
             s3.put(BUCKET, "warm", b"x")
-            env = {
-                **os.environ,
+            env = child_env() | {
                 "AWS_ENDPOINT_URL": s3.url,
                 "AWS_ACCESS_KEY_ID": servers.S3_ACCESS_KEY,
                 "AWS_SECRET_ACCESS_KEY": servers.S3_SECRET_KEY,
                 "AWS_REGION": "us-east-1",
                 "BENCH_DIR": work,
             }
-            env = {k: v for k, v in env.items() if not k.startswith("DEVPOLICY_")}
-            results: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+            results: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
             for run in range(args.runs + 1):  # the first round warms up, not counted
                 for method in METHODS:
-                    done = subprocess.run(
-                        [sys.executable, "-c", CHILD, method, str(size), f"{method}-{run}"],
-                        env=env, capture_output=True, text=True, check=False,
-                    )  # fmt: skip
-                    if done.returncode:
-                        print(done.stderr[-3000:], file=sys.stderr)
-                        return 1
+                    key = f"{method}-{run}"
+                    done = run_child(CHILD, method, size, key, what=method, env=env)[-1]
                     if run:
-                        results[method].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                        results[method].append(done)
         finally:
             s3.kill()
     nbytes = results["devpolicy"][0]["nbytes"]
@@ -144,17 +125,23 @@ def main() -> int:
     lines += [
         f"`--runs {args.runs}` fresh processes per method, interleaved, after one warm-up round.",
         "",
-        "| method | median s | best-worst s | x local file + upload | peak RSS rise / tree |",
-        "|---|---|---|---|---|",
     ]
     anchor = statistics.median(r["seconds"] for r in results["local+upload"])
+    rows = []
     for method in METHODS:
         times = [r["seconds"] for r in results[method]]
-        rise = statistics.median(r["rise"] for r in results[method]) / nbytes
-        lines.append(
-            f"| {method} | {statistics.median(times):.3f} | {min(times):.3f}-{max(times):.3f} "
-            f"| {statistics.median(times) / anchor:.2f} | {rise:.2f}x |"
+        rise = median_known(r["rise"] for r in results[method])
+        rows.append(
+            [
+                method,
+                f"{statistics.median(times):.3f}",
+                f"{min(times):.3f}-{max(times):.3f}",
+                f"{statistics.median(times) / anchor:.2f}",
+                "n/a" if rise is None else f"{rise / nbytes:.2f}x",
+            ]
         )
+    heads = ["method", "median s", "best-worst s", "x local file + upload", "peak RSS rise / tree"]
+    lines += markdown_table(heads, rows)
     lines += ["", "- load average at end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())]
     text = "\n".join(lines)
     print(text)

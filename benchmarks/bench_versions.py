@@ -29,8 +29,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from tests.helpers import dense_tensor_file  # noqa: E402 - the checkout on the path first
+sys.path.insert(0, str(REPO))  # the checkout first on the path
+from benchmarks._common import at_least_one, dense_tensor_file, read_through  # noqa: E402
 
 #: One timed stream, in a process of its own (so each version imports its own devpolicy).
 PROBE = r"""
@@ -70,23 +70,13 @@ print(json.dumps({"rate": batches / (time.perf_counter() - start)}))
 KINDS = ("random", "segments", "mixed")
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def dense_file(folder: Path, count: int) -> Path:
     """`count` random tokens below 32,000 in every byte of a file (`dense_tensor_file`, as the
     other benchmarks write theirs), read through once."""
     path = folder / f"dense-{count}.safetensors"
     if not path.exists():
         dense_tensor_file(path, count)
-    with open(path, "rb", buffering=0) as f:
-        chunk = bytearray(2**24)
-        while f.readinto(chunk):
-            pass
+    read_through(path)
     return path
 
 
@@ -106,11 +96,11 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the commit to compare against")
-    parser.add_argument("--rounds", type=positive, default=6)
-    parser.add_argument("--batches", type=positive, default=2000)
-    parser.add_argument("--tokens", type=positive, default=2**29)
-    parser.add_argument("--length", type=positive, default=1025)
-    parser.add_argument("--batch", type=positive, default=32)
+    parser.add_argument("--rounds", type=at_least_one, default=6)
+    parser.add_argument("--batches", type=at_least_one, default=2000)
+    parser.add_argument("--tokens", type=at_least_one, default=2**29)
+    parser.add_argument("--length", type=at_least_one, default=1025)
+    parser.add_argument("--batch", type=at_least_one, default=32)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--kinds", default="random", help="comma-separated: random,segments,mixed")
     args = parser.parse_args()

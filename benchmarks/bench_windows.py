@@ -45,29 +45,31 @@ The tables and the machine's state are written to `--out` as Markdown.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-# The story's token file is made the way the tests make it (tests.helpers.dense_tensor_file).
+# The story's token file is made the way the tests make theirs (`dense_tensor_file`).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.helpers import dense_tensor_file
+from benchmarks._common import (
+    at_least_one,
+    child_env,
+    dense_tensor_file,
+    machine_state,
+    markdown_table,
+    median_known,
+    run_child,
+)
 
 STORY_TOKENS = 10_248_871_837
 MiB = 2**20
 
 CHILD = r"""
 import json, os, sys, time
+from benchmarks._common import growth, status
 variant, path, steps, length, batch = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
-
-def status(field):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
 
 import numpy as np
 import devpolicy
@@ -106,7 +108,7 @@ for step, b in enumerate(stream, 1):
         now = time.perf_counter()
         times.append((now - last) / (step - (samples[-1][0] if samples else 0)))
         last = now
-        samples.append((step, status("VmRSS") - rss0, status("RssFile") - file0))
+        samples.append((step, growth(status("VmRSS"), rss0), growth(status("RssFile"), file0)))
 total = time.perf_counter() - start
 cutter = stream._cutter
 print(json.dumps({"samples": samples, "seconds": total, "step_times": times,
@@ -171,50 +173,16 @@ def documented_bound(variant: str, taken: dict[str, object], size: int) -> int |
     return own + 64 * MiB
 
 
-def run_child(variant: str, path: Path, args: argparse.Namespace) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    argv = [str(args.steps), str(args.length), str(args.batch)]
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, variant, str(path), *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"{variant} failed:\n{proc.stderr[-4000:]}")
-    result: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
-    return result
+def run_variant(variant: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One run of `variant` over the token file in a fresh process (2 fake CPU devices)."""
+    argv = [args.steps, args.length, args.batch]
+    env = child_env(cpu_devices=2, drop=("XLA_",))
+    return run_child(CHILD, variant, path, *argv, what=variant, env=env)[-1]
 
 
-def machine_state() -> list[str]:
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    import jax
-
-    import devpolicy
-
-    return [
-        f"- cores: {os.cpu_count()}; load average (1, 5, 15 min) at start: {load}",
-        f"- Python {platform.python_version()}, jax {jax.__version__}, devpolicy "
-        f"{devpolicy.__version__}, {platform.system()} {platform.release()} "
-        f"{platform.machine()}",
-    ]
-
-
-def mib(n: float) -> str:
-    return f"{n / MiB:,.1f}"
-
-
-def at_least_one(text: str) -> int:
-    """An argparse type: a whole number of 1 or more (argparse names the option)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def in_mib(n: float | None) -> str:
+    """`n` bytes as a figure of MiB, one decimal (`n/a`: not reported)."""
+    return "n/a" if n is None else f"{n / MiB:,.1f}"
 
 
 def variant_list(text: str) -> str:
@@ -275,7 +243,7 @@ def main() -> int:
         f"--variants {args.variants} "
         f"--paired-steps {args.paired_steps} --paired-rounds {args.paired_rounds}`",
         "",
-        *machine_state(),
+        *machine_state().lines(),
     ]
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
@@ -291,74 +259,74 @@ def main() -> int:
             f"(cold); {args.steps:,} steps copy {copied / MiB:,.0f} MiB of windows"
         )
         chosen = [v for v in VARIANTS if v in args.variants.split(",")]
-        results: dict[str, list[dict[str, object]]] = {v: [] for v in chosen}
+        results: dict[str, list[dict[str, Any]]] = {v: [] for v in chosen}
         for run in range(args.runs):
             for variant in chosen:
                 print(f"run {run + 1}/{args.runs}: {VARIANTS[variant]}", file=sys.stderr)
-                results[variant].append(run_child(variant, path, args))
+                results[variant].append(run_variant(variant, path, args))
         lines += ["", "**RSS growth over the run (MiB; the file-backed part in brackets)**", ""]
-        steps_seen = [s[0] for s in results[chosen[0]][0]["samples"]]  # type: ignore[index]
-        lines.append("| variant | " + " | ".join(f"{s:,}" for s in steps_seen) + " |")
-        lines.append("|---|" + "---|" * len(steps_seen))
-        for variant, runs in results.items():
-            for result in runs:
-                cells = [
-                    f"{mib(rss)} ({mib(rss_file)})"
-                    for _, rss, rss_file in result["samples"]  # type: ignore[attr-defined]
+        steps_seen = [s[0] for s in results[chosen[0]][0]["samples"]]
+        lines += markdown_table(
+            ["variant", *(f"{s:,}" for s in steps_seen)],
+            (
+                [
+                    VARIANTS[variant],
+                    *(f"{in_mib(rss)} ({in_mib(rss_file)})" for _, rss, rss_file in r["samples"]),
                 ]
-                lines.append(f"| {VARIANTS[variant]} | " + " | ".join(cells) + " |")
+                for variant, runs in results.items()
+                for r in runs
+            ),
+        )
         lines += [
             "",
             "**Time per step (ms; each step: 32 windows drawn, copied, placed on cpu:1)**",
             "",
-            "| variant | read path taken (why) | whole run, median of runs | per tenth of the "
-            "run: fastest-slowest | RSS growth at the end, median | documented bound |",
-            "|---|---|---|---|---|---|",
         ]
+        rows = []
         for variant, runs in results.items():
-            whole = statistics.median(r["seconds"] for r in runs) / args.steps * 1000  # type: ignore[misc]
-            tenths = [t * 1000 for r in runs for t in r["step_times"]]  # type: ignore[attr-defined]
-            grown = statistics.median(r["samples"][-1][1] for r in runs)  # type: ignore[index]
+            whole = statistics.median(r["seconds"] for r in runs) / args.steps * 1000
+            tenths = [t * 1000 for r in runs for t in r["step_times"]]
+            grown = median_known(r["samples"][-1][1] for r in runs)
             taken = runs[-1]
             extra = documented_bound(variant, taken, size)
-            bound = (
-                "none"
-                if extra is None
-                else f"{mib(extra)} MiB: " + ("met" if grown <= extra else "NOT met")
+            if extra is None:
+                bound = "none"
+            else:
+                met = "not measured" if grown is None else "met" if grown <= extra else "NOT met"
+                bound = f"{in_mib(extra)} MiB: {met}"
+            rows.append(
+                [
+                    VARIANTS[variant],
+                    f"{taken['reads']} ({taken['why']})",
+                    f"{whole:.3f}",
+                    f"{min(tenths):.3f}-{max(tenths):.3f}",
+                    f"{in_mib(grown)} MiB",
+                    bound,
+                ]
             )
-            lines.append(
-                f"| {VARIANTS[variant]} | {taken['reads']} ({taken['why']}) | {whole:.3f} | "
-                f"{min(tenths):.3f}-{max(tenths):.3f} | {mib(grown)} MiB | {bound} |"
-            )
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
-        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                PAIRED,
-                str(path),
-                *map(str, (args.length, args.batch, args.paired_steps, args.paired_rounds)),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        )
+        heads = ["variant", "read path taken (why)", "whole run, median of runs"]
+        heads += ["per tenth of the run: fastest-slowest", "RSS growth at the end, median"]
+        lines += markdown_table([*heads, "documented bound"], rows)
+        sizes = (args.length, args.batch, args.paired_steps, args.paired_rounds)
+        env = child_env(cpu_devices=2, drop=("XLA_",))
+        paired: dict[str, list[float]] = run_child(
+            PAIRED, path, *sizes, what="the paired segments", env=env
+        )[-1]
     finally:
         folder.cleanup()
-    paired: dict[str, list[float]] = json.loads(proc.stdout.splitlines()[-1])
     lines += [
         "",
         f"**Time per step, paired (ms): one process, {args.paired_rounds} rounds of "
         f"{args.paired_steps} steps each way, taking turns**",
         "",
-        "| variant | median | each round |",
-        "|---|---|---|",
     ]
-    for variant, times in paired.items():
-        each = ", ".join(f"{t:.3f}" for t in times)
-        lines.append(f"| {variant} | {statistics.median(times):.3f} | {each} |")
+    lines += markdown_table(
+        ["variant", "median", "each round"],
+        (
+            [variant, f"{statistics.median(times):.3f}", ", ".join(f"{t:.3f}" for t in times)]
+            for variant, times in paired.items()
+        ),
+    )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:

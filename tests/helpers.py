@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -14,10 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import devpolicy
+
+# The token files, dropping a file from the page cache and a free port are the benchmarks'
+# too: written once, in benchmarks/_common.py, and importable from here as before.
+from benchmarks._common import dense_tensor_file as dense_tensor_file
+from benchmarks._common import drop_from_page_cache as drop_from_page_cache
+from benchmarks._common import free_port
+from benchmarks._common import sparse_tensor_file as sparse_tensor_file
 
 
 def write(path: Path, text: str) -> Path:
@@ -127,13 +132,6 @@ def count_data_reads(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[int]:
     return reads
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class Finished:
     """One process of a job, once it ended: its exit status, the last JSON object it
@@ -193,55 +191,3 @@ def reports_of(finished: list[Finished]) -> list[dict[str, Any]]:
         assert process.returncode == 0, process.stderr[-3000:]
         assert process.report is not None, process.stderr[-3000:]
     return [process.report for process in finished if process.report is not None]
-
-
-def dense_tensor_file(
-    path: Path, elements: int, key: str = "tokens", *, vocab: int = 32_000, seed: int = 0
-) -> Path:
-    """A safetensors file of one 1-D uint16 tensor of random tokens below `vocab`, every
-    byte written (what a real token file is: no holes, which read as no data does), its
-    data 64-byte aligned so that `load_file` maps it. Written 64 MiB at a time, under a
-    temporary name renamed to `path` once whole (a run cut short leaves no short file)."""
-    header = {key: {"dtype": "U16", "shape": [elements], "data_offsets": [0, elements * 2]}}
-    text = json.dumps(header).encode()
-    text += b" " * (-(8 + len(text)) % 64)
-    rng = np.random.default_rng(seed)
-    chunk = 32 * 2**20  # tokens a write
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for first in range(0, elements, chunk):
-            count = min(chunk, elements - first)
-            # 32-bit draws seen as two tokens each: the fastest random bytes numpy makes.
-            words = rng.integers(0, 2**32, -(-count // 2), dtype=np.uint32)
-            tokens = words.view(np.uint16)[:count]
-            tokens %= vocab
-            f.write(memoryview(tokens))
-    partial.rename(path)
-    return path
-
-
-def drop_from_page_cache(path: Path, start: int = 0) -> None:
-    """Write `path`'s pages to disk and drop them, from byte `start` on, from the page
-    cache (Linux; elsewhere, or where the filesystem keeps them, nothing happens: measure
-    what is cached)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, start, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def sparse_tensor_file(path: Path, elements: int, key: str = "tokens", dtype: str = "U16") -> Path:
-    """A header-correct safetensors file of one 1-D tensor whose data is a hole: its full
-    size on paper, almost nothing on disk (only headers are read by `plan`)."""
-    width = {"U16": 2, "F32": 4, "U8": 1}[dtype]
-    header = {key: {"dtype": dtype, "shape": [elements], "data_offsets": [0, elements * width]}}
-    text = json.dumps(header).encode()
-    text += b" " * (-(8 + len(text)) % 64)  # the data starts 64-byte aligned: mappable
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        f.truncate(8 + len(text) + elements * width)
-    return path
