@@ -10,6 +10,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import json
+import mmap
 import os
 import re
 import subprocess
@@ -366,12 +367,16 @@ class TestCommonHelpers:
         """The rise is the peak over what was resident when it began: an array touched
         after counts; one freed before does not (the high-water mark starts afresh where
         /proc/self/clear_refs may be written)."""
-        earlier = np.ones(128 * 2**20, np.uint8)
-        del earlier
+        # Fresh pages from the kernel (an anonymous map, every page written), not memory a
+        # long test session's allocator already holds resident (its RSS would not rise).
+        earlier = mmap.mmap(-1, 128 * 2**20)
+        earlier.write(b"\1" * len(earlier))
+        earlier.close()
         rise = common.PeakRise()
-        held = np.ones(32 * 2**20, np.uint8)
+        held = mmap.mmap(-1, 32 * 2**20)
+        held.write(b"\1" * len(held))
         grown = rise()
-        del held
+        held.close()
         assert grown is not None
         assert grown >= 30 * 2**20
         if os.access("/proc/self/clear_refs", os.W_OK):
