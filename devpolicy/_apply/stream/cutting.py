@@ -34,7 +34,6 @@ import numpy as np
 
 from ..._decide.decider import Decider
 from ..._machine.streams import StreamTally
-from ..._read.positional import mapped_file, mapped_files
 from ..narrowing import Narrow
 from .ahead import KernelReads, call_weakly
 from .choosing import PathTrials
@@ -46,7 +45,7 @@ from .placing import GroupPlacer
 from .reading import ReadOptions
 from .reads import ReadPath
 from .reads.kept import KeptMapping
-from .reads.opening import Source, file_path, open_paths
+from .reads.opening import Source, file_path, file_reader, open_paths
 from .sampling import Random, Sequential, process_rows
 from .shuffling import Shuffled
 
@@ -226,13 +225,7 @@ class GroupCutter:
         self._tried_file = True
         with deferred_interrupts():
             if "file" not in self._paths:
-                options = self._options
-                ring = {"io_uring": options.io_uring, "polled": options.polled}
-                if self._mixture is None:
-                    reader = mapped_file(self._view, self._length, **ring)
-                else:
-                    mixture = self._mixture
-                    reader = mapped_files(mixture.views, self._length, mixture.bases, **ring)
+                reader = file_reader(self._source(), self._options)
                 if reader is None:
                     return
                 self._paths["file"] = file_path(reader, self._source())

@@ -8,7 +8,6 @@ tests and benchmarks force a path or a threshold by passing a record. No JAX her
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -125,8 +124,3 @@ def read_options(reads: object) -> ReadOptions:
         f"windows reads must be a devpolicy.ReadOptions or one of "
         f"{', '.join(map(repr, READ_PATHS))}, got {reads!r}"
     )
-
-
-def replaced(options: ReadOptions, **changes: object) -> ReadOptions:
-    """`options` with `changes`, checked again."""
-    return dataclasses.replace(options, **changes)  # type: ignore[arg-type]

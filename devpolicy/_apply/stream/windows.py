@@ -156,22 +156,16 @@ def _source_view(key: str | None, source: Any) -> np.ndarray[Any, Any]:
     """Tokens (a mixture's source `key`) as a host view of numbers, an error naming them
     where they are none."""
     what = "windows tokens" if key is None else f"windows tokens[{key!r}]"
+    takes = f"{what} must be a jax.Array on a host device or a numpy array (a memmap is fine)"
     if isinstance(source, (list, tuple)) or np.isscalar(source):
-        raise TypeError(
-            f"{what} must be a jax.Array on a host device or a numpy array (a memmap is "
-            f"fine), got a {type(source).__name__}: pass np.asarray(...) of it"
-        )
+        raise TypeError(f"{takes}, got a {type(source).__name__}: pass np.asarray(...) of it")
     try:
         view = host_view(source)
     except HostViewError as e:
         raise HostViewError(f"{what}, {e.array}", e.problem, e.fix) from None
     except TypeError:
-        raise TypeError(
-            f"{what} must be a jax.Array on a host device or a numpy array (a memmap is "
-            f"fine)"
-            + ("" if key is not None else ", or a mapping of names to them (a mixture)")
-            + f", got {type(source).__name__}"
-        ) from None
+        mixture = "" if key is not None else ", or a mapping of names to them (a mixture)"
+        raise TypeError(f"{takes}{mixture}, got {type(source).__name__}") from None
     dtype = view.dtype
     # numpy's bool, integers, floats and complex, and ml_dtypes' (bfloat16, float8, int4:
     # kind "V" with a scalar type of their own); not objects, strings, dates or records.
