@@ -15,7 +15,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import devpolicy
-from devpolicy._apply.stream import cutting, sampling
+from devpolicy._apply.stream import sampling
+from devpolicy._apply.stream.reads import opening
 from devpolicy._read import positional
 from tests.apply.conftest import ByPosition, batched_reads_here
 from tests.apply.streams import TOKEN_RULES, sparse_tokens
@@ -304,7 +305,7 @@ class TestReadByPosition:
 def test_memory_that_is_not_a_file_is_copied_from_memory() -> None:
     """A numpy array in memory has no file to read: `mapped_file` says so."""
     assert positional.mapped_file(np.arange(100, dtype=np.uint16), 10) is None
-    assert cutting.mapped_file is positional.mapped_file
+    assert opening.mapped_file is positional.mapped_file  # the stream's one way to a file
 
 
 #: Read by position, a group in one call of a plain ring on the stream's worker thread.
