@@ -37,6 +37,16 @@ class StreamTally:
     #: batches it handed out (once ended).
     count_sources: Callable[[int], dict[str, int]] | None = None
     sources: dict[str, int] | None = None
+    #: How the stream reads its windows, and why (`windows`; None for `prefetch`).
+    reads: str | None = None
+    reads_why: str | None = None
+    #: The caller's loop, timed by the stream: batches handed out, seconds waited inside
+    #: `next()` for a batch not yet ready, seconds between pulls (the caller's own work),
+    #: and the seconds from the first pull to the last hand-out.
+    handed: int = 0
+    waited: float = 0.0
+    working: float = 0.0
+    span: float = 0.0
 
     def add(self, arrays: list[Any], nbytes: int, batches: int | None = None) -> None:
         """Count the batches `arrays` (`nbytes` in all), placed by this stream: one a batch,
@@ -73,6 +83,13 @@ class LedgerStream:
         open: Whether the stream is still running (not ended or closed).
         sources: A mixture's windows from each source, in the batches placed (once it
             ended, in those handed out), over every process's rows; None for one array.
+        reads: How its windows are read (`memory`, `mapping`, `file`); None for
+            `prefetch`.
+        reads_why: Why it reads so, and what its trials measured.
+        handed: Batches handed to the caller so far.
+        waited: Seconds the caller waited inside `next()` for a batch that was not ready.
+        working: Seconds between pulls: the caller's own work (its step).
+        span: Seconds from the first pull to the latest hand-out.
     """
 
     name: str
@@ -82,6 +99,25 @@ class LedgerStream:
     nbytes: int
     open: bool
     sources: Mapping[str, int] | None = None
+    reads: str | None = None
+    reads_why: str | None = None
+    handed: int = 0
+    waited: float = 0.0
+    working: float = 0.0
+    span: float = 0.0
+
+    @property
+    def waited_share(self) -> float | None:
+        """The share of the loop's time spent waiting for batches (0 to 1); None before
+        a batch was handed out."""
+        total = self.waited + self.working
+        return None if total <= 0 else self.waited / total
+
+    @property
+    def rate(self) -> float | None:
+        """Batches handed out per second, from the start of the first pull to the latest
+        hand-out; None before a batch was handed out."""
+        return None if self.handed < 1 or self.span <= 0 else self.handed / self.span
 
 
 _tallies: list[StreamTally] = []
@@ -115,7 +151,21 @@ def streams() -> tuple[LedgerStream, ...]:
         ('tally', 2, 32, False)
     """
     return tuple(
-        LedgerStream(t.name, t.origin, t.device, t.batches, t.nbytes, t.open, t.source_counts())
+        LedgerStream(
+            t.name,
+            t.origin,
+            t.device,
+            t.batches,
+            t.nbytes,
+            t.open,
+            t.source_counts(),
+            t.reads,
+            t.reads_why,
+            t.handed,
+            t.waited,
+            t.working,
+            t.span,
+        )
         for t in list(_tallies)
     )
 
