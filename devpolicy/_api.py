@@ -64,11 +64,11 @@ from ._machine.inventory import available_backends as available_backends
 from ._machine.inventory import get_device as get_device
 from ._machine.inventory import inventory as inventory
 from ._machine.ledger import Ledger as Ledger
-from ._machine.ledger import LedgerDevice as LedgerDevice
-from ._machine.ledger import LedgerEntry as LedgerEntry
 from ._machine.ledger import report as report
 from ._machine.machine import VirtualDevice as VirtualDevice
 from ._machine.machine import VirtualMachine as VirtualMachine
+from ._machine.rows import LedgerDevice as LedgerDevice
+from ._machine.rows import LedgerEntry as LedgerEntry
 from ._policy.active import activate as activate
 from ._policy.active import active_policy as active_policy
 from ._policy.bootstrap import bootstrap as bootstrap

@@ -1,6 +1,7 @@
 """The `devpolicy` command line: the parser and the dispatch to one module per command.
 
-Each command's module (`devices`, `check`, `explain`, `plan`, `run`, `schema`, `align`)
+Each command's module (`devices`, `check`, `explain`, `plan`, `run`, `schema`, `align`,
+`report`)
 holds its handler, `command(args) -> exit status`; `common` holds what they share. The
 parser's argument types check their text here, so a bad value is a usage error before
 any command runs. Nothing here imports JAX: `--help` and `--version` stay light, and each
@@ -20,7 +21,7 @@ from typing import Any
 import devpolicy
 from devpolicy._base.visible import visible, visible_lines
 
-from . import align, check, devices, explain, plan, run, schema
+from . import align, check, devices, explain, plan, report, run, schema
 from .common import EXIT_OK, EXIT_USAGE
 
 _MAX_PROCESSES = 65536
@@ -34,6 +35,7 @@ _COMMANDS = {
     "schema": schema.command,
     "align": align.command,
     "run": run.command,
+    "report": report.command,
 }
 
 
@@ -86,6 +88,14 @@ def _path_or_url(text: str) -> Any:
     from .._base.locations import location
 
     return location(text)
+
+
+def _width(text: str) -> int:
+    if not _DIGITS.fullmatch(text) or len(text) > 4 or not 8 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(
+            f"{text[:20]!r} is not a width; accepted: a whole number 8..1000, in the digits 0-9"
+        )
+    return int(text)
 
 
 def _size(text: str) -> int:
@@ -211,6 +221,34 @@ def _parser() -> argparse.ArgumentParser:
     )
     align_parser.add_argument(
         "--align", type=int, default=64, help="byte alignment, a power of two (default 64)"
+    )
+    report_parser = commands.add_parser(
+        "report",
+        help="this process's devices, memory and ledger as bars, or as one HTML page",
+        description="Start JAX under the policy's runtime knobs, as a program would, and show "
+        "the ledger of this process (devpolicy.report()): each device's memory and where it "
+        "was read. A program shows its own arrays with devpolicy.report().bars() or "
+        ".write_html(path).",
+    )
+    report_parser.add_argument(
+        "--policy", type=Path, default=None, help="policy file (default: discovery)"
+    )
+    report_parser.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the picture as one self-contained HTML page to PATH (replaced whole)",
+    )
+    report_parser.add_argument(
+        "--width",
+        type=_width,
+        default=40,
+        metavar="N",
+        help="the bars' width in characters, 8..1000 (default 40)",
+    )
+    report_parser.add_argument(
+        "--ascii", action="store_true", help="draw the bars in ASCII characters only"
     )
     run_parser = commands.add_parser(
         "run",

@@ -37,6 +37,7 @@ from .._document.targets import (
     parse_target,
 )
 from .._machine.capacity import Capacity
+from .._machine.fallbacks import count_fallback
 from .._machine.machine import Machine, VirtualDevice, VirtualMachine
 from .._machine.meshes import Meshes, shards
 from .._names.matching import Condition, Matcher, SourceFile, compile_condition
@@ -105,6 +106,7 @@ class Decider(Generic[DeviceT]):
 
     __slots__ = (
         "_attached",
+        "_counts_fallbacks",
         "_default",
         "_fit",
         "_matcher",
@@ -135,6 +137,8 @@ class Decider(Generic[DeviceT]):
         # Decided once: whether a repeat can be seen by anyone (devpolicy's level is applied
         # before any renderer, so a repeat below it costs nothing).
         self._quiet_repeats = not self.events.enabled("debug")
+        # Fallbacks taken in this process are counted for `report`; a plan's are not.
+        self._counts_fallbacks = not isinstance(machine, VirtualMachine)
         self._fit = Fit(capacity, settings.headroom.value)
         self._matcher = Matcher(
             [
@@ -292,6 +296,17 @@ class Decider(Generic[DeviceT]):
         if self._overrides is not None:
             self._overrides.decided(decision, source)
         first = (name, decision.device_text, decision.rule, decision.origin)
+        if decision.fallback_reason is not None and self._counts_fallbacks:
+            count_fallback(
+                decision.origin,
+                decision.rule,
+                decision.requested,
+                decision.device_text,
+                decision.fallback_declared,
+                choice.short,
+                decision.nbytes,
+                decision.fallback_reason,
+            )
         if (
             decision.fallback_reason is not None
             # A leaf without names of its own under `axes: attached` is said by the

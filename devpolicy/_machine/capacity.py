@@ -35,22 +35,41 @@ def _meminfo_fd() -> int:
     return _MEMINFO[0]
 
 
+#: Where each figure of memory is read, as a report says it.
+FROM_MEMINFO = "host RAM: MemAvailable of /proc/meminfo"
+FROM_AVPHYS = "host RAM: sysconf SC_AVPHYS_PAGES x SC_PAGE_SIZE"
+FROM_PHYS = "host RAM: sysconf SC_PHYS_PAGES x SC_PAGE_SIZE"
+FROM_STATS_FREE = "jax memory_stats: bytes_limit - bytes_in_use"
+FROM_STATS_TOTAL = "jax memory_stats: bytes_limit"
+
+
 def host_available_bytes() -> int | None:
     """RAM the host can still give without swapping (Linux MemAvailable), or None.
 
     Asked for every sized decision on a host device, so it reads one kept-open
     `/proc/meminfo` (about 13 us) instead of opening it each time (about 40 us).
     """
+    return host_available()[0]
+
+
+def host_available() -> tuple[int | None, str | None]:
+    """`host_available_bytes` and where it was read (`FROM_MEMINFO`, else `FROM_AVPHYS`;
+    None where neither says).
+
+    Example:
+        >>> host_available()[1] in (FROM_MEMINFO, FROM_AVPHYS, None)
+        True
+    """
     try:
         text = os.pread(_meminfo_fd(), 8192, 0)
         start = text.index(b"MemAvailable:") + len(b"MemAvailable:")
-        return int(text[start : text.index(b"kB", start)]) * 1024
+        return int(text[start : text.index(b"kB", start)]) * 1024, FROM_MEMINFO
     except (OSError, ValueError):
         pass
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), FROM_AVPHYS
     except (OSError, ValueError, AttributeError):
-        return None
+        return None, None
 
 
 def _memory_cgroup() -> tuple[str, bool] | None:
@@ -280,3 +299,37 @@ class StaticCapacity:
     def free_bytes(self, device: jax.Device) -> int | None:
         """The stated free bytes of `device`, or None if not stated."""
         return self._free.get(inventory().text(device))
+
+
+def measured(
+    capacity: Capacity, device: jax.Device, kind: str | None = None
+) -> tuple[int | None, str | None, int | None, str | None, str]:
+    """What a report says of `device`'s memory (`kind`: a memory kind other than its
+    default): free bytes and where they were read, its memory in all and where that was
+    read (None where nothing measures it), and the pool it draws on.
+
+    `DeviceMemory` reads the device's `memory_stats`, or host RAM for a device without
+    them; any other capacity says only free bytes, as it was given.
+
+    Example:
+        >>> import devpolicy
+        >>> free, free_from, total, total_from, pool = measured(
+        ...     DeviceMemory(), devpolicy.get_device("cpu:1"))
+        >>> free_from in (FROM_MEMINFO, FROM_AVPHYS), total_from, pool
+        (True, 'host RAM: sysconf SC_PHYS_PAGES x SC_PAGE_SIZE', 'host RAM')
+        >>> measured(StaticCapacity({"cpu:1": 10}), devpolicy.get_device("cpu:1"))[:4]
+        (10, 'StaticCapacity.free_bytes (the capacity given to report)', None, None)
+    """
+    host_total = host_total_bytes()
+    on_host = host_total, FROM_PHYS if host_total is not None else None
+    if kind is not None and kind.endswith("host"):
+        return *host_available(), *on_host, HOST_POOL
+    pool = pool_text(pool_of(capacity, device))
+    if isinstance(capacity, DeviceMemory):
+        free, total = capacity.usage(device)
+        if total is not None:
+            return free, FROM_STATS_FREE, total, FROM_STATS_TOTAL, pool
+        return *host_available(), *on_host, pool
+    free = capacity.free_bytes(device)
+    said = f"{type(capacity).__name__}.free_bytes (the capacity given to report)"
+    return free, said if free is not None else None, None, None, pool

@@ -5,21 +5,30 @@ Placing code (`put`, `to`, committed `@place` results, `load_file`, `prefetch`,
 record holds only a weak reference, so it never keeps an array alive and goes with it.
 `report()` reads `jax.live_arrays()`: arrays freed since are gone, and arrays devpolicy
 never placed show as `unplaced`.
+
+The records and their reading stay in one module (the table's keys, weak references and
+pruning are what `report` reads); the rows a report gives (`rows`), its picture
+(`picture`), the fallbacks counted (`fallbacks`) and the streams (`streams`) live apart.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 import weakref
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import jax
 
 from .._base.sizes import format_size
-from .capacity import Capacity, DeviceMemory, host_available_bytes, pool_of, pool_text
+from . import picture
+from .capacity import Capacity, DeviceMemory, measured
+from .fallbacks import FallbackCount, fallbacks
 from .inventory import inventory
+from .rows import LedgerDevice, LedgerEntry, TransferSite
 from .streams import LedgerStream, recent_batches, stream_lines, streams
 from .streams import printable as _shown
 
@@ -92,61 +101,6 @@ def record_each(records: Iterable[tuple[Any, str, str, int | None]]) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """The live arrays one rule (or nothing: `unplaced`) put on one device.
-
-    Attributes:
-        origin: Where the rule was written (`policy.yaml:9`, `env:DEVPOLICY_RULES`,
-            `default`), or `unplaced` for arrays devpolicy did not place.
-        rule: The rule's index in its layer, or None (the default, or `unplaced`).
-        names: The distinct names the arrays were placed as, sorted.
-        arrays: How many arrays have bytes here (an array sharded over several devices
-            counts on each device it has a shard on).
-        nbytes: Their bytes on this device.
-        file_backed: Of those, bytes mapped from a file (they take no anonymous memory).
-        sharded: Of the arrays, how many are here as a shard of an array spread over
-            several devices.
-    """
-
-    origin: str
-    rule: int | None
-    names: tuple[str, ...]
-    arrays: int
-    nbytes: int
-    file_backed: int
-    sharded: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerDevice:
-    """One device's live arrays and free memory.
-
-    Attributes:
-        device: Target text (`gpu:0`; `cpu:0 [pinned_host]` for a memory kind other than
-            the device's default).
-        arrays: How many live arrays have bytes on it (whole, or a shard).
-        nbytes: Their bytes.
-        file_backed: Of those, bytes mapped from a file.
-        free: Free bytes now (for a device that reports no memory, the host RAM it
-            shares), or None when unknown.
-        pool: The memory it draws on: `host RAM` (shared by every CPU device) or itself.
-        entries: The bytes split by the rule that placed them, largest first, `unplaced`
-            last.
-        sharded: Of the arrays, how many are here as a shard of an array spread over
-            several devices.
-    """
-
-    device: str
-    arrays: int
-    nbytes: int
-    file_backed: int
-    free: int | None
-    pool: str
-    entries: tuple[LedgerEntry, ...]
-    sharded: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class Ledger:
     """Where the bytes of this process's live JAX arrays are now; see `devpolicy.report`.
 
@@ -169,6 +123,9 @@ class Ledger:
     #: The streams of batches (`windows`, `prefetch`) open now and the latest that ended,
     #: oldest first, with a mixture's windows from each source (see `LedgerStream`).
     streams: tuple[LedgerStream, ...] = ()
+    #: The decisions that took a fallback in this process, by rule and way taken, most
+    #: first (see `FallbackCount`); empty when none did.
+    fallbacks: tuple[FallbackCount, ...] = ()
 
     @property
     def by_device(self) -> Mapping[str, LedgerDevice]:
@@ -199,7 +156,7 @@ class Ledger:
             >>> print(str(devpolicy.report()).splitlines()[0])
             live arrays by device (devpolicy.report):
         """
-        labels = _labels(self.devices)
+        labels = picture.labels(self.devices)
         cells = [
             (
                 labels[e.origin, e.rule],
@@ -241,6 +198,70 @@ class Ledger:
 
         return Text(str(self))
 
+    def bars(self, width: int = 40, *, ascii_only: bool | None = None) -> str:
+        """The ledger as bars for a terminal: per device its bytes by rule against its
+        memory, then the streams with their waited share, the rules by bytes and the
+        fallbacks taken.
+
+        Each device's bar is its memory in all where measured, else its arrays alone
+        ("capacity unknown"); a rule's share under one cell still takes one. The lines
+        under each bar give the figures and where they were read.
+
+        Args:
+            width: The bar's cells (8..1000).
+            ascii_only: Draw in ASCII (`#=+`, `.` unplaced, `-` in use otherwise);
+                default: where `sys.stdout`'s encoding cannot write `█▓░╌│`.
+
+        Raises:
+            ValueError: `width` is not a whole number 8..1000.
+
+        Example:
+            >>> import devpolicy, numpy as np
+            >>> p = devpolicy.load_policy({"version": 1, "rules": [
+            ...     {"match": "bars/*", "device": "cpu:3"}]})
+            >>> w = p.put("bars/w", np.zeros(1024, np.uint8))
+            >>> text = devpolicy.report().bars(width=20, ascii_only=True)
+            >>> [line for line in text.splitlines() if "<mapping>:rules[0]" in line][0]
+            '  # 1.0 KiB  <mapping>:rules[0] (1 array)'
+        """
+        return picture.bars(self.devices, self.streams, self.fallbacks, width, ascii_only)
+
+    def to_html(self, title: str = "devpolicy report") -> str:
+        """The ledger as one self-contained HTML page: per device a bar of its bytes by
+        rule against its memory, the streams, the rules by bytes, the fallbacks taken and
+        the implicit transfers, each section saying where its figures come from.
+
+        The page fetches nothing (its style is inline, its bars are plain `div`s), so it
+        opens offline. Names are escaped: a name with markup shows as text. A ledger of
+        no devices (`Ledger(())`) is a page that says so.
+
+        Example:
+            >>> import devpolicy
+            >>> page = devpolicy.report().to_html()
+            >>> page.startswith("<!DOCTYPE html>"), "cpu:0" in page, "http" in page
+            (True, True, False)
+        """
+        return picture.page(
+            title, self.devices, self.streams, self.fallbacks, self.transfers, self.arrays
+        )
+
+    def write_html(self, path: str | os.PathLike[str], title: str = "devpolicy report") -> Path:
+        """Write `to_html()` to `path`, whole or not at all (a temporary file in the same
+        folder, renamed over it); returns the path.
+
+        Raises:
+            OSError: `path` cannot be written (`IsADirectoryError`, `FileNotFoundError`
+                for a missing folder, `PermissionError`); the message names the path and
+                why, and nothing is left behind.
+
+        Example:
+            >>> import devpolicy, tempfile, pathlib
+            >>> folder = pathlib.Path(tempfile.mkdtemp())
+            >>> devpolicy.report().write_html(folder / "report.html").name
+            'report.html'
+        """
+        return picture.write_page(self.to_html(title), path)
+
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
@@ -273,21 +294,6 @@ def _backed(nbytes: int) -> str:
 def _names_text(names: tuple[str, ...], limit: int = 3) -> str:
     shown = ", ".join(_shown(n) for n in names[:limit])
     return shown + (f", ... ({len(names)} names)" if len(names) > limit else "")
-
-
-def _labels(devices: Iterable[LedgerDevice]) -> dict[tuple[str, int | None], str]:
-    """Each (origin, rule) as shown: the origin, with the rule's index where two rules
-    share one origin text (every item of `DEVPOLICY_RULES` is `env:DEVPOLICY_RULES`)."""
-    keys = {(e.origin, e.rule) for d in devices for e in d.entries}
-    origins: dict[str, int] = {}
-    for origin, _ in keys:
-        origins[origin] = origins.get(origin, 0) + 1
-    return {
-        (origin, rule): f"{_shown(origin)} item {rule}"
-        if origins[origin] > 1 and rule is not None
-        else _shown(origin)
-        for origin, rule in keys
-    }
 
 
 def _file_ranges() -> tuple[list[int], list[int]]:
@@ -491,7 +497,7 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
             ),
             key=lambda e: (e.origin == UNPLACED, -e.nbytes, e.origin),
         )
-        free, pool = _free(memory, device, kind)
+        free, free_from, total, total_from, pool = measured(memory, device, kind)
         text = inv.text(device) if kind is None else f"{inv.text(device)} [{kind}]"
         devices.append(
             LedgerDevice(
@@ -503,6 +509,9 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
                 pool,
                 tuple(entries),
                 sum(e.sharded for e in entries),
+                total,
+                free_from,
+                total_from,
             )
         )
     return Ledger(
@@ -512,6 +521,7 @@ def report(*, capacity: Capacity | None = None) -> Ledger:
         shards,
         transfer_sites(),
         streams(),
+        fallbacks(),
     )
 
 
@@ -524,13 +534,6 @@ def _kind(device: jax.Device, kind: str | None) -> str | None:
     except Exception:  # a device without memory kinds: its one memory
         return None
     return None if kind == default else kind
-
-
-def _free(memory: Capacity, device: jax.Device, kind: str | None) -> tuple[int | None, str]:
-    if kind is not None and kind.endswith("host"):
-        return host_available_bytes(), "host RAM"
-    pool: Hashable = pool_of(memory, device)
-    return memory.free_bytes(device), pool_text(pool)
 
 
 def _stream_records(placed: dict[int, _Record]) -> None:
@@ -551,27 +554,6 @@ _TRANSFER_SITES_LIMIT = 4096
 TRANSFER_LINES = 10
 # (site, direction) -> [count, nbytes, function, devices]
 _transfers: dict[tuple[str, str], list[Any]] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class TransferSite:
-    """The implicit transfers JAX made at one line of code, in one direction.
-
-    Attributes:
-        site: `path/file.py:LINE` of the user's code.
-        direction: `host_to_device`, `device_to_device`, `device_to_host` or `host_local`.
-        count: How many transfers (one per array moved).
-        nbytes: The bytes moved in all (each destination's share once).
-        devices: The destination devices seen, as texts.
-        function: The function the line is in.
-    """
-
-    site: str
-    direction: str
-    count: int
-    nbytes: int
-    devices: tuple[str, ...]
-    function: str
 
 
 def count_transfer(
