@@ -18,6 +18,7 @@ from .._apply.scope import Scope, Scopes, make_place
 from .._apply.stream import owner as _owner
 from .._apply.stream import prefetch as _prefetch
 from .._apply.stream import windows as _windows
+from .._apply.stream.arguments import WindowsArguments
 from .._apply.transfers import Watch, explicitly, watch_of
 from .._base.errors import DevicePolicyError
 from .._base.events import EventLog
@@ -321,8 +322,9 @@ class Policy:
         """Batches of windows of a host array, placed by this policy ahead of use.
 
         The keywords are `devpolicy.windows`'s (`name`, `order`, `seed`, `stride`, `steps`,
-        `epochs`, `weights`, `separator`, `separator_is`, `size`, `narrow`, `start`,
-        `resume`), defined once there; a keyword it does not take is a TypeError naming it.
+        `epochs`, `weights`, `separator`, `separator_is`, `fields`, `reads`, `size`,
+        `narrow`, `start`, `resume`, `report_every`), defined once (`WindowsArguments`); a
+        keyword it does not take is a TypeError naming it.
 
         Example:
             >>> import devpolicy, numpy as np
@@ -331,8 +333,8 @@ class Policy:
             ...     [b.shape for b in stream]
             [(2, 8)]
         """
-        name = options.pop("name", "batch")
-        return _windows.windows(tokens, self.decider, name, length, batch, **options)
+        given = {"tokens": tokens, "length": length, "batch": batch, **options}
+        return _windows.windows(self.decider, _options_from(WindowsArguments, "windows", given))
 
 
 OptionsT = TypeVar("OptionsT")
@@ -381,11 +383,9 @@ Policy.plan.__signature__ = _verb_signature(  # type: ignore[attr-defined]
     inspect.Parameter("path", _POSITIONAL, annotation="str | os.PathLike[str]"),
     returns="Plan",
 )
-_WINDOWS = inspect.signature(_windows.windows).parameters
 Policy.windows.__signature__ = _verb_signature(  # type: ignore[attr-defined]
-    [_WINDOWS["name"].replace(kind=inspect.Parameter.KEYWORD_ONLY, default="batch")]
-    + [p for p in _WINDOWS.values() if p.kind is inspect.Parameter.KEYWORD_ONLY],
+    _fields_as_keywords(WindowsArguments)[3:],
     inspect.Parameter("self", _POSITIONAL),
-    *(_WINDOWS[n] for n in ("tokens", "length", "batch")),
-    returns="BatchStream[Any]",
+    *(inspect.Parameter(n, _POSITIONAL) for n in ("tokens", "length", "batch")),
+    returns="WindowStream",
 )

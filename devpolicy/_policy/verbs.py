@@ -19,6 +19,7 @@ from .._apply import put as _put
 from .._apply.calls import Inputs
 from .._apply.moves import move_to
 from .._apply.scope import Scope, make_place
+from .._apply.stream import arguments as _arguments
 from .._apply.stream import owner as _owner
 from .._apply.stream import prefetch as _prefetch
 from .._apply.stream import windows as _windows
@@ -598,6 +599,7 @@ def windows(
     narrow: Literal["exact", "lossy"] = "exact",
     start: int = 0,
     resume: Mapping[str, Any] | str | None = None,
+    report_every: float | None = 60.0,
 ) -> _owner.WindowStream:
     """Batches of windows cut from a host array, each placed as `name` ahead of use.
 
@@ -712,24 +714,5 @@ def windows(
         >>> sorted(next(devpolicy.windows(tokens, 4, 2, separator=0, fields=lm1b, policy=p)))
         ['inputs', 'inputs_position', 'inputs_segmentation']
     """
-    return _windows.windows(
-        tokens,
-        _decider_of(policy),
-        name,
-        length,
-        batch,
-        order=order,
-        seed=seed,
-        stride=stride,
-        steps=steps,
-        size=size,
-        narrow=narrow,
-        epochs=epochs,
-        weights=weights,
-        separator=separator,
-        separator_is=separator_is,
-        fields=fields,
-        reads=reads,
-        start=start,
-        resume=resume,
-    )
+    given = options_record(_arguments.WindowsArguments, locals())  # first: the arguments
+    return _windows.windows(_decider_of(policy), given)

@@ -18,6 +18,7 @@ import structlog
 
 import devpolicy
 from devpolicy._apply.stream import mixing, shuffling
+from devpolicy._apply.stream.sampling import Rows
 from devpolicy.errors import StreamStateError
 from tests.apply.stream.test_mixing import SOURCES, WEIGHTS
 from tests.helpers import policy_of
@@ -66,17 +67,17 @@ class TestScale:
     ) -> None:
         """Epochs and mixtures of 10**10 windows (34-bit positions, 64-bit offsets):
         every start in range, a step's windows distinct, and a resumed step equal."""
-        shuffled = shuffling.Shuffled(10**10 + 7, 64, 1, 5, None, None)
+        shuffled = shuffling.Shuffled(10**10 + 7, Rows.every(64), 1, 5, None, None)
         far = shuffled.take(10**9, 4)
         assert far is not None
         assert far.min() >= 0
         assert far.max() < 10**10 + 7
         assert len(np.unique(far)) == far.size
-        again = shuffling.Shuffled(10**10 + 7, 64, 1, 5, None, None).take(10**9 + 2, 1)
+        again = shuffling.Shuffled(10**10 + 7, Rows.every(64), 1, 5, None, None).take(10**9 + 2, 1)
         assert again is not None
         np.testing.assert_array_equal(again[0], far[2])
         mixture = mixing.Mixed(
-            [5 * 10**9, 10**10], np.array([0, 5 * 10**9 + 15]), [1, 3], 64, 5, None, 1
+            [5 * 10**9, 10**10], np.array([0, 5 * 10**9 + 15]), [1, 3], Rows.every(64), 5, None, 1
         )
         offsets = mixture.take(10**9, 4)
         assert offsets is not None

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .groups import every_window
-from .sampling import mixed, stream_key, uniform_below
+from .sampling import Rows, mixed, stream_key, uniform_below
 from .shuffling import BLOCK_WINDOWS, RowDraws, shuffled_windows
 
 #: The longest period of an allotment, in rows: weights no period up to it holds exactly
@@ -106,7 +106,7 @@ class Mixed(RowDraws):
         starts: list[int],
         bases: np.ndarray[Any, Any],
         weights: list[float],
-        batch: int,
+        rows: Rows,
         seed: int,
         steps: int | None,
         shuffled_stride: int | None,
@@ -120,7 +120,7 @@ class Mixed(RowDraws):
         # A shuffled source's epoch: its windows at `stride`; a random one draws starts.
         self.windows = [-(-n // self._stride) for n in starts]
         self._keys = [np.uint64(stream_key(seed, 2 + s)) for s in range(len(starts))]
-        super().__init__(batch, steps)
+        super().__init__(rows, steps)
 
     def drawn_before(self, step: int) -> list[int]:
         """Windows of each source in the global batches before `step`, as Python ints:

@@ -1,6 +1,6 @@
 """A group of batches placed: its host buffers (a ring where the device copies them), its
 windows narrowed where x64 is off and the tokens are 64-bit, the batch decided once per
-shape (the stream's tally opened with the first), and sent with its documents' segment
+shape (the first decision is the stream's, for its tally), and sent with its documents' segment
 ids and positions where the stream has a separator. The cutter hands over the windows, or
 the buffer they were read straight into; nothing is read here but through the path it is
 given."""
@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
 from ..._base.errors import NarrowingError
+from ..._base.events import EventLog
 from ..._decide.decider import Decider
+from ..._decide.decision import Decision
 from ..._decide.routing import NEVER_MAPPED
-from ..._machine.streams import StreamTally, open_stream
 from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
 from .documents import FIELDS, SEGMENT_BYTES, SeparatorIs
 from .groups import GroupBuffer, GroupPlan, place_documents
 from .reads import ReadPath
+from .sampling import Rows, process_rows
 
 
 class GroupPlacer:
@@ -42,10 +43,8 @@ class GroupPlacer:
     """
 
     __slots__ = (
-        "_count_sources",
         "_decider",
         "_fields",
-        "_name",
         "_narrow",
         "_narrowed",
         "_ring",
@@ -53,8 +52,9 @@ class GroupPlacer:
         "_shapes",
         "_window",
         "buffers",
+        "decided",
         "dtype",
-        "tally",
+        "name",
         "target",
     )
 
@@ -70,7 +70,7 @@ class GroupPlacer:
         fields: tuple[str, str, str] | None = None,
     ) -> None:
         self._decider = decider
-        self._name = name
+        self.name = name
         self._narrow = narrow
         self._window = window
         self._separator = separator  # (token, "eos" or "bos"): segment ids with each batch
@@ -83,19 +83,29 @@ class GroupPlacer:
         self._ring: list[GroupBuffer] = []
         self.buffers = 3  # groups kept: in flight, in use, being cut (the cutter sets it)
         self._narrowed: set[bool] = set()  # the exactness already reported
-        self._count_sources: Callable[[int], dict[str, int]] | None = None
-        self.tally: StreamTally | None = None
+        self.decided: Decision | None = None  # the first batch shape's: the stream's
 
-    def count_sources(self, counts: Callable[[int], dict[str, int]]) -> None:
-        """How the stream's tally counts a mixture's windows of each source in its first
-        n batches (see `StreamTally.count_sources`)."""
-        self._count_sources = counts
-        if self.tally is not None:
-            self.tally.count_sources = counts
+    @property
+    def events(self) -> EventLog:
+        """Where the stream's events go (its policy's)."""
+        return self._decider.events
+
+    def process_rows(self, batch: int) -> Rows:
+        """The rows of a step's global batch this process draws, of `batch` placed here:
+        under several processes the rows its devices hold of the global batch, so one
+        seed gives every process other windows of one global batch, and a process resumed
+        at a step draws the rows it drew."""
+        if jax.process_count() == 1:
+            return Rows.every(batch)
+        plan = self.plan((batch, *self._window))
+        if not plan.local:
+            return Rows.every(batch)
+        assert plan.decision.sharding is not None
+        return process_rows(plan.decision.sharding, batch, self._window)
 
     def plan(self, shape: tuple[int, ...]) -> GroupPlan:
-        """What a batch of `shape` is decided and sent as, worked out once (the stream's
-        tally opened with the first)."""
+        """What a batch of `shape` is decided and sent as, worked out once (the first
+        decision is the stream's: `decided`)."""
         found = self._shapes.get(shape)
         if found is None:
             decider = self._decider
@@ -105,16 +115,10 @@ class GroupPlacer:
             # As `put(name, batch)` decides one leaf; a process-local part's shape says
             # nothing of the global one across processes.
             known = None if jax.process_count() > 1 else shape
-            (decision,) = decider.resolve_many([(self._name, nbytes, known, NEVER_MAPPED)])
+            (decision,) = decider.resolve_many([(self.name, nbytes, known, NEVER_MAPPED)])
             found = self._shapes[shape] = GroupPlan(decision, nbytes, decider.disabled)
-            if self.tally is None:
-                self.tally = open_stream(
-                    self._name,
-                    decision.origin,
-                    decision.rule,
-                    decision.device_text,
-                    self._count_sources,
-                )
+            if self.decided is None:
+                self.decided = decision
         return found
 
     def buffer_for(self, offsets: np.ndarray[Any, Any]) -> GroupBuffer:
@@ -187,10 +191,10 @@ class GroupPlacer:
         else one `narrowed` event per stream (and one more the first time a batch loses)."""
         _, problem = narrow_into(batch, out)
         if problem is not None and self._narrow == "exact":
-            raise NarrowingError([(self._name, problem)])
+            raise NarrowingError([(self.name, problem)])
         exact = problem is None
         if not self._narrowed or (not exact and False not in self._narrowed):
-            narrowed_event(self._decider.events, self._name, batch, target, exact)
+            narrowed_event(self._decider.events, self.name, batch, target, exact)
             self._narrowed.add(exact)
 
     def clear(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import numbers
 import operator
 from collections import deque
@@ -55,17 +56,14 @@ def prefetch(
     if not isinstance(name, str):
         raise TypeError(f"prefetch name must be a str, got {type(name).__name__} {name!r}")
     check_mode(narrow)
-    return BatchStream(iter(iterable), name, size, decider, narrow)
+    return Prefetched(iter(iterable), name, size, decider, narrow)
 
 
 class BatchStream(Iterator[T], Generic[T]):
-    """The placed batches of `devpolicy.prefetch` (and `devpolicy.windows`): an iterator
-    that closes its source when closed.
-
-    `close()` (or leaving a `with` block) drops the batches in flight and calls the
-    source's `close()` if it has one, so a generator source runs its `finally` (closing
-    its files) at once, not whenever it is collected. Nothing is pulled from the source
-    before the first `next`.
+    """The placed batches of `devpolicy.prefetch` and `devpolicy.windows`: an iterator
+    that is closed by `close()` or by leaving a `with` block, dropping the batches in
+    flight and whatever feeds them. What each stream does between is its own
+    (`Prefetched` here, `WindowStream` for windows).
 
     Example:
         >>> import devpolicy, numpy as np
@@ -79,6 +77,31 @@ class BatchStream(Iterator[T], Generic[T]):
         >>> with devpolicy.prefetch(source(), policy=p) as stream:
         ...     first = next(stream)
         source closed
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def __next__(self) -> T: ...
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Drop the batches in flight and end the stream. Closing again does nothing; the
+        stream then yields nothing more."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Prefetched(BatchStream[T]):
+    """`devpolicy.prefetch`'s stream: each element of `source` placed, `size` ahead.
+
+    `close()` drops the batches in flight and calls the source's `close()` if it has one,
+    so a generator source runs its `finally` (closing its files) at once, not whenever it
+    is collected. Nothing is pulled from the source before the first `next`.
     """
 
     __slots__ = (
@@ -144,9 +167,3 @@ class BatchStream(Iterator[T], Generic[T]):
         close = getattr(source, "close", None)
         if callable(close):
             close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

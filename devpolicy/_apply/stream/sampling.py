@@ -10,12 +10,50 @@ batch. The starts are numpy arrays (numpy's 64-bit offsets, past 2**31 included)
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
 from .state import LAST_STEP
+
+
+class Sampler(Protocol):
+    """What draws a stream's windows, step by step: made whole (its process's rows
+    included) and never changed after; `take` is a pure function of the step."""
+
+    @property
+    def steps(self) -> int | None:
+        """The steps it draws; None for an endless stream."""
+
+    @property
+    def random(self) -> bool:
+        """Whether its windows are drawn at random (in no order a reader can follow)."""
+
+    def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
+        """The window starts of steps `first` .. (up to `most` of them), shape (k, n);
+        None past the last step."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """The rows of a step's global batch of `per_step` rows this process draws (`own`):
+    under several processes each draws its own rows of one global batch.
+
+    Example:
+        >>> Rows.every(3)
+        Rows(own=array([0, 1, 2]), per_step=3)
+    """
+
+    own: np.ndarray[Any, Any]
+    per_step: int
+
+    @classmethod
+    def every(cls, batch: int) -> Rows:
+        """Every row of a batch of `batch`: one process."""
+        return cls(np.arange(batch, dtype=np.int64), batch)
+
 
 _MASK = 2**64 - 1
 _GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so every counter differs
@@ -114,20 +152,15 @@ class Random:
     step k's draws depend on the seed, k and the row alone, so `take` is a pure function
     of the step: a group of k batches is the same however batches are grouped, a stream
     can start at any step at once, and a group cut again (after an interrupt) is the same.
-    `rows` are the rows of the (global) batch this process draws, `per_step` the global
-    batch's rows: under several processes each draws its own rows of one global batch."""
+    `rows` are the rows of the (global) batch this process draws."""
 
-    __slots__ = ("_draws", "_seed", "random", "steps")
+    __slots__ = ("_draws", "steps")
 
-    def __init__(self, starts: int, batch: int, seed: int, steps: int | None) -> None:
-        self._seed = seed
-        self._draws = CounterDraws(seed, np.arange(batch), batch, starts)
+    random = True
+
+    def __init__(self, starts: int, rows: Rows, seed: int, steps: int | None) -> None:
+        self._draws = CounterDraws(seed, rows.own, rows.per_step, starts)
         self.steps = steps
-        self.random = True
-
-    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
-        """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
-        self._draws = CounterDraws(self._seed, rows, per_step, self._draws.starts)
 
     def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
         """The starts of steps `first` .. (up to `most` of them), shape (k, batch); None
@@ -145,7 +178,9 @@ class Sequential:
     be smaller), for one pass or `steps` batches, whichever ends first. `take` is a pure
     function of the step, as `Random`'s is."""
 
-    __slots__ = ("_batch", "_count", "_stride", "random", "steps")
+    __slots__ = ("_batch", "_count", "_stride", "steps")
+
+    random = False
 
     def __init__(self, starts: int, batch: int, stride: int, steps: int | None) -> None:
         self._count = -(-starts // stride)  # windows in one pass
@@ -153,10 +188,6 @@ class Sequential:
         self._stride = stride
         passes = -(-self._count // batch)  # batches in one pass
         self.steps = passes if steps is None else min(steps, passes)
-        self.random = False
-
-    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
-        """A pass is the same in every process."""
 
     def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:
         """The starts of steps `first` .. (up to `most` of them, all of one size), shape
@@ -174,9 +205,7 @@ class Sequential:
         return (np.arange(at, at + k * n, dtype=np.int64) * self._stride).reshape(k, n)
 
 
-def process_rows(
-    sharding: Any, local: int, rest: tuple[int, ...]
-) -> tuple[np.ndarray[Any, Any], int]:
+def process_rows(sharding: Any, local: int, rest: tuple[int, ...]) -> Rows:
     """The rows of a global batch this process holds under `sharding`, given that it
     holds `local` of them, and the global batch's rows.
 
@@ -192,9 +221,9 @@ def process_rows(
         {spans[d][0].indices(trial)[:2] for d in devices if d.process_index == jax.process_index()}
     )
     if not mine or local % len(mine):
-        return np.arange(local, dtype=np.int64), local
+        return Rows.every(local)
     per_slice = local // len(mine)
     per_step = per_slice * len(every)
     position = {span: i for i, span in enumerate(every)}
     rows = [position[span] * per_slice + r for span in mine for r in range(per_slice)]
-    return np.asarray(rows, dtype=np.int64), per_step
+    return Rows(np.asarray(rows, dtype=np.int64), per_step)

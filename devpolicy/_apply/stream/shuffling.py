@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .sampling import mixed, stream_key
+from .sampling import Rows, mixed, stream_key
 
 # Odd multipliers of the round function, one a round (constants of wyhash, xxHash and
 # SplitMix64: any odd ones with well-mixed bits do).
@@ -121,23 +121,17 @@ class RowDraws:
     draws of a block of steps kept until the stream passes it (`_block_from`). A subclass
     says its last step (`_last`) and draws steps (`_drawn`)."""
 
-    __slots__ = ("_block", "_per_step", "_rows", "_steps", "steps")
+    __slots__ = ("_block", "_per_step", "_rows", "steps")
 
     random = True
 
-    def __init__(self, batch: int, steps: int | None) -> None:
-        self._steps = steps
+    def __init__(self, rows: Rows, steps: int | None) -> None:
         # The draws of a block of steps from its first: (first, (steps, rows)).
         self._block: tuple[int, np.ndarray[Any, Any]] | None = None
-        self.own_rows(np.arange(batch, dtype=np.int64), batch)
-
-    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
-        """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
-        self._rows = rows.astype(np.uint64)[None, :]
-        self._per_step = per_step
-        self._block = None
+        self._rows = rows.own.astype(np.uint64)[None, :]
+        self._per_step = per_step = rows.per_step
         last = self._last(per_step)
-        self.steps = last if self._steps is None else min(self._steps, last)
+        self.steps = last if steps is None else min(steps, last)
 
     def _last(self, per_step: int) -> int:
         """The steps a stream of global batches of `per_step` rows can reach."""
@@ -179,21 +173,17 @@ class Shuffled(RowDraws):
     __slots__ = ("_epochs", "_seed", "_stride", "count")
 
     def __init__(
-        self, starts: int, batch: int, stride: int, seed: int, steps: int | None, epochs: int | None
+        self, starts: int, rows: Rows, stride: int, seed: int, steps: int | None, epochs: int | None
     ) -> None:
         self.count = -(-starts // stride)  # windows an epoch
         self._stride = stride
         self._seed = seed
         self._epochs = epochs
-        super().__init__(batch, steps)
-
-    def own_rows(self, rows: np.ndarray[Any, Any], per_step: int) -> None:
-        """Draw `rows` of a global batch of `per_step` rows (before the first take)."""
-        super().own_rows(rows, per_step)
-        if self.tail() and rows.size != per_step:
+        super().__init__(rows, steps)
+        if self.tail() and rows.own.size != rows.per_step:
             raise ValueError(
-                f"windows epochs={self._epochs} of {self.count:,} windows end in a short "
-                f"batch of {self.tail()} of the global batch's {per_step} rows, which "
+                f"windows epochs={epochs} of {self.count:,} windows end in a short "
+                f"batch of {self.tail()} of the global batch's {rows.per_step} rows, which "
                 "several processes cannot share: pass steps= (whole batches), or a batch "
                 "that divides the epochs' windows"
             )

@@ -4,6 +4,7 @@ from counters, the same however steps are grouped, resumed far at once, and unif
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import devpolicy
 from devpolicy._apply.stream import sampling
@@ -64,3 +65,42 @@ class TestRandomStarts:
         assert ((counts - expected) ** 2 / expected).sum() < 200  # 99 dof: mean 99
         other = sampling.random_starts(2, 0, 100, rows, 1000, 10_000)
         assert (starts != other).mean() > 0.99
+
+
+class TestASamplerIsMadeWhole:
+    """A sampler is made with the rows its process draws and never changed after: each
+    process's rows of a global batch are the same columns of the one global draw."""
+
+    def test_a_random_sampler_made_with_a_process_rows_draws_those_columns(self) -> None:
+        whole = sampling.Random(10_000, sampling.Rows.every(4), 7, None)
+        mine = sampling.Random(10_000, sampling.Rows(np.array([1, 3]), 4), 7, None)
+        every, own = whole.take(5, 3), mine.take(5, 3)
+        assert every is not None
+        assert own is not None
+        np.testing.assert_array_equal(own, every[:, [1, 3]])
+
+    def test_a_shuffled_sampler_made_with_a_process_rows_draws_those_columns(self) -> None:
+        from devpolicy._apply.stream.shuffling import Shuffled
+
+        whole = Shuffled(1000, sampling.Rows.every(4), 1, 7, None, None)
+        mine = Shuffled(1000, sampling.Rows(np.array([0, 2]), 4), 1, 7, None, None)
+        every, own = whole.take(100, 3), mine.take(100, 3)
+        assert every is not None
+        assert own is not None
+        np.testing.assert_array_equal(own, every[:, [0, 2]])
+
+    def test_no_sampler_can_be_given_other_rows_after_it_is_made(self) -> None:
+        from devpolicy._apply.stream.mixing import Mixed
+        from devpolicy._apply.stream.shuffling import Shuffled
+
+        rows = sampling.Rows.every(2)
+        made = [
+            sampling.Random(100, rows, 1, None),
+            sampling.Sequential(100, 2, 1, None),
+            Shuffled(100, rows, 1, 1, None, None),
+            Mixed([50, 50], np.array([0, 60]), [1.0, 1.0], rows, 1, None, None),
+        ]
+        for sampler in made:
+            assert not hasattr(sampler, "own_rows")
+            with pytest.raises(AttributeError):
+                sampler.rows = rows  # type: ignore[union-attr]  # slots: nothing new

@@ -1,0 +1,457 @@
+"""`windows`' arguments as one record (`WindowsArguments`, the verb's keywords written
+once), checked into what the stream is made of (`Checked`), from which its saved state is
+made.
+
+Everything that can be refused is refused here, before anything is opened, read or
+placed: a bad length, batch, order, seed, step or saved state is an error naming the
+argument and what it accepts. No device is touched here (JAX's config is read, for x64).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import jax
+import numpy as np
+
+from ..._base.errors import HostViewError, StreamStateError
+from ..._base.sizes import format_size
+from ..._machine.capacity import host_available_bytes
+from ..hostview import host_view
+from ..narrowing import NARROWER, Narrow, check_mode
+from .documents import FIELDS, SEPARATOR_KINDS, SeparatorIs
+from .prefetch import as_int, checked_size
+from .reading import ReadOptions, read_options
+from .state import LAST_STEP, SEEDS, StreamState, read_state
+
+
+@dataclass(frozen=True, slots=True)
+class WindowsArguments:
+    """The arguments of `devpolicy.windows`, as given (see it for each one's meaning):
+    the verb's keywords, written once. A test holds the verb's signature to these fields.
+    """
+
+    tokens: Any
+    length: int
+    batch: int
+    name: str = "batch"
+    order: str = "sequential"
+    seed: int | None = None
+    stride: int | None = None
+    steps: int | None = None
+    epochs: int | None = None
+    weights: Mapping[str, float] | None = None
+    separator: int | None = None
+    separator_is: str = "eos"
+    fields: Mapping[str, str] | None = None
+    reads: ReadOptions | str | None = None
+    size: int = 2
+    narrow: str = "exact"
+    start: int = 0
+    resume: Mapping[str, Any] | str | None = None
+    report_every: float | None = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A stream's arguments, checked: its token views (a mixture's, by name), and every
+    value that decides its batches, as the stream uses them."""
+
+    views: list[np.ndarray[Any, Any]]
+    names: tuple[str, ...]  # a mixture's sources; () for one array
+    shares: list[float] | None  # a mixture's weights
+    name: str
+    length: int
+    batch: int
+    order: str
+    seed: int | None  # drawn here for a random or shuffled stream given none
+    stride: int
+    steps: int | None
+    epochs: int | None
+    separator: tuple[int, SeparatorIs] | None
+    fields: tuple[str, str, str] | None
+    reads: ReadOptions
+    size: int
+    narrow: Narrow
+    start: int
+    saved: dict[str, Any] | None
+    report_every: float | None
+
+    @property
+    def starts(self) -> list[int]:
+        """Every offset a window fits at, a source."""
+        return [view.shape[0] - self.length + 1 for view in self.views]
+
+    def state(self, global_batch: int) -> StreamState:
+        """The state the stream starts in (its `start` step), of a global batch of
+        `global_batch` rows: what its saved states are made from."""
+        view = self.views[0]
+        return StreamState(
+            self.start,
+            self.order,
+            self.seed,
+            self.length,
+            self.batch,
+            None if self.order == "random" else self.stride,
+            self.steps,
+            sum(part.shape[0] for part in self.views),
+            tuple(int(n) for n in view.shape[1:]),
+            str(view.dtype),
+            epochs=self.epochs,
+            global_batch=global_batch,
+            sources=(
+                tuple(zip(self.names, (int(v.shape[0]) for v in self.views), strict=True))
+                if self.names
+                else None
+            ),
+            weights=tuple(zip(self.names, self.shares, strict=True)) if self.shares else None,
+        )
+
+
+#: How windows are chosen: in order, each start drawn at random, or epochs of every
+#: window once each in an order drawn anew each epoch.
+Order: TypeAlias = 'Literal["sequential", "random", "shuffled"]'
+ORDERS = ("sequential", "random", "shuffled")
+
+#: A batch this large or larger is checked against the host's available memory first.
+ASK_HOST_FROM = 64 * 2**20
+
+
+def _positive(what: str, value: object) -> int:
+    number = as_int(value)
+    if number is None or number < 1:
+        raise ValueError(f"windows {what} must be an int >= 1, got {value!r}")
+    return number
+
+
+def _batch_fits(
+    view: np.ndarray[Any, Any],
+    length: int,
+    batch: int,
+    windows: int,
+    size: int,
+    segments: bool,
+) -> None:
+    """Refuse a stream the host cannot hold, before anything is allocated for it: its
+    batches ahead (`size` placed, as many cut, one in use and one being cut), each with
+    its offsets and, with segments, two int32 arrays a token. The host is asked only
+    where that is `ASK_HOST_FROM` or more: reading its available memory is dear under
+    gVisor (docs/benchmarks.md), and a smaller stream that does not fit fails in numpy
+    as it would by hand."""
+    row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
+    per_window = length * row + 8 + (8 * length if segments else 0)
+    per_batch = min(batch, windows) * per_window
+    held = 2 * size + 2  # the batches a stream holds at once, at most
+    nbytes = per_batch * held
+    if nbytes < ASK_HOST_FROM:
+        return
+    available = host_available_bytes()
+    if available is not None and nbytes > available:
+        raise ValueError(
+            f"windows batch={batch} of length={length} needs {format_size(per_batch)} per "
+            f"batch ({view.dtype}, {format_size(length * row)} a window"
+            + (", with segment ids and positions" if segments else "")
+            + f"), and size={size} holds up to {held} batches at once: "
+            f"{format_size(nbytes)}, more than the {format_size(available)} this host has "
+            "available: lower size, batch or length"
+        )
+
+
+def _sources(
+    tokens: Any, weights: Mapping[str, float] | None
+) -> tuple[list[tuple[str, np.ndarray[Any, Any]]] | None, list[float] | None]:
+    """A mixture's sources and weights, checked (None, None for one array)."""
+    if not isinstance(tokens, Mapping):
+        if weights is not None:
+            raise ValueError(
+                "windows weights= mixes several token arrays: pass tokens as a mapping of "
+                f"names to arrays ({{'web': a, 'code': b}}), got one {type(tokens).__name__}"
+            )
+        return None, None
+    if not tokens:
+        raise ValueError("windows tokens is an empty mapping: a mixture needs a source")
+    names = list(tokens)
+    for key in names:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"windows tokens' names must be non-empty strs, got {key!r}")
+    if not isinstance(weights, Mapping):
+        one = (
+            f"; a mapping of one array (a loaded file's tensors?): pass "
+            f"tokens[{names[0]!r}] itself for a stream of it"
+            if len(names) == 1
+            else ""
+        )
+        raise ValueError(
+            f"windows of a mixture ({', '.join(names)}) need weights=, a mapping of the "
+            f"same names to weights, got {weights!r}{one}"
+        )
+    missing = [n for n in names if n not in weights]
+    unknown = [str(n) for n in weights if n not in tokens]
+    if missing or unknown:
+        raise ValueError(
+            "windows weights must name the sources of tokens, each once: "
+            + "; ".join(
+                part
+                for part in (
+                    f"no weight for {', '.join(map(repr, missing))}" if missing else "",
+                    f"no source {', '.join(map(repr, unknown))} in tokens" if unknown else "",
+                )
+                if part
+            )
+            + f" (sources: {', '.join(map(repr, names))})"
+        )
+    numbers = []
+    for key in names:
+        weight = weights[key]
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float, np.integer, np.floating))
+            or not 0 < float(weight) < float("inf")
+        ):
+            raise ValueError(
+                f"windows weights[{key!r}] must be a finite number > 0 (a source never "
+                f"drawn from is a source left out), got {weight!r}"
+            )
+        numbers.append(float(weight))
+    views = [(key, _source_view(key, tokens[key])) for key in names]
+    _, first = views[0]
+    for key, view in views[1:]:
+        if view.dtype != first.dtype or view.shape[1:] != first.shape[1:]:
+            raise ValueError(
+                f"windows sources of one mixture share a dtype and row shape: "
+                f"{names[0]!r} is {first.dtype} {first.shape[1:]}, {key!r} is "
+                f"{view.dtype} {view.shape[1:]}"
+            )
+    return views, numbers
+
+
+def _source_view(key: str | None, source: Any) -> np.ndarray[Any, Any]:
+    """Tokens (a mixture's source `key`) as a host view of numbers, an error naming them
+    where they are none."""
+    what = "windows tokens" if key is None else f"windows tokens[{key!r}]"
+    takes = f"{what} must be a jax.Array on a host device or a numpy array (a memmap is fine)"
+    if isinstance(source, (list, tuple)) or np.isscalar(source):
+        raise TypeError(f"{takes}, got a {type(source).__name__}: pass np.asarray(...) of it")
+    try:
+        view = host_view(source)
+    except HostViewError as e:
+        raise HostViewError(f"{what}, {e.array}", e.problem, e.fix) from None
+    except TypeError:
+        mixture = "" if key is not None else ", or a mapping of names to them (a mixture)"
+        raise TypeError(f"{takes}{mixture}, got {type(source).__name__}") from None
+    dtype = view.dtype
+    # numpy's bool, integers, floats and complex, and ml_dtypes' (bfloat16, float8, int4:
+    # kind "V" with a scalar type of their own); not objects, strings, dates or records.
+    if not (
+        dtype.kind in "biufc"
+        or (dtype.kind == "V" and dtype.fields is None and dtype.type is not np.void)
+    ):
+        raise TypeError(
+            f"{what} are {dtype}: a stream's tokens must be numbers (integer token ids, "
+            "or bool, float, complex, bfloat16 rows), not objects, strings, dates or records"
+        )
+    return view
+
+
+def _separator(
+    separator: int | None, separator_is: str, view: np.ndarray[Any, Any]
+) -> tuple[int, SeparatorIs] | None:
+    """The separator token and its side, checked against the tokens (None: no segments)."""
+    if separator_is not in SEPARATOR_KINDS:
+        raise ValueError(
+            f"windows separator_is must be one of {SEPARATOR_KINDS}, got {separator_is!r}"
+        )
+    if separator is None:
+        return None
+    token = as_int(separator)
+    if token is None:
+        raise TypeError(f"windows separator must be an int (a token id), got {separator!r}")
+    if view.ndim != 1 or view.dtype.kind not in "iu":
+        raise ValueError(
+            f"windows separator= needs a 1-D array of integer token ids, got shape "
+            f"{view.shape} of {view.dtype}"
+        )
+    info = np.iinfo(view.dtype)
+    if not info.min <= token <= info.max:
+        raise ValueError(
+            f"windows separator={token} cannot occur in tokens of {view.dtype} "
+            f"({info.min} to {info.max}): it would never separate anything"
+        )
+    narrowed = NARROWER.get(view.dtype)
+    if narrowed is not None and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        info = np.iinfo(narrowed)
+        if not info.min <= token <= info.max:
+            raise ValueError(
+                f"windows separator={token} does not fit {narrowed} ({info.min} to "
+                f"{info.max}), and with x64 off JAX narrows tokens of {view.dtype} to "
+                f"{narrowed}: a batch holding it would raise (narrow='exact') or never "
+                "separate (narrow='lossy'); use a separator that fits, or enable "
+                "jax_enable_x64"
+            )
+    kind: SeparatorIs = "bos" if separator_is == "bos" else "eos"
+    return token, kind
+
+
+def _fields(fields: Mapping[str, str] | None, segments: bool) -> tuple[str, str, str] | None:
+    """A batch's keys (tokens, segment ids, positions) renamed by `fields`, checked; None
+    where a batch is the tokens alone."""
+    if fields is None:
+        return None
+    known = FIELDS if segments else FIELDS[:1]
+    if not isinstance(fields, Mapping):
+        raise TypeError(
+            f"windows fields must be a mapping of a batch's keys ({', '.join(known)}) to "
+            f"the names a model wants, got {type(fields).__name__} {fields!r}"
+        )
+    unknown = [key for key in fields if key not in known]
+    if unknown:
+        why = (
+            ""
+            if segments or any(k not in FIELDS for k in unknown)
+            else " (segment_ids and positions come with separator= only)"
+        )
+        raise ValueError(
+            f"windows fields names a batch's keys: {', '.join(known)}; got "
+            f"{', '.join(map(repr, unknown))}{why}"
+        )
+    for key, value in fields.items():
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"windows fields[{key!r}] must be a non-empty str, got {value!r}")
+    names = tuple(fields.get(key, key) for key in FIELDS)
+    if len(set(names[: len(known)])) < len(known):
+        raise ValueError(
+            f"windows fields would give two of a batch's arrays one key: "
+            f"{dict(zip(known, names, strict=False))}"
+        )
+    return names[0], names[1], names[2]
+
+
+def checked(args: WindowsArguments) -> Checked:
+    """`args` checked, every fault an error naming its argument; nothing opened."""
+    sources, shares = _sources(args.tokens, args.weights)
+    views = [view for _, view in sources] if sources else [_source_view(None, args.tokens)]
+    view = views[0]
+    length = _positive("length", args.length)
+    batch = _positive("batch", args.batch)
+    order, stride, steps, epochs = args.order, args.stride, args.steps, args.epochs
+    if order not in ORDERS:
+        raise ValueError(f"windows order must be one of {ORDERS}, got {order!r}")
+    if sources is not None and order == "sequential":
+        raise ValueError(
+            "windows of a mixture are drawn by weight: pass order='random' (with "
+            "replacement) or order='shuffled' (each source's epochs), not 'sequential'"
+        )
+    if stride is not None and order == "random":
+        # Silently ignored, it would look like it took effect.
+        raise ValueError(
+            f"windows stride applies to order='sequential' or 'shuffled' only; "
+            f"order='random' draws every start at random, got stride={stride!r}"
+        )
+    if epochs is not None:
+        epochs = _positive("epochs", epochs)
+        if order != "shuffled" or sources is not None:
+            raise ValueError(
+                "windows epochs= bounds an order='shuffled' stream of one array"
+                + (
+                    f"; got order={order!r}"
+                    if order != "shuffled"
+                    else "; each source of a mixture has its own epochs: bound it with steps="
+                )
+            )
+    if steps is not None:
+        steps = _positive("steps", steps)
+    seed = args.seed
+    number = None if seed is None else as_int(seed)
+    if seed is not None and number is None:
+        raise TypeError(f"windows seed must be an int or None, got {seed!r}")
+    if number is not None and not 0 <= number < SEEDS:
+        raise ValueError(f"windows seed must be an int from 0 to 2**64 - 1, got {seed!r}")
+    size = checked_size("windows", args.size)
+    name = args.name
+    if not isinstance(name, str):
+        raise TypeError(f"windows name must be a str, got {type(name).__name__} {name!r}")
+    narrow: Narrow = "lossy" if args.narrow == "lossy" else "exact"
+    check_mode(args.narrow)
+    for index, part in enumerate(views):
+        if part.ndim == 0 or part.shape[0] < length:
+            rows = part.shape[0] if part.ndim else 0
+            which = f"source {sources[index][0]!r}" if sources else "the array"
+            raise ValueError(
+                f"windows of length {length} need at least {length} rows along the first "
+                f"dimension; {which} has {rows} (shape {part.shape})"
+            )
+    documents = _separator(args.separator, args.separator_is, view)
+    keys = _fields(args.fields, documents is not None)
+    options = read_options(args.reads)
+    every = _report_every(args.report_every)
+    starts = [part.shape[0] - length + 1 for part in views]  # every offset a window fits at
+    stride = length if stride is None else _positive("stride", stride)
+    # A stride past the last start gives one window a pass, as that last start does
+    # (and keeps the offsets within int64).
+    stride = min(stride, max(starts))
+    first = as_int(args.start)
+    if first is None or not 0 <= first < LAST_STEP:
+        raise ValueError(f"windows start must be an int from 0 to 2**63 - 1, got {args.start!r}")
+    if steps is not None and steps > LAST_STEP:
+        raise ValueError(f"windows steps must be an int from 1 to 2**63, got {steps!r}")
+    saved = None if args.resume is None else read_state(args.resume)
+    if saved is not None and first:
+        raise ValueError(
+            f"windows takes start= or resume=, not both (start={first}, and the "
+            f"state saved at step {saved['step']})"
+        )
+    if order != "sequential" and number is None:
+        if saved is not None and saved["seed"] is None:
+            raise StreamStateError(
+                "order, seed",
+                f"the saved stream had order={saved['order']!r} (no seed); this one has "
+                f"order={order!r}, which draws by a seed: other arguments draw other batches",
+                f"resume with the arguments the state was saved with (order={saved['order']!r})",
+            )
+        # Drawn here, so that the stream's state can name it and a resume draw the same.
+        number = secrets.randbits(63) if saved is None else saved["seed"]
+    _batch_fits(
+        view,
+        length,
+        batch,
+        -(-starts[0] // stride) if order == "sequential" else batch,
+        size,
+        documents is not None,
+    )
+    return Checked(
+        views,
+        tuple(key for key, _ in sources) if sources else (),
+        shares,
+        name,
+        length,
+        batch,
+        order,
+        number,
+        stride,
+        steps,
+        epochs,
+        documents,
+        keys,
+        options,
+        size,
+        narrow,
+        first,
+        saved,
+        every,
+    )
+
+
+def _report_every(value: object) -> float | None:
+    """`report_every`, checked: seconds between a stream's `stream_progress` lines, or
+    None (or 0) for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+        raise ValueError(
+            "windows report_every must be seconds between progress lines (a number >= 0; "
+            f"0 or None: none), got {value!r}"
+        )
+    return float(value) or None
