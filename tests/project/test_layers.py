@@ -149,3 +149,16 @@ def test_a_long_module_says_why_it_is_one_concept(module: str) -> None:
         return
     docstring = ast.get_docstring(ast.parse(text)) or ""
     assert ONE_CONCEPT.search(docstring), f"{module}: {lines} lines, and no 'one concept' why"
+
+
+def test_each_module_of_the_stream_wing_has_a_test_file_of_its_own() -> None:
+    """The tests mirror the wing: `tests/apply/stream/test_<module>.py` for each module of
+    `devpolicy/_apply/stream/`, so a change to one part is tested where it is."""
+    wing = PACKAGE / "_apply" / "stream"
+    tests = REPO / "tests" / "apply" / "stream"
+    missing = [
+        module.stem
+        for module in sorted(wing.glob("*.py"))
+        if module.stem != "__init__" and not (tests / f"test_{module.stem}.py").is_file()
+    ]
+    assert missing == []

@@ -17,14 +17,14 @@ from typing import Any, Literal, TypeAlias
 import jax
 import numpy as np
 
-from ..._base.errors import HostViewError, StreamStateError
+from ..._base.errors import StreamStateError
 from ..._base.sizes import format_size
 from ..._machine.capacity import host_available_bytes
-from ..hostview import host_view
 from ..narrowing import NARROWER, Narrow, check_mode
 from .documents import FIELDS, SEPARATOR_KINDS, SeparatorIs
 from .prefetch import as_int, checked_size
 from .reading import ReadOptions, read_options
+from .sources import source_view, token_sources
 from .state import LAST_STEP, SEEDS, StreamState, read_state
 
 
@@ -160,102 +160,6 @@ def _batch_fits(
         )
 
 
-def _sources(
-    tokens: Any, weights: Mapping[str, float] | None
-) -> tuple[list[tuple[str, np.ndarray[Any, Any]]] | None, list[float] | None]:
-    """A mixture's sources and weights, checked (None, None for one array)."""
-    if not isinstance(tokens, Mapping):
-        if weights is not None:
-            raise ValueError(
-                "windows weights= mixes several token arrays: pass tokens as a mapping of "
-                f"names to arrays ({{'web': a, 'code': b}}), got one {type(tokens).__name__}"
-            )
-        return None, None
-    if not tokens:
-        raise ValueError("windows tokens is an empty mapping: a mixture needs a source")
-    names = list(tokens)
-    for key in names:
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"windows tokens' names must be non-empty strs, got {key!r}")
-    if not isinstance(weights, Mapping):
-        one = (
-            f"; a mapping of one array (a loaded file's tensors?): pass "
-            f"tokens[{names[0]!r}] itself for a stream of it"
-            if len(names) == 1
-            else ""
-        )
-        raise ValueError(
-            f"windows of a mixture ({', '.join(names)}) need weights=, a mapping of the "
-            f"same names to weights, got {weights!r}{one}"
-        )
-    missing = [n for n in names if n not in weights]
-    unknown = [str(n) for n in weights if n not in tokens]
-    if missing or unknown:
-        raise ValueError(
-            "windows weights must name the sources of tokens, each once: "
-            + "; ".join(
-                part
-                for part in (
-                    f"no weight for {', '.join(map(repr, missing))}" if missing else "",
-                    f"no source {', '.join(map(repr, unknown))} in tokens" if unknown else "",
-                )
-                if part
-            )
-            + f" (sources: {', '.join(map(repr, names))})"
-        )
-    numbers = []
-    for key in names:
-        weight = weights[key]
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, (int, float, np.integer, np.floating))
-            or not 0 < float(weight) < float("inf")
-        ):
-            raise ValueError(
-                f"windows weights[{key!r}] must be a finite number > 0 (a source never "
-                f"drawn from is a source left out), got {weight!r}"
-            )
-        numbers.append(float(weight))
-    views = [(key, _source_view(key, tokens[key])) for key in names]
-    _, first = views[0]
-    for key, view in views[1:]:
-        if view.dtype != first.dtype or view.shape[1:] != first.shape[1:]:
-            raise ValueError(
-                f"windows sources of one mixture share a dtype and row shape: "
-                f"{names[0]!r} is {first.dtype} {first.shape[1:]}, {key!r} is "
-                f"{view.dtype} {view.shape[1:]}"
-            )
-    return views, numbers
-
-
-def _source_view(key: str | None, source: Any) -> np.ndarray[Any, Any]:
-    """Tokens (a mixture's source `key`) as a host view of numbers, an error naming them
-    where they are none."""
-    what = "windows tokens" if key is None else f"windows tokens[{key!r}]"
-    takes = f"{what} must be a jax.Array on a host device or a numpy array (a memmap is fine)"
-    if isinstance(source, (list, tuple)) or np.isscalar(source):
-        raise TypeError(f"{takes}, got a {type(source).__name__}: pass np.asarray(...) of it")
-    try:
-        view = host_view(source)
-    except HostViewError as e:
-        raise HostViewError(f"{what}, {e.array}", e.problem, e.fix) from None
-    except TypeError:
-        mixture = "" if key is not None else ", or a mapping of names to them (a mixture)"
-        raise TypeError(f"{takes}{mixture}, got {type(source).__name__}") from None
-    dtype = view.dtype
-    # numpy's bool, integers, floats and complex, and ml_dtypes' (bfloat16, float8, int4:
-    # kind "V" with a scalar type of their own); not objects, strings, dates or records.
-    if not (
-        dtype.kind in "biufc"
-        or (dtype.kind == "V" and dtype.fields is None and dtype.type is not np.void)
-    ):
-        raise TypeError(
-            f"{what} are {dtype}: a stream's tokens must be numbers (integer token ids, "
-            "or bool, float, complex, bfloat16 rows), not objects, strings, dates or records"
-        )
-    return view
-
-
 def _separator(
     separator: int | None, separator_is: str, view: np.ndarray[Any, Any]
 ) -> tuple[int, SeparatorIs] | None:
@@ -331,8 +235,8 @@ def _fields(fields: Mapping[str, str] | None, segments: bool) -> tuple[str, str,
 
 def checked(args: WindowsArguments) -> Checked:
     """`args` checked, every fault an error naming its argument; nothing opened."""
-    sources, shares = _sources(args.tokens, args.weights)
-    views = [view for _, view in sources] if sources else [_source_view(None, args.tokens)]
+    sources, shares = token_sources(args.tokens, args.weights)
+    views = [view for _, view in sources] if sources else [source_view(None, args.tokens)]
     view = views[0]
     length = _positive("length", args.length)
     batch = _positive("batch", args.batch)

@@ -25,16 +25,15 @@ import dataclasses
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
 
 from ..._base.errors import StreamEndedError
-from ..._machine.streams import StreamTally, open_stream
 from .cutting import GroupCutter
 from .prefetch import BatchStream
 from .state import StreamState
+from .watching import LoopWatch, loop_fields
 
 Status = Literal["open", "ended", "failed", "closed"]
 
@@ -83,12 +82,10 @@ class WindowStream(BatchStream[Any]):
     __slots__ = (
         "__weakref__",  # the tally's finaliser: a stream dropped unclosed is not open
         "_closing",
-        "_count_sources",
         "_cutter",
         "_cutting",
         "_epoch_at",
         "_failure",
-        "_first",
         "_forks",
         "_lock",
         "_name",
@@ -96,14 +93,10 @@ class WindowStream(BatchStream[Any]):
         "_owner",
         "_pid",
         "_ready",
-        "_report_at",
-        "_report_every",
-        "_returned",
         "_size",
         "_state",
         "_status",
-        "_tally",
-        "_tally_end",
+        "_watch",
     )
 
     def __init__(
@@ -116,16 +109,10 @@ class WindowStream(BatchStream[Any]):
         report_every: float | None = None,
     ) -> None:
         self._epoch_at = epoch_at  # a shuffled stream's epoch (a mixture's, each source's)
-        self._count_sources = count_sources  # a mixture's windows by source, for the tally
         self._name = cutter.placer.name
         self._size = cutter.size
         self._failure: Exception | None = None
-        self._tally: StreamTally | None = None  # opened with the first batch's decision
-        self._tally_end: weakref.finalize[Any, Any] | None = None
-        self._report_every = report_every  # seconds between `stream_progress` lines
-        self._report_at = 0.0  # when the next is due (set at the first hand-out)
-        self._returned = 0.0  # when the last pull returned a batch (0.0: none yet)
-        self._first = 0.0  # when the first pull that returned a batch began
+        self._watch = LoopWatch(self._name, cutter.placer.events, count_sources, report_every)
         self._cutter = cutter
         self._state = state
         self._status: Status = "open"
@@ -170,37 +157,12 @@ class WindowStream(BatchStream[Any]):
                     self._owner = None
                     if self._closing:
                         self._finish("closed")
-                self._clock(began)
+                self._watch.handed(began)
             return batch
         except BaseException:
             if handed is not None:  # interrupted after the hand-out: it never arrived
                 self._give_back(handed)
             raise
-
-    def _clock(self, began: float) -> None:
-        """A batch handed out by a pull that began at `began`: the seconds the caller
-        waited inside `next()`, and those it spent since its last pull (its own work)."""
-        now = time.perf_counter()
-        tally = self._tally
-        if tally is None:  # a batch handed out was cut: the tally is open
-            return
-        returned = self._returned
-        if returned:
-            tally.working += max(0.0, began - returned)
-        else:
-            self._first = began
-            every = self._report_every
-            self._report_at = now + every if every else float("inf")
-        tally.waited += now - began
-        tally.handed += 1
-        tally.span = now - self._first
-        self._returned = now
-        if now >= self._report_at:
-            self._report_at = now + (self._report_every or float("inf"))
-            events = self._cutter.placer.events
-            if events.enabled("info"):
-                fields = {"name": tally.name, "batches": tally.handed, **_loop_fields(tally)}
-                events.emit("info", "stream_progress", fields)
 
     def _pull(self) -> tuple[int, Any]:
         """The next batch and its step, with `size` more placed behind it where the stream
@@ -240,25 +202,17 @@ class WindowStream(BatchStream[Any]):
         placed, nbytes = cut
         # The commit: one C call, so an interrupt lands before or after it, never within.
         self._ready.extend(zip(range(first, first + len(placed)), placed, strict=True))
-        tally = self._tally
-        if tally is None:
-            tally = self._open_tally()
-        tally.add(_arrays(placed), nbytes, len(placed))
         cutter = self._cutter
-        tally.reads = cutter.reads
-        tally.reads_why = cutter.reads_why
-
-    def _open_tally(self) -> StreamTally:
-        """The stream's tally, opened with its first batch's decision (what `report()`
-        lists); a stream dropped unclosed ends it when collected."""
-        decision = self._cutter.placer.decided
-        assert decision is not None  # a batch was placed
-        tally = self._tally = open_stream(
-            self._name, decision.origin, decision.rule, decision.device_text, self._count_sources
+        decided = cutter.placer.decided
+        assert decided is not None  # a batch was placed
+        self._watch.placed(
+            self,
+            (decided.origin, decided.rule, decided.device_text),
+            _arrays(placed),
+            nbytes,
+            len(placed),
+            (cutter.reads, cutter.reads_why),
         )
-        end = self._tally_end = weakref.finalize(self, tally.close)
-        end.atexit = False
-        return tally
 
     def _cut_quietly(self) -> bool:
         """Cut ahead while a batch is ready: an error is kept for the pull that finds
@@ -325,15 +279,10 @@ class WindowStream(BatchStream[Any]):
         self._ready = deque()
         self._cutter_closed()
         cutter = self._cutter
-        tally = self._tally
+        handed = self._next - self._state.step
+        tally = self._watch.ended(handed, cutter.reads_why)
         if tally is None:
             return  # nothing was ever cut: nothing to say
-        end = self._tally_end
-        if end is not None:
-            end.detach()
-        handed = self._next - self._state.step
-        tally.reads_why = cutter.reads_why
-        tally.close(handed)
         events = cutter.placer.events
         # Every stream's end at info, also for a name seen before (a warm-up stream):
         # one event a stream, its counts its own.
@@ -354,7 +303,7 @@ class WindowStream(BatchStream[Any]):
                     "reads_with": cutter.reads_with,
                     "reads_why": cutter.reads_why,
                     "sources": tally.sources,
-                    **_loop_fields(tally),
+                    **loop_fields(tally),
                     "error": None if failure is None else f"{type(failure).__name__}: {failure}",
                 },
             )
@@ -427,21 +376,6 @@ class WindowStream(BatchStream[Any]):
         epoch_at = self._epoch_at
         epoch = None if epoch_at is None else epoch_at(self._next)
         return dataclasses.replace(self._state, step=self._next).saved(epoch)
-
-
-def _loop_fields(tally: StreamTally) -> dict[str, Any]:
-    """How the caller's loop went, as an event's fields: the seconds it waited inside
-    `next()` and spent between pulls, the waited share of the two, and the batches
-    handed out a second."""
-    total = tally.waited + tally.working
-    return {
-        "waited_s": round(tally.waited, 6),
-        "working_s": round(tally.working, 6),
-        "waited_share": None if total <= 0 else round(tally.waited / total, 4),
-        "batches_per_s": (
-            None if tally.span <= 0 or not tally.handed else round(tally.handed / tally.span, 2)
-        ),
-    }
 
 
 def _arrays(batches: list[Any]) -> list[Any]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 
@@ -11,7 +10,7 @@ import devpolicy
 from devpolicy._apply import hostview
 from devpolicy._apply.stream import cutting, groups
 from tests.apply.stream.test_sampling import step_by_step
-from tests.apply.streams import TOKEN_RULES, where
+from tests.apply.streams import TOKEN_RULES
 from tests.helpers import policy_of
 
 
@@ -86,33 +85,3 @@ class TestHostBuffers:
         (batch,) = devpolicy.windows(np.arange(64, dtype=np.uint16), 64, 1, policy=policy_of())
         assert batch.unsafe_buffer_pointer() % 64 == 0
         assert batch.is_fully_replicated
-
-
-class TestPlacing:
-    """A group placed as the policy decides its batch: sharded by the rule, or as JAX puts
-    it where devpolicy is disabled."""
-
-    def test_batches_are_sharded_over_a_mesh_by_the_rule(self) -> None:
-        """A sharded batch rule: each batch split by rows over the 4 devices, values
-        exact, the last smaller batch decided for its own shape."""
-        mesh = {"grid": {"axes": {"data": 4}, "devices": "cpu"}}
-        rule = {"match": "batch", "sharding": {"mesh": "grid", "spec": ["data"]}}
-        policy = policy_of(meshes=mesh, rules=[rule], fallback=["cpu:3"])
-        tokens = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
-        out = list(devpolicy.windows(tokens, 4, 8, stride=3, policy=policy))
-        assert [b.shape for b in out] == [(8, 4, 8)] * 1 + [(5, 4, 8)]
-        assert out[0].sharding.spec == jax.sharding.PartitionSpec("data")
-        assert len(out[0].sharding.device_set) == 4
-        starts = [s for b in out for s in np.asarray(b)[:, 0, 0].tolist()]
-        assert starts == [8 * 3 * i for i in range(13)]
-
-    def test_under_devpolicy_disable_batches_are_a_plain_device_put(self) -> None:
-        """DEVPOLICY_DISABLE: batches land where `jax.device_put` puts them (the default
-        device, uncommitted), as `put` does, values unchanged."""
-        policy = devpolicy.load_policy(
-            {"version": 1, "default": "cpu:3"}, environ={"DEVPOLICY_DISABLE": "1"}
-        )
-        out = list(devpolicy.windows(np.arange(20, dtype=np.int32), 5, 2, policy=policy))
-        assert {where(b) for b in out} == {"cpu:0"}
-        assert not any(b.committed for b in out)
-        assert np.asarray(out[1]).tolist() == [[10, 11, 12, 13, 14], [15, 16, 17, 18, 19]]

@@ -7,9 +7,7 @@ which ran and why. The rules' thresholds are a `ReadOptions` passed to `windows`
 from __future__ import annotations
 
 import mmap
-import re
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from devpolicy import ReadOptions
 from devpolicy._apply.stream import cutting
 from devpolicy._read import pages, positional
 from tests.apply.conftest import batched_reads_here
-from tests.apply.streams import SWITCHING, TOKEN_RULES, assert_exact, counting_file, resident
+from tests.apply.streams import TOKEN_RULES, assert_exact, counting_file, resident
 from tests.helpers import drop_from_page_cache, policy_of
 
 COUNT = 2**22  # 16 MiB of uint32 tokens
@@ -143,20 +141,6 @@ class TestChoice:
         warm = ReadOptions().warm_share
         read_by_position(tokens, (warm, 1.0), "not in the page cache are more", reads)
 
-    def test_kept_pages_are_given_back_once_memory_runs_low_and_no_batch_changes(
-        self, tmp_path: Path
-    ) -> None:
-        """Memory looked at every group, and counted low (below all of the host's RAM):
-        the stream gives the mapping's pages back and reads by position from then on,
-        every batch still its own step's."""
-        reads = ReadOptions(measure=False, io_uring=False, keep_check_every=1, low_memory_share=1.0)
-        tokens = mapped(tmp_path / "t.safetensors")
-        ended = run(tokens, reads, steps=200)
-        assert (ended["reads"], ended["reads_with"]) == ("file", "preadv")
-        assert "its pages kept" in ended["reads_why"]
-        assert "this process can still use fell to" in ended["reads_why"]
-        assert resident(devpolicy.host_view(tokens)) == 0
-
     def test_a_kernel_that_counts_no_mapped_page_gets_no_sweeps(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -174,27 +158,6 @@ class TestChoice:
         assert "does not count a mapping's pages" in ended["reads_why"]
         assert swept == []
         assert resident(devpolicy.host_view(tokens)) > 40 * BATCH * LENGTH * 4 // 2
-
-    @pytest.mark.parametrize("uring", [True, False], ids=["io_uring", "no io_uring"])
-    def test_where_both_paths_are_safe_the_stream_times_them_and_says_so(
-        self, tmp_path: Path, uring: bool
-    ) -> None:
-        """Warm tokens that fit, a file that can be read by position: both paths are safe,
-        so the stream times them on its own groups, in turns (here a turn of one group and
-        a trial every group: it switches path nearly every group), every batch still its
-        own step's; `reads_why` says what was measured."""
-        if uring and not batched_reads_here():
-            pytest.skip("io_uring cannot be had here")
-        tokens = mapped(tmp_path / "t.safetensors")
-        ended = run(tokens, replace(SWITCHING, io_uring=uring), steps=2000)
-        # Each trial reads a group by each path: its end, a switch at least once.
-        trials = re.search(
-            r"timed on its own groups \((.+?)\), (\d+) time\(s\)", ended["reads_why"]
-        )
-        assert trials is not None, ended["reads_why"]
-        assert sorted(trials.group(1).split(", ")) == ["file", "keep"]
-        assert int(trials.group(2)) >= 10, ended["reads_why"]
-        assert "measured: " in ended["reads_why"]
 
     def test_tokens_in_memory_say_so(self) -> None:
         """No file behind the tokens: copied from memory, and the event says that."""

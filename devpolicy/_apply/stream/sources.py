@@ -1,0 +1,110 @@
+"""A stream's tokens: one array, or a mixture's named sources with their weights, each a
+host view of numbers (zero-copy: a file mapping stays a mapping), checked before anything
+is opened. No device is touched here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..._base.errors import HostViewError
+from ..hostview import host_view
+
+
+def token_sources(
+    tokens: Any, weights: Mapping[str, float] | None
+) -> tuple[list[tuple[str, np.ndarray[Any, Any]]] | None, list[float] | None]:
+    """A mixture's sources and weights, checked (None, None for one array)."""
+    if not isinstance(tokens, Mapping):
+        if weights is not None:
+            raise ValueError(
+                "windows weights= mixes several token arrays: pass tokens as a mapping of "
+                f"names to arrays ({{'web': a, 'code': b}}), got one {type(tokens).__name__}"
+            )
+        return None, None
+    if not tokens:
+        raise ValueError("windows tokens is an empty mapping: a mixture needs a source")
+    names = list(tokens)
+    for key in names:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"windows tokens' names must be non-empty strs, got {key!r}")
+    if not isinstance(weights, Mapping):
+        one = (
+            f"; a mapping of one array (a loaded file's tensors?): pass "
+            f"tokens[{names[0]!r}] itself for a stream of it"
+            if len(names) == 1
+            else ""
+        )
+        raise ValueError(
+            f"windows of a mixture ({', '.join(names)}) need weights=, a mapping of the "
+            f"same names to weights, got {weights!r}{one}"
+        )
+    missing = [n for n in names if n not in weights]
+    unknown = [str(n) for n in weights if n not in tokens]
+    if missing or unknown:
+        raise ValueError(
+            "windows weights must name the sources of tokens, each once: "
+            + "; ".join(
+                part
+                for part in (
+                    f"no weight for {', '.join(map(repr, missing))}" if missing else "",
+                    f"no source {', '.join(map(repr, unknown))} in tokens" if unknown else "",
+                )
+                if part
+            )
+            + f" (sources: {', '.join(map(repr, names))})"
+        )
+    numbers = []
+    for key in names:
+        weight = weights[key]
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float, np.integer, np.floating))
+            or not 0 < float(weight) < float("inf")
+        ):
+            raise ValueError(
+                f"windows weights[{key!r}] must be a finite number > 0 (a source never "
+                f"drawn from is a source left out), got {weight!r}"
+            )
+        numbers.append(float(weight))
+    views = [(key, source_view(key, tokens[key])) for key in names]
+    _, first = views[0]
+    for key, view in views[1:]:
+        if view.dtype != first.dtype or view.shape[1:] != first.shape[1:]:
+            raise ValueError(
+                f"windows sources of one mixture share a dtype and row shape: "
+                f"{names[0]!r} is {first.dtype} {first.shape[1:]}, {key!r} is "
+                f"{view.dtype} {view.shape[1:]}"
+            )
+    return views, numbers
+
+
+def source_view(key: str | None, source: Any) -> np.ndarray[Any, Any]:
+    """Tokens (a mixture's source `key`) as a host view of numbers, an error naming them
+    where they are none."""
+    what = "windows tokens" if key is None else f"windows tokens[{key!r}]"
+    takes = f"{what} must be a jax.Array on a host device or a numpy array (a memmap is fine)"
+    if isinstance(source, (list, tuple)) or np.isscalar(source):
+        raise TypeError(f"{takes}, got a {type(source).__name__}: pass np.asarray(...) of it")
+    try:
+        view = host_view(source)
+    except HostViewError as e:
+        raise HostViewError(f"{what}, {e.array}", e.problem, e.fix) from None
+    except TypeError:
+        mixture = "" if key is not None else ", or a mapping of names to them (a mixture)"
+        raise TypeError(f"{takes}{mixture}, got {type(source).__name__}") from None
+    dtype = view.dtype
+    # numpy's bool, integers, floats and complex, and ml_dtypes' (bfloat16, float8, int4:
+    # kind "V" with a scalar type of their own); not objects, strings, dates or records.
+    if not (
+        dtype.kind in "biufc"
+        or (dtype.kind == "V" and dtype.fields is None and dtype.type is not np.void)
+    ):
+        raise TypeError(
+            f"{what} are {dtype}: a stream's tokens must be numbers (integer token ids, "
+            "or bool, float, complex, bfloat16 rows), not objects, strings, dates or records"
+        )
+    return view
