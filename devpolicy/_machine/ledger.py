@@ -218,11 +218,12 @@ class Ledger:
         Example:
             >>> import devpolicy, numpy as np
             >>> p = devpolicy.load_policy({"version": 1, "rules": [
-            ...     {"match": "bars/*", "device": "cpu:3"}]})
+            ...     {"match": "model/*", "device": "cpu:2"},
+            ...     {"match": "bars/*", "device": "cpu:1"}]})
             >>> w = p.put("bars/w", np.zeros(1024, np.uint8))
             >>> text = devpolicy.report().bars(width=20, ascii_only=True)
-            >>> [line for line in text.splitlines() if "<mapping>:rules[0]" in line][0]
-            '  # 1.0 KiB  <mapping>:rules[0] (1 array)'
+            >>> [line.split()[1:] for line in text.splitlines() if line.endswith(": bars/w")]
+            [['1.0', 'KiB', '<mapping>:rules[1]', '(1', 'array):', 'bars/w']]
         """
         return picture.bars(self.devices, self.streams, self.fallbacks, width, ascii_only)
 
