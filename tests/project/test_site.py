@@ -219,6 +219,8 @@ def normalised(text: str, project: Path | None = None) -> list[str]:
         line = _TIMESTAMP.sub("", raw)
         line = re.sub(rf"{_SIZE} free", "<free> free", line)
         line = re.sub(r"seconds=[\d.]+", "seconds=<s>", line)
+        # A stream's loop, timed: its figures are this run's.
+        line = re.sub(r"\b(batches_per_s|waited_s|waited_share|working_s)=\S+", r"\1=<t>", line)
         line = _QUOTED_VALUE.sub(lambda m: "=" + (m[1] if m[1] is not None else m[2]), line)
         line = _CPU_MEMORY_KINDS.sub("<memory kinds>", line)
         if "\u2503" in line:  # a rich table's header row: where its `free` column is
