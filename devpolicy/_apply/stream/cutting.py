@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._machine.spans import STREAM_PLACE, STREAM_READ, span
 from .ahead import KernelReads, call_weakly
 from .groups import GroupBuffer, every_window
 from .mixing import MixedViews
@@ -207,7 +208,8 @@ class GroupCutter:
                 # handler is a system call, and this runs every group).
                 ahead = self._ahead = _Ahead(after, starts, following, None)
                 ahead.work = self._start_ahead(starts, following)
-        placed = self.placer.place(offsets, gathered, read)
+        with span(STREAM_PLACE, name=self.placer.name, batches=offsets.shape[0]):
+            placed = self.placer.place(offsets, gathered, read)
         if trials is not None and paths.timing is trials:
             trials.timed(read.key, offsets.shape[0], time.perf_counter() - began)
         return placed
@@ -238,10 +240,11 @@ class GroupCutter:
     ) -> np.ndarray[Any, Any] | GroupBuffer:
         """The group at `offsets` read into `into`, or gathered, by `read` (on the worker
         thread: the path the group was started with)."""
-        if into is None:
-            return read.gather(offsets)
-        read.read_into(offsets, into.batches, None)
-        return into
+        with span(STREAM_READ, reads=read.key, batches=offsets.shape[0]):
+            if into is None:
+                return read.gather(offsets)
+            read.read_into(offsets, into.batches, None)
+            return into
 
     # Ending.
 

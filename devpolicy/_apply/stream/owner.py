@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from ..._base.errors import StreamEndedError
+from ..._machine.spans import STREAM_NEXT, span, tracing
 from .cutting import GroupCutter
 from .prefetch import BatchStream
 from .state import StreamState
@@ -140,6 +141,12 @@ class WindowStream(BatchStream[Any]):
     # Pulling.
 
     def __next__(self) -> Any:
+        if tracing():  # the wait, a span in the profiler's trace beside the step
+            with span(STREAM_NEXT, name=self._name):
+                return self._hand_out()
+        return self._hand_out()
+
+    def _hand_out(self) -> Any:
         began = time.perf_counter()
         if self._forks != _Forks.count:
             self._forked()
