@@ -6,7 +6,9 @@ mapped (`map_or_read`), read in a run of small ones or read whole, one ahead of 
 (`readahead`, `tensor_reads`), or, sharded, read slice by slice (`ranges`), all from a byte
 source (`sources`); what is mapped or read is sent in batches, several in flight
 (`sending`). Filling a tree is `fill_tree`; what the load says, `progress`; the rule-use
-warnings are judged by `_decide/rule_use` and said here (`silent_events`).
+warnings are judged by `_decide/rule_use` and said here (`silent_events`). Reads and
+transfers are spans in the profiler's trace (`devpolicy.load_file.read`, `.transfer`:
+`_machine/spans`), a batch of tensors each, where `readahead` and `sending` do them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..._decide.decision import Decision
 from ..._decide.rule_use import RuleUse, shadowed_notes, silent_rules, uses_of_decisions
 from ..._document.schema import NamesSpec
 from ..._machine.ledger import record_each
+from ..._machine.spans import LOAD_READ, LOAD_TRANSFER, span
 from ..format.header import Header, TensorEntry
 from ..format.keys import key_impls, wrapped
 from ..format.sources import ByteSource
@@ -326,7 +329,8 @@ def _load_opened(
     ):
         # Sent as they are read, batched, several calls in flight: reading the next
         # tensors overlaps the transfer of the last ones (`sending`).
-        sender = Sender(out, advance)
+        file = header.path.name  # the spans' metadata: the name, never the folder
+        sender = Sender(out, advance, file=file)
         position = 0
         while position < len(order):
             i = order[position]
@@ -338,7 +342,9 @@ def _load_opened(
             if entry.packed:
                 # Packed in the file (F4, two values a byte): read whole and unpacked to
                 # one value a byte, as JAX holds them; never mapped, sharded after reading.
-                sender.add(entry.key, read_tensor(source, header, entry, advance), decision, 0)
+                with span(LOAD_READ, file=file, tensors=1, bytes=entry.nbytes):
+                    unpacked = read_tensor(source, header, entry, advance)
+                sender.add(entry.key, unpacked, decision, 0)
                 position += 1
                 continue
             if decision.mesh is not None:
@@ -353,15 +359,17 @@ def _load_opened(
                 reader = ShardReader(
                     source, header, entry, region, target, narrow, held.values(), copied
                 )
-                try:
-                    placed: jax.Array = jax.make_array_from_callback(
-                        entry.shape, decision.sharding, _slices_sent(reader, decision)
-                    )
-                except NarrowingError as e:
-                    problems += e.problems
-                    position += 1
-                    continue
-                placed.block_until_ready()
+                # One span: the slices are read in JAX's callbacks, then sent.
+                with span(LOAD_TRANSFER, file=file, tensors=1, bytes=entry.nbytes, sharded=1):
+                    try:
+                        placed: jax.Array = jax.make_array_from_callback(
+                            entry.shape, decision.sharding, _slices_sent(reader, decision)
+                        )
+                    except NarrowingError as e:
+                        problems += e.problems
+                        position += 1
+                        continue
+                    placed.block_until_ready()
                 if target is not None:
                     narrowed_event(
                         decider.events,

@@ -6,7 +6,9 @@ Small tensors that lie back to back in the file are read as one run: one scatter
 without a descriptor reads the same slots with `read_many`). A large tensor that is
 neither mapped, sharded nor packed is read whole (`whole.read_tensor`). The next run or
 large tensor is read on a second thread while this one is sent to its device, so the disk
-(or the network) and the link to the device are busy at once.
+(or the network) and the link to the device are busy at once. Each run or large tensor
+read is a `devpolicy.load_file.read` span in the profiler's trace, on the thread that
+read it (`_machine/spans`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from ..._base.errors import SafetensorsFileError
 from ..._base.limits import ALIGN, CHUNK_BYTES
 from ..._decide.decision import Decision
+from ..._machine.spans import LOAD_READ, span
 from ..._read.exact import read_at
 from ..format.header import Header, TensorEntry
 from ..format.sources import ByteSource, SourceEndedError, os_error
@@ -155,11 +158,15 @@ class ReadAhead:
     def _read(self, position: int) -> _Run:
         header, order = self._header, self._order
         run = small_run(header, self._decisions, order, position, self._mmap, self._x64)
-        return run, _read_run(self._source, header, run)
+        nbytes = sum(header.tensors[i].nbytes for i in run)
+        with span(LOAD_READ, file=header.path.name, tensors=len(run), bytes=nbytes):
+            return run, _read_run(self._source, header, run)
 
     def _read_whole(self, position: int) -> np.ndarray[Any, Any]:
-        entry = self._header.tensors[self._order[position]]
-        return read_tensor(self._source, self._header, entry, self._advance)
+        header = self._header
+        entry = header.tensors[self._order[position]]
+        with span(LOAD_READ, file=header.path.name, tensors=1, bytes=entry.nbytes):
+            return read_tensor(self._source, header, entry, self._advance)
 
     def __enter__(self) -> ReadAhead:
         return self

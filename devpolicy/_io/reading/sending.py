@@ -8,7 +8,9 @@ idle while the disk was read and the disk idle while the link was busy. Here a c
 waited on only when the host bytes sent but not yet arrived pass `IN_FLIGHT_BYTES`, oldest
 first, so reading the next tensors overlaps the transfer of the last ones, and host
 staging stays bounded whatever the checkpoint's size. On a CPU device a 64-byte-aligned
-array is adopted, not copied: its `device_put` is done when it returns.
+array is adopted, not copied: its `device_put` is done when it returns. Each call, and
+each wait for one, is a `devpolicy.load_file.transfer` span in the profiler's trace
+(`_machine/spans`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from ..._base.limits import CHUNK_BYTES
 from ..._decide.decision import Decision
+from ..._machine.spans import LOAD_TRANSFER, span
 
 # Arrays per `device_put`: JAX's per-array cost grows with the list (measured on 10,000
 # 16 KiB arrays: 0.23 s in lists of 32-128, 0.30 s in lists of 1,024, 0.60 s one by one).
@@ -42,7 +45,8 @@ class Sender:
     most of what a small tensor costs. A batch goes when it holds `CHUNK_BYTES` or
     `PUT_BATCH` arrays (a large tensor goes at once); it is waited for only when the host
     bytes in flight pass `in_flight` (oldest first) or at `finish`. `advance(n)` is called
-    as `n` bytes are handed over (0 for what was already counted, read or mapped).
+    as `n` bytes are handed over (0 for what was already counted, read or mapped). `file`:
+    the file's name, said in the trace's spans.
     """
 
     __slots__ = (
@@ -50,6 +54,7 @@ class Sender:
         "_arrays",
         "_counted",
         "_destinations",
+        "_file",
         "_flying",
         "_flying_bytes",
         "_in_flight",
@@ -63,8 +68,10 @@ class Sender:
         out: dict[str, jax.Array],
         advance: Callable[[int], None],
         in_flight: int = IN_FLIGHT_BYTES,
+        file: str = "",
     ) -> None:
         self._out = out
+        self._file = file
         self._advance = advance
         self._in_flight = in_flight
         self._keys: list[str] = []
@@ -91,7 +98,8 @@ class Sender:
         host bytes in flight exceed the bound."""
         if not self._keys:
             return
-        placed: list[jax.Array] = jax.device_put(self._arrays, self._destinations)
+        with span(LOAD_TRANSFER, file=self._file, tensors=len(self._keys), bytes=self._nbytes):
+            placed: list[jax.Array] = jax.device_put(self._arrays, self._destinations)
         self._out.update(zip(self._keys, placed, strict=True))
         self._flying.append((placed, self._nbytes))
         self._flying_bytes += self._nbytes
@@ -114,6 +122,7 @@ class Sender:
 
     def _land(self) -> None:
         placed, nbytes = self._flying.popleft()
-        for array in placed:
-            array.block_until_ready()
+        with span(LOAD_TRANSFER, file=self._file, tensors=len(placed), bytes=nbytes, wait=1):
+            for array in placed:
+                array.block_until_ready()
         self._flying_bytes -= nbytes

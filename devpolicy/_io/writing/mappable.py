@@ -8,7 +8,8 @@ maps it), through the same atomic write: the header's place is reserved before t
 byte of data (its length cannot depend on a total not yet known) and filled in last.
 Memory stays bounded by one chunk, or for an array by one block, whose pages, where the
 array is a file mapping, are given back as the copy goes. Runs of zeros are left as holes
-where a reader can read them back (`sparse`).
+where a reader can read them back (`sparse`). The whole write is one `devpolicy.save` span
+in the profiler's trace (`_machine/spans`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..._base.errors import SafetensorsFileError
 from ..._base.progress import progress_bar
+from ..._machine.spans import SAVE, span
 from ..._read.pages import Pager
 from ..format.header import dtype_name, encodable, read_header
 from ..format.layout import (
@@ -132,7 +134,8 @@ def save_chunks(
         out.write(header + b" " * (len(reserved) - len(header)))  # still ends at `start`
 
     try:
-        _atomic_write(target, reserved, write_data)
+        with span(SAVE, verb="save_chunks", file=target.name, tensors=1):
+            _atomic_write(target, reserved, write_data)
     except _SourceFailedError as failed:  # the caller's own error, as raised (not "cannot write")
         raise failed.error from None
 

@@ -1,7 +1,8 @@
 """Saving a tree or a mapping of arrays as a safetensors file laid out for zero-copy
 loading, each leaf under the name `load_file(into=...)` reads it back by; arrays that span
 the processes of a `jax.distributed` job are written by all of them together (`joint_save`).
-One `save_file` event per file.
+One `save_file` event per file, and one `devpolicy.save` span in the profiler's trace
+(`_machine/spans`) around its reading to the host and its writing.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import numpy as np
 
 from ..._apply.leaves import ARRAY_LIKE, leaf_names
 from ..._base.events import EventLog
-from ..._base.locations import URLPath, location
+from ..._base.locations import FilePath, URLPath, location
+from ..._machine.spans import SAVE, span
 from ..format.header import dtype_name
 from ..format.keys import key_metadata
 from ..format.layout import DEFAULT_ALIGN, check_align, slots_of
-from ..remote.upload import upload_target
+from ..remote.upload import RemoteUpload, upload_target
 from .joint_save import JointSaved, save_joint, spans_processes
 from .local_files import save_arrays
 
@@ -73,23 +75,9 @@ def save_file(
     upload = upload_target(str(path), os.environ) if isinstance(file, URLPath) else None
     arrays = _named_arrays(tensors)
     started = time.perf_counter()
-    joint = any(spans_processes(value) for value in arrays.values())
-    if joint:
-        # Key arrays as their key data, still sharded: each process writes its part of it.
-        keys, metadata = key_metadata(arrays, metadata)
-        ready = {n: jax.random.key_data(v) if n in keys else v for n, v in arrays.items()}
-    else:
-        ready, metadata = _host_arrays(arrays, metadata)
-    if joint or upload is not None:  # alone: this process's own arrays, uploaded by it
-        saved = save_joint(
-            ready, file, align=align, metadata=metadata, timeout=float(timeout),
-            target=upload, alone=not joint,
-        )  # fmt: skip
-    else:
-        save_arrays(ready, path, align=align, metadata=metadata)
-        size = Path(path).stat().st_size
-        data = sum(slot.nbytes for slot in slots_of(ready, Path(path)))
-        saved = JointSaved(size, data, size, 1)
+    nbytes = sum(int(getattr(value, "nbytes", 0)) for value in arrays.values())
+    with span(SAVE, verb="save_file", file=file.name, tensors=len(arrays), bytes=nbytes):
+        saved = _saved(arrays, file, path, upload, align, metadata, float(timeout))
     # One meaning per field across every event (docs/logging.md): `nbytes` the tensors'
     # bytes, `file_bytes` the file's size.
     fields: dict[str, Any] = {
@@ -104,6 +92,37 @@ def save_file(
     if saved.gathered_bytes:
         fields["gathered_bytes"] = saved.gathered_bytes
     events.emit("info", "save_file", fields)
+
+
+def _saved(
+    arrays: dict[str, Any],
+    file: FilePath,
+    path: str | os.PathLike[str],
+    upload: RemoteUpload | None,
+    align: int,
+    metadata: Mapping[str, str] | None,
+    timeout: float,
+) -> JointSaved:
+    """`arrays` written to `file` (`path` as given; `upload`: its object-storage target):
+    alone, or jointly where an array spans processes."""
+    joint = any(spans_processes(value) for value in arrays.values())
+    if joint:
+        # Key arrays as their key data, still sharded: each process writes its part of it.
+        keys, metadata = key_metadata(arrays, metadata)
+        ready = {n: jax.random.key_data(v) if n in keys else v for n, v in arrays.items()}
+    else:
+        ready, metadata = _host_arrays(arrays, metadata)
+    if joint or upload is not None:  # alone: this process's own arrays, uploaded by it
+        saved = save_joint(
+            ready, file, align=align, metadata=metadata, timeout=timeout,
+            target=upload, alone=not joint,
+        )  # fmt: skip
+    else:
+        save_arrays(ready, path, align=align, metadata=metadata)
+        size = Path(path).stat().st_size
+        data = sum(slot.nbytes for slot in slots_of(ready, Path(path)))
+        saved = JointSaved(size, data, size, 1)
+    return saved
 
 
 def _named_arrays(tensors: Any) -> dict[str, Any]:
