@@ -434,13 +434,16 @@ STREAM_RUNS = {
     "bench_read_paths.py": ([*STREAM, "--batch", "2", "--cold", "--dir", "{tmp}"], "| hand loop |"),
 }
 
+#: The scripts with a `--quick` run (every count at its smallest): a line of its table.
+QUICK_RUNS = {"bench_watch.py": "| no watch |"}
+
 
 #: The scripts no test below runs (their runs need an accelerator, a base commit, more
 #: than seconds): each is at least started.
 STARTED_ONLY = [
     p
     for p in SCRIPTS
-    if p.name not in {*SMALLEST_RUNS, *STREAM_RUNS, "bench_upload.py", WINDOWS.name}
+    if p.name not in {*SMALLEST_RUNS, *STREAM_RUNS, *QUICK_RUNS, "bench_upload.py", WINDOWS.name}
 ]
 
 
@@ -480,6 +483,17 @@ class TestEveryBenchmarkRuns:
         result = run_script(name, *(a.replace("{tmp}", str(tmp_path)) for a in argv))
         assert result.returncode == 0, result.stderr[-4000:]
         assert row in result.stdout
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("name", sorted(QUICK_RUNS))
+    def test_each_quick_benchmark_runs_and_prints_its_table(
+        self, name: str, tmp_path: Path
+    ) -> None:
+        """`--quick` runs every measurement at its smallest, in seconds, and prints the
+        table."""
+        result = run_script(name, "--quick", "--dir", str(tmp_path))
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert QUICK_RUNS[name] in result.stdout
 
     @pytest.mark.slow
     def test_bench_upload_runs_at_its_smallest_size(self) -> None:
