@@ -17,14 +17,23 @@ import devpolicy
 from devpolicy._machine import spans
 
 
-def traced_names(folder: Path) -> set[str]:
-    """The names of every event of the Perfetto trace `jax.profiler.trace` wrote under
-    `folder`."""
+def traced_events(folder: Path) -> list[dict[str, Any]]:
+    """Every event of the Perfetto trace `jax.profiler.trace` wrote under `folder`."""
     found = sorted(folder.glob("plugins/profile/*/perfetto_trace.json.gz"))
     assert found, f"no Perfetto trace under {folder}"
     with gzip.open(found[-1], "rt", encoding="utf-8") as f:
         events: list[dict[str, Any]] = json.load(f)["traceEvents"]
-    return {str(event["name"]) for event in events if "name" in event}
+    return events
+
+
+def traced_names(folder: Path) -> set[str]:
+    """The names of every event of the Perfetto trace written under `folder`."""
+    return {str(event["name"]) for event in traced_events(folder) if "name" in event}
+
+
+def ours(folder: Path) -> list[dict[str, Any]]:
+    """The events of devpolicy's spans in the trace written under `folder`."""
+    return [e for e in traced_events(folder) if str(e.get("name", "")).startswith("devpolicy.")]
 
 
 def the_story(folder: Path) -> None:
@@ -54,6 +63,37 @@ class TestInATrace:
             the_story(tmp_path)
         names = traced_names(trace)
         assert set(spans.NAMES) <= names, sorted(set(spans.NAMES) - names)
+
+    def test_a_file_is_named_without_its_folder(self, tmp_path: Path) -> None:
+        """Each span of the story that names a file names it as `train.safetensors`: no
+        folder of the machine in a trace that is shared."""
+        trace = tmp_path / "trace"
+        with jax.profiler.trace(str(trace), create_perfetto_trace=True):
+            the_story(tmp_path)
+        files = {e["args"]["file"] for e in ours(trace) if "file" in e.get("args", {})}
+        assert files == {"train.safetensors"}
+
+    def test_save_chunks_and_a_sharded_tensor_are_spanned(self, tmp_path: Path) -> None:
+        """`save_chunks` is one `devpolicy.save` span (`verb` save_chunks); a tensor
+        sharded over four devices is one transfer span marked `sharded`, its bytes the
+        tensor's."""
+        four = devpolicy.load_policy(
+            {
+                "version": 1,
+                "meshes": {"four": {"axes": {"data": 4}, "devices": "cpu"}},
+                "rules": [{"match": "*", "sharding": {"mesh": "four", "spec": ["data"]}}],
+            },
+            environ={},
+        )
+        path = tmp_path / "chunks.safetensors"
+        trace = tmp_path / "trace"
+        with jax.profiler.trace(str(trace), create_perfetto_trace=True):
+            devpolicy.save_chunks((np.zeros(1000, np.uint16) for _ in range(4)), path)
+            devpolicy.load_file(path, policy=four)
+        args = [(e["name"], e["args"]) for e in ours(trace)]
+        assert (spans.SAVE, {"file": path.name, "tensors": "1", "verb": "save_chunks"}) in args
+        sharded = [a for name, a in args if name == spans.LOAD_TRANSFER and "sharded" in a]
+        assert sharded == [{"bytes": "8000", "file": path.name, "sharded": "1", "tensors": "1"}]
 
     def test_odd_metadata_is_recorded_without_breaking_the_trace(self, tmp_path: Path) -> None:
         """A span whose metadata holds the characters a trace's annotation uses itself
