@@ -664,10 +664,15 @@ def windows(
             once (no batch before it is drawn or read), for either order.
         resume: A stream's `state()` (or its JSON text), saved beside a checkpoint: the
             stream resumes at its step, once every argument that decides the batches
-            (order, seed, length, global batch, stride, steps, epochs, the tokens' rows,
-            row shape and dtype, a mixture's sources and weights) matches the saved one.
-            A state saved by N processes resumes on M with the same global batch (each
-            process's `batch` that global batch over M).
+            (order, seed, length, stride, steps, epochs, the tokens' rows, row shape and
+            dtype, a mixture's sources and weights) matches the saved one. A state saved
+            by N processes resumes on M (each process's `batch` the global batch over M);
+            a random, shuffled or mixed stream also at another global batch, from the
+            same global row (a sequential pass at its own batch only).
+        report_every: Seconds between `stream_progress` lines at info, each saying how
+            the loop goes (the seconds it waited inside `next()` and between pulls, the
+            waited share, batches a second); None or 0 for none. The same figures are in
+            `stream_ended` and `devpolicy.report()`.
 
     Returns:
         A `WindowStream` of placed batches; `close()` ends it, `state()` says where it

@@ -298,12 +298,13 @@ class TestEdgesOfTheArguments:
 
     def test_a_tampered_step_past_the_epochs_is_a_state_error_naming_step(self) -> None:
         """L3: it was refused as 'windows start=118 is past the end', a plain ValueError,
-        though no start= was given."""
+        though no start= was given. (Since a state says its global row too, a step and row
+        past the end: the row says where in the data the stream is.)"""
         stream = devpolicy.windows(
             np.arange(12, dtype=np.int32), 4, 1, order="shuffled", seed=1, epochs=1,
             policy=policy_of(),
         )  # fmt: skip
-        saved = {**stream.state(), "step": 118}
+        saved = {**stream.state(), "step": 118, "row": 118}
         stream.close()
         with pytest.raises(
             StreamStateError,

@@ -125,7 +125,7 @@ class Mixed(RowDraws):
     def drawn_before(self, step: int) -> list[int]:
         """Windows of each source in the global batches before `step`, as Python ints:
         near step 2**63 a source's count times the periods passes int64."""
-        rows = step * self._per_step
+        rows = self._base + step * self._per_step
         period = int(self.counts.sum())
         cycles, within = divmod(rows, period)
         partial = np.bincount(self._sources[:within], minlength=self.counts.size).tolist()

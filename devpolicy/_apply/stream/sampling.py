@@ -39,15 +39,24 @@ class Sampler(Protocol):
 @dataclass(frozen=True, slots=True)
 class Rows:
     """The rows of a step's global batch of `per_step` rows this process draws (`own`):
-    under several processes each draws its own rows of one global batch.
+    under several processes each draws its own rows of one global batch. Step s's global
+    batch holds the global rows from `base + s * per_step` (`base`: not 0 for a stream
+    resumed at another global batch, where it may be negative).
 
     Example:
         >>> Rows.every(3)
-        Rows(own=array([0, 1, 2]), per_step=3)
+        Rows(own=array([0, 1, 2]), per_step=3, base=0)
     """
 
     own: np.ndarray[Any, Any]
     per_step: int
+    base: int = 0
+
+    @property
+    def base_word(self) -> np.uint64:
+        """`base` as a uint64 word (two's complement where negative): added in wrapping
+        uint64 arithmetic, it gives the rows the stream draws, which are never negative."""
+        return np.uint64(self.base & _MASK)
 
     @classmethod
     def every(cls, batch: int) -> Rows:
@@ -90,8 +99,11 @@ class CounterDraws:
 
     __slots__ = ("_base", "_stride", "starts")
 
-    def __init__(self, seed: int, rows: np.ndarray[Any, Any], per_step: int, starts: int) -> None:
-        key = stream_key(seed)
+    def __init__(
+        self, seed: int, rows: np.ndarray[Any, Any], per_step: int, starts: int, base: int = 0
+    ) -> None:
+        # Counter c = base + k * per_step + r: its (c + 1) * GAMMA + key, wrapping.
+        key = (stream_key(seed) + base * _GAMMA) & _MASK
         offsets = ((rows.astype(np.uint64) + np.uint64(1)) * np.uint64(_GAMMA)) + np.uint64(key)
         self._base = offsets[None, :]
         self._stride = np.uint64((per_step * _GAMMA) & _MASK)
@@ -159,7 +171,7 @@ class Random:
     random = True
 
     def __init__(self, starts: int, rows: Rows, seed: int, steps: int | None) -> None:
-        self._draws = CounterDraws(seed, rows.own, rows.per_step, starts)
+        self._draws = CounterDraws(seed, rows.own, rows.per_step, starts, rows.base)
         self.steps = steps
 
     def take(self, first: int, most: int) -> np.ndarray[Any, Any] | None:

@@ -121,7 +121,7 @@ class RowDraws:
     draws of a block of steps kept until the stream passes it (`_block_from`). A subclass
     says its last step (`_last`) and draws steps (`_drawn`)."""
 
-    __slots__ = ("_block", "_per_step", "_rows", "steps")
+    __slots__ = ("_base", "_block", "_per_step", "_rows", "steps")
 
     random = True
 
@@ -130,12 +130,13 @@ class RowDraws:
         self._block: tuple[int, np.ndarray[Any, Any]] | None = None
         self._rows = rows.own.astype(np.uint64)[None, :]
         self._per_step = per_step = rows.per_step
+        self._base = rows.base  # the global row of step 0 (see `Rows`)
         last = self._last(per_step)
         self.steps = last if steps is None else min(steps, last)
 
     def _last(self, per_step: int) -> int:
         """The steps a stream of global batches of `per_step` rows can reach."""
-        return LAST_ROW // per_step
+        return (LAST_ROW - self._base) // per_step
 
     def _block_from(
         self, first: int, count: int, whole: int, windows: int = BLOCK_WINDOWS
@@ -160,6 +161,8 @@ class RowDraws:
         """The global rows of `rows` of steps `first` .. `first + count - 1` (uint64)."""
         steps = np.arange(first, first + count, dtype=np.uint64)[:, None]
         rows_of_steps: np.ndarray[Any, Any] = steps * np.uint64(self._per_step) + rows
+        if self._base:  # wrapping: a negative base gives the right rows, never negative
+            rows_of_steps += np.uint64(self._base & (2**64 - 1))
         return rows_of_steps
 
 
@@ -192,18 +195,19 @@ class Shuffled(RowDraws):
         last = super()._last(per_step)
         if self._epochs is None:
             return last
-        return min(last, -(-self._epochs * self.count // per_step))
+        return max(0, min(last, -(-(self._epochs * self.count - self._base) // per_step)))
 
     def tail(self) -> int:
         """The rows of the last batch where `epochs` ends it short, else 0."""
-        if self._epochs is None or self.steps * self._per_step <= self._epochs * self.count:
+        rows = self._epochs * self.count - self._base if self._epochs is not None else 0
+        if self._epochs is None or self.steps * self._per_step <= rows:
             return 0
-        return self._epochs * self.count - (self.steps - 1) * self._per_step
+        return rows - (self.steps - 1) * self._per_step
 
     def epoch_at(self, step: int) -> int:
         """The epoch of the first window of `step`; past the end of `epochs` (after a
         short last batch), `epochs`: the epochs done, never one that was not drawn."""
-        rows = step * self._per_step
+        rows = self._base + step * self._per_step
         if self._epochs is not None:
             rows = min(rows, self._epochs * self.count)
         return rows // self.count

@@ -1,15 +1,18 @@
 """Where a `windows` stream is, as a small value saved beside a checkpoint, and a stream
 rebuilt from it only if it would draw the same batches.
 
-The state names the next batch (`step`) and everything that decides which windows each
+The state names the next batch (`step`), the global row it starts at (`row`: the rows of
+every process handed out before it), and everything that decides which windows each
 batch holds: the order, seed, length, global batch (all processes' rows of a step),
 stride, steps and epochs, the tokens' rows, row shape and dtype, and a mixture's sources
 and weights. Resuming checks each against the stream being built: another length, batch
 or token count would give other batches, silently, so it is an error naming every field
 that differs, the saved value and the given one. The batch of each process is not
-checked: a state saved by N processes resumes on M with the same global batches. A saved
-state is read as untrusted text: each field's type and range is checked, and every one
-at fault is named. A state of the first version (before epochs and mixtures) still reads.
+checked: a state saved by N processes resumes on M with the same global batches. A random,
+shuffled or mixed stream resumes at another global batch too: from the same global row,
+each later row the row of the uninterrupted stream (the rows of step s are then from
+`row_base + s * global_batch`). A saved state is read as untrusted text: each field's
+type and range is checked, and every one at fault is named. A state of the first version (before epochs and mixtures) still reads.
 No JAX here.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 import reprlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,9 +30,9 @@ from ..._base.errors import StreamStateError
 
 #: The key that marks a saved state, and its format's version.
 STATE_KEY = "devpolicy.windows"
-STATE_VERSION = 2
-#: The versions read back: 1 had no epochs, global batch or mixture.
-_VERSIONS = (1, 2)
+STATE_VERSION = 3
+#: The versions read back: 1 had no epochs, global batch or mixture; 2 no `row`.
+_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +53,22 @@ class StreamState:
     global_batch: int = 0  # all processes' rows of a step (0: `batch`)
     sources: tuple[tuple[str, int], ...] | None = None  # a mixture's (name, rows)
     weights: tuple[tuple[str, float], ...] | None = None  # and (name, weight)
+    #: The global row of step 0: step s's rows are from `row_base + s * global_batch` (not
+    #: 0 after a resume at another global batch; negative where that batch is larger).
+    row_base: int = 0
+
+    @property
+    def row(self) -> int:
+        """The global row `step` starts at: every process's rows handed out before it."""
+        return self.row_base + self.step * (self.global_batch or self.batch)
 
     def saved(self, epoch: int | dict[str, int] | None = None) -> dict[str, Any]:
         """The state as plain JSON-able values (`json.dumps` it into a checkpoint's
         metadata, or keep it as it is); `epoch`, where given, says which epoch the step is
         in (a mixture's, of each source), for people reading it."""
         fields = asdict(self)
+        del fields["row_base"]
+        fields["row"] = self.row
         fields["row_shape"] = list(self.row_shape)
         fields["global_batch"] = self.global_batch or self.batch
         for name in ("sources", "weights"):
@@ -82,7 +95,10 @@ _MATCHED = (
     "sources",
     "weights",
 )
-_FIELDS = ("step", "batch", "epoch", *_MATCHED)
+_FIELDS = ("step", "row", "batch", "epoch", *_MATCHED)
+#: The orders a state resumes at another global batch: their rows are drawn from global
+#: row counters (a sequential pass is the same windows in every process, by step).
+ELASTIC_ORDERS = ("random", "shuffled")
 
 
 #: The steps a stream can reach: 0 .. 2**63 - 1 (its counters are 64-bit, and a group is
@@ -142,6 +158,7 @@ def _field_problems(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
         need("stride", _whole(stride, 1), f"an int >= 1 (a {order} stream's)")
     need("epochs", get("epochs") is None or _whole(get("epochs"), 1), "null or an int >= 1")
     need("global_batch", _whole(get("global_batch"), 1), "an int >= 1")
+    need("row", _whole(get("row"), 0, SEEDS), "an int from 0 to 2**64 - 1")
     sources, weights = get("sources"), get("weights")
     need("sources", sources is None or _named(sources, 1), "null or a mapping of names to rows")
     need("weights", weights is None or _named(weights, 0), "null or a mapping of names to weights")
@@ -223,6 +240,8 @@ def read_state(saved: object) -> dict[str, Any]:
         fields.setdefault("global_batch", fields.get("batch"))
         fields.setdefault("sources", None)
         fields.setdefault("weights", None)
+    if marker < 3 and _whole(fields.get("step"), 0) and _whole(fields.get("global_batch"), 1):
+        fields.setdefault("row", fields["step"] * fields["global_batch"])
     problems = _field_problems(fields)
     if problems:
         raise StreamStateError(
@@ -237,29 +256,30 @@ def read_state(saved: object) -> dict[str, Any]:
     return fields
 
 
-def resumed_step(saved: Mapping[str, Any], stream: StreamState) -> int:
-    """The step to resume at: the saved one, once every field that decides the batches
-    matches `stream` (a saved seed taken where the stream was given none).
+def resumed(saved: Mapping[str, Any], stream: StreamState) -> StreamState:
+    """`stream` at the saved step, once every field that decides the batches matches (a
+    saved seed taken where the stream was given none); a random, shuffled or mixed
+    stream of another global batch goes on from the saved global row (`row_base`).
 
     Raises:
         StreamStateError: naming every field that differs, with both values.
     """
+    elastic = stream.order in ELASTIC_ORDERS
     differ = [
         name
         for name in _MATCHED
-        if not (name == "seed" and stream.seed is None) and getattr(stream, name) != saved.get(name)
+        if not (name == "seed" and stream.seed is None)
+        and not (name == "global_batch" and elastic)
+        and getattr(stream, name) != saved.get(name)
     ]
     if differ:
-        step = saved["step"]
         fix = "resume with the arguments (and tokens) the state was saved with"
         if differ == ["global_batch"]:
-            # Rows of the stream handed out, over the new global batch: where it was.
-            at = -(-step * saved["global_batch"] // stream.global_batch)
+            # Windows of the pass handed out, over the new batch: where it was.
+            start = -(-saved["row"] // stream.global_batch)
             fix += (
-                f"; or go on from the same place in the data with this global batch: "
-                f"start={at} (and seed={saved['seed']!r}), without resume="
-                if stream.order != "sequential"
-                else f"; or go on from the same place in the data: start={at}, without resume="
+                f"; a sequential pass resumes at its own batch only: go on from the same "
+                f"place in the data with start={start}, without resume="
             )
         raise StreamStateError(
             ", ".join(differ),
@@ -270,8 +290,16 @@ def resumed_step(saved: Mapping[str, Any], stream: StreamState) -> int:
             + ": other arguments draw other batches",
             fix,
         )
-    resumed: int = saved["step"]
-    return resumed
+    at: int = saved["step"]
+    row: int = saved["row"]
+    if not elastic and row != at * saved["global_batch"]:
+        raise StreamStateError(
+            "resume['row']",
+            f"a {stream.order} stream's row is its step times its global batch "
+            f"({at} x {saved['global_batch']}), got {row}",
+            _FIX,
+        )
+    return replace(stream, step=at, row_base=row - at * (stream.global_batch or stream.batch))
 
 
 def _shown(value: object) -> object:

@@ -24,7 +24,7 @@ from .owner import WindowStream
 from .placing import GroupPlacer
 from .sampling import Random, Rows, Sampler, Sequential
 from .shuffling import Shuffled
-from .state import resumed_step
+from .state import resumed
 
 
 def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
@@ -44,12 +44,12 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
     # Every process draws the same windows of a sequential pass.
     batch = given.batch
     rows = Rows.every(batch) if given.order == "sequential" else placer.process_rows(batch)
-    mixture = MixedViews(views, given.length) if given.names else None
-    sampler = _sampler(given, rows, mixture)
     state = given.state(rows.per_step)
     saved = given.saved
     if saved is not None:
-        state = dataclasses.replace(state, step=resumed_step(saved, state))
+        state = resumed(saved, state)  # at another global batch: from the saved row
+    mixture = MixedViews(views, given.length) if given.names else None
+    sampler = _sampler(given, dataclasses.replace(rows, base=state.row_base), mixture)
     first = state.step
     last = sampler.steps
     if saved is not None and last is not None and first > last:

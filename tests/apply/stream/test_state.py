@@ -115,19 +115,19 @@ class TestStateThatDoesNotMatch:
         ("change", "field"),
         [
             ({"length": 65}, "length"),
-            ({"batch": 5}, "global_batch"),
             ({"tokens": TOKENS[:-1]}, "rows"),
             ({"tokens": TOKENS.astype(np.int64)}, "dtype"),
             ({"seed": 4}, "seed"),
             ({"steps": 99}, "steps"),
         ],
-        ids=["length", "batch", "token count", "dtype", "seed", "steps"],
+        ids=["length", "token count", "dtype", "seed", "steps"],
     )
     def test_other_arguments_are_an_error_naming_the_field(
         self, change: dict[str, object], field: str
     ) -> None:
-        """A state resumed with another length, (global) batch, token count, dtype, seed or
-        steps would draw other batches: StreamStateError names the field and both values."""
+        """A state resumed with another length, token count, dtype, seed or steps would
+        draw other batches: StreamStateError names the field and both values (another
+        global batch goes on from the same row: `TestElasticResume`)."""
         arguments: dict[str, object] = {
             "tokens": TOKENS, "length": 64, "batch": 4, "seed": 3, "steps": 50,
         }  # fmt: skip
@@ -170,21 +170,107 @@ class TestStateThatDoesNotMatch:
             devpolicy.windows(np.arange(1000), 2, 1, start=-1, policy=policy_of())
 
 
+def _rows(stream: Any, batches: int) -> list[int]:
+    """The window starts of the next `batches` batches, row after row (global row order
+    for one process)."""
+    return [int(r) for _ in range(batches) for r in np.asarray(next(stream))[:, 0]]
+
+
+ELASTIC_CASES = {
+    "random": (TOKENS_100K, {"order": "random"}),
+    "shuffled": (TOKENS_100K, {"order": "shuffled", "stride": 3}),
+    "mixed": (
+        {"low": TOKENS_100K[:60_000], "high": TOKENS_100K[60_000:] + 10**6},
+        {"order": "shuffled", "weights": {"low": 3, "high": 1}},
+    ),
+    "mixed random": (
+        {"low": TOKENS_100K[:60_000], "high": TOKENS_100K[60_000:] + 10**6},
+        {"order": "random", "weights": {"low": 0.7, "high": 0.3}},
+    ),
+}
+
+
 class TestElasticResume:
-    def test_a_state_of_another_global_batch_names_how_to_go_on_with_start(self) -> None:
+    @pytest.mark.parametrize("case", ELASTIC_CASES)
+    @pytest.mark.parametrize("other", [48, 96])
+    def test_a_state_saved_at_64_rows_resumes_at_another_global_batch_from_the_same_row(
+        self, case: str, other: int
+    ) -> None:
+        """Saved with B=64 after 5 steps, resumed with B'=48 or 96: its first batch holds
+        the rows that would have come next, and every later row is the uninterrupted
+        stream's; saved again and resumed at 64, it goes on from that row too."""
+        source, options = ELASTIC_CASES[case]
         policy = policy_of()
-        stream = devpolicy.windows(TOKENS_100K, 8, 4, order="shuffled", seed=2, policy=policy)
+        whole = _rows(devpolicy.windows(source, 8, 64, seed=4, policy=policy, **options), 30)
+        stream = devpolicy.windows(source, 8, 64, seed=4, policy=policy, **options)
+        before = _rows(stream, 5)
+        saved = json.loads(json.dumps(stream.state()))
+        assert (saved["step"], saved["row"], saved["global_batch"]) == (5, 320, 64)
+        resumed = devpolicy.windows(
+            source, 8, other, seed=4, resume=saved, policy=policy, **options
+        )
+        after = _rows(resumed, 6)
+        assert before + after == whole[: len(before) + len(after)]
+        again = resumed.state()
+        assert (again["step"], again["row"], again["global_batch"]) == (11, 320 + 6 * other, other)
+        back = devpolicy.windows(source, 8, 64, seed=4, resume=again, policy=policy, **options)
+        done = len(before) + len(after)
+        assert _rows(back, 2) == whole[done : done + 128]
+
+    def test_an_epoch_resumed_at_another_global_batch_still_holds_every_window_once(
+        self,
+    ) -> None:
+        """epochs=1 of 1,000 windows: 7 steps of 64, then 96 a step to the end: every
+        window exactly once, the last batch the epoch's rest."""
+        tokens = np.arange(8_000, dtype=np.int32)
+        policy = policy_of()
+        stream = devpolicy.windows(tokens, 8, 64, order="shuffled", seed=3, epochs=1, policy=policy)
+        seen = _rows(stream, 7)
+        resumed = devpolicy.windows(
+            tokens, 8, 96, order="shuffled", seed=3, epochs=1, resume=stream.state(), policy=policy
+        )
+        shapes = []
+        for batch in resumed:
+            shapes.append(batch.shape[0])
+            seen.extend(int(r) for r in np.asarray(batch)[:, 0])
+        assert sorted(seen) == list(range(0, 8_000, 8))
+        assert shapes == [96] * 5 + [1_000 - 7 * 64 - 5 * 96]
+        assert resumed.state()["epoch"] == 1
+
+    def test_a_sequential_pass_of_another_batch_is_refused_naming_how_to_go_on(self) -> None:
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS_100K, 8, 4, policy=policy)
         for _ in range(6):
             next(stream)
-        saved = stream.state()
-        with pytest.raises(StreamStateError, match=r"start=8 \(and seed=2\), without resume=$"):
-            devpolicy.windows(
-                TOKENS_100K, 8, 3, order="shuffled", seed=2, resume=saved, policy=policy
-            )
-        # Going on that way continues the epoch where the saved stream was.
-        on = devpolicy.windows(TOKENS_100K, 8, 3, order="shuffled", seed=2, start=8, policy=policy)
-        assert on.state()["epoch"] == saved["epoch"]
-        next(on)
+        with pytest.raises(
+            StreamStateError,
+            match=r"^windows resume: global_batch: .*a sequential pass resumes at its own "
+            r"batch only: go on from the same place in the data with start=8, without resume=$",
+        ):
+            devpolicy.windows(TOKENS_100K, 8, 3, resume=stream.state(), policy=policy)
+        on = devpolicy.windows(TOKENS_100K, 8, 3, start=8, policy=policy)
+        assert _rows(on, 1) == [24 * 8, 25 * 8, 26 * 8]
+
+    def test_a_sequential_state_whose_row_is_not_its_step_is_refused_as_damaged(self) -> None:
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS_100K, 8, 4, policy=policy)
+        next(stream)
+        saved = {**stream.state(), "row": 5}
+        with pytest.raises(
+            StreamStateError, match=r"^windows resume: resume\['row'\]: a sequential"
+        ):
+            devpolicy.windows(TOKENS_100K, 8, 4, resume=saved, policy=policy)
+
+    def test_a_state_of_the_second_version_resumes_from_its_step_times_its_batch(self) -> None:
+        policy = policy_of()
+        stream = devpolicy.windows(TOKENS_100K, 8, 4, order="random", seed=2, policy=policy)
+        next(stream)
+        second = {k: v for k, v in stream.state().items() if k != "row"}
+        second[state.STATE_KEY] = 2
+        resumed = devpolicy.windows(
+            TOKENS_100K, 8, 2, order="random", seed=2, resume=second, policy=policy
+        )
+        assert _rows(resumed, 2) == _rows(stream, 1)
 
     def test_a_state_of_the_first_version_still_resumes(self) -> None:
         policy = policy_of()
@@ -206,7 +292,8 @@ class TestElasticResume:
         """A shuffled stream and a shuffled mixture drawn by 2 jax.distributed processes
         (2 rows each of a global batch of 4): the state saved before each step, resumed
         here by one process with batch 4, yields the global batches from that step on,
-        element by element; both processes saved the same states."""
+        element by element, and with another global batch (3, 6) the same rows from the
+        same row; both processes saved the same states."""
         reports = reports_of(run_job(REPO / "tests" / "resume_worker.py", [[], []], timeout=240))
         tokens = np.arange(100_000, dtype=np.int32)
         cases = {
@@ -233,6 +320,16 @@ class TestElasticResume:
                     source, 5, 4, seed=11, steps=6, resume=saved, policy=policy_of(), **options
                 )
                 assert [np.asarray(b).tolist() for b in resumed] == global_batches[step:]
+                # At another global batch (3 and 6 rows): the same rows, from the same row.
+                flat = [window for batch in global_batches[step:] for window in batch]
+                for other in (3, 6):
+                    resumed = devpolicy.windows(
+                        source, 5, other, seed=11, steps=6, resume=saved, policy=policy_of(),
+                        **options,
+                    )  # fmt: skip
+                    rows = [w for b in resumed for w in np.asarray(b).tolist()]
+                    assert rows[: len(flat)] == flat[: len(rows)]
+                    assert bool(rows) == bool(flat)  # none past the last step
 
 
 @given(
