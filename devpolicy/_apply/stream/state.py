@@ -12,8 +12,8 @@ checked: a state saved by N processes resumes on M with the same global batches.
 shuffled or mixed stream resumes at another global batch too: from the same global row,
 each later row the row of the uninterrupted stream (the rows of step s are then from
 `row_base + s * global_batch`). A saved state is read as untrusted text: each field's
-type and range is checked, and every one at fault is named. A state of the first version (before epochs and mixtures) still reads.
-No JAX here.
+type and range is checked, and every one at fault is named. States of the first version
+(before epochs and mixtures) and the second (before `row`) still read. No JAX here.
 """
 
 from __future__ import annotations
