@@ -40,13 +40,17 @@ class StreamTally:
     #: How the stream reads its windows, and why (`windows`; None for `prefetch`).
     reads: str | None = None
     reads_why: str | None = None
-    #: The caller's loop, timed by the stream: batches handed out, seconds waited inside
-    #: `next()` for a batch not yet ready, seconds between pulls (the caller's own work),
-    #: and the seconds from the first pull to the last hand-out.
+    #: The caller's loop, timed by the stream: batches handed out, seconds spent inside
+    #: `next()`, and the seconds from the start of the first pull to the last hand-out.
     handed: int = 0
     waited: float = 0.0
-    working: float = 0.0
     span: float = 0.0
+
+    @property
+    def working(self) -> float:
+        """Seconds between pulls (the caller's own work): the span less the waits (where
+        several threads pull at once, their waits overlap, and this is less)."""
+        return max(0.0, self.span - self.waited)
 
     def add(self, arrays: list[Any], nbytes: int, batches: int | None = None) -> None:
         """Count the batches `arrays` (`nbytes` in all), placed by this stream: one a batch,

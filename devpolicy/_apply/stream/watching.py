@@ -29,7 +29,6 @@ class LoopWatch:
         "_name",
         "_report_at",
         "_report_every",
-        "_returned",
         "tally",
     )
 
@@ -45,8 +44,7 @@ class LoopWatch:
         self._count_sources = count_sources  # a mixture's windows by source
         self._report_every = report_every  # seconds between `stream_progress` lines
         self._report_at = 0.0  # when the next is due (set at the first hand-out)
-        self._returned = 0.0  # when the last pull returned a batch (0.0: none yet)
-        self._first = 0.0  # when the first pull that returned a batch began
+        self._first = 0.0  # when the first pull that returned a batch began (0.0: none yet)
         self._end: weakref.finalize[Any, Any] | None = None
         self.tally: StreamTally | None = None
 
@@ -72,22 +70,20 @@ class LoopWatch:
         tally.reads, tally.reads_why = reads
 
     def handed(self, began: float) -> None:
-        """A batch handed out by a pull that began at `began` (`time.perf_counter`)."""
+        """A batch handed out by a pull that began at `began` (`time.perf_counter`). Run
+        every pull: the seconds between pulls are not counted apart, they are the span
+        less the waits (`StreamTally.working`), which is the same for one thread pulling."""
         now = time.perf_counter()
         tally = self.tally
         if tally is None:  # a batch handed out was placed: the tally is open
             return
-        returned = self._returned
-        if returned:
-            tally.working += max(0.0, began - returned)  # threads may overlap
-        else:
+        if not self._first:
             self._first = began
             every = self._report_every
             self._report_at = now + every if every else float("inf")
         tally.waited += now - began
         tally.handed += 1
         tally.span = now - self._first
-        self._returned = now
         if now >= self._report_at:
             self._report_at = now + (self._report_every or float("inf"))
             if self._events.enabled("info"):

@@ -35,17 +35,19 @@ class TestTheLoopIsWatched:
     long stream, a `stream_progress` line now and then."""
 
     def test_a_loop_whose_step_is_slow_waits_under_5_percent(self) -> None:
+        """A 30 ms step: the stream's own work on the caller's thread (a group cut every
+        few pulls) is a small share, even on a loaded host."""
         policy = policy_of(rules=TOKEN_RULES)
         tokens = np.arange(100_000, dtype=np.uint16)
         with capture_logs() as logs:
             for _ in devpolicy.windows(
-                tokens, 64, 4, order="random", seed=0, steps=40, policy=policy
+                tokens, 64, 4, order="random", seed=0, steps=24, policy=policy
             ):
-                time.sleep(0.01)  # the step
+                time.sleep(0.03)  # the step
         (ended,) = [e for e in logs if e["event"] == "stream_ended"]
         assert ended["waited_share"] < 0.05
-        assert ended["working_s"] >= 39 * 0.01
-        assert 0 < ended["batches_per_s"] <= 100
+        assert ended["working_s"] >= 23 * 0.03
+        assert 0 < ended["batches_per_s"] <= 34
 
     def test_a_loop_over_a_slow_source_waits_over_half_the_time(
         self, monkeypatch: pytest.MonkeyPatch
