@@ -100,7 +100,66 @@ def cached_share(view: np.ndarray[Any, Any]) -> float | None:
     return cached / count
 
 
-def releasable_range(view: np.ndarray[Any, Any]) -> tuple[int, int] | None:
+def in_numpy_memory(view: np.ndarray[Any, Any]) -> bool:
+    """Whether `view` lies in memory numpy allocated (its last base an array that owns its
+    data, not a memmap): anonymous memory, never a file's mapping, known without reading
+    `/proc/self/maps` (a millisecond or more a read, where a process has many mappings).
+
+    Example:
+        >>> in_numpy_memory(np.arange(10)[2:])
+        True
+    """
+    base: Any = view
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return (
+        isinstance(base, np.ndarray)
+        and bool(base.flags.owndata)
+        and not isinstance(base, np.memmap)
+    )
+
+
+def maps_line(address: int) -> list[str] | None:
+    """The fields of the line of `/proc/self/maps` whose range holds `address` (address,
+    perms, offset, device, inode and, where there is one, path), or None."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(maxsplit=5)
+                if len(fields) < 5:
+                    continue
+                low, _, high = fields[0].partition("-")
+                try:
+                    if int(low, 16) <= address < int(high, 16):
+                        return fields
+                except ValueError:
+                    continue
+    except OSError:
+        return None
+    return None
+
+
+def _one_mapping(line: list[str] | None, start: int, end: int) -> tuple[int, int] | bool | None:
+    """From the maps line holding `start` (`maps_line`): the mapping's range where it
+    holds all of [start, end) and giving its pages back is safe, None where it holds it
+    all and is not safe, False where it does not hold it all (read the whole map)."""
+    if line is None:
+        return False
+    low, _, high = line[0].partition("-")
+    try:
+        lo, hi = int(low, 16), int(high, 16)
+    except ValueError:
+        return False
+    if not lo <= start or hi < end:
+        return False
+    perms = line[1]
+    safe = line[4] != "0" and (perms[3:4] == "s" or perms[1:2] != "w")
+    return (lo, hi) if safe else None
+
+
+def releasable_range(
+    view: np.ndarray[Any, Any], line: list[str] | None = None
+) -> tuple[int, int] | None:
     """The page-aligned address range of the file mapping(s) `view` lies in, if giving
     its pages back is safe; else None.
 
@@ -109,7 +168,7 @@ def releasable_range(view: np.ndarray[Any, Any]) -> tuple[int, int] | None:
     same bytes. Anonymous memory, private writable mappings and systems without
     `/proc/self/maps` get None.
     """
-    if _MADVISE is None or not view.size or not view.flags.c_contiguous:
+    if _MADVISE is None or not view.size or not view.flags.c_contiguous or in_numpy_memory(view):
         return None
     start = view.ctypes.data
     end = start + view.nbytes
@@ -119,17 +178,17 @@ def releasable_range(view: np.ndarray[Any, Any]) -> tuple[int, int] | None:
     except OSError:
         return None
     spans: list[tuple[int, int, bool]] = []
-    for line in lines:
+    for text in lines:
         # address perms offset dev inode [path]: inode 0 is anonymous memory. Only the
         # address is read of most lines (a TPU process has over a thousand).
-        low, _, rest = line.partition("-")
+        low, _, rest = text.partition("-")
         try:
             lo, hi = int(low, 16), int(rest.partition(" ")[0], 16)
         except ValueError:
             continue
         if hi <= start or lo >= end:
             continue
-        fields = line.split(maxsplit=5)
+        fields = text.split(maxsplit=5)
         if len(fields) < 5:
             continue
         perms = fields[1]
@@ -172,8 +231,10 @@ class Pager:
         >>> pager.close()
     """
 
-    def __init__(self, view: np.ndarray[Any, Any], *, random: bool) -> None:
-        self._range = releasable_range(view)
+    def __init__(
+        self, view: np.ndarray[Any, Any], *, random: bool, line: list[str] | None = None
+    ) -> None:
+        self._range = releasable_range(view, line)
         self._advised: tuple[int, int] | None = None  # the range given MADV_RANDOM
         self._batches = 0  # releases so far
         self._resident = 0  # bytes counted in since the last sweep (`release_over_budget`)

@@ -23,6 +23,7 @@ import numpy as np
 
 from .._base.errors import HostViewError
 from .exact import read_at
+from .pages import in_numpy_memory, maps_line
 from .uring import BatchReads
 
 
@@ -305,25 +306,6 @@ class FileWindows:
             pass
 
 
-def _maps_line(address: int) -> list[str] | None:
-    """The fields of the line of `/proc/self/maps` whose range holds `address`."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                fields = line.rstrip("\n").split(maxsplit=5)
-                if len(fields) < 5:
-                    continue
-                low, _, high = fields[0].partition("-")
-                try:
-                    if int(low, 16) <= address < int(high, 16):
-                        return fields
-                except ValueError:
-                    continue
-    except OSError:
-        return None
-    return None
-
-
 def _same_file(fd: int, inode: int, device: str) -> bool:
     """Whether `fd` is a regular file with this inode on this device (maps' `MM:mm`, in
     hex)."""
@@ -359,7 +341,12 @@ def _open_checked(path: str, inode: int, device: str) -> int | None:
 
 
 def mapped_file(
-    view: np.ndarray[Any, Any], length: int, *, io_uring: bool = True, polled: bool = True
+    view: np.ndarray[Any, Any],
+    length: int,
+    *,
+    io_uring: bool = True,
+    polled: bool = True,
+    line: list[str] | None = None,
 ) -> FileWindows | None:
     """A positional reader of the file `view` is a mapping of, or None where there is
     none to read by position (memory, a private writable map, several mappings).
@@ -370,6 +357,8 @@ def mapped_file(
         io_uring: Whether the reader opens an io_uring of its own where Linux allows (a
             mixture's parts do not: the reader they are joined into does).
         polled: Whether that ring is polled by a kernel thread, where the host allows.
+        line: The maps line holding the view's first byte (`pages.maps_line`), where the
+            caller read it already.
 
     Returns:
         The reader (its descriptor open until `close`), or None.
@@ -379,10 +368,15 @@ def mapped_file(
         >>> mapped_file(np.arange(10), 3) is None  # memory, not a file
         True
     """
-    if not sys.platform.startswith("linux") or not view.size or not view.flags.c_contiguous:
+    if (
+        not sys.platform.startswith("linux")
+        or not view.size
+        or not view.flags.c_contiguous
+        or in_numpy_memory(view)
+    ):
         return None
     start = view.ctypes.data
-    fields = _maps_line(start)
+    fields = maps_line(start) if line is None else line
     if fields is None or len(fields) < 6:  # no path: anonymous memory
         return None
     address, perms, offset, device, inode_text, path = fields

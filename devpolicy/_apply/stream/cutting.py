@@ -69,6 +69,7 @@ class GroupCutter:
         "__weakref__",  # the worker thread's work holds the cutter weakly
         "_ahead",
         "_batch_bytes",
+        "_cut_before",
         "_gatherer",
         "_group",
         "_options",
@@ -102,6 +103,7 @@ class GroupCutter:
         self._group = _batches_a_group(self._batch_bytes, GROUP_MAX)
         placer.buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
         self._ahead: _Ahead | None = None
+        self._cut_before = False  # whether a group was cut (the first is one batch)
         self._gatherer: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
 
@@ -177,8 +179,11 @@ class GroupCutter:
             self.settle()  # an interrupted or abandoned cut's group: never trusted
             ahead = None
         if ahead is None:
-            # The first: its first batch waits for it, so never a large one.
-            offsets = self._sampler.take(first, min(self._group, GROUP_MAX))
+            # Not read ahead: its first batch waits for it, so never a large one, and the
+            # stream's very first (a fresh stream's first batch) is one batch alone.
+            most = min(self._group, GROUP_MAX) if self._cut_before else 1
+            self._cut_before = True
+            offsets = self._sampler.take(first, most)
             if offsets is None:
                 return None
             # Before the thread reads the next: a path is never used by two threads at once.

@@ -179,7 +179,10 @@ class WindowStream(BatchStream[Any]):
         ready = self._ready
         while ready and ready[0][0] < self._next:  # handed out before: let go of them
             ready.popleft()
-        while self._cutting and len(ready) <= self._size:
+        # The first pull hands out its batch as soon as it is placed (the batches behind
+        # it are cut by the next pull): a fresh stream's first batch waits for no more.
+        behind = self._size if self._next > self._state.step else 0
+        while self._cutting and len(ready) <= behind:
             if ready:
                 if not self._cut_quietly():
                     break

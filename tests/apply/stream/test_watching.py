@@ -47,7 +47,7 @@ class TestTheLoopIsWatched:
         (ended,) = [e for e in logs if e["event"] == "stream_ended"]
         assert ended["waited_share"] < 0.05
         assert ended["working_s"] >= 23 * 0.03
-        assert 0 < ended["batches_per_s"] <= 34
+        assert 0 < ended["batches_per_s"] <= 24 / (23 * 0.03)  # the first pull waits little
 
     def test_a_loop_over_a_slow_source_waits_over_half_the_time(
         self, monkeypatch: pytest.MonkeyPatch

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...._base.sizes import format_size
 from ...._machine.capacity import host_total_bytes, memory_headroom
-from ...._read.pages import Pager, cached_share
+from ...._read.pages import Pager, cached_share, in_numpy_memory, maps_line
 from ...._read.positional import FileWindows, mapped_file, mapped_files
 from ..mixing import MixedViews
 from ..reading import ReadOptions
@@ -57,11 +57,14 @@ class Opened:
     candidates: list[str] = field(default_factory=list)
 
 
-def file_reader(source: Source, options: ReadOptions) -> FileWindows | None:
-    """A reader of the file the tokens map (of every file, for a mixture), or None."""
+def file_reader(
+    source: Source, options: ReadOptions, line: list[str] | None = None
+) -> FileWindows | None:
+    """A reader of the file the tokens map (of every file, for a mixture), or None;
+    `line`, the maps line of the view's first byte where it was read already."""
     ring = {"io_uring": options.io_uring, "polled": options.polled}
     if source.mixture is None:
-        return mapped_file(source.view, source.length, **ring)
+        return mapped_file(source.view, source.length, line=line, **ring)
     mixture = source.mixture
     return mapped_files(mixture.views, source.length, mixture.bases, **ring)
 
@@ -94,7 +97,15 @@ def _open(source: Source, options: ReadOptions, opened: Opened) -> None:
     copy: str = options.path
     why = f"held to reads={copy!r}"
     candidates = [copy]
-    reader = file_reader(source, options) if copy in ("auto", "file") else None
+    # The mapping that holds the tokens, read once for the reader and the pager (a read of
+    # the whole map costs a millisecond or more where a process has many mappings).
+    view = source.view
+    line = (
+        None
+        if source.mixture is not None or in_numpy_memory(view) or not view.size
+        else maps_line(view.ctypes.data)
+    )
+    reader = file_reader(source, options, line) if copy in ("auto", "file") else None
     if copy == "auto":
         copy, why, candidates = _choose(source, reader, options)
         if not options.measure:
@@ -107,7 +118,7 @@ def _open(source: Source, options: ReadOptions, opened: Opened) -> None:
     mixture, keep = source.mixture, copy == "keep" or "keep" in candidates
     pager = None
     if mixture is None and (reader is None or "keep" in candidates):
-        pager = Pager(source.view, random=source.random)
+        pager = Pager(source.view, random=source.random, line=line)
     gathered: ReadPath
     if pager is not None and pager.active:
         if copy == "file" and reader is None:  # no file to read by position
