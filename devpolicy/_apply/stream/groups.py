@@ -20,7 +20,7 @@ import numpy as np
 from ..._base.limits import ALIGN
 from ..._decide.decision import Decision
 from ..hostview import copies_host_memory
-from .documents import FIELDS, SeparatorIs, segments
+from .documents import CALL_BATCHES, FIELDS, SeparatorIs, on_device, segments
 
 
 def every_window(view: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any]:
@@ -130,21 +130,60 @@ def place_documents(
     separator: tuple[int, SeparatorIs],
     fields: tuple[str, str, str] = FIELDS,
 ) -> tuple[list[dict[str, Any]], list[Any]]:
-    """A group's batches with their segment ids and positions (`documents`), placed in one
-    call as the batches alone are (so they land where each batch does, sharded as it is):
-    each batch a dict of the tokens, segment ids and positions under `fields`' names;
-    and the tokens placed."""
+    """A group's batches with their segment ids and positions (`documents`): the tokens
+    placed as the batches alone are, the ids and positions worked out from them on the
+    device, a call per `CALL_BATCHES` of them, sharded as the tokens are
+    (`documents.on_device`); each batch a dict of the tokens, segment ids and positions
+    under `fields`' names; and the tokens placed."""
     token, separator_is = separator
-    whole = buffer.whole()
-    windows = np.stack(buffer.batches) if whole is None else whole
-    # Fresh arrays, not the ring's: a copy into aligned memory cost more than the
-    # unaligned transfer it saves (measured: docs/benchmarks.md#training-data).
-    ids, positions = segments(windows, token, separator_is)
-    count = len(buffer.batches)
-    placed = plan.place([*buffer.batches, *ids, *positions])
-    tokens = placed[:count]
+    tokens = plan.place(buffer.batches)
+    first = tokens[0]
+    if on_the_device(first.sharding):
+        sharding = first.sharding if first.committed else None
+        work = on_device(token, separator_is, sharding)
+        ids, positions = [], []
+        for start in range(0, len(tokens), CALL_BATCHES):
+            # Calls of CALL_BATCHES batches, the last one's filled with copies of its last
+            # batch (outputs dropped): a shape compiles once, not once per group size (a
+            # stream's first group is one batch, then 8 or up to 32, its last any size; a
+            # compile cost 0.5-1.1 s on a loaded 2-core CPU, a call of 8 about 1 ms).
+            part = tokens[start : start + CALL_BATCHES]
+            filled = (*part, *[part[-1]] * (CALL_BATCHES - len(part)))
+            some_ids, some_positions = work(filled)
+            ids += some_ids[: len(part)]
+            positions += some_positions[: len(part)]
+    else:
+        ids, positions = placed_from_host(plan, buffer, separator)
     batches = [
         dict(zip(fields, arrays, strict=True))
-        for arrays in zip(tokens, placed[count : 2 * count], placed[2 * count :], strict=True)
+        for arrays in zip(tokens, ids, positions, strict=True)
     ]
     return batches, tokens
+
+
+def on_the_device(sharding: Any) -> bool:
+    """Whether batches placed with `sharding` can have their segments worked out where
+    they are: not where the decision keeps them in a host memory space of the device
+    (`pinned_host`, say: a computation there runs only under `compute_on`, and would pull
+    them into the device's memory), which the host reference then serves."""
+    kind = sharding.memory_kind
+    if kind is None:
+        return True
+    try:
+        default = next(iter(sharding.device_set)).default_memory().kind
+    except Exception:  # a platform that does not say its memories: as the tokens are
+        return True
+    return bool(kind == default)
+
+
+def placed_from_host(
+    plan: GroupPlan, buffer: GroupBuffer, separator: tuple[int, SeparatorIs]
+) -> tuple[list[Any], list[Any]]:
+    """The group's segment ids and positions worked out on the host and placed as the
+    tokens are (see `on_the_device` for where)."""
+    whole = buffer.whole()
+    windows = np.stack(buffer.batches) if whole is None else whole
+    ids, positions = segments(windows, *separator)
+    placed = plan.place([*ids, *positions])
+    count = len(buffer.batches)
+    return placed[:count], placed[count:]

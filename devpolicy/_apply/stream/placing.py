@@ -1,9 +1,10 @@
 """A group of batches placed: its host buffers (a ring where the device copies them), its
 windows narrowed where x64 is off and the tokens are 64-bit, the batch decided once per
-shape (the first decision is the stream's, for its tally), and sent with its documents' segment
-ids and positions where the stream has a separator. The cutter hands over the windows, or
-the buffer they were read straight into; nothing is read here but through the path it is
-given."""
+shape (the first decision is the stream's, for its tally), and sent; where the stream has
+a separator, only the tokens are sent, their documents' segment ids and positions worked
+out on the device (`groups.place_documents`), yet decided and tallied on all the bytes a
+batch then holds there. The cutter hands over the windows, or the buffer they were read
+straight into; nothing is read here but through the path it is given."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """Documents' segment ids and positions from a separator token
-(`devpolicy._apply.stream.documents`), placed with their batch."""
+(`devpolicy._apply.stream.documents`), worked out on the device from the batch's tokens,
+bit for bit the host reference's."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 import structlog
@@ -12,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import devpolicy
+from devpolicy._apply.stream import documents
 from tests.helpers import policy_of
 
 TOKENS = np.arange(100_000, dtype=np.int32)
@@ -111,3 +114,75 @@ class TestDocuments:
     ) -> None:
         with pytest.raises(error, match=message):
             devpolicy.windows(tokens, 4, 2, policy=policy_of(), **options)
+
+
+def on_device(windows: np.ndarray, separator: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """The device's ids and positions of one batch, through the stream's own jitted call."""
+    placed = jax.device_put(windows, jax.devices("cpu")[0])
+    (ids,), (positions,) = documents.on_device(separator, kind, placed.sharding)((placed,))
+    assert ids.dtype == positions.dtype == np.int32
+    return np.asarray(ids), np.asarray(positions)
+
+
+class TestOnTheDevice:
+    """The ids and positions worked out on the device from the tokens are the host
+    reference's (`segments`), bit for bit."""
+
+    @given(
+        data=st.data(),
+        length=st.integers(1, 64),
+        batch=st.integers(1, 8),
+        kind=st.sampled_from(["eos", "bos"]),
+        share=st.sampled_from([0.0, 0.02, 0.2, 0.5, 1.0]),
+        dtype=st.sampled_from([np.uint16, np.int32, np.uint8]),
+    )
+    @settings(max_examples=40, deadline=None)
+    def test_random_separators_agree_with_the_host(
+        self, data: st.DataObject, length: int, batch: int, kind: str, share: float,
+        dtype: type,
+    ) -> None:  # fmt: skip
+        seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+        rng = np.random.default_rng(seed)
+        windows = rng.integers(1, 200, (batch, length)).astype(dtype)
+        windows[rng.random((batch, length)) < share] = 0
+        expected = documents.segments(windows, 0, kind)  # type: ignore[arg-type]
+        got = on_device(windows, 0, kind)
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])
+
+    @pytest.mark.parametrize("kind", ["eos", "bos"])
+    @pytest.mark.parametrize(
+        "columns",
+        [
+            [],  # one document a row
+            [0],  # the row starts at a separator
+            [1024],  # ... and ends at one
+            [31, 32, 63, 64, 95],  # at the edges of the blocks of 32
+            list(range(0, 1025, 7)),
+            list(range(1025)),  # every token a separator
+        ],
+        ids=["none", "first", "last", "block-edges", "every-7th", "all"],
+    )
+    def test_separators_at_the_edges_agree_with_the_host(
+        self, kind: str, columns: list[int]
+    ) -> None:
+        """A 1,025-token window (a row of 33 blocks, the last one token): separators at
+        a row's first and last token and at the blocks' edges."""
+        windows = np.full((3, 1025), 5, np.uint16)
+        windows[0, columns] = 7
+        windows[2, [c for c in columns if c % 2]] = 7
+        expected = documents.segments(windows, 7, kind)  # type: ignore[arg-type]
+        got = on_device(windows, 7, kind)
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])
+
+    def test_a_stream_makes_its_jitted_function_once(self) -> None:
+        """One jitted function a separator and sharding: a second stream of the same
+        kind reuses it."""
+        tokens = TOKENS.astype(np.uint16) % 50
+        list(devpolicy.windows(tokens, 40, 4, steps=20, separator=3, policy=policy_of()))
+        before = documents.on_device.cache_info()
+        list(devpolicy.windows(tokens, 40, 4, steps=20, separator=3, policy=policy_of()))
+        after = documents.on_device.cache_info()
+        assert after.misses == before.misses
+        assert after.hits > before.hits

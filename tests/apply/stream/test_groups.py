@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import numpy as np
 import pytest
 
 import devpolicy
 from devpolicy._apply import hostview
 from devpolicy._apply.stream import cutting, groups
+from tests.apply.stream.test_documents import segments_by_hand
 from tests.apply.stream.test_sampling import step_by_step
 from tests.apply.streams import TOKEN_RULES
-from tests.helpers import policy_of
+from tests.helpers import needs_cpu_pinned_host, policy_of
 
 
 class TestHostBuffers:
@@ -85,3 +89,112 @@ class TestHostBuffers:
         (batch,) = devpolicy.windows(np.arange(64, dtype=np.uint16), 64, 1, policy=policy_of())
         assert batch.unsafe_buffer_pointer() % 64 == 0
         assert batch.is_fully_replicated
+
+
+ROWS = {"rows": {"axes": {"data": 4}, "devices": "cpu"}}
+
+
+def rows_rule(**extra: object) -> list[dict[str, object]]:
+    return [{"match": "batch", "sharding": {"mesh": "rows", "spec": ["data"]}, **extra}]
+
+
+def sent_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes of every numpy array handed to JAX to send to a device from now on
+    (`jax.device_put`, `jax.make_array_from_callback`'s parts,
+    `jax.make_array_from_process_local_data`), counted as a stream runs."""
+    sent: list[int] = []
+
+    def counted(real: Any) -> Any:
+        def put(x: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.extend(a.nbytes for a in jax.tree.leaves(x) if isinstance(a, np.ndarray))
+            return real(x, *args, **kwargs)
+
+        return put
+
+    def from_callback(shape: Any, sharding: Any, callback: Any, *args: Any, **kw: Any) -> Any:
+        def part(index: Any) -> Any:
+            found = callback(index)
+            sent.append(found.nbytes)
+            return found
+
+        return real_callback(shape, sharding, part, *args, **kw)
+
+    real_callback = jax.make_array_from_callback
+    monkeypatch.setattr(jax, "device_put", counted(jax.device_put))
+    monkeypatch.setattr(
+        jax, "make_array_from_process_local_data", counted(jax.make_array_from_process_local_data)
+    )
+    monkeypatch.setattr(jax, "make_array_from_callback", from_callback)
+    return sent
+
+
+def assert_segments(batches: list[dict[str, Any]], kind: str = "eos") -> None:
+    for b in batches:
+        for key in ("segment_ids", "positions"):
+            assert b[key].dtype == np.int32
+            assert b[key].sharding == b["tokens"].sharding
+        for row, ids, positions in zip(
+            np.asarray(b["tokens"]).tolist(),
+            np.asarray(b["segment_ids"]).tolist(),
+            np.asarray(b["positions"]).tolist(),
+            strict=True,
+        ):
+            assert (ids, positions) == segments_by_hand(row, 0, kind)
+
+
+class TestDocumentsSent:
+    """A batch with segments sends only its tokens to the device; its ids and positions
+    are worked out there, sharded as the tokens are."""
+
+    @pytest.mark.usefixtures("copying_device")
+    @pytest.mark.parametrize("sharded", [False, True], ids=["one-device", "rows-of-4"])
+    def test_only_the_tokens_bytes_are_sent(
+        self, monkeypatch: pytest.MonkeyPatch, sharded: bool
+    ) -> None:
+        """Bound for a copying device (an accelerator's path), one device or sharded by
+        rows over four: the bytes handed to JAX per batch are the tokens' own (uint16:
+        a fifth of tokens, ids and positions), the values those of the separators."""
+        policy = policy_of(meshes=ROWS, rules=rows_rule()) if sharded else policy_of()
+        tokens = (np.arange(50_000) % 37).astype(np.uint16)
+        sent = sent_bytes(monkeypatch)
+        batches = list(
+            devpolicy.windows(
+                tokens, 65, 8, order="random", seed=2, steps=20, separator=0, policy=policy
+            )
+        )
+        assert sum(sent) == 20 * 8 * 65 * 2
+        assert_segments(batches)
+
+    def test_a_host_memory_destination_is_served_by_the_host(self) -> None:
+        """Where a batch is not in the device's own memory, the host's ids and positions
+        are placed beside it, as the tokens are, the values the same."""
+        cpu = jax.devices("cpu")[0]
+        sharding = jax.device_put(np.zeros(1), cpu).sharding
+        assert groups.on_the_device(sharding)
+        kinds = [m.kind for m in cpu.addressable_memories()]
+        for kind in kinds:
+            expected = kind == cpu.default_memory().kind
+            assert groups.on_the_device(sharding.with_memory_kind(kind)) is expected
+
+    @needs_cpu_pinned_host
+    def test_batches_in_pinned_host_memory_carry_their_segments(self) -> None:
+        """A rule that keeps the batches in `pinned_host`: ids and positions there too
+        (worked out on the host), values exact."""
+        policy = policy_of(meshes=ROWS, rules=rows_rule(memory="pinned_host"))
+        tokens = (np.arange(20_000) % 23).astype(np.uint16)
+        batches = list(devpolicy.windows(tokens, 33, 4, steps=10, separator=0, policy=policy))
+        assert {b["segment_ids"].sharding.memory_kind for b in batches} == {"pinned_host"}
+        assert_segments(batches)
+
+    def test_under_devpolicy_disable_segments_follow_the_tokens(self) -> None:
+        """DEVPOLICY_DISABLE: the tokens a plain `device_put` (uncommitted), and their ids
+        and positions too, on the tokens' device."""
+        policy = devpolicy.load_policy(
+            {"version": 1, "default": "cpu:3"}, environ={"DEVPOLICY_DISABLE": "1"}
+        )
+        tokens = (np.arange(5_000) % 11).astype(np.uint16)
+        batches = list(devpolicy.windows(tokens, 17, 4, steps=6, separator=0, policy=policy))
+        for b in batches:
+            assert not any(b[key].committed for key in b)
+            assert b["segment_ids"].devices() == b["tokens"].devices()
+        assert_segments(batches)

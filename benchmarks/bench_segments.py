@@ -1,0 +1,155 @@
+"""What a batch's segment ids and positions cost: `devpolicy.windows` with `separator=`
+beside the same stream without, in the pipeline alone.
+
+    python benchmarks/bench_segments.py [--rounds 7] [--batches 6000] [--tokens 268435456]
+        [--length 1025] [--batch 32] [--out benchmarks/results/segments.md] [--quick]
+
+Each round runs one process per kind, taking turns (tokens, segments, tokens, ...), each
+timing the pipeline alone (every array of every batch waited for, then dropped) of a
+random stream of `--batches` batches of `--batch` windows of `--length` uint16 tokens from
+`--tokens` dense random tokens in memory (below 2**16; the separator, 7, one token in
+65,536), the seed the round's, after a warm-up stream of 64 batches. Medians of the rounds
+and of each round's ratio. Then, in one more process a kind, the bytes handed to JAX to send
+host-to-device per batch (every numpy array given to `jax.device_put`,
+`jax.make_array_from_callback` or `jax.make_array_from_process_local_data`, counted).
+`--quick`: every count at its smallest (seconds, for tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import (
+    Report,
+    at_least_one,
+    machine_state,
+    markdown_table,
+    run_child,
+    shown_argv,
+)
+
+#: One timed stream, in a process of its own.
+PROBE = r"""
+import json, sys, time
+import numpy as np
+import jax
+import devpolicy
+kind, count, length, batch, batches, seed, bytes_only = sys.argv[1:8]
+count, length, batch, batches, seed = map(int, (count, length, batch, batches, seed))
+tokens = np.random.default_rng(0).integers(0, 2**16, count, dtype=np.uint16)
+policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}})
+options = {"order": "random"}
+if kind == "segments":
+    options["separator"] = 7
+def stream(seed, steps):
+    return devpolicy.windows(tokens, length, batch, seed=seed, steps=steps, policy=policy,
+                             **options)
+def drain(batches):
+    for b in batches:
+        for array in (b.values() if isinstance(b, dict) else (b,)):
+            array.block_until_ready()
+if bytes_only == "1":
+    sent = [0]
+    def counted(real):
+        def wrapper(x, *args, **kwargs):
+            for leaf in jax.tree.leaves(x):
+                if isinstance(leaf, np.ndarray):
+                    sent[0] += leaf.nbytes
+            return real(x, *args, **kwargs)
+        return wrapper
+    def counted_callback(real):
+        def wrapper(shape, sharding, callback, *args, **kwargs):
+            def back(index):
+                part = callback(index)
+                sent[0] += getattr(part, "nbytes", 0)
+                return part
+            return real(shape, sharding, back, *args, **kwargs)
+        return wrapper
+    jax.device_put = counted(jax.device_put)
+    jax.make_array_from_process_local_data = counted(jax.make_array_from_process_local_data)
+    jax.make_array_from_callback = counted_callback(jax.make_array_from_callback)
+    drain(stream(seed, batches))
+    print(json.dumps({"bytes": sent[0] / batches}))
+else:
+    drain(stream(10**6 + seed, 64))
+    start = time.perf_counter()
+    drain(stream(seed, batches))
+    print(json.dumps({"rate": batches / (time.perf_counter() - start)}))
+"""
+
+KINDS = ("tokens", "segments")
+
+
+def probe(kind: str, args: argparse.Namespace, seed: int, *, bytes_only: bool = False) -> float:
+    """One child's figure: batches/s, or bytes handed to JAX a batch."""
+    (found,) = run_child(
+        PROBE, kind, args.tokens, args.length, args.batch,
+        args.batches if not bytes_only else min(args.batches, 256), seed,
+        int(bytes_only), what=f"the {kind} probe",
+    )  # fmt: skip
+    return float(found["bytes" if bytes_only else "rate"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=at_least_one, default=7)
+    parser.add_argument("--batches", type=at_least_one, default=6000)
+    parser.add_argument("--tokens", type=at_least_one, default=2**28)
+    parser.add_argument("--length", type=at_least_one, default=1025)
+    parser.add_argument("--batch", type=at_least_one, default=32)
+    parser.add_argument("--out", type=Path, default=None, help="write the report here")
+    parser.add_argument("--quick", action="store_true", help="every count at its smallest")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.batches, args.tokens, args.length, args.batch = 1, 16, 2**16, 65, 4
+    state = machine_state()
+    report = Report()
+    report.say("# Segment ids and positions: a batch with them beside one without")
+    report.say()
+    report.say(f"`python benchmarks/bench_segments.py {' '.join(shown_argv(sys.argv[1:]))}`")
+    report.say()
+    for line in state.lines():
+        report.say(line)
+    rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for seed in range(args.rounds):
+        for kind in KINDS:
+            rates[kind].append(probe(kind, args, seed))
+    sent = {kind: probe(kind, args, 0, bytes_only=True) for kind in KINDS}
+    report.say(f"- load average at the end: {machine_state().load_text()}")
+    report.say()
+    report.say(
+        f"{args.batches:,} batches of {args.batch} x {args.length} uint16 a run, random "
+        f"windows of {args.tokens:,} tokens in memory, the pipeline alone; medians of "
+        f"{args.rounds} rounds, taking turns"
+    )
+    report.say()
+    tokens_bytes = args.batch * args.length * 2
+    base = rates["tokens"]
+    rows = []
+    for kind in KINDS:
+        each = rates[kind]
+        times = [b / r for b, r in zip(base, each, strict=True)]  # a batch's time, x tokens
+        rows.append((
+            kind,
+            f"{statistics.median(each):,.0f}",
+            f"{min(each):,.0f}-{max(each):,.0f}",
+            f"{statistics.median(times):.2f}x",
+            ", ".join(f"{t:.2f}" for t in times),
+            f"{sent[kind]:,.0f} ({sent[kind] / tokens_bytes:.2f}x)",
+        ))  # fmt: skip
+    heads = (
+        "batch", "batches/s, median", "spread", "time a batch x tokens alone, median",
+        "each round", "bytes sent host-to-device a batch (x the tokens')",
+    )  # fmt: skip
+    for line in markdown_table(heads, rows):
+        report.say(line)
+    if args.out is not None:
+        args.out.write_text("\n".join(report.lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
