@@ -24,7 +24,7 @@ import mmap
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -139,7 +139,9 @@ def maps_line(address: int) -> list[str] | None:
     return None
 
 
-def _one_mapping(line: list[str] | None, start: int, end: int) -> tuple[int, int] | bool | None:
+def _one_mapping(
+    line: list[str] | None, start: int, end: int
+) -> tuple[int, int] | Literal[False] | None:
     """From the maps line holding `start` (`maps_line`): the mapping's range where it
     holds all of [start, end) and giving its pages back is safe, None where it holds it
     all and is not safe, False where it does not hold it all (read the whole map)."""
@@ -166,12 +168,17 @@ def releasable_range(
     Safe means: `view` is C-contiguous and every mapping it spans is file-backed and
     either shared or not writable, so a page dropped from this process reads back the
     same bytes. Anonymous memory, private writable mappings and systems without
-    `/proc/self/maps` get None.
+    `/proc/self/maps` get None. `line`, the maps line holding the view's first byte where
+    the caller read it already (`maps_line`), spares a read of the whole map where that
+    one mapping holds the view.
     """
     if _MADVISE is None or not view.size or not view.flags.c_contiguous or in_numpy_memory(view):
         return None
     start = view.ctypes.data
     end = start + view.nbytes
+    one = _one_mapping(line, start, end)
+    if one is not False:
+        return one
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
             lines = f.readlines()

@@ -360,3 +360,30 @@ class TestFlatMemory:
         np.zeros(2**20, np.uint16).tofile(path)
         pager = pages.Pager(np.memmap(path, np.uint16, mode="r"), random=False)
         assert pager.active is (pages._MADVISE is not None)
+
+
+class TestTheMapReadOnce:
+    """Where the stream's opening read the maps line of its tokens already, the pager
+    needs no second read of the whole map, and says the same."""
+
+    def test_numpy_memory_is_known_without_reading_the_map(self, tmp_path: Path) -> None:
+        path = tmp_path / "t.bin"
+        np.arange(4096, dtype=np.uint16).tofile(path)
+        mapped = np.memmap(path, dtype=np.uint16, mode="r")
+        assert pages.in_numpy_memory(np.arange(10)[3:])
+        assert not pages.in_numpy_memory(mapped)
+        assert not pages.in_numpy_memory(np.asarray(mapped)[5:])
+        assert not pages.in_numpy_memory(np.frombuffer(b"abcd", np.uint8))
+
+    def test_the_range_from_one_line_is_the_range_from_the_whole_map(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "t.bin"
+        np.arange(2**20, dtype=np.uint16).tofile(path)
+        mapped = np.memmap(path, dtype=np.uint16, mode="r")
+        anonymous = np.frombuffer(bytearray(2**16), np.uint8)  # not numpy's own: read
+        for view in (mapped, mapped[1000:], anonymous):
+            line = pages.maps_line(view.ctypes.data)
+            assert pages.releasable_range(view, line) == pages.releasable_range(view)
+        assert pages.releasable_range(mapped) is not None
+        assert pages.releasable_range(anonymous) is None
