@@ -12,6 +12,9 @@ so a platform that adopts buffers unexpectedly only costs the reuse, never corre
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -138,9 +141,9 @@ def place_documents(
     token, separator_is = separator
     tokens = plan.place(buffer.batches)
     first = tokens[0]
-    if on_the_device(first.sharding):
-        sharding = first.sharding if first.committed else None
-        work = on_device(token, separator_is, sharding)
+    sharding = first.sharding if first.committed else None
+    work = on_device(token, separator_is, sharding) if on_the_device(first.sharding) else None
+    if work is not None and _compiled(work, first):
         ids, positions = [], []
         for start in range(0, len(tokens), CALL_BATCHES):
             # Calls of CALL_BATCHES batches, the last one's filled with copies of its last
@@ -159,6 +162,51 @@ def place_documents(
         for arrays in zip(tokens, ids, positions, strict=True)
     ]
     return batches, tokens
+
+
+#: The device function's compile for each (function, shape, dtype, sharding), started on
+#: a thread of its own at a stream's first group: one process's stream meanwhile works its
+#: segments out on the host (the same values), so its first batches wait for no compile.
+_COMPILING: dict[tuple[Any, ...], Future[Any]] = {}
+_COMPILER = ThreadPoolExecutor(1, "devpolicy-compile")
+_COMPILING_LOCK = threading.Lock()
+
+
+def _after_fork() -> None:
+    """A forked child has none of its parent's threads: a compiler and records of its own."""
+    global _COMPILER, _COMPILING_LOCK
+    _COMPILER = ThreadPoolExecutor(1, "devpolicy-compile")
+    _COMPILING_LOCK = threading.Lock()
+    _COMPILING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _compiled(work: Any, first: Any) -> bool:
+    """Whether `work` is compiled for batches like `first`: under several processes
+    always (each compiles at its first call, in step: every process must take the same
+    path for a step); in one process, once the compile started on its thread is done
+    (where it failed, the call then raises what it raises)."""
+    if jax.process_count() > 1:
+        return True
+    key = (work, first.shape, first.dtype, first.sharding)
+    with _COMPILING_LOCK:
+        future = _COMPILING.get(key)
+        if future is None:
+            if len(_COMPILING) >= 64:  # shapes a process met: bounded
+                _COMPILING.clear()
+            future = _COMPILING[key] = _COMPILER.submit(_compile, work, first)
+    return future.done()
+
+
+def _compile(work: Any, first: Any) -> None:
+    """One call of `work` on zeros shaped, typed and placed like `first`: compiled, and
+    its compile in JAX's caches for the stream's calls."""
+    dummy = jax.device_put(np.zeros(first.shape, first.dtype), first.sharding)
+    ids, _ = work((dummy,) * CALL_BATCHES)
+    ids[0].block_until_ready()
 
 
 def on_the_device(sharding: Any) -> bool:

@@ -159,6 +159,13 @@ class TestDocumentsSent:
         a fifth of tokens, ids and positions), the values those of the separators."""
         policy = policy_of(meshes=ROWS, rules=rows_rule()) if sharded else policy_of()
         tokens = (np.arange(50_000) % 37).astype(np.uint16)
+        # A first stream starts the device function's compile (its first groups meanwhile
+        # served by the host: `test_a_fresh_stream_waits_for_no_compile`); once compiled,
+        # a stream sends its tokens alone.
+        list(devpolicy.windows(tokens, 65, 8, order="random", seed=2, steps=3, separator=0,
+                               policy=policy))  # fmt: skip
+        for compiling in list(groups._COMPILING.values()):
+            compiling.result()
         sent = sent_bytes(monkeypatch)
         batches = list(
             devpolicy.windows(
@@ -167,6 +174,20 @@ class TestDocumentsSent:
         )
         assert sum(sent) == 20 * 8 * 65 * 2
         assert_segments(batches)
+
+    def test_a_fresh_stream_waits_for_no_compile(self) -> None:
+        """A shape never compiled: the first groups' ids and positions come from the host
+        (the same values) while the device function compiles on a thread of its own."""
+        tokens = (np.arange(50_000) % 41).astype(np.uint16)
+        groups._COMPILING.clear()
+        stream = devpolicy.windows(
+            tokens, 67, 3, order="random", seed=5, steps=40, separator=0, policy=policy_of()
+        )
+        first = next(stream)
+        (compiling,) = groups._COMPILING.values()
+        assert_segments([first])
+        compiling.result()  # compiled meanwhile; the rest from the device function
+        assert_segments(list(stream))
 
     def test_a_host_memory_destination_is_served_by_the_host(self) -> None:
         """Where a batch is not in the device's own memory, the host's ids and positions
