@@ -103,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         for batch in stream:
             losses.append(float(step(params, batch)))
 
-        # Where the live bytes are now (the last batch is still held), by device and rule.
-        print(devpolicy.report())
+        # Where the live bytes are now (the last batch is still held), by device and rule;
+        # then the same as bars against each device's memory, with the stream's loop.
+        ledger = devpolicy.report()
+        print(ledger)
+        print(ledger.bars())
         print(f"losses: {', '.join(f'{x:.4f}' for x in losses)}")
     return 0
 

@@ -63,6 +63,11 @@ class TestExamples:
         assert placed["model/embed"][1] == placed["model/out"][1]
         assert re.search(r"  1 array  2\.0 KiB$", placed["batch"][1]), "the last batch: 8 x 128"
         assert re.search(r"^total: \d+ arrays, ", result.stdout, re.M)
+        # Then the bars: the device, the tokens' rule, and the stream with its loop.
+        bars = result.stdout[result.stdout.index("devices (devpolicy.report, bars):") :]
+        assert re.search(r"^cpu:\d+ \(host RAM\): ", bars, re.M)
+        assert re.search(r"dataset-on-host\.yaml:\d+ \(1 array, 1\.0 MiB file-backed\)", bars)
+        assert re.search(r"^  batch \(ended, on cpu:\d+\): 2 batches, .*waited \d", bars, re.M)
         # bootstrap() applied the policy's runtime: block before JAX started.
         assert "preallocate=False" in result.stderr
         assert "preallocate_source=policy" in result.stderr
