@@ -5,11 +5,11 @@ fastest setting and a hand loop, side by side on the same data.
         [--length 1025] [--batch 32] [--python PYTHON] [--out FILE]
 
 A dense file of `--tokens` uint16 tokens (random tokens in every byte; written once in DIR
-and kept, read through once so it is warm) is loaded mapped by `load_file`. Each
-measurement is a fresh process: JAX's backend started and one tiny array placed first
-(what every feeder pays once, before any pipeline), the tokens loaded (mapped, or copied
-into memory for the `memory` rows, the mapped array kept: its unmapping is work JAX's next
-transfer would wait on), the feeder's module imported; then the clock runs from
+and kept, read through once so it is warm) is loaded by `load_file`: mapped
+(`mmap=True`), or read into JAX's host memory (`mmap=False`), or that copied into a numpy
+array. Each measurement is a fresh process: JAX's backend started and one tiny array placed
+first (what every feeder pays once, before any pipeline), the tokens loaded (the loaded
+array kept: its unmapping is work JAX's next transfer would wait on), the feeder's module imported; then the clock runs from
 making the pipeline to its first batch of random windows ready on the device
 (`block_until_ready`). The feeders take turns within each round:
 
@@ -45,7 +45,7 @@ from benchmarks._common import (
 )
 
 FEEDERS = ("hand loop", "windows", "grain, no read threads", "grain, default read options")
-SOURCES = ("mapped file", "memory")
+SOURCES = ("mapped file", "loaded into memory", "numpy memory")
 
 #: One measurement, in a fresh process: JSON {"seconds": ...} or {"missing": why}.
 CHILD = r"""
@@ -55,10 +55,11 @@ import jax, numpy as np
 jax.device_put(np.zeros(1)).block_until_ready()  # the backend started, before any pipeline
 import devpolicy
 policy = devpolicy.load_policy({"version": 1})
-loaded = devpolicy.load_file(path, policy=policy)["tokens"]  # kept: freeing a mapped
-tokens = loaded  # array is JAX's work (an unmapping), which the next transfer would wait on
+mapped = source == "mapped file"
+loaded = devpolicy.load_file(path, mmap=mapped, policy=policy)["tokens"]  # kept: freeing
+tokens = loaded  # it is JAX's work (an unmapping), which the next transfer would wait on
 view = devpolicy.host_view(loaded)
-if source == "memory":
+if source == "numpy memory":
     view = np.array(view)
     tokens = view
 starts = view.shape[0] - length + 1
@@ -107,7 +108,9 @@ def main() -> None:
     state = machine_state()
     report.say(f"# The first batch of a fresh stream ({state.date})")
     report.say()
-    report.say(f"`bench_first_batch.py {' '.join(shown_argv(sys.argv[1:], ('--dir', '--out', '--python')))}`")
+    report.say(
+        f"`bench_first_batch.py {' '.join(shown_argv(sys.argv[1:], ('--dir', '--out', '--python')))}`"
+    )
     report.say()
     for line in state.lines():
         report.say(line)
