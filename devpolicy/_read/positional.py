@@ -164,11 +164,17 @@ class FileWindows:
         self.read_batches(np.asarray(starts, dtype=np.int64).reshape(1, -1), [out])
 
     def read_batches(
-        self, starts: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]
+        self,
+        starts: np.ndarray[Any, Any],
+        batches: list[np.ndarray[Any, Any]],
+        *,
+        direct: bool = False,
     ) -> None:
         """Fill each of `batches` (C-contiguous) with the windows at its row of `starts`
-        (a (batches, windows) integer array of rows of the view)."""
-        if self._ring() is not None:
+        (a (batches, windows) integer array of rows of the view); `direct`: a `preadv` a
+        window on this thread, never the ring (a polled ring's kernel thread may wait for
+        a core: a stream's very first batch is read so)."""
+        if not direct and self._ring() is not None:
             self.submit_batches(starts, batches)
             self.finish()
             return

@@ -154,8 +154,10 @@ class GroupCutter:
         if not self.paths.opened:
             self._open()
         read = self.paths.read
-        if self._ahead is not None or read is None or not self._reads_ahead(read):
-            return  # tokens in memory: the first cut is a copy
+        if self._ahead is not None or read is None or read.kernel or not self._reads_ahead(read):
+            # Tokens in memory: the first cut is a copy. A polled ring: its kernel thread,
+            # made or woken now, may wait for a core; the first cut reads by `preadv`.
+            return
         offsets = self._sampler.take(first, 1)
         if offsets is not None:
             ahead = self._ahead = _Ahead(first, offsets, read, None)
@@ -181,14 +183,20 @@ class GroupCutter:
         if ahead is None:
             # Not read ahead: its first batch waits for it, so never a large one, and the
             # stream's very first (a fresh stream's first batch) is one batch alone.
-            most = min(self._group, GROUP_MAX) if self._cut_before else 1
+            very_first = not self._cut_before
+            most = 1 if very_first else min(self._group, GROUP_MAX)
             self._cut_before = True
             offsets = self._sampler.take(first, most)
             if offsets is None:
                 return None
             # Before the thread reads the next: a path is never used by two threads at once.
             early = self._reads_ahead(read)
-            gathered = self._made_ready(offsets, self._into(offsets, read), read) if early else None
+            into = self._into(offsets, read) if early else None
+            gathered: np.ndarray[Any, Any] | GroupBuffer | None = None
+            if very_first and into is not None and read.read_now(offsets, into.batches):
+                gathered = into  # read on this thread, at once
+            elif early:
+                gathered = self._made_ready(offsets, into, read)
         else:
             assert ahead.work is not None
             offsets = ahead.offsets

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from ..._base.errors import StreamStateError
 from ..._decide.decider import Decider
@@ -23,8 +24,8 @@ from .mixing import PERIOD_MOST, Mixed, MixedViews
 from .owner import WindowStream
 from .placing import GroupPlacer
 from .sampling import Random, Rows, Sampler, Sequential
-from .shuffling import Shuffled
-from .state import resumed
+from .shuffling import SMALL, Shuffled
+from .state import STATE_KEY, resumed
 
 
 def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
@@ -50,6 +51,8 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
         state = resumed(saved, state)  # at another global batch: from the saved row
     mixture = MixedViews(views, given.length) if given.names else None
     sampler = _sampler(given, dataclasses.replace(rows, base=state.row_base), mixture)
+    if saved is not None:
+        _refuse_older_orders(saved, sampler)
     first = state.step
     last = sampler.steps
     if saved is not None and last is not None and first > last:
@@ -98,6 +101,29 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
     )
     stream.start()
     return stream
+
+
+def _refuse_older_orders(saved: dict[str, Any], sampler: Sampler) -> None:
+    """A shuffled state saved before version 3 drew epochs of at most `SMALL` windows in
+    another order (the Feistel network's, not uniform there): resumed now it would draw
+    other windows, silently. Refused, saying how to go on."""
+    if saved[STATE_KEY] >= 3:
+        return
+    if isinstance(sampler, Shuffled):
+        small = sampler.count <= SMALL
+    elif isinstance(sampler, Mixed) and saved["order"] == "shuffled":
+        small = min(sampler.windows) <= SMALL
+    else:
+        return
+    if small:
+        raise StreamStateError(
+            f"resume[{STATE_KEY!r}]",
+            f"this state is version {saved[STATE_KEY]}: its shuffled epochs of at most "
+            f"{SMALL:,} windows were drawn in an order this version no longer draws "
+            "(every order is now equally likely): resumed, it would hand out other windows",
+            "finish the run with the devpolicy that saved the state, or start a new epoch "
+            "without resume=",
+        )
 
 
 def _sampler(given: Checked, rows: Rows, mixture: MixedViews | None) -> Sampler:

@@ -272,6 +272,28 @@ class TestElasticResume:
         )
         assert _rows(resumed, 2) == _rows(stream, 1)
 
+    def test_a_shuffled_state_of_an_older_version_with_small_epochs_is_refused(self) -> None:
+        """Epochs of at most SMALL windows were drawn in another order before version 3:
+        resumed now they would hand out other windows, so the state is refused, saying
+        why; a larger epoch's order is the one it was, and resumes."""
+        policy = policy_of()
+        for length, refused in ((8, False), (64, True)):  # 12,500 and 1,562 windows
+            stream = devpolicy.windows(
+                TOKENS_100K, length, 4, order="shuffled", seed=2, stride=length, policy=policy
+            )
+            next(stream)
+            older = {k: v for k, v in stream.state().items() if k != "row"}
+            older[state.STATE_KEY] = 2
+            again = {"order": "shuffled", "seed": 2, "stride": length, "resume": older}
+            if refused:
+                with pytest.raises(
+                    StreamStateError, match=r"this state is version 2: its shuffled"
+                ):
+                    devpolicy.windows(TOKENS_100K, length, 4, policy=policy, **again)  # type: ignore[arg-type]
+            else:
+                resumed = devpolicy.windows(TOKENS_100K, length, 4, policy=policy, **again)  # type: ignore[arg-type]
+                np.testing.assert_array_equal(np.asarray(next(resumed)), np.asarray(next(stream)))
+
     def test_a_state_of_the_first_version_still_resumes(self) -> None:
         policy = policy_of()
         stream = devpolicy.windows(TOKENS_100K, 8, 4, order="random", seed=2, policy=policy)

@@ -53,6 +53,12 @@ class ReadPath:
         with their windows, where this path reads straight into them; False where not."""
         return False
 
+    def read_now(self, offsets: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]) -> bool:
+        """`read_into`, on this thread and at once: nothing handed to another thread or
+        to the kernel's (a stream's very first batch waits for no thread to be made or
+        woken); False where this path does not read straight into batches."""
+        return self.read_into(offsets, batches, None)
+
     def submit(self, offsets: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]) -> None:
         """Start reading a group into `batches` (a `kernel` path only)."""
         raise NotImplementedError

@@ -37,6 +37,10 @@ class PositionalReads(ReadPath):
         self.reader.read_batches(offsets, batches)
         return True
 
+    def read_now(self, offsets: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]) -> bool:
+        self.reader.read_batches(offsets, batches, direct=True)
+        return True
+
     def settle(self) -> None:
         self.reader.settle()
 
