@@ -9,9 +9,9 @@ and kept, read through once so it is warm) is loaded by `load_file`: mapped
 (`mmap=True`), or read into JAX's host memory (`mmap=False`), or that copied into a numpy
 array. Each measurement is a fresh process: JAX's backend started and one tiny array placed
 first (what every feeder pays once, before any pipeline), the tokens loaded (the loaded
-array kept: its unmapping is work JAX's next transfer would wait on), the feeder's module imported; then the clock runs from
-making the pipeline to its first batch of random windows ready on the device
-(`block_until_ready`). The feeders take turns within each round:
+array kept: its unmapping is work JAX's next transfer would wait on), the feeder's module
+imported; then the clock runs from making the pipeline to its first batch of random
+windows ready on the device (`block_until_ready`). The feeders take turns within each round:
 
 - `hand loop`: `--batch` random slices of the view, `np.stack`, `jax.device_put`;
 - `windows`: `devpolicy.windows(tokens, length, batch, order="random")`, its own read path;
@@ -50,7 +50,8 @@ SOURCES = ("mapped file", "loaded into memory", "numpy memory")
 #: One measurement, in a fresh process: JSON {"seconds": ...} or {"missing": why}.
 CHILD = r"""
 import json, sys, time
-path, source, feeder, length, batch = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:6])
+path, source, feeder = sys.argv[1:4]
+length, batch = map(int, sys.argv[4:6])
 import jax, numpy as np
 jax.device_put(np.zeros(1)).block_until_ready()  # the backend started, before any pipeline
 import devpolicy
@@ -69,7 +70,8 @@ if feeder.startswith("grain"):
     except ImportError:
         print(json.dumps({"missing": "grain is not installed in this interpreter"}))
         raise SystemExit(0)
-    options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0) if "no read" in feeder else None
+    fastest = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    options = fastest if "no read" in feeder else None
 began = time.perf_counter()
 if feeder == "hand loop":
     rng = np.random.default_rng(0)
@@ -109,7 +111,8 @@ def main() -> None:
     report.say(f"# The first batch of a fresh stream ({state.date})")
     report.say()
     report.say(
-        f"`bench_first_batch.py {' '.join(shown_argv(sys.argv[1:], ('--dir', '--out', '--python')))}`"
+        "`bench_first_batch.py "
+        f"{' '.join(shown_argv(sys.argv[1:], ('--dir', '--out', '--python')))}`"
     )
     report.say()
     for line in state.lines():

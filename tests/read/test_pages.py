@@ -375,9 +375,7 @@ class TestTheMapReadOnce:
         assert not pages.in_numpy_memory(np.asarray(mapped)[5:])
         assert not pages.in_numpy_memory(np.frombuffer(b"abcd", np.uint8))
 
-    def test_the_range_from_one_line_is_the_range_from_the_whole_map(
-        self, tmp_path: Path
-    ) -> None:
+    def test_the_range_from_one_line_is_the_range_from_the_whole_map(self, tmp_path: Path) -> None:
         path = tmp_path / "t.bin"
         np.arange(2**20, dtype=np.uint16).tofile(path)
         mapped = np.memmap(path, dtype=np.uint16, mode="r")
