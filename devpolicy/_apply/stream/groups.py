@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -168,14 +168,12 @@ def place_documents(
 #: a thread of its own at a stream's first group: one process's stream meanwhile works its
 #: segments out on the host (the same values), so its first batches wait for no compile.
 _COMPILING: dict[tuple[Any, ...], Future[Any]] = {}
-_COMPILER = ThreadPoolExecutor(1, "devpolicy-compile")
 _COMPILING_LOCK = threading.Lock()
 
 
 def _after_fork() -> None:
-    """A forked child has none of its parent's threads: a compiler and records of its own."""
-    global _COMPILER, _COMPILING_LOCK
-    _COMPILER = ThreadPoolExecutor(1, "devpolicy-compile")
+    """A forked child has none of its parent's threads: records of its own."""
+    global _COMPILING_LOCK
     _COMPILING_LOCK = threading.Lock()
     _COMPILING.clear()
 
@@ -197,8 +195,28 @@ def _compiled(work: Any, first: Any) -> bool:
         if future is None:
             if len(_COMPILING) >= 64:  # shapes a process met: bounded
                 _COMPILING.clear()
-            future = _COMPILING[key] = _COMPILER.submit(_compile, work, first)
+            future = _COMPILING[key] = _compiling(work, first)
     return future.done()
+
+
+def _compiling(work: Any, first: Any) -> Future[Any]:
+    """The compile of `work` for batches like `first`, on a thread of its own that ends
+    with it (no thread is left behind: a process alone with its main thread is one that
+    `load_file` may pause the collector in)."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            _compile(work, first)
+        except BaseException as e:  # the stream's own call raises it again, in context
+            future.set_exception(e)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=run, name="devpolicy-compile", daemon=True).start()
+    return future
 
 
 def _compile(work: Any, first: Any) -> None:
