@@ -142,7 +142,12 @@ def place_documents(
     tokens = plan.place(buffer.batches)
     first = tokens[0]
     sharding = first.sharding if first.committed else None
-    work = on_device(token, separator_is, sharding) if on_the_device(first.sharding) else None
+    # Worked out on the device where the tokens are copied there (an accelerator): only the
+    # tokens cross. A device that adopts host memory (the CPU's) is sent the host's ids and
+    # positions for nothing, with no compile and no slower XLA CPU code (measured:
+    # docs/benchmarks.md, "Segment ids worked out on the device").
+    device = on_the_device(first.sharding) and copies_host_memory(plan.decision)
+    work = on_device(token, separator_is, sharding) if device else None
     if work is not None and _compiled(work, first):
         ids, positions = [], []
         for start in range(0, len(tokens), CALL_BATCHES):

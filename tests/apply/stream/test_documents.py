@@ -176,9 +176,10 @@ class TestOnTheDevice:
         np.testing.assert_array_equal(got[0], expected[0])
         np.testing.assert_array_equal(got[1], expected[1])
 
+    @pytest.mark.usefixtures("copying_device")
     def test_a_stream_makes_its_jitted_function_once(self) -> None:
-        """One jitted function a separator and sharding: a second stream of the same
-        kind reuses it."""
+        """Bound for a device that copies host memory (an accelerator's path): one jitted
+        function a separator and sharding, a second stream of the same kind reuses it."""
         tokens = TOKENS.astype(np.uint16) % 50
         list(devpolicy.windows(tokens, 40, 4, steps=20, separator=3, policy=policy_of()))
         before = documents.on_device.cache_info()
@@ -186,3 +187,20 @@ class TestOnTheDevice:
         after = documents.on_device.cache_info()
         assert after.misses == before.misses
         assert after.hits > before.hits
+
+    def test_a_device_that_adopts_host_memory_is_sent_the_hosts_ids(self) -> None:
+        """The CPU adopts a host buffer: the host's ids and positions cost it no transfer,
+        so no device function is made for it (no compile, no thread)."""
+        tokens = TOKENS.astype(np.uint16) % 50
+        before = documents.on_device.cache_info()
+        batches = list(devpolicy.windows(tokens, 40, 4, steps=5, separator=7, policy=policy_of()))
+        assert documents.on_device.cache_info() == before
+        ids, positions = documents.segments(
+            np.stack([np.asarray(b["tokens"]) for b in batches]), 7, "eos"
+        )
+        np.testing.assert_array_equal(
+            np.stack([np.asarray(b["segment_ids"]) for b in batches]), ids
+        )
+        np.testing.assert_array_equal(
+            np.stack([np.asarray(b["positions"]) for b in batches]), positions
+        )

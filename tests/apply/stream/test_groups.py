@@ -175,6 +175,7 @@ class TestDocumentsSent:
         assert sum(sent) == 20 * 8 * 65 * 2
         assert_segments(batches)
 
+    @pytest.mark.usefixtures("copying_device")
     def test_a_fresh_stream_waits_for_no_compile(self) -> None:
         """A shape never compiled: the first groups' ids and positions come from the host
         (the same values) while the device function compiles on a thread of its own."""
