@@ -183,10 +183,14 @@ MACHINE_PATH = re.compile(rf"(?<![\w.:/~-])/(?:{'|'.join(MACHINE_ROOTS)})/[^\s`'
 #: user's home (`/home/me/...`), and Trust's policy planted in a shared /tmp, the program
 #: below it and a world-writable cache folder. A result file has none of them.
 EXAMPLES = ("/home/me/", "/tmp/devpolicy.yaml", "/tmp/scratch/", "/srv/cache")
+IMAGES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 
 
 def machine_paths(path: Path, allowed: tuple[str, ...]) -> list[str]:
-    """Each `file:line: path` of `path` that names a machine's own folder."""
+    """Each `file:line: path` of `path` that names a machine's own folder (an image, such
+    as the report page's screenshot, is no text to read: its page names no path)."""
+    if path.suffix.lower() in IMAGES:
+        return []
     found = []
     text = path.read_text(encoding="utf-8")
     for number, line in enumerate(text.splitlines(), 1):
