@@ -9,6 +9,8 @@ use, and `--help` uses none of it.
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,21 @@ def use_json(u: Any) -> dict[str, Any]:
         "status": u.status,
         "note": u.note,
     }
+
+
+def under_policy_knobs(
+    verb: str, args: argparse.Namespace, run: Callable[[devpolicy.Policy | None], int]
+) -> int:
+    """`run` with the policy's runtime knobs applied first, as a program would (the devices
+    seen are those a program under this policy gets); where discovery found a policy whose
+    knobs cannot be applied, `run(None)` after a line saying so (a `--policy` given is
+    the user's: its error is raised)."""
+    try:
+        activation = devpolicy.bootstrap(args.policy)
+    except (devpolicy.PolicyError, devpolicy.errors.EnvOverrideError) as e:
+        if args.policy is not None:
+            raise
+        print(f"devpolicy {verb}: runtime knobs not applied: {e}", file=sys.stderr)
+        return run(None)
+    with activation as policy:
+        return run(policy)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from rich.console import Console
@@ -14,7 +13,7 @@ from rich.text import Text
 
 import devpolicy
 
-from .common import EXIT_OK, lit, new_console, size_text
+from .common import EXIT_OK, lit, new_console, size_text, under_policy_knobs
 
 
 def _memory(device: Any) -> tuple[int | None, int | None, str]:
@@ -25,17 +24,7 @@ def _memory(device: Any) -> tuple[int | None, int | None, str]:
 
 def command(args: argparse.Namespace) -> int:
     """List backends, devices and memory, and the runtime knobs the policy sets."""
-    # Apply the policy's runtime knobs first, as a program would: the devices listed are
-    # those a program under this policy gets.
-    try:
-        activation = devpolicy.bootstrap(args.policy)
-    except (devpolicy.PolicyError, devpolicy.errors.EnvOverrideError) as e:
-        if args.policy is not None:
-            raise
-        print(f"devpolicy devices: runtime knobs not applied: {e}", file=sys.stderr)
-        return _list_devices(args, None)
-    with activation as policy:
-        return _list_devices(args, policy)
+    return under_policy_knobs("devices", args, lambda policy: _list_devices(args, policy))
 
 
 def _list_devices(args: argparse.Namespace, policy: devpolicy.Policy | None) -> int:

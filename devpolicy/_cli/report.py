@@ -15,20 +15,12 @@ import sys
 import devpolicy
 from devpolicy._base.visible import visible
 
-from .common import EXIT_OK, EXIT_USAGE
+from .common import EXIT_OK, EXIT_USAGE, under_policy_knobs
 
 
 def command(args: argparse.Namespace) -> int:
     """Show the ledger of this process after discovery; write the page with `--html`."""
-    try:
-        activation = devpolicy.bootstrap(args.policy)
-    except (devpolicy.PolicyError, devpolicy.errors.EnvOverrideError) as e:
-        if args.policy is not None:
-            raise
-        print(f"devpolicy report: runtime knobs not applied: {e}", file=sys.stderr)
-        return _show(args)
-    with activation:
-        return _show(args)
+    return under_policy_knobs("report", args, lambda _policy: _show(args))
 
 
 def _show(args: argparse.Namespace) -> int:
