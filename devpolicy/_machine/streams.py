@@ -114,14 +114,24 @@ class LedgerStream:
     def waited_share(self) -> float | None:
         """The share of the loop's time spent waiting for batches (0 to 1); None before
         a batch was handed out."""
-        total = self.waited + self.working
-        return None if total <= 0 else self.waited / total
+        return waited_share(self.waited, self.working)
 
     @property
     def rate(self) -> float | None:
         """Batches handed out per second, from the start of the first pull to the latest
         hand-out; None before a batch was handed out."""
-        return None if self.handed < 1 or self.span <= 0 else self.handed / self.span
+        return rate(self.handed, self.span)
+
+
+def waited_share(waited: float, working: float) -> float | None:
+    """The share of a loop's time spent inside `next()` (0 to 1), or None before any."""
+    total = waited + working
+    return None if total <= 0 else waited / total
+
+
+def rate(handed: int, span: float) -> float | None:
+    """Batches handed out a second over `span` seconds, or None before any."""
+    return None if handed < 1 or span <= 0 else handed / span
 
 
 _tallies: list[StreamTally] = []

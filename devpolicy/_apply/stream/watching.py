@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._base.events import EventLog
-from ..._machine.streams import StreamTally, open_stream
+from ..._machine.streams import StreamTally, open_stream, rate, waited_share
 
 
 class LoopWatch:
@@ -108,12 +108,11 @@ def loop_fields(tally: StreamTally) -> dict[str, Any]:
     """How the caller's loop went, as an event's fields: the seconds it waited inside
     `next()` and spent between pulls, the waited share of the two, and the batches
     handed out a second."""
-    total = tally.waited + tally.working
+    share = waited_share(tally.waited, tally.working)
+    per_second = rate(tally.handed, tally.span)
     return {
         "waited_s": round(tally.waited, 6),
         "working_s": round(tally.working, 6),
-        "waited_share": None if total <= 0 else round(tally.waited / total, 4),
-        "batches_per_s": (
-            None if tally.span <= 0 or not tally.handed else round(tally.handed / tally.span, 2)
-        ),
+        "waited_share": None if share is None else round(share, 4),
+        "batches_per_s": None if per_second is None else round(per_second, 2),
     }
