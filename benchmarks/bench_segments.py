@@ -2,7 +2,8 @@
 beside the same stream without, in the pipeline alone.
 
     python benchmarks/bench_segments.py [--rounds 7] [--batches 6000] [--tokens 268435456]
-        [--length 1025] [--batch 32] [--out benchmarks/results/segments.md] [--quick]
+        [--length 1025] [--batch 32] [--out benchmarks/results/segments.md]
+        [--quick] [--host] [--device]
 
 Each round runs one process per kind, taking turns (tokens, segments, tokens, ...), each
 timing the pipeline alone (every array of every batch waited for, then dropped) of a
@@ -43,8 +44,24 @@ count, length, batch, batches, seed = map(int, (count, length, batch, batches, s
 tokens = np.random.default_rng(0).integers(0, 2**16, count, dtype=np.uint16)
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}})
 options = {"order": "random"}
-if kind == "segments":
+if kind != "tokens":
     options["separator"] = 7
+from devpolicy._apply.stream import groups
+if kind == "host-segments":  # the host's ids and positions sent, as a CPU device is
+    groups.on_the_device = lambda sharding: False
+if kind == "device-segments":  # worked out by the device's code, even a CPU's
+    groups.copies_host_memory = lambda decision: True
+host_groups = [0]
+placed_from_host = groups.placed_from_host
+def counted_host(*args, **kwargs):
+    host_groups[0] += 1
+    return placed_from_host(*args, **kwargs)
+groups.placed_from_host = counted_host
+def compiled():
+    # A stream works its first groups' ids out on the host while the device's code
+    # compiles on a thread of its own: the timed run starts once every compile is done.
+    for future in list(groups._COMPILING.values()):
+        future.result()
 def stream(seed, steps):
     return devpolicy.windows(tokens, length, batch, seed=seed, steps=steps, policy=policy,
                              **options)
@@ -72,16 +89,28 @@ if bytes_only == "1":
     jax.device_put = counted(jax.device_put)
     jax.make_array_from_process_local_data = counted(jax.make_array_from_process_local_data)
     jax.make_array_from_callback = counted_callback(jax.make_array_from_callback)
+    drain(stream(10**6 + seed, 64))
+    compiled()
+    sent[0] = 0
     drain(stream(seed, batches))
     print(json.dumps({"bytes": sent[0] / batches}))
 else:
     drain(stream(10**6 + seed, 64))
+    compiled()
+    host_groups[0] = 0
     start = time.perf_counter()
     drain(stream(seed, batches))
-    print(json.dumps({"rate": batches / (time.perf_counter() - start)}))
+    print(json.dumps({"rate": batches / (time.perf_counter() - start),
+                      "host_groups": host_groups[0]}))
 """
 
 KINDS = ("tokens", "segments")
+#: `--host`: also the segments worked out on the host and sent, on any device (the path a
+#: CPU device takes; on an accelerator, the one its device code replaced).
+HOST_KIND = "host-segments"
+#: `--device`: also the segments worked out by the device's code on any device, a CPU too.
+DEVICE_KIND = "device-segments"
+DEVICE_KINDS = ("segments", DEVICE_KIND)
 
 
 def probe(kind: str, args: argparse.Namespace, seed: int, *, bytes_only: bool = False) -> float:
@@ -91,6 +120,8 @@ def probe(kind: str, args: argparse.Namespace, seed: int, *, bytes_only: bool = 
         args.batches if not bytes_only else min(args.batches, 256), seed,
         int(bytes_only), what=f"the {kind} probe",
     )  # fmt: skip
+    if not bytes_only and found["host_groups"] and kind in DEVICE_KINDS and not args.quick:
+        print(f"{kind}: {found['host_groups']} groups took the host's path", file=sys.stderr)
     return float(found["bytes" if bytes_only else "rate"])
 
 
@@ -103,7 +134,10 @@ def main() -> None:
     parser.add_argument("--batch", type=at_least_one, default=32)
     parser.add_argument("--out", type=Path, default=None, help="write the report here")
     parser.add_argument("--quick", action="store_true", help="every count at its smallest")
+    parser.add_argument("--host", action="store_true", help=f"also the {HOST_KIND!r} kind")
+    parser.add_argument("--device", action="store_true", help=f"also the {DEVICE_KIND!r} kind")
     args = parser.parse_args()
+    kinds = (*KINDS, *[HOST_KIND] * args.host, *[DEVICE_KIND] * args.device)
     if args.quick:
         args.rounds, args.batches, args.tokens, args.length, args.batch = 1, 16, 2**16, 65, 4
     state = machine_state()
@@ -114,11 +148,11 @@ def main() -> None:
     report.say()
     for line in state.lines():
         report.say(line)
-    rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    rates: dict[str, list[float]] = {kind: [] for kind in kinds}
     for seed in range(args.rounds):
-        for kind in KINDS:
+        for kind in kinds:
             rates[kind].append(probe(kind, args, seed))
-    sent = {kind: probe(kind, args, 0, bytes_only=True) for kind in KINDS}
+    sent = {kind: probe(kind, args, 0, bytes_only=True) for kind in kinds}
     report.say(f"- load average at the end: {machine_state().load_text()}")
     report.say()
     report.say(
@@ -130,7 +164,7 @@ def main() -> None:
     tokens_bytes = args.batch * args.length * 2
     base = rates["tokens"]
     rows = []
-    for kind in KINDS:
+    for kind in kinds:
         each = rates[kind]
         times = [b / r for b, r in zip(base, each, strict=True)]  # a batch's time, x tokens
         rows.append((
