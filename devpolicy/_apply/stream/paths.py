@@ -2,7 +2,9 @@
 why it is that one, and the trials that time the others (`choosing`).
 
 The paths are opened when the stream starts, by the rules' first guess
-(`reads.opening`), with Ctrl-C held back so no descriptor is ever left without an owner.
+(`reads.opening`), with Ctrl-C held back so no descriptor is ever left without an owner;
+a file read through a ring has its kept mapping looked at and opened when it is first
+timed (`reads.opening.open_later`), so a fresh stream's first batch waits for neither.
 Where more than one is safe for the file, the stream times them on its own groups and
 keeps the fastest; where the path in use can no longer serve (a kept mapping that lost
 its pages' room), the file is read by position from then on. A path is changed only
@@ -17,7 +19,8 @@ from .interrupts import deferred_interrupts
 from .reading import ReadOptions
 from .reads import ReadPath
 from .reads.kept import KeptMapping
-from .reads.opening import Source, file_path, file_reader, open_paths
+from .reads.opening import Source, file_path, file_reader, open_later, open_paths
+from .reads.positional import PositionalReads
 
 
 class StreamPaths:
@@ -99,7 +102,26 @@ class StreamPaths:
                 source=None if reader is None else (reader.identity, reader.way),
             )
             first = trials.path
-        self.read = self._paths[first]
+        self.read = self._path(first)
+
+    def _path(self, key: str) -> ReadPath:
+        """The path `key`, opened now where its opening was put off (whether the kept
+        mapping is safe is looked at when it is first timed, not before a fresh stream's
+        first batch); where it is not safe now, the trials end on the path in use."""
+        path = self._paths.get(key)
+        if path is not None:
+            return path
+        file = self._paths["file"]
+        assert isinstance(file, PositionalReads)
+        with deferred_interrupts():
+            path, why = open_later(key, self._source, self._options, file.reader)
+            if path is not None:
+                self._paths[key] = path
+        if path is None:
+            self._why += f"; {why}"
+            self._trials = None
+            return self.read or file
+        return path
 
     def next_path(self, first: int) -> None:
         """Between two groups, nothing read ahead, from step `first` on: where the path in
@@ -115,7 +137,7 @@ class StreamPaths:
         if trials is None:
             return
         before = trials.decisions
-        read = self._paths[trials.next_path()]
+        read = self._path(trials.next_path())
         if trials.decisions != before:
             self._trial_step = first
             for path in self._paths.values():

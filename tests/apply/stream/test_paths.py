@@ -87,3 +87,57 @@ class TestChangingPath:
         assert sorted(trials.group(1).split(", ")) == ["file", "keep"]
         assert int(trials.group(2)) >= 10, ended["reads_why"]
         assert "measured: " in ended["reads_why"]
+
+
+class TestTheKeptMappingOpenedWhenTimed:
+    """Through a ring the file is read by position first; whether its kept mapping is
+    safe (the page cache sampled, memory read) and its pager are looked at when the
+    trials first time it, not before a fresh stream's first batch."""
+
+    def paths(self, tmp_path: Path, reads: ReadOptions) -> StreamPaths:
+        if not batched_reads_here():
+            pytest.skip("io_uring cannot be had here")
+        tokens = devpolicy.host_view(mapped(tmp_path / "t.safetensors"))
+        np.asarray(tokens).sum()  # warm: every page read once
+        source = Source(tokens, every_window(tokens, LENGTH), None, LENGTH, True)
+        return StreamPaths(source, reads)
+
+    def test_a_fresh_stream_opens_only_the_file_read_by_position(self, tmp_path: Path) -> None:
+        paths = self.paths(tmp_path, SWITCHING)
+        paths.open()
+        try:
+            assert paths.reads == "file"
+            assert paths.timing is not None
+            assert paths.timing.candidates == ["file", "keep"]
+            assert sorted(paths._paths) == ["file"]
+        finally:
+            paths.close(child=None)
+
+    def test_the_kept_mapping_is_opened_when_the_trials_first_time_it(self, tmp_path: Path) -> None:
+        paths = self.paths(tmp_path, SWITCHING)
+        paths.open()
+        try:
+            seen = []
+            for step in range(20):
+                paths.next_path(step)
+                seen.append(paths.reads)
+            assert "mapping" in seen, seen
+            assert sorted(paths._paths) == ["file", "keep"]
+        finally:
+            paths.close(child=None)
+
+    def test_a_kept_mapping_unsafe_by_then_ends_the_trials_saying_why(self, tmp_path: Path) -> None:
+        """No room for the mapping once it would be timed (`keep_of_ram=0`: no share of
+        the host's RAM may be kept): never opened, the file read by position on."""
+        paths = self.paths(tmp_path, replace(SWITCHING, keep_of_ram=0.0))
+        paths.open()
+        try:
+            for step in range(20):
+                paths.next_path(step)
+                assert paths.reads == "file"
+            assert paths.timing is None
+            assert sorted(paths._paths) == ["file"]
+            assert "the kept mapping was not timed: the tokens" in paths.reads_why
+            assert "RAM" in paths.reads_why
+        finally:
+            paths.close(child=None)

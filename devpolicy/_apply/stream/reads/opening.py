@@ -55,6 +55,8 @@ class Opened:
     first: str = "memory"
     why: str = ""
     candidates: list[str] = field(default_factory=list)
+    #: Candidates not opened yet (`open_later` opens each when first timed).
+    later: list[str] = field(default_factory=list)
 
 
 def file_reader(
@@ -106,10 +108,16 @@ def _open(source: Source, options: ReadOptions, opened: Opened) -> None:
         else maps_line(view.ctypes.data)
     )
     reader = file_reader(source, options, line) if copy in ("auto", "file") else None
+    later: list[str] = []
     if copy == "auto":
         copy, why, candidates = _choose(source, reader, options)
         if not options.measure:
             candidates = [copy]
+        elif candidates == ["file", "keep"]:  # reading through a ring
+            # Whether the kept mapping is safe (the page cache sampled, the memory left
+            # read) and its pager cost a fresh stream's first batch about a millisecond:
+            # looked at when it is first timed (`open_later`), not before.
+            candidates, later = ["file"], ["keep"]
         if "file" not in candidates and reader is not None:
             reader.close()
             reader = None
@@ -161,6 +169,29 @@ def _open(source: Source, options: ReadOptions, opened: Opened) -> None:
     else:
         opened.first = gathered.key
     opened.candidates = [key for key in candidates if key in opened.paths] or [opened.first]
+    if later:
+        opened.candidates += later
+        opened.later = later
+
+
+def open_later(
+    key: str, source: Source, options: ReadOptions, reader: FileWindows
+) -> tuple[ReadPath | None, str]:
+    """The candidate `key` whose opening `_open` put off (the kept mapping of a file read
+    by position through a ring), opened where it is safe now, and None with why where it
+    is not. The caller holds Ctrl-C back."""
+    if key != "keep":
+        raise ValueError(f"no read path {key!r} is opened late (only 'keep')")
+    views = [source.view] if source.mixture is None else source.mixture.views
+    nbytes = sum(view.nbytes for view in views)
+    unsafe = _keep_unsafe(nbytes, _cached(views, nbytes), "not timed against it", options)
+    if unsafe is not None:
+        return None, f"the kept mapping was not timed: {unsafe}"
+    pager = None if source.mixture is not None else Pager(source.view, random=source.random)
+    if pager is not None and not pager.active:
+        pager.close()
+        return None, "the kept mapping was not timed: its pages cannot be watched here"
+    return _kept(source, pager, reader, options), ""
 
 
 def _kept(
@@ -199,13 +230,13 @@ def _choose(
         if reader.batched
         else f"read from the {files} by position (preadv: no io_uring here)"
     )
+    if reader.batched:  # whether keeping the mapping is safe: looked at when it is timed
+        why = f"{by_position} (faster on an idle host than a mapping, warm or cold)"
+        return "file", why, ["file", "keep"]
     views = [source.view] if source.mixture is None else source.mixture.views
     nbytes = sum(view.nbytes for view in views)
     cached = _cached(views, nbytes)
     unsafe = _keep_unsafe(nbytes, cached, by_position, options)
-    if reader.batched:
-        why = f"{by_position} (faster on an idle host than a mapping, warm or cold)"
-        return "file", why, ["file"] if unsafe is not None else ["file", "keep"]
     if unsafe is not None:
         return "file", unsafe, ["file"]
     known = "" if cached is None else f", {cached:.0%} of their pages in the page cache"
