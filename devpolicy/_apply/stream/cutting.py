@@ -193,8 +193,13 @@ class GroupCutter:
             early = self._reads_ahead(read)
             into = self._into(offsets, read) if early else None
             gathered: np.ndarray[Any, Any] | GroupBuffer | None = None
+            read_now = False
             if very_first and into is not None and read.read_now(offsets, into.batches):
                 gathered = into  # read on this thread, at once
+                # Nothing started behind it: waking a polled ring's kernel thread handed
+                # it this core for milliseconds on a busy host before the first batch was
+                # placed. The next pull reads its group, then starts the one after.
+                read_now = True
             elif early:
                 gathered = self._made_ready(offsets, into, read)
         else:
@@ -208,7 +213,9 @@ class GroupCutter:
         assert following is not None
         if following.grouped:
             self._grow()
-        if self._reads_ahead(following):
+        if ahead is None and read_now:
+            pass  # a fresh stream's first batch: see above
+        elif self._reads_ahead(following):
             after = first + offsets.shape[0]
             # After a first group (one batch, or a few), a group of a few: the first
             # pulls wait for no large read.

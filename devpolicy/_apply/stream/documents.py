@@ -9,14 +9,19 @@ document's first token.
 
 Worked out on the device from the tokens already there (`on_device`): only the tokens
 cross to it, a fifth of the bytes of tokens, ids and positions (uint16 tokens), and one
-jitted call works out 8 batches of a group. A scan over every token is what XLA does worst
-on a CPU (a cumulative sum over rows of 1,025 cost tens of times a comparison), so a row is
-cut into blocks of 32 tokens, each block's separators one 32-bit mask (a reduction), the
-blocks scanned (a thirty-second of the tokens), and each token's id and position read from
-its block's mask by a population count and a count of leading zeros: two passes over the
-tokens, no scan over them. `segments` is the same on the host (numpy: the separators found,
-then each segment's id and first position repeated over its tokens), the reference, and
-what runs where the device cannot (`groups.place_documents` says where).
+jitted call works out 8 batches of a group. Where one process places whole batches, the 8
+go over in one transfer, stacked, and the call hands each batch's tokens back beside its
+ids and positions (`on_device_stacked`): on a TPU a transfer's and an output's fixed
+costs, not the arithmetic, are what a batch with segments pays.
+
+A scan over every token is what XLA does worst on a CPU (a cumulative sum over rows of
+1,025 cost tens of times a comparison), so a row is cut into blocks of 32 tokens, each
+block's separators one 32-bit mask (a reduction), the blocks scanned (a thirty-second of
+the tokens), and each token's id and position read from its block's mask by a population
+count and a count of leading zeros: two passes over the tokens, no scan over them.
+`segments` is the same on the host (numpy: the separators found, then each segment's id and
+first position repeated over its tokens), the reference, and what runs where the device
+cannot (`groups.place_documents` says where).
 """
 
 from __future__ import annotations
@@ -104,6 +109,22 @@ def on_device(separator: int, separator_is: SeparatorIs, sharding: Any) -> Any:
 
     if sharding is None:
         return jax.jit(group)
+    return jax.jit(group, out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=16)
+def on_device_stacked(separator: int, separator_is: SeparatorIs, sharding: Any) -> Any:
+    """The jitted function that takes `CALL_BATCHES` batches of tokens stacked in one
+    array (sent in one transfer: on a TPU a transfer costs about as much to start as to
+    carry a batch) and gives each batch's tokens, segment ids and positions (three tuples
+    of arrays), each sharded as a batch alone is placed (`sharding`, committed). Made
+    once per separator and sharding, compiled once per shape."""
+
+    def group(stacked: jax.Array) -> tuple[tuple[jax.Array, ...], ...]:
+        ids, positions = device_segments(stacked, separator, separator_is)
+        count = stacked.shape[0]
+        return tuple(tuple(part[i] for i in range(count)) for part in (stacked, ids, positions))
+
     return jax.jit(group, out_shardings=sharding)
 
 

@@ -23,7 +23,14 @@ import numpy as np
 from ..._base.limits import ALIGN
 from ..._decide.decision import Decision
 from ..hostview import copies_host_memory
-from .documents import CALL_BATCHES, FIELDS, SeparatorIs, on_device, segments
+from .documents import (
+    CALL_BATCHES,
+    FIELDS,
+    SeparatorIs,
+    on_device,
+    on_device_stacked,
+    segments,
+)
 
 
 def every_window(view: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any]:
@@ -138,35 +145,92 @@ def place_documents(
     device, a call per `CALL_BATCHES` of them, sharded as the tokens are
     (`documents.on_device`); each batch a dict of the tokens, segment ids and positions
     under `fields`' names; and the tokens placed."""
-    token, separator_is = separator
-    tokens = plan.place(buffer.batches)
-    first = tokens[0]
-    sharding = first.sharding if first.committed else None
-    # Worked out on the device where the tokens are copied there (an accelerator): only the
-    # tokens cross. A device that adopts host memory (the CPU's) is sent the host's ids and
-    # positions for nothing, with no compile and no slower XLA CPU code (measured:
-    # docs/benchmarks.md, "Segment ids worked out on the device").
-    device = on_the_device(first.sharding) and copies_host_memory(plan.decision)
-    work = on_device(token, separator_is, sharding) if device else None
-    if work is not None and _compiled(work, first):
-        ids, positions = [], []
-        for start in range(0, len(tokens), CALL_BATCHES):
-            # Calls of CALL_BATCHES batches, the last one's filled with copies of its last
-            # batch (outputs dropped): a shape compiles once, not once per group size (a
-            # stream's first group is one batch, then 8 or up to 32, its last any size; a
-            # compile cost 0.5-1.1 s on a loaded 2-core CPU, a call of 8 about 1 ms).
-            part = tokens[start : start + CALL_BATCHES]
-            filled = (*part, *[part[-1]] * (CALL_BATCHES - len(part)))
-            some_ids, some_positions = work(filled)
-            ids += some_ids[: len(part)]
-            positions += some_positions[: len(part)]
+    found = _on_device(plan, buffer, separator)
+    if found is None:
+        tokens = plan.place(buffer.batches)
+        ids, positions = placed_from_host(plan, buffer.batches, buffer.whole(), separator)
     else:
-        ids, positions = placed_from_host(plan, buffer, separator)
+        tokens, ids, positions = found
     batches = [
         dict(zip(fields, arrays, strict=True))
         for arrays in zip(tokens, ids, positions, strict=True)
     ]
     return batches, tokens
+
+
+def _on_device(
+    plan: GroupPlan, buffer: GroupBuffer, separator: tuple[int, SeparatorIs]
+) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """The group's tokens, ids and positions worked out on the device, or None where the
+    host's are placed instead: a device that adopts host memory (the CPU's) is sent the
+    host's for nothing, with no compile and no slower XLA CPU code (measured:
+    docs/benchmarks.md, "Segment ids worked out on the device"), and so is one whose
+    function is still compiling (`_compiled`)."""
+    token, separator_is = separator
+    sharding = plan.decision.sharding
+    if (
+        plan.destination is None
+        or not copies_host_memory(plan.decision)
+        or sharding is None
+        or not on_the_device(sharding)
+    ):
+        return None
+    batches = buffer.batches
+    count = len(batches)
+    whole = count // CALL_BATCHES * CALL_BATCHES  # the batches sent stacked, 8 at a time
+    stacked = None if plan.local else _stacked_sharding(sharding)
+    if stacked is None:
+        whole = 0
+    tokens: list[Any] = []
+    ids: list[Any] = []
+    positions: list[Any] = []
+    if whole:
+        work = on_device_stacked(token, separator_is, sharding)
+        shape = (CALL_BATCHES, *batches[0].shape)
+        if not _compiled(work, shape, batches[0].dtype, stacked, stacked=True):
+            return None
+        group = buffer.whole()
+        for start in range(0, whole, CALL_BATCHES):
+            part = batches[start : start + CALL_BATCHES]
+            host = np.stack(part) if group is None else group[start : start + CALL_BATCHES]
+            some = work(jax.device_put(host, stacked))
+            tokens += some[0]
+            ids += some[1]
+            positions += some[2]
+    if whole < count:
+        rest = plan.place(batches[whole:])
+        first = rest[0]
+        work = on_device(token, separator_is, first.sharding)
+        if not _compiled(work, first.shape, first.dtype, first.sharding):
+            if not whole:
+                return None
+            # The stacked calls compiled, the one for a group's last few not yet: those
+            # few from the host (the same values).
+            some_ids, some_positions = placed_from_host(plan, batches[whole:], None, separator)
+            return tokens + rest, ids + some_ids, positions + some_positions
+        for start in range(0, len(rest), CALL_BATCHES):
+            # Calls of CALL_BATCHES batches, the last one's filled with copies of its last
+            # batch (outputs dropped): a shape compiles once, not once per group size (a
+            # stream's first group is one batch, then 8 or up to 32, its last any size; a
+            # compile cost 0.5-1.1 s on a loaded 2-core CPU, a call of 8 about 1 ms).
+            part = rest[start : start + CALL_BATCHES]
+            filled = (*part, *[part[-1]] * (CALL_BATCHES - len(part)))
+            some_ids, some_positions = work(filled)
+            ids += some_ids[: len(part)]
+            positions += some_positions[: len(part)]
+        tokens += rest
+    return tokens, ids, positions
+
+
+def _stacked_sharding(sharding: Any) -> Any:
+    """How `CALL_BATCHES` batches placed by `sharding` are sent stacked in one array (a
+    new leading axis, not split), or None where that cannot be said."""
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = jax.sharding.PartitionSpec(None, *sharding.spec)  # type: ignore[no-untyped-call]
+        return jax.sharding.NamedSharding(sharding.mesh, spec, memory_kind=sharding.memory_kind)
+    return None
 
 
 #: The device function's compile for each (function, shape, dtype, sharding), started on
@@ -187,49 +251,56 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _compiled(work: Any, first: Any) -> bool:
-    """Whether `work` is compiled for batches like `first`: under several processes
+def _compiled(
+    work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, *, stacked: bool = False
+) -> bool:
+    """Whether `work` is compiled for its input of `shape`, `dtype` and `sharding` (one
+    array where `stacked`, else `CALL_BATCHES` batches of that shape): under several processes
     always (each compiles at its first call, in step: every process must take the same
     path for a step); in one process, once the compile started on its thread is done
     (where it failed, the call then raises what it raises)."""
     if jax.process_count() > 1:
         return True
-    key = (work, first.shape, first.dtype, first.sharding)
+    key = (work, shape, dtype, sharding)
     with _COMPILING_LOCK:
         future = _COMPILING.get(key)
         if future is None:
             if len(_COMPILING) >= 64:  # shapes a process met: bounded
                 _COMPILING.clear()
-            future = _COMPILING[key] = _compiling(work, first)
+            future = _COMPILING[key] = _compiling(work, shape, dtype, sharding, stacked)
     return future.done()
 
 
-def _compiling(work: Any, first: Any) -> Future[Any]:
-    """The compile of `work` for batches like `first`, on a thread of its own that ends
-    with it (no thread is left behind: a process alone with its main thread is one that
-    `load_file` may pause the collector in)."""
+def _compiling(
+    work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, stacked: bool
+) -> Future[Any]:
+    """The compile of `work` for its input (`_compiled`), on a thread of its own that
+    ends with it (no thread is left behind: a process alone with its main thread is one
+    that `load_file` may pause the collector in)."""
     future: Future[Any] = Future()
 
     def run() -> None:
         if not future.set_running_or_notify_cancel():
             return
         try:
-            _compile(work, first)
+            _compile(work, shape, dtype, sharding, stacked)
         except BaseException as e:  # the stream's own call raises it again, in context
             future.set_exception(e)
         else:
             future.set_result(None)
 
-    threading.Thread(target=run, name="devpolicy-compile", daemon=True).start()
+    # Not a daemon: a process that ends while XLA compiles on a daemon thread aborts
+    # ("terminate called ..."), so its end waits for the compile (a second or two).
+    threading.Thread(target=run, name="devpolicy-compile", daemon=False).start()
     return future
 
 
-def _compile(work: Any, first: Any) -> None:
-    """One call of `work` on zeros shaped, typed and placed like `first`: compiled, and
-    its compile in JAX's caches for the stream's calls."""
-    dummy = jax.device_put(np.zeros(first.shape, first.dtype), first.sharding)
-    ids, _ = work((dummy,) * CALL_BATCHES)
-    ids[0].block_until_ready()
+def _compile(work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, stacked: bool) -> None:
+    """One call of `work` on zeros of its input's shape, dtype and placement: compiled,
+    and its compile in JAX's caches for the stream's calls."""
+    dummy = jax.device_put(np.zeros(shape, dtype), sharding)
+    outputs = work(dummy) if stacked else work((dummy,) * CALL_BATCHES)
+    jax.block_until_ready(outputs)  # type: ignore[no-untyped-call]
 
 
 def on_the_device(sharding: Any) -> bool:
@@ -248,13 +319,16 @@ def on_the_device(sharding: Any) -> bool:
 
 
 def placed_from_host(
-    plan: GroupPlan, buffer: GroupBuffer, separator: tuple[int, SeparatorIs]
+    plan: GroupPlan,
+    batches: list[np.ndarray[Any, Any]],
+    whole: np.ndarray[Any, Any] | None,
+    separator: tuple[int, SeparatorIs],
 ) -> tuple[list[Any], list[Any]]:
-    """The group's segment ids and positions worked out on the host and placed as the
-    tokens are (see `on_the_device` for where)."""
-    whole = buffer.whole()
-    windows = np.stack(buffer.batches) if whole is None else whole
+    """The segment ids and positions of `batches` (`whole`: the same stacked, where they
+    lie so) worked out on the host and placed as the tokens are (see `on_the_device` for
+    where)."""
+    windows = np.stack(batches) if whole is None else whole
     ids, positions = segments(windows, *separator)
     placed = plan.place([*ids, *positions])
-    count = len(buffer.batches)
+    count = len(batches)
     return placed[:count], placed[count:]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import jax
@@ -162,7 +164,7 @@ class TestDocumentsSent:
         # A first stream starts the device function's compile (its first groups meanwhile
         # served by the host: `test_a_fresh_stream_waits_for_no_compile`); once compiled,
         # a stream sends its tokens alone.
-        list(devpolicy.windows(tokens, 65, 8, order="random", seed=2, steps=3, separator=0,
+        list(devpolicy.windows(tokens, 65, 8, order="random", seed=2, steps=20, separator=0,
                                policy=policy))  # fmt: skip
         for compiling in list(groups._COMPILING.values()):
             compiling.result()
@@ -223,3 +225,37 @@ class TestDocumentsSent:
             assert not any(b[key].committed for key in b)
             assert b["segment_ids"].devices() == b["tokens"].devices()
         assert_segments(batches)
+
+
+#: A process whose stream's device function is still compiling as it ends.
+ENDS_WHILE_COMPILING = r"""
+import jax, numpy as np
+import devpolicy
+from devpolicy._apply import hostview
+hostview.ADOPTING = frozenset()  # the CPU's devices stand in for a copying accelerator's
+real_put = jax.device_put
+def device_put(x, device=None, *args, **kwargs):
+    x = jax.tree.map(lambda a: a.copy() if isinstance(a, np.ndarray) else a, x)
+    return real_put(x, device, *args, **kwargs)
+jax.device_put = device_put
+tokens = (np.arange(50_000) % 37).astype(np.uint16)
+policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}})
+stream = devpolicy.windows(tokens, 65, 8, order="random", seed=2, steps=12, separator=0,
+                           policy=policy)
+for batch in stream:
+    jax.block_until_ready(batch)
+print("ended")
+"""
+
+
+def test_a_process_ending_while_the_device_function_compiles_exits_cleanly() -> None:
+    """The compile runs on a thread of its own; a process that ends meanwhile waits for
+    it and exits 0 (on a daemon thread XLA's compile aborted the process at its end)."""
+    done = subprocess.run(
+        [sys.executable, "-c", ENDS_WHILE_COMPILING],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ended"), done.stderr[-2000:]
