@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from ..._base.limits import ALIGN
-from ..._decide.decision import Decision
+from ..._decide.decision import Decision, single_device_sharding
 from ..hostview import copies_host_memory
 from .documents import (
     CALL_BATCHES,
@@ -225,11 +225,12 @@ def _on_device(
 def _stacked_sharding(sharding: Any) -> Any:
     """How `CALL_BATCHES` batches placed by `sharding` are sent stacked in one array (a
     new leading axis, not split), or None where that cannot be said."""
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
-        return sharding
     if isinstance(sharding, jax.sharding.NamedSharding):
         spec = jax.sharding.PartitionSpec(None, *sharding.spec)  # type: ignore[no-untyped-call]
         return jax.sharding.NamedSharding(sharding.mesh, spec, memory_kind=sharding.memory_kind)
+    devices = sharding.device_set
+    if len(devices) == 1:  # a whole array on one device, at any rank
+        return single_device_sharding(next(iter(devices)), sharding.memory_kind)
     return None
 
 
