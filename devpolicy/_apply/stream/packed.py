@@ -12,6 +12,7 @@ buffer) and pads the rest (`pad_rows`). No JAX here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +125,10 @@ def segments(
     """The segment ids and positions (int32, (rows, length)) of the rows of `layout`:
     from the spans, never from the tokens. Written into `out` where given.
 
+    Each row is its spans then one run of padding: each run's id (1, 2, ... within its
+    row; 0 for the padding) and first flat place repeated over its tokens, as
+    `documents.segments` does with the runs it finds by scanning.
+
     Example:
         >>> layout = Layout(0, 4, np.array([0, 2, 3]), np.array([10, 0, 5]), np.array([2, 2, 3]))
         >>> [a.tolist() for a in segments(layout)]
@@ -131,28 +136,33 @@ def segments(
     """
     rows, length = layout.rows, layout.length
     sizes = np.diff(layout.bounds)
-    # Each row's spans then its padding, as one run of pieces over the flat rows.
-    pads = length - layout.used
-    per_row = sizes + 1
-    total = int(per_row.sum())
-    ends = np.cumsum(per_row)
-    is_pad = np.zeros(total, bool)
-    is_pad[ends - 1] = True
-    counts = np.empty(total, np.int64)
-    counts[~is_pad] = layout.counts
-    counts[is_pad] = pads
-    within = np.arange(total, dtype=np.int64) - np.repeat(ends - per_row, per_row)
-    ids = np.where(is_pad, 0, within + 1).astype(np.int32)
-    begins = np.cumsum(counts) - counts
+    used = layout.used
+    runs = sizes + 1  # a row's spans and its padding (perhaps empty)
+    pads = np.cumsum(runs) - 1  # where each row's padding run is
+    counts = np.empty(int(pads[-1]) + 1 if rows else 0, np.int64)
+    real = np.ones(counts.size, bool)
+    real[pads] = False
+    counts[real] = layout.counts
+    counts[pads] = length - used
+    ids = np.arange(counts.size, dtype=np.int32) - np.repeat((pads - sizes).astype(np.int32), runs)
+    ids += 1
+    ids[pads] = 0
     if out is None:
         out = (np.empty((rows, length), np.int32), np.empty((rows, length), np.int32))
     segment_ids, positions = out
-    np.copyto(segment_ids.reshape(-1), np.repeat(ids, counts))
+    segment_ids.reshape(-1)[:] = np.repeat(ids, counts)
+    begins = (np.cumsum(counts) - counts).astype(np.int32)
     flat = positions.reshape(-1)
-    np.subtract(
-        np.arange(rows * length, dtype=np.int32),
-        np.repeat(begins.astype(np.int32), counts),
-        out=flat,
-    )
-    flat *= segment_ids.reshape(-1) != 0
+    np.subtract(_places(rows * length), np.repeat(begins, counts), out=flat)
+    for row, start in enumerate(used.tolist()):
+        if start < length:
+            positions[row, start:] = 0
     return segment_ids, positions
+
+
+@functools.lru_cache(maxsize=4)
+def _places(count: int) -> np.ndarray[Any, Any]:
+    """0 .. count - 1 (int32, read-only): each token's flat place in a batch."""
+    places = np.arange(count, dtype=np.int32)
+    places.flags.writeable = False
+    return places
