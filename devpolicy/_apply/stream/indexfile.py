@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,24 @@ def document_index(
             level = "warning" if why.startswith("damaged") else "info"
             fields = {"index": str(path), "tokens": str(file.path), "reason": why}
             events.emit(level, "document_index_rebuilt", fields)
-        _build(fd, file, separator, separator_is, expected, path)
-        if _identity(os.stat(file.path)) != _identity(info):
-            raise ValueError(
-                f"windows tokens: {file.path} changed while its documents were indexed: "
-                "index a file that is not being written"
-            )
+        began = time.perf_counter()
+        _build(fd, file, separator, separator_is, expected, path, progress)
     finally:
         os.close(fd)
-    return _mapped(path, separator, separator_is, file.count)
+    index = _mapped(path, separator, separator_is, file.count)
+    events.emit(
+        "info",
+        "document_index_built",
+        {
+            "index": str(path),
+            "tokens": str(file.path),
+            "documents": len(index),
+            "alone": index.alone,
+            "longest": index.longest,
+            "seconds": round(time.perf_counter() - began, 3),
+        },
+    )
+    return index
 
 
 def _expected(
@@ -198,6 +208,7 @@ def _build(
     separator_is: SeparatorIs,
     expected: tuple[Any, ...],
     path: Path,
+    progress: bool | None,
 ) -> None:
     """Index the tokens of `file` (read by position a chunk at a time) into `path`,
     atomically: a temporary file beside it, synced, then renamed over it."""
@@ -217,7 +228,7 @@ def _build(
             counts = [0, 0, 0]  # documents, longest, covered
             buffer = np.empty(min(CHUNK, max(file.count, 1)), file.dtype)
             nbytes = file.count * file.dtype.itemsize
-            with progress_bar(f"indexing {file.path.name}", nbytes, None) as advance:
+            with progress_bar(f"indexing {file.path.name}", nbytes, progress) as advance:
                 for at in range(0, file.count, CHUNK):
                     chunk = buffer[: min(CHUNK, file.count - at)]
                     want = chunk.nbytes
@@ -234,6 +245,11 @@ def _build(
             out.write(head + hashlib.blake2b(head, digest_size=_DIGEST).digest())
             out.flush()
             os.fsync(out.fileno())
+        if _identity(os.fstat(fd)) != expected[8:13]:
+            raise ValueError(
+                f"windows tokens: {file.path} changed while its documents were indexed: "
+                "index a file that is not being written"
+            )
         os.replace(temporary, path)
         _sync_folder(path.parent)
     except BaseException:

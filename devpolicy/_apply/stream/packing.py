@@ -255,7 +255,8 @@ class Packer:
             docs, _ = shuffled_windows(self.settings.seed or 0, positions, self.documents)
         else:
             docs = (positions % np.uint64(self.documents)).astype(np.int64)
-        spans = np.asarray(self.index.spans[docs], np.int64).reshape(-1, 2)
+        # `take` along the rows: several times the fancy index's speed on a mapping.
+        spans = np.take(self.index.spans, docs, axis=0).view(np.int64)
         starts, sizes = spans[:, 0].copy(), spans[:, 1].copy()
         if count:
             starts[0] += offset

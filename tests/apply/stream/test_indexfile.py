@@ -57,7 +57,20 @@ class TestBuiltAndKept:
         assert (index.alone, index.tokens, index.covered) == (alone, 50_000, int(spans[:, 1].sum()))
         assert isinstance(index.spans, np.memmap)
         assert index.path == tmp_path / "tokens.bin.eos0.64.docs"
-        assert rebuilt == []  # none kept before: built, no event
+        assert rebuilt == []  # none kept before: built, and said so below
+
+    def test_a_build_says_what_it_found_in_an_event(self, tmp_path: Path) -> None:
+        file, _ = token_file(tmp_path)
+        with capture_logs() as logs:
+            index = document_index(file, 0, "eos", EVENTS)
+        (built,) = [e for e in logs if e["event"] == "document_index_built"]
+        assert built["documents"] == len(index)
+        assert built["alone"] == index.alone
+        assert built["longest"] == index.longest
+        assert built["tokens"] == str(file.path)
+        with capture_logs() as logs:
+            document_index(file, 0, "eos", EVENTS)
+        assert [e["event"] for e in logs] == []  # used again: nothing to say
 
     def test_a_kept_index_is_used_again_without_a_pass_over_the_tokens(
         self, tmp_path: Path
@@ -83,12 +96,12 @@ class TestBuiltAndKept:
         """One buffer of `CHUNK` tokens, read again and again (memory stays flat); the bar
         is named for the file and counts its tokens' bytes."""
         file, tokens = token_file(tmp_path)
-        bars: list[tuple[str, int]] = []
+        bars: list[tuple[str, int, object]] = []
         done: list[int] = []
 
         class Bar:
             def __init__(self, name: str, total: int, wanted: object) -> None:
-                bars.append((name, total))
+                bars.append((name, total, wanted))
 
             def __enter__(self) -> Any:
                 return done.append
@@ -100,8 +113,8 @@ class TestBuiltAndKept:
             patch.setattr(docindex, "CHUNK", 4096)
             patch.setattr(indexfile, "CHUNK", 4096)
             patch.setattr(indexfile, "progress_bar", Bar)
-            index, _ = indexed(file)
-        assert bars == [("indexing tokens.bin", 100_000)]
+            index, _ = indexed(file, progress=True)
+        assert bars == [("indexing tokens.bin", 100_000, True)]
         assert done == [8192] * 12 + [100_000 - 12 * 8192]
         assert np.array_equal(np.asarray(index.spans), find_documents(tokens, 0, "eos")[0])
 
@@ -266,3 +279,4 @@ class TestDamaged:
             patch.setattr(indexfile, "read_at", writing)
             with pytest.raises(ValueError, match=r"changed while its documents were indexed"):
                 document_index(file, 0, "eos", EVENTS)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens.bin"]  # none kept
