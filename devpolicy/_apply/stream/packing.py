@@ -230,6 +230,10 @@ class Packer:
                 table_starts.append(start)
                 table_counts.append(count)
             self._open_row(handles, settings.length - sum(spans[1::2]))
+        if offset and offset >= int(self.index.spans[self._documents_at(position, 1)[0], 1]):
+            raise StreamStateError(
+                "resume['offset']", f"{offset} is past the end of the document it is in", _FIX
+            )
         self._load(
             position, offset, np.asarray(table_starts, np.int64), np.asarray(table_counts, np.int64)
         )
@@ -250,13 +254,9 @@ class Packer:
         tokens of its first document packed already), after the carried open rows'."""
         length = self.settings.length
         count = BLOCK if self._end is None else max(0, min(BLOCK, self._end - position))
-        positions = np.arange(position, position + count, dtype=np.uint64)
-        if self.settings.order == "shuffled":
-            docs, _ = shuffled_windows(self.settings.seed or 0, positions, self.documents)
-        else:
-            docs = (positions % np.uint64(self.documents)).astype(np.int64)
         # `take` along the rows: several times the fancy index's speed on a mapping.
-        spans = np.take(self.index.spans, docs, axis=0).view(np.int64)
+        spans = np.take(self.index.spans, self._documents_at(position, count), axis=0)
+        spans = spans.view(np.int64)
         starts, sizes = spans[:, 0].copy(), spans[:, 1].copy()
         if count:
             starts[0] += offset
@@ -276,6 +276,14 @@ class Packer:
         self._piece_within = within
         self._carried = carried
         self._count = count
+
+    def _documents_at(self, position: int, count: int) -> np.ndarray[Any, Any]:
+        """The documents at positions `position` .. of the order, `count` of them."""
+        positions = np.arange(position, position + count, dtype=np.uint64)
+        if self.settings.order == "shuffled":
+            docs, _ = shuffled_windows(self.settings.seed or 0, positions, self.documents)
+            return docs
+        return (positions % np.uint64(self.documents)).astype(np.int64)
 
     def _place(self) -> tuple[int, int]:
         """The order's position and the tokens of its document packed, at the next piece."""

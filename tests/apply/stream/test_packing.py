@@ -221,12 +221,13 @@ class TestResume:
             ("row", -1),
             ("position", "3"),
             ("offset", 5),
+            ("offset", 16),
             ("open", [[0, 99]]),
             ("open", [[0]]),
             ("open", [[10**9, 2]]),
             ("open", [[0, 1]] * 9),
         ],
-        ids=["row", "position", "offset", "too-full", "odd", "outside", "too-many"],
+        ids=["row", "position", "offset", "offset-past", "too-full", "odd", "outside", "too-many"],
     )
     def test_a_damaged_state_is_refused_naming_the_field(self, field: str, value: object) -> None:
         _, index = corpus([5, 9, 3] * 20)
