@@ -29,7 +29,7 @@ from ..._base.events import EventLog
 from ..._base.files import FileRefused, open_regular
 from ..._base.progress import progress_bar
 from ..._read.exact import read_at
-from .docindex import CHUNK, SPAN, DocumentIndex, Finder, TokenFile
+from .docindex import CHUNK, SPAN, DocumentIndex, Finder, TokenFile, in_memory, token_file
 from .documents import SEPARATOR_KINDS, SeparatorIs
 
 #: Blocks of the tokens whose digest an index keeps, evenly spread (first and last among
@@ -85,6 +85,23 @@ def sampled_digest(fd: int, file: TokenFile) -> bytes:
         got = read_at(fd, [view], file.offset + at)
         digest.update(view[:got])
     return digest.digest()
+
+
+def index_of(
+    tokens: np.ndarray[Any, Any],
+    separator: int,
+    separator_is: SeparatorIs,
+    events: EventLog,
+    *,
+    where: Any = None,
+    progress: bool | None = None,
+) -> DocumentIndex:
+    """The index of a 1-D token view: of the file it maps, kept there (`document_index`),
+    or of tokens in memory, in memory (`in_memory`: nothing is written)."""
+    file = token_file(tokens)
+    if file is None:
+        return in_memory(tokens, separator, separator_is)
+    return document_index(file, separator, separator_is, events, where=where, progress=progress)
 
 
 def document_index(

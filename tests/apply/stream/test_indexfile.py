@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from devpolicy._apply.stream import docindex, indexfile
 from devpolicy._apply.stream.docindex import TokenFile, find_documents
-from devpolicy._apply.stream.indexfile import document_index, index_path
+from devpolicy._apply.stream.indexfile import document_index, index_of, index_path
 from devpolicy._base.events import EventLog
 
 EVENTS = EventLog("debug", "console")
@@ -169,6 +169,22 @@ class TestBuiltAndKept:
         file.path.unlink()
         with pytest.raises(ValueError, match=r"^windows tokens: .*tokens\.bin no such file"):
             document_index(file, 0, "eos", EVENTS)
+
+
+class TestIndexOf:
+    def test_a_mapped_files_index_is_kept_beside_it_and_memorys_in_memory(
+        self, tmp_path: Path
+    ) -> None:
+        """A view of a file (a memmap at an offset) is indexed in a file beside it; tokens
+        in memory are indexed in memory, nothing written."""
+        file, tokens = token_file(tmp_path)
+        mapped = np.memmap(file.path, np.uint16, "r", offset=64)
+        kept = index_of(mapped, 0, "eos", EVENTS)
+        assert kept.path == tmp_path / "tokens.bin.eos0.64.docs"
+        in_memory = index_of(np.array(tokens), 0, "eos", EVENTS)
+        assert in_memory.path is None
+        assert np.array_equal(np.asarray(kept.spans), in_memory.spans)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens.bin", kept.path.name]
 
 
 class TestRebuiltWhenTheFileChanged:
