@@ -1,0 +1,312 @@
+"""A document index kept in a file beside the tokens (or where the caller says), mapped for
+reuse, and never used stale.
+
+The index of a token file is built in one pass, a chunk read by position at a time into
+one buffer (memory stays flat at 10**10 tokens), with the load's progress bar, and
+written atomically (a temporary file in the same folder, synced, renamed). Its header
+says what it describes: the token file's size, mtime, ctime, inode and device, where the
+tokens lie in it, their dtype and count, the separator and its side, and a digest of
+`SAMPLES` blocks spread over the tokens; then the documents, (start, length) pairs of
+uint64, and the digests of the documents and of the header. Opened again, each is checked
+against the file as it is now: a changed file means a rebuilt index, never a stale one,
+and an event says why. A damaged index (cut short, a bad header, an unknown version,
+documents that are not what was written) is rebuilt, and a warning says so; a file that
+is no index at all is refused, never overwritten. No JAX here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..._base.events import EventLog
+from ..._base.files import FileRefused, open_regular
+from ..._base.progress import progress_bar
+from ..._read.exact import read_at
+from .docindex import CHUNK, SPAN, DocumentIndex, Finder, TokenFile, in_memory, token_file
+from .documents import SEPARATOR_KINDS, SeparatorIs
+
+#: Blocks of the tokens whose digest an index keeps, evenly spread (first and last among
+#: them), and each block's bytes: where the tokens are no larger, all of them.
+SAMPLES = 16
+SAMPLE_BYTES = 1 << 16
+MAGIC = b"DPDOCIDX"
+VERSION = 1
+SUFFIX = ".docs"
+#: The header: magic, version, its size, separator, side, dtype, where the tokens lie and
+#: how many, the file's identity (size, mtime_ns, ctime_ns, inode, device), the sampled
+#: digest, documents, separators alone, the longest document, tokens in documents, the
+#: body's digest; then the digest of all of that.
+_HEAD = struct.Struct("<8sII q B 7x 8s QQ QqqQQ 16s QQQQ 16s")
+_HEADER_BYTES = 256
+_DIGEST = 16
+
+
+def index_path(file: TokenFile, separator: int, separator_is: str, where: Any = None) -> Path:
+    """Where the index of `file` is kept: `where` itself (a file's path), in the folder
+    `where` (named for the token file, its real path's digest told apart), or beside the
+    token file (`where` None)."""
+    name = f"{file.path.name}.{separator_is}{separator}.{file.offset}{SUFFIX}"
+    if where is None:
+        return file.path.with_name(name)
+    place = Path(where)
+    if place.is_dir():
+        real = os.path.realpath(file.path).encode("utf-8", "surrogateescape")
+        return place / f"{hashlib.blake2b(real, digest_size=6).hexdigest()}.{name}"
+    return place
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What tells a file changed: size, mtime_ns, ctime_ns (an edit whose mtime was put
+    back still moves it), inode and device."""
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev
+
+
+def sampled_digest(fd: int, file: TokenFile) -> bytes:
+    """The digest of `SAMPLES` blocks of `SAMPLE_BYTES` spread evenly over the tokens'
+    bytes (all of them where they are no more): an edit in place is seen wherever a
+    block lies."""
+    size = file.count * file.dtype.itemsize
+    digest = hashlib.blake2b(digest_size=_DIGEST)
+    if size <= SAMPLES * SAMPLE_BYTES:
+        places = [(0, size)]
+    else:
+        last = size - SAMPLE_BYTES
+        places = [(last * k // (SAMPLES - 1), SAMPLE_BYTES) for k in range(SAMPLES)]
+    buffer = bytearray(max(n for _, n in places) if places else 0)
+    for at, n in places:
+        view = memoryview(buffer)[:n]
+        got = read_at(fd, [view], file.offset + at)
+        digest.update(view[:got])
+    return digest.digest()
+
+
+def index_of(
+    tokens: np.ndarray[Any, Any],
+    separator: int,
+    separator_is: SeparatorIs,
+    events: EventLog,
+    *,
+    where: Any = None,
+    progress: bool | None = None,
+) -> DocumentIndex:
+    """The index of a 1-D token view: of the file it maps, kept there (`document_index`),
+    or of tokens in memory, in memory (`in_memory`: nothing is written)."""
+    file = token_file(tokens)
+    if file is None:
+        return in_memory(tokens, separator, separator_is)
+    return document_index(file, separator, separator_is, events, where=where, progress=progress)
+
+
+def document_index(
+    file: TokenFile,
+    separator: int,
+    separator_is: SeparatorIs,
+    events: EventLog,
+    *,
+    where: Any = None,
+    progress: bool | None = None,
+) -> DocumentIndex:
+    """The index of the tokens `file` holds: the kept one where it still describes the
+    file, else built now (one pass, with a progress bar), written and mapped.
+
+    Raises:
+        ValueError: the token file cannot be read, `where` names a file that is no
+            index, or the index cannot be written there (each naming `index=`).
+    """
+    path = index_path(file, separator, separator_is, where)
+    try:
+        fd, info = open_regular(file.path, "a token file")
+    except FileRefused as e:
+        raise ValueError(f"windows tokens: {file.path} {e.reason}") from None
+    try:
+        expected = _expected(fd, info, file, separator, separator_is)
+        why = _stale(path, expected)
+        if why is None:
+            return _mapped(path, separator, separator_is, file.count)
+        if why != "none kept":
+            level = "warning" if why.startswith("damaged") else "info"
+            fields = {"index": str(path), "tokens": str(file.path), "reason": why}
+            events.emit(level, "document_index_rebuilt", fields)
+        began = time.perf_counter()
+        _build(fd, file, separator, separator_is, expected, path, progress)
+    finally:
+        os.close(fd)
+    index = _mapped(path, separator, separator_is, file.count)
+    events.emit(
+        "info",
+        "document_index_built",
+        {
+            "index": str(path),
+            "tokens": str(file.path),
+            "documents": len(index),
+            "alone": index.alone,
+            "longest": index.longest,
+            "seconds": round(time.perf_counter() - began, 3),
+        },
+    )
+    return index
+
+
+def _expected(
+    fd: int, info: os.stat_result, file: TokenFile, separator: int, separator_is: str
+) -> tuple[Any, ...]:
+    """The header fields an index of `file` as it is now must hold, up to the counts."""
+    return (
+        MAGIC, VERSION, _HEADER_BYTES, separator, SEPARATOR_KINDS.index(separator_is),
+        file.dtype.str.encode().ljust(8, b"\0"), file.offset, file.count, *_identity(info),
+        sampled_digest(fd, file),
+    )  # fmt: skip
+
+
+#: The names of the header's fields (`_HEAD`), for saying which one differs.
+_NAMES = (
+    "magic", "version", "header size", "separator", "separator_is", "dtype", "offset",
+    "token count", "file size", "mtime_ns", "ctime_ns", "inode", "device", "sampled digest",
+)  # fmt: skip
+
+
+def _stale(path: Path, expected: tuple[Any, ...]) -> str | None:
+    """Why the index at `path` cannot be used for the file as it is now (None: it can).
+
+    Raises:
+        ValueError: `path` holds something that is no index (never overwritten).
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER_BYTES)
+            size = os.fstat(f.fileno()).st_size
+            if (len(head) < len(MAGIC) and MAGIC.startswith(head)) or head[:8] == MAGIC:
+                if len(head) < _HEADER_BYTES:
+                    return f"damaged: cut short ({size} bytes, a header alone is {_HEADER_BYTES})"
+                fields = _HEAD.unpack_from(head)
+                own = hashlib.blake2b(head[: _HEAD.size], digest_size=_DIGEST)
+                if fields[1] != VERSION:
+                    return f"damaged: version {fields[1]}, this devpolicy reads {VERSION}"
+                if own.digest() != head[_HEAD.size : _HEAD.size + _DIGEST]:
+                    return "damaged: its header is not what was written"
+                documents = fields[14]
+                if size != _HEADER_BYTES + documents * 2 * SPAN.itemsize:
+                    return f"damaged: {size} bytes, where {documents} documents take more"
+                for name, want, got in zip(_NAMES, expected, fields, strict=False):
+                    if want != got:
+                        return f"the token file changed: {name} was {got!r}, is {want!r}"
+                if _body_digest(f) != fields[18]:
+                    return "damaged: its documents are not what was written"
+                return None
+    except FileNotFoundError:
+        return "none kept"
+    except OSError as e:
+        raise ValueError(f"windows index={str(path)!r} cannot be read: {e.strerror}") from None
+    raise ValueError(
+        f"windows index={str(path)!r} is not a document index (no {MAGIC.decode()} header): "
+        "pass the path of an index, or a folder to keep indexes in; it was left as it is"
+    )
+
+
+def _body_digest(f: Any) -> bytes:
+    digest = hashlib.blake2b(digest_size=_DIGEST)
+    f.seek(_HEADER_BYTES)
+    while block := f.read(1 << 22):
+        digest.update(block)
+    return digest.digest()
+
+
+def _build(
+    fd: int,
+    file: TokenFile,
+    separator: int,
+    separator_is: SeparatorIs,
+    expected: tuple[Any, ...],
+    path: Path,
+    progress: bool | None,
+) -> None:
+    """Index the tokens of `file` (read by position a chunk at a time) into `path`,
+    atomically: a temporary file beside it, synced, then renamed over it."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        out = open(temporary, "wb")  # noqa: SIM115 - closed below, removed on failure
+    except OSError as e:
+        raise ValueError(
+            f"windows index={str(path)!r} cannot be written ({e.strerror}): pass index= a "
+            "folder you can write to keep it in"
+        ) from None
+    try:
+        with out:
+            out.write(bytes(_HEADER_BYTES))
+            body = hashlib.blake2b(digest_size=_DIGEST)
+            finder = Finder(separator, separator_is)
+            counts = [0, 0, 0]  # documents, longest, covered
+            buffer = np.empty(min(CHUNK, max(file.count, 1)), file.dtype)
+            nbytes = file.count * file.dtype.itemsize
+            with progress_bar(f"indexing {file.path.name}", nbytes, progress) as advance:
+                for at in range(0, file.count, CHUNK):
+                    chunk = buffer[: min(CHUNK, file.count - at)]
+                    want = chunk.nbytes
+                    got = read_at(fd, [chunk.data.cast("B")], file.offset + at * chunk.itemsize)
+                    if got < want:
+                        raise ValueError(f"windows tokens: {file.path} ended before its tokens did")
+                    _written(out, body, finder.add(chunk, at), counts)
+                    advance(want)
+                _written(out, body, finder.end(file.count), counts)
+            head = _HEAD.pack(
+                *expected, counts[0], finder.alone, counts[1], counts[2], body.digest()
+            )
+            out.seek(0)
+            out.write(head + hashlib.blake2b(head, digest_size=_DIGEST).digest())
+            out.flush()
+            os.fsync(out.fileno())
+        if _identity(os.fstat(fd)) != expected[8:13]:
+            raise ValueError(
+                f"windows tokens: {file.path} changed while its documents were indexed: "
+                "index a file that is not being written"
+            )
+        os.replace(temporary, path)
+        _sync_folder(path.parent)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _written(out: Any, body: Any, pairs: np.ndarray[Any, Any], counts: list[int]) -> None:
+    data = pairs.tobytes()
+    out.write(data)
+    body.update(data)
+    if pairs.shape[0]:
+        counts[0] += pairs.shape[0]
+        counts[1] = max(counts[1], int(pairs[:, 1].max()))
+        counts[2] += int(pairs[:, 1].sum())
+
+
+def _sync_folder(folder: Path) -> None:
+    """The rename made durable (a folder that cannot be synced, on some file systems,
+    loses nothing but that)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _mapped(path: Path, separator: int, separator_is: SeparatorIs, tokens: int) -> DocumentIndex:
+    """The index at `path`, checked already, its documents mapped read-only."""
+    with open(path, "rb") as f:
+        fields = _HEAD.unpack_from(f.read(_HEADER_BYTES))
+    documents, alone, longest, covered = fields[14:18]
+    spans: np.ndarray[Any, Any]
+    if documents:
+        spans = np.memmap(path, SPAN, "r", offset=_HEADER_BYTES, shape=(documents, 2))
+    else:
+        spans = np.zeros((0, 2), SPAN)
+    return DocumentIndex(spans, separator, separator_is, tokens, alone, longest, covered, path)
