@@ -153,6 +153,8 @@ def main() -> None:
         args.open_rows, args.grain_bins = args.open_rows[:1], args.grain_bins[:1]
     import numpy as np
 
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         mu = np.log(args.mean) - args.sigma**2 / 2  # the lognormal of that mean
         drawn = np.random.default_rng(0).lognormal(mu, args.sigma, args.documents)

@@ -439,7 +439,7 @@ STREAM_RUNS = {
 }
 
 #: The scripts with a `--quick` run (every count at its smallest): a line of its table.
-QUICK_RUNS = {"bench_watch.py": "| no watch |"}
+QUICK_RUNS = {"bench_watch.py": "| no watch |", "bench_packing.py": "| devpolicy first fit"}
 
 
 #: The scripts no test below runs (their runs need an accelerator, a base commit, more
