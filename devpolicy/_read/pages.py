@@ -139,6 +139,34 @@ def maps_line(address: int) -> list[str] | None:
     return None
 
 
+def maps_lines(addresses: list[int]) -> list[list[str] | None]:
+    """`maps_line` of each of `addresses`, from one read of `/proc/self/maps` (a sharded
+    source's thousand views cost one read, not a thousand)."""
+    lows, highs, found = [], [], []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(maxsplit=5)
+                if len(fields) < 5:
+                    continue
+                low, _, high = fields[0].partition("-")
+                try:
+                    lows.append(int(low, 16))
+                    highs.append(int(high, 16))
+                except ValueError:
+                    del lows[len(highs) :]
+                    continue
+                found.append(fields)
+    except OSError:
+        return [None] * len(addresses)
+    # The lines are in address order: the last one starting at or before each address.
+    at = np.searchsorted(np.asarray(lows, np.uint64), np.asarray(addresses, np.uint64), "right")
+    return [
+        found[i - 1] if i and address < highs[i - 1] else None
+        for i, address in zip(at.tolist(), addresses, strict=True)
+    ]
+
+
 def _one_mapping(
     line: list[str] | None, start: int, end: int
 ) -> tuple[int, int] | Literal[False] | None:
