@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import stat
 from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,10 +83,10 @@ class PartFile:
                 was truncated after it was mapped).
         """
         for candidate in (self.mapped, self.by_path):
-            fd = _open_same(candidate, self.device, self.inode) if candidate else None
-            if fd is None:
+            found = _open_same(candidate, self.device, self.inode) if candidate else None
+            if found is None:
                 continue
-            size = os.fstat(fd).st_size
+            fd, size = found
             if size < self.end:
                 os.close(fd)
                 raise HostViewError(self.path, *truncated(size, self.end))
@@ -101,9 +103,10 @@ def truncated(size: int, end: int) -> tuple[str, str]:
     )
 
 
-def _open_same(path: str, device: int, inode: int) -> int | None:
-    """`path` opened read-only where it is a regular file with this device and inode, else
-    None (never blocking: a FIFO planted where the file was must not hang the open)."""
+def _open_same(path: str, device: int, inode: int) -> tuple[int, int] | None:
+    """`path` opened read-only where it is a regular file with this device and inode, and
+    its size; else None (never blocking: a FIFO planted where the file was must not hang
+    the open)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
@@ -114,7 +117,7 @@ def _open_same(path: str, device: int, inode: int) -> int | None:
             # Reads may block again (io_uring fails a non-blocking read of a page not in
             # the cache where a read would wait for it).
             os.set_blocking(fd, True)
-            return fd
+            return fd, info.st_size
     except OSError:
         pass
     os.close(fd)
@@ -125,16 +128,26 @@ class Descriptors:
     """The descriptors of several parts' files: opened when a read first needs them (or
     given open), at most `most` kept past `trim` (the least recently used closed first).
 
-    One reader, one thread at a time: reads in flight must be done before `trim` or
-    `close` (a descriptor closed under a queued read would fail it).
+    A descriptor is opened or closed and recorded inside `guard()` (the stream's: Ctrl-C
+    held back), so an interrupt never leaves one without an owner. One reader, one thread
+    at a time: reads in flight must be done before `trim` or `close` (a descriptor closed
+    under a queued read would fail it).
     """
 
-    __slots__ = ("_lru", "_most", "fds", "files")
+    __slots__ = ("_guard", "_lru", "_most", "fds", "files")
 
-    def __init__(self, files: list[PartFile], fds: list[int], most: int = OPEN_MOST) -> None:
+    def __init__(
+        self,
+        files: list[PartFile],
+        fds: list[int],
+        most: int = OPEN_MOST,
+        guard: Callable[[], AbstractContextManager[object]] = nullcontext,
+    ) -> None:
         self.files = files
         self.fds = np.asarray(fds, np.int32)  # -1 where closed
         self._most = max(1, most)
+        self._guard = guard
+        # The open parts, least recently used first (a hint: `fds` says what is open).
         self._lru: OrderedDict[int, None] = OrderedDict(
             (part, None) for part, fd in enumerate(fds) if fd >= 0
         )
@@ -142,21 +155,25 @@ class Descriptors:
     @property
     def open_count(self) -> int:
         """How many descriptors are open now."""
-        return len(self._lru)
+        return int((self.fds >= 0).sum())
 
     def opened(self, parts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The descriptors of `parts` (an int array), each opened where it was not."""
         fds = self.fds
         if len(fds) == 1:
             if fds[0] < 0:
-                self._open(0)
+                with self._guard():
+                    self._open(0)
             return np.broadcast_to(self.fds[0], np.shape(parts))
         lru = self._lru
-        for part in np.unique(parts).tolist():
-            if fds[part] < 0:
-                self._open(part)
-            else:
-                lru.move_to_end(part)
+        wanted = np.unique(parts)
+        missing = wanted[fds[wanted] < 0].tolist()
+        for part in wanted.tolist():
+            lru[part] = lru.pop(part, None)  # the most recently used now
+        if missing:
+            with self._guard():
+                for part in missing:
+                    self._open(part)
         found: np.ndarray[Any, Any] = self.fds[parts]
         return found
 
@@ -175,17 +192,22 @@ class Descriptors:
 
     def trim(self) -> None:
         """Close the least recently used descriptors past `most`."""
-        lru, fds = self._lru, self.fds
-        while len(lru) > self._most:
-            part, _ = lru.popitem(last=False)
-            fd, fds[part] = int(fds[part]), -1
-            os.close(fd)
+        lru = self._lru
+        if len(lru) <= self._most:
+            return
+        with self._guard():
+            fds = self.fds
+            while len(lru) > self._most:
+                part, _ = lru.popitem(last=False)
+                fd, fds[part] = int(fds[part]), -1
+                if fd >= 0:
+                    os.close(fd)
 
     def close(self) -> None:
         """Close every descriptor. Safe to call twice."""
-        lru, self._lru = self._lru, OrderedDict()
-        fds = self.fds
-        for part in lru:
-            fd, fds[part] = int(fds[part]), -1
-            if fd >= 0:
+        with self._guard():
+            self._lru = OrderedDict()
+            fds = self.fds
+            for part in np.flatnonzero(fds >= 0).tolist():
+                fd, fds[part] = int(fds[part]), -1
                 os.close(fd)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -411,6 +413,7 @@ def mapped_files(
     *,
     io_uring: bool = True,
     polled: bool = True,
+    guard: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> FileWindows | None:
     """One positional reader of several views' files (a sharded source's, a mixture's:
     view i's rows from `edges[i]` to `edges[i + 1]` of one range), or None unless every
@@ -418,7 +421,8 @@ def mapped_files(
 
     `/proc/self/maps` is read once for all of them. Where there are more than
     `parts.OPEN_MOST`, only the first file is opened now (the rest as reads need them,
-    a few kept open at a time: `parts.Descriptors`); else every one, each checked whole.
+    a few kept open at a time: `parts.Descriptors`, each opened or closed inside
+    `guard()`: the caller's Ctrl-C held back); else every one, each checked whole.
 
     Raises:
         HostViewError: a file opened now is shorter than its view needs.
@@ -439,7 +443,7 @@ def mapped_files(
             if fd is None:
                 return None
             fds.append(fd)
-        files = Descriptors(parts, fds + [-1] * (len(parts) - len(fds)))
+        files = Descriptors(parts, fds + [-1] * (len(parts) - len(fds)), guard=guard)
         fds = []
         row = _row_bytes(views[0])
         return FileWindows(files, edges, row, length, io_uring=io_uring, polled=polled)

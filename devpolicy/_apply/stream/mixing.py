@@ -202,8 +202,9 @@ class MixedViews:
         self.bases = np.cumsum([0, *rows[:-1]], dtype=np.int64)
         self.edges = np.cumsum([0, *(v.shape[0] for v in self.views)], dtype=np.int64)
         self.length = length
-        self.windows = [every_window(v, length) if v.shape[0] >= length else None
-                        for v in self.views]  # fmt: skip
+        # Each part's every window, made the first time a window is gathered from it (of
+        # a thousand shards, a stream reading by position makes none).
+        self.windows: dict[int, np.ndarray[Any, Any]] = {}
         # A window's shape and dtype, and no memory: what the read paths ask of "the
         # view" of a source that is several.
         first = self.views[0]
@@ -214,4 +215,11 @@ class MixedViews:
     ) -> np.ndarray[Any, Any]:
         """The windows at `offsets` (any shape), in `out` (C-contiguous, of their shape
         and dtype) or a new array."""
-        return gather_parts(self.views, self.windows, self.edges, self.length, offsets, out)
+        return gather_parts(self.views, self._windows, self.edges, self.length, offsets, out)
+
+    def _windows(self, part: int) -> np.ndarray[Any, Any]:
+        """Every window of part `part` (one it is at least a window long)."""
+        found = self.windows.get(part)
+        if found is None:  # two threads may make it at once: the same view either way
+            found = self.windows[part] = every_window(self.views[part], self.length)
+        return found

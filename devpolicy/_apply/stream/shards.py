@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,20 +84,21 @@ def shards_of(what: str, views: list[np.ndarray[Any, Any]]) -> Shards:
 
 def gather_parts(
     parts: list[np.ndarray[Any, Any]],
-    windows: list[np.ndarray[Any, Any] | None],
+    windows: Callable[[int], np.ndarray[Any, Any]],
     edges: np.ndarray[Any, Any],
     length: int,
     offsets: np.ndarray[Any, Any],
     out: np.ndarray[Any, Any] | None = None,
 ) -> np.ndarray[Any, Any]:
     """The windows of `length` rows at `offsets` (any shape) of `parts` as one range of
-    rows (part i's from `edges[i]`; `windows[i]`: its every window, None where it is
-    shorter than one), in `out` (C-contiguous, of their shape and dtype) or a new array.
+    rows (part i's from `edges[i]`; `windows(i)`: its every window, asked only of a part
+    a whole window lies in), in `out` (C-contiguous, of their shape and dtype) or a new
+    array.
 
     Example:
         >>> from devpolicy._apply.stream.groups import every_window
         >>> parts = [np.arange(2), np.arange(2, 7)]
-        >>> windows = [None, every_window(parts[1], 3)]  # the first is shorter than one
+        >>> windows = lambda i: every_window(parts[i], 3)
         >>> gather_parts(parts, windows, np.array([0, 2, 7]), 3, np.array([1, 4])).tolist()
         [[1, 2, 3], [4, 5, 6]]
     """
@@ -124,7 +126,5 @@ def gather_parts(
     bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), order.size]
     for low, high in itertools.pairwise(bounds):
         where = order[low:high]
-        every = windows[int(ordered[low])]
-        assert every is not None  # a whole window lies in a part only if one fits there
-        whole[window[where]] = every[within[where]]
+        whole[window[where]] = windows(int(ordered[low]))[within[where]]
     return out.reshape(shape)

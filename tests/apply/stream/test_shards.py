@@ -10,6 +10,7 @@ import gc
 import itertools
 import json
 import os
+import signal
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -208,8 +209,7 @@ class TestGatherParts:
         tokens = np.arange(total, dtype=np.int64) * 3
         edges = np.cumsum([0, *sizes])
         parts = [tokens[lo:hi] for lo, hi in itertools.pairwise(edges)]
-        windows = [every_window(p, length) if p.size >= length else None for p in parts]
-        got = gather_parts(parts, windows, edges, length, offsets)
+        got = gather_parts(parts, lambda i: every_window(parts[i], length), edges, length, offsets)
         np.testing.assert_array_equal(got, every_window(tokens, length)[offsets])
 
 
@@ -411,3 +411,41 @@ class TestAThousandShards:
         for _ in stream:
             assert open_in(tmp_path) - mapped <= OPEN_MOST
         assert open_in(tmp_path) - mapped == 0
+
+
+class TestInterrupts:
+    def test_ctrl_c_as_a_shards_file_opens_mid_stream_skips_nothing_and_leaks_nothing(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """SIGINT the moment each shard's file is opened for a read (the open's system
+        call returned, nothing stored yet): every pull it strikes raises
+        `KeyboardInterrupt`, the pulls after hand out the uninterrupted stream's steps in
+        order, and once closed no descriptor of the shards is left."""
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_in(tmp_path)
+        reads = ReadOptions(path="file", io_uring=False, ahead=False)
+        options = {"order": "random", "seed": 1, "steps": 100, "policy": policy_of()}
+        want = list(devpolicy.windows(shards, 16, 4, reads=reads, **options))
+        stream = devpolicy.windows(shards, 16, 4, reads=reads, **options)
+        real_open = os.open
+
+        def opened_then_interrupted(*args: Any, **kwargs: Any) -> int:
+            fd = real_open(*args, **kwargs)
+            signal.raise_signal(signal.SIGINT)  # acted on at the next chance
+            return fd
+
+        monkeypatch.setattr(os, "open", opened_then_interrupted)
+        handed = interrupts = 0
+        while handed < len(want):
+            try:
+                batch = next(stream)
+            except KeyboardInterrupt:
+                interrupts += 1
+                continue
+            np.testing.assert_array_equal(np.asarray(batch), np.asarray(want[handed]))
+            handed += 1
+        monkeypatch.undo()
+        assert interrupts > 10
+        stream.close()
+        gc.collect()
+        assert open_in(tmp_path) == mapped

@@ -22,6 +22,7 @@ from ...._base.sizes import format_size
 from ...._machine.capacity import host_total_bytes, memory_headroom
 from ...._read.pages import Pager, cached_share, in_numpy_memory, maps_line
 from ...._read.positional import FileWindows, mapped_file, mapped_files
+from ..interrupts import deferred_interrupts
 from ..mixing import MixedViews
 from ..reading import ReadOptions
 from . import ReadPath
@@ -68,7 +69,10 @@ def file_reader(
     if source.mixture is None:
         return mapped_file(source.view, source.length, line=line, **ring)
     mixture = source.mixture
-    return mapped_files(mixture.views, source.length, mixture.edges, **ring)
+    # A shard's file is opened (or closed) while the stream reads: with Ctrl-C held back.
+    return mapped_files(
+        mixture.views, source.length, mixture.edges, guard=deferred_interrupts, **ring
+    )
 
 
 def file_path(reader: FileWindows, source: Source) -> PositionalReads:
