@@ -32,6 +32,8 @@ from .shuffling import BLOCK_WINDOWS, RowDraws, shuffled_windows
 PERIOD_MOST = 2**16
 #: How near a period's counts must come to the weights to count as exact.
 _EXACT = 1e-9
+#: Parts (shards) whose every-window views are kept for the next gather, at most.
+_WINDOWS_KEPT = 64
 
 
 def allotment(weights: list[float]) -> np.ndarray[Any, Any]:
@@ -203,7 +205,8 @@ class MixedViews:
         self.edges = np.cumsum([0, *(v.shape[0] for v in self.views)], dtype=np.int64)
         self.length = length
         # Each part's every window, made the first time a window is gathered from it (of
-        # a thousand shards, a stream reading by position makes none).
+        # a thousand shards, a stream reading by position makes none), at most
+        # `_WINDOWS_KEPT` kept: memory stays flat however many shards a stream reads.
         self.windows: dict[int, np.ndarray[Any, Any]] = {}
         # A window's shape and dtype, and no memory: what the read paths ask of "the
         # view" of a source that is several.
@@ -219,7 +222,10 @@ class MixedViews:
 
     def _windows(self, part: int) -> np.ndarray[Any, Any]:
         """Every window of part `part` (one it is at least a window long)."""
-        found = self.windows.get(part)
+        kept = self.windows
+        found = kept.get(part)
         if found is None:  # two threads may make it at once: the same view either way
-            found = self.windows[part] = every_window(self.views[part], self.length)
+            if len(kept) >= _WINDOWS_KEPT:
+                kept.clear()
+            found = kept[part] = every_window(self.views[part], self.length)
         return found
