@@ -255,7 +255,7 @@ class FileWindows:
         """
         files = self._files
         parts: list[int] = np.flatnonzero(files.fds >= 0).tolist()
-        if starts is not None:
+        if starts is not None and len(files.files) > 1:
             flat = np.asarray(starts, np.int64).reshape(-1)
             found = pieces(self._edges, flat, self.length)[1] if flat.size else flat
             parts = np.unique(found).tolist()
@@ -269,7 +269,7 @@ class FileWindows:
                 if size < end:
                     raise HostViewError(files.files[part].path, *truncated(size, end))
         finally:
-            if starts is not None:
+            if starts is not None and len(files.files) > 1:
                 files.trim()
 
     def close(self) -> None:
