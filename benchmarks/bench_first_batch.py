@@ -29,9 +29,11 @@ round (medians). Results and their history: docs/benchmarks.md#the-first-batch.
 file of the same tokens, side by side: the `--tokens` cut into N raw uint16 `.bin` files
 (nanoGPT's), each mapped by `np.memmap` (`[np.memmap(p, ...) for p in sorted(...)]`,
 timed apart: the caller's opening), and the same tokens as one `.bin` file, mapped; the
-files written once in DIR and read through. The clock runs from `windows(...)` to its first
-batch on the device, each in a fresh process, the two taking turns within each round; the
-ratio is the shards' time over the one file's in the same round (median).
+files written once in DIR and read through. Each is a fresh process (JAX's backend started,
+one tiny stream of memory run to its end first: what every stream pays once, the first
+event's logging among it); the clock runs from `windows(...)` to its first batch on the
+device, the two taking turns within each round; the ratio is the shards' time over the
+one file's in the same round (median).
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ import jax, numpy as np
 jax.device_put(np.zeros(1)).block_until_ready()  # the backend started, before any pipeline
 import devpolicy
 policy = devpolicy.load_policy({"version": 1})
+# What the main rounds' `load_file` pays before their clock: the first event's logging.
+list(devpolicy.windows(np.zeros(8, np.uint16), 4, 1, steps=1, policy=policy))
 opened = time.perf_counter()
 if kind == "one file":
     tokens = np.memmap(Path(folder) / "all.bin", dtype=np.uint16, mode="r")

@@ -141,30 +141,34 @@ def maps_line(address: int) -> list[str] | None:
 
 def maps_lines(addresses: list[int]) -> list[list[str] | None]:
     """`maps_line` of each of `addresses`, from one read of `/proc/self/maps` (a sharded
-    source's thousand views cost one read, not a thousand)."""
-    lows, highs, found = [], [], []
+    source's thousand views cost one read, not a thousand): the lines are in address
+    order, so one walk of them meets the addresses sorted, and only a line that holds one
+    is split into its fields."""
+    found: list[list[str] | None] = [None] * len(addresses)
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                fields = line.rstrip("\n").split(maxsplit=5)
-                if len(fields) < 5:
-                    continue
-                low, _, high = fields[0].partition("-")
-                try:
-                    lows.append(int(low, 16))
-                    highs.append(int(high, 16))
-                except ValueError:
-                    del lows[len(highs) :]
-                    continue
-                found.append(fields)
+            text = f.read()
     except OSError:
-        return [None] * len(addresses)
-    # The lines are in address order: the last one starting at or before each address.
-    at = np.searchsorted(np.asarray(lows, np.uint64), np.asarray(addresses, np.uint64), "right")
-    return [
-        found[i - 1] if i and address < highs[i - 1] else None
-        for i, address in zip(at.tolist(), addresses, strict=True)
-    ]
+        return found
+    order = sorted(range(len(addresses)), key=addresses.__getitem__)
+    k, count = 0, len(order)
+    for line in text.splitlines():
+        if k >= count:
+            break
+        low, _, rest = line.partition("-")
+        try:
+            lo, hi = int(low, 16), int(rest.partition(" ")[0], 16)
+        except ValueError:
+            continue
+        while k < count and addresses[order[k]] < lo:  # in no line
+            k += 1
+        fields = None
+        while k < count and addresses[order[k]] < hi:
+            if fields is None:
+                fields = line.split(maxsplit=5)
+            found[order[k]] = fields if len(fields) >= 5 else None
+            k += 1
+    return found
 
 
 def _one_mapping(

@@ -17,8 +17,7 @@ import stat
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -59,20 +58,26 @@ def pieces(
     return windows, part, begin - edges[part], end - begin, begin - starts[windows]
 
 
-@dataclass(frozen=True, slots=True)
-class PartFile:
+class PartFile(NamedTuple):
     """Where one part's rows are: the file (its name in `/proc/self/maps`; the mapping's
-    name in `/proc/self/map_files`, tried first, and its path where it has one), its
-    identity (device, inode), where the part starts in it and the bytes of it the part
-    needs (`end`)."""
+    range there, `lo-hi` in hex, opened through `/proc/self/map_files` first, and its path
+    where it has one), its identity (the maps line's device, `MM:mm` in hex, and inode),
+    where the part starts in it and the bytes of it the part needs (`end`). A thousand are
+    made as a stream starts: a tuple each, read further only when one is opened."""
 
     path: str
-    mapped: str
+    mapping: str
     by_path: str
-    device: int
+    device: str
     inode: int
     offset: int
     end: int
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(device, inode), as `os.fstat` gives them."""
+        major, _, minor = self.device.partition(":")
+        return os.makedev(int(major, 16), int(minor, 16)), self.inode
 
     def open(self) -> int | None:
         """The file opened read-only, checked to be this one and long enough; None where
@@ -82,8 +87,15 @@ class PartFile:
             HostViewError: naming the file, where it is shorter than the part needs (it
                 was truncated after it was mapped).
         """
-        for candidate in (self.mapped, self.by_path):
-            found = _open_same(candidate, self.device, self.inode) if candidate else None
+        try:
+            identity = self.identity
+        except ValueError:
+            return None
+        # By its path first (a lookup in /proc/self/map_files walks the process's
+        # mappings: dear beside a thousand memmaps), the mapping's own name where the
+        # path is gone or is another file now.
+        for candidate in (self.by_path, "/proc/self/map_files/" + self.mapping):
+            found = _open_same(candidate, identity) if candidate else None
             if found is None:
                 continue
             fd, size = found
@@ -103,7 +115,7 @@ def truncated(size: int, end: int) -> tuple[str, str]:
     )
 
 
-def _open_same(path: str, device: int, inode: int) -> tuple[int, int] | None:
+def _open_same(path: str, identity: tuple[int, int]) -> tuple[int, int] | None:
     """`path` opened read-only where it is a regular file with this device and inode, and
     its size; else None (never blocking: a FIFO planted where the file was must not hang
     the open)."""
@@ -113,7 +125,7 @@ def _open_same(path: str, device: int, inode: int) -> tuple[int, int] | None:
         return None
     try:
         info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == (device, inode):
+        if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == identity:
             # Reads may block again (io_uring fails a non-blocking read of a page not in
             # the cache where a read would wait for it).
             os.set_blocking(fd, True)

@@ -112,7 +112,7 @@ class FileWindows:
     @property
     def identity(self) -> tuple[tuple[int, int], ...]:
         """The files read, each as (device, inode): the same files whatever their names."""
-        return tuple((f.device, f.inode) for f in self._files.files)
+        return tuple(f.identity for f in self._files.files)
 
     @property
     def way(self) -> str:
@@ -314,34 +314,25 @@ class _Pieces:
         )
 
 
-def _described(view: np.ndarray[Any, Any], fields: list[str] | None) -> PartFile | None:
-    """The file `view` maps, from the maps line holding its first byte, where the whole
-    view is in that one mapping and the file holds what its pages hold (read-only or
-    shared: a private writable map may have been written to); else None."""
+def _described(view: np.ndarray[Any, Any], start: int, fields: list[str] | None) -> PartFile | None:
+    """The file `view` (its first byte at address `start`) maps, from the maps line holding
+    that byte, where the whole view is in that one mapping and the file holds what its
+    pages hold (read-only or shared: a private writable map may have been written to);
+    else None."""
     if fields is None or len(fields) < 6:  # no path: anonymous memory
         return None
     address, perms, offset, device, inode_text, path = fields
     low, _, high = address.partition("-")
-    major, _, minor = device.partition(":")
-    start = view.ctypes.data
     try:
         lo, hi, inode = int(low, 16), int(high, 16), int(inode_text)
         file_offset = int(offset, 16) + (start - lo)
-        number = os.makedev(int(major, 16), int(minor, 16))
     except ValueError:
         return None
-    if inode == 0 or start + view.nbytes > hi or (perms[1:2] == "w" and perms[3:4] != "s"):
+    nbytes = view.nbytes
+    if inode == 0 or start + nbytes > hi or (perms[1] == "w" and perms[3] != "s"):
         return None
-    by_path = path if path.startswith("/") and not path.endswith(" (deleted)") else ""
-    return PartFile(
-        path,
-        f"/proc/self/map_files/{low}-{high}",
-        by_path,
-        number,
-        inode,
-        file_offset,
-        file_offset + view.nbytes,
-    )
+    by_path = path if path[:1] == "/" and not path.endswith(" (deleted)") else ""
+    return PartFile(path, address, by_path, device, inode, file_offset, file_offset + nbytes)
 
 
 def _file_backed(view: np.ndarray[Any, Any]) -> bool:
@@ -392,7 +383,8 @@ def mapped_file(
     """
     if not _file_backed(view):
         return None
-    part = _described(view, maps_line(view.ctypes.data) if line is None else line)
+    start = view.ctypes.data
+    part = _described(view, start, maps_line(start) if line is None else line)
     fd = None if part is None else part.open()
     if part is None or fd is None:
         return None
@@ -427,12 +419,14 @@ def mapped_files(
     Raises:
         HostViewError: a file opened now is shorter than its view needs.
     """
-    if not all(_file_backed(view) for view in views):
+    # Memory numpy allocated is found at once where the first view is; any other view not
+    # a file's mapping has an anonymous maps line.
+    if not _file_backed(views[0]) or not all(v.flags.c_contiguous and v.size for v in views):
         return None
-    lines = maps_lines([view.ctypes.data for view in views])
+    starts = [view.__array_interface__["data"][0] for view in views]
     parts = []
-    for view, line in zip(views, lines, strict=True):
-        part = _described(view, line)
+    for view, start, line in zip(views, starts, maps_lines(starts), strict=True):
+        part = _described(view, start, line)
         if part is None:
             return None
         parts.append(part)

@@ -103,7 +103,12 @@ def source_view(key: str | None, source: Any) -> TokenView:
                 f"{type(source).__name__} of {type(source[0]).__name__}: pass np.asarray(...) "
                 "of token ids"
             )
-        views = [_one_view(f"{what}[{i}]", shard, shard=True) for i, shard in enumerate(source)]
+        first = _one_view(f"{what}[0]", source[0], shard=True)
+        views = [first]
+        for i, shard in enumerate(source[1:], 1):
+            # A thousand memmaps of the first one's dtype: each is its own host view.
+            same = isinstance(shard, np.ndarray) and shard.dtype == first.dtype
+            views.append(shard if same else _one_view(f"{what}[{i}]", shard, shard=True))
         return shards_of(what, views)
     return _one_view(what, source, mixture=key is None)
 
