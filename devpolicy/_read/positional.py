@@ -258,7 +258,7 @@ class FileWindows:
         if starts is not None and len(files.files) > 1:
             flat = np.asarray(starts, np.int64).reshape(-1)
             found = pieces(self._edges, flat, self.length)[1] if flat.size else flat
-            parts = np.unique(found).tolist()
+            parts = list(dict.fromkeys(found.tolist()))
             files.opened(np.asarray(parts, np.int64))
         try:
             for part in parts:
