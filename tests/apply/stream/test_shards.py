@@ -188,7 +188,7 @@ class TestShardsAreTheirConcatenation:
 
 
 class TestGatherParts:
-    @settings(max_examples=200, deadline=None)
+    @settings(max_examples=100, deadline=None)
     @given(
         st.lists(st.integers(1, 20), min_size=1, max_size=10),
         st.integers(1, 24),
@@ -394,6 +394,7 @@ class TestAThousandShards:
         assert open_in(tmp_path) - mapped == 0
         assert late - early < 256 * 1024
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("path", ["preadv", "io_uring"])
     def test_read_in_place_the_descriptors_stay_within_the_bound(
         self, path: str, tmp_path: Path
