@@ -24,6 +24,16 @@ windows ready on the device (`block_until_ready`). The feeders take turns within
 grain the grain rows say so. The table gives each feeder's median time to the first
 batch (ms), its spread over the rounds, and its ratio to grain's fastest in the same
 round (medians). Results and their history: docs/benchmarks.md#the-first-batch.
+
+`--shards N` measures instead the first batch of `windows` over N shard files against one
+file of the same tokens, side by side: the `--tokens` cut into N raw uint16 `.bin` files
+(nanoGPT's), each mapped by `np.memmap` (`[np.memmap(p, ...) for p in sorted(...)]`,
+timed apart: the caller's opening), and the same tokens as one `.bin` file, mapped; the
+files written once in DIR and read through. Each is a fresh process (JAX's backend started,
+one tiny stream of memory run to its end first: what every stream pays once, the first
+event's logging among it); the clock runs from `windows(...)` to its first batch on the
+device, the two taking turns within each round; the ratio is the shards' time over the
+one file's in the same round (median).
 """
 
 from __future__ import annotations
@@ -91,6 +101,97 @@ print(json.dumps({"seconds": seconds, "shape": list(first.shape)}))
 """
 
 
+#: One measurement of `--shards`, in a fresh process: JSON {"seconds", "opening"}.
+SHARDS_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+folder, kind = sys.argv[1:3]
+length, batch = map(int, sys.argv[3:5])
+import jax, numpy as np
+jax.device_put(np.zeros(1)).block_until_ready()  # the backend started, before any pipeline
+import devpolicy
+policy = devpolicy.load_policy({"version": 1})
+# What the main rounds' `load_file` pays before their clock: the first event's logging.
+list(devpolicy.windows(np.zeros(8, np.uint16), 4, 1, steps=1, policy=policy))
+opened = time.perf_counter()
+if kind == "one file":
+    tokens = np.memmap(Path(folder) / "all.bin", dtype=np.uint16, mode="r")
+else:
+    files = sorted(Path(folder).glob("shard_*.bin"))
+    tokens = [np.memmap(p, dtype=np.uint16, mode="r") for p in files]
+began = time.perf_counter()
+stream = devpolicy.windows(tokens, length, batch, order="random", seed=0, policy=policy)
+first = next(stream)
+first.block_until_ready()
+seconds = time.perf_counter() - began
+print(json.dumps({"seconds": seconds, "opening": began - opened}))
+"""
+SHARD_KINDS = ("one file", "shards")
+
+
+def shard_files(folder: Path, source: Path, tokens: int, count: int) -> None:
+    """The tokens of `source` (a dense safetensors file) as one raw `.bin` file and as
+    `count` of them, nearly equal (written once)."""
+    import numpy as np
+
+    if len(list(folder.glob("shard_*.bin"))) == count and (folder / "all.bin").exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("shard_*.bin"):
+        old.unlink()
+    data = np.fromfile(source, dtype=np.uint8)
+    values = data[data.size - 2 * tokens :].view(np.uint16)  # the tensor is last, 64-aligned
+    values.tofile(folder / "all.bin")
+    for index, part in enumerate(np.array_split(values, count)):
+        part.tofile(folder / f"shard_{index:05d}.bin")
+
+
+def shards_section(args: argparse.Namespace, path: Path, report: Report) -> None:
+    """The first batch over `--shards` files against one file of the same tokens."""
+    folder = args.dir / f"shards-{args.tokens}-{args.shards}"
+    shard_files(folder, path, args.tokens, args.shards)
+    for file in sorted(folder.glob("*.bin")):
+        read_through(file)
+    times: dict[str, list[float]] = {kind: [] for kind in SHARD_KINDS}
+    opening: dict[str, list[float]] = {kind: [] for kind in SHARD_KINDS}
+    ratios: list[float] = []
+    for _ in range(args.rounds):
+        this_round = {}
+        for kind in SHARD_KINDS:
+            (result,) = run_child(
+                SHARDS_CHILD, folder, kind, args.length, args.batch, what=f"windows, {kind}"
+            )
+            this_round[kind] = result["seconds"]
+            times[kind].append(result["seconds"])
+            opening[kind].append(result["opening"])
+        ratios.append(this_round["shards"] / this_round["one file"])
+    report.say(f"## `windows` over {args.shards:,} shard files against one file")
+    report.say()
+    rows = []
+    for kind in SHARD_KINDS:
+        ms = [1000 * s for s in times[kind]]
+        label = "one file" if kind == "one file" else f"{args.shards:,} shard files"
+        rows.append(
+            (
+                label,
+                f"{statistics.median(ms):.1f}",
+                f"{min(ms):.1f}-{max(ms):.1f}",
+                f"{1000 * statistics.median(opening[kind]):.1f}",
+                "1.00x" if kind == "one file" else f"{statistics.median(ratios):.2f}x",
+            )
+        )
+    heads = (
+        "tokens",
+        "first batch, ms (median)",
+        "spread, ms",
+        "np.memmap opening, ms",
+        "/ one file",
+    )
+    for line in markdown_table(heads, rows):
+        report.say(line)
+    report.say()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True, help="where the token file is kept")
@@ -100,7 +201,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--python", default=sys.executable, help="an interpreter with grain")
     parser.add_argument("--out", type=Path, default=None, help="write the report here too")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=0,
+        help="instead: the first batch over this many shard files against one file",
+    )
     args = parser.parse_args()
+    if args.shards < 0 or (args.shards and args.tokens < args.shards):
+        parser.error(f"--shards must be from 1 to --tokens ({args.tokens}), got {args.shards}")
     args.dir.mkdir(parents=True, exist_ok=True)
     path = args.dir / f"dense-{args.tokens}.safetensors"
     if not path.exists():
@@ -119,7 +228,9 @@ def main() -> None:
         report.say(line)
     report.say("- the token file warm (read through once before the rounds)")
     report.say()
-    for source in SOURCES:
+    if args.shards:
+        shards_section(args, path, report)
+    for source in SOURCES if not args.shards else ():
         times: dict[str, list[float]] = {f: [] for f in FEEDERS}
         ratios: dict[str, list[float]] = {f: [] for f in FEEDERS}
         missing: dict[str, str] = {}

@@ -615,9 +615,12 @@ def windows(
 
     Args:
         tokens: A `jax.Array` on one host device, or a numpy array (a memmap is fine).
-            Windows run along its first dimension. A mapping of names to such arrays
-            (one dtype and row shape) is a mixture: each row of a batch comes from a
-            source allotted by `weights` (docs/training-data.md).
+            Windows run along its first dimension. A list or tuple of 1-D such arrays of
+            one dtype (shards: files `load_file` mapped, `np.memmap`s of raw `.bin` or
+            `.npy` files) is one source, their concatenation in order, never copied: a
+            window may span two shards; an empty shard adds nothing. A mapping of names
+            to arrays or lists (one dtype and row shape) is a mixture: each row of a
+            batch comes from a source allotted by `weights` (docs/training-data.md).
         length: Rows per window (for a language model, the context length plus one).
         batch: Windows per batch (this process's, under several processes).
         name: The name each batch is placed as (its rule decides the device).
@@ -665,7 +668,8 @@ def windows(
         resume: A stream's `state()` (or its JSON text), saved beside a checkpoint: the
             stream resumes at its step, once every argument that decides the batches
             (order, seed, length, stride, steps, epochs, the tokens' rows, row shape and
-            dtype, a mixture's sources and weights) matches the saved one. A state saved
+            dtype, a mixture's sources and weights, the shards' count and sizes) matches
+            the saved one. A state saved
             by N processes resumes on M (each process's `batch` the global batch over M);
             a random, shuffled or mixed stream also at another global batch, from the
             same global row (a sequential pass at its own batch only).
@@ -682,11 +686,12 @@ def windows(
 
     Raises:
         HostViewError: `tokens` is not on a host device (or sharded): it would be copied.
-        TypeError: `tokens` is not an array of numbers (a list, or objects, strings,
-            dates or records).
+        TypeError: `tokens` (or a shard, `tokens[i]`) is not an array of numbers (a
+            list of token ids, or objects, strings, dates or records).
         ValueError: a bad `length`, `batch`, `stride`, `steps`, `epochs`, `weights`,
             `separator`, `fields`, `size`, `order`, `seed` or `start`, fewer rows than
-            `length`, or batches ahead the host cannot hold.
+            `length`, an empty list of shards or shards not 1-D or of mixed dtypes (the
+            shard named), or batches ahead the host cannot hold.
         StreamStateError: `resume` is not a saved state, is damaged (every field at
             fault named), or was saved by a stream with other arguments (it would draw
             other batches; every one that differs named).
@@ -709,6 +714,9 @@ def windows(
         >>> sum(w[0] >= 100 for w in next(mixed).tolist())  # 3 rows of 10 from "code"
         3
         >>> mixed.close()
+        >>> shards = [tokens[:3], tokens[3:4], tokens[4:]]  # np.memmap of each file, say
+        >>> [b.tolist() for b in devpolicy.windows(shards, 3, 2, policy=p)]  # as one array
+        [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8]]]
         >>> docs = devpolicy.windows(np.array([5, 0, 6, 7, 0, 8], np.uint16), 6, 1,
         ...     separator=0, policy=p)
         >>> b = next(docs)

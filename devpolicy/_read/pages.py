@@ -139,6 +139,38 @@ def maps_line(address: int) -> list[str] | None:
     return None
 
 
+def maps_lines(addresses: list[int]) -> list[list[str] | None]:
+    """`maps_line` of each of `addresses`, from one read of `/proc/self/maps` (a sharded
+    source's thousand views cost one read, not a thousand): the lines are in address
+    order, so one walk of them meets the addresses sorted, and only a line that holds one
+    is split into its fields."""
+    found: list[list[str] | None] = [None] * len(addresses)
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return found
+    order = sorted(range(len(addresses)), key=addresses.__getitem__)
+    k, count = 0, len(order)
+    for line in text.splitlines():
+        if k >= count:
+            break
+        low, _, rest = line.partition("-")
+        try:
+            lo, hi = int(low, 16), int(rest.partition(" ")[0], 16)
+        except ValueError:
+            continue
+        while k < count and addresses[order[k]] < lo:  # in no line
+            k += 1
+        fields = None
+        while k < count and addresses[order[k]] < hi:
+            if fields is None:
+                fields = line.split(maxsplit=5)
+            found[order[k]] = fields if len(fields) >= 5 else None
+            k += 1
+    return found
+
+
 def _one_mapping(
     line: list[str] | None, start: int, end: int
 ) -> tuple[int, int] | Literal[False] | None:

@@ -15,112 +15,83 @@ file's), or anything not one regular file's mapping, keeps the mapped path. No J
 from __future__ import annotations
 
 import os
-import stat
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .._base.errors import HostViewError
 from .exact import read_at
-from .pages import in_numpy_memory, maps_line
+from .pages import in_numpy_memory, maps_line, maps_lines
+from .parts import OPEN_MOST, Descriptors, PartFile, pieces, truncated
 from .uring import BatchReads
 
 
 class FileWindows:
-    """Positional reads of windows of one file-backed view: an open descriptor of the file,
-    where the view starts in it, and the bytes of one row.
+    """Positional reads of windows of file-backed views: the files (`Descriptors`: one, or
+    a sharded source's or a mixture's several, opened as reads need them), where each
+    part's rows lie in one range of rows (`edges`), and the bytes of one row.
 
     `read(starts, out)` fills `out` (a C-contiguous batch of `len(starts)` windows of
     `length` rows) with the windows at `starts`, on the caller's thread: where io_uring
     can be had (`uring`), all of them in one system call with the GIL released
-    (`batched`), else one `preadv` each. `submit_batches` starts a group and `finish`
-    waits for it: on a polled ring (`polled`) the kernel reads meanwhile. `preadv`s stay
-    on the caller's thread: on other threads the hand-offs cost more than the overlap
-    saves (measured: docs/benchmarks.md#the-stream-wings-choices-as-measured). A file
-    that shrank under the stream is an error naming it (a mapping would have raised
-    SIGBUS instead). One stream, one reader, one thread at a time.
+    (`batched`), else one `preadv` each. A window that spans two parts (a sharded
+    source's files) is two reads, one a piece (`parts.pieces`). `submit_batches` starts a
+    group and `finish` waits for it: on a polled ring (`polled`) the kernel reads
+    meanwhile. `preadv`s stay on the caller's thread: on other threads the hand-offs cost
+    more than the overlap saves (measured:
+    docs/benchmarks.md#the-stream-wings-choices-as-measured). A file that shrank under the
+    stream is an error naming it (a mapping would have raised SIGBUS instead). One stream,
+    one reader, one thread at a time.
     """
 
-    __slots__ = (
-        "_bases",
-        "_batch",
-        "_ends",
-        "_fds",
-        "_names",
-        "_offsets",
-        "_results",
-        "_row",
-        "_submitted",
-        "length",
-    )
+    __slots__ = ("_batch", "_edges", "_files", "_results", "_row", "_submitted", "length")
 
     def __init__(
         self,
-        fd: int,
-        name: str,
-        offset: int,
+        files: Descriptors,
+        edges: np.ndarray[Any, Any],
         row: int,
         length: int,
         *,
         io_uring: bool = True,
         polled: bool = True,
-        end: int = 0,
     ) -> None:
-        # The bytes of each file the view needs (`check_whole`).
-        self._ends = np.asarray([end], np.int64)
-        # The files read, one unless `joined` (a mixture's): each one's descriptor, name,
-        # file offset of its first row, and where its rows start in the one range of rows.
-        self._fds = np.asarray([fd], np.int32)
-        self._names = [name]
-        self._offsets = np.asarray([offset], np.int64)
-        self._bases = np.zeros(1, np.int64)
-        self._row = row  # bytes of one row of the view
+        self._files = files
+        self._edges = np.asarray(edges, np.int64)  # part i's rows: edges[i] to edges[i + 1]
+        self._row = row  # bytes of one row of the views
         self.length = length  # rows per window
         self._batch = BatchReads.open(polled=polled) if io_uring else None
-        # The windows `submit_batches` started reading: (starts, batches), and, once waited
-        # for, what each read gave (kept until every short read is read again, so that a
+        # The reads `submit_batches` started: (pieces, batches), and, once waited for,
+        # what each read gave (kept until every short read is read again, so that a
         # `finish` an interrupt cut short is done again whole).
-        self._submitted: tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]]] | None = None
+        self._submitted: tuple[_Pieces, list[np.ndarray[Any, Any]]] | None = None
         self._results: np.ndarray[Any, Any] | None = None
 
-    @classmethod
-    def joined(
-        cls,
-        readers: list[FileWindows],
-        bases: np.ndarray[Any, Any],
-        *,
-        io_uring: bool = True,
-        polled: bool = True,
-    ) -> FileWindows:
-        """One reader of several files' windows (a mixture's), numbered in one range of
-        rows: reader i's rows from `bases[i]`, with one ring (`io_uring`, `polled`). It
-        takes over their descriptors (each reader given is left closed); a window never
-        spans two files."""
-        first = readers[0]
-        joined = cls(-1, "", 0, first._row, first.length, io_uring=io_uring, polled=polled)
-        joined._fds = np.concatenate([r._fds for r in readers])
-        joined._names = [name for r in readers for name in r._names]
-        joined._offsets = np.concatenate([r._offsets for r in readers])
-        joined._ends = np.concatenate([r._ends for r in readers])
-        joined._bases = np.asarray(bases, np.int64)
-        for reader in readers:
-            reader._fds = np.asarray([], np.int32)  # now the joined reader's
-            reader.close()
-        return joined
-
-    def _part(self, starts: Any) -> Any:
-        """Which file each window at `starts` is in (0 for all where there is one)."""
-        if len(self._names) == 1:
-            return 0
-        return np.searchsorted(self._bases, starts, side="right") - 1
-
-    def _located(self, starts: np.ndarray[Any, Any]) -> tuple[Any, np.ndarray[Any, Any]]:
-        """The descriptor (one, or one a window) and file offset of each window at
-        `starts` (a flat integer array)."""
-        part = self._part(starts)
-        fds = int(self._fds[0]) if isinstance(part, int) else self._fds[part]
-        return fds, self._offsets[part] + (starts - self._bases[part]) * self._row
+    def _pieces(self, starts: np.ndarray[Any, Any], windows: int) -> _Pieces:
+        """Every read of the windows at `starts` (a (batches, windows) array): each one's
+        batch, byte in its batch, part, file offset and bytes, the parts' files opened."""
+        flat = starts.reshape(-1)
+        size = self.length * self._row
+        row = self._row
+        if len(self._files.files) == 1:  # one file: a read a window
+            index = np.arange(flat.size, dtype=np.int64)
+            part = np.zeros(flat.size, np.int64)
+            offset = self._files.files[0].offset + flat * row
+            nbytes = np.full(flat.size, size, np.int64)
+            within = np.zeros(flat.size, np.int64)
+        else:
+            index, part, first, rows, at = pieces(self._edges, flat, self.length)
+            offsets = np.asarray([f.offset for f in self._files.files], np.int64)
+            offset = offsets[part] + first * row
+            nbytes = rows * row
+            within = at * row
+        which, slot = np.divmod(index, windows)
+        fds = self._files.opened(part)
+        return _Pieces(which, slot * size + within, part, fds, offset, nbytes)
 
     def _ring(self) -> BatchReads | None:
         """The ring, where this process may use it (not in a forked child)."""
@@ -141,11 +112,7 @@ class FileWindows:
     @property
     def identity(self) -> tuple[tuple[int, int], ...]:
         """The files read, each as (device, inode): the same files whatever their names."""
-        found = []
-        for fd in self._fds.tolist():
-            status = os.fstat(fd)
-            found.append((status.st_dev, status.st_ino))
-        return tuple(found)
+        return tuple(f.identity for f in self._files.files)
 
     @property
     def way(self) -> str:
@@ -155,8 +122,16 @@ class FileWindows:
 
     @property
     def name(self) -> str:
-        """The file read, as `/proc/self/maps` names it (a mixture's, each one)."""
-        return ", ".join(self._names)
+        """The file read, as `/proc/self/maps` names it (of several, the first and how
+        many)."""
+        files = self._files.files
+        more = f" and {len(files) - 1:,} more" if len(files) > 1 else ""
+        return files[0].path + more
+
+    @property
+    def open_descriptors(self) -> int:
+        """How many of the files' descriptors are open now."""
+        return self._files.open_count
 
     def read(self, starts: Any, out: np.ndarray[Any, Any]) -> None:
         """Fill `out` (C-contiguous) with the windows at `starts` (rows of the view: a
@@ -172,25 +147,23 @@ class FileWindows:
     ) -> None:
         """Fill each of `batches` (C-contiguous) with the windows at its row of `starts`
         (a (batches, windows) integer array of rows of the view); `direct`: a `preadv` a
-        window on this thread, never the ring (a polled ring's kernel thread may wait for
+        piece on this thread, never the ring (a polled ring's kernel thread may wait for
         a core: a stream's very first batch is read so)."""
         if not direct and self._ring() is not None:
             self.submit_batches(starts, batches)
             self.finish()
             return
-        size = self.length * self._row
-        preadv = os.preadv
-        fds, positions = self._located(starts.reshape(-1))
-        fd_rows = np.broadcast_to(fds, positions.shape).reshape(starts.shape).tolist()
-        for batch, row_fds, row_positions, row_starts in zip(
-            batches, fd_rows, positions.reshape(starts.shape).tolist(), starts.tolist(), strict=True
-        ):
-            target = batch.reshape(-1).view(np.uint8).data
-            for i, (fd, position) in enumerate(zip(row_fds, row_positions, strict=True)):
-                slot = target[i * size : (i + 1) * size]
+        try:
+            found = self._pieces(starts, starts.shape[1])
+            preadv = os.preadv
+            targets = [batch.reshape(-1).view(np.uint8).data for batch in batches]
+            for which, at, part, fd, position, size in zip(*found.lists(), strict=True):
+                slot = targets[which][at : at + size]
                 got = preadv(fd, [slot], position)
                 if got != size:
-                    self._short(row_starts[i], got, slot)
+                    self._short(part, position, got, slot)
+        finally:
+            self._files.trim()
 
     def submit_batches(
         self, starts: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]
@@ -218,11 +191,12 @@ class FileWindows:
                 )
         if len(batches) != starts.shape[0]:
             raise ValueError(f"{len(batches)} batches for {starts.shape[0]} rows of starts")
-        within = np.arange(windows, dtype=np.uint64) * np.uint64(size)
-        addresses = np.concatenate([within + np.uint64(b.ctypes.data) for b in batches])
-        fds, positions = self._located(starts.reshape(-1))
-        ring.submit(fds, positions, addresses, size, batches)
-        self._submitted = (starts, batches)
+        found = self._pieces(starts, windows)
+        bases = np.asarray([b.ctypes.data for b in batches], np.uint64)
+        addresses = bases[found.batch] + found.at.astype(np.uint64)
+        whole = found.nbytes.size == starts.size  # one read a window: one size for all
+        ring.submit(found.fds, found.offset, addresses, size if whole else found.nbytes, batches)
+        self._submitted = (found, batches)
 
     def finish(self) -> None:
         """Wait for the windows `submit_batches` started; any read that came back short or
@@ -235,14 +209,14 @@ class FileWindows:
         if self._results is None:
             self._results = ring.wait()
         results = self._results
-        starts, batches = submitted
-        size = self.length * self._row
-        windows = starts.shape[1]
-        for index in np.flatnonzero(results != size).tolist():
-            which, at = divmod(index, windows)
-            target = batches[which].reshape(-1).view(np.uint8).data
-            self._short(int(starts[which, at]), None, target[at * size : (at + 1) * size])
+        found, batches = submitted
+        for index in np.flatnonzero(results != found.nbytes).tolist():
+            at, size = int(found.at[index]), int(found.nbytes[index])
+            target = batches[int(found.batch[index])].reshape(-1).view(np.uint8).data
+            self._short(int(found.part[index]), int(found.offset[index]), None,
+                        target[at : at + size])  # fmt: skip
         self._submitted = self._results = None
+        self._files.trim()
 
     def settle(self) -> None:
         """Wait for the windows `submit_batches` started, whatever the reads returned."""
@@ -250,61 +224,65 @@ class FileWindows:
         self._submitted = self._results = None
         if ring is not None and ring.in_flight:
             ring.wait()
+        self._files.trim()
 
-    def _short(self, start: int, got: int | None, slot: memoryview) -> None:
-        """A window a read brought `got` bytes of: the rest read (a signal may cut a read
-        short), all of it where `got` is None (a batch's read that failed), or the file
-        ended."""
+    def _short(self, part: int, position: int, got: int | None, slot: memoryview) -> None:
+        """A read of part `part` at `position` that brought `got` bytes of `slot`: the rest
+        read (a signal may cut a read short), all of it where `got` is None (a batch's
+        read that failed), or the file ended."""
         size = len(slot)
-        part = int(self._part(start))
-        fd = int(self._fds[part])
-        position = int(self._offsets[part] + (start - self._bases[part]) * self._row)
+        fd = int(self._files.fds[part])
         if got is None:  # read it all again
             got = read_at(fd, [slot], position)
         elif 0 < got < size:  # a signal may cut a read short: go on where it stopped
             got += read_at(fd, [slot[got:]], position + got)
         if got != size:
             raise HostViewError(
-                self._names[part],
+                self._files.files[part].path,
                 f"the file ended at byte {position + got:,} while reading a window of "
                 f"{size:,} bytes at byte {position:,}: it was truncated after it was mapped",
                 "do not rewrite a token file while a stream reads it; load it again",
             )
 
-    def check_whole(self) -> None:
+    def check_whole(self, starts: np.ndarray[Any, Any] | None = None) -> None:
         """Raise where a file is shorter now than the view mapped from it needs: read
         through the mapping, its missing pages would kill the process (SIGBUS), so a
-        mapping's reader looks first (one `fstat` a file).
+        mapping's reader looks first (one `fstat` a file: with `starts`, the files the
+        windows there read, opened where they were not; else the files open now).
 
         Raises:
             HostViewError: naming the file, as a read by position that ran past its end.
         """
-        # strict=False: a closed reader has no descriptor left, and checks nothing.
-        fds, ends = self._fds.tolist(), self._ends.tolist()
-        for fd, end, name in zip(fds, ends, self._names, strict=False):
-            size = os.fstat(fd).st_size
-            if size < end:
-                raise HostViewError(
-                    name,
-                    f"the file is {size:,} bytes, and the array mapped from it needs "
-                    f"{end:,}: it was truncated after it was mapped",
-                    "do not rewrite a token file while a stream reads it; load it again",
-                )
+        files = self._files
+        parts: list[int] = np.flatnonzero(files.fds >= 0).tolist()
+        if starts is not None and len(files.files) > 1:
+            flat = np.asarray(starts, np.int64).reshape(-1)
+            found = pieces(self._edges, flat, self.length)[1] if flat.size else flat
+            parts = list(dict.fromkeys(found.tolist()))
+            files.opened(np.asarray(parts, np.int64))
+        try:
+            for part in parts:
+                fd = int(files.fds[part])
+                if fd < 0:  # closed (the reader was)
+                    continue
+                size, end = os.fstat(fd).st_size, files.files[part].end
+                if size < end:
+                    raise HostViewError(files.files[part].path, *truncated(size, end))
+        finally:
+            if starts is not None and len(files.files) > 1:
+                files.trim()
 
     def close(self) -> None:
-        """Close the descriptor (and the ring); reading again raises. Safe to call twice."""
+        """Close the descriptors (and the ring); reading again raises. Safe to call twice."""
         batch, self._batch = self._batch, None
         try:
             if batch is not None:
                 batch.close()
         finally:
-            fds, self._fds = self._fds.tolist(), np.asarray([], np.int32)
-            for fd in fds:
-                if fd >= 0:
-                    os.close(fd)
+            self._files.close()
 
     def __del__(self) -> None:
-        # Dropped unclosed (a stream collected, or one an error left): its descriptor and
+        # Dropped unclosed (a stream collected, or one an error left): its descriptors and
         # ring closed. No module global here: at interpreter exit they may be None.
         try:  # noqa: SIM105 - a finaliser never raises; no contextlib (a module global)
             self.close()
@@ -312,38 +290,64 @@ class FileWindows:
             pass
 
 
-def _same_file(fd: int, inode: int, device: str) -> bool:
-    """Whether `fd` is a regular file with this inode on this device (maps' `MM:mm`, in
-    hex)."""
-    info = os.fstat(fd)
-    major, _, minor = device.partition(":")
-    try:
-        same_device = (os.major(info.st_dev), os.minor(info.st_dev)) == (
-            int(major, 16),
-            int(minor, 16),
+@dataclass(frozen=True, slots=True)
+class _Pieces:
+    """The reads of a group: each one's batch, byte in that batch, part, descriptor, file
+    offset and bytes."""
+
+    batch: np.ndarray[Any, Any]
+    at: np.ndarray[Any, Any]
+    part: np.ndarray[Any, Any]
+    fds: np.ndarray[Any, Any]
+    offset: np.ndarray[Any, Any]
+    nbytes: np.ndarray[Any, Any]
+
+    def lists(self) -> tuple[list[int], ...]:
+        """The columns as lists of Python ints (a `preadv` loop's)."""
+        return (
+            self.batch.tolist(),
+            self.at.tolist(),
+            self.part.tolist(),
+            np.broadcast_to(self.fds, self.offset.shape).tolist(),
+            self.offset.tolist(),
+            self.nbytes.tolist(),
         )
-    except ValueError:
-        return False
-    return stat.S_ISREG(info.st_mode) and info.st_ino == inode and same_device
 
 
-def _open_checked(path: str, inode: int, device: str) -> int | None:
-    """`path` opened read-only, if it is the file described; else None."""
-    try:
-        # Non-blocking: a FIFO planted where the file was must not hang the open.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError:
+def _described(view: np.ndarray[Any, Any], start: int, fields: list[str] | None) -> PartFile | None:
+    """The file `view` (its first byte at address `start`) maps, from the maps line holding
+    that byte, where the whole view is in that one mapping and the file holds what its
+    pages hold (read-only or shared: a private writable map may have been written to);
+    else None."""
+    if fields is None or len(fields) < 6:  # no path: anonymous memory
         return None
+    address, perms, offset, device, inode_text, path = fields
+    low, _, high = address.partition("-")
     try:
-        if _same_file(fd, inode, device):
-            # A regular file: reads may block again (io_uring fails a non-blocking
-            # read of a page not in the cache where a read would wait for it).
-            os.set_blocking(fd, True)
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
+        lo, hi, inode = int(low, 16), int(high, 16), int(inode_text)
+        file_offset = int(offset, 16) + (start - lo)
+    except ValueError:
+        return None
+    nbytes = view.nbytes
+    if inode == 0 or start + nbytes > hi or (perms[1] == "w" and perms[3] != "s"):
+        return None
+    by_path = path if path[:1] == "/" and not path.endswith(" (deleted)") else ""
+    return PartFile(path, address, by_path, device, inode, file_offset, file_offset + nbytes)
+
+
+def _file_backed(view: np.ndarray[Any, Any]) -> bool:
+    """Whether `view` may be a file's mapping, read by position (Linux, C-contiguous, not
+    empty, not memory numpy allocated)."""
+    return (
+        sys.platform.startswith("linux")
+        and bool(view.size)
+        and view.flags.c_contiguous
+        and not in_numpy_memory(view)
+    )
+
+
+def _row_bytes(view: np.ndarray[Any, Any]) -> int:
+    return view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
 
 
 def mapped_file(
@@ -360,8 +364,7 @@ def mapped_file(
     Args:
         view: The host array windows are cut from (rows along the first axis).
         length: Rows per window.
-        io_uring: Whether the reader opens an io_uring of its own where Linux allows (a
-            mixture's parts do not: the reader they are joined into does).
+        io_uring: Whether the reader opens an io_uring of its own where Linux allows.
         polled: Whether that ring is polled by a kernel thread, where the host allows.
         line: The maps line holding the view's first byte (`pages.maps_line`), where the
             caller read it already.
@@ -369,55 +372,27 @@ def mapped_file(
     Returns:
         The reader (its descriptor open until `close`), or None.
 
+    Raises:
+        HostViewError: the file is shorter than the view needs (truncated after it was
+            mapped: reading the view through the mapping would kill the process).
+
     Example:
         >>> import numpy as np
         >>> mapped_file(np.arange(10), 3) is None  # memory, not a file
         True
     """
-    if (
-        not sys.platform.startswith("linux")
-        or not view.size
-        or not view.flags.c_contiguous
-        or in_numpy_memory(view)
-    ):
+    if not _file_backed(view):
         return None
     start = view.ctypes.data
-    fields = maps_line(start) if line is None else line
-    if fields is None or len(fields) < 6:  # no path: anonymous memory
+    part = _described(view, start, maps_line(start) if line is None else line)
+    fd = None if part is None else part.open()
+    if part is None or fd is None:
         return None
-    address, perms, offset, device, inode_text, path = fields
-    low, _, high = address.partition("-")
     try:
-        lo, hi, inode = int(low, 16), int(high, 16), int(inode_text)
-        file_offset = int(offset, 16) + (start - lo)
-    except ValueError:
-        return None
-    # The whole view in this one mapping; read-only or shared, so the file holds what the
-    # pages hold (a private writable map may have been written to).
-    if inode == 0 or start + view.nbytes > hi or (perms[1:2] == "w" and perms[3:4] != "s"):
-        return None
-    needed = file_offset + view.nbytes
-    fd = _open_checked(f"/proc/self/map_files/{low}-{high}", inode, device)
-    if fd is None and path.startswith("/") and not path.endswith(" (deleted)"):
-        fd = _open_checked(path, inode, device)
-    if fd is None:
-        return None
-    size = os.fstat(fd).st_size
-    if size < needed:
-        # The mapping's own file, cut short: reading the view through the mapping would
-        # kill the process (SIGBUS), so the stream refuses to start.
-        os.close(fd)
-        raise HostViewError(
-            path,
-            f"the file is {size:,} bytes, and the array mapped from it needs {needed:,}: "
-            "it was truncated after it was mapped",
-            "do not rewrite a token file while it is loaded; load it again",
-        )
-    row = view.itemsize * int(np.prod(view.shape[1:], dtype=np.int64))
-    try:
-        return FileWindows(
-            fd, path, file_offset, row, length, io_uring=io_uring, polled=polled, end=needed
-        )
+        files = Descriptors([part], [fd])
+        edges = np.asarray([0, view.shape[0]], np.int64)
+        row = _row_bytes(view)
+        return FileWindows(files, edges, row, length, io_uring=io_uring, polled=polled)
     except BaseException:
         os.close(fd)
         raise
@@ -426,24 +401,46 @@ def mapped_file(
 def mapped_files(
     views: list[np.ndarray[Any, Any]],
     length: int,
-    bases: np.ndarray[Any, Any],
+    edges: np.ndarray[Any, Any],
     *,
     io_uring: bool = True,
     polled: bool = True,
+    guard: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> FileWindows | None:
-    """One positional reader of a mixture's files (`FileWindows.joined`: view i's rows
-    from `bases[i]`), or None unless every view maps a file that can be read so (nothing
-    is left open then)."""
-    readers: list[FileWindows] = []
+    """One positional reader of several views' files (a sharded source's, a mixture's:
+    view i's rows from `edges[i]` to `edges[i + 1]` of one range), or None unless every
+    view maps a file that can be read so (nothing is left open then).
+
+    `/proc/self/maps` is read once for all of them. Where there are more than
+    `parts.OPEN_MOST`, only the first file is opened now (the rest as reads need them,
+    a few kept open at a time: `parts.Descriptors`, each opened or closed inside
+    `guard()`: the caller's Ctrl-C held back); else every one, each checked whole.
+
+    Raises:
+        HostViewError: a file opened now is shorter than its view needs.
+    """
+    # Memory numpy allocated is found at once where the first view is; any other view not
+    # a file's mapping has an anonymous maps line.
+    if not _file_backed(views[0]) or not all(v.flags.c_contiguous and v.size for v in views):
+        return None
+    starts = [view.__array_interface__["data"][0] for view in views]
+    parts = []
+    for view, start, line in zip(views, starts, maps_lines(starts), strict=True):
+        part = _described(view, start, line)
+        if part is None:
+            return None
+        parts.append(part)
+    fds: list[int] = []
     try:
-        for view in views:
-            reader = mapped_file(view, length, io_uring=False)
-            if reader is None:
+        for part in parts[: len(parts) if len(parts) <= OPEN_MOST else 1]:
+            fd = part.open()
+            if fd is None:
                 return None
-            readers.append(reader)
-        joined = FileWindows.joined(readers, bases, io_uring=io_uring, polled=polled)
-        readers = []
-        return joined
+            fds.append(fd)
+        files = Descriptors(parts, fds + [-1] * (len(parts) - len(fds)), guard=guard)
+        fds = []
+        row = _row_bytes(views[0])
+        return FileWindows(files, edges, row, length, io_uring=io_uring, polled=polled)
     finally:
-        for reader in readers:
-            reader.close()
+        for fd in fds:
+            os.close(fd)

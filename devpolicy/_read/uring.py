@@ -121,7 +121,7 @@ class _Job:
     fd: int | np.ndarray[Any, Any]  # one file, or one a read
     positions: np.ndarray[Any, Any]
     addresses: np.ndarray[Any, Any]
-    size: int
+    size: int | np.ndarray[Any, Any]  # one size for all, or one a read
     into: object  # what holds the memory read into, alive until the reads are done
     results: np.ndarray[Any, Any]
     queued: int = 0  # reads queued so far
@@ -270,11 +270,12 @@ class BatchReads:
         fd: int | np.ndarray[Any, Any],
         positions: np.ndarray[Any, Any],
         addresses: np.ndarray[Any, Any],
-        size: int,
+        size: int | np.ndarray[Any, Any],
         into: object,
     ) -> None:
-        """Start reading `size` bytes at each of `positions` (file offsets) of `fd` (one
-        descriptor, or one a read) to the memory at the same index of `addresses`, which
+        """Start reading `size` bytes (one size, or one a read) at each of `positions`
+        (file offsets) of `fd` (one descriptor, or one a read) to the memory at the same
+        index of `addresses`, which
         `into` holds (kept alive until the reads are done). One submission at a time:
         `wait` for it before the next."""
         with self._lock:
@@ -334,7 +335,7 @@ class BatchReads:
         sqes["fd"] = job.fd if isinstance(job.fd, int) else job.fd[first : first + count]
         sqes["off"] = job.positions[first : first + count]
         sqes["addr"] = job.addresses[first : first + count]
-        sqes["len"] = job.size
+        sqes["len"] = job.size if isinstance(job.size, int) else job.size[first : first + count]
         sqes["user_data"] = numbers + np.uint64(first)
         # Program order: the SQEs are written before the tail (x86 keeps stores in order
         # for a polled ring's thread; a plain ring reads them in this thread's call).

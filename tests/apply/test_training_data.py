@@ -7,6 +7,8 @@ elastic resume in `test_state.py`)."""
 from __future__ import annotations
 
 import gc
+import itertools
+import os
 import tracemalloc
 from collections import Counter
 from pathlib import Path
@@ -19,17 +21,20 @@ import structlog
 import devpolicy
 from devpolicy._apply.stream import mixing, shuffling
 from devpolicy._apply.stream.sampling import Rows
-from devpolicy.errors import StreamStateError
+from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
 from tests.apply.stream.test_mixing import SOURCES, WEIGHTS
 from tests.helpers import policy_of
 
 from .streams import (
+    FILE_PATHS,
     SWITCHING,
+    assert_exact,
     closed_while_pulled,
     forked_child_refuses,
     held_open,
     pull_through_interrupts,
     pulled_by_threads,
+    use_read_path,
 )
 
 TOKENS = np.arange(100_000, dtype=np.int32)
@@ -107,6 +112,12 @@ KINDS = [
     "mixture of files",
     "mixture of files (switching paths every group)",
     "documents",
+    "shards",
+    "shard files (preadv)",
+    "shard files (kept mapped)",
+    "shard files",
+    "shard files (switching paths every group)",
+    "mixture of shard files",
 ]
 #: How each mixture of files is read: by position though the files are warm, one `preadv`
 #: a window; kept mapped (the rules' guess without io_uring); as `windows` chooses; and
@@ -116,7 +127,31 @@ KIND_READS = {
     "mixture of files (kept mapped)": devpolicy.ReadOptions(io_uring=False, measure=False),
     "mixture of files": devpolicy.ReadOptions(),
     "mixture of files (switching paths every group)": SWITCHING,
+    "shard files (preadv)": devpolicy.ReadOptions(path="file", io_uring=False),
+    "shard files (kept mapped)": devpolicy.ReadOptions(io_uring=False, measure=False),
+    "shard files": devpolicy.ReadOptions(),
+    "shard files (switching paths every group)": SWITCHING,
+    "mixture of shard files": devpolicy.ReadOptions(),
 }
+#: Where the shards are cut: 60 of them (more than a reader keeps open), some shorter
+#: than a window, one a single token.
+SHARD_CUTS = sorted({0, 1, 2, 40, 41, *range(97, 100_000, 1_693), 99_990, 100_000})
+
+
+def shards_of(tokens: np.ndarray, folder: Path | None) -> list[Any]:
+    """`tokens` cut at `SHARD_CUTS` (those within them): in memory, or as raw files in
+    `folder`, mapped."""
+    shards: list[Any] = []
+    cuts = [*(cut for cut in SHARD_CUTS if cut < tokens.size), tokens.size]
+    for index, (low, high) in enumerate(itertools.pairwise(cuts)):
+        if folder is None:
+            shards.append(tokens[low:high])
+            continue
+        path = folder / f"shard_{index:03d}.bin"
+        if not path.exists():
+            tokens[low:high].tofile(path)
+        shards.append(np.memmap(path, dtype=tokens.dtype, mode="r"))
+    return shards
 
 
 def kind_stream(kind: str, tmp_path: Path, steps: int | None = 300) -> Any:
@@ -130,7 +165,15 @@ def kind_stream(kind: str, tmp_path: Path, steps: int | None = 300) -> Any:
         return devpolicy.windows(
             TOKENS % 97, 64, 4, order="shuffled", seed=5, separator=0, steps=steps, policy=policy
         )
+    if kind.startswith("shard files") or kind == "shards":
+        shards = shards_of(TOKENS % 97, None if kind == "shards" else tmp_path)
+        return devpolicy.windows(
+            shards, 64, 4, order="shuffled", seed=5, separator=0, steps=steps, policy=policy,
+            reads=KIND_READS.get(kind),
+        )  # fmt: skip
     sources: dict[str, Any] = dict(SOURCES)
+    if kind == "mixture of shard files":
+        sources["web"] = shards_of(SOURCES["web"], tmp_path)
     if kind.startswith("mixture of files"):
         for name, values in SOURCES.items():
             path = tmp_path / f"{name}.bin"
@@ -207,6 +250,41 @@ class TestFaultsOnTheNewKinds:
             assert as_key(next(stream)) == want[step]
         assert forked_child_refuses(stream, 3) == 0
         assert [as_key(b) for b in stream] == want[3:]
+
+
+class TestATruncatedShard:
+    @pytest.mark.parametrize("way", FILE_PATHS)
+    def test_a_shard_truncated_mid_stream_is_an_error_naming_its_file(
+        self, way: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """One of 60 shard files truncated under a stream reading them by position: the
+        pull that reads it raises the error the one-file stream raises (whether the file
+        was open or is opened for that read), naming that shard's file, every batch
+        before it exact; every pull after raises
+        `StreamEndedError`; close leaves no descriptor of the shards open."""
+        reads = use_read_path(way, monkeypatch).reads
+        count = SHARD_CUTS[-1]
+        shards = shards_of(np.arange(count, dtype=np.uint32), tmp_path)
+        mapped = len(os.listdir("/proc/self/fd"))  # each memmap's own among them
+        stream = devpolicy.windows(
+            shards, 64, 4, order="random", seed=5, steps=None, policy=policy_of(), reads=reads
+        )
+        for step in range(5):
+            assert_exact(next(stream), 5, step, 64, count)
+        victim = tmp_path / "shard_030.bin"
+        os.truncate(victim, 16)
+        handed = 5
+        with pytest.raises(  # noqa: PT012
+            HostViewError, match=rf"{victim.name}: the file .*truncated after it was mapped"
+        ):
+            for batch in stream:
+                assert_exact(batch, 5, handed, 64, count)
+                handed += 1
+                assert handed < 100_000
+        with pytest.raises(StreamEndedError, match=r"failed at step \d+: HostViewError"):
+            next(stream)
+        stream.close()
+        assert len(os.listdir("/proc/self/fd")) <= mapped
 
 
 class TestEdgesOfTheArguments:

@@ -273,7 +273,7 @@ def test_a_file_reader_reads_batches_in_one_call_where_io_uring_can_be_had(
     assert reader is not None
     try:
         assert reader.batched
-        assert os.get_blocking(int(reader._fds[0]))
+        assert os.get_blocking(int(reader._files.fds[0]))
         batches = [np.empty((3, 50), np.uint16) for _ in range(2)]
         starts = np.array([[0, 99_950, 7], [123, 456, 789]])
         reader.read_batches(starts, batches)

@@ -1,6 +1,7 @@
 """The stream wing: batches of windows of a host array fed to the devices, one idea a file.
 
-Bottom to top: where a stream is, saved and read back (`state`); which windows each step
+Bottom to top: where a stream is, saved and read back (`state`); a list of shards as one
+source (`shards`); which windows each step
 holds (`sampling`, pure functions of seed, step and row; `shuffling`, epochs; `mixing`,
 sources by weight); documents' segments (`documents`); the read path's settings, one
 record (`reading`); the host buffers a group is cut into (`groups`); Ctrl-C held back while

@@ -24,7 +24,8 @@ from ..narrowing import NARROWER, Narrow, check_mode
 from .documents import FIELDS, SEPARATOR_KINDS, SeparatorIs
 from .prefetch import as_int, checked_size
 from .reading import ReadOptions, read_options
-from .sources import source_view, token_sources
+from .shards import Shards
+from .sources import TokenView, source_view, token_sources
 from .state import LAST_STEP, SEEDS, StreamState, read_state
 
 
@@ -60,7 +61,7 @@ class Checked:
     """A stream's arguments, checked: its token views (a mixture's, by name), and every
     value that decides its batches, as the stream uses them."""
 
-    views: list[np.ndarray[Any, Any]]
+    views: list[TokenView]  # an array, or shards as one (`shards.Shards`), a source
     names: tuple[str, ...]  # a mixture's sources; () for one array
     shares: list[float] | None  # a mixture's weights
     name: str
@@ -108,7 +109,20 @@ class Checked:
                 else None
             ),
             weights=tuple(zip(self.names, self.shares, strict=True)) if self.shares else None,
+            shards=self._shards(),
         )
+
+    def _shards(self) -> str | tuple[tuple[str, str], ...] | None:
+        """What a saved state holds of the shards: one source's fingerprint, a mixture's
+        for each source given as shards; None where no source is."""
+        found = [
+            (name, view.fingerprint())
+            for name, view in zip(self.names or ("",), self.views, strict=True)
+            if isinstance(view, Shards)
+        ]
+        if not found:
+            return None
+        return found[0][1] if not self.names else tuple(found)
 
 
 #: How windows are chosen: in order, each start drawn at random, or epochs of every
@@ -128,7 +142,7 @@ def _positive(what: str, value: object) -> int:
 
 
 def _batch_fits(
-    view: np.ndarray[Any, Any],
+    view: TokenView,
     length: int,
     batch: int,
     windows: int,
@@ -161,7 +175,7 @@ def _batch_fits(
 
 
 def _separator(
-    separator: int | None, separator_is: str, view: np.ndarray[Any, Any]
+    separator: int | None, separator_is: str, view: TokenView
 ) -> tuple[int, SeparatorIs] | None:
     """The separator token and its side, checked against the tokens (None: no segments)."""
     if separator_is not in SEPARATOR_KINDS:
@@ -283,6 +297,8 @@ def checked(args: WindowsArguments) -> Checked:
         if part.ndim == 0 or part.shape[0] < length:
             rows = part.shape[0] if part.ndim else 0
             which = f"source {sources[index][0]!r}" if sources else "the array"
+            if isinstance(part, Shards):
+                which += f" (its {len(part.sizes):,} shards, in all)"
             raise ValueError(
                 f"windows of length {length} need at least {length} rows along the first "
                 f"dimension; {which} has {rows} (shape {part.shape})"

@@ -24,6 +24,7 @@ import numpy as np
 
 from .groups import every_window
 from .sampling import Rows, mixed, stream_key, uniform_below
+from .shards import Shards, gather_parts
 from .shuffling import BLOCK_WINDOWS, RowDraws, shuffled_windows
 
 #: The longest period of an allotment, in rows: weights no period up to it holds exactly
@@ -31,6 +32,8 @@ from .shuffling import BLOCK_WINDOWS, RowDraws, shuffled_windows
 PERIOD_MOST = 2**16
 #: How near a period's counts must come to the weights to count as exact.
 _EXACT = 1e-9
+#: Parts (shards) whose every-window views are kept for the next gather, at most.
+_WINDOWS_KEPT = 64
 
 
 def allotment(weights: list[float]) -> np.ndarray[Any, Any]:
@@ -176,41 +179,53 @@ class Mixed(RowDraws):
 
 
 class MixedViews:
-    """A mixture's token arrays as one range of rows (source s's from `bases[s]`): a group
-    of windows at offsets in that range gathered from each source's own array.
+    """Token arrays as one range of rows: a mixture's sources, source after source
+    (`bases`: where each starts), a sharded source's shards, shard after shard. `views`
+    are the arrays read from (every shard of every source), `edges` where each starts and
+    ends; a group of windows at offsets in that range is gathered from each one's own
+    array, a window that spans shards of one source piece by piece (`shards`).
 
     Example:
         >>> views = MixedViews([np.arange(10), np.arange(100, 105)], 3)
         >>> views.gather(np.array([[0, 10], [12, 7]])).tolist()
         [[[0, 1, 2], [100, 101, 102]], [[102, 103, 104], [7, 8, 9]]]
+        >>> shards = MixedViews([Shards([np.arange(2), np.arange(2, 5)])], 3)
+        >>> shards.gather(np.array([1, 2])).tolist()
+        [[1, 2, 3], [2, 3, 4]]
     """
 
-    __slots__ = ("bases", "views", "windows")
+    __slots__ = ("bases", "edges", "length", "stand_in", "views", "windows")
 
-    def __init__(self, views: list[np.ndarray[Any, Any]], length: int) -> None:
-        self.views = views
-        self.bases = np.cumsum([0, *(v.shape[0] for v in views[:-1])]).astype(np.int64)
-        self.windows = [every_window(v, length) for v in views]
+    def __init__(self, sources: list[np.ndarray[Any, Any] | Shards], length: int) -> None:
+        self.views: list[np.ndarray[Any, Any]] = []
+        for source in sources:
+            self.views.extend(source.views if isinstance(source, Shards) else [source])
+        rows = [source.shape[0] for source in sources]
+        self.bases = np.cumsum([0, *rows[:-1]], dtype=np.int64)
+        self.edges = np.cumsum([0, *(v.shape[0] for v in self.views)], dtype=np.int64)
+        self.length = length
+        # Each part's every window, made the first time a window is gathered from it (of
+        # a thousand shards, a stream reading by position makes none), at most
+        # `_WINDOWS_KEPT` kept: memory stays flat however many shards a stream reads.
+        self.windows: dict[int, np.ndarray[Any, Any]] = {}
+        # A window's shape and dtype, and no memory: what the read paths ask of "the
+        # view" of a source that is several.
+        first = self.views[0]
+        self.stand_in = np.broadcast_to(np.zeros((), first.dtype), (length, *first.shape[1:]))
 
     def gather(
         self, offsets: np.ndarray[Any, Any], out: np.ndarray[Any, Any] | None = None
     ) -> np.ndarray[Any, Any]:
         """The windows at `offsets` (any shape), in `out` (C-contiguous, of their shape
         and dtype) or a new array."""
-        first = self.windows[0]
-        shape = (*offsets.shape, *first.shape[1:])
-        if out is None:
-            out = np.empty(shape, first.dtype)
-        whole = out.reshape(offsets.size, *first.shape[1:])
-        flat = offsets.reshape(-1)
-        # The windows in order of their offsets, so each source's are one slice of them
-        # (found once for all sources, not once a source).
-        order = np.argsort(flat, kind="stable")
-        ends = [*np.searchsorted(flat[order], self.bases[1:]).tolist(), flat.size]
-        low = 0
-        for source, (windows, high) in enumerate(zip(self.windows, ends, strict=True)):
-            if high > low:
-                where = order[low:high]
-                whole[where] = windows[flat[where] - self.bases[source]]
-            low = high
-        return out.reshape(shape)
+        return gather_parts(self.views, self._windows, self.edges, self.length, offsets, out)
+
+    def _windows(self, part: int) -> np.ndarray[Any, Any]:
+        """Every window of part `part` (one it is at least a window long)."""
+        kept = self.windows
+        found = kept.get(part)
+        if found is None:  # two threads may make it at once: the same view either way
+            if len(kept) >= _WINDOWS_KEPT:
+                kept.clear()
+            found = kept[part] = every_window(self.views[part], self.length)
+        return found

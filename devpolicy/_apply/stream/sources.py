@@ -1,6 +1,6 @@
-"""A stream's tokens: one array, or a mixture's named sources with their weights, each a
-host view of numbers (zero-copy: a file mapping stays a mapping), checked before anything
-is opened. No device is touched here.
+"""A stream's tokens: one array, a list of shards (their concatenation: `shards`), or a
+mixture's named sources with their weights, each a host view of numbers (zero-copy: a file
+mapping stays a mapping), checked before anything is opened. No device is touched here.
 """
 
 from __future__ import annotations
@@ -12,11 +12,15 @@ import numpy as np
 
 from ..._base.errors import HostViewError
 from ..hostview import host_view
+from .shards import Shards, shards_of
+
+#: A stream's source: one host view, or shards as one.
+TokenView = np.ndarray[Any, Any] | Shards
 
 
 def token_sources(
     tokens: Any, weights: Mapping[str, float] | None
-) -> tuple[list[tuple[str, np.ndarray[Any, Any]]] | None, list[float] | None]:
+) -> tuple[list[tuple[str, TokenView]] | None, list[float] | None]:
     """A mixture's sources and weights, checked (None, None for one array)."""
     if not isinstance(tokens, Mapping):
         if weights is not None:
@@ -82,20 +86,57 @@ def token_sources(
     return views, numbers
 
 
-def source_view(key: str | None, source: Any) -> np.ndarray[Any, Any]:
-    """Tokens (a mixture's source `key`) as a host view of numbers, an error naming them
-    where they are none."""
+def source_view(key: str | None, source: Any) -> TokenView:
+    """Tokens (a mixture's source `key`) as a host view of numbers, or a list of shards
+    as one (`Shards`), an error naming them (the shard) where they are none."""
     what = "windows tokens" if key is None else f"windows tokens[{key!r}]"
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError(
+                f"{what} is an empty {type(source).__name__}: a list of shards (1-D token "
+                "arrays, their concatenation the source) needs at least one"
+            )
+        if np.isscalar(source[0]):  # token ids, not shards
+            raise TypeError(
+                f"{what} must be a jax.Array on a host device or a numpy array (a memmap is "
+                "fine), or a list of them (shards: their concatenation), got a "
+                f"{type(source).__name__} of {type(source[0]).__name__}: pass np.asarray(...) "
+                "of token ids"
+            )
+        first = _one_view(f"{what}[0]", source[0], shard=True)
+        views = [first]
+        for i, shard in enumerate(source[1:], 1):
+            # A thousand memmaps of the first one's dtype: each is its own host view.
+            same = isinstance(shard, np.ndarray) and shard.dtype == first.dtype
+            views.append(shard if same else _one_view(f"{what}[{i}]", shard, shard=True))
+        return shards_of(what, views)
+    return _one_view(what, source, mixture=key is None)
+
+
+def _one_view(
+    what: str, source: Any, *, mixture: bool = False, shard: bool = False
+) -> np.ndarray[Any, Any]:
+    """One array (`what`) as a host view of numbers, an error naming it where it is none
+    (`mixture`: a mapping of them was possible; `shard`: an item of a list of shards)."""
     takes = f"{what} must be a jax.Array on a host device or a numpy array (a memmap is fine)"
     if isinstance(source, (list, tuple)) or np.isscalar(source):
-        raise TypeError(f"{takes}, got a {type(source).__name__}: pass np.asarray(...) of it")
+        fix = (
+            "a list is shards, each an array: pass np.asarray(...) of a list of token ids"
+            if shard
+            else "pass np.asarray(...) of it"
+        )
+        raise TypeError(f"{takes}, got a {type(source).__name__}: {fix}")
     try:
         view = host_view(source)
     except HostViewError as e:
         raise HostViewError(f"{what}, {e.array}", e.problem, e.fix) from None
     except TypeError:
-        mixture = "" if key is not None else ", or a mapping of names to them (a mixture)"
-        raise TypeError(f"{takes}{mixture}, got {type(source).__name__}") from None
+        more = (
+            ", a list of them (shards), or a mapping of names to them (a mixture)"
+            if mixture
+            else ""
+        )
+        raise TypeError(f"{takes}{more}, got {type(source).__name__}") from None
     dtype = view.dtype
     # numpy's bool, integers, floats and complex, and ml_dtypes' (bfloat16, float8, int4:
     # kind "V" with a scalar type of their own); not objects, strings, dates or records.

@@ -2,18 +2,19 @@
 rebuilt from it only if it would draw the same batches.
 
 The state names the next batch (`step`), the global row it starts at (`row`: the rows of
-every process handed out before it), and everything that decides which windows each
-batch holds: the order, seed, length, global batch (all processes' rows of a step),
-stride, steps and epochs, the tokens' rows, row shape and dtype, and a mixture's sources
-and weights. Resuming checks each against the stream being built: another length, batch
-or token count would give other batches, silently, so it is an error naming every field
-that differs, the saved value and the given one. The batch of each process is not
-checked: a state saved by N processes resumes on M with the same global batches. A random,
-shuffled or mixed stream resumes at another global batch too: from the same global row,
-each later row the row of the uninterrupted stream (the rows of step s are then from
-`row_base + s * global_batch`). A saved state is read as untrusted text: each field's
-type and range is checked, and every one at fault is named. States of the first version
-(before epochs and mixtures) and the second (before `row`) still read. No JAX here.
+every process handed out before it), and everything that decides which windows each batch
+holds: the order, seed, length, global batch (all processes' rows of a step), stride, steps
+and epochs, the tokens' rows, row shape and dtype, a mixture's sources and weights, and
+shards' count and sizes (a digest of them: `shards`, saved only where a source is a list of
+shards, so a state of one array reads as before). Resuming checks each against the stream
+being built: another length, batch or token count would give other batches, silently, so it
+is an error naming every field that differs, the saved value and the given one. The batch of
+each process is not checked: a state saved by N processes resumes on M with the same global
+batches. A random, shuffled or mixed stream resumes at another global batch too: from the
+same global row, each later row the row of the uninterrupted stream (the rows of step s are
+then from `row_base + s * global_batch`). A saved state is read as untrusted text: each
+field's type and range is checked, and every one at fault is named. States of the first
+version (before epochs and mixtures) and the second (before `row`) still read. No JAX here.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class StreamState:
     #: The global row of step 0: step s's rows are from `row_base + s * global_batch` (not
     #: 0 after a resume at another global batch; negative where that batch is larger).
     row_base: int = 0
+    #: Shards' count and sizes (`Shards.fingerprint`): one source's, or a mixture's
+    #: (name, fingerprint) for each source given as shards; None where none is.
+    shards: str | tuple[tuple[str, str], ...] | None = None
 
     @property
     def row(self) -> int:
@@ -74,6 +78,9 @@ class StreamState:
         for name in ("sources", "weights"):
             pairs = getattr(self, name)
             fields[name] = None if pairs is None else dict(pairs)
+        shards = fields.pop("shards")
+        if shards is not None:  # saved only where there are shards: older states read
+            fields["shards"] = shards if isinstance(shards, str) else dict(shards)
         if epoch is not None:
             fields["epoch"] = epoch
         return {STATE_KEY: STATE_VERSION, **fields}
@@ -94,6 +101,7 @@ _MATCHED = (
     "dtype",
     "sources",
     "weights",
+    "shards",
 )
 _FIELDS = ("step", "row", "batch", "epoch", *_MATCHED)
 #: The orders a state resumes at another global batch: their rows are drawn from global
@@ -162,6 +170,18 @@ def _field_problems(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
     sources, weights = get("sources"), get("weights")
     need("sources", sources is None or _named(sources, 1), "null or a mapping of names to rows")
     need("weights", weights is None or _named(weights, 0), "null or a mapping of names to weights")
+    shards = get("shards")
+    need(
+        "shards",
+        shards is None
+        or _fingerprint(shards)
+        or (
+            isinstance(shards, Mapping)
+            and bool(shards)
+            and all(isinstance(k, str) and _fingerprint(v) for k, v in shards.items())
+        ),
+        "null, a str (the shards' fingerprint) or a mapping of source names to them",
+    )
     shape = get("row_shape")
     need(
         "row_shape",
@@ -192,6 +212,11 @@ def _named(value: object, low: int) -> bool:
         )
         for k, v in value.items()
     )
+
+
+def _fingerprint(value: object) -> bool:
+    """Whether `value` may be shards' fingerprint: a short str."""
+    return isinstance(value, str) and 0 < len(value) <= 200
 
 
 def _is_dtype(name: str) -> bool:
@@ -240,6 +265,7 @@ def read_state(saved: object) -> dict[str, Any]:
         fields.setdefault("global_batch", fields.get("batch"))
         fields.setdefault("sources", None)
         fields.setdefault("weights", None)
+    fields.setdefault("shards", None)  # saved only where a source is shards
     if marker < 3 and _whole(fields.get("step"), 0) and _whole(fields.get("global_batch"), 1):
         fields.setdefault("row", fields["step"] * fields["global_batch"])
     problems = _field_problems(fields)
@@ -253,6 +279,8 @@ def read_state(saved: object) -> dict[str, Any]:
     for name in ("sources", "weights"):
         if fields[name] is not None:
             fields[name] = tuple(fields[name].items())
+    if isinstance(fields["shards"], Mapping):
+        fields["shards"] = tuple(fields["shards"].items())
     return fields
 
 

@@ -15,15 +15,17 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..._base.errors import StreamStateError
 from ..._decide.decider import Decider
 from .arguments import Checked, WindowsArguments, checked
 from .cutting import GroupCutter
-from .groups import every_window
 from .mixing import PERIOD_MOST, Mixed, MixedViews
 from .owner import WindowStream
 from .placing import GroupPlacer
 from .sampling import Random, Rows, Sampler, Sequential
+from .shards import Shards
 from .shuffling import SMALL, Shuffled
 from .state import STATE_KEY, resumed
 
@@ -38,7 +40,7 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
         given.name,
         given.narrow,
         view.dtype,
-        every_window(view, given.length).shape[1:],
+        (given.length, *view.shape[1:]),
         separator=given.separator,
         fields=given.fields,
     )
@@ -49,7 +51,9 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
     saved = given.saved
     if saved is not None:
         state = resumed(saved, state)  # at another global batch: from the saved row
-    mixture = MixedViews(views, given.length) if given.names else None
+    # A mixture, or shards: several arrays as one range of rows.
+    joined = given.names or any(isinstance(part, Shards) for part in views)
+    mixture = MixedViews(views, given.length) if joined else None
     sampler = _sampler(given, dataclasses.replace(rows, base=state.row_base), mixture)
     if saved is not None:
         _refuse_older_orders(saved, sampler)
@@ -82,6 +86,9 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
         count_sources = functools.partial(sampler.counted, given.names, first)
         if given.order == "shuffled":
             epoch_at = functools.partial(sampler.epoch_at, given.names)
+    if mixture is not None:
+        view = mixture.stand_in  # a window's shape and dtype: the parts are read
+    assert isinstance(view, np.ndarray)
     cutter = GroupCutter(
         view,
         given.length,
@@ -130,7 +137,8 @@ def _sampler(given: Checked, rows: Rows, mixture: MixedViews | None) -> Sampler:
     """What draws the stream's windows, with this process's `rows` of each step."""
     starts = given.starts
     seed = given.seed
-    if mixture is not None:
+    if given.names:
+        assert mixture is not None
         assert given.shares is not None
         assert seed is not None
         mixed = Mixed(

@@ -48,10 +48,12 @@ class TestTokenSources:
     def test_a_python_list_of_tokens_is_refused_naming_windows_and_tokens(
         self, tokens: object, got: str
     ) -> None:
-        """N8: the error named `host_view()`, a function the user never called."""
+        """N8: the error named `host_view()`, a function the user never called; a list is
+        shards, so one of numbers says what it takes."""
         with pytest.raises(
             TypeError,
-            match=rf"^windows tokens must be a jax\.Array .*got a {got}: pass np\.asarray",
+            match=rf"^windows tokens must be a jax\.Array .*or a list of them \(shards: their "
+            rf"concatenation\), got a {got} of int: pass np\.asarray",
         ):
             devpolicy.windows(tokens, 10, 2, policy=policy_of())
 

@@ -42,7 +42,8 @@ class KeptMapping(MemoryGather):
     ) -> None:
         super().__init__(windows, mixture)
         # The files' reader, whose `check_whole` is looked at before each group is
-        # gathered: a file truncated between two groups is an error naming it, not SIGBUS
+        # gathered (the files its windows read: of a thousand shards, those few): a file
+        # truncated between two groups is an error naming it, not SIGBUS
         # (a truncation during a gather still is, as any read of a mapping past its
         # file's end). Closed with this path where `own` (opened for it alone).
         self._watch = watch
@@ -54,13 +55,13 @@ class KeptMapping(MemoryGather):
 
     def gather(self, offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         if self._watch is not None:
-            self._watch.check_whole()
+            self._watch.check_whole(offsets)
         return super().gather(offsets)
 
     def read_into(self, offsets: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]],
                   whole: np.ndarray[Any, Any] | None) -> bool:  # fmt: skip
         if self._watch is not None and self._mixture is not None and whole is not None:
-            self._watch.check_whole()
+            self._watch.check_whole(offsets)
         return super().read_into(offsets, batches, whole)
 
     def given_up(self) -> str | None:

@@ -22,6 +22,7 @@ from ...._base.sizes import format_size
 from ...._machine.capacity import host_total_bytes, memory_headroom
 from ...._read.pages import Pager, cached_share, in_numpy_memory, maps_line
 from ...._read.positional import FileWindows, mapped_file, mapped_files
+from ..interrupts import deferred_interrupts
 from ..mixing import MixedViews
 from ..reading import ReadOptions
 from . import ReadPath
@@ -68,7 +69,10 @@ def file_reader(
     if source.mixture is None:
         return mapped_file(source.view, source.length, line=line, **ring)
     mixture = source.mixture
-    return mapped_files(mixture.views, source.length, mixture.bases, **ring)
+    # A shard's file is opened (or closed) while the stream reads: with Ctrl-C held back.
+    return mapped_files(
+        mixture.views, source.length, mixture.edges, guard=deferred_interrupts, **ring
+    )
 
 
 def file_path(reader: FileWindows, source: Source) -> PositionalReads:
@@ -154,8 +158,9 @@ def _open(source: Source, options: ReadOptions, opened: Opened) -> None:
             else:
                 gathered = MemoryGather(source.windows, mixture)
                 why = (
-                    "a mixture whose sources are not all files that can be read by "
-                    "position: gathered from each array (a mapping's pages kept)"
+                    "several arrays (a mixture's sources, or shards) that are not all "
+                    "files that can be read by position: gathered from each array (a "
+                    "mapping's pages kept)"
                 )
         else:
             gathered = MemoryGather(source.windows, mixture)
@@ -274,14 +279,22 @@ def _keep_unsafe(
     return None
 
 
+#: Views whose pages in the page cache are sampled, at most (of a thousand shards, a few
+#: spread over them: each view's share costs a `mincore` a sampled page).
+_CACHE_VIEWS = 16
+
+
 def _cached(views: list[np.ndarray[Any, Any]], nbytes: int) -> float | None:
-    """The share of all the views' pages in the page cache (sampled), or None where any
-    file's is unknown."""
-    cached: float | None = 0.0
+    """The share of all the views' pages in the page cache (sampled: of many views, a few
+    spread evenly over them, by their bytes), or None where any file's is unknown."""
+    if len(views) > _CACHE_VIEWS:
+        picked = np.linspace(0, len(views) - 1, _CACHE_VIEWS).astype(np.int64).tolist()
+        views = [views[i] for i in picked]
+        nbytes = sum(view.nbytes for view in views)
+    cached = 0.0
     for view in views:
         share = cached_share(view)
-        if share is None or cached is None:
-            cached = None
-            continue
+        if share is None:
+            return None
         cached += share * view.nbytes / max(1, nbytes)
     return cached

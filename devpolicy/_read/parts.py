@@ -1,0 +1,226 @@
+"""One range of rows laid over several parts (a sharded source's files or arrays, a
+mixture's sources): where each window of rows lies, piece by piece, and the parts' files
+opened on demand, a few at a time.
+
+A window may span parts (shards are one source: their concatenation), so a window is one
+piece or several, each within one part (`pieces`): the stream's gather from memory and
+its reads by position cut windows by this one arithmetic. A sharded corpus may be a
+thousand files: their descriptors are opened when a read first needs them and at most
+`OPEN_MOST` stay open past a group (`Descriptors`, least recently used closed first), so a
+stream holds a bounded number of descriptors and opens nothing at its start. No JAX here.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._base.errors import HostViewError
+
+#: Descriptors a reader of several files keeps open between groups, at most (a group's
+#: reads may need more at once: those are closed once it is read).
+OPEN_MOST = 32
+
+
+def pieces(
+    edges: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], length: int
+) -> tuple[np.ndarray[Any, Any], ...]:
+    """The pieces of windows of `length` rows at `starts` (a flat int64 array of rows of
+    the one range) over parts whose rows are `edges[i]` to `edges[i + 1]` (no empty part,
+    every window within the range): each piece's window, part, first row in its part,
+    rows, and first row in its window, windows in order and each one's pieces in order.
+
+    Example:
+        >>> edges = np.array([0, 3, 4, 10])
+        >>> [a.tolist() for a in pieces(edges, np.array([1, 5]), 4)]
+        [[0, 0, 0, 1], [0, 1, 2, 2], [1, 0, 0, 1], [2, 1, 1, 4], [0, 2, 3, 0]]
+    """
+    starts = np.asarray(starts, np.int64)
+    first = np.searchsorted(edges, starts, side="right") - 1
+    last = np.searchsorted(edges, starts + (length - 1), side="right") - 1
+    counts = last - first + 1
+    windows = np.repeat(np.arange(starts.size, dtype=np.int64), counts)
+    if windows.size == starts.size:  # no window spans two parts: one piece each
+        part = first
+        within = starts - edges[part]
+        return windows, part, within, np.full(starts.size, length, np.int64), np.zeros_like(within)
+    # The k-th piece of a window is in part first + k.
+    before = np.cumsum(counts) - counts
+    part = first[windows] + (np.arange(windows.size, dtype=np.int64) - before[windows])
+    begin = np.maximum(starts[windows], edges[part])
+    end = np.minimum(starts[windows] + length, edges[part + 1])
+    return windows, part, begin - edges[part], end - begin, begin - starts[windows]
+
+
+class PartFile(NamedTuple):
+    """Where one part's rows are: the file (its name in `/proc/self/maps`; the mapping's
+    range there, `lo-hi` in hex, opened through `/proc/self/map_files` first, and its path
+    where it has one), its identity (the maps line's device, `MM:mm` in hex, and inode),
+    where the part starts in it and the bytes of it the part needs (`end`). A thousand are
+    made as a stream starts: a tuple each, read further only when one is opened."""
+
+    path: str
+    mapping: str
+    by_path: str
+    device: str
+    inode: int
+    offset: int
+    end: int
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(device, inode), as `os.fstat` gives them."""
+        major, _, minor = self.device.partition(":")
+        return os.makedev(int(major, 16), int(minor, 16)), self.inode
+
+    def open(self) -> int | None:
+        """The file opened read-only, checked to be this one and long enough; None where
+        it cannot be opened as this file.
+
+        Raises:
+            HostViewError: naming the file, where it is shorter than the part needs (it
+                was truncated after it was mapped).
+        """
+        try:
+            identity = self.identity
+        except ValueError:
+            return None
+        # By its path first (a lookup in /proc/self/map_files walks the process's
+        # mappings: dear beside a thousand memmaps), the mapping's own name where the
+        # path is gone or is another file now.
+        for candidate in (self.by_path, "/proc/self/map_files/" + self.mapping):
+            found = _open_same(candidate, identity) if candidate else None
+            if found is None:
+                continue
+            fd, size = found
+            if size < self.end:
+                os.close(fd)
+                raise HostViewError(self.path, *truncated(size, self.end))
+            return fd
+        return None
+
+
+def truncated(size: int, end: int) -> tuple[str, str]:
+    """The problem and fix of a file of `size` bytes that an array needs `end` of."""
+    return (
+        f"the file is {size:,} bytes, and the array mapped from it needs {end:,}: it was "
+        "truncated after it was mapped",
+        "do not rewrite a token file while a stream reads it; load it again",
+    )
+
+
+def _open_same(path: str, identity: tuple[int, int]) -> tuple[int, int] | None:
+    """`path` opened read-only where it is a regular file with this device and inode, and
+    its size; else None (never blocking: a FIFO planted where the file was must not hang
+    the open)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == identity:
+            # Reads may block again (io_uring fails a non-blocking read of a page not in
+            # the cache where a read would wait for it).
+            os.set_blocking(fd, True)
+            return fd, info.st_size
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+class Descriptors:
+    """The descriptors of several parts' files: opened when a read first needs them (or
+    given open), at most `most` kept past `trim` (the least recently used closed first).
+
+    A descriptor is opened or closed and recorded inside `guard()` (the stream's: Ctrl-C
+    held back), so an interrupt never leaves one without an owner. One reader, one thread
+    at a time: reads in flight must be done before `trim` or `close` (a descriptor closed
+    under a queued read would fail it).
+    """
+
+    __slots__ = ("_guard", "_lru", "_most", "fds", "files")
+
+    def __init__(
+        self,
+        files: list[PartFile],
+        fds: list[int],
+        most: int = OPEN_MOST,
+        guard: Callable[[], AbstractContextManager[object]] = nullcontext,
+    ) -> None:
+        self.files = files
+        self.fds = np.asarray(fds, np.int32)  # -1 where closed
+        self._most = max(1, most)
+        self._guard = guard
+        # The open parts, least recently used first (a hint: `fds` says what is open).
+        self._lru: OrderedDict[int, None] = OrderedDict(
+            (part, None) for part, fd in enumerate(fds) if fd >= 0
+        )
+
+    @property
+    def open_count(self) -> int:
+        """How many descriptors are open now."""
+        return int((self.fds >= 0).sum())
+
+    def opened(self, parts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The descriptors of `parts` (an int array), each opened where it was not."""
+        fds = self.fds
+        if len(fds) == 1:
+            if fds[0] < 0:
+                with self._guard():
+                    self._open(0)
+            return np.broadcast_to(self.fds[0], np.shape(parts))
+        lru = self._lru
+        # Each part once (not `np.unique`: its first call in a process costs 18 ms).
+        wanted = list(dict.fromkeys(np.asarray(parts).reshape(-1).tolist()))
+        missing = [part for part in wanted if fds[part] < 0]
+        for part in wanted:
+            lru[part] = lru.pop(part, None)  # the most recently used now
+        if missing:
+            with self._guard():
+                for part in missing:
+                    self._open(part)
+        found: np.ndarray[Any, Any] = self.fds[parts]
+        return found
+
+    def _open(self, part: int) -> None:
+        file = self.files[part]
+        fd = file.open()
+        if fd is None:
+            raise HostViewError(
+                file.path,
+                "the file this array was mapped from can no longer be opened to read by "
+                "position (moved, or its mapping gone)",
+                "keep a token file in place while a stream reads it",
+            )
+        self.fds[part] = fd
+        self._lru[part] = None
+
+    def trim(self) -> None:
+        """Close the least recently used descriptors past `most`."""
+        lru = self._lru
+        if len(lru) <= self._most:
+            return
+        with self._guard():
+            fds = self.fds
+            while len(lru) > self._most:
+                part, _ = lru.popitem(last=False)
+                fd, fds[part] = int(fds[part]), -1
+                if fd >= 0:
+                    os.close(fd)
+
+    def close(self) -> None:
+        """Close every descriptor. Safe to call twice."""
+        with self._guard():
+            self._lru = OrderedDict()
+            fds = self.fds
+            for part in np.flatnonzero(fds >= 0).tolist():
+                fd, fds[part] = int(fds[part]), -1
+                os.close(fd)
