@@ -2,7 +2,9 @@
 
 A FIFO opened for reading blocks until a writer comes, `/dev/zero` never ends, and a symlink
 loop or a dangling link is "no such file" to `open()`. Every reader of user-named files goes
-through here, so each of these gets the same clear refusal. No JAX here.
+through here, so each of these gets the same clear refusal. Beside them, the one step
+every writer of a file put in place by a rename shares: the rename made durable
+(`sync_directory`). No JAX here.
 """
 
 from __future__ import annotations
@@ -316,3 +318,17 @@ def untrusted(path: str | os.PathLike[str], what: str = "the policy") -> Untrust
                 f"chmod go-w {directory}, or move {what} into a directory of your own",
             )
     return None
+
+
+def sync_directory(directory: str | os.PathLike[str]) -> None:
+    """Make a rename in `directory` durable; a filesystem that cannot sync one is left be."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..._base.events import EventLog
-from ..._base.files import FileRefused, open_regular
+from ..._base.files import FileRefused, open_regular, sync_directory
 from ..._base.progress import progress_bar
 from ..._read.exact import read_at
 from .docindex import CHUNK, SPAN, DocumentIndex, Finder, TokenFile, in_memory, token_file
@@ -268,7 +268,7 @@ def _build(
                 "index a file that is not being written"
             )
         os.replace(temporary, path)
-        _sync_folder(path.parent)
+        sync_directory(path.parent)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -282,21 +282,6 @@ def _written(out: Any, body: Any, pairs: np.ndarray[Any, Any], counts: list[int]
         counts[0] += pairs.shape[0]
         counts[1] = max(counts[1], int(pairs[:, 1].max()))
         counts[2] += int(pairs[:, 1].sum())
-
-
-def _sync_folder(folder: Path) -> None:
-    """The rename made durable (a folder that cannot be synced, on some file systems,
-    loses nothing but that)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _mapped(path: Path, separator: int, separator_is: SeparatorIs, tokens: int) -> DocumentIndex:

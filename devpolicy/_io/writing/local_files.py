@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..._base.errors import SafetensorsFileError
-from ..._base.files import kind, why_unopenable
+from ..._base.files import kind, sync_directory, why_unopenable
 from ..._base.locations import URLPath, is_url, shown_url
 from ..._base.progress import progress_bar
 from ..format.header import PACKED, Header, encodable, pack, read_header
@@ -554,7 +554,7 @@ class LocalJointFile:
         except OSError as e:
             raise SafetensorsFileError(self.path, f"cannot write: {e.strerror or e}") from None
         _in_flight.discard(str(tmp))
-        _sync_directory(directory)
+        sync_directory(directory)
         remove_stale_temp_files(target)
 
     def discard(self, token: str) -> None:
@@ -587,20 +587,6 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         done = os.pwrite(fd, data, offset)
         data, offset = data[done:], offset + done
-
-
-def _sync_directory(directory: Path) -> None:
-    """Make a rename in `directory` durable; a filesystem that cannot sync one is left be."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def save_arrays(
