@@ -28,6 +28,7 @@ from devpolicy._read.parts import OPEN_MOST
 from devpolicy.errors import StreamStateError
 from tests.apply.conftest import batched_reads_here
 from tests.helpers import policy_of
+from tests.read.test_parts import open_count
 
 COUNT = 20_000
 #: Shard sizes: shards longer than a window, shorter (down to one token), and empty.
@@ -348,17 +349,6 @@ def many_files(folder: Path, count: int, rows: int) -> list[np.memmap]:
     return mapped
 
 
-def open_in(folder: Path) -> int:
-    """Descriptors this process holds of files in `folder`."""
-    found = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            found += os.readlink(f"/proc/self/fd/{fd}").startswith(str(folder))
-        except OSError:
-            continue
-    return found
-
-
 class TestAThousandShards:
     @pytest.mark.slow
     @pytest.mark.parametrize("path", ["preadv", "io_uring", "io_uring polled", "keep"])
@@ -370,7 +360,7 @@ class TestAThousandShards:
         100."""
         reads = read_path(path)
         shards = many_files(tmp_path, 1_000, 500)
-        mapped = open_in(tmp_path)  # the memmaps' own
+        mapped = open_count(tmp_path)  # the memmaps' own
         stream = devpolicy.windows(
             shards, LENGTH, 4, order="random", seed=2, steps=400, policy=policy_of(), reads=reads
         )
@@ -379,7 +369,7 @@ class TestAThousandShards:
         try:
             for step, batch in enumerate(stream):
                 if not step % 5:  # a look at 2,000 descriptors is dear: every few steps
-                    most = max(most, open_in(tmp_path) - mapped)
+                    most = max(most, open_count(tmp_path) - mapped)
                 first = np.asarray(batch)[:, 0].astype(np.int64)
                 assert (np.asarray(batch) == (first[:, None] + np.arange(LENGTH)) % 65_536).all()
                 if step == 100:
@@ -391,7 +381,7 @@ class TestAThousandShards:
             tracemalloc.stop()
         # A group is at most 32 batches of 4 windows, each in two shards at most.
         assert most <= OPEN_MOST + 2 * 32 * 4
-        assert open_in(tmp_path) - mapped == 0
+        assert open_count(tmp_path) - mapped == 0
         assert late - early < 256 * 1024
 
     @pytest.mark.slow
@@ -404,14 +394,14 @@ class TestAThousandShards:
         reads = read_path(path)
         reads = ReadOptions(path="file", ahead=False, io_uring=reads.io_uring, polled=False)
         shards = many_files(tmp_path, 1_000, 100)
-        mapped = open_in(tmp_path)
+        mapped = open_count(tmp_path)
         stream = devpolicy.windows(
             shards, 16, 8, order="random", seed=2, steps=100, policy=policy_of(), reads=reads
         )
-        assert open_in(tmp_path) - mapped <= 1
+        assert open_count(tmp_path) - mapped <= 1
         for _ in stream:
-            assert open_in(tmp_path) - mapped <= OPEN_MOST
-        assert open_in(tmp_path) - mapped == 0
+            assert open_count(tmp_path) - mapped <= OPEN_MOST
+        assert open_count(tmp_path) - mapped == 0
 
 
 class TestInterrupts:
@@ -423,7 +413,7 @@ class TestInterrupts:
         `KeyboardInterrupt`, the pulls after hand out the uninterrupted stream's steps in
         order, and once closed no descriptor of the shards is left."""
         shards = many_files(tmp_path, 100, 300)
-        mapped = open_in(tmp_path)
+        mapped = open_count(tmp_path)
         reads = ReadOptions(path="file", io_uring=False, ahead=False)
         options = {"order": "random", "seed": 1, "steps": 100, "policy": policy_of()}
         want = list(devpolicy.windows(shards, 16, 4, reads=reads, **options))
@@ -449,4 +439,4 @@ class TestInterrupts:
         assert interrupts > 10
         stream.close()
         gc.collect()
-        assert open_in(tmp_path) == mapped
+        assert open_count(tmp_path) == mapped
