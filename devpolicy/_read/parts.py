@@ -7,11 +7,14 @@ piece or several, each within one part (`pieces`): the stream's gather from memo
 its reads by position cut windows by this one arithmetic. A sharded corpus may be a
 thousand files: their descriptors are opened when a read first needs them and at most
 `OPEN_MOST` stay open past a group (`Descriptors`, least recently used closed first), so a
-stream holds a bounded number of descriptors and opens nothing at its start. No JAX here.
+stream holds a bounded number of descriptors and opens nothing at its start. An
+`np.memmap`'s file and offset are its own (`MemmapPart`), checked against its mapping when
+it is opened; other parts' come from `/proc/self/maps` (`PartFile`). No JAX here.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
 from collections import OrderedDict
@@ -22,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._base.errors import HostViewError
+from .pages import maps_line
 
 #: Descriptors a reader of several files keeps open between groups, at most (a group's
 #: reads may need more at once: those are closed once it is read).
@@ -62,8 +66,9 @@ class PartFile(NamedTuple):
     """Where one part's rows are: the file (its name in `/proc/self/maps`; the mapping's
     range there, `lo-hi` in hex, opened through `/proc/self/map_files` first, and its path
     where it has one), its identity (the maps line's device, `MM:mm` in hex, and inode),
-    where the part starts in it and the bytes of it the part needs (`end`). A thousand are
-    made as a stream starts: a tuple each, read further only when one is opened."""
+    where the part starts in it and the bytes of it the part needs (`end`). Of parts that
+    are no `np.memmap`'s, a thousand are made as a stream starts: a tuple each, read
+    further only when one is opened (a memmap's is made then: `MemmapPart.place`)."""
 
     path: str
     mapping: str
@@ -78,6 +83,11 @@ class PartFile(NamedTuple):
         """(device, inode), as `os.fstat` gives them."""
         major, _, minor = self.device.partition(":")
         return os.makedev(int(major, 16), int(minor, 16)), self.inode
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """What names this file among a reader's (its identity)."""
+        return self.identity
 
     def open(self) -> int | None:
         """The file opened read-only, checked to be this one and long enough; None where
@@ -104,6 +114,106 @@ class PartFile(NamedTuple):
                 raise HostViewError(self.path, *truncated(size, self.end))
             return fd
         return None
+
+
+class MemmapPart(NamedTuple):
+    """Where one part's rows are in the file an `np.memmap` maps, taken from the memmap
+    itself (`filename`, `offset`: no read of `/proc/self/maps`, which a thousand shards'
+    start would pay for every one), its identity checked when it is opened (`open`): the
+    file opened is the one the mapping holds, or nothing is read from it.
+
+    `path` is the memmap's file, `offset` and `end` the bytes of it the part needs,
+    `array` the `np.memmap` made over `mapping` (the `mmap.mmap` it lies in), `view` the
+    part itself."""
+
+    path: str
+    offset: int
+    end: int
+    array: np.memmap[Any, Any]
+    mapping: mmap.mmap
+    view: np.ndarray[Any, Any]
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """What names this file among a reader's (its path and the part's offset)."""
+        return self.path, self.offset
+
+    def place(self) -> PartFile | None:
+        """The part's file as its mapping holds it now: the mapping's own file's identity
+        from `/proc/self/map_files` (a lookup of one mapping, by its exact range), or,
+        where that cannot be had (the mapping split or merged, no `/proc`), from the maps
+        line holding the part (`described`); None where neither says it is one file at
+        the memmap's offset (a memmap whose `offset` was changed is read from nowhere)."""
+        array, mapping = self.array, self.mapping
+        try:
+            low = np.frombuffer(mapping, np.uint8, count=1).ctypes.data
+        except ValueError:  # closed
+            return None
+        if array.__array_interface__["data"][0] - low != array.offset % mmap.ALLOCATIONGRANULARITY:
+            return None
+        high = low + -(-len(mapping) // mmap.PAGESIZE) * mmap.PAGESIZE
+        name = f"{low:x}-{high:x}"
+        try:
+            info = os.stat("/proc/self/map_files/" + name)
+        except OSError:
+            start = self.view.__array_interface__["data"][0]
+            found = described(self.end - self.offset, start, maps_line(start))
+            return found if found is not None and found.offset == self.offset else None
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        device = f"{os.major(info.st_dev):x}:{os.minor(info.st_dev):x}"
+        return PartFile(self.path, name, self.path, device, info.st_ino, self.offset, self.end)
+
+    def open(self) -> int | None:
+        """The file opened read-only, checked to be the one the mapping holds and long
+        enough (`PartFile.open`); None where it cannot be opened as that file.
+
+        Raises:
+            HostViewError: naming the file, where it is shorter than the part needs.
+        """
+        place = self.place()
+        return None if place is None else place.open()
+
+
+def memmap_part(view: np.ndarray[Any, Any]) -> MemmapPart | None:
+    """Where `view` lies in the file of the `np.memmap` it is a view of (shared or
+    read-only: a copy-on-write memmap's pages may differ from its file's), taken from the
+    memmap (a microsecond or two: a thousand shards' start pays it for every one); None
+    where it is no such view (then the maps say: `described`)."""
+    base: Any = view
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    mapping = base.base
+    if not (isinstance(mapping, mmap.mmap) and isinstance(base, np.memmap) and base.mode != "c"):
+        return None
+    path = base.filename  # a str or a Path, absolute (None: a file object's without a name)
+    if path.__class__ is not str:
+        if not isinstance(path, os.PathLike):
+            return None
+        path = os.fspath(path)
+    offset = int(base.offset)
+    if base is not view:  # a view of the memmap: where it starts in it
+        offset += view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return MemmapPart(path, offset, offset + view.nbytes, base, mapping, view)
+
+
+def described(nbytes: int, start: int, fields: list[str] | None) -> PartFile | None:
+    """The file of the `nbytes` from address `start`, from the maps line holding that
+    byte, where they are all in that one mapping and the file holds what its pages hold
+    (read-only or shared: a private writable map may have been written to); else None."""
+    if fields is None or len(fields) < 6:  # no path: anonymous memory
+        return None
+    address, perms, offset, device, inode_text, path = fields
+    low, _, high = address.partition("-")
+    try:
+        lo, hi, inode = int(low, 16), int(high, 16), int(inode_text)
+        file_offset = int(offset, 16) + (start - lo)
+    except ValueError:
+        return None
+    if inode == 0 or start + nbytes > hi or (perms[1] == "w" and perms[3] != "s"):
+        return None
+    by_path = path if path[:1] == "/" and not path.endswith(" (deleted)") else ""
+    return PartFile(path, address, by_path, device, inode, file_offset, file_offset + nbytes)
 
 
 def truncated(size: int, end: int) -> tuple[str, str]:
@@ -150,7 +260,7 @@ class Descriptors:
 
     def __init__(
         self,
-        files: list[PartFile],
+        files: list[PartFile | MemmapPart],
         fds: list[int],
         most: int = OPEN_MOST,
         guard: Callable[[], AbstractContextManager[object]] = nullcontext,

@@ -26,7 +26,16 @@ import numpy as np
 from .._base.errors import HostViewError
 from .exact import read_at
 from .pages import in_numpy_memory, maps_line, maps_lines
-from .parts import OPEN_MOST, Descriptors, PartFile, pieces, truncated
+from .parts import (
+    OPEN_MOST,
+    Descriptors,
+    MemmapPart,
+    PartFile,
+    described,
+    memmap_part,
+    pieces,
+    truncated,
+)
 from .uring import BatchReads
 
 
@@ -48,7 +57,16 @@ class FileWindows:
     one reader, one thread at a time.
     """
 
-    __slots__ = ("_batch", "_edges", "_files", "_results", "_row", "_submitted", "length")
+    __slots__ = (
+        "_batch",
+        "_edges",
+        "_files",
+        "_offsets",
+        "_results",
+        "_row",
+        "_submitted",
+        "length",
+    )
 
     def __init__(
         self,
@@ -62,6 +80,7 @@ class FileWindows:
     ) -> None:
         self._files = files
         self._edges = np.asarray(edges, np.int64)  # part i's rows: edges[i] to edges[i + 1]
+        self._offsets = np.asarray([f.offset for f in files.files], np.int64)  # part i's byte 0
         self._row = row  # bytes of one row of the views
         self.length = length  # rows per window
         self._batch = BatchReads.open(polled=polled) if io_uring else None
@@ -80,13 +99,12 @@ class FileWindows:
         if len(self._files.files) == 1:  # one file: a read a window
             index = np.arange(flat.size, dtype=np.int64)
             part = np.zeros(flat.size, np.int64)
-            offset = self._files.files[0].offset + flat * row
+            offset = self._offsets[0] + flat * row
             nbytes = np.full(flat.size, size, np.int64)
             within = np.zeros(flat.size, np.int64)
         else:
             index, part, first, rows, at = pieces(self._edges, flat, self.length)
-            offsets = np.asarray([f.offset for f in self._files.files], np.int64)
-            offset = offsets[part] + first * row
+            offset = self._offsets[part] + first * row
             nbytes = rows * row
             within = at * row
         which, slot = np.divmod(index, windows)
@@ -110,9 +128,11 @@ class FileWindows:
         return ring is not None and ring.polled
 
     @property
-    def identity(self) -> tuple[tuple[int, int], ...]:
-        """The files read, each as (device, inode): the same files whatever their names."""
-        return tuple(f.identity for f in self._files.files)
+    def identity(self) -> tuple[tuple[int, int] | tuple[str, int], ...]:
+        """The files read, each as (device, inode) (the same files whatever their names),
+        or, for an `np.memmap`'s (its identity looked up only when it is opened), as its
+        path and the part's offset."""
+        return tuple(f.key for f in self._files.files)
 
     @property
     def way(self) -> str:
@@ -314,27 +334,6 @@ class _Pieces:
         )
 
 
-def _described(view: np.ndarray[Any, Any], start: int, fields: list[str] | None) -> PartFile | None:
-    """The file `view` (its first byte at address `start`) maps, from the maps line holding
-    that byte, where the whole view is in that one mapping and the file holds what its
-    pages hold (read-only or shared: a private writable map may have been written to);
-    else None."""
-    if fields is None or len(fields) < 6:  # no path: anonymous memory
-        return None
-    address, perms, offset, device, inode_text, path = fields
-    low, _, high = address.partition("-")
-    try:
-        lo, hi, inode = int(low, 16), int(high, 16), int(inode_text)
-        file_offset = int(offset, 16) + (start - lo)
-    except ValueError:
-        return None
-    nbytes = view.nbytes
-    if inode == 0 or start + nbytes > hi or (perms[1] == "w" and perms[3] != "s"):
-        return None
-    by_path = path if path[:1] == "/" and not path.endswith(" (deleted)") else ""
-    return PartFile(path, address, by_path, device, inode, file_offset, file_offset + nbytes)
-
-
 def _file_backed(view: np.ndarray[Any, Any]) -> bool:
     """Whether `view` may be a file's mapping, read by position (Linux, C-contiguous, not
     empty, not memory numpy allocated)."""
@@ -384,7 +383,7 @@ def mapped_file(
     if not _file_backed(view):
         return None
     start = view.ctypes.data
-    part = _described(view, start, maps_line(start) if line is None else line)
+    part = described(view.nbytes, start, maps_line(start) if line is None else line)
     fd = None if part is None else part.open()
     if part is None or fd is None:
         return None
@@ -411,10 +410,13 @@ def mapped_files(
     view i's rows from `edges[i]` to `edges[i + 1]` of one range), or None unless every
     view maps a file that can be read so (nothing is left open then).
 
-    `/proc/self/maps` is read once for all of them. Where there are more than
-    `parts.OPEN_MOST`, only the first file is opened now (the rest as reads need them,
-    a few kept open at a time: `parts.Descriptors`, each opened or closed inside
-    `guard()`: the caller's Ctrl-C held back); else every one, each checked whole.
+    Where a view lies in an `np.memmap` (nanoGPT's shards), its file and offset are the
+    memmap's own, its identity checked against its mapping when it is first opened
+    (`parts.MemmapPart`); for the rest `/proc/self/maps` is read once for all of them.
+    Where there are more than `parts.OPEN_MOST`, only the first file is opened now (the
+    rest as reads need them, a few kept open at a time: `parts.Descriptors`, each opened
+    or closed inside `guard()`: the caller's Ctrl-C held back); else every one, each
+    checked whole.
 
     Raises:
         HostViewError: a file opened now is shorter than its view needs.
@@ -423,21 +425,23 @@ def mapped_files(
     # a file's mapping has an anonymous maps line.
     if not _file_backed(views[0]) or not all(v.flags.c_contiguous and v.size for v in views):
         return None
-    starts = [view.__array_interface__["data"][0] for view in views]
-    parts = []
-    for view, start, line in zip(views, starts, maps_lines(starts), strict=True):
-        part = _described(view, start, line)
+    parts: list[PartFile | MemmapPart | None] = [memmap_part(view) for view in views]
+    rest = [index for index, part in enumerate(parts) if part is None]
+    starts = [views[index].__array_interface__["data"][0] for index in rest]
+    lines = maps_lines(starts) if starts else []  # read only where a view is no memmap's
+    for index, start, line in zip(rest, starts, lines, strict=True):
+        parts[index] = part = described(views[index].nbytes, start, line)
         if part is None:
             return None
-        parts.append(part)
+    found = [part for part in parts if part is not None]  # every one, by now
     fds: list[int] = []
     try:
-        for part in parts[: len(parts) if len(parts) <= OPEN_MOST else 1]:
-            fd = part.open()
+        for file in found[: len(found) if len(found) <= OPEN_MOST else 1]:
+            fd = file.open()
             if fd is None:
                 return None
             fds.append(fd)
-        files = Descriptors(parts, fds + [-1] * (len(parts) - len(fds)), guard=guard)
+        files = Descriptors(found, fds + [-1] * (len(found) - len(fds)), guard=guard)
         fds = []
         row = _row_bytes(views[0])
         return FileWindows(files, edges, row, length, io_uring=io_uring, polled=polled)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,3 +113,88 @@ class TestDescriptors:
         with pytest.raises(HostViewError, match=r"shard_0033\.bin.*truncated after it was mapped"):
             reader.read(np.array([33 * 50 + 5]), np.empty((1, 8), np.uint16))
         reader.close()
+
+
+def read_all(reader: positional.FileWindows, starts: np.ndarray, length: int) -> np.ndarray:
+    out = np.empty((starts.size, length), np.uint16)
+    reader.read(starts, out)
+    return out
+
+
+class TestMemmapShards:
+    def test_a_memmaps_file_is_found_without_reading_the_maps(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Shards that are `np.memmap`s (whole files, one at an offset, a slice of one): the
+        reader learns each file and offset from the memmap itself, never reading
+        `/proc/self/maps`, and reads the concatenation's windows exactly."""
+        views = shard_files(tmp_path, 3, 50)
+        np.arange(140, 250, dtype=np.uint16).tofile(tmp_path / "at_offset.bin")
+        views.append(np.memmap(tmp_path / "at_offset.bin", np.uint16, mode="r", offset=20))
+        np.arange(240, 400, dtype=np.uint16).tofile(tmp_path / "sliced.bin")
+        views.append(np.memmap(tmp_path / "sliced.bin", np.uint16, mode="r")[10:])
+
+        def no_maps(*_: object) -> None:
+            raise AssertionError("the maps were read")
+
+        monkeypatch.setattr(positional, "maps_lines", no_maps)
+        monkeypatch.setattr(parts, "maps_line", no_maps)
+        edges = np.cumsum([0, *(v.shape[0] for v in views)])
+        assert all(parts.memmap_part(view) is not None for view in views)
+        reader = positional.mapped_files(views, 8, edges, io_uring=False)
+        assert reader is not None
+        starts = np.arange(0, int(edges[-1]) - 8, 7, dtype=np.int64)
+        np.testing.assert_array_equal(read_all(reader, starts, 8), starts[:, None] + np.arange(8))
+        reader.close()
+
+    @pytest.mark.parametrize("lookup", ["map_files", "maps"])
+    def test_a_file_replaced_at_its_path_is_never_read(
+        self, lookup: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A shard's file renamed over by another after it was mapped, before the stream
+        first opens it: its windows are still the mapped file's, never the new file's,
+        whether the mapping's identity comes from `/proc/self/map_files` or (where that
+        lookup fails) from its maps line."""
+        views = shard_files(tmp_path, 40, 50)
+        edges = np.cumsum([0, *(v.shape[0] for v in views)])
+        reader = positional.mapped_files(views, 8, edges, io_uring=False)
+        assert reader is not None
+        if lookup == "maps":
+            stat = os.stat
+
+            def no_map_files(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+                if str(path).startswith("/proc/self/map_files/"):
+                    raise PermissionError(path)
+                return stat(path, *args, **kwargs)
+
+            monkeypatch.setattr(parts.os, "stat", no_map_files)
+        planted = tmp_path / "planted.bin"
+        np.full(50, 9, np.uint16).tofile(planted)
+        os.replace(planted, tmp_path / "shard_0033.bin")
+        starts = np.array([33 * 50 + 5, 32 * 50 + 45], np.int64)
+        np.testing.assert_array_equal(read_all(reader, starts, 8), starts[:, None] + np.arange(8))
+        reader.close()
+
+    def test_a_memmap_whose_offset_was_changed_is_refused_not_misread(self, tmp_path: Path) -> None:
+        """A memmap whose `offset` no longer says where it lies in its mapping: its file
+        is not opened (an error naming it), never read at the wrong offset."""
+        views = shard_files(tmp_path, 40, 50)
+        views[33].offset = 6
+        edges = np.cumsum([0, *(v.shape[0] for v in views)])
+        reader = positional.mapped_files(views, 8, edges, io_uring=False)
+        assert reader is not None
+        with pytest.raises(HostViewError, match=r"shard_0033\.bin.*can no longer be opened"):
+            read_all(reader, np.array([33 * 50 + 5]), 8)
+        reader.close()
+
+    def test_a_copy_on_write_memmap_among_shards_is_not_read_from_its_file(
+        self, tmp_path: Path
+    ) -> None:
+        """A shard mapped copy-on-write (`mode="c"`: its pages may differ from its file's)
+        makes the list no reader of files (the stream gathers from memory instead)."""
+        views = shard_files(tmp_path, 3, 50)
+        views[1] = np.memmap(tmp_path / "shard_0001.bin", np.uint16, mode="c")
+        views[1][:] = 7
+        assert parts.memmap_part(views[1]) is None
+        edges = np.cumsum([0, *(v.shape[0] for v in views)])
+        assert positional.mapped_files(views, 8, edges, io_uring=False) is None
