@@ -202,11 +202,12 @@ def _on_device(
         first = rest[0]
         work = on_device(token, separator_is, first.sharding)
         if not _compiled(work, first.shape, first.dtype, first.sharding):
-            if not whole:
-                return None
-            # The stacked calls compiled, the one for a group's last few not yet: those
-            # few from the host (the same values).
-            some_ids, some_positions = placed_from_host(plan, batches[whole:], None, separator)
+            # Still compiling: these batches' ids from the host (the same values), their
+            # tokens already placed (never sent twice).
+            stacked_all = buffer.whole() if not whole else None
+            some_ids, some_positions = placed_from_host(
+                plan, batches[whole:], stacked_all, separator
+            )
             return tokens + rest, ids + some_ids, positions + some_positions
         for start in range(0, len(rest), CALL_BATCHES):
             # Calls of CALL_BATCHES batches, the last one's filled with copies of its last
