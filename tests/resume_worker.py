@@ -5,8 +5,9 @@ Usage: python tests/resume_worker.py PORT PROCESS_ID
 Each process draws its rows of 6 global batches (4 rows, sharded by rows over 2 x 2
 devices) from one uninterrupted stream, then from a stream resumed at step 3 (by `start`
 and by the saved state), and reports its rows of each. Then, for a shuffled stream and a
-mixture, it reports its rows of 6 global batches by global row, and the state saved before
-each step: the test resumes each state in one process (2 -> 1) and compares.
+mixture, and packed rows, it reports its rows of 6 global batches by global row, and the
+state saved before each step: the test resumes each state in one process (2 -> 1) and
+compares.
 """
 
 from __future__ import annotations
@@ -56,6 +57,27 @@ def elastic(tokens: object, policy: devpolicy.Policy, **options: object) -> dict
     return {"batches": batches, "states": states}
 
 
+def packed_corpus() -> np.ndarray:
+    """Documents of 1 to 40 tokens, each ended by token 0 (the test builds the same)."""
+    lengths = (np.arange(3_000) * 7919) % 40 + 1
+    tokens = [np.append((np.arange(n) % 900) + 1, 0) for n in lengths.tolist()]
+    return np.concatenate(tokens).astype(np.uint16)
+
+
+def packed_elastic(policy: devpolicy.Policy) -> dict[str, object]:
+    """Six global batches of packed rows (this process's rows of the tokens, by global
+    row) and the state saved before each step."""
+    stream = devpolicy.windows(
+        packed_corpus(), 16, 2, order="shuffled", seed=11, steps=6, pack="first_fit",
+        separator=0, pad=999, policy=policy,
+    )  # fmt: skip
+    batches, states = [], [stream.state()]
+    for batch in stream:
+        batches.append(rows_by_index(batch["tokens"]))
+        states.append(stream.state())
+    return {"batches": batches, "states": states}
+
+
 def main() -> None:
     port, process_id = int(sys.argv[1]), int(sys.argv[2])
     jax.distributed.initialize(
@@ -94,6 +116,7 @@ def main() -> None:
                     "shapes": shapes,
                     "saved_step": saved["step"] if saved else None,
                     "shuffled": elastic(tokens, policy, order="shuffled", stride=3),
+                    "packed": packed_elastic(policy),
                     "mixed": elastic(
                         {"low": tokens[:60_000], "high": tokens[60_000:]},
                         policy,

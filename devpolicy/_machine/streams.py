@@ -37,6 +37,10 @@ class StreamTally:
     #: batches it handed out (once ended).
     count_sources: Callable[[int], dict[str, int]] | None = None
     sources: dict[str, int] | None = None
+    #: A packed stream's packing so far (rows, padding share, documents a row): what
+    #: tells it (while open), and what it told at the end.
+    count_packing: Callable[[], dict[str, Any]] | None = None
+    packing: dict[str, Any] | None = None
     #: How the stream reads its windows, and why (`windows`; None for `prefetch`).
     reads: str | None = None
     reads_why: str | None = None
@@ -67,11 +71,20 @@ class StreamTally:
         if count is not None:
             self.sources = count(self.batches if handed is None else handed)
             self.count_sources = None  # what counted them (the stream's draws) let go of
+        tell = self.count_packing
+        if tell is not None:
+            self.packing = tell()
+            self.count_packing = None
 
     def source_counts(self) -> dict[str, int] | None:
         """A mixture's windows of each source (see `count_sources`), else None."""
         count = self.count_sources
         return count(self.batches) if count is not None else self.sources
+
+    def packing_now(self) -> dict[str, Any] | None:
+        """A packed stream's packing so far (see `count_packing`), else None."""
+        tell = self.count_packing
+        return tell() if tell is not None else self.packing
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +107,9 @@ class LedgerStream:
         waited: Seconds the caller waited inside `next()` for a batch that was not ready.
         working: Seconds between pulls: the caller's own work (its step).
         span: Seconds from the first pull to the latest hand-out.
+        packing: A packed stream's rows packed so far (every process's, those packed
+            ahead included), the share of their tokens that is padding, and the
+            documents (pieces of longer ones counted apart) a row; None for windows.
     """
 
     name: str
@@ -109,6 +125,7 @@ class LedgerStream:
     waited: float = 0.0
     working: float = 0.0
     span: float = 0.0
+    packing: Mapping[str, Any] | None = None
 
     @property
     def waited_share(self) -> float | None:
@@ -143,9 +160,12 @@ def open_stream(
     rule: int | None,
     device: str,
     count_sources: Callable[[int], dict[str, int]] | None = None,
+    count_packing: Callable[[], dict[str, Any]] | None = None,
 ) -> StreamTally:
     """A new stream's tally, listed by `streams()` (and its recent batches by `report`)."""
-    tally = StreamTally(name, origin, rule, device, count_sources=count_sources)
+    tally = StreamTally(
+        name, origin, rule, device, count_sources=count_sources, count_packing=count_packing
+    )
     ended = [t for t in _tallies if not t.open]
     if len(ended) > _ENDED_KEPT:  # only the latest ended streams are kept
         dropped = {id(t) for t in ended[: len(ended) - _ENDED_KEPT]}
@@ -179,6 +199,7 @@ def streams() -> tuple[LedgerStream, ...]:
             t.waited,
             t.working,
             t.span,
+            t.packing_now(),
         )
         for t in list(_tallies)
     )
@@ -198,6 +219,14 @@ def stream_lines(listed: tuple[LedgerStream, ...]) -> list[str]:
     shares (a stream of one array has no line: `stream_ended` says its counts)."""
     lines = []
     for stream in listed:
+        state = "open" if stream.open else "ended"
+        packing = stream.packing
+        if packing:
+            lines.append(
+                f"stream {printable(stream.name)} ({state}, {stream.batches:,} batches): "
+                f"packed rows {packing['rows']:,}, padding {packing['padding_share']:.2%}, "
+                f"{packing['documents_per_row']:.2f} documents a row"
+            )
         sources = stream.sources
         if not sources:
             continue
@@ -205,7 +234,6 @@ def stream_lines(listed: tuple[LedgerStream, ...]) -> list[str]:
         shares = ", ".join(
             f"{printable(name)} {count:,} ({count / total:.1%})" for name, count in sources.items()
         )
-        state = "open" if stream.open else "ended"
         lines.append(
             f"stream {printable(stream.name)} ({state}, {stream.batches:,} batches): "
             f"windows by source: {shares}"

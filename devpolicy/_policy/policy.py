@@ -323,7 +323,8 @@ class Policy:
 
         The keywords are `devpolicy.windows`'s (`name`, `order`, `seed`, `stride`, `steps`,
         `epochs`, `weights`, `separator`, `separator_is`, `fields`, `reads`, `size`,
-        `narrow`, `start`, `resume`, `report_every`), defined once (`WindowsArguments`); a
+        `narrow`, `start`, `resume`, `report_every`, `pack`, `pad`, `open_rows`, `index`),
+        defined once (`WindowsArguments`); a
         keyword it does not take is a TypeError naming it.
 
         Example:

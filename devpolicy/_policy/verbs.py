@@ -600,6 +600,10 @@ def windows(
     start: int = 0,
     resume: Mapping[str, Any] | str | None = None,
     report_every: float | None = 60.0,
+    pack: Literal["first_fit"] | None = None,
+    pad: int | None = None,
+    open_rows: int | None = None,
+    index: str | os.PathLike[str] | None = None,
 ) -> _owner.WindowStream:
     """Batches of windows cut from a host array, each placed as `name` ahead of use.
 
@@ -671,12 +675,30 @@ def windows(
             dtype, a mixture's sources and weights, the shards' count and sizes) matches
             the saved one. A state saved
             by N processes resumes on M (each process's `batch` the global batch over M);
-            a random, shuffled or mixed stream also at another global batch, from the
-            same global row (a sequential pass at its own batch only).
+            a random, shuffled, mixed or packed stream also at another global batch,
+            from the same global row (a sequential pass at its own batch only).
         report_every: Seconds between `stream_progress` lines at info, each saying how
             the loop goes (the seconds it waited inside `next()` and between pulls, the
             waited share, batches a second); None or 0 for none. The same figures are in
             `stream_ended` and `devpolicy.report()`.
+        pack: "first_fit": each batch is `batch` rows of whole documents (the spans
+            between `separator` tokens) instead of windows: the documents, in the
+            file's order (`order="sequential"`, one pass) or shuffled each epoch
+            (`order="shuffled"`), each once an epoch, go first-fit into the oldest of
+            at most `open_rows` open rows they fit; a document longer than `length` is
+            cut into pieces of `length`; a row's rest is `pad` with segment id 0 and
+            position 0. Batches are dicts of tokens, segment ids (1, 2, ... for a row's
+            documents) and positions, as with `separator`. The documents are found from
+            an index built in one pass (a progress bar) and, for a token file, kept
+            beside it (or in `index`) for reuse, rebuilt whenever the file changed. The
+            last batch of a finite order is filled with rows of padding. `resume` is
+            exact from any step (at another global batch too); `start` is refused.
+            `stream_ended` and `report()` say the padding share and documents a row.
+        pad: The token that fills the rest of each packed row (needed with `pack`).
+        open_rows: Rows open to documents at once (default 16: padding about 0.9% at
+            length 2,048 for documents of 500 tokens on average; more pads less).
+        index: Where the document index of a token file is kept: a folder, or the
+            index file's path (default: beside the token file).
 
     Returns:
         A `WindowStream` of placed batches; `close()` ends it, `state()` says where it
@@ -689,7 +711,8 @@ def windows(
         TypeError: `tokens` (or a shard, `tokens[i]`) is not an array of numbers (a
             list of token ids, or objects, strings, dates or records).
         ValueError: a bad `length`, `batch`, `stride`, `steps`, `epochs`, `weights`,
-            `separator`, `fields`, `size`, `order`, `seed` or `start`, fewer rows than
+            `separator`, `fields`, `size`, `order`, `seed` or `start`, `pack` without
+            `separator` or `pad`, a `pad` outside the tokens' dtype, fewer rows than
             `length`, an empty list of shards or shards not 1-D or of mixed dtypes (the
             shard named), or batches ahead the host cannot hold.
         StreamStateError: `resume` is not a saved state, is damaged (every field at
@@ -726,6 +749,14 @@ def windows(
         ...     "positions": "inputs_position"}
         >>> sorted(next(devpolicy.windows(tokens, 4, 2, separator=0, fields=lm1b, policy=p)))
         ['inputs', 'inputs_position', 'inputs_segmentation']
+        >>> text = np.array([5, 5, 5, 0, 6, 0, 7, 7, 0], np.uint16)  # 3 documents
+        >>> rows = devpolicy.windows(text, 4, 2, pack="first_fit", separator=0, pad=9,
+        ...     policy=p)
+        >>> b = next(rows)
+        >>> b["tokens"].tolist(), b["segment_ids"].tolist()  # whole documents, padded
+        ([[5, 5, 5, 0], [6, 0, 9, 9]], [[1, 1, 1, 1], [1, 1, 0, 0]])
+        >>> next(rows)["tokens"].tolist()  # the last batch filled with a row of padding
+        [[7, 7, 0, 9], [9, 9, 9, 9]]
     """
     given = options_record(_arguments.WindowsArguments, locals())  # first: the arguments
     return _windows.windows(_decider_of(policy), given)

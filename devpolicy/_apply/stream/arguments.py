@@ -22,6 +22,7 @@ from ..._base.sizes import format_size
 from ..._machine.capacity import host_available_bytes
 from ..narrowing import NARROWER, Narrow, check_mode
 from .documents import FIELDS, SEPARATOR_KINDS, SeparatorIs
+from .packing import OPEN_ROWS, PackSettings, checked_pad, checked_settings
 from .prefetch import as_int, checked_size
 from .reading import ReadOptions, read_options
 from .shards import Shards
@@ -54,6 +55,38 @@ class WindowsArguments:
     start: int = 0
     resume: Mapping[str, Any] | str | None = None
     report_every: float | None = 60.0
+    pack: str | None = None
+    pad: int | None = None
+    open_rows: int | None = None
+    index: Any = None
+
+
+#: How documents are packed whole into rows (`pack=`).
+PACKINGS = ("first_fit",)
+
+
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """A packed stream's packing, checked: how (`PACKINGS`), its settings (the order of
+    the documents and its seed included), the padding token, where the document index is
+    kept (None: beside a token file)."""
+
+    how: str
+    settings: PackSettings
+    pad: int
+    where: Any
+
+    def saved(self, separator: tuple[int, SeparatorIs]) -> tuple[tuple[str, Any], ...]:
+        """What a saved state holds of it (matched on resume): how, the separator, its
+        side, the padding token and the open rows."""
+        token, side = separator
+        return (
+            ("how", self.how),
+            ("separator", token),
+            ("separator_is", side),
+            ("pad", self.pad),
+            ("open_rows", self.settings.open_rows),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +113,7 @@ class Checked:
     start: int
     saved: dict[str, Any] | None
     report_every: float | None
+    packing: Packing | None = None
 
     @property
     def starts(self) -> list[int]:
@@ -96,7 +130,7 @@ class Checked:
             self.seed,
             self.length,
             self.batch,
-            None if self.order == "random" else self.stride,
+            None if self.order == "random" or self.packing is not None else self.stride,
             self.steps,
             sum(part.shape[0] for part in self.views),
             tuple(int(n) for n in view.shape[1:]),
@@ -110,6 +144,11 @@ class Checked:
             ),
             weights=tuple(zip(self.names, self.shares, strict=True)) if self.shares else None,
             shards=self._shards(),
+            pack=(
+                None
+                if self.packing is None or self.separator is None
+                else self.packing.saved(self.separator)
+            ),
         )
 
     def _shards(self) -> str | tuple[tuple[str, str], ...] | None:
@@ -293,14 +332,16 @@ def checked(args: WindowsArguments) -> Checked:
         raise TypeError(f"windows name must be a str, got {type(name).__name__} {name!r}")
     narrow: Narrow = "lossy" if args.narrow == "lossy" else "exact"
     check_mode(args.narrow)
+    # Packed rows need a token, not a window's worth: a short document is padded.
+    fewest = length if args.pack is None else 1
     for index, part in enumerate(views):
-        if part.ndim == 0 or part.shape[0] < length:
+        if part.ndim == 0 or part.shape[0] < fewest:
             rows = part.shape[0] if part.ndim else 0
             which = f"source {sources[index][0]!r}" if sources else "the array"
             if isinstance(part, Shards):
                 which += f" (its {len(part.sizes):,} shards, in all)"
             raise ValueError(
-                f"windows of length {length} need at least {length} rows along the first "
+                f"windows of length {length} need at least {fewest} rows along the first "
                 f"dimension; {which} has {rows} (shape {part.shape})"
             )
     documents = _separator(args.separator, args.separator_is, view)
@@ -311,7 +352,7 @@ def checked(args: WindowsArguments) -> Checked:
     stride = length if stride is None else _positive("stride", stride)
     # A stride past the last start gives one window a pass, as that last start does
     # (and keeps the offsets within int64).
-    stride = min(stride, max(starts))
+    stride = max(1, min(stride, max(starts)))  # packed rows: a corpus shorter than a row
     first = as_int(args.start)
     if first is None or not 0 <= first < LAST_STEP:
         raise ValueError(f"windows start must be an int from 0 to 2**63 - 1, got {args.start!r}")
@@ -333,6 +374,7 @@ def checked(args: WindowsArguments) -> Checked:
             )
         # Drawn here, so that the stream's state can name it and a resume draw the same.
         number = secrets.randbits(63) if saved is None else saved["seed"]
+    packing = _packing(args, length, view, bool(sources), documents, number)
     _batch_fits(
         view,
         length,
@@ -361,7 +403,81 @@ def checked(args: WindowsArguments) -> Checked:
         first,
         saved,
         every,
+        packing,
     )
+
+
+def _packing(
+    args: WindowsArguments,
+    length: int,
+    view: TokenView,
+    mixture: bool,
+    documents: tuple[int, SeparatorIs] | None,
+    seed: int | None,
+) -> Packing | None:
+    """`pack=` and its arguments checked (None: windows, not packed rows); every fault
+    names the argument and what it takes."""
+    pack = args.pack
+    if pack is None:
+        given = [
+            name
+            for name, value in (("pad", args.pad), ("open_rows", args.open_rows),
+                                ("index", args.index))
+            if value is not None
+        ]  # fmt: skip
+        if given:
+            raise ValueError(
+                f"windows {given[0]}= applies to packed rows only: pass pack='first_fit' "
+                "(with separator=) or leave it out"
+            )
+        return None
+    if pack not in PACKINGS:
+        raise ValueError(f"windows pack must be one of {PACKINGS} or None, got {pack!r}")
+    if documents is None:
+        raise ValueError(
+            "windows pack= packs documents, the spans between separator tokens: pass "
+            "separator= (the token that ends, or with separator_is='bos' starts, each one)"
+        )
+    if mixture or isinstance(view, Shards):
+        raise ValueError(
+            "windows pack= packs the documents of one array of tokens; "
+            + ("a mixture's sources" if mixture else "shards (a list of arrays)")
+            + " are not packed yet: pack each corpus from one token file, or leave pack= out"
+        )
+    order = args.order
+    if order not in ("sequential", "shuffled"):
+        raise ValueError(
+            "windows pack= takes order='sequential' (documents in the file's order, one "
+            f"pass) or 'shuffled' (the documents shuffled each epoch), got order={order!r}"
+        )
+    if args.stride is not None:
+        raise ValueError(
+            f"windows stride= moves windows; packed rows are made of whole documents: "
+            f"leave stride= out with pack= (got stride={args.stride!r})"
+        )
+    if args.reads is not None:
+        raise ValueError(
+            "windows reads= chooses how windows are read; packed rows copy each "
+            "document from memory or the file's mapping: leave reads= out with pack="
+        )
+    if as_int(args.start):
+        raise ValueError(
+            f"windows start={args.start!r} with pack=: a packed row depends on every row "
+            "before it, so a step is reached exactly only from a saved state: pass "
+            "resume=stream.state() (saved by the packed stream), or start at 0"
+        )
+    if args.pad is None:
+        raise ValueError(
+            "windows pack= needs pad=: the token that fills the rest of each row (its "
+            "segment id is 0, so a model masks it)"
+        )
+    pad = checked_pad(args.pad, view.dtype)
+    open_rows = OPEN_ROWS if args.open_rows is None else args.open_rows
+    # A sequential packed stream is one pass over the documents, as a sequential one is
+    # over the windows.
+    epochs = 1 if order == "sequential" else args.epochs
+    settings = checked_settings(length, open_rows, order, seed, epochs)
+    return Packing(str(pack), settings, pad, args.index)
 
 
 def _report_every(value: object) -> float | None:

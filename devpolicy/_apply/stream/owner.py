@@ -32,6 +32,7 @@ from typing import Any, Literal
 from ..._base.errors import StreamEndedError
 from ..._machine.spans import STREAM_NEXT, span, tracing
 from .cutting import GroupCutter
+from .packstream import PackedCutter
 from .prefetch import BatchStream
 from .state import StreamState
 from .watching import LoopWatch, loop_fields
@@ -102,7 +103,7 @@ class WindowStream(BatchStream[Any]):
 
     def __init__(
         self,
-        cutter: GroupCutter,
+        cutter: GroupCutter | PackedCutter,
         state: StreamState,
         *,
         epoch_at: Callable[[int], int | dict[str, int]] | None = None,
@@ -113,7 +114,10 @@ class WindowStream(BatchStream[Any]):
         self._name = cutter.placer.name
         self._size = cutter.size
         self._failure: Exception | None = None
-        self._watch = LoopWatch(self._name, cutter.placer.events, count_sources, report_every)
+        packing = cutter.packing if isinstance(cutter, PackedCutter) else None
+        self._watch = LoopWatch(
+            self._name, cutter.placer.events, count_sources, report_every, packing
+        )
         self._cutter = cutter
         self._state = state
         self._status: Status = "open"
@@ -313,6 +317,7 @@ class WindowStream(BatchStream[Any]):
                     "reads_with": cutter.reads_with,
                     "reads_why": cutter.reads_why,
                     "sources": tally.sources,
+                    **(tally.packing or {}),
                     **loop_fields(tally),
                     "error": None if failure is None else f"{type(failure).__name__}: {failure}",
                 },
@@ -384,8 +389,11 @@ class WindowStream(BatchStream[Any]):
             True
         """
         epoch_at = self._epoch_at
-        epoch = None if epoch_at is None else epoch_at(self._next)
-        return dataclasses.replace(self._state, step=self._next).saved(epoch)
+        step = self._next
+        epoch = None if epoch_at is None else epoch_at(step)
+        cutter = self._cutter
+        packing = cutter.state_at(step) if isinstance(cutter, PackedCutter) else None
+        return dataclasses.replace(self._state, step=step).saved(epoch, packing)
 
 
 def _arrays(batches: list[Any]) -> list[Any]:

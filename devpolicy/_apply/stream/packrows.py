@@ -56,6 +56,16 @@ class PackedRows:
         return self._packer.tally
 
     @property
+    def first(self) -> int:
+        """The first row this stream gives (the saved state's row, or 0)."""
+        return self._first
+
+    @property
+    def packed(self) -> int:
+        """The rows packed so far (from row 0: the first row's number included)."""
+        return self._packer.row
+
+    @property
     def settings(self) -> PackSettings:
         return self._packer.settings
 

@@ -31,9 +31,10 @@ from ..._base.errors import StreamStateError
 
 #: The key that marks a saved state, and its format's version.
 STATE_KEY = "devpolicy.windows"
-STATE_VERSION = 3
-#: The versions read back: 1 had no epochs, global batch or mixture; 2 no `row`.
-_VERSIONS = (1, 2, 3)
+STATE_VERSION = 4
+#: The versions read back: 1 had no epochs, global batch or mixture; 2 no `row`; 3 no
+#: packing.
+_VERSIONS = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,16 +61,25 @@ class StreamState:
     #: Shards' count and sizes (`Shards.fingerprint`): one source's, or a mixture's
     #: (name, fingerprint) for each source given as shards; None where none is.
     shards: str | tuple[tuple[str, str], ...] | None = None
+    #: A packed stream's packing (how, separator, its side, pad, open rows), matched on
+    #: resume; None for windows. Where packing is at the step is saved beside it
+    #: (`packing`, from the packer), checked by the packer itself.
+    pack: tuple[tuple[str, Any], ...] | None = None
 
     @property
     def row(self) -> int:
         """The global row `step` starts at: every process's rows handed out before it."""
         return self.row_base + self.step * (self.global_batch or self.batch)
 
-    def saved(self, epoch: int | dict[str, int] | None = None) -> dict[str, Any]:
+    def saved(
+        self,
+        epoch: int | dict[str, int] | None = None,
+        packing: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """The state as plain JSON-able values (`json.dumps` it into a checkpoint's
         metadata, or keep it as it is); `epoch`, where given, says which epoch the step is
-        in (a mixture's, of each source), for people reading it."""
+        in (a mixture's, of each source), for people reading it; `packing`, a packed
+        stream's packing state at the step."""
         fields = asdict(self)
         del fields["row_base"]
         fields["row"] = self.row
@@ -81,6 +91,10 @@ class StreamState:
         shards = fields.pop("shards")
         if shards is not None:  # saved only where there are shards: older states read
             fields["shards"] = shards if isinstance(shards, str) else dict(shards)
+        pack = fields.pop("pack")
+        if pack is not None:  # saved only for packed rows
+            fields["pack"] = dict(pack)
+            fields["packing"] = packing
         if epoch is not None:
             fields["epoch"] = epoch
         return {STATE_KEY: STATE_VERSION, **fields}
@@ -102,8 +116,11 @@ _MATCHED = (
     "sources",
     "weights",
     "shards",
+    "pack",
 )
-_FIELDS = ("step", "row", "batch", "epoch", *_MATCHED)
+_FIELDS = ("step", "row", "batch", "epoch", "packing", *_MATCHED)
+#: A packed stream's `pack`: each key and what its value must be.
+_PACK_KEYS = ("how", "separator", "separator_is", "pad", "open_rows")
 #: The orders a state resumes at another global batch: their rows are drawn from global
 #: row counters (a sequential pass is the same windows in every process, by step).
 ELASTIC_ORDERS = ("random", "shuffled")
@@ -114,8 +131,9 @@ ELASTIC_ORDERS = ("random", "shuffled")
 LAST_STEP = 2**63
 #: Seeds are 64-bit: two seeds equal modulo 2**64 would draw the same windows.
 SEEDS = 2**64
-#: The longest JSON text read as a state (a saved state is a few hundred bytes).
-_MOST_TEXT = 64 * 1024
+#: The longest JSON text read as a state (a saved state is a few hundred bytes; a packed
+#: one holds its open rows' spans: 16 rows of up to a row's tokens of one-token documents).
+_MOST_TEXT = 16 * 2**20
 _ORDERS = ("sequential", "random", "shuffled")
 _FIX = "the saved state is damaged: save stream.state() again, or start without resume="
 # A damaged state is shown short and shallow (a deeply nested one would exhaust repr).
@@ -156,10 +174,34 @@ def _field_problems(fields: Mapping[str, Any]) -> list[tuple[str, str]]:
         "steps", steps is None or _whole(steps, 1, LAST_STEP + 1), "null or an int from 1 to 2**63"
     )
     seed, stride = get("seed"), get("stride")
+    pack = get("pack")
+    need(
+        "pack",
+        pack is None
+        or (
+            isinstance(pack, Mapping)
+            and set(pack) == set(_PACK_KEYS)
+            and pack["how"] == "first_fit"
+            and pack["separator_is"] in ("eos", "bos")
+            and all(_whole(pack[k], -(2**63), 2**64) for k in ("separator", "pad"))
+            and _whole(pack["open_rows"], 1)
+        ),
+        f"null or a mapping of {', '.join(_PACK_KEYS)} (a packed stream's)",
+    )
+    if pack is not None:
+        need(
+            "packing",
+            isinstance(get("packing"), Mapping),
+            "a mapping (the packing state a packed stream saved)",
+        )
     if order in ("random", "shuffled"):
         need("seed", _whole(seed, 0, SEEDS), f"an int from 0 to 2**64 - 1 (a {order} stream's)")
-    if order == "random":
-        need("stride", stride is None, "null (a random stream has no stride)")
+    if order == "random" or pack is not None:
+        need(
+            "stride",
+            stride is None,
+            f"null (a {'packed' if pack else 'random'} stream has no stride)",
+        )
     elif order in ("sequential", "shuffled"):
         if order == "sequential":
             need("seed", seed is None, "null (a sequential stream has no seed)")
@@ -266,6 +308,7 @@ def read_state(saved: object) -> dict[str, Any]:
         fields.setdefault("sources", None)
         fields.setdefault("weights", None)
     fields.setdefault("shards", None)  # saved only where a source is shards
+    fields.setdefault("pack", None)  # and only for packed rows
     if marker < 3 and _whole(fields.get("step"), 0) and _whole(fields.get("global_batch"), 1):
         fields.setdefault("row", fields["step"] * fields["global_batch"])
     problems = _field_problems(fields)
@@ -281,6 +324,8 @@ def read_state(saved: object) -> dict[str, Any]:
             fields[name] = tuple(fields[name].items())
     if isinstance(fields["shards"], Mapping):
         fields["shards"] = tuple(fields["shards"].items())
+    if fields["pack"] is not None:
+        fields["pack"] = tuple((key, fields["pack"][key]) for key in _PACK_KEYS)
     return fields
 
 
@@ -292,7 +337,8 @@ def resumed(saved: Mapping[str, Any], stream: StreamState) -> StreamState:
     Raises:
         StreamStateError: naming every field that differs, with both values.
     """
-    elastic = stream.order in ELASTIC_ORDERS
+    # Packed rows are numbered globally too: a packed stream of either order is elastic.
+    elastic = stream.order in ELASTIC_ORDERS or stream.pack is not None
     differ = [
         name
         for name in _MATCHED

@@ -22,6 +22,7 @@ class LoopWatch:
     its caller's loop; one owner, under its lock."""
 
     __slots__ = (
+        "_count_packing",
         "_count_sources",
         "_end",
         "_events",
@@ -38,8 +39,10 @@ class LoopWatch:
         events: EventLog,
         count_sources: Callable[[int], dict[str, int]] | None,
         report_every: float | None,
+        count_packing: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._name = name
+        self._count_packing = count_packing  # a packed stream's padding and documents
         self._events = events
         self._count_sources = count_sources  # a mixture's windows by source
         self._report_every = report_every  # seconds between `stream_progress` lines
@@ -63,7 +66,9 @@ class LoopWatch:
         tally = self.tally
         if tally is None:
             origin, rule, device = decided
-            tally = self.tally = open_stream(self._name, origin, rule, device, self._count_sources)
+            tally = self.tally = open_stream(
+                self._name, origin, rule, device, self._count_sources, self._count_packing
+            )
             end = self._end = weakref.finalize(owner, tally.close)
             end.atexit = False
         tally.add(arrays, nbytes, batches)

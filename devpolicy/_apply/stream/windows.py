@@ -21,13 +21,16 @@ from ..._base.errors import StreamStateError
 from ..._decide.decider import Decider
 from .arguments import Checked, WindowsArguments, checked
 from .cutting import GroupCutter
+from .indexfile import index_of
 from .mixing import PERIOD_MOST, Mixed, MixedViews
 from .owner import WindowStream
+from .packrows import PackedRows
+from .packstream import PackedCutter, PackedSteps
 from .placing import GroupPlacer
 from .sampling import Random, Rows, Sampler, Sequential
 from .shards import Shards
 from .shuffling import SMALL, Shuffled
-from .state import STATE_KEY, resumed
+from .state import STATE_KEY, StreamState, resumed
 
 
 def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
@@ -51,6 +54,8 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
     saved = given.saved
     if saved is not None:
         state = resumed(saved, state)  # at another global batch: from the saved row
+    if given.packing is not None:
+        return _packed(decider, given, placer, rows, state)
     # A mixture, or shards: several arrays as one range of rows.
     joined = given.names or any(isinstance(part, Shards) for part in views)
     mixture = MixedViews(views, given.length) if joined else None
@@ -104,6 +109,53 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
         state,
         epoch_at=epoch_at,
         count_sources=count_sources,
+        report_every=given.report_every,
+    )
+    stream.start()
+    return stream
+
+
+def _packed(
+    decider: Decider, given: Checked, placer: GroupPlacer, rows: Rows, state: StreamState
+) -> WindowStream:
+    """A stream of packed rows (`pack=`): the documents of the tokens found from their
+    index (kept beside a token file, built where there is none or it no longer
+    describes the file), packed from row 0 or from the saved packing state."""
+    packing = given.packing
+    separator = given.separator
+    assert packing is not None
+    assert separator is not None
+    view = given.views[0]
+    assert isinstance(view, np.ndarray)
+    index = index_of(view, *separator, decider.events, where=packing.where)
+    saved = given.saved
+    kept = None if saved is None else saved["packing"]
+    packed = PackedRows(index, packing.settings, kept)
+    row = state.row
+    # Where packing ended before the saved row, the stream was saved at its end.
+    if (
+        saved is not None
+        and packed.first != row
+        and (row < packed.first or packed.rows(packed.first, 1).rows)
+    ):
+        raise StreamStateError(
+            "resume['packing']",
+            f"the packing state is at row {packed.first}, and the stream's at row {row}",
+            "the saved state is damaged: save stream.state() again, or start without resume=",
+        )
+    steps = PackedSteps(packed, rows.per_step, rows.own, state.row_base, given.steps)
+    if given.steps is not None and state.step > given.steps:
+        raise StreamStateError(
+            "resume['step']",
+            f"the saved step {state.step} is past the end of this stream, which has "
+            f"{given.steps} batches",
+            "the saved state is damaged: save stream.state() again, or start without resume=",
+        )
+    cutter = PackedCutter(view, steps, placer, given.size, packing.pad, given.length, given.fields)
+    stream = WindowStream(
+        cutter,
+        state,
+        epoch_at=None,
         report_every=given.report_every,
     )
     stream.start()

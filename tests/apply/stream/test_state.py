@@ -311,7 +311,7 @@ class TestElasticResume:
 
     @pytest.mark.slow
     def test_two_processes_resume_on_one_with_the_same_global_batches(self) -> None:
-        """A shuffled stream and a shuffled mixture drawn by 2 jax.distributed processes
+        """A shuffled stream, a shuffled mixture and packed rows drawn by 2 jax.distributed processes
         (2 rows each of a global batch of 4): the state saved before each step, resumed
         here by one process with batch 4, yields the global batches from that step on,
         element by element, and with another global batch (3, 6) the same rows from the
@@ -325,6 +325,7 @@ class TestElasticResume:
                 {"order": "shuffled", "weights": {"low": 3, "high": 1}},
             ),
         }
+        self.check_packed(reports)
         for case, (source, options) in cases.items():
             states = [r[case]["states"] for r in reports]
             assert states[0] == states[1]
@@ -352,6 +353,34 @@ class TestElasticResume:
                     rows = [w for b in resumed for w in np.asarray(b).tolist()]
                     assert rows[: len(flat)] == flat[: len(rows)]
                     assert bool(rows) == bool(flat)  # none past the last step
+
+    @staticmethod
+    def check_packed(reports: list[Any]) -> None:
+        """Packed rows drawn by the 2 processes: each state resumed by one process, at the
+        global batch of 4 and at 3 and 6, gives the same rows from the same row."""
+        lengths = (np.arange(3_000) * 7919) % 40 + 1  # as the worker's `packed_corpus`
+        tokens = np.concatenate(
+            [np.append((np.arange(n) % 900) + 1, 0) for n in lengths.tolist()]
+        ).astype(np.uint16)
+        states = [r["packed"]["states"] for r in reports]
+        assert states[0] == states[1]
+        global_batches = []
+        for step in range(6):
+            rows: dict[int, list[int]] = {}
+            for report in reports:
+                rows |= {int(k): v for k, v in report["packed"]["batches"][step].items()}
+            global_batches.append([rows[i] for i in range(4)])
+        options = {"order": "shuffled", "seed": 11, "pack": "first_fit", "separator": 0,
+                   "pad": 999, "policy": policy_of()}  # fmt: skip
+        for step, saved in enumerate(states[0]):
+            assert saved["step"] == step
+            flat = [row for batch in global_batches[step:] for row in batch]
+            for batch in (4, 3, 6):
+                resumed = devpolicy.windows(tokens, 16, batch, resume=saved, steps=6, **options)
+                rows_got = [r for b in resumed for r in np.asarray(b["tokens"]).tolist()]
+                assert rows_got[: len(flat)] == flat[: len(rows_got)]
+                if batch == 4:
+                    assert rows_got == flat
 
 
 @given(

@@ -1,0 +1,393 @@
+"""A packed stream's groups (`windows(pack="first_fit")`): this process's rows of each
+step packed (`packrows`), their documents' spans copied from the tokens with the rest of
+each row padding, their segment ids and positions made from the layout (`packed`), and
+the three placed as a batch; the next group made ready while the current one is used.
+
+Packing and copying run on one worker thread, never on the caller's: an interrupt of a
+pull waits for nothing there and leaves the packer whole (the group's work stays recorded
+and is used by the next pull of that step; any other is waited out and dropped), and the
+rows are packed beside the caller's step. The last step of a finite order is filled with
+rows of padding (segment id 0), so every batch keeps its shape and every process its rows.
+A token file's size is looked at before each group is copied from its mapping: a file
+truncated under the stream is an error naming it, not SIGBUS. Measured against the
+unpacked stream and grain's packing in docs/benchmarks.md ("Documents kept whole"). No
+JAX here beyond the placer's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..._base.errors import HostViewError
+from ..._machine.spans import STREAM_PLACE, STREAM_READ, span
+from ..._read.pages import maps_line
+from .ahead import call_weakly
+from .cutting import GROUP_BYTES, GROUP_MAX
+from .documents import FIELDS, SEGMENT_BYTES
+from .groups import aligned
+from .interrupts import deferred_interrupts
+from .packed import Layout, gather, segments
+from .packrows import PackedRows
+from .placing import GroupPlacer
+from .state import LAST_STEP
+
+
+class PackedSteps:
+    """The packed rows of each step of a global batch of `per_step` rows (step s's from
+    global row `base + s * per_step`), this process's `own` of them, for `steps` steps at
+    most (None: until a finite order ends). Thread-safe: the worker packs, the caller asks
+    for the state at a step.
+
+    Example:
+        >>> from devpolicy._apply.stream.docindex import in_memory
+        >>> from devpolicy._apply.stream.packing import PackSettings
+        >>> index = in_memory(np.array([1, 1, 0, 2, 0, 3, 3, 3, 0]), 0, "eos")
+        >>> steps = PackedSteps(PackedRows(index, PackSettings(4, epochs=1)), 2, np.arange(2))
+        >>> layout = steps.take(0, 5)  # 3 rows, and one of padding to fill the last step
+        >>> layout.rows, layout.used.tolist()
+        (4, [4, 3, 2, 0])
+    """
+
+    __slots__ = ("_base", "_lock", "_own", "_pid", "_rows", "per_step", "steps")
+
+    def __init__(
+        self,
+        rows: PackedRows,
+        per_step: int,
+        own: np.ndarray[Any, Any],
+        base: int = 0,
+        steps: int | None = None,
+    ) -> None:
+        self._rows = rows
+        self.per_step = per_step
+        self._own = np.asarray(own, np.int64)
+        self._base = base
+        self.steps = steps
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    @property
+    def rows(self) -> int:
+        """This process's rows of a step."""
+        return int(self._own.size)
+
+    def _locked(self) -> threading.Lock:
+        if self._pid != os.getpid():  # a forked child: the parent's worker may hold it
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+        return self._lock
+
+    def take(self, first: int, most: int) -> Layout | None:
+        """This process's rows of steps `first` .. (up to `most` of them, fewer where a
+        finite order ends), step after step; None past the last step."""
+        last = LAST_STEP if self.steps is None else self.steps
+        count = min(most, last - first)
+        if count <= 0:
+            return None
+        per_step = self.per_step
+        with self._locked():
+            layout = self._rows.rows(self._base + first * per_step, count * per_step)
+        got = layout.rows
+        if not got:
+            return None
+        made = -(-got // per_step)  # steps: the last one's missing rows are padding
+        bounds = layout.bounds
+        if got < made * per_step:
+            bounds = np.concatenate((bounds, np.repeat(bounds[-1:], made * per_step - got)))
+            layout = Layout(layout.first, layout.length, bounds, layout.starts, layout.counts)
+        picked = (np.arange(made, dtype=np.int64)[:, None] * per_step + self._own).reshape(-1)
+        return layout.taken(picked)
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The packing state at step `step`'s first row (see `PackedRows.state_at`); past
+        the rows a finite order packed (a stream at its end), the state at its end."""
+        with self._locked():
+            rows = self._rows
+            return rows.state_at(min(self._base + step * self.per_step, rows.packed))
+
+    def tally(self) -> tuple[int, int, int]:
+        """Rows packed, their documents' tokens and their documents (or pieces)."""
+        with self._locked():
+            counted = self._rows.tally
+            return counted.rows, counted.tokens, counted.spans
+
+
+@dataclass(slots=True)
+class _Made:
+    """A group made ready on the worker: `count` batches' tokens, ids and positions, each
+    (count, rows, length), and what they hold (tokens of documents, documents)."""
+
+    count: int
+    tokens: np.ndarray[Any, Any]
+    ids: np.ndarray[Any, Any]
+    positions: np.ndarray[Any, Any]
+    used: int
+    spans: int
+
+
+class _Watched:
+    """The token file under a mapping, its size looked at before each copy."""
+
+    __slots__ = ("end", "fd", "path")
+
+    def __init__(self, fd: int, path: str, end: int) -> None:
+        self.fd = fd
+        self.path = path
+        self.end = end
+
+    def check(self) -> None:
+        """Raise where the file is shorter now than the mapping needs.
+
+        Raises:
+            HostViewError: naming the file.
+        """
+        size = os.fstat(self.fd).st_size
+        if size < self.end:
+            raise HostViewError(
+                self.path,
+                f"the file is {size:,} bytes, and the tokens mapped from it need "
+                f"{self.end:,}: it was truncated after it was mapped",
+                "do not rewrite a token file while a stream reads it; load it again",
+            )
+
+
+def _watched(view: np.ndarray[Any, Any]) -> _Watched | None:
+    """The file `view` maps, opened to be watched (its inode the mapping's), or None for
+    tokens in memory (or a file gone: nothing to watch by path)."""
+    if not view.size:
+        return None
+    fields = maps_line(view.ctypes.data)
+    if fields is None or len(fields) < 6 or not fields[5].startswith("/"):
+        return None
+    address, _, offset, _, inode, path = fields
+    if path.endswith(" (deleted)"):
+        return None
+    with deferred_interrupts():
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        if os.fstat(fd).st_ino != int(inode):  # replaced since it was mapped
+            os.close(fd)
+            return None
+        low = int(address.partition("-")[0], 16)
+        end = int(offset, 16) + view.ctypes.data - low + view.nbytes
+        return _Watched(fd, path, end)
+
+
+class PackedCutter:
+    """Cuts a packed stream's groups (`steps`) from `tokens` and places them by `placer`
+    (one owner, one thread at a time: the stream's lock; the worker thread packs and
+    copies). `size` is the batches the stream places ahead of use; `pad` fills a row's
+    rest."""
+
+    __slots__ = (
+        "__weakref__",  # the worker's work holds the cutter weakly
+        "_ahead",
+        "_cut_before",
+        "_fields",
+        "_group",
+        "_length",
+        "_pad",
+        "_pid",
+        "_steps",
+        "_tokens",
+        "_watch",
+        "_worker",
+        "placer",
+        "reads",
+        "reads_why",
+        "reads_with",
+        "size",
+    )
+
+    def __init__(
+        self,
+        tokens: np.ndarray[Any, Any],
+        steps: PackedSteps,
+        placer: GroupPlacer,
+        size: int,
+        pad: int,
+        length: int,
+        fields: tuple[str, str, str] | None,
+    ) -> None:
+        self._tokens = tokens
+        self._steps = steps
+        self.placer = placer
+        self.size = size
+        self._pad = pad
+        self._length = length
+        self._fields = fields or FIELDS
+        batch_bytes = steps.rows * length * (placer.dtype.itemsize + SEGMENT_BYTES)
+        self._group = max(1, min(GROUP_MAX, GROUP_BYTES // max(1, batch_bytes)))
+        self._ahead: tuple[int, Future[Any]] | None = None
+        self._cut_before = False
+        self._worker: ThreadPoolExecutor | None = None
+        self._watch: _Watched | None = None
+        self._pid = os.getpid()
+        self.reads = "memory"
+        self.reads_why = "packed rows: each document's tokens copied from memory"
+        self.reads_with: str | None = None
+
+    def start(self, first: int) -> None:
+        """Open the file's watch (where the tokens are mapped) and start making the group
+        from step `first` (one batch), so that it is made while the caller does whatever
+        comes before the first pull."""
+        if self._worker is None:
+            watch = self._watch = _watched(self._tokens)
+            if watch is not None:
+                self.reads = "mapping"
+                self.reads_why = (
+                    "packed rows: each document's tokens copied from the file's mapping "
+                    "(its size looked at before each group)"
+                )
+            self._worker = ThreadPoolExecutor(1, "devpolicy-packed")
+        if self._ahead is None:
+            self._submit(first, 1)
+
+    def _submit(self, first: int, most: int) -> Future[Any]:
+        assert self._worker is not None
+        made = weakref.WeakMethod(self._made)
+        # Recorded as the call returns: an interrupt after it leaves it recorded or not
+        # submitted at all; a recorded one is used, or waited out.
+        work = self._worker.submit(call_weakly, made, first, most)
+        self._ahead = (first, work)
+        return work
+
+    def cut(self, first: int) -> tuple[list[Any], int] | None:
+        """The batches of the group from step `first`, placed, and their bytes; None past
+        the last step. The group made ahead is used where it is this one, else waited out
+        and dropped; the one after is started before this one is placed."""
+        if self._worker is None:
+            self.start(first)
+        ahead = self._ahead
+        if ahead is not None and ahead[0] != first:
+            self.settle()
+            ahead = None
+        if ahead is None:
+            most = min(self._group, GROUP_MAX) if self._cut_before else 1
+            work = self._submit(first, most)
+        else:
+            work = ahead[1]
+        self._cut_before = True
+        made: _Made | None = work.result()  # what the worker raised, raised here
+        self._ahead = None
+        if made is None:
+            return None
+        self._submit(first + made.count, self._group)
+        with span(STREAM_PLACE, name=self.placer.name, batches=made.count):
+            return self._place(made)
+
+    def _made(self, first: int, most: int) -> _Made | None:
+        """The group from step `first` (up to `most` batches) packed and copied (on the
+        worker thread)."""
+        layout = self._steps.take(first, most)
+        if layout is None:
+            return None
+        rows, length = self._steps.rows, self._length
+        count = layout.rows // rows
+        with span(STREAM_READ, reads=self.reads, batches=count):
+            if self._watch is not None:
+                self._watch.check()
+            placer = self.placer
+            target = placer.target
+            tokens = _buffer((count, rows, length), placer.dtype)
+            if target is None:
+                gather(self._tokens, layout, self._pad, tokens.reshape(count * rows, length))
+            else:  # 64-bit tokens, x64 off: narrowed as the stream narrows any batch
+                wide = gather(self._tokens, layout, self._pad)
+                for out, batch in zip(tokens, wide.reshape(count, rows, length), strict=True):
+                    placer._narrowed_into(batch, out, target)
+            ids = _buffer((count, rows, length), np.dtype(np.int32))
+            positions = _buffer((count, rows, length), np.dtype(np.int32))
+            flat = (count * rows, length)
+            segments(layout, (ids.reshape(flat), positions.reshape(flat)))
+        return _Made(
+            count, tokens, ids, positions, int(layout.counts.sum()), int(layout.counts.size)
+        )
+
+    def _place(self, made: _Made) -> tuple[list[Any], int]:
+        count = made.count
+        plan = self.placer.plan(made.tokens.shape[1:])
+        arrays = plan.place([*made.tokens, *made.ids, *made.positions])
+        fields = self._fields
+        batches = [
+            dict(zip(fields, (arrays[i], arrays[count + i], arrays[2 * count + i]), strict=True))
+            for i in range(count)
+        ]
+        return batches, plan.nbytes * count
+
+    def packing(self) -> dict[str, float | int]:
+        """What packing made so far (every process's rows, packed ahead included): rows,
+        the share of their tokens that is padding and the documents (or pieces) a row."""
+        rows, used, spans = self._steps.tally()
+        share = 1 - used / (rows * self._length) if rows else 0.0
+        return {
+            "rows": rows,
+            "padding_share": round(share, 6),
+            "documents_per_row": round(spans / rows, 4) if rows else 0.0,
+        }
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The packing state at `step` (saved with the stream's)."""
+        return self._steps.state_at(step)
+
+    # Ending.
+
+    def settle(self) -> None:
+        """Wait out the group being made, whatever it gave, and drop it."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        work = ahead[1]
+        if not work.cancel():
+            work.exception()
+        self._ahead = None
+
+    def close(self) -> None:
+        """Wait out the group being made, end the worker and the file's watch. Safe to
+        call twice."""
+        try:
+            self.settle()
+            worker, self._worker = self._worker, None
+            if worker is not None:
+                worker.shutdown(wait=True)
+        finally:
+            self._unwatch()
+
+    def abandon(self, *, child: bool = False) -> None:
+        """Let go of everything without waiting (a collected stream, or a forked child's
+        copy, whose worker is the parent's)."""
+        self._ahead = None
+        worker, self._worker = self._worker, None
+        try:
+            if worker is not None and not child:
+                worker.shutdown(wait=False)
+        finally:
+            self._unwatch()
+
+    def _unwatch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            os.close(watch.fd)
+
+    def __del__(self) -> None:
+        try:  # noqa: SIM105 - a finaliser never raises
+            self.abandon(child=self._pid != os.getpid())
+        except Exception:
+            pass
+
+
+def _buffer(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """Host memory for a group's arrays, aligned (a device adopts or copies it whole)."""
+    count = int(np.prod(shape))
+    return (
+        aligned(max(1, count * dtype.itemsize))[: count * dtype.itemsize].view(dtype).reshape(shape)
+    )
