@@ -307,15 +307,17 @@ def pull_through_interrupts(
     pulls: int = 120,
     seed: int = 1,
     first: int = 0,
+    places: int = 400,
 ) -> int:
     """Pull `stream` (at step `first`) `pulls` times, each pull struck by Ctrl-C at a random
-    place inside devpolicy (`interrupted_at`) and pulled on after (a notebook cell run
-    again): an interrupted pull hands nothing out, `state()` naming the same step; any other
-    hands out the next step, `check(batch, step)`. Returns the step it reached."""
+    place inside devpolicy (`interrupted_at`, one of the first `places`: more for a pull
+    that does more) and pulled on after (a notebook cell run again): an interrupted pull
+    hands nothing out, `state()` naming the same step; any other hands out the next step,
+    `check(batch, step)`. Returns the step it reached."""
     handed = first
     rng = np.random.default_rng(seed)
     for _ in range(pulls):
-        with interrupted_at(int(rng.integers(1, 400))) as struck:
+        with interrupted_at(int(rng.integers(1, places))) as struck:
             try:
                 batch = next(stream)
             except KeyboardInterrupt:

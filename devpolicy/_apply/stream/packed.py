@@ -104,19 +104,47 @@ def gather(
     """The rows of `layout` read from `tokens` (1-D, in memory or mapped) into `out`
     (rows, length), made where not given; padding is `pad`.
 
+    Every span and every row's padding is one slice of one `np.concatenate` straight
+    into `out`: a copy a span in Python cost twice this (measured: docs/benchmarks.md,
+    "Documents kept whole"). A `np.memmap` is sliced as the plain array it maps (a
+    memmap's slices cost a Python object each).
+
     Example:
         >>> layout = Layout(0, 4, np.array([0, 2, 3]), np.array([10, 0, 5]), np.array([2, 2, 3]))
         >>> gather(np.arange(20), layout, -1).tolist()
         [[10, 11, 0, 1], [5, 6, 7, -1]]
     """
+    length = layout.length
     if out is None:
-        out = np.empty((layout.rows, layout.length), tokens.dtype)
-    flat = out.reshape(-1)
-    starts, counts, places = placed(layout)
-    for start, count, place in zip(starts.tolist(), counts.tolist(), places.tolist(), strict=True):
-        flat[place : place + count] = tokens[start : start + count]
-    pad_rows(out, layout, pad)
+        out = np.empty((layout.rows, length), tokens.dtype)
+    if not layout.rows:
+        return out
+    plain = tokens.view(np.ndarray) if isinstance(tokens, np.memmap) else tokens
+    padding = _padding(pad, np.dtype(tokens.dtype), length)
+    starts, counts = layout.starts.tolist(), layout.counts.tolist()
+    bounds, used = layout.bounds.tolist(), layout.used.tolist()
+    parts: list[np.ndarray[Any, Any]] = []
+    add = parts.append
+    k = 0
+    for row in range(layout.rows):
+        end = bounds[row + 1]
+        while k < end:
+            start = starts[k]
+            add(plain[start : start + counts[k]])
+            k += 1
+        rest = length - used[row]
+        if rest:
+            add(padding[:rest])
+    np.concatenate(parts, out=out.reshape(-1))
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _padding(pad: int, dtype: np.dtype[Any], length: int) -> np.ndarray[Any, Any]:
+    """A row of `pad` (read-only): a row's padding is a slice of it."""
+    row = np.full(length, pad, dtype)
+    row.flags.writeable = False
+    return row
 
 
 def segments(

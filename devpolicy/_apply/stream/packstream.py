@@ -1,13 +1,15 @@
 """A packed stream's groups (`windows(pack="first_fit")`): this process's rows of each
 step packed (`packrows`), their documents' spans copied from the tokens with the rest of
 each row padding, their segment ids and positions made from the layout (`packed`), and
-the three placed as a batch; the next group made ready while the current one is used.
+the three placed as a batch.
 
-Packing and copying run on one worker thread, never on the caller's: an interrupt of a
-pull waits for nothing there and leaves the packer whole (the group's work stays recorded
-and is used by the next pull of that step; any other is waited out and dropped), and the
-rows are packed beside the caller's step. The last step of a finite order is filled with
-rows of padding (segment id 0), so every batch keeps its shape and every process its rows.
+Packing and copying run on the stream's thread, as a gather from memory does: both are
+Python holding the GIL, and on a worker thread they fought the caller's transfers for it
+(0.6x the rate in the pipeline alone, measured: docs/benchmarks.md). The packer changes
+with Ctrl-C held back, so an interrupt lands before or after a group's rows were packed,
+and a group cut again is packed again from the notes (`packrows`). The last step of a
+finite order is filled with rows of padding (segment id 0), so every batch keeps its
+shape and every process its rows.
 A token file's size is looked at before each group is copied from its mapping: a file
 truncated under the stream is an error naming it, not SIGBUS. Measured against the
 unpacked stream and grain's packing in docs/benchmarks.md ("Documents kept whole"). No
@@ -18,8 +20,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,6 @@ import numpy as np
 from ..._base.errors import HostViewError
 from ..._machine.spans import STREAM_PLACE, STREAM_READ, span
 from ..._read.pages import maps_line
-from .ahead import call_weakly
 from .cutting import GROUP_BYTES, GROUP_MAX
 from .documents import FIELDS, SEGMENT_BYTES
 from .groups import aligned
@@ -121,15 +120,12 @@ class PackedSteps:
 
 @dataclass(slots=True)
 class _Made:
-    """A group made ready on the worker: `count` batches' tokens, ids and positions, each
-    (count, rows, length), and what they hold (tokens of documents, documents)."""
+    """A group's `count` batches' tokens, ids and positions, each (count, rows, length)."""
 
     count: int
     tokens: np.ndarray[Any, Any]
     ids: np.ndarray[Any, Any]
     positions: np.ndarray[Any, Any]
-    used: int
-    spans: int
 
 
 class _Watched:
@@ -183,24 +179,20 @@ def _watched(view: np.ndarray[Any, Any]) -> _Watched | None:
 
 
 class PackedCutter:
-    """Cuts a packed stream's groups (`steps`) from `tokens` and places them by `placer`
-    (one owner, one thread at a time: the stream's lock; the worker thread packs and
-    copies). `size` is the batches the stream places ahead of use; `pad` fills a row's
-    rest."""
+    """Cuts a packed stream's groups (`steps`) from `tokens` and places them by `placer`,
+    on the stream's thread (one owner, one thread at a time: the stream's lock). `size`
+    is the batches the stream places ahead of use; `pad` fills a row's rest."""
 
     __slots__ = (
-        "__weakref__",  # the worker's work holds the cutter weakly
-        "_ahead",
         "_cut_before",
         "_fields",
         "_group",
         "_length",
+        "_opened",
         "_pad",
-        "_pid",
         "_steps",
         "_tokens",
         "_watch",
-        "_worker",
         "placer",
         "reads",
         "reads_why",
@@ -227,91 +219,65 @@ class PackedCutter:
         self._fields = fields or FIELDS
         batch_bytes = steps.rows * length * (placer.dtype.itemsize + SEGMENT_BYTES)
         self._group = max(1, min(GROUP_MAX, GROUP_BYTES // max(1, batch_bytes)))
-        self._ahead: tuple[int, Future[Any]] | None = None
         self._cut_before = False
-        self._worker: ThreadPoolExecutor | None = None
+        self._opened = False
         self._watch: _Watched | None = None
-        self._pid = os.getpid()
         self.reads = "memory"
         self.reads_why = "packed rows: each document's tokens copied from memory"
         self.reads_with: str | None = None
 
     def start(self, first: int) -> None:
-        """Open the file's watch (where the tokens are mapped) and start making the group
-        from step `first` (one batch), so that it is made while the caller does whatever
-        comes before the first pull."""
-        if self._worker is None:
-            watch = self._watch = _watched(self._tokens)
-            if watch is not None:
-                self.reads = "mapping"
-                self.reads_why = (
-                    "packed rows: each document's tokens copied from the file's mapping "
-                    "(its size looked at before each group)"
-                )
-            self._worker = ThreadPoolExecutor(1, "devpolicy-packed")
-        if self._ahead is None:
-            self._submit(first, 1)
-
-    def _submit(self, first: int, most: int) -> Future[Any]:
-        assert self._worker is not None
-        made = weakref.WeakMethod(self._made)
-        # Recorded as the call returns: an interrupt after it leaves it recorded or not
-        # submitted at all; a recorded one is used, or waited out.
-        work = self._worker.submit(call_weakly, made, first, most)
-        self._ahead = (first, work)
-        return work
+        """Open the file's watch, where the tokens are mapped (nothing is cut ahead: the
+        first pull packs its batch)."""
+        if self._opened:
+            return
+        self._opened = True
+        watch = self._watch = _watched(self._tokens)
+        if watch is not None:
+            self.reads = "mapping"
+            self.reads_why = (
+                "packed rows: each document's tokens copied from the file's mapping "
+                "(its size looked at before each group)"
+            )
 
     def cut(self, first: int) -> tuple[list[Any], int] | None:
-        """The batches of the group from step `first`, placed, and their bytes; None past
-        the last step. The group made ahead is used where it is this one, else waited out
-        and dropped; the one after is started before this one is placed."""
-        if self._worker is None:
+        """The batches of the group from step `first`, packed, copied and placed, and their
+        bytes; None past the last step. The first is one batch (the first pull waits for
+        no more)."""
+        if not self._opened:
             self.start(first)
-        ahead = self._ahead
-        if ahead is not None and ahead[0] != first:
-            self.settle()
-            ahead = None
-        if ahead is None:
-            most = min(self._group, GROUP_MAX) if self._cut_before else 1
-            work = self._submit(first, most)
-        else:
-            work = ahead[1]
+        most = self._group if self._cut_before else 1
         self._cut_before = True
-        made: _Made | None = work.result()  # what the worker raised, raised here
-        self._ahead = None
-        if made is None:
-            return None
-        self._submit(first + made.count, self._group)
+        with span(STREAM_READ, reads=self.reads, batches=most):
+            # The packer is changed in one piece: an interrupt lands before or after.
+            with deferred_interrupts():
+                layout = self._steps.take(first, most)
+            if layout is None:
+                return None
+            made = self._copied(layout)
         with span(STREAM_PLACE, name=self.placer.name, batches=made.count):
             return self._place(made)
 
-    def _made(self, first: int, most: int) -> _Made | None:
-        """The group from step `first` (up to `most` batches) packed and copied (on the
-        worker thread)."""
-        layout = self._steps.take(first, most)
-        if layout is None:
-            return None
+    def _copied(self, layout: Layout) -> _Made:
+        """The tokens of `layout`'s rows, copied, with their segment ids and positions."""
         rows, length = self._steps.rows, self._length
         count = layout.rows // rows
-        with span(STREAM_READ, reads=self.reads, batches=count):
-            if self._watch is not None:
-                self._watch.check()
-            placer = self.placer
-            target = placer.target
-            tokens = _buffer((count, rows, length), placer.dtype)
-            if target is None:
-                gather(self._tokens, layout, self._pad, tokens.reshape(count * rows, length))
-            else:  # 64-bit tokens, x64 off: narrowed as the stream narrows any batch
-                wide = gather(self._tokens, layout, self._pad)
-                for out, batch in zip(tokens, wide.reshape(count, rows, length), strict=True):
-                    placer._narrowed_into(batch, out, target)
-            ids = _buffer((count, rows, length), np.dtype(np.int32))
-            positions = _buffer((count, rows, length), np.dtype(np.int32))
-            flat = (count * rows, length)
-            segments(layout, (ids.reshape(flat), positions.reshape(flat)))
-        return _Made(
-            count, tokens, ids, positions, int(layout.counts.sum()), int(layout.counts.size)
-        )
+        if self._watch is not None:
+            self._watch.check()
+        placer = self.placer
+        target = placer.target
+        tokens = _buffer((count, rows, length), placer.dtype)
+        if target is None:
+            gather(self._tokens, layout, self._pad, tokens.reshape(count * rows, length))
+        else:  # 64-bit tokens, x64 off: narrowed as the stream narrows any batch
+            wide = gather(self._tokens, layout, self._pad)
+            for out, batch in zip(tokens, wide.reshape(count, rows, length), strict=True):
+                placer._narrowed_into(batch, out, target)
+        ids = _buffer((count, rows, length), np.dtype(np.int32))
+        positions = _buffer((count, rows, length), np.dtype(np.int32))
+        flat = (count * rows, length)
+        segments(layout, (ids.reshape(flat), positions.reshape(flat)))
+        return _Made(count, tokens, ids, positions)
 
     def _place(self, made: _Made) -> tuple[list[Any], int]:
         count = made.count
@@ -342,45 +308,21 @@ class PackedCutter:
     # Ending.
 
     def settle(self) -> None:
-        """Wait out the group being made, whatever it gave, and drop it."""
-        ahead = self._ahead
-        if ahead is None:
-            return
-        work = ahead[1]
-        if not work.cancel():
-            work.exception()
-        self._ahead = None
+        """Nothing is cut ahead: nothing to wait for."""
 
     def close(self) -> None:
-        """Wait out the group being made, end the worker and the file's watch. Safe to
-        call twice."""
-        try:
-            self.settle()
-            worker, self._worker = self._worker, None
-            if worker is not None:
-                worker.shutdown(wait=True)
-        finally:
-            self._unwatch()
-
-    def abandon(self, *, child: bool = False) -> None:
-        """Let go of everything without waiting (a collected stream, or a forked child's
-        copy, whose worker is the parent's)."""
-        self._ahead = None
-        worker, self._worker = self._worker, None
-        try:
-            if worker is not None and not child:
-                worker.shutdown(wait=False)
-        finally:
-            self._unwatch()
-
-    def _unwatch(self) -> None:
+        """Close the file's watch. Safe to call twice."""
         watch, self._watch = self._watch, None
         if watch is not None:
             os.close(watch.fd)
 
+    def abandon(self, *, child: bool = False) -> None:
+        """Let go of the file's watch (a collected stream, or a forked child's copy)."""
+        self.close()
+
     def __del__(self) -> None:
         try:  # noqa: SIM105 - a finaliser never raises
-            self.abandon(child=self._pid != os.getpid())
+            self.close()
         except Exception:
             pass
 
