@@ -14,6 +14,7 @@ it is opened; other parts' come from `/proc/self/maps` (`PartFile`). No JAX here
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._base.errors import HostViewError
+from .._base.files import DescriptorLimit
 from .pages import maps_line
 
 #: Descriptors a reader of several files keeps open between groups, at most (a group's
@@ -95,7 +97,8 @@ class PartFile(NamedTuple):
 
         Raises:
             HostViewError: naming the file, where it is shorter than the part needs (it
-                was truncated after it was mapped).
+                was truncated after it was mapped), or where no descriptor is left to open
+                it (the process's limit, or the system's: `out_of_descriptors`).
         """
         try:
             identity = self.identity
@@ -105,7 +108,10 @@ class PartFile(NamedTuple):
         # mappings: dear beside a thousand memmaps), the mapping's own name where the
         # path is gone or is another file now.
         for candidate in (self.by_path, "/proc/self/map_files/" + self.mapping):
-            found = _open_same(candidate, identity) if candidate else None
+            try:
+                found = _open_same(candidate, identity) if candidate else None
+            except OSError as error:  # no descriptor left: the same for any candidate
+                raise HostViewError(self.path, *out_of_descriptors(error)) from None
             if found is None:
                 continue
             fd, size = found
@@ -169,7 +175,8 @@ class MemmapPart(NamedTuple):
         enough (`PartFile.open`); None where it cannot be opened as that file.
 
         Raises:
-            HostViewError: naming the file, where it is shorter than the part needs.
+            HostViewError: naming the file, where it is shorter than the part needs, or
+                where no descriptor is left to open it.
         """
         place = self.place()
         return None if place is None else place.open()
@@ -225,13 +232,41 @@ def truncated(size: int, end: int) -> tuple[str, str]:
     )
 
 
+def out_of_descriptors(error: OSError) -> tuple[str, str]:
+    """The problem and fix of an open that failed for want of a descriptor (EMFILE: every
+    one below the process's limit is open; ENFILE: the system's table is full)."""
+    if error.errno == errno.ENFILE:
+        return (
+            "no descriptor left to open the file and read it by position: the system's "
+            "table of open files is full (the kernel's fs.file-max)",
+            "close files other processes hold, or raise fs.file-max (sysctl)",
+        )
+    soft, hard, raised = DescriptorLimit.now()
+    most = "unlimited" if hard is None else f"{hard:,}"
+    return (
+        f"no descriptor left to open the file and read it by position: every one below "
+        f"this process's limit of {soft:,} is open (RLIMIT_NOFILE; the hard limit {most}); "
+        f"each np.memmap holds one of its own, and a stream over shards keeps up to "
+        f"{OPEN_MOST} of their files open besides (a group's, for a moment, more)",
+        f"raise the limit (`ulimit -n {raised}` before starting Python, or "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({raised}, hard)) in the program), "
+        "or hold fewer files open",
+    )
+
+
 def _open_same(path: str, identity: tuple[int, int]) -> tuple[int, int] | None:
     """`path` opened read-only where it is a regular file with this device and inode, and
     its size; else None (never blocking: a FIFO planted where the file was must not hang
-    the open)."""
+    the open).
+
+    Raises:
+        OSError: EMFILE or ENFILE (no descriptor left: any other file would fail too).
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError:
+    except OSError as error:
+        if error.errno in (errno.EMFILE, errno.ENFILE):
+            raise
         return None
     try:
         info = os.fstat(fd)

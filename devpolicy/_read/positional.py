@@ -373,7 +373,8 @@ def mapped_file(
 
     Raises:
         HostViewError: the file is shorter than the view needs (truncated after it was
-            mapped: reading the view through the mapping would kill the process).
+            mapped: reading the view through the mapping would kill the process), or no
+            descriptor is left to open it (the process's limit: `parts.out_of_descriptors`).
 
     Example:
         >>> import numpy as np
@@ -419,7 +420,8 @@ def mapped_files(
     checked whole.
 
     Raises:
-        HostViewError: a file opened now is shorter than its view needs.
+        HostViewError: a file opened now is shorter than its view needs, or no descriptor
+            is left to open it (the process's limit: `parts.out_of_descriptors`).
     """
     # Memory numpy allocated is found at once where the first view is; any other view not
     # a file's mapping has an anonymous maps line.
