@@ -28,7 +28,7 @@ from devpolicy import ReadOptions
 from devpolicy._apply.stream.groups import every_window
 from devpolicy._apply.stream.shards import Shards, gather_parts
 from devpolicy._read.parts import OPEN_MOST
-from devpolicy.errors import StreamStateError
+from devpolicy.errors import HostViewError, StreamStateError
 from tests.apply.conftest import batched_reads_here
 from tests.helpers import policy_of
 from tests.read.test_parts import open_count
@@ -405,6 +405,48 @@ class TestAThousandShards:
         for _ in stream:
             assert open_count(tmp_path) - mapped <= OPEN_MOST
         assert open_count(tmp_path) - mapped == 0
+
+
+class TestTheFirstBatch:
+    @pytest.mark.parametrize("path", ["preadv", "io_uring", "io_uring polled", "auto"])
+    def test_the_first_batch_of_many_shard_files_opens_none_of_them(
+        self, path: str, tmp_path: Path
+    ) -> None:
+        """100 shard files (more than `OPEN_MOST`): the first batch is copied from their
+        memmaps' mappings, so the stream holds no more of their descriptors after it
+        than after opening (one); the batches after are the concatenation's, read by
+        position, the descriptors bounded."""
+        reads = ReadOptions() if path == "auto" else read_path(path)
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_count(tmp_path)
+        options = {"order": "random", "seed": 5, "steps": 20, "policy": policy_of()}
+        stream = devpolicy.windows(shards, 16, 8, reads=reads, **options)
+        opened = open_count(tmp_path) - mapped
+        assert opened <= 1
+        batch = np.asarray(next(stream))
+        assert open_count(tmp_path) - mapped == opened
+        got = [batch, *(np.asarray(b) for b in stream)]
+        want = [np.asarray(b) for b in devpolicy.windows(np.concatenate(shards), 16, 8, **options)]
+        assert_same(got, want)
+        assert open_count(tmp_path) == mapped
+
+    @pytest.mark.parametrize("path", ["preadv", "io_uring polled"])
+    def test_a_shard_truncated_before_the_first_batch_is_named_not_sigbus(
+        self, path: str, tmp_path: Path
+    ) -> None:
+        """A shard cut short after the stream opened, before its first batch (copied from
+        the mappings): the pull raises an error naming that file, never SIGBUS, and the
+        stream holds none of the shards' descriptors after."""
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_count(tmp_path)
+        stream = devpolicy.windows(shards, 16, 8, order="sequential", policy=policy_of(),
+                                   reads=read_path(path))  # fmt: skip
+        os.truncate(tmp_path / "shard_0000.bin", 10)
+        with pytest.raises(
+            HostViewError, match=r"shard_0000\.bin: the file is 10 bytes.*truncated"
+        ):
+            next(stream)
+        assert open_count(tmp_path) == mapped
 
 
 class TestInterrupts:
