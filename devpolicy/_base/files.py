@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import stat
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class FileRefused(Exception):  # noqa: N818 - internal; callers turn it into their own error
@@ -56,6 +58,24 @@ def why_unopenable(path: str | os.PathLike[str], error: OSError) -> str:
     if error.errno == errno.ENAMETOOLONG:
         return "path too long"
     return f"cannot open: {error.strerror or error}"
+
+
+class DescriptorLimit(NamedTuple):
+    """This process's limit on open descriptors (RLIMIT_NOFILE): the soft limit (what
+    EMFILE means: every descriptor below it is open), the hard one (None: unlimited), and
+    a soft limit to raise it to (the hard one, or 4x and at least 65,536 where unlimited)."""
+
+    soft: int
+    hard: int | None
+    raised: int
+
+    @classmethod
+    def now(cls) -> DescriptorLimit:
+        """The limit as it is now (`resource.getrlimit`: no descriptor needed)."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            return cls(soft, None, max(4 * soft, 65536))
+        return cls(soft, hard, hard)
 
 
 def open_regular(

@@ -14,17 +14,20 @@ it is opened; other parts' come from `/proc/self/maps` (`PartFile`). No JAX here
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import PurePath
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .._base.errors import HostViewError
+from .._base.files import DescriptorLimit
 from .pages import maps_line
 
 #: Descriptors a reader of several files keeps open between groups, at most (a group's
@@ -95,7 +98,8 @@ class PartFile(NamedTuple):
 
         Raises:
             HostViewError: naming the file, where it is shorter than the part needs (it
-                was truncated after it was mapped).
+                was truncated after it was mapped), or where no descriptor is left to open
+                it (the process's limit, or the system's: `out_of_descriptors`).
         """
         try:
             identity = self.identity
@@ -105,7 +109,10 @@ class PartFile(NamedTuple):
         # mappings: dear beside a thousand memmaps), the mapping's own name where the
         # path is gone or is another file now.
         for candidate in (self.by_path, "/proc/self/map_files/" + self.mapping):
-            found = _open_same(candidate, identity) if candidate else None
+            try:
+                found = _open_same(candidate, identity) if candidate else None
+            except OSError as error:  # no descriptor left: the same for any candidate
+                raise HostViewError(self.path, *out_of_descriptors(error)) from None
             if found is None:
                 continue
             fd, size = found
@@ -164,22 +171,61 @@ class MemmapPart(NamedTuple):
         device = f"{os.major(info.st_dev):x}:{os.minor(info.st_dev):x}"
         return PartFile(self.path, name, self.path, device, info.st_ino, self.offset, self.end)
 
+    def whole(self) -> bool:
+        """Whether the part may be read through its mapping now: the file the mapping
+        holds is long enough, asked of the mapping's own descriptor (`mmap.size`, an
+        `fstat` of the one Python's `mmap` keeps: nothing opened, and the mapped file
+        whatever its path holds now); False where that cannot be asked (the mapping
+        closed, no descriptor kept, the memmap's `offset` changed).
+
+        Raises:
+            HostViewError: naming the file, where it is shorter than the part needs (read
+                through the mapping, the missing pages would kill the process: SIGBUS).
+        """
+        array, mapping = self.array, self.mapping
+        try:
+            low = np.frombuffer(mapping, np.uint8, count=1).ctypes.data
+            size = mapping.size()
+        except (ValueError, OSError):  # closed, or no descriptor kept (trackfd=False)
+            return False
+        if array.__array_interface__["data"][0] - low != array.offset % mmap.ALLOCATIONGRANULARITY:
+            return False
+        if size < self.end:
+            raise HostViewError(self.path, *truncated(size, self.end))
+        return True
+
     def open(self) -> int | None:
         """The file opened read-only, checked to be the one the mapping holds and long
         enough (`PartFile.open`); None where it cannot be opened as that file.
 
         Raises:
-            HostViewError: naming the file, where it is shorter than the part needs.
+            HostViewError: naming the file, where it is shorter than the part needs, or
+                where no descriptor is left to open it.
         """
         place = self.place()
         return None if place is None else place.open()
 
 
+_new_tuple = tuple.__new__
+
+
 def memmap_part(view: np.ndarray[Any, Any]) -> MemmapPart | None:
     """Where `view` lies in the file of the `np.memmap` it is a view of (shared or
     read-only: a copy-on-write memmap's pages may differ from its file's), taken from the
-    memmap (a microsecond or two: a thousand shards' start pays it for every one); None
+    memmap (about a microsecond: a thousand shards' start pays it for every one); None
     where it is no such view (then the maps say: `described`)."""
+    mapping: Any = view.base
+    # A memmap itself, named by a str or a pathlib path (nanoGPT's shards): no walk, no
+    # isinstance of an ABC (`os.PathLike`, a microsecond each: most of a thousand's time).
+    if view.__class__ is np.memmap and mapping.__class__ is mmap.mmap and view.mode != "c":
+        path: Any = view.filename
+        if path.__class__ is not str:
+            path = path.__fspath__() if isinstance(path, PurePath) else None
+        if path is not None:
+            offset = int(view.offset)
+            # The tuple made directly: a NamedTuple's own `__new__` is a Python call
+            # (0.8 against 0.4 ms a thousand).
+            return _new_tuple(MemmapPart, (path, offset, offset + view.nbytes, view, mapping, view))
     base: Any = view
     while isinstance(base.base, np.ndarray):
         base = base.base
@@ -225,13 +271,41 @@ def truncated(size: int, end: int) -> tuple[str, str]:
     )
 
 
+def out_of_descriptors(error: OSError) -> tuple[str, str]:
+    """The problem and fix of an open that failed for want of a descriptor (EMFILE: every
+    one below the process's limit is open; ENFILE: the system's table is full)."""
+    if error.errno == errno.ENFILE:
+        return (
+            "no descriptor left to open the file and read it by position: the system's "
+            "table of open files is full (the kernel's fs.file-max)",
+            "close files other processes hold, or raise fs.file-max (sysctl)",
+        )
+    soft, hard, raised = DescriptorLimit.now()
+    most = "unlimited" if hard is None else f"{hard:,}"
+    return (
+        f"no descriptor left to open the file and read it by position: every one below "
+        f"this process's limit of {soft:,} is open (RLIMIT_NOFILE; the hard limit {most}); "
+        f"each np.memmap holds one of its own, and a stream over shards keeps up to "
+        f"{OPEN_MOST} of their files open besides (a group's, for a moment, more)",
+        f"raise the limit (`ulimit -n {raised}` before starting Python, or "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({raised}, hard)) in the program), "
+        "or hold fewer files open",
+    )
+
+
 def _open_same(path: str, identity: tuple[int, int]) -> tuple[int, int] | None:
     """`path` opened read-only where it is a regular file with this device and inode, and
     its size; else None (never blocking: a FIFO planted where the file was must not hang
-    the open)."""
+    the open).
+
+    Raises:
+        OSError: EMFILE or ENFILE (no descriptor left: any other file would fail too).
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError:
+    except OSError as error:
+        if error.errno in (errno.EMFILE, errno.ENFILE):
+            raise
         return None
     try:
         info = os.fstat(fd)

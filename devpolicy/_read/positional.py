@@ -61,6 +61,7 @@ class FileWindows:
         "_batch",
         "_edges",
         "_files",
+        "_fresh",
         "_offsets",
         "_results",
         "_row",
@@ -84,6 +85,10 @@ class FileWindows:
         self._row = row  # bytes of one row of the views
         self.length = length  # rows per window
         self._batch = BatchReads.open(polled=polled) if io_uring else None
+        # Whether no read was asked yet of a reader whose files are not all open (a
+        # thousand shards'): a first read `direct` (a stream's first batch) is copied
+        # from the memmaps' mappings where it can be (`_from_mappings`).
+        self._fresh = bool((files.fds < 0).any())
         # The reads `submit_batches` started: (pieces, batches), and, once waited for,
         # what each read gave (kept until every short read is read again, so that a
         # `finish` an interrupt cut short is done again whole).
@@ -149,6 +154,12 @@ class FileWindows:
         return files[0].path + more
 
     @property
+    def first_from_mappings(self) -> bool:
+        """Whether the first read, where it is `direct`, may be copied from the parts'
+        mappings (nothing read yet, and some part's file not open: a thousand shards')."""
+        return self._fresh
+
+    @property
     def open_descriptors(self) -> int:
         """How many of the files' descriptors are open now."""
         return self._files.open_count
@@ -168,7 +179,11 @@ class FileWindows:
         """Fill each of `batches` (C-contiguous) with the windows at its row of `starts`
         (a (batches, windows) integer array of rows of the view); `direct`: a `preadv` a
         piece on this thread, never the ring (a polled ring's kernel thread may wait for
-        a core: a stream's very first batch is read so)."""
+        a core: a stream's very first batch is read so), and, as a fresh reader's first
+        read, copied from the parts' mappings where it can be (`first_from_mappings`)."""
+        if direct and self._fresh and self._from_mappings(starts, batches):
+            return
+        self._fresh = False
         if not direct and self._ring() is not None:
             self.submit_batches(starts, batches)
             self.finish()
@@ -197,6 +212,7 @@ class FileWindows:
         if ring.in_flight:  # reads an interrupt left behind (their batches unused): done first
             ring.wait()
         self._submitted = self._results = None
+        self._fresh = False
         size = self.length * self._row
         windows = starts.shape[1]
         # The kernel writes where it is told: every batch exactly its windows' bytes.
@@ -245,6 +261,36 @@ class FileWindows:
         if ring is not None and ring.in_flight:
             ring.wait()
         self._files.trim()
+
+    def _from_mappings(
+        self, starts: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]
+    ) -> bool:
+        """A fresh reader's first read (a stream's first batch) copied from the parts'
+        own mappings, where each part it reads is an `np.memmap`'s whose mapped file is
+        whole (`MemmapPart.whole`: asked of the mapping's own descriptor); False, and
+        nothing copied, where one is not. Once only: later groups are read by position.
+
+        Why: nothing is opened for it. The caller's thousand memmaps hold about a
+        thousand descriptors, and the first batch's opens took the process's 1,024th,
+        whose open grows the descriptor table: in a process with threads (JAX's) that
+        waits for an RCU grace period, 17 ms for that one open; later groups pay it,
+        read ahead (docs/benchmarks.md#the-first-batch-from-1000-shards).
+
+        Raises:
+            HostViewError: naming the file, where one is shorter than its part needs.
+        """
+        self._fresh = False
+        files = self._files.files
+        index, part, first, rows, at = pieces(self._edges, starts.reshape(-1), self.length)
+        for used in dict.fromkeys(part.tolist()):
+            file = files[used]
+            if not (isinstance(file, MemmapPart) and file.whole()):
+                return False
+        which, slot = np.divmod(index, starts.shape[1])
+        columns = (which, slot, part, first, rows, at)
+        for w, s, p, f, r, a in zip(*(c.tolist() for c in columns), strict=True):
+            batches[w][s, a : a + r] = files[p].view[f : f + r]
+        return True
 
     def _short(self, part: int, position: int, got: int | None, slot: memoryview) -> None:
         """A read of part `part` at `position` that brought `got` bytes of `slot`: the rest
@@ -373,7 +419,8 @@ def mapped_file(
 
     Raises:
         HostViewError: the file is shorter than the view needs (truncated after it was
-            mapped: reading the view through the mapping would kill the process).
+            mapped: reading the view through the mapping would kill the process), or no
+            descriptor is left to open it (the process's limit: `parts.out_of_descriptors`).
 
     Example:
         >>> import numpy as np
@@ -419,7 +466,8 @@ def mapped_files(
     checked whole.
 
     Raises:
-        HostViewError: a file opened now is shorter than its view needs.
+        HostViewError: a file opened now is shorter than its view needs, or no descriptor
+            is left to open it (the process's limit: `parts.out_of_descriptors`).
     """
     # Memory numpy allocated is found at once where the first view is; any other view not
     # a file's mapping has an anonymous maps line.

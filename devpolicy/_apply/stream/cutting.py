@@ -154,9 +154,16 @@ class GroupCutter:
         if not self.paths.opened:
             self._open()
         read = self.paths.read
-        if self._ahead is not None or read is None or read.kernel or not self._reads_ahead(read):
+        if (
+            self._ahead is not None
+            or read is None
+            or read.kernel
+            or read.first_now
+            or not self._reads_ahead(read)
+        ):
             # Tokens in memory: the first cut is a copy. A polled ring: its kernel thread,
             # made or woken now, may wait for a core; the first cut reads by `preadv`.
+            # A thousand shards: the first cut copies from their mappings, opening none.
             return
         offsets = self._sampler.take(first, 1)
         if offsets is not None:
@@ -191,7 +198,7 @@ class GroupCutter:
                 return None
             # Before the thread reads the next: a path is never used by two threads at once.
             early = self._reads_ahead(read)
-            into = self._into(offsets, read) if early else None
+            into = self._into(offsets, read) if early or very_first else None
             gathered: np.ndarray[Any, Any] | GroupBuffer | None = None
             read_now = False
             if very_first and into is not None and read.read_now(offsets, into.batches):

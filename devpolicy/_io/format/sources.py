@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 from collections.abc import Sequence
 from typing import Protocol
 
 from ..._base.errors import SafetensorsFileError
-from ..._base.files import FileRefused, open_regular
+from ..._base.files import DescriptorLimit, FileRefused, open_regular
 from ..._base.locations import URLPath
 from ..._read.exact import read_at
 
@@ -207,12 +206,10 @@ def os_error(
 
 def _too_many_open_files() -> str:
     """EMFILE in words: the limit this process has, and how to raise it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    unlimited = hard == resource.RLIM_INFINITY
-    raised = max(4 * soft, 65536) if unlimited else hard
+    soft, hard, raised = DescriptorLimit.now()
     return (
         f"too many open files: this process may hold {soft} (RLIMIT_NOFILE, hard limit "
-        f"{'unlimited' if unlimited else hard}); raise it with `ulimit -n {raised}` before "
+        f"{'unlimited' if hard is None else hard}); raise it with `ulimit -n {raised}` before "
         f"starting, or resource.setrlimit(resource.RLIMIT_NOFILE, ({raised}, hard)) in the "
         "program, or drop arrays that earlier loads mapped from files (each map holds its "
         "file open)"

@@ -2,7 +2,7 @@
 concatenation, window for window, whatever the order, the read path, a mixture or
 segment ids; a saved state covers the shards; bad lists are refused naming the shard,
 with nothing opened; a thousand shard files stream with flat memory and a bounded number
-of descriptors."""
+of descriptors; a process out of descriptors is told its limit and how to raise it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from devpolicy import ReadOptions
 from devpolicy._apply.stream.groups import every_window
 from devpolicy._apply.stream.shards import Shards, gather_parts
 from devpolicy._read.parts import OPEN_MOST
-from devpolicy.errors import StreamStateError
+from devpolicy.errors import HostViewError, StreamStateError
 from tests.apply.conftest import batched_reads_here
 from tests.helpers import policy_of
 from tests.read.test_parts import open_count
@@ -404,6 +407,48 @@ class TestAThousandShards:
         assert open_count(tmp_path) - mapped == 0
 
 
+class TestTheFirstBatch:
+    @pytest.mark.parametrize("path", ["preadv", "io_uring", "io_uring polled", "auto"])
+    def test_the_first_batch_of_many_shard_files_opens_none_of_them(
+        self, path: str, tmp_path: Path
+    ) -> None:
+        """100 shard files (more than `OPEN_MOST`): the first batch is copied from their
+        memmaps' mappings, so the stream holds no more of their descriptors after it
+        than after opening (one); the batches after are the concatenation's, read by
+        position, the descriptors bounded."""
+        reads = ReadOptions() if path == "auto" else read_path(path)
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_count(tmp_path)
+        options = {"order": "random", "seed": 5, "steps": 20, "policy": policy_of()}
+        stream = devpolicy.windows(shards, 16, 8, reads=reads, **options)
+        opened = open_count(tmp_path) - mapped
+        assert opened <= 1
+        batch = np.asarray(next(stream))
+        assert open_count(tmp_path) - mapped == opened
+        got = [batch, *(np.asarray(b) for b in stream)]
+        want = [np.asarray(b) for b in devpolicy.windows(np.concatenate(shards), 16, 8, **options)]
+        assert_same(got, want)
+        assert open_count(tmp_path) == mapped
+
+    @pytest.mark.parametrize("path", ["preadv", "io_uring polled"])
+    def test_a_shard_truncated_before_the_first_batch_is_named_not_sigbus(
+        self, path: str, tmp_path: Path
+    ) -> None:
+        """A shard cut short after the stream opened, before its first batch (copied from
+        the mappings): the pull raises an error naming that file, never SIGBUS, and the
+        stream holds none of the shards' descriptors after."""
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_count(tmp_path)
+        stream = devpolicy.windows(shards, 16, 8, order="sequential", policy=policy_of(),
+                                   reads=read_path(path))  # fmt: skip
+        os.truncate(tmp_path / "shard_0000.bin", 10)
+        with pytest.raises(
+            HostViewError, match=r"shard_0000\.bin: the file is 10 bytes.*truncated"
+        ):
+            next(stream)
+        assert open_count(tmp_path) == mapped
+
+
 class TestInterrupts:
     def test_ctrl_c_as_a_shards_file_opens_mid_stream_skips_nothing_and_leaks_nothing(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -440,3 +485,96 @@ class TestInterrupts:
         stream.close()
         gc.collect()
         assert open_count(tmp_path) == mapped
+
+
+#: A process out of descriptors: 200 shard files mapped, then, for each read path, the
+#: limit lowered to what is open plus `free`, a stream over them pulled until it fails.
+OUT_OF_DESCRIPTORS = """
+import json, os, resource, sys
+import numpy as np
+import devpolicy
+from devpolicy.errors import HostViewError, StreamEndedError
+
+folder, cases = sys.argv[1], json.loads(sys.argv[2])
+policy = devpolicy.load_policy({"version": 1, "logging": {"level": "error"}}, environ={})
+shards = []
+for index in range(200):
+    path = os.path.join(folder, f"shard_{index:04d}.bin")
+    np.arange(index * 300, (index + 1) * 300, dtype=np.uint16).tofile(path)
+    shards.append(np.memmap(path, dtype=np.uint16, mode="r"))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+found = []
+for reads, free in cases:
+    options = {"order": "random", "seed": 0, "steps": 50, "policy": policy,
+               "reads": devpolicy.ReadOptions(**reads)}
+    list(devpolicy.windows(shards, 16, 4, **options))  # JAX's and the stream's first uses
+    held = len(os.listdir("/proc/self/fd")) - 1  # the listing's own descriptor not counted
+    lowest = os.dup(0)  # the lowest free descriptor: no other open may succeed below it
+    os.close(lowest)
+    limit = lowest if free == 0 else held + free
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    error, stream = None, None
+    try:
+        stream = devpolicy.windows(shards, 16, 4, **options)
+        for _ in stream:
+            pass
+    except HostViewError as e:
+        error = str(e)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    after = len(os.listdir("/proc/self/fd")) - 1
+    again = None
+    if stream is not None:
+        try:
+            next(stream)
+        except StreamEndedError as e:
+            again = str(e)
+    found.append({"error": error, "limit": limit, "held": held, "after": after,
+                  "started": stream is not None, "again": again})
+print(json.dumps(found))
+"""
+
+
+class TestOutOfDescriptors:
+    @pytest.mark.slow
+    def test_a_stream_out_of_descriptors_names_the_limit_and_the_fix_and_leaks_nothing(
+        self, tmp_path: Path
+    ) -> None:
+        """A process at its descriptor limit (RLIMIT_NOFILE lowered to what it holds, or a
+        few more), 200 shard files mapped: on every read path the stream fails, at its
+        start or at the pull whose shard's file cannot be opened, with an error naming the
+        file, the limit and how to raise it (never "moved"); every descriptor it opened
+        is closed by then, and a later pull names the error."""
+        cases = [
+            [{"path": "file", "io_uring": False}, 0],
+            [{"path": "file", "io_uring": False}, 3],
+            [{"path": "file", "polled": False}, 5],
+            [{"path": "file"}, 5],
+            [{"path": "keep"}, 2],
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(OUT_OF_DESCRIPTORS), str(tmp_path),
+             json.dumps(cases)],
+            capture_output=True, text=True, timeout=300, env=env, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        found = json.loads(result.stdout.strip().splitlines()[-1])
+        for (reads, free), got in zip(cases, found, strict=True):
+            error = got["error"]
+            assert error is not None, (reads, free, got)
+            assert error.startswith(f"{tmp_path}/shard_"), error
+            assert (
+                "no descriptor left to open the file and read it by position: every one "
+                f"below this process's limit of {got['limit']:,} is open (RLIMIT_NOFILE"
+            ) in error
+            assert "ulimit -n" in error
+            assert "hold fewer files open" in error
+            assert "moved" not in error
+            assert got["after"] == got["held"], (reads, free, got)
+            if free == 0:  # not even the stream's first file: it never started
+                assert not got["started"]
+                assert error.startswith(f"{tmp_path}/shard_0000.bin")
+            if got["started"]:
+                assert got["again"] is not None  # the child caught a StreamEndedError
+                assert "no descriptor left" in got["again"]

@@ -59,6 +59,13 @@ class ReadPath:
         woken); False where this path does not read straight into batches."""
         return self.read_into(offsets, batches, None)
 
+    @property
+    def first_now(self) -> bool:
+        """Whether a fresh stream's first batch is read by `read_now` on the caller's
+        thread even where this path reads ahead (it opens nothing then: a thousand
+        shards' mappings), not started on the worker thread."""
+        return False
+
     def submit(self, offsets: np.ndarray[Any, Any], batches: list[np.ndarray[Any, Any]]) -> None:
         """Start reading a group into `batches` (a `kernel` path only)."""
         raise NotImplementedError

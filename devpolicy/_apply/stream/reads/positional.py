@@ -41,6 +41,10 @@ class PositionalReads(ReadPath):
         self.reader.read_batches(offsets, batches, direct=True)
         return True
 
+    @property
+    def first_now(self) -> bool:
+        return self.reader.first_from_mappings
+
     def settle(self) -> None:
         self.reader.settle()
 
