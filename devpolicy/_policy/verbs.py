@@ -639,7 +639,8 @@ def windows(
             k's windows depend on the seed and k alone.
         stride: Distance between sequential or shuffled windows (default `length`: no
             overlap; 1: every start).
-        steps: Stop after this many batches.
+        steps: Stop after this many batches (where the stream ends first, a sequential
+            pass or `epochs=`, a `stream_steps_past_end` warning says so).
         epochs: Stop a shuffled stream (of one array) after this many epochs; the last
             batch holds what is left of the last epoch.
         weights: A mixture's weights, by source name (any positive numbers: their

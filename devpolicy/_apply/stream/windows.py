@@ -64,6 +64,8 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
         _refuse_older_orders(saved, sampler)
     first = state.step
     last = sampler.steps
+    if given.steps is not None and last is not None and last < given.steps:
+        _steps_past_end(decider, given, last)
     if saved is not None and last is not None and first > last:
         raise StreamStateError(
             "resume['step']",
@@ -113,6 +115,26 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
     )
     stream.start()
     return stream
+
+
+def _steps_past_end(decider: Decider, given: Checked, last: int) -> None:
+    """`steps=` past the stream's own end (a sequential pass, or `epochs=`): the stream
+    ends first, and says so once, rather than stop short of what was asked silently."""
+    why = (
+        "a sequential stream is one pass over its windows"
+        if given.order == "sequential"
+        else f"epochs={given.epochs} ends it first"
+    )
+    decider.events.emit(
+        "warning",
+        "stream_steps_past_end",
+        {
+            "name": given.name,
+            "steps": given.steps,
+            "batches": last,
+            "reason": f"{why}: it has {last:,} batches, not the {given.steps:,} of steps=",
+        },
+    )
 
 
 def _packed(

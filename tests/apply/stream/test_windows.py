@@ -300,3 +300,29 @@ class TestFieldsAndPlacedBytes:
                 policy=policy_of(),
                 **options,  # type: ignore[arg-type]
             )
+
+
+class TestStepsPastTheEnd:
+    def test_a_sequential_pass_shorter_than_steps_says_so_once(self) -> None:
+        with capture_logs() as logs:
+            batches = list(devpolicy.windows(np.arange(100), 10, 2, steps=50, policy=policy_of()))
+        assert len(batches) == 5
+        (warned,) = [e for e in logs if e["event"] == "stream_steps_past_end"]
+        assert warned["log_level"] == "warning"
+        assert (warned["steps"], warned["batches"]) == (50, 5)
+        assert "one pass" in warned["reason"]
+
+    def test_epochs_shorter_than_steps_says_so(self) -> None:
+        with capture_logs() as logs:
+            stream = devpolicy.windows(
+                np.arange(100), 10, 2, order="shuffled", seed=1, epochs=1, steps=9,
+                policy=policy_of(),
+            )  # fmt: skip
+            assert len(list(stream)) == 5
+        (warned,) = [e for e in logs if e["event"] == "stream_steps_past_end"]
+        assert "epochs=1" in warned["reason"]
+
+    def test_steps_within_the_stream_say_nothing(self) -> None:
+        with capture_logs() as logs:
+            list(devpolicy.windows(np.arange(100), 10, 2, steps=3, policy=policy_of()))
+        assert not [e for e in logs if e["event"] == "stream_steps_past_end"]
