@@ -9,11 +9,10 @@ Python holding the GIL, and on a worker thread they fought the caller's transfer
 with Ctrl-C held back, so an interrupt lands before or after a group's rows were packed,
 and a group cut again is packed again from the notes (`packrows`). The last step of a
 finite order is filled with rows of padding (segment id 0), so every batch keeps its
-shape and every process its rows.
-A token file's size is looked at before each group is copied from its mapping: a file
-truncated under the stream is an error naming it, not SIGBUS. Measured against the
-unpacked stream and grain's packing in docs/benchmarks.md ("Documents kept whole"). No
-JAX here beyond the placer's.
+shape and every process its rows. A token file's size is looked at before each group is
+copied from its mapping: a file truncated between two groups is an error naming it, not
+SIGBUS. Measured against the unpacked stream and grain's packing in docs/benchmarks.md
+("A packed stream's rate"). No JAX here beyond the placer's.
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ from .state import LAST_STEP
 class PackedSteps:
     """The packed rows of each step of a global batch of `per_step` rows (step s's from
     global row `base + s * per_step`), this process's `own` of them, for `steps` steps at
-    most (None: until a finite order ends). Thread-safe: the worker packs, the caller asks
-    for the state at a step.
+    most (None: until a finite order ends). Thread-safe: a pull packs while another thread
+    may ask for the state at a step.
 
     Example:
         >>> from devpolicy._apply.stream.docindex import in_memory
