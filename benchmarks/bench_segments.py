@@ -12,7 +12,8 @@ random stream of `--batches` batches of `--batch` windows of `--length` uint16 t
 65,536), the seed the round's, after a warm-up stream of 64 batches. Medians of the rounds
 and of each round's ratio. Then, in one more process a kind, the bytes handed to JAX to send
 host-to-device per batch (every numpy array given to `jax.device_put`,
-`jax.make_array_from_callback` or `jax.make_array_from_process_local_data`, counted).
+`jax.make_array_from_callback`, `jax.make_array_from_process_local_data` or the jitted call
+that places a group on a CPU, counted).
 `--quick`: every count at its smallest (seconds, for tests).
 """
 
@@ -89,6 +90,18 @@ if bytes_only == "1":
     jax.device_put = counted(jax.device_put)
     jax.make_array_from_process_local_data = counted(jax.make_array_from_process_local_data)
     jax.make_array_from_callback = counted_callback(jax.make_array_from_callback)
+    # Where the CPU is handed a group's arrays by one jitted call: those arrays too.
+    given_calls = {}
+    real_given = groups.placed_as_given
+    def placed_as_given(*key):
+        if key not in given_calls:  # one function a key: its compile is looked up by it
+            work = real_given(*key)
+            def counted_work(*arrays):
+                sent[0] += sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+                return work(*arrays)
+            given_calls[key] = counted_work
+        return given_calls[key]
+    groups.placed_as_given = placed_as_given
     drain(stream(10**6 + seed, 64))
     compiled()
     sent[0] = 0

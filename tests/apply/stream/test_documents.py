@@ -190,7 +190,8 @@ class TestOnTheDevice:
 
     def test_a_device_that_adopts_host_memory_is_sent_the_hosts_ids(self) -> None:
         """The CPU adopts a host buffer: the host's ids and positions cost it no transfer,
-        so no device function is made for it (no compile, no thread)."""
+        so no device function works them out there (XLA's CPU code is slower than the
+        host's)."""
         tokens = TOKENS.astype(np.uint16) % 50
         before = documents.on_device.cache_info()
         batches = list(devpolicy.windows(tokens, 40, 4, steps=5, separator=7, policy=policy_of()))
