@@ -2,17 +2,19 @@
 beside the same stream without, in the pipeline alone.
 
     python benchmarks/bench_segments.py [--rounds 7] [--batches 6000] [--tokens 268435456]
-        [--length 1025] [--batch 32] [--out benchmarks/results/segments.md]
-        [--quick] [--host] [--device]
+        [--length 1025] [--batch 32] [--every 65536]
+        [--out benchmarks/results/segments.md] [--quick] [--host] [--device]
 
 Each round runs one process per kind, taking turns (tokens, segments, tokens, ...), each
 timing the pipeline alone (every array of every batch waited for, then dropped) of a
 random stream of `--batches` batches of `--batch` windows of `--length` uint16 tokens from
-`--tokens` dense random tokens in memory (below 2**16; the separator, 7, one token in
-65,536), the seed the round's, after a warm-up stream of 64 batches. Medians of the rounds
+`--tokens` dense random tokens in memory (below `--every`, at most 2**16: the separator,
+7, one token in `--every`; 500 puts a few documents in every row, as web text does), the
+seed the round's, after a warm-up stream of 64 batches. Medians of the rounds
 and of each round's ratio. Then, in one more process a kind, the bytes handed to JAX to send
 host-to-device per batch (every numpy array given to `jax.device_put`,
-`jax.make_array_from_callback` or `jax.make_array_from_process_local_data`, counted).
+`jax.make_array_from_callback`, `jax.make_array_from_process_local_data` or the jitted call
+that places a group on a CPU, counted).
 `--quick`: every count at its smallest (seconds, for tests).
 """
 
@@ -39,9 +41,10 @@ import json, sys, time
 import numpy as np
 import jax
 import devpolicy
-kind, count, length, batch, batches, seed, bytes_only = sys.argv[1:8]
-count, length, batch, batches, seed = map(int, (count, length, batch, batches, seed))
-tokens = np.random.default_rng(0).integers(0, 2**16, count, dtype=np.uint16)
+kind, count, length, batch, batches, seed, bytes_only, every = sys.argv[1:9]
+count, length, batch, batches, seed, every = map(int, (count, length, batch, batches, seed,
+                                                       every))
+tokens = np.random.default_rng(0).integers(0, every, count, dtype=np.uint16)
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}})
 options = {"order": "random"}
 if kind != "tokens":
@@ -89,6 +92,18 @@ if bytes_only == "1":
     jax.device_put = counted(jax.device_put)
     jax.make_array_from_process_local_data = counted(jax.make_array_from_process_local_data)
     jax.make_array_from_callback = counted_callback(jax.make_array_from_callback)
+    # Where the CPU is handed a group's arrays by one jitted call: those arrays too.
+    given_calls = {}
+    real_given = groups.placed_as_given
+    def placed_as_given(*key):
+        if key not in given_calls:  # one function a key: its compile is looked up by it
+            work = real_given(*key)
+            def counted_work(*arrays):
+                sent[0] += sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+                return work(*arrays)
+            given_calls[key] = counted_work
+        return given_calls[key]
+    groups.placed_as_given = placed_as_given
     drain(stream(10**6 + seed, 64))
     compiled()
     sent[0] = 0
@@ -118,7 +133,7 @@ def probe(kind: str, args: argparse.Namespace, seed: int, *, bytes_only: bool = 
     (found,) = run_child(
         PROBE, kind, args.tokens, args.length, args.batch,
         args.batches if not bytes_only else min(args.batches, 256), seed,
-        int(bytes_only), what=f"the {kind} probe",
+        int(bytes_only), args.every, what=f"the {kind} probe",
     )  # fmt: skip
     if not bytes_only and found["host_groups"] and kind in DEVICE_KINDS and not args.quick:
         print(f"{kind}: {found['host_groups']} groups took the host's path", file=sys.stderr)
@@ -132,11 +147,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=at_least_one, default=2**28)
     parser.add_argument("--length", type=at_least_one, default=1025)
     parser.add_argument("--batch", type=at_least_one, default=32)
+    parser.add_argument(
+        "--every", type=at_least_one, default=2**16, help="the separator one token in this"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the report here")
     parser.add_argument("--quick", action="store_true", help="every count at its smallest")
     parser.add_argument("--host", action="store_true", help=f"also the {HOST_KIND!r} kind")
     parser.add_argument("--device", action="store_true", help=f"also the {DEVICE_KIND!r} kind")
     args = parser.parse_args()
+    if not 8 <= args.every <= 2**16:
+        parser.error(f"--every must be from 8 to 65536 (uint16 tokens), got: {args.every}")
     kinds = (*KINDS, *[HOST_KIND] * args.host, *[DEVICE_KIND] * args.device)
     if args.quick:
         args.rounds, args.batches, args.tokens, args.length, args.batch = 1, 16, 2**16, 65, 4
@@ -157,8 +177,8 @@ def main() -> None:
     report.say()
     report.say(
         f"{args.batches:,} batches of {args.batch} x {args.length} uint16 a run, random "
-        f"windows of {args.tokens:,} tokens in memory, the pipeline alone; medians of "
-        f"{args.rounds} rounds, taking turns"
+        f"windows of {args.tokens:,} tokens in memory (the separator one in {args.every:,}), "
+        f"the pipeline alone; medians of {args.rounds} rounds, taking turns"
     )
     report.say()
     tokens_bytes = args.batch * args.length * 2

@@ -51,7 +51,13 @@ def segments(
     out: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None,
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """The segment ids and positions (int32) of every token of `windows` (..., length),
-    written into `out` where given (two int32 arrays of the windows' shape).
+    written into `out` where given (two C-contiguous int32 arrays of the windows' shape).
+
+    Where documents start inside few rows (documents longer than rows: `FEW` starts or
+    fewer), every row is written as one document (ids 1, positions its columns) and each
+    start then patches its row's tail: 4 numpy calls and 2 a start, where working every
+    segment out (`_runs`) takes 16 calls, each costing more than its work at a group's
+    size on a busy 2-core CPU.
 
     Example:
         >>> w = np.array([[5, 0, 6, 7, 0, 8]])
@@ -60,33 +66,62 @@ def segments(
         >>> [a.tolist() for a in segments(w, 0, "bos")]
         [[[1, 2, 2, 2, 3, 3]], [[0, 0, 1, 2, 0, 1]]]
     """
-    length = windows.shape[-1]
-    total = windows.size
-    flat = windows.reshape(-1)
-    found = np.flatnonzero(flat == separator)
-    if separator_is == "eos":
-        found += 1  # the token after an EOS starts the next document
-    # A segment starts at each row's first token, and at each separator within a row.
-    rows = np.arange(0, total, length, dtype=np.int64)
-    firsts = np.concatenate([rows, found[found % length != 0]])
-    firsts.sort()  # distinct: a separator's start is never a row's first token
-    lengths = np.diff(firsts, append=total)
-    columns = firsts % length
-    row_of_first = np.searchsorted(firsts, firsts - columns)
-    ids = (np.arange(1, firsts.size + 1) - row_of_first).astype(np.int32)
     if out is None:
         out = (np.empty(windows.shape, np.int32), np.empty(windows.shape, np.int32))
     segment_ids, positions = out
-    np.copyto(segment_ids.reshape(-1), np.repeat(ids, lengths))
-    starts = np.repeat(columns.astype(np.int32), lengths)
-    np.subtract(_columns(length, total // length), starts, out=positions.reshape(-1))
+    length = windows.shape[-1]
+    if windows.size == 0:
+        return segment_ids, positions
+    rows = windows.size // length
+    ids = segment_ids.reshape(rows, length)
+    columns = positions.reshape(rows, length)
+    found = np.flatnonzero(windows.reshape(-1) == separator)
+    if separator_is == "eos":
+        found += 1  # the token after an EOS starts the next document
+    if found.size > FEW:
+        _runs(found[found % length != 0], rows, length, ids, columns)
+        return segment_ids, positions
+    ids.fill(1)
+    np.copyto(columns, _columns(length))
+    for start in found.tolist():  # ascending: a later start rewrites the tail after it
+        row, column = divmod(start, length)
+        if column and row < rows:  # not a row's first token, nor past the last row
+            ids[row, column:] += 1
+            columns[row, column:] = _columns(length)[: length - column]
     return segment_ids, positions
 
 
+#: Starts in a call at most for which the rows are patched start by start (`segments`).
+FEW = 16
+
+
+def _runs(
+    starts: np.ndarray[Any, Any],
+    rows: int,
+    length: int,
+    ids: np.ndarray[Any, Any],
+    positions: np.ndarray[Any, Any],
+) -> None:
+    """The ids and positions of `rows` rows of `length` (written into `ids` and
+    `positions`, (rows, length) int32) whose documents start at `starts` (flat indices,
+    sorted, none at a row's first token): the segments found, then each one's id and
+    first column repeated over its tokens."""
+    total = rows * length
+    firsts = np.concatenate([np.arange(0, total, length, dtype=np.int64), starts])
+    firsts.sort()  # distinct: a start is never a row's first token
+    lengths = np.diff(firsts, append=total)
+    columns = firsts % length
+    row_of_first = np.searchsorted(firsts, firsts - columns)
+    segment = (np.arange(1, firsts.size + 1) - row_of_first).astype(np.int32)
+    np.copyto(ids.reshape(-1), np.repeat(segment, lengths))
+    first_columns = np.repeat(columns.astype(np.int32), lengths).reshape(rows, length)
+    np.subtract(_columns(length), first_columns, out=positions.reshape(rows, length))
+
+
 @functools.lru_cache(maxsize=4)
-def _columns(length: int, rows: int) -> np.ndarray[Any, Any]:
-    """0 .. length - 1, `rows` times (int32, read-only): each token's column in its row."""
-    columns = np.tile(np.arange(length, dtype=np.int32), rows)
+def _columns(length: int) -> np.ndarray[Any, Any]:
+    """0 .. length - 1 (int32, read-only): each token's column in its row."""
+    columns = np.arange(length, dtype=np.int32)
     columns.flags.writeable = False
     return columns
 
@@ -126,6 +161,24 @@ def on_device_stacked(separator: int, separator_is: SeparatorIs, sharding: Any) 
         return tuple(tuple(part[i] for i in range(count)) for part in (stacked, ids, positions))
 
     return jax.jit(group, out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=32)
+def placed_as_given(sharding: Any, count: int) -> Any:
+    """The jitted function that takes `count` host arrays and gives them back placed,
+    each sharded by `sharding` (donated: each output is its input's device copy, nothing
+    computed, nothing copied twice). For a device that adopts host memory (the CPU's),
+    where a `device_put` costs about 60 us an array in Python, so that a batch's 3
+    arrays cost 3 times its tokens' 1: one call places a group's tokens, ids and
+    positions for less than the `device_put` of its tokens alone
+    (`groups.place_documents`). Made once per sharding and count, compiled once per
+    shape and dtype."""
+
+    def given(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+        return arrays
+
+    donated = tuple(range(count))
+    return jax.jit(given, in_shardings=sharding, out_shardings=sharding, donate_argnums=donated)
 
 
 #: Batches one device call works out (a group's last call filled up to it, so that a

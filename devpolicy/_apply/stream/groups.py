@@ -7,6 +7,11 @@ no batch ever changes under its user). Anywhere else the buffers are a small rin
 buffer is reused only once every batch placed from it is ready (its transfer finished) and
 none of them holds the buffer itself (checked by address the first time a buffer is used,
 so a platform that adopts buffers unexpectedly only costs the reuse, never correctness).
+
+Segments: worked out on a device that copies host memory (an accelerator's) from the
+tokens sent; for one that adopts it (the CPU's), on the host, into a small ring of their
+own (`SegmentRing`, reused as the tokens' ring is), and placed with the tokens by one
+jitted call a group (`documents.placed_as_given`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from __future__ import annotations
 import math
 import os
 import threading
+import weakref
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -29,6 +35,7 @@ from .documents import (
     SeparatorIs,
     on_device,
     on_device_stacked,
+    placed_as_given,
     segments,
 )
 
@@ -107,6 +114,45 @@ class GroupBuffer:
         return False
 
 
+class SegmentRing:
+    """Host memory for groups' segment ids and positions on their way to a device that
+    adopts host memory (`place_documents`): a buffer is reused once every batch placed
+    from it is ready, and only where none holds it (checked by address its first time,
+    as for the tokens' buffers). Fresh memory a group cost more than the call that
+    places it: its pages faulted in as the ids were written (about 70 faults a group of
+    8 batches of 32 x 1,025 on a 2-core CPU)."""
+
+    __slots__ = ("_ring", "size")
+
+    def __init__(self, size: int = 3) -> None:
+        self._ring: list[GroupBuffer] = []
+        self.size = size  # groups in flight, in use, being cut (`GroupPlacer.buffers`)
+
+    def take(self, count: int, shape: tuple[int, ...]) -> tuple[GroupBuffer, np.ndarray[Any, Any]]:
+        """A buffer for `count` batches of `shape`, and its (2, count, *shape) int32 array:
+        the ids, then the positions."""
+        ring = self._ring
+        if len(ring) >= self.size:
+            oldest = ring.pop(0)
+            oldest.ready()
+            if oldest.shape == (1, 2, count, *shape):
+                return oldest, oldest.batches[0]
+        buffer = GroupBuffer(1, (2, count, *shape), np.dtype(np.int32))
+        return buffer, buffer.batches[0]
+
+    def keep(self, buffer: GroupBuffer, placed: list[Any]) -> None:
+        """Reuse `buffer` once `placed` (the arrays made from it) are ready, unless one of
+        them holds it."""
+        if buffer.checked or not buffer.held_by(placed):
+            buffer.checked = True
+            buffer.placed = [weakref.ref(a) for a in placed]
+            self._ring.append(buffer)
+
+    def clear(self) -> None:
+        """Let go of every buffer (the stream ended)."""
+        self._ring.clear()
+
+
 class GroupPlan:
     """What one batch shape of a stream is decided and sent as, worked out once."""
 
@@ -139,13 +185,18 @@ def place_documents(
     buffer: GroupBuffer,
     separator: tuple[int, SeparatorIs],
     fields: tuple[str, str, str] = FIELDS,
+    ring: SegmentRing | None = None,
 ) -> tuple[list[dict[str, Any]], list[Any]]:
     """A group's batches with their segment ids and positions (`documents`): the tokens
     placed as the batches alone are, the ids and positions worked out from them on the
     device, a call per `CALL_BATCHES` of them, sharded as the tokens are
     (`documents.on_device`); each batch a dict of the tokens, segment ids and positions
-    under `fields`' names; and the tokens placed."""
+    under `fields`' names; and the tokens placed. On a device that adopts host memory
+    (the CPU's) the host's ids and positions are placed with the tokens in one call
+    (`_placed_as_given`), worked out into `ring`'s memory where given."""
     found = _on_device(plan, buffer, separator)
+    if found is None:
+        found = _placed_as_given(plan, buffer, separator, ring)
     if found is None:
         tokens = plan.place(buffer.batches)
         ids, positions = placed_from_host(plan, buffer.batches, buffer.whole(), separator)
@@ -162,10 +213,10 @@ def _on_device(
     plan: GroupPlan, buffer: GroupBuffer, separator: tuple[int, SeparatorIs]
 ) -> tuple[list[Any], list[Any], list[Any]] | None:
     """The group's tokens, ids and positions worked out on the device, or None where the
-    host's are placed instead: a device that adopts host memory (the CPU's) is sent the
-    host's for nothing, with no compile and no slower XLA CPU code (measured:
-    docs/benchmarks.md, "Segment ids worked out on the device"), and so is one whose
-    function is still compiling (`_compiled`)."""
+    host's are placed instead: a device that adopts host memory (the CPU's) takes the
+    host's for no transfer, and XLA's CPU code is slower than the host's (measured:
+    docs/benchmarks.md, "Segment ids worked out on the device": `_placed_as_given`), and
+    so is one whose function is still compiling (`_compiled`)."""
     token, separator_is = separator
     sharding = plan.decision.sharding
     if (
@@ -187,7 +238,7 @@ def _on_device(
     if whole:
         work = on_device_stacked(token, separator_is, sharding)
         shape = (CALL_BATCHES, *batches[0].shape)
-        if not _compiled(work, shape, batches[0].dtype, stacked, stacked=True):
+        if not _compiled(work, shape, batches[0].dtype, stacked, call="stacked"):
             return None
         group = buffer.whole()
         for start in range(0, whole, CALL_BATCHES):
@@ -223,6 +274,51 @@ def _on_device(
     return tokens, ids, positions
 
 
+def _placed_as_given(
+    plan: GroupPlan,
+    buffer: GroupBuffer,
+    separator: tuple[int, SeparatorIs],
+    ring: SegmentRing | None,
+) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """On a device that adopts host memory (the CPU's): the group's ids and positions
+    worked out on the host, then each `CALL_BATCHES` batches' tokens, ids and positions
+    placed by one jitted call (`documents.placed_as_given`: measured on a 2-core CPU, a
+    `device_put` a batch's array cost about as much as the call does for 3 arrays a
+    batch). None where the host's are placed beside the tokens instead: a device that
+    copies host memory, several processes, a memory other than the device's own. A part
+    whose call is still compiling is placed by `device_put` (the same values)."""
+    sharding = plan.decision.sharding
+    if (
+        plan.destination is None
+        or plan.local
+        or copies_host_memory(plan.decision)
+        or sharding is None
+        or not on_the_device(sharding)
+    ):
+        return None
+    batches = buffer.batches
+    whole = buffer.whole()
+    first = batches[0]
+    into, out = (None, None) if ring is None else ring.take(len(batches), first.shape)
+    windows = np.stack(batches) if whole is None else whole
+    ids, positions = segments(windows, *separator, out=None if out is None else (out[0], out[1]))
+    placed: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+    for start in range(0, len(batches), CALL_BATCHES):
+        end = start + CALL_BATCHES
+        arrays = [*batches[start:end], *ids[start:end], *positions[start:end]]
+        count = len(arrays) // 3
+        work = placed_as_given(sharding, len(arrays))
+        if _compiled(work, (count, *first.shape), first.dtype, sharding, call="given"):
+            made = work(*arrays)
+        else:
+            made = plan.place(arrays)
+        for i, part in enumerate(placed):
+            part += made[i * count : (i + 1) * count]
+    if ring is not None and into is not None:
+        ring.keep(into, [*placed[1], *placed[2]])
+    return placed
+
+
 def _stacked_sharding(sharding: Any) -> Any:
     """How `CALL_BATCHES` batches placed by `sharding` are sent stacked in one array (a
     new leading axis, not split), or None where that cannot be said."""
@@ -253,11 +349,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+#: How a device function is called: with `CALL_BATCHES` batches placed ("batches"), one
+#: stacked array placed ("stacked"), or a group's tokens, ids and positions as host
+#: arrays, (count, ...) of them by `shape` ("given").
+Call = Literal["batches", "stacked", "given"]
+
+
 def _compiled(
-    work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, *, stacked: bool = False
+    work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, *, call: Call = "batches"
 ) -> bool:
-    """Whether `work` is compiled for its input of `shape`, `dtype` and `sharding` (one
-    array where `stacked`, else `CALL_BATCHES` batches of that shape): under several processes
+    """Whether `work` is compiled for its input of `shape`, `dtype` and `sharding` (as
+    `call` says it is called): under several processes
     always (each compiles at its first call, in step: every process must take the same
     path for a step); in one process, once the compile started on its thread is done
     (where it failed, the call then raises what it raises)."""
@@ -269,12 +371,12 @@ def _compiled(
         if future is None:
             if len(_COMPILING) >= 64:  # shapes a process met: bounded
                 _COMPILING.clear()
-            future = _COMPILING[key] = _compiling(work, shape, dtype, sharding, stacked)
+            future = _COMPILING[key] = _compiling(work, shape, dtype, sharding, call)
     return future.done()
 
 
 def _compiling(
-    work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, stacked: bool
+    work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, call: Call
 ) -> Future[Any]:
     """The compile of `work` for its input (`_compiled`), on a thread of its own that
     ends with it (no thread is left behind: a process alone with its main thread is one
@@ -285,7 +387,7 @@ def _compiling(
         if not future.set_running_or_notify_cancel():
             return
         try:
-            _compile(work, shape, dtype, sharding, stacked)
+            _compile(work, shape, dtype, sharding, call)
         except BaseException as e:  # the stream's own call raises it again, in context
             future.set_exception(e)
         else:
@@ -297,11 +399,15 @@ def _compiling(
     return future
 
 
-def _compile(work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, stacked: bool) -> None:
+def _compile(work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, call: Call) -> None:
     """One call of `work` on zeros of its input's shape, dtype and placement: compiled,
     and its compile in JAX's caches for the stream's calls."""
-    dummy = jax.device_put(np.zeros(shape, dtype), sharding)
-    outputs = work(dummy) if stacked else work((dummy,) * CALL_BATCHES)
+    zeros = np.zeros(shape, dtype)
+    if call == "given":  # host arrays, as the stream hands them
+        outputs = work(*zeros, *np.zeros((2, *shape), np.int32).reshape(-1, *shape[1:]))
+    else:
+        dummy = jax.device_put(zeros, sharding)
+        outputs = work(dummy) if call == "stacked" else work((dummy,) * CALL_BATCHES)
     jax.block_until_ready(outputs)  # type: ignore[no-untyped-call]
 
 

@@ -22,7 +22,7 @@ from ..._decide.decision import Decision
 from ..._decide.routing import NEVER_MAPPED
 from ..narrowing import NARROWER, Narrow, narrow_into, narrowed_event
 from .documents import FIELDS, SEGMENT_BYTES, SeparatorIs
-from .groups import GroupBuffer, GroupPlan, place_documents
+from .groups import GroupBuffer, GroupPlan, SegmentRing, place_documents
 from .reads import ReadPath
 from .sampling import Rows, process_rows
 
@@ -49,6 +49,7 @@ class GroupPlacer:
         "_narrow",
         "_narrowed",
         "_ring",
+        "_segments",
         "_separator",
         "_shapes",
         "_window",
@@ -82,6 +83,7 @@ class GroupPlacer:
         self.dtype: np.dtype[Any] = self.target or dtype
         self._shapes: dict[tuple[int, ...], GroupPlan] = {}
         self._ring: list[GroupBuffer] = []
+        self._segments = SegmentRing()  # where the host works a group's segments out
         self.buffers = 3  # groups kept: in flight, in use, being cut (the cutter sets it)
         self._narrowed: set[bool] = set()  # the exactness already reported
         self.decided: Decision | None = None  # the first batch shape's: the stream's
@@ -172,7 +174,10 @@ class GroupPlacer:
                 np.copyto(out, batch)
         nbytes = plan.nbytes * count
         if self._separator is not None:
-            placed, tokens = place_documents(plan, buffer, self._separator, self._fields or FIELDS)
+            self._segments.size = self.buffers
+            placed, tokens = place_documents(
+                plan, buffer, self._separator, self._fields or FIELDS, self._segments
+            )
         else:
             placed = tokens = plan.place(buffer.batches)
             if self._fields is not None:
@@ -201,3 +206,4 @@ class GroupPlacer:
     def clear(self) -> None:
         """Let go of the ring's buffers (the stream ended)."""
         self._ring.clear()
+        self._segments.clear()

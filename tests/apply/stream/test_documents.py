@@ -116,6 +116,79 @@ class TestDocuments:
             devpolicy.windows(tokens, 4, 2, policy=policy_of(), **options)
 
 
+def segments_reference(
+    windows: np.ndarray, separator: int, kind: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The host kernel as it was before rows were patched start by start: every segment
+    found, then each one's id and first column repeated over its tokens."""
+    length = windows.shape[-1]
+    total = windows.size
+    flat = windows.reshape(-1)
+    found = np.flatnonzero(flat == separator)
+    if kind == "eos":
+        found += 1
+    rows = np.arange(0, total, length, dtype=np.int64)
+    firsts = np.concatenate([rows, found[found % length != 0]])
+    firsts.sort()
+    lengths = np.diff(firsts, append=total)
+    columns = firsts % length
+    row_of_first = np.searchsorted(firsts, firsts - columns)
+    ids = (np.arange(1, firsts.size + 1) - row_of_first).astype(np.int32)
+    starts = np.repeat(columns.astype(np.int32), lengths)
+    positions = np.tile(np.arange(length, dtype=np.int32), total // length) - starts
+    return np.repeat(ids, lengths).reshape(windows.shape), positions.reshape(windows.shape)
+
+
+class TestOnTheHost:
+    """The host kernel (`segments`) gives what it gave before it patched rows start by
+    start, whatever the separators' density, into fresh arrays or into `out`."""
+
+    @given(
+        data=st.data(),
+        shape=st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(1, 70)),
+        kind=st.sampled_from(["eos", "bos"]),
+        starts=st.integers(0, 3 * documents.FEW),
+        dtype=st.sampled_from([np.uint16, np.int32, np.uint8]),
+        into=st.booleans(),
+    )
+    @settings(max_examples=150, deadline=None)
+    def test_the_kernel_agrees_with_the_reference(
+        self, data: st.DataObject, shape: tuple[int, int, int], kind: str, starts: int,
+        dtype: type, into: bool,
+    ) -> None:  # fmt: skip
+        """Separators from none to every token: around `FEW` (rows patched start by
+        start) and above it (every segment worked out), at rows' first and last tokens."""
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+        windows = rng.integers(1, 200, shape).astype(dtype)
+        flat = windows.reshape(-1)
+        flat[rng.integers(0, flat.size, min(starts, flat.size))] = 0
+        if data.draw(st.booleans(), label="edges"):
+            windows[..., 0] = windows[..., -1] = 0
+        out = (np.full(shape, -9, np.int32), np.full(shape, -9, np.int32)) if into else None
+        got = documents.segments(windows, 0, kind, out)  # type: ignore[arg-type]
+        expected = segments_reference(windows, 0, kind)
+        if out is not None:
+            assert got[0] is out[0]
+            assert got[1] is out[1]
+        for a, b in zip(got, expected, strict=True):
+            assert a.dtype == np.int32
+            assert a.shape == windows.shape
+            np.testing.assert_array_equal(a, b)
+
+    @pytest.mark.parametrize("kind", ["eos", "bos"])
+    def test_a_group_of_batches_at_a_streams_shape_agrees_with_the_reference(
+        self, kind: str
+    ) -> None:
+        """8 batches of 32 x 1,025: a separator one token in 65,536 (a few starts: rows
+        patched) and one in 500 (hundreds: every segment worked out)."""
+        rng = np.random.default_rng(7)
+        for every in (65_536, 500):
+            windows = rng.integers(0, every, (8, 32, 1025)).astype(np.uint16)
+            got = documents.segments(windows, 0, kind)  # type: ignore[arg-type]
+            for a, b in zip(got, segments_reference(windows, 0, kind), strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
 def on_device(windows: np.ndarray, separator: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
     """The device's ids and positions of one batch, through the stream's own jitted call."""
     placed = jax.device_put(windows, jax.devices("cpu")[0])
@@ -190,7 +263,8 @@ class TestOnTheDevice:
 
     def test_a_device_that_adopts_host_memory_is_sent_the_hosts_ids(self) -> None:
         """The CPU adopts a host buffer: the host's ids and positions cost it no transfer,
-        so no device function is made for it (no compile, no thread)."""
+        so no device function works them out there (XLA's CPU code is slower than the
+        host's)."""
         tokens = TOKENS.astype(np.uint16) % 50
         before = documents.on_device.cache_info()
         batches = list(devpolicy.windows(tokens, 40, 4, steps=5, separator=7, policy=policy_of()))

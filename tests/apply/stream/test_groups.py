@@ -227,6 +227,80 @@ class TestDocumentsSent:
         assert_segments(batches)
 
 
+def compiled() -> None:
+    """Every device function a stream started compiling, compiled."""
+    for compiling in list(groups._COMPILING.values()):
+        compiling.result()
+
+
+class TestDocumentsOnTheCpu:
+    """On a device that adopts host memory (the CPU's), a group's ids and positions are
+    worked out on the host into a few reused buffers, and its tokens, ids and positions
+    placed by one jitted call."""
+
+    @pytest.mark.parametrize("sharded", [False, True], ids=["one-device", "rows-of-4"])
+    def test_a_group_is_placed_by_one_call_sharded_as_its_tokens_would_be(
+        self, monkeypatch: pytest.MonkeyPatch, sharded: bool
+    ) -> None:
+        """Once compiled, no array goes through `jax.device_put`, and every array is
+        sharded exactly as the same stream's tokens are without segments."""
+        policy = policy_of(meshes=ROWS, rules=rows_rule()) if sharded else policy_of()
+        tokens = (np.arange(50_000) % 37).astype(np.uint16)
+
+        def stream(**options: Any) -> list[Any]:
+            return list(devpolicy.windows(tokens, 65, 8, order="random", seed=2, steps=20,
+                                          policy=policy, **options))  # fmt: skip
+
+        stream(separator=0)
+        compiled()
+        plain = stream()
+        sent = sent_bytes(monkeypatch)
+        batches = stream(separator=0)
+        assert sent == []
+        for b, alone in zip(batches, plain, strict=True):
+            for key in ("tokens", "segment_ids", "positions"):
+                assert b[key].sharding == alone.sharding
+                assert b[key].committed
+            np.testing.assert_array_equal(np.asarray(b["tokens"]), np.asarray(alone))
+        assert_segments(batches)
+
+    def test_held_batches_keep_their_segments_while_the_buffers_are_reused(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """240 batches held while 60 groups' ids and positions were worked out into the
+        same few host buffers: every batch's are still its own tokens'."""
+        tokens = (np.arange(2**16) % 29).astype(np.uint16)
+        options: dict[str, Any] = {"order": "random", "separator": 0, "policy": policy_of()}
+        list(devpolicy.windows(tokens, 64, 4, seed=1, steps=40, **options))
+        compiled()
+        made: list[int] = []
+        real = groups.aligned
+
+        def counted(nbytes: int) -> np.ndarray:
+            made.append(nbytes)
+            return real(nbytes)
+
+        monkeypatch.setattr(groups, "aligned", counted)
+        held = list(devpolicy.windows(tokens, 64, 4, seed=1, steps=240, **options))
+        segments_bytes = 2 * cutting.GROUP_MAX * 4 * 64 * 4  # a group's ids and positions
+        assert 1 <= made.count(segments_bytes) <= 3  # the ring's, reused
+        assert_segments(held)
+
+    def test_a_fresh_stream_waits_for_no_compile(self) -> None:
+        """A shape never compiled: the first groups are placed by `device_put` while the
+        call compiles on a thread of its own, the values the same."""
+        tokens = (np.arange(50_000) % 43).astype(np.uint16)
+        groups._COMPILING.clear()
+        stream = devpolicy.windows(
+            tokens, 71, 3, order="random", seed=5, steps=40, separator=0, policy=policy_of()
+        )
+        first = next(stream)
+        assert len(groups._COMPILING) == 1
+        assert_segments([first])
+        compiled()
+        assert_segments(list(stream))
+
+
 #: A process whose stream's device function is still compiling as it ends.
 ENDS_WHILE_COMPILING = r"""
 import jax, numpy as np
