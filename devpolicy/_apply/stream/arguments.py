@@ -472,6 +472,15 @@ def _packing(
             "segment id is 0, so a model masks it)"
         )
     pad = checked_pad(args.pad, view.dtype)
+    narrowed = NARROWER.get(view.dtype)
+    if narrowed is not None and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        info = np.iinfo(narrowed)
+        if not info.min <= pad <= info.max:
+            raise ValueError(
+                f"windows pad={pad} does not fit {narrowed} ({info.min} to {info.max}), and "
+                f"with x64 off JAX narrows tokens of {view.dtype} to {narrowed}: every "
+                "padded batch would raise; use a pad that fits, or enable jax_enable_x64"
+            )
     open_rows = OPEN_ROWS if args.open_rows is None else args.open_rows
     # A sequential packed stream is one pass over the documents, as a sequential one is
     # over the windows.

@@ -13,6 +13,7 @@ JAX here.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,10 @@ class DocumentIndex:
     longest: int
     covered: int
     path: Path | None = None
+    #: The documents' digest (their (start, length) pairs' bytes, as an index file holds
+    #: them): what a packing state is matched against (the same count of other
+    #: documents would pack other rows).
+    digest: str = ""
 
     def __len__(self) -> int:
         return int(self.spans.shape[0])
@@ -163,10 +168,11 @@ def in_memory(
     """The index of tokens in memory, kept in memory."""
     spans, alone = find_documents(tokens, separator, separator_is)
     spans.flags.writeable = False
+    digest = hashlib.blake2b(spans.tobytes(), digest_size=16).hexdigest()
     lengths = spans[:, 1]
     return DocumentIndex(
         spans, separator, separator_is, int(tokens.shape[0]), alone,
-        int(lengths.max()) if lengths.size else 0, int(lengths.sum()),
+        int(lengths.max()) if lengths.size else 0, int(lengths.sum()), None, digest,
     )  # fmt: skip
 
 

@@ -287,14 +287,7 @@ def _placed_as_given(
     batch). None where the host's are placed beside the tokens instead: a device that
     copies host memory, several processes, a memory other than the device's own. A part
     whose call is still compiling is placed by `device_put` (the same values)."""
-    sharding = plan.decision.sharding
-    if (
-        plan.destination is None
-        or plan.local
-        or copies_host_memory(plan.decision)
-        or sharding is None
-        or not on_the_device(sharding)
-    ):
+    if not _given_whole(plan):
         return None
     batches = buffer.batches
     whole = buffer.whole()
@@ -302,10 +295,45 @@ def _placed_as_given(
     into, out = (None, None) if ring is None else ring.take(len(batches), first.shape)
     windows = np.stack(batches) if whole is None else whole
     ids, positions = segments(windows, *separator, out=None if out is None else (out[0], out[1]))
+    placed = placed_together(plan, batches, list(ids), list(positions))
+    assert placed is not None
+    if ring is not None and into is not None:
+        ring.keep(into, [*placed[1], *placed[2]])
+    return placed
+
+
+def _given_whole(plan: GroupPlan) -> bool:
+    """Whether a group's host arrays are placed by one jitted call (`placed_together`):
+    one process, a device that adopts host memory, its own memory."""
+    sharding = plan.decision.sharding
+    return not (
+        plan.destination is None
+        or plan.local
+        or copies_host_memory(plan.decision)
+        or sharding is None
+        or not on_the_device(sharding)
+    )
+
+
+def placed_together(
+    plan: GroupPlan,
+    tokens: list[np.ndarray[Any, Any]],
+    ids: list[np.ndarray[Any, Any]],
+    positions: list[np.ndarray[Any, Any]],
+) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """A group's tokens, segment ids and positions (host arrays, a batch each) placed by
+    one jitted call a `CALL_BATCHES` batches (`documents.placed_as_given`), on a device
+    that adopts host memory (the CPU's: a `device_put` an array cost as much as the call
+    does for 3 arrays a batch); a part whose call is still compiling by `device_put`
+    (the same values). None where they are placed otherwise (`_given_whole`)."""
+    if not _given_whole(plan):
+        return None
+    sharding = plan.decision.sharding
+    first = tokens[0]
     placed: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
-    for start in range(0, len(batches), CALL_BATCHES):
+    for start in range(0, len(tokens), CALL_BATCHES):
         end = start + CALL_BATCHES
-        arrays = [*batches[start:end], *ids[start:end], *positions[start:end]]
+        arrays = [*tokens[start:end], *ids[start:end], *positions[start:end]]
         count = len(arrays) // 3
         work = placed_as_given(sharding, len(arrays))
         if _compiled(work, (count, *first.shape), first.dtype, sharding, call="given"):
@@ -314,8 +342,6 @@ def _placed_as_given(
             made = plan.place(arrays)
         for i, part in enumerate(placed):
             part += made[i * count : (i + 1) * count]
-    if ring is not None and into is not None:
-        ring.keep(into, [*placed[1], *placed[2]])
     return placed
 
 

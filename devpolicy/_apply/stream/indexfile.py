@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 import time
 from pathlib import Path
@@ -52,7 +53,8 @@ def index_path(file: TokenFile, separator: int, separator_is: str, where: Any = 
     """Where the index of `file` is kept: `where` itself (a file's path), in the folder
     `where` (named for the token file, its real path's digest told apart), or beside the
     token file (`where` None)."""
-    name = f"{file.path.name}.{separator_is}{separator}.{file.offset}{SUFFIX}"
+    # The tokens' place and count: two arrays mapped from one file keep two indexes.
+    name = f"{file.path.name}.{separator_is}{separator}.{file.offset}-{file.count}{SUFFIX}"
     if where is None:
         return file.path.with_name(name)
     place = Path(where)
@@ -179,9 +181,24 @@ def _stale(path: Path, expected: tuple[Any, ...]) -> str | None:
         ValueError: `path` holds something that is no index (never overwritten).
     """
     try:
+        kind = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "none kept"
+    except OSError as e:
+        raise ValueError(f"windows index={str(path)!r} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(kind):
+        # A FIFO would hang the read; a device or socket would be replaced by the rebuild.
+        raise ValueError(
+            f"windows index={str(path)!r} is not a regular file (a "
+            f"{_KINDS.get(stat.S_IFMT(kind), 'special file')}): pass the path of an index "
+            "file, or a folder to keep indexes in; it was left as it is"
+        )
+    try:
         with open(path, "rb") as f:
             head = f.read(_HEADER_BYTES)
             size = os.fstat(f.fileno()).st_size
+            # An index cut short (even to nothing: it held nothing to lose) is rebuilt; a
+            # file that starts otherwise is someone else's, never overwritten.
             if (len(head) < len(MAGIC) and MAGIC.startswith(head)) or head[:8] == MAGIC:
                 if len(head) < _HEADER_BYTES:
                     return f"damaged: cut short ({size} bytes, a header alone is {_HEADER_BYTES})"
@@ -208,6 +225,15 @@ def _stale(path: Path, expected: tuple[Any, ...]) -> str | None:
         f"windows index={str(path)!r} is not a document index (no {MAGIC.decode()} header): "
         "pass the path of an index, or a folder to keep indexes in; it was left as it is"
     )
+
+
+_KINDS = {
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFDIR: "folder",
+}
 
 
 def _body_digest(f: Any) -> bytes:
@@ -294,4 +320,7 @@ def _mapped(path: Path, separator: int, separator_is: SeparatorIs, tokens: int) 
         spans = np.memmap(path, SPAN, "r", offset=_HEADER_BYTES, shape=(documents, 2))
     else:
         spans = np.zeros((0, 2), SPAN)
-    return DocumentIndex(spans, separator, separator_is, tokens, alone, longest, covered, path)
+    digest = fields[18].hex()
+    return DocumentIndex(
+        spans, separator, separator_is, tokens, alone, longest, covered, path, digest
+    )

@@ -41,8 +41,8 @@ from .shuffling import shuffled_windows
 PACK_KEY = "devpolicy.pack"
 PACK_VERSION = 1
 ORDERS = ("sequential", "shuffled")
-#: Open rows by default: padding 0.8% at length 2,048 for lognormal documents of mean 500
-#: (1.2% at 8, 0.6% at 32; docs/benchmarks.md), at the same speed.
+#: Open rows by default: padding 0.88% at length 2,048 for lognormal documents of mean 500
+#: (1.24% at 8, 0.70% at 32; docs/benchmarks.md), at the same speed.
 OPEN_ROWS = 16
 #: Documents of the order made into pieces at once.
 BLOCK = 4096
@@ -145,7 +145,11 @@ def _open_of(saved: Mapping[str, Any], packer: Packer) -> tuple[int, int, int, l
     settings = asdict(packer.settings)
     differ = [
         f"{name}: saved {saved.get(name)!r}, now {value!r}"
-        for name, value in (*settings.items(), ("documents", packer.documents))
+        for name, value in (
+            *settings.items(),
+            ("documents", packer.documents),
+            ("digest", packer.digest),
+        )
         if saved.get(name) != value
     ]
     if differ:
@@ -211,6 +215,7 @@ class Packer:
         self.index = index
         self.settings = settings
         self.documents = len(index)
+        self.digest = index.digest
         epochs = settings.epochs
         self._end = None if epochs is None else epochs * self.documents  # positions
         self.tally = PackTally()
@@ -238,6 +243,10 @@ class Packer:
             position, offset, np.asarray(table_starts, np.int64), np.asarray(table_counts, np.int64)
         )
 
+    def open_spans(self) -> int:
+        """The spans the open rows hold (what a state, or a new block, carries)."""
+        return sum(map(len, self._rows[1:-1]))
+
     def _open_row(self, handles: list[int], free: int) -> None:
         self._rows.insert(-1, handles)
         self._free.insert(-1, free)
@@ -253,7 +262,11 @@ class Packer:
         """The pieces of the documents from `position` on (a block, the first `offset`
         tokens of its first document packed already), after the carried open rows'."""
         length = self.settings.length
-        count = BLOCK if self._end is None else max(0, min(BLOCK, self._end - position))
+        # At least as many documents as the open rows carry spans: carrying them into the
+        # new table costs that much, once a block, so a document's cost stays flat however
+        # many spans the open rows hold.
+        block = max(BLOCK, carried_starts.size)
+        count = block if self._end is None else max(0, min(block, self._end - position))
         # `take` along the rows: several times the fancy index's speed on a mapping.
         spans = np.take(self.index.spans, self._documents_at(position, count), axis=0)
         spans = spans.view(np.int64)
@@ -375,5 +388,6 @@ class Packer:
             "epoch": position // self.documents,
             "open": spans,
             "documents": self.documents,
+            "digest": self.digest,
             **asdict(self.settings),
         }

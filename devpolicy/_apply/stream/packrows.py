@@ -5,10 +5,11 @@ Packing is a sequence (each row depends on the rows before it), so the rows are 
 order by one `Packer` and every process makes all of a step's rows, taking its own (a
 slice of the global batch): the rows of a step are the same whatever the number of
 processes. A stream reads ahead of the step it hands out, so the state it saves is of an
-earlier row: the packer's state is noted at the first row of each call (`KEPT` of them),
-and the state at a row is made by packing again from the note before it, a call's rows
-at most (never from the start). Rows asked again (a group cut again) come the same way.
-No JAX here.
+earlier row: the packer's state is noted at the first row of a call (`KEPT` notes), once
+at least as many pieces as the open rows hold were packed since the last note (a note
+costs that many), and the state at a row is made by packing again from the note before
+it, that many pieces and a call's rows at most (never from the start). Rows asked again
+(a group cut again) come the same way. No JAX here.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class PackedRows:
         self._packer = Packer(index, settings, state)
         self._first = self._packer.row  # the first row this stream can give
         self._notes: deque[tuple[int, dict[str, Any]]] = deque(maxlen=KEPT)
+        self._noted_at = 0  # the pieces packed at the last note
 
     @property
     def tally(self) -> PackTally:
@@ -105,9 +107,17 @@ class PackedRows:
         return self._from_note(row).state()
 
     def _note(self) -> None:
+        """Note where packing is, unless a note is near: a note costs the open rows'
+        spans, so one is taken only once at least as many pieces were packed since the
+        last (a row asked again is packed again from a note at most that far back)."""
         packer = self._packer
-        if not self._notes or self._notes[-1][0] != packer.row:
-            self._notes.append((packer.row, packer.state()))
+        notes = self._notes
+        if notes and (
+            notes[-1][0] == packer.row or packer.tally.spans - self._noted_at < packer.open_spans()
+        ):
+            return
+        notes.append((packer.row, packer.state()))
+        self._noted_at = packer.tally.spans
 
     def _from_note(self, row: int) -> Packer:
         """A packer at `row`, packed again from the last note at or before it."""

@@ -29,7 +29,7 @@ from ..._machine.spans import STREAM_PLACE, STREAM_READ, span
 from ..._read.pages import maps_line
 from .cutting import GROUP_BYTES, GROUP_MAX
 from .documents import FIELDS, SEGMENT_BYTES
-from .groups import aligned
+from .groups import aligned, placed_together
 from .interrupts import deferred_interrupts
 from .packed import Layout, gather, segments
 from .packrows import PackedRows
@@ -158,7 +158,12 @@ def _watched(view: np.ndarray[Any, Any]) -> _Watched | None:
     tokens in memory (or a file gone: nothing to watch by path)."""
     if not view.size:
         return None
-    fields = maps_line(view.ctypes.data)
+    # The bytes the view spans, whatever its stride's sign (a reversed view starts at
+    # its highest address).
+    first = view.ctypes.data
+    last = first + (view.shape[0] - 1) * view.strides[0]
+    low, high = min(first, last), max(first, last) + view.itemsize
+    fields = maps_line(low)
     if fields is None or len(fields) < 6 or not fields[5].startswith("/"):
         return None
     address, _, offset, _, inode, path = fields
@@ -172,8 +177,8 @@ def _watched(view: np.ndarray[Any, Any]) -> _Watched | None:
         if os.fstat(fd).st_ino != int(inode):  # replaced since it was mapped
             os.close(fd)
             return None
-        low = int(address.partition("-")[0], 16)
-        end = int(offset, 16) + view.ctypes.data - low + view.nbytes
+        mapped = int(address.partition("-")[0], 16)
+        end = int(offset, 16) + high - mapped
         return _Watched(fd, path, end)
 
 
@@ -281,11 +286,13 @@ class PackedCutter:
     def _place(self, made: _Made) -> tuple[list[Any], int]:
         count = made.count
         plan = self.placer.plan(made.tokens.shape[1:])
-        arrays = plan.place([*made.tokens, *made.ids, *made.positions])
-        fields = self._fields
+        tokens, ids, positions = list(made.tokens), list(made.ids), list(made.positions)
+        together = placed_together(plan, tokens, ids, positions)
+        if together is None:
+            arrays = plan.place([*tokens, *ids, *positions])
+            together = (arrays[:count], arrays[count : 2 * count], arrays[2 * count :])
         batches = [
-            dict(zip(fields, (arrays[i], arrays[count + i], arrays[2 * count + i]), strict=True))
-            for i in range(count)
+            dict(zip(self._fields, three, strict=True)) for three in zip(*together, strict=True)
         ]
         return batches, plan.nbytes * count
 

@@ -131,9 +131,10 @@ ELASTIC_ORDERS = ("random", "shuffled")
 LAST_STEP = 2**63
 #: Seeds are 64-bit: two seeds equal modulo 2**64 would draw the same windows.
 SEEDS = 2**64
-#: The longest JSON text read as a state (a saved state is a few hundred bytes; a packed
-#: one holds its open rows' spans: 16 rows of up to a row's tokens of one-token documents).
-_MOST_TEXT = 16 * 2**20
+#: The longest JSON text read as a state: a saved state is a few hundred bytes, a packed
+#: one holds its open rows' spans besides (at most `open_rows` rows of up to a row's tokens
+#: of documents each: 24 MB at 1,000 rows of 4,097 two-token documents).
+_MOST_TEXT = 256 * 2**20
 _ORDERS = ("sequential", "random", "shuffled")
 _FIX = "the saved state is damaged: save stream.state() again, or start without resume="
 # A damaged state is shown short and shallow (a deeply nested one would exhaust repr).
@@ -282,7 +283,8 @@ def read_state(saved: object) -> dict[str, Any]:
             raise StreamStateError(
                 "resume",
                 f"not a saved stream state: {len(saved):,} characters of text, where a "
-                f"state is a few hundred",
+                f"state is a few hundred (a packed stream's, its open rows' spans more: "
+                f"{_MOST_TEXT:,} at most)",
                 "pass stream.state(), or its json.dumps",
             )
         try:

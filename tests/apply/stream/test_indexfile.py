@@ -56,7 +56,7 @@ class TestBuiltAndKept:
         assert np.array_equal(np.asarray(index.spans), spans)
         assert (index.alone, index.tokens, index.covered) == (alone, 50_000, int(spans[:, 1].sum()))
         assert isinstance(index.spans, np.memmap)
-        assert index.path == tmp_path / "tokens.bin.eos0.64.docs"
+        assert index.path == tmp_path / "tokens.bin.eos0.64-50000.docs"
         assert rebuilt == []  # none kept before: built, and said so below
 
     def test_a_build_says_what_it_found_in_an_event(self, tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ class TestIndexOf:
         file, tokens = token_file(tmp_path)
         mapped = np.memmap(file.path, np.uint16, "r", offset=64)
         kept = index_of(mapped, 0, "eos", EVENTS)
-        assert kept.path == tmp_path / "tokens.bin.eos0.64.docs"
+        assert kept.path == tmp_path / "tokens.bin.eos0.64-50000.docs"
         in_memory = index_of(np.array(tokens), 0, "eos", EVENTS)
         assert in_memory.path is None
         assert np.array_equal(np.asarray(kept.spans), in_memory.spans)

@@ -1,4 +1,4 @@
-"""A hostile review of packed rows (`windows(pack="first_fit")`): each test states a promise
+"""Packed rows at their edges (`windows(pack="first_fit")`): each test states a promise
 the verb's docstring (or the engine's) makes, on inputs the existing tests leave out: a
 reversed view of a mapped token file, an `index=` that is a FIFO or a device node, a pad
 that x64 off cannot hold, a state resumed over other documents of the same count, the
@@ -75,7 +75,7 @@ class TestTokenViews:
         self, tmp_path: Path
     ) -> None:
         """`tokens[::-1]` of an `np.memmap` is a legal 1-D view (plain `windows` streams
-        it); packed, its rows are those of the same tokens in memory. Today the file's
+        it); packed, its rows are those of the same tokens in memory. Before the fix, the file's
         watch takes the view's first address for its lowest and refuses every group:
         "the file is 29,696 bytes, and the tokens mapped from it need 59,390: it was
         truncated after it was mapped" (a file nobody touched)."""
@@ -92,7 +92,7 @@ class TestIndexPath:
     @pytest.mark.slow
     def test_a_fifo_given_as_index_is_refused_not_waited_on(self, tmp_path: Path) -> None:
         """`index=` a FIFO: refused naming `index=` (as a file that is no index is), the
-        FIFO left as it is. Today `open(path, "rb")` on it blocks until a writer comes:
+        FIFO left as it is. Before the fix, `open(path, "rb")` on it blocks until a writer comes:
         `windows` never returns."""
         TOKENS.tofile(tmp_path / "tokens.bin")
         fifo = tmp_path / "index.fifo"
@@ -119,7 +119,7 @@ class TestIndexPath:
 
     def test_a_device_node_given_as_index_is_refused_never_replaced(self, tmp_path: Path) -> None:
         """`index=` a character device (here a node like /dev/null, made in tmp_path):
-        refused naming `index=`, the node never replaced. Today it reads as an index "cut
+        refused naming `index=`, the node never replaced. Before the fix, it reads as an index "cut
         short (0 bytes)", is "rebuilt", and `os.replace` puts a regular file where the
         device node was: `index="/dev/null"` run as root replaces the machine's
         /dev/null (seen in this review; it had to be made again with mknod)."""
@@ -146,7 +146,7 @@ class TestRefusedAtTheCall:
         int32 can never be placed, so it is refused at the call naming `pad=`, as a
         separator past int32 is ("Everything that can be refused is refused before
         anything is opened"; the docstring's Raises lists "a `pad` outside the tokens'
-        dtype"). Today the call returns and the first `next()` raises NarrowingError
+        dtype"). Before the fix, the call returns and the first `next()` raises NarrowingError
         about "tensor 'batch'"."""
         import jax
 
@@ -164,7 +164,7 @@ class TestResumeOtherDocuments:
         same dtype): the saved open rows are spans of the old file's documents, so
         resumed here they would cut this file's documents and hand some out twice. The
         existing test "other documents are refused" holds only where the document count
-        differs. Today this resumes silently."""
+        differs. Before the fix, this resumes silently."""
         ends = np.flatnonzero(TOKENS == SEPARATOR) + 1
         documents = np.split(TOKENS, ends[:-1])
         order = np.random.default_rng(0).permutation(len(documents))
@@ -200,7 +200,7 @@ class TestCost:
     def test_a_documents_cost_does_not_grow_with_the_tokens_held_in_open_rows(self) -> None:
         """Packing costs "a few list operations a piece" (packing.py) and "the open rows'
         count costs no speed" (docs/benchmarks.md). Per document, 400 open rows cost
-        what 25 do, within 2.5x. Today every block of 4,096 documents carries every open
+        what 25 do, within 2.5x. Before the fix, every block of 4,096 documents carries every open
         span into a new table (`_next_block`, a Python list comprehension over all open
         spans), so the cost a document grows with the spans held open: measured 2.1 us
         at 25 rows, 3.4 at 100, 8.0 at 400 (length 1,025); at length 4,097 and 1,000
