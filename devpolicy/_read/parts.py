@@ -328,9 +328,14 @@ class Descriptors:
     held back), so an interrupt never leaves one without an owner. One reader, one thread
     at a time: reads in flight must be done before `trim` or `close` (a descriptor closed
     under a queued read would fail it).
+
+    An `np.memmap`'s file is looked up once (`MemmapPart.place`, a `/proc/self/map_files`
+    lookup, 40-120 us beside a thousand mappings on a busy host): a mapping's file never
+    changes, and of a thousand shards most are opened again every group (only `most`
+    stay open), so later opens check the file by path against what was found then.
     """
 
-    __slots__ = ("_guard", "_lru", "_most", "fds", "files")
+    __slots__ = ("_guard", "_lru", "_most", "_placed", "fds", "files")
 
     def __init__(
         self,
@@ -343,6 +348,7 @@ class Descriptors:
         self.fds = np.asarray(fds, np.int32)  # -1 where closed
         self._most = max(1, most)
         self._guard = guard
+        self._placed: dict[int, PartFile] = {}  # a memmap part's file, once looked up
         # The open parts, least recently used first (a hint: `fds` says what is open).
         self._lru: OrderedDict[int, None] = OrderedDict(
             (part, None) for part, fd in enumerate(fds) if fd >= 0
@@ -352,6 +358,11 @@ class Descriptors:
     def open_count(self) -> int:
         """How many descriptors are open now."""
         return int((self.fds >= 0).sum())
+
+    @property
+    def lazy(self) -> bool:
+        """Whether reads open files (more files than are kept open: a thousand shards')."""
+        return len(self.files) > self._most
 
     def opened(self, parts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The descriptors of `parts` (an int array), each opened where it was not."""
@@ -374,18 +385,50 @@ class Descriptors:
         found: np.ndarray[Any, Any] = self.fds[parts]
         return found
 
+    def open_first(self, count: int) -> bool:
+        """Open the first `count` files (a reader's start: the caller holds Ctrl-C back);
+        False, and none of them left open, where one cannot be opened as the file mapped.
+
+        Raises:
+            HostViewError: naming the file, where one is shorter than its part needs, or
+                where no descriptor is left to open it.
+        """
+        try:
+            for part in range(count):
+                if not self._opened_now(part):
+                    self.close()
+                    return False
+        except BaseException:
+            self.close()
+            raise
+        return True
+
     def _open(self, part: int) -> None:
-        file = self.files[part]
-        fd = file.open()
-        if fd is None:
+        if not self._opened_now(part):
             raise HostViewError(
-                file.path,
+                self.files[part].path,
                 "the file this array was mapped from can no longer be opened to read by "
                 "position (moved, or its mapping gone)",
                 "keep a token file in place while a stream reads it",
             )
+
+    def _opened_now(self, part: int) -> bool:
+        """Open `part`'s file and record it; False where it cannot be opened as that file."""
+        file = self.files[part]
+        if isinstance(file, MemmapPart):
+            place = self._placed.get(part)
+            if place is None:
+                place = file.place()
+                if place is not None:
+                    self._placed[part] = place
+            fd = None if place is None else place.open()
+        else:
+            fd = file.open()
+        if fd is None:
+            return False
         self.fds[part] = fd
         self._lru[part] = None
+        return True
 
     def trim(self) -> None:
         """Close the least recently used descriptors past `most`."""

@@ -160,6 +160,12 @@ class FileWindows:
         return self._fresh
 
     @property
+    def opens_files(self) -> bool:
+        """Whether a read may open files (more files than are kept open between reads: a
+        thousand shards'), not only read from descriptors open already."""
+        return self._files.lazy
+
+    @property
     def open_descriptors(self) -> int:
         """How many of the files' descriptors are open now."""
         return self._files.open_count
@@ -482,17 +488,12 @@ def mapped_files(
         if part is None:
             return None
     found = [part for part in parts if part is not None]  # every one, by now
-    fds: list[int] = []
+    files = Descriptors(found, [-1] * len(found), guard=guard)
+    if not files.open_first(len(found) if len(found) <= OPEN_MOST else 1):
+        return None
     try:
-        for file in found[: len(found) if len(found) <= OPEN_MOST else 1]:
-            fd = file.open()
-            if fd is None:
-                return None
-            fds.append(fd)
-        files = Descriptors(found, fds + [-1] * (len(found) - len(fds)), guard=guard)
-        fds = []
         row = _row_bytes(views[0])
         return FileWindows(files, edges, row, length, io_uring=io_uring, polled=polled)
-    finally:
-        for fd in fds:
-            os.close(fd)
+    except BaseException:
+        files.close()
+        raise

@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import tracemalloc
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -409,23 +411,36 @@ class TestAThousandShards:
 
 class TestTheFirstBatch:
     @pytest.mark.parametrize("path", ["preadv", "io_uring", "io_uring polled", "auto"])
-    def test_the_first_batch_of_many_shard_files_opens_none_of_them(
-        self, path: str, tmp_path: Path
+    def test_the_first_batch_of_many_shard_files_opens_none_of_them_on_the_callers_thread(
+        self, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """100 shard files (more than `OPEN_MOST`): the first batch is copied from their
-        memmaps' mappings, so the stream holds no more of their descriptors after it
-        than after opening (one); the batches after are the concatenation's, read by
-        position, the descriptors bounded."""
+        memmaps' mappings, the caller's thread opening none of their files for it; read
+        through a ring, no later pull opens one there either (the worker opens a group's
+        files before the pull that uses it); the batches are the concatenation's, and no
+        descriptor of the shards is left once the stream ends."""
         reads = ReadOptions() if path == "auto" else read_path(path)
         shards = many_files(tmp_path, 100, 300)
         mapped = open_count(tmp_path)
         options = {"order": "random", "seed": 5, "steps": 20, "policy": policy_of()}
         stream = devpolicy.windows(shards, 16, 8, reads=reads, **options)
-        opened = open_count(tmp_path) - mapped
-        assert opened <= 1
-        batch = np.asarray(next(stream))
-        assert open_count(tmp_path) - mapped == opened
-        got = [batch, *(np.asarray(b) for b in stream)]
+        assert open_count(tmp_path) - mapped <= 1
+        caller = threading.get_ident()
+        on_caller: list[str] = []
+        real_open = os.open
+
+        def recorded(file: Any, *args: Any, **kwargs: Any) -> int:
+            if threading.get_ident() == caller and str(file).startswith(str(tmp_path)):
+                on_caller.append(str(file))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", recorded)
+        got = [np.asarray(next(stream))]
+        assert on_caller == []
+        got += [np.asarray(b) for b in stream]
+        monkeypatch.undo()
+        if path in ("io_uring", "io_uring polled"):
+            assert on_caller == []
         want = [np.asarray(b) for b in devpolicy.windows(np.concatenate(shards), 16, 8, **options)]
         assert_same(got, want)
         assert open_count(tmp_path) == mapped
@@ -482,6 +497,50 @@ class TestInterrupts:
             handed += 1
         monkeypatch.undo()
         assert interrupts > 10
+        stream.close()
+        gc.collect()
+        assert open_count(tmp_path) == mapped
+
+    @pytest.mark.parametrize("path", ["io_uring", "io_uring polled"])
+    def test_ctrl_c_as_the_caller_waits_for_the_workers_opens_skips_nothing_and_leaks_nothing(
+        self, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Read through a ring, a group's shard files are opened by the worker thread: a
+        Ctrl-C striking the caller's wait for it (before the opens and reads are done, or
+        just after) raises `KeyboardInterrupt` from that pull, the pulls after hand out
+        the uninterrupted stream's steps in order, and once closed no descriptor of the
+        shards is left."""
+        reads = read_path(path)
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_count(tmp_path)
+        options = {"order": "random", "seed": 1, "steps": 300, "policy": policy_of()}
+        want = list(devpolicy.windows(shards, 16, 4, reads=reads, **options))
+        stream = devpolicy.windows(shards, 16, 4, reads=reads, **options)
+        real_result = Future.result
+        waits = itertools.count()
+
+        def interrupted(future: Future[Any], timeout: float | None = None) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                wait = next(waits)
+                if wait % 3 == 0:  # at once: the worker still opening
+                    raise KeyboardInterrupt
+                if wait % 3 == 1:  # once the worker is done
+                    real_result(future)
+                    raise KeyboardInterrupt
+            return real_result(future, timeout)
+
+        monkeypatch.setattr(Future, "result", interrupted)
+        handed = interrupts = 0
+        while handed < len(want):
+            try:
+                batch = next(stream)
+            except KeyboardInterrupt:
+                interrupts += 1
+                continue
+            np.testing.assert_array_equal(np.asarray(batch), np.asarray(want[handed]))
+            handed += 1
+        monkeypatch.undo()
+        assert interrupts >= 4
         stream.close()
         gc.collect()
         assert open_count(tmp_path) == mapped
