@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from .parts import (
     PartFile,
     described,
     memmap_part,
+    memmap_parts,
     pieces,
     truncated,
 )
@@ -81,7 +83,8 @@ class FileWindows:
     ) -> None:
         self._files = files
         self._edges = np.asarray(edges, np.int64)  # part i's rows: edges[i] to edges[i + 1]
-        self._offsets = np.asarray([f.offset for f in files.files], np.int64)  # part i's byte 0
+        # Part i's byte 0 (a C-level map: a thousand shards' start pays it for each).
+        self._offsets = np.fromiter(map(attrgetter("offset"), files.files), np.int64)
         self._row = row  # bytes of one row of the views
         self.length = length  # rows per window
         self._batch = BatchReads.open(polled=polled) if io_uring else None
@@ -477,17 +480,13 @@ def mapped_files(
     """
     # Memory numpy allocated is found at once where the first view is; any other view not
     # a file's mapping has an anonymous maps line.
-    if not _file_backed(views[0]) or not all(v.flags.c_contiguous and v.size for v in views):
+    if not _file_backed(views[0]):
         return None
-    parts: list[PartFile | MemmapPart | None] = [memmap_part(view) for view in views]
-    rest = [index for index, part in enumerate(parts) if part is None]
-    starts = [views[index].__array_interface__["data"][0] for index in rest]
-    lines = maps_lines(starts) if starts else []  # read only where a view is no memmap's
-    for index, start, line in zip(rest, starts, lines, strict=True):
-        parts[index] = part = described(views[index].nbytes, start, line)
-        if part is None:
+    found: Sequence[PartFile | MemmapPart] | None = memmap_parts(views)  # nanoGPT's shards
+    if found is None:
+        found = _parts(views)
+        if found is None:
             return None
-    found = [part for part in parts if part is not None]  # every one, by now
     files = Descriptors(found, [-1] * len(found), guard=guard)
     if not files.open_first(len(found) if len(found) <= OPEN_MOST else 1):
         return None
@@ -497,3 +496,20 @@ def mapped_files(
     except BaseException:
         files.close()
         raise
+
+
+def _parts(views: list[np.ndarray[Any, Any]]) -> list[PartFile | MemmapPart] | None:
+    """Where each view lies in its file (an `np.memmap`'s from the memmap, the rest's from
+    `/proc/self/maps`, read once for them all), or None where one is no file's mapping
+    that can be read by position."""
+    if not all(v.flags.c_contiguous and v.size for v in views):
+        return None
+    parts: list[PartFile | MemmapPart | None] = [memmap_part(view) for view in views]
+    rest = [index for index, part in enumerate(parts) if part is None]
+    starts = [views[index].__array_interface__["data"][0] for index in rest]
+    lines = maps_lines(starts) if starts else []  # read only where a view is no memmap's
+    for index, start, line in zip(rest, starts, lines, strict=True):
+        parts[index] = part = described(views[index].nbytes, start, line)
+        if part is None:
+            return None
+    return [part for part in parts if part is not None]  # every one, by now

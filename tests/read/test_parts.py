@@ -205,6 +205,25 @@ class TestMemmapShards:
         assert len(lookups) == 40
         reader.close()
 
+    def test_memmaps_taken_all_at_once_are_each_as_taken_alone(self, tmp_path: Path) -> None:
+        """Whole 1-D memmaps (named by a str or a pathlib path, one at an offset): taken in
+        one pass, each part is what `memmap_part` makes of it alone; a list with one that
+        is not such a memmap (a slice of one, copy-on-write, 2-D, memory) is left to
+        `memmap_part`, one by one."""
+        views: list[Any] = shard_files(tmp_path, 3, 50)
+        views.append(np.memmap(str(tmp_path / "shard_0001.bin"), np.uint16, mode="r"))
+        np.arange(140, 250, dtype=np.uint16).tofile(tmp_path / "at_offset.bin")
+        views.append(np.memmap(tmp_path / "at_offset.bin", np.uint16, mode="r+", offset=20))
+        assert parts.memmap_parts(views) == [parts.memmap_part(view) for view in views]
+        others = [
+            views[0][10:],
+            np.memmap(tmp_path / "shard_0002.bin", np.uint16, mode="c"),
+            np.memmap(tmp_path / "shard_0002.bin", np.uint16, mode="r", shape=(5, 10)),
+            np.arange(5, dtype=np.uint16),
+        ]
+        for other in others:
+            assert parts.memmap_parts([*views, other]) is None
+
     def test_a_memmap_whose_offset_was_changed_is_refused_not_misread(self, tmp_path: Path) -> None:
         """A memmap whose `offset` no longer says where it lies in its mapping: its file
         is not opened (an error naming it), never read at the wrong offset."""
