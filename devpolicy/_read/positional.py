@@ -323,7 +323,13 @@ class FileWindows:
         """Raise where a file is shorter now than the view mapped from it needs: read
         through the mapping, its missing pages would kill the process (SIGBUS), so a
         mapping's reader looks first (one `fstat` a file: with `starts`, the files the
-        windows there read, opened where they were not; else the files open now).
+        windows there read, an `np.memmap`'s asked of its own mapping's descriptor
+        (`MemmapPart.whole`), the rest opened where they were not; else the files open
+        now).
+
+        Why a memmap's file is not opened: a kept mapping of a thousand shards opened
+        hundreds of them a group for this look alone (each open 30-120 us on a busy host,
+        and the descriptor table grown once past the caller's memmaps').
 
         Raises:
             HostViewError: naming the file, as a read by position that ran past its end.
@@ -333,7 +339,12 @@ class FileWindows:
         if starts is not None and len(files.files) > 1:
             flat = np.asarray(starts, np.int64).reshape(-1)
             found = pieces(self._edges, flat, self.length)[1] if flat.size else flat
-            parts = list(dict.fromkeys(found.tolist()))
+            every = files.files
+            parts = [
+                part
+                for part in dict.fromkeys(found.tolist())
+                if not (isinstance(file := every[part], MemmapPart) and file.whole())
+            ]
             files.opened(np.asarray(parts, np.int64))
         try:
             for part in parts:

@@ -30,7 +30,7 @@ from devpolicy import ReadOptions
 from devpolicy._apply.stream.groups import every_window
 from devpolicy._apply.stream.shards import Shards, gather_parts
 from devpolicy._read.parts import OPEN_MOST
-from devpolicy.errors import HostViewError, StreamStateError
+from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
 from tests.apply.conftest import batched_reads_here
 from tests.helpers import policy_of
 from tests.read.test_parts import open_count
@@ -464,6 +464,37 @@ class TestTheFirstBatch:
         assert open_count(tmp_path) == mapped
 
 
+class TestAKeptMapping:
+    def test_shards_are_checked_whole_through_their_mappings_and_a_truncated_one_is_named(
+        self, tmp_path: Path
+    ) -> None:
+        """Held to the kept mapping, 100 memmap shards: before each group, the shards it
+        reads are checked whole through their own mappings, no shard file opened for it
+        (the stream holds its reader's first file alone); a shard truncated between two
+        groups is an error naming it at the next group that reads it, never SIGBUS, and
+        none of the shards' descriptors is left after."""
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_count(tmp_path)
+        stream = devpolicy.windows(
+            shards, 16, 8, order="sequential", size=1, policy=policy_of(),
+            reads=ReadOptions(path="keep", ahead=False),
+        )  # fmt: skip
+        for _ in range(10):
+            next(stream)
+            assert open_count(tmp_path) - mapped <= 1
+        os.truncate(tmp_path / "shard_0090.bin", 10)
+        with pytest.raises(  # noqa: PT012
+            HostViewError, match=r"shard_0090\.bin: the file is 10 bytes.*truncated"
+        ):
+            for _ in range(400):
+                next(stream)
+                assert open_count(tmp_path) - mapped <= 1
+        with pytest.raises(StreamEndedError, match="HostViewError"):
+            next(stream)
+        stream.close()
+        assert open_count(tmp_path) == mapped
+
+
 class TestInterrupts:
     def test_ctrl_c_as_a_shards_file_opens_mid_stream_skips_nothing_and_leaks_nothing(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -587,6 +618,8 @@ for reads, free in cases:
             next(stream)
         except StreamEndedError as e:
             again = str(e)
+        except StopIteration:
+            again = "ended"
     found.append({"error": error, "limit": limit, "held": held, "after": after,
                   "started": stream is not None, "again": again})
 print(json.dumps(found))
@@ -602,12 +635,15 @@ class TestOutOfDescriptors:
         few more), 200 shard files mapped: on every read path the stream fails, at its
         start or at the pull whose shard's file cannot be opened, with an error naming the
         file, the limit and how to raise it (never "moved"); every descriptor it opened
-        is closed by then, and a later pull names the error."""
+        is closed by then, and a later pull names the error. The kept mapping, which
+        checks memmap shards through their own mappings, needs no descriptor past its
+        start's one: with two free it runs to its end."""
         cases = [
             [{"path": "file", "io_uring": False}, 0],
             [{"path": "file", "io_uring": False}, 3],
             [{"path": "file", "polled": False}, 5],
             [{"path": "file"}, 5],
+            [{"path": "keep"}, 0],
             [{"path": "keep"}, 2],
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
@@ -621,6 +657,10 @@ class TestOutOfDescriptors:
         found = json.loads(result.stdout.strip().splitlines()[-1])
         for (reads, free), got in zip(cases, found, strict=True):
             error = got["error"]
+            assert got["after"] == got["held"], (reads, free, got)
+            if reads == {"path": "keep"} and free:
+                assert (error, got["again"]) == (None, "ended"), (reads, free, got)
+                continue
             assert error is not None, (reads, free, got)
             assert error.startswith(f"{tmp_path}/shard_"), error
             assert (
