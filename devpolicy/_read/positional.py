@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from .parts import (
     PartFile,
     described,
     memmap_part,
+    memmap_parts,
     pieces,
     truncated,
 )
@@ -81,7 +83,8 @@ class FileWindows:
     ) -> None:
         self._files = files
         self._edges = np.asarray(edges, np.int64)  # part i's rows: edges[i] to edges[i + 1]
-        self._offsets = np.asarray([f.offset for f in files.files], np.int64)  # part i's byte 0
+        # Part i's byte 0 (a C-level map: a thousand shards' start pays it for each).
+        self._offsets = np.fromiter(map(attrgetter("offset"), files.files), np.int64)
         self._row = row  # bytes of one row of the views
         self.length = length  # rows per window
         self._batch = BatchReads.open(polled=polled) if io_uring else None
@@ -158,6 +161,12 @@ class FileWindows:
         """Whether the first read, where it is `direct`, may be copied from the parts'
         mappings (nothing read yet, and some part's file not open: a thousand shards')."""
         return self._fresh
+
+    @property
+    def opens_files(self) -> bool:
+        """Whether a read may open files (more files than are kept open between reads: a
+        thousand shards'), not only read from descriptors open already."""
+        return self._files.lazy
 
     @property
     def open_descriptors(self) -> int:
@@ -314,7 +323,13 @@ class FileWindows:
         """Raise where a file is shorter now than the view mapped from it needs: read
         through the mapping, its missing pages would kill the process (SIGBUS), so a
         mapping's reader looks first (one `fstat` a file: with `starts`, the files the
-        windows there read, opened where they were not; else the files open now).
+        windows there read, an `np.memmap`'s asked of its own mapping's descriptor
+        (`MemmapPart.whole`), the rest opened where they were not; else the files open
+        now).
+
+        Why a memmap's file is not opened: a kept mapping of a thousand shards opened
+        hundreds of them a group for this look alone (each open 30-120 us on a busy host,
+        and the descriptor table grown once past the caller's memmaps').
 
         Raises:
             HostViewError: naming the file, as a read by position that ran past its end.
@@ -324,7 +339,12 @@ class FileWindows:
         if starts is not None and len(files.files) > 1:
             flat = np.asarray(starts, np.int64).reshape(-1)
             found = pieces(self._edges, flat, self.length)[1] if flat.size else flat
-            parts = list(dict.fromkeys(found.tolist()))
+            every = files.files
+            parts = [
+                part
+                for part in dict.fromkeys(found.tolist())
+                if not (isinstance(file := every[part], MemmapPart) and file.whole())
+            ]
             files.opened(np.asarray(parts, np.int64))
         try:
             for part in parts:
@@ -471,7 +491,29 @@ def mapped_files(
     """
     # Memory numpy allocated is found at once where the first view is; any other view not
     # a file's mapping has an anonymous maps line.
-    if not _file_backed(views[0]) or not all(v.flags.c_contiguous and v.size for v in views):
+    if not _file_backed(views[0]):
+        return None
+    found: Sequence[PartFile | MemmapPart] | None = memmap_parts(views)  # nanoGPT's shards
+    if found is None:
+        found = _parts(views)
+        if found is None:
+            return None
+    files = Descriptors(found, [-1] * len(found), guard=guard)
+    if not files.open_first(len(found) if len(found) <= OPEN_MOST else 1):
+        return None
+    try:
+        row = _row_bytes(views[0])
+        return FileWindows(files, edges, row, length, io_uring=io_uring, polled=polled)
+    except BaseException:
+        files.close()
+        raise
+
+
+def _parts(views: list[np.ndarray[Any, Any]]) -> list[PartFile | MemmapPart] | None:
+    """Where each view lies in its file (an `np.memmap`'s from the memmap, the rest's from
+    `/proc/self/maps`, read once for them all), or None where one is no file's mapping
+    that can be read by position."""
+    if not all(v.flags.c_contiguous and v.size for v in views):
         return None
     parts: list[PartFile | MemmapPart | None] = [memmap_part(view) for view in views]
     rest = [index for index, part in enumerate(parts) if part is None]
@@ -481,18 +523,4 @@ def mapped_files(
         parts[index] = part = described(views[index].nbytes, start, line)
         if part is None:
             return None
-    found = [part for part in parts if part is not None]  # every one, by now
-    fds: list[int] = []
-    try:
-        for file in found[: len(found) if len(found) <= OPEN_MOST else 1]:
-            fd = file.open()
-            if fd is None:
-                return None
-            fds.append(fd)
-        files = Descriptors(found, fds + [-1] * (len(found) - len(fds)), guard=guard)
-        fds = []
-        row = _row_bytes(views[0])
-        return FileWindows(files, edges, row, length, io_uring=io_uring, polled=polled)
-    finally:
-        for fd in fds:
-            os.close(fd)
+    return [part for part in parts if part is not None]  # every one, by now

@@ -175,6 +175,55 @@ class TestMemmapShards:
         np.testing.assert_array_equal(read_all(reader, starts, 8), starts[:, None] + np.arange(8))
         reader.close()
 
+    def test_a_shards_mapping_is_looked_up_once_and_a_file_renamed_over_it_later_never_read(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """40 memmap shards read through twice (only `OPEN_MOST` kept open between, so most
+        are opened twice): each mapping's file is looked up in `/proc/self/map_files` once,
+        and a file renamed over a closed shard's path between its two opens is never
+        read."""
+        stat, lookups = os.stat, []
+
+        def counted(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            if str(path).startswith("/proc/self/map_files/"):
+                lookups.append(path)
+            return stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(parts.os, "stat", counted)
+        views = shard_files(tmp_path, 40, 50)
+        edges = np.cumsum([0, *(v.shape[0] for v in views)])
+        reader = positional.mapped_files(views, 8, edges, io_uring=False)
+        assert reader is not None
+        starts = np.arange(40, dtype=np.int64) * 50 + 5  # one window a shard
+        np.testing.assert_array_equal(read_all(reader, starts, 8), starts[:, None] + np.arange(8))
+        assert len(lookups) == 40
+        assert reader.open_descriptors == parts.OPEN_MOST  # shards 0-7 closed
+        planted = tmp_path / "planted.bin"
+        np.full(50, 9, np.uint16).tofile(planted)
+        os.replace(planted, tmp_path / "shard_0003.bin")
+        np.testing.assert_array_equal(read_all(reader, starts, 8), starts[:, None] + np.arange(8))
+        assert len(lookups) == 40
+        reader.close()
+
+    def test_memmaps_taken_all_at_once_are_each_as_taken_alone(self, tmp_path: Path) -> None:
+        """Whole 1-D memmaps (named by a str or a pathlib path, one at an offset): taken in
+        one pass, each part is what `memmap_part` makes of it alone; a list with one that
+        is not such a memmap (a slice of one, copy-on-write, 2-D, memory) is left to
+        `memmap_part`, one by one."""
+        views: list[Any] = shard_files(tmp_path, 3, 50)
+        views.append(np.memmap(str(tmp_path / "shard_0001.bin"), np.uint16, mode="r"))
+        np.arange(140, 250, dtype=np.uint16).tofile(tmp_path / "at_offset.bin")
+        views.append(np.memmap(tmp_path / "at_offset.bin", np.uint16, mode="r+", offset=20))
+        assert parts.memmap_parts(views) == [parts.memmap_part(view) for view in views]
+        others = [
+            views[0][10:],
+            np.memmap(tmp_path / "shard_0002.bin", np.uint16, mode="c"),
+            np.memmap(tmp_path / "shard_0002.bin", np.uint16, mode="r", shape=(5, 10)),
+            np.arange(5, dtype=np.uint16),
+        ]
+        for other in others:
+            assert parts.memmap_parts([*views, other]) is None
+
     def test_a_memmap_whose_offset_was_changed_is_refused_not_misread(self, tmp_path: Path) -> None:
         """A memmap whose `offset` no longer says where it lies in its mapping: its file
         is not opened (an error naming it), never read at the wrong offset."""

@@ -15,6 +15,7 @@ stream weakly (`call_weakly`), so a stream dropped unclosed with a group queued 
 from __future__ import annotations
 
 import weakref
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from .groups import GroupBuffer
@@ -30,25 +31,39 @@ class _Kernel(Protocol):
 
 class KernelReads:
     """A group a polled ring's kernel thread is reading into its buffer: `result` waits
-    for the reads, as a worker thread's future would for its work."""
+    for the reads, as a worker thread's future would for its work.
 
-    __slots__ = ("_into", "_reader")
+    `queued` is the worker thread's work that queued the reads, where the stream's thread
+    did not: a group of a thousand shards opens hundreds of their files first (tens of
+    milliseconds, and the process's descriptor table grown once: an RCU grace period),
+    which the stream's thread would pay on the pull that starts the group."""
 
-    def __init__(self, reader: _Kernel, into: GroupBuffer) -> None:
+    __slots__ = ("_into", "_queued", "_reader")
+
+    def __init__(
+        self, reader: _Kernel, into: GroupBuffer, queued: Future[Any] | None = None
+    ) -> None:
         self._reader = reader
         self._into = into
+        self._queued = queued
 
     def result(self) -> GroupBuffer:
-        """The buffer, once every window is in it (a short read redone; see `finish`)."""
+        """The buffer, once every window is in it (a short read redone; see `finish`);
+        what queueing the reads raised (a shard's file truncated or gone), raised here."""
+        if self._queued is not None:
+            self._queued.result()
         self._reader.finish()
         return self._into
 
     def cancel(self) -> bool:
-        """False: the kernel is reading already."""
-        return False
+        """Whether the reads were never queued (the worker had not begun): nothing to
+        wait for then. False once the kernel may be reading."""
+        return self._queued is not None and self._queued.cancel()
 
     def exception(self) -> None:
         """Wait for the reads, whatever they returned (a stream being stopped)."""
+        if self._queued is not None and not self._queued.cancelled():
+            self._queued.exception()
         self._reader.settle()
 
 

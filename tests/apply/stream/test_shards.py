@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import tracemalloc
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from devpolicy import ReadOptions
 from devpolicy._apply.stream.groups import every_window
 from devpolicy._apply.stream.shards import Shards, gather_parts
 from devpolicy._read.parts import OPEN_MOST
-from devpolicy.errors import HostViewError, StreamStateError
+from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
 from tests.apply.conftest import batched_reads_here
 from tests.helpers import policy_of
 from tests.read.test_parts import open_count
@@ -409,23 +411,36 @@ class TestAThousandShards:
 
 class TestTheFirstBatch:
     @pytest.mark.parametrize("path", ["preadv", "io_uring", "io_uring polled", "auto"])
-    def test_the_first_batch_of_many_shard_files_opens_none_of_them(
-        self, path: str, tmp_path: Path
+    def test_the_first_batch_of_many_shard_files_opens_none_of_them_on_the_callers_thread(
+        self, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """100 shard files (more than `OPEN_MOST`): the first batch is copied from their
-        memmaps' mappings, so the stream holds no more of their descriptors after it
-        than after opening (one); the batches after are the concatenation's, read by
-        position, the descriptors bounded."""
+        memmaps' mappings, the caller's thread opening none of their files for it; read
+        through a ring, no later pull opens one there either (the worker opens a group's
+        files before the pull that uses it); the batches are the concatenation's, and no
+        descriptor of the shards is left once the stream ends."""
         reads = ReadOptions() if path == "auto" else read_path(path)
         shards = many_files(tmp_path, 100, 300)
         mapped = open_count(tmp_path)
         options = {"order": "random", "seed": 5, "steps": 20, "policy": policy_of()}
         stream = devpolicy.windows(shards, 16, 8, reads=reads, **options)
-        opened = open_count(tmp_path) - mapped
-        assert opened <= 1
-        batch = np.asarray(next(stream))
-        assert open_count(tmp_path) - mapped == opened
-        got = [batch, *(np.asarray(b) for b in stream)]
+        assert open_count(tmp_path) - mapped <= 1
+        caller = threading.get_ident()
+        on_caller: list[str] = []
+        real_open = os.open
+
+        def recorded(file: Any, *args: Any, **kwargs: Any) -> int:
+            if threading.get_ident() == caller and str(file).startswith(str(tmp_path)):
+                on_caller.append(str(file))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", recorded)
+        got = [np.asarray(next(stream))]
+        assert on_caller == []
+        got += [np.asarray(b) for b in stream]
+        monkeypatch.undo()
+        if path in ("io_uring", "io_uring polled"):
+            assert on_caller == []
         want = [np.asarray(b) for b in devpolicy.windows(np.concatenate(shards), 16, 8, **options)]
         assert_same(got, want)
         assert open_count(tmp_path) == mapped
@@ -446,6 +461,37 @@ class TestTheFirstBatch:
             HostViewError, match=r"shard_0000\.bin: the file is 10 bytes.*truncated"
         ):
             next(stream)
+        assert open_count(tmp_path) == mapped
+
+
+class TestAKeptMapping:
+    def test_shards_are_checked_whole_through_their_mappings_and_a_truncated_one_is_named(
+        self, tmp_path: Path
+    ) -> None:
+        """Held to the kept mapping, 100 memmap shards: before each group, the shards it
+        reads are checked whole through their own mappings, no shard file opened for it
+        (the stream holds its reader's first file alone); a shard truncated between two
+        groups is an error naming it at the next group that reads it, never SIGBUS, and
+        none of the shards' descriptors is left after."""
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_count(tmp_path)
+        stream = devpolicy.windows(
+            shards, 16, 8, order="sequential", size=1, policy=policy_of(),
+            reads=ReadOptions(path="keep", ahead=False),
+        )  # fmt: skip
+        for _ in range(10):
+            next(stream)
+            assert open_count(tmp_path) - mapped <= 1
+        os.truncate(tmp_path / "shard_0090.bin", 10)
+        with pytest.raises(  # noqa: PT012
+            HostViewError, match=r"shard_0090\.bin: the file is 10 bytes.*truncated"
+        ):
+            for _ in range(400):
+                next(stream)
+                assert open_count(tmp_path) - mapped <= 1
+        with pytest.raises(StreamEndedError, match="HostViewError"):
+            next(stream)
+        stream.close()
         assert open_count(tmp_path) == mapped
 
 
@@ -482,6 +528,50 @@ class TestInterrupts:
             handed += 1
         monkeypatch.undo()
         assert interrupts > 10
+        stream.close()
+        gc.collect()
+        assert open_count(tmp_path) == mapped
+
+    @pytest.mark.parametrize("path", ["io_uring", "io_uring polled"])
+    def test_ctrl_c_as_the_caller_waits_for_the_workers_opens_skips_nothing_and_leaks_nothing(
+        self, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Read through a ring, a group's shard files are opened by the worker thread: a
+        Ctrl-C striking the caller's wait for it (before the opens and reads are done, or
+        just after) raises `KeyboardInterrupt` from that pull, the pulls after hand out
+        the uninterrupted stream's steps in order, and once closed no descriptor of the
+        shards is left."""
+        reads = read_path(path)
+        shards = many_files(tmp_path, 100, 300)
+        mapped = open_count(tmp_path)
+        options = {"order": "random", "seed": 1, "steps": 300, "policy": policy_of()}
+        want = list(devpolicy.windows(shards, 16, 4, reads=reads, **options))
+        stream = devpolicy.windows(shards, 16, 4, reads=reads, **options)
+        real_result = Future.result
+        waits = itertools.count()
+
+        def interrupted(future: Future[Any], timeout: float | None = None) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                wait = next(waits)
+                if wait % 3 == 0:  # at once: the worker still opening
+                    raise KeyboardInterrupt
+                if wait % 3 == 1:  # once the worker is done
+                    real_result(future)
+                    raise KeyboardInterrupt
+            return real_result(future, timeout)
+
+        monkeypatch.setattr(Future, "result", interrupted)
+        handed = interrupts = 0
+        while handed < len(want):
+            try:
+                batch = next(stream)
+            except KeyboardInterrupt:
+                interrupts += 1
+                continue
+            np.testing.assert_array_equal(np.asarray(batch), np.asarray(want[handed]))
+            handed += 1
+        monkeypatch.undo()
+        assert interrupts >= 4
         stream.close()
         gc.collect()
         assert open_count(tmp_path) == mapped
@@ -528,6 +618,8 @@ for reads, free in cases:
             next(stream)
         except StreamEndedError as e:
             again = str(e)
+        except StopIteration:
+            again = "ended"
     found.append({"error": error, "limit": limit, "held": held, "after": after,
                   "started": stream is not None, "again": again})
 print(json.dumps(found))
@@ -543,12 +635,15 @@ class TestOutOfDescriptors:
         few more), 200 shard files mapped: on every read path the stream fails, at its
         start or at the pull whose shard's file cannot be opened, with an error naming the
         file, the limit and how to raise it (never "moved"); every descriptor it opened
-        is closed by then, and a later pull names the error."""
+        is closed by then, and a later pull names the error. The kept mapping, which
+        checks memmap shards through their own mappings, needs no descriptor past its
+        start's one: with two free it runs to its end."""
         cases = [
             [{"path": "file", "io_uring": False}, 0],
             [{"path": "file", "io_uring": False}, 3],
             [{"path": "file", "polled": False}, 5],
             [{"path": "file"}, 5],
+            [{"path": "keep"}, 0],
             [{"path": "keep"}, 2],
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_"))}
@@ -562,6 +657,10 @@ class TestOutOfDescriptors:
         found = json.loads(result.stdout.strip().splitlines()[-1])
         for (reads, free), got in zip(cases, found, strict=True):
             error = got["error"]
+            assert got["after"] == got["held"], (reads, free, got)
+            if reads == {"path": "keep"} and free:
+                assert (error, got["again"]) == (None, "ended"), (reads, free, got)
+                continue
             assert error is not None, (reads, free, got)
             assert error.startswith(f"{tmp_path}/shard_"), error
             assert (

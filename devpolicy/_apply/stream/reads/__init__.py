@@ -60,6 +60,12 @@ class ReadPath:
         return self.read_into(offsets, batches, None)
 
     @property
+    def opens(self) -> bool:
+        """Whether reading a group may open files (a thousand shards': a few stay open), so
+        that a `kernel` path's `submit` is not the cheap call it is for files held open."""
+        return False
+
+    @property
     def first_now(self) -> bool:
         """Whether a fresh stream's first batch is read by `read_now` on the caller's
         thread even where this path reads ahead (it opens nothing then: a thousand

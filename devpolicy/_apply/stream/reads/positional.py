@@ -42,6 +42,10 @@ class PositionalReads(ReadPath):
         return True
 
     @property
+    def opens(self) -> bool:
+        return self.reader.opens_files
+
+    @property
     def first_now(self) -> bool:
         return self.reader.first_from_mappings
 
