@@ -114,6 +114,9 @@ class GroupBuffer:
         return False
 
 
+_INT32 = np.dtype(np.int32)
+
+
 class SegmentRing:
     """Host memory for groups' segment ids and positions on their way to a device that
     adopts host memory (`place_documents`): a buffer is reused once every batch placed
@@ -122,22 +125,25 @@ class SegmentRing:
     places it: its pages faulted in as the ids were written (about 70 faults a group of
     8 batches of 32 x 1,025 on a 2-core CPU)."""
 
-    __slots__ = ("_ring", "size")
+    __slots__ = ("_dtype", "_planes", "_ring", "size")
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, planes: int = 2, dtype: np.dtype[Any] = _INT32) -> None:
         self._ring: list[GroupBuffer] = []
         self.size = size  # groups in flight, in use, being cut (`GroupPlacer.buffers`)
+        self._planes = planes  # arrays a batch: 2, its ids and positions (1: its tokens)
+        self._dtype = dtype
 
     def take(self, count: int, shape: tuple[int, ...]) -> tuple[GroupBuffer, np.ndarray[Any, Any]]:
-        """A buffer for `count` batches of `shape`, and its (2, count, *shape) int32 array:
-        the ids, then the positions."""
+        """A buffer for `count` batches of `shape`, and its (planes, count, *shape) array:
+        the ids, then the positions (or a packed group's tokens alone)."""
         ring = self._ring
+        whole = (self._planes, count, *shape)
         if len(ring) >= self.size:
             oldest = ring.pop(0)
             oldest.ready()
-            if oldest.shape == (1, 2, count, *shape):
+            if oldest.shape == (1, *whole):
                 return oldest, oldest.batches[0]
-        buffer = GroupBuffer(1, (2, count, *shape), np.dtype(np.int32))
+        buffer = GroupBuffer(1, whole, self._dtype)
         return buffer, buffer.batches[0]
 
     def keep(self, buffer: GroupBuffer, placed: list[Any]) -> None:

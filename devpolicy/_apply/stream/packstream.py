@@ -29,7 +29,7 @@ from ..._machine.spans import STREAM_PLACE, STREAM_READ, span
 from ..._read.pages import maps_line
 from .cutting import GROUP_BYTES, GROUP_MAX
 from .documents import FIELDS, SEGMENT_BYTES
-from .groups import aligned, placed_together
+from .groups import GroupBuffer, SegmentRing, placed_together
 from .interrupts import deferred_interrupts
 from .packed import Layout, gather, segments
 from .packrows import PackedRows
@@ -119,12 +119,16 @@ class PackedSteps:
 
 @dataclass(slots=True)
 class _Made:
-    """A group's `count` batches' tokens, ids and positions, each (count, rows, length)."""
+    """A group's `count` batches' tokens, ids and positions, each (count, rows, length),
+    and the buffers they lie in (`tokens_in` and `segments_in`: reused once the batches
+    placed from them are ready, where none holds them)."""
 
     count: int
     tokens: np.ndarray[Any, Any]
     ids: np.ndarray[Any, Any]
     positions: np.ndarray[Any, Any]
+    tokens_in: GroupBuffer
+    segments_in: GroupBuffer
 
 
 class _Watched:
@@ -194,8 +198,10 @@ class PackedCutter:
         "_length",
         "_opened",
         "_pad",
+        "_segments_ring",
         "_steps",
         "_tokens",
+        "_tokens_ring",
         "_watch",
         "placer",
         "reads",
@@ -223,6 +229,9 @@ class PackedCutter:
         self._fields = fields or FIELDS
         batch_bytes = steps.rows * length * (placer.dtype.itemsize + SEGMENT_BYTES)
         self._group = max(1, min(GROUP_MAX, GROUP_BYTES // max(1, batch_bytes)))
+        kept = -(-size // self._group) + 2  # groups in flight, in use, being cut
+        self._tokens_ring = SegmentRing(kept, 1, placer.dtype)
+        self._segments_ring = SegmentRing(kept)
         self._cut_before = False
         self._opened = False
         self._watch: _Watched | None = None
@@ -270,18 +279,19 @@ class PackedCutter:
             self._watch.check()
         placer = self.placer
         target = placer.target
-        tokens = _buffer((count, rows, length), placer.dtype)
+        tokens_in, planes = self._tokens_ring.take(count, (rows, length))
+        tokens = planes[0]
         if target is None:
             gather(self._tokens, layout, self._pad, tokens.reshape(count * rows, length))
         else:  # 64-bit tokens, x64 off: narrowed as the stream narrows any batch
             wide = gather(self._tokens, layout, self._pad)
             for out, batch in zip(tokens, wide.reshape(count, rows, length), strict=True):
                 placer._narrowed_into(batch, out, target)
-        ids = _buffer((count, rows, length), np.dtype(np.int32))
-        positions = _buffer((count, rows, length), np.dtype(np.int32))
+        segments_in, both = self._segments_ring.take(count, (rows, length))
+        ids, positions = both[0], both[1]
         flat = (count * rows, length)
         segments(layout, (ids.reshape(flat), positions.reshape(flat)))
-        return _Made(count, tokens, ids, positions)
+        return _Made(count, tokens, ids, positions, tokens_in, segments_in)
 
     def _place(self, made: _Made) -> tuple[list[Any], int]:
         count = made.count
@@ -294,6 +304,11 @@ class PackedCutter:
         batches = [
             dict(zip(self._fields, three, strict=True)) for three in zip(*together, strict=True)
         ]
+        # Host memory the batches do not hold (a device that copies it, or a call that
+        # does) is used again once their transfers are done: fresh memory a group faulted
+        # in about 1,000 pages.
+        self._tokens_ring.keep(made.tokens_in, together[0])
+        self._segments_ring.keep(made.segments_in, [*together[1], *together[2]])
         return batches, plan.nbytes * count
 
     def packing(self) -> dict[str, float | int]:
@@ -317,7 +332,9 @@ class PackedCutter:
         """Nothing is cut ahead: nothing to wait for."""
 
     def close(self) -> None:
-        """Close the file's watch. Safe to call twice."""
+        """Let go of the rings' memory and close the file's watch. Safe to call twice."""
+        self._tokens_ring.clear()
+        self._segments_ring.clear()
         watch, self._watch = self._watch, None
         if watch is not None:
             os.close(watch.fd)
@@ -331,11 +348,3 @@ class PackedCutter:
             self.close()
         except Exception:
             pass
-
-
-def _buffer(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-    """Host memory for a group's arrays, aligned (a device adopts or copies it whole)."""
-    count = int(np.prod(shape))
-    return (
-        aligned(max(1, count * dtype.itemsize))[: count * dtype.itemsize].view(dtype).reshape(shape)
-    )
