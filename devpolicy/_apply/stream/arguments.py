@@ -237,19 +237,28 @@ def _separator(
             f"windows separator={token} cannot occur in tokens of {view.dtype} "
             f"({info.min} to {info.max}): it would never separate anything"
         )
-    narrowed = NARROWER.get(view.dtype)
-    if narrowed is not None and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
-        info = np.iinfo(narrowed)
-        if not info.min <= token <= info.max:
-            raise ValueError(
-                f"windows separator={token} does not fit {narrowed} ({info.min} to "
-                f"{info.max}), and with x64 off JAX narrows tokens of {view.dtype} to "
-                f"{narrowed}: a batch holding it would raise (narrow='exact') or never "
-                "separate (narrow='lossy'); use a separator that fits, or enable "
-                "jax_enable_x64"
-            )
+    _fits_narrowed(
+        "separator",
+        token,
+        view.dtype,
+        "a batch holding it would raise (narrow='exact') or never separate (narrow='lossy')",
+    )
     kind: SeparatorIs = "bos" if separator_is == "bos" else "eos"
     return token, kind
+
+
+def _fits_narrowed(name: str, token: int, dtype: np.dtype[Any], otherwise: str) -> None:
+    """Refuse a token id (`name`) that 64-bit tokens narrowed with x64 off cannot hold."""
+    narrowed = NARROWER.get(dtype)
+    if narrowed is None or jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        return
+    info = np.iinfo(narrowed)
+    if not info.min <= token <= info.max:
+        raise ValueError(
+            f"windows {name}={token} does not fit {narrowed} ({info.min} to {info.max}), and "
+            f"with x64 off JAX narrows tokens of {dtype} to {narrowed}: {otherwise}; use a "
+            f"{name} that fits, or enable jax_enable_x64"
+        )
 
 
 def _fields(fields: Mapping[str, str] | None, segments: bool) -> tuple[str, str, str] | None:
@@ -472,15 +481,7 @@ def _packing(
             "segment id is 0, so a model masks it)"
         )
     pad = checked_pad(args.pad, view.dtype)
-    narrowed = NARROWER.get(view.dtype)
-    if narrowed is not None and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
-        info = np.iinfo(narrowed)
-        if not info.min <= pad <= info.max:
-            raise ValueError(
-                f"windows pad={pad} does not fit {narrowed} ({info.min} to {info.max}), and "
-                f"with x64 off JAX narrows tokens of {view.dtype} to {narrowed}: every "
-                "padded batch would raise; use a pad that fits, or enable jax_enable_x64"
-            )
+    _fits_narrowed("pad", pad, view.dtype, "every padded batch would raise")
     open_rows = OPEN_ROWS if args.open_rows is None else args.open_rows
     # A sequential packed stream is one pass over the documents, as a sequential one is
     # over the windows.
