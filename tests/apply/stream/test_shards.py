@@ -495,6 +495,21 @@ class TestAKeptMapping:
         assert open_count(tmp_path) == mapped
 
 
+def pulled_to_the_end(stream: Any, want: list[Any]) -> int:
+    """Pull `stream` until it handed out every batch of `want`, each exact, pulling again
+    after each KeyboardInterrupt; the interrupts met."""
+    handed = interrupts = 0
+    while handed < len(want):
+        try:
+            batch = next(stream)
+        except KeyboardInterrupt:
+            interrupts += 1
+            continue
+        np.testing.assert_array_equal(np.asarray(batch), np.asarray(want[handed]))
+        handed += 1
+    return interrupts
+
+
 class TestInterrupts:
     def test_ctrl_c_as_a_shards_file_opens_mid_stream_skips_nothing_and_leaks_nothing(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -517,15 +532,7 @@ class TestInterrupts:
             return fd
 
         monkeypatch.setattr(os, "open", opened_then_interrupted)
-        handed = interrupts = 0
-        while handed < len(want):
-            try:
-                batch = next(stream)
-            except KeyboardInterrupt:
-                interrupts += 1
-                continue
-            np.testing.assert_array_equal(np.asarray(batch), np.asarray(want[handed]))
-            handed += 1
+        interrupts = pulled_to_the_end(stream, want)
         monkeypatch.undo()
         assert interrupts > 10
         stream.close()
@@ -561,15 +568,7 @@ class TestInterrupts:
             return real_result(future, timeout)
 
         monkeypatch.setattr(Future, "result", interrupted)
-        handed = interrupts = 0
-        while handed < len(want):
-            try:
-                batch = next(stream)
-            except KeyboardInterrupt:
-                interrupts += 1
-                continue
-            np.testing.assert_array_equal(np.asarray(batch), np.asarray(want[handed]))
-            handed += 1
+        interrupts = pulled_to_the_end(stream, want)
         monkeypatch.undo()
         assert interrupts >= 4
         stream.close()
