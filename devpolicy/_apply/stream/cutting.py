@@ -100,7 +100,7 @@ class GroupCutter:
         self.size = size
         row = placer.dtype.itemsize * int(math.prod(view.shape[1:]))
         self._batch_bytes = length * batch * row
-        self._group = _batches_a_group(self._batch_bytes, GROUP_MAX)
+        self._group = batches_a_group(self._batch_bytes, GROUP_MAX)
         placer.buffers = -(-size // self._group) + 2  # groups in flight, in use, being cut
         self._ahead: _Ahead | None = None
         self._cut_before = False  # whether a group was cut (the first is one batch)
@@ -133,7 +133,7 @@ class GroupCutter:
 
     def _grow(self) -> None:
         if self._options.ahead:
-            self._group = max(self._group, _batches_a_group(self._batch_bytes, READ_GROUP_MAX))
+            self._group = max(self._group, batches_a_group(self._batch_bytes, READ_GROUP_MAX))
 
     def _reads_ahead(self, read: ReadPath) -> bool:
         """Whether `read` makes the next group ready while this one is placed: on a polled
@@ -355,6 +355,6 @@ class GroupCutter:
             pass
 
 
-def _batches_a_group(batch_bytes: int, most: int) -> int:
+def batches_a_group(batch_bytes: int, most: int) -> int:
     """Batches sent in one group: `most`, fewer where they pass `GROUP_BYTES`."""
     return max(1, min(most, GROUP_BYTES // max(1, batch_bytes)))

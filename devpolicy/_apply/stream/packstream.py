@@ -27,7 +27,8 @@ import numpy as np
 from ..._base.errors import HostViewError
 from ..._machine.spans import STREAM_PLACE, STREAM_READ, span
 from ..._read.pages import maps_line
-from .cutting import GROUP_BYTES, GROUP_MAX
+from ..._read.parts import truncated
+from .cutting import GROUP_MAX, batches_a_group
 from .documents import FIELDS, SEGMENT_BYTES
 from .groups import GroupBuffer, SegmentRing, placed_together
 from .interrupts import deferred_interrupts
@@ -149,12 +150,7 @@ class _Watched:
         """
         size = os.fstat(self.fd).st_size
         if size < self.end:
-            raise HostViewError(
-                self.path,
-                f"the file is {size:,} bytes, and the tokens mapped from it need "
-                f"{self.end:,}: it was truncated after it was mapped",
-                "do not rewrite a token file while a stream reads it; load it again",
-            )
+            raise HostViewError(self.path, *truncated(size, self.end))
 
 
 def _watched(view: np.ndarray[Any, Any]) -> _Watched | None:
@@ -228,7 +224,7 @@ class PackedCutter:
         self._length = length
         self._fields = fields or FIELDS
         batch_bytes = steps.rows * length * (placer.dtype.itemsize + SEGMENT_BYTES)
-        self._group = max(1, min(GROUP_MAX, GROUP_BYTES // max(1, batch_bytes)))
+        self._group = batches_a_group(batch_bytes, GROUP_MAX)
         kept = -(-size // self._group) + 2  # groups in flight, in use, being cut
         self._tokens_ring = SegmentRing(kept, 1, placer.dtype)
         self._segments_ring = SegmentRing(kept)

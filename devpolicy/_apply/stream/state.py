@@ -136,7 +136,8 @@ SEEDS = 2**64
 #: of documents each: 24 MB at 1,000 rows of 4,097 two-token documents).
 _MOST_TEXT = 256 * 2**20
 _ORDERS = ("sequential", "random", "shuffled")
-_FIX = "the saved state is damaged: save stream.state() again, or start without resume="
+#: What to do with a damaged saved state.
+DAMAGED = "the saved state is damaged: save stream.state() again, or start without resume="
 # A damaged state is shown short and shallow (a deeply nested one would exhaust repr).
 _SHOWN = reprlib.Repr()
 _SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 40, 40
@@ -318,7 +319,7 @@ def read_state(saved: object) -> dict[str, Any]:
         raise StreamStateError(
             ", ".join(f"resume[{name!r}]" for name, _ in problems),
             "; ".join(f"{name} {problem}" for name, problem in problems),
-            _FIX,
+            DAMAGED,
         )
     fields["row_shape"] = tuple(fields["row_shape"])
     for name in ("sources", "weights"):
@@ -373,7 +374,7 @@ def resumed(saved: Mapping[str, Any], stream: StreamState) -> StreamState:
             "resume['row']",
             f"a {stream.order} stream's row is its step times its global batch "
             f"({at} x {saved['global_batch']}), got {row}",
-            _FIX,
+            DAMAGED,
         )
     return replace(stream, step=at, row_base=row - at * (stream.global_batch or stream.batch))
 

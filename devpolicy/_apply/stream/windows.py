@@ -30,7 +30,7 @@ from .placing import GroupPlacer
 from .sampling import Random, Rows, Sampler, Sequential
 from .shards import Shards
 from .shuffling import SMALL, Shuffled
-from .state import STATE_KEY, StreamState, resumed
+from .state import DAMAGED, STATE_KEY, StreamState, resumed
 
 
 def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
@@ -70,7 +70,7 @@ def windows(decider: Decider, args: WindowsArguments) -> WindowStream:
         raise StreamStateError(
             "resume['step']",
             f"the saved step {first} is past the end of this stream, which has {last} batches",
-            "the saved state is damaged: save stream.state() again, or start without resume=",
+            DAMAGED,
         )
     if last is not None and first > last:
         order = given.order
@@ -163,16 +163,10 @@ def _packed(
         raise StreamStateError(
             "resume['packing']",
             f"the packing state is at row {packed.first}, and the stream's at row {row}",
-            "the saved state is damaged: save stream.state() again, or start without resume=",
+            DAMAGED,
         )
+    # A saved step past `steps` is refused as the state is read (`read_state`).
     steps = PackedSteps(packed, rows.per_step, rows.own, state.row_base, given.steps)
-    if given.steps is not None and state.step > given.steps:
-        raise StreamStateError(
-            "resume['step']",
-            f"the saved step {state.step} is past the end of this stream, which has "
-            f"{given.steps} batches",
-            "the saved state is damaged: save stream.state() again, or start without resume=",
-        )
     cutter = PackedCutter(view, steps, placer, given.size, packing.pad, given.length, given.fields)
     stream = WindowStream(
         cutter,
