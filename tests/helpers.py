@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from benchmarks._common import dense_tensor_file as dense_tensor_file
 from benchmarks._common import drop_from_page_cache as drop_from_page_cache
 from benchmarks._common import free_port
 from benchmarks._common import sparse_tensor_file as sparse_tensor_file
+from tests.conftest import REPO
 
 
 def write(path: Path, text: str) -> Path:
@@ -191,3 +193,19 @@ def reports_of(finished: list[Finished]) -> list[dict[str, Any]]:
         assert process.returncode == 0, process.stderr[-3000:]
         assert process.report is not None, process.stderr[-3000:]
     return [process.report for process in finished if process.report is not None]
+
+
+def run_script(code: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run `code` (dedented) in a fresh Python in `cwd`, this checkout importable and no
+    devpolicy or XLA variable of the caller's environment passed on."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_FLAGS"))}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        check=False,
+    )

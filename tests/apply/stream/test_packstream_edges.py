@@ -11,8 +11,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -25,9 +23,9 @@ from devpolicy._apply.stream.docindex import in_memory
 from devpolicy._apply.stream.packing import PackSettings
 from devpolicy._apply.stream.packrows import PackedRows
 from devpolicy.errors import StreamStateError
-from tests.helpers import policy_of
+from tests.conftest import REPO
+from tests.helpers import policy_of, run_script
 
-ROOT = Path(__file__).resolve().parents[3]
 SEPARATOR = 0
 PAD = 65_000
 LENGTH = 64
@@ -55,19 +53,6 @@ def packed(tokens: Any, batch: int = BATCH, length: int = LENGTH, **options: Any
 def all_rows(stream: Any) -> dict[str, np.ndarray]:
     batches = [{key: np.asarray(value) for key, value in b.items()} for b in stream]
     return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
-
-
-def run_python(code: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=ROOT,
-        check=False,
-    )
 
 
 class TestTokenViews:
@@ -110,7 +95,7 @@ class TestIndexPath:
                 print("ACCEPTED")
         """
         try:
-            done = run_python(code, timeout=45)
+            done = run_script(code, REPO, timeout=45)
         except subprocess.TimeoutExpired:
             pytest.fail("windows(index=<a FIFO>) hung: it opened the FIFO and waited for a writer")
         assert "REFUSED" in done.stdout, done.stdout + done.stderr

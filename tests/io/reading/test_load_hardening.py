@@ -30,7 +30,7 @@ from devpolicy._io.format.sources import open_tensor_file, os_error
 from devpolicy._io.reading import checkpoint_sources as places
 from devpolicy._io.reading import ranges, readahead
 from tests.conftest import REPO
-from tests.helpers import count_data_reads, policy_of, within
+from tests.helpers import count_data_reads, policy_of, run_script, within
 
 MESH = {"grid": {"axes": {"data": 2, "model": 2}, "devices": "cpu"}}
 
@@ -38,20 +38,6 @@ MESH = {"grid": {"axes": {"data": 2, "model": 2}, "devices": "cpu"}}
 def sharded(spec: list[object], match: str = "m/w") -> devpolicy.Policy:
     rule = {"match": match, "sharding": {"mesh": "grid", "spec": spec}}
     return policy_of(meshes=MESH, rules=[rule])
-
-
-def run_script(code: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOLICY_", "XLA_FLAGS"))}
-    env["PYTHONPATH"] = str(REPO)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-        check=False,
-    )
 
 
 def _non_regular(tmp_path: Path, what: str) -> tuple[Path, Path]:
