@@ -7,7 +7,7 @@ it directly (no scan for separators): segment id 1, 2, ... for a row's documents
 order and 0 for its padding (grain's and MaxText's), position 0 at each document's first
 token and 0 over the padding; padding tokens are the `pad` token. A read path that reads
 by position reads each span into its place (`placed`: source start, count, place in the
-buffer) and pads the rest (`pad_rows`). No JAX here.
+buffer). No JAX here.
 """
 
 from __future__ import annotations
@@ -86,13 +86,6 @@ def placed(layout: Layout) -> tuple[np.ndarray[Any, Any], ...]:
     row_begins = np.concatenate(([0], ends))[layout.bounds[:-1]]
     columns = ends - layout.counts - np.repeat(row_begins, np.diff(layout.bounds))
     return layout.starts, layout.counts, row * layout.length + columns
-
-
-def pad_rows(out: np.ndarray[Any, Any], layout: Layout, pad: int) -> None:
-    """The padding of each row of `out` (rows, length) set to `pad`."""
-    for row, used in enumerate(layout.used.tolist()):
-        if used < layout.length:
-            out[row, used:] = pad
 
 
 def gather(
