@@ -163,6 +163,30 @@ def on_device_stacked(separator: int, separator_is: SeparatorIs, sharding: Any) 
     return jax.jit(group, out_shardings=sharding)
 
 
+@functools.lru_cache(maxsize=16)
+def on_device_packed(sharding: Any) -> Any:
+    """The jitted function that takes a group of packed batches, their tokens stacked in
+    one array (count, rows, length) and their rows' document starts in another (uint32,
+    (count, rows, blocks + 1): `packed.start_words`, each row's starts a bit a token, its
+    last word the tokens of documents in it, the rest padding), and gives each batch's
+    tokens, segment ids and positions (three tuples of arrays), sharded as a batch alone
+    is placed (`sharding`, committed); the padding's ids and positions 0. The starts
+    cross as a sixteenth of uint16 tokens' bytes, where the host's ids and positions
+    were four times them. Made once per sharding, compiled once per shape."""
+
+    def group(stacked: jax.Array, words: jax.Array) -> tuple[tuple[jax.Array, ...], ...]:
+        length = stacked.shape[-1]
+        ids, positions = masked_segments(words[..., :-1], length)
+        used = words[..., -1:].astype(jnp.int32)
+        real = lax.broadcasted_iota(jnp.int32, stacked.shape, stacked.ndim - 1) < used
+        ids = jnp.where(real, ids, 0)
+        positions = jnp.where(real, positions, 0)
+        count = stacked.shape[0]
+        return tuple(tuple(part[i] for i in range(count)) for part in (stacked, ids, positions))
+
+    return jax.jit(group, out_shardings=sharding)
+
+
 @functools.lru_cache(maxsize=32)
 def placed_as_given(sharding: Any, count: int) -> Any:
     """The jitted function that takes `count` host arrays and gives them back placed,
@@ -192,11 +216,15 @@ def device_segments(
     windows: jax.Array, separator: int, separator_is: SeparatorIs
 ) -> tuple[jax.Array, jax.Array]:
     """What `segments` gives, in JAX (traced under `on_device`): the rows (the last axis)
-    cut into blocks of `BLOCK`, each block's document starts a bit mask; a token's id is
-    1 + the starts before its block + those in its block up to it (a population count),
-    its position its column less the last start up to it (in its block: the mask's
-    highest bit up to it; else the last start of the blocks before, a scan over blocks).
+    cut into blocks of `BLOCK`, each block's document starts a bit mask
+    (`_separator_masks`), the ids and positions read from the masks (`masked_segments`).
     Column 0 starts a row's first document but counts no id."""
+    return masked_segments(_separator_masks(windows, separator, separator_is), windows.shape[-1])
+
+
+def _separator_masks(windows: jax.Array, separator: int, separator_is: SeparatorIs) -> jax.Array:
+    """Each `BLOCK` tokens' document starts as one uint32 (bit i: the block's token i
+    starts a document), column 0's bit clear (uint32, (..., blocks))."""
     *lead, length = windows.shape
     blocks = -(-length // BLOCK)
     edges = [(0, 0)] * len(lead)
@@ -207,9 +235,22 @@ def device_segments(
     if separator_is == "eos":  # the token after an EOS starts the next document
         carried = jnp.pad(masks[..., :-1] >> (BLOCK - 1), [*edges, (1, 0)])
         masks = (masks << 1) | carried
+    block = lax.broadcasted_iota(jnp.int32, masks.shape, len(lead))
+    return jnp.where(block == 0, masks & jnp.uint32(0xFFFFFFFE), masks)  # column 0
+
+
+def masked_segments(masks: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:
+    """The segment ids and positions (int32, (..., length)) of rows whose document starts
+    are `masks` (uint32, (..., blocks): bit i of block b, column b * `BLOCK` + i starts a
+    document; column 0's bit clear, as it starts the row's first). A token's id is 1 + the
+    starts before its block + those in its block up to it (a population count), its
+    position its column less the last start up to it (in its block: the mask's highest
+    bit up to it; else the last start of the blocks before, a scan over blocks): no scan
+    over the tokens."""
+    *lead, blocks = masks.shape
+    edges = [(0, 0)] * len(lead)
     axis = len(lead)
     block = lax.broadcasted_iota(jnp.int32, masks.shape, axis)
-    masks = jnp.where(block == 0, masks & jnp.uint32(0xFFFFFFFE), masks)  # column 0
     counts = lax.population_count(masks).astype(jnp.int32)
     before = jnp.cumsum(counts, axis=axis) - counts
     highest = BLOCK - 1 - lax.clz(masks).astype(jnp.int32)

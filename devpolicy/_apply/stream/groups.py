@@ -30,10 +30,12 @@ from ..._base.limits import ALIGN
 from ..._decide.decision import Decision, single_device_sharding
 from ..hostview import copies_host_memory
 from .documents import (
+    BLOCK,
     CALL_BATCHES,
     FIELDS,
     SeparatorIs,
     on_device,
+    on_device_packed,
     on_device_stacked,
     placed_as_given,
     segments,
@@ -351,6 +353,57 @@ def placed_together(
     return placed
 
 
+def _stacked_on_device(plan: GroupPlan, words: bool = False) -> Any:
+    """How a group's batches are sent stacked in one array (`_stacked_sharding`) for their
+    segment ids and positions to be worked out on the device from what is sent: one
+    process, a device that copies host memory, its own memory (as `_on_device` asks).
+    `words`: what is sent beside the tokens has another last axis (a packed group's
+    `packed.start_words`), so the rows alone may be split. None where the host's ids and
+    positions are placed instead."""
+    sharding = plan.decision.sharding
+    if (
+        plan.destination is None
+        or plan.local
+        or not copies_host_memory(plan.decision)
+        or sharding is None
+        or not on_the_device(sharding)
+    ):
+        return None
+    stacked = _stacked_sharding(sharding)
+    if words and isinstance(stacked, jax.sharding.NamedSharding):
+        spec = tuple(stacked.spec)
+        if len(spec) > 2 and spec[2] is not None:  # a row's tokens split over devices
+            return None
+    return stacked
+
+
+def packed_on_device(plan: GroupPlan, shape: tuple[int, ...], dtype: Any) -> tuple[Any, Any] | None:
+    """For a packed group of `shape` (count, rows, length) and `dtype`: the device function
+    that works its ids and positions out from its rows' start words
+    (`documents.on_device_packed`) and the sharding its stacked arrays are sent with; None
+    where the host's ids and positions are placed instead (`_stacked_on_device`), and
+    while the function compiles for this shape (on a thread of its own: the host's, the
+    same values, meanwhile)."""
+    stacked = _stacked_on_device(plan, words=True)
+    if stacked is None:
+        return None
+    work = on_device_packed(plan.decision.sharding)
+    if not _compiled(work, shape, dtype, stacked, call="packed"):
+        return None
+    return work, stacked
+
+
+def placed_packed(
+    device: tuple[Any, Any], tokens: np.ndarray[Any, Any], words: np.ndarray[Any, Any]
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """A packed group's batches placed (`packed_on_device`'s `device`): its stacked tokens
+    and their rows' start words sent in two transfers, one call giving each batch's
+    tokens, segment ids and positions."""
+    work, stacked = device
+    made = work(*jax.device_put((tokens, words), stacked))
+    return list(made[0]), list(made[1]), list(made[2])
+
+
 def _stacked_sharding(sharding: Any) -> Any:
     """How `CALL_BATCHES` batches placed by `sharding` are sent stacked in one array (a
     new leading axis, not split), or None where that cannot be said."""
@@ -382,9 +435,10 @@ if hasattr(os, "register_at_fork"):
 
 
 #: How a device function is called: with `CALL_BATCHES` batches placed ("batches"), one
-#: stacked array placed ("stacked"), or a group's tokens, ids and positions as host
-#: arrays, (count, ...) of them by `shape` ("given").
-Call = Literal["batches", "stacked", "given"]
+#: stacked array placed ("stacked"), a group's tokens, ids and positions as host
+#: arrays, (count, ...) of them by `shape` ("given"), or a packed group's stacked tokens
+#: and their rows' start words (`documents.on_device_packed`, "packed").
+Call = Literal["batches", "stacked", "given", "packed"]
 
 
 def _compiled(
@@ -437,6 +491,9 @@ def _compile(work: Any, shape: tuple[int, ...], dtype: Any, sharding: Any, call:
     zeros = np.zeros(shape, dtype)
     if call == "given":  # host arrays, as the stream hands them
         outputs = work(*zeros, *np.zeros((2, *shape), np.int32).reshape(-1, *shape[1:]))
+    elif call == "packed":
+        words = np.zeros((*shape[:-1], -(-shape[-1] // BLOCK) + 1), np.uint32)
+        outputs = work(jax.device_put(zeros, sharding), jax.device_put(words, sharding))
     else:
         dummy = jax.device_put(zeros, sharding)
         outputs = work(dummy) if call == "stacked" else work((dummy,) * CALL_BATCHES)

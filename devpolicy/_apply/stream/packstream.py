@@ -30,9 +30,15 @@ from ..._read.pages import maps_line
 from ..._read.parts import truncated
 from .cutting import GROUP_MAX, batches_a_group
 from .documents import FIELDS, SEGMENT_BYTES
-from .groups import GroupBuffer, SegmentRing, placed_together
+from .groups import (
+    GroupBuffer,
+    SegmentRing,
+    packed_on_device,
+    placed_packed,
+    placed_together,
+)
 from .interrupts import deferred_interrupts
-from .packed import Layout, gather, segments
+from .packed import Layout, gather, segments, start_words
 from .packrows import PackedRows
 from .placing import GroupPlacer
 from .state import LAST_STEP
@@ -120,16 +126,20 @@ class PackedSteps:
 
 @dataclass(slots=True)
 class _Made:
-    """A group's `count` batches' tokens, ids and positions, each (count, rows, length),
-    and the buffers they lie in (`tokens_in` and `segments_in`: reused once the batches
-    placed from them are ready, where none holds them)."""
+    """A group's `count` batches' tokens (count, rows, length) and the buffer they lie in
+    (`tokens_in`: reused once the batches placed from them are ready, where none holds
+    it); with either their ids and positions, each as the tokens, and their buffer
+    (`segments_in`), or their rows' start words (`packed.start_words`) and the device
+    function and stacked sharding that work them out (`groups.packed_on_device`)."""
 
     count: int
     tokens: np.ndarray[Any, Any]
-    ids: np.ndarray[Any, Any]
-    positions: np.ndarray[Any, Any]
     tokens_in: GroupBuffer
-    segments_in: GroupBuffer
+    ids: np.ndarray[Any, Any] | None = None
+    positions: np.ndarray[Any, Any] | None = None
+    segments_in: GroupBuffer | None = None
+    words: np.ndarray[Any, Any] | None = None
+    device: tuple[Any, Any] | None = None
 
 
 class _Watched:
@@ -283,20 +293,32 @@ class PackedCutter:
             wide = gather(self._tokens, layout, self._pad)
             for out, batch in zip(tokens, wide.reshape(count, rows, length), strict=True):
                 placer._narrowed_into(batch, out, target)
+        device = packed_on_device(placer.plan((rows, length)), tokens.shape, tokens.dtype)
+        if device is not None:  # the device works the ids out from the starts
+            words = start_words(layout).reshape(count, rows, -1)
+            return _Made(count, tokens, tokens_in, words=words, device=device)
         segments_in, both = self._segments_ring.take(count, (rows, length))
         ids, positions = both[0], both[1]
         flat = (count * rows, length)
         segments(layout, (ids.reshape(flat), positions.reshape(flat)))
-        return _Made(count, tokens, ids, positions, tokens_in, segments_in)
+        return _Made(count, tokens, tokens_in, ids, positions, segments_in)
 
     def _place(self, made: _Made) -> tuple[list[Any], int]:
         count = made.count
         plan = self.placer.plan(made.tokens.shape[1:])
-        tokens, ids, positions = list(made.tokens), list(made.ids), list(made.positions)
-        together = placed_together(plan, tokens, ids, positions)
-        if together is None:
-            arrays = plan.place([*tokens, *ids, *positions])
-            together = (arrays[:count], arrays[count : 2 * count], arrays[2 * count :])
+        together: tuple[list[Any], list[Any], list[Any]] | None
+        if made.device is not None:
+            assert made.words is not None
+            together = placed_packed(made.device, made.tokens, made.words)
+        else:
+            assert made.ids is not None
+            assert made.positions is not None
+            tokens, ids, positions = list(made.tokens), list(made.ids), list(made.positions)
+            together = placed_together(plan, tokens, ids, positions)
+            if together is None:
+                arrays = plan.place([*tokens, *ids, *positions])
+                together = (arrays[:count], arrays[count : 2 * count], arrays[2 * count :])
+        assert together is not None
         batches = [
             dict(zip(self._fields, three, strict=True)) for three in zip(*together, strict=True)
         ]
@@ -304,7 +326,8 @@ class PackedCutter:
         # does) is used again once their transfers are done: fresh memory a group faulted
         # in about 1,000 pages.
         self._tokens_ring.keep(made.tokens_in, together[0])
-        self._segments_ring.keep(made.segments_in, [*together[1], *together[2]])
+        if made.segments_in is not None:
+            self._segments_ring.keep(made.segments_in, [*together[1], *together[2]])
         return batches, plan.nbytes * count
 
     def packing(self) -> dict[str, float | int]:

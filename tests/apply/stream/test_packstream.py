@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,11 +23,14 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 import devpolicy
+from devpolicy._apply.stream import groups, packstream
 from devpolicy._apply.stream.docindex import in_memory
-from devpolicy._apply.stream.packed import gather, segments
+from devpolicy._apply.stream.documents import BLOCK, on_device_packed
+from devpolicy._apply.stream.packed import WORD_BITS, Layout, gather, segments, start_words
 from devpolicy._apply.stream.packing import PackSettings
 from devpolicy._apply.stream.packrows import PackedRows
 from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
+from tests.apply.stream.test_groups import ROWS, rows_rule, sent_bytes
 from tests.apply.streams import (
     closed_while_pulled,
     forked_child_refuses,
@@ -251,6 +255,43 @@ class TestResume:
             packed(corpus(600, seed=1)[: TOKENS.size], resume=saved)
 
 
+def compiled() -> None:
+    """Every device function's compile started so far, done."""
+    for compiling in list(groups._COMPILING.values()):
+        compiling.result()
+
+
+def device_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The groups placed by the device's code (`groups.placed_packed`) from now on."""
+    calls: list[int] = []
+    real = packstream.placed_packed
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(packstream, "placed_packed", counted)
+    return calls
+
+
+@pytest.fixture(params=["host", "device"])
+def ids_made_on(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each contract test twice: the ids and positions made on the host (the CPU's path)
+    and by the device from the rows' starts (an accelerator's path: the CPU's devices
+    standing in for a copying one, the device function compiled first), which must then
+    have placed groups."""
+    if request.param == "host":
+        yield
+        return
+    request.getfixturevalue("copying_device")
+    list(packed(TOKENS, steps=80, order="shuffled", seed=9))  # the group shapes compiled
+    compiled()
+    calls = device_calls(monkeypatch)
+    yield
+    assert calls, "no group was placed by the device's code"
+
+
+@pytest.mark.usefixtures("ids_made_on")
 class TestContract:
     def check(self, want: list[dict[str, np.ndarray]]) -> Any:
         def check(batch: Any, step: int) -> None:
@@ -312,6 +353,97 @@ class TestContract:
         stream.close()
         del stream
         assert held_open(path) == before
+
+
+@pytest.mark.usefixtures("copying_device")
+class TestWorkedOutOnTheDevice:
+    """On a device that copies host memory (an accelerator's), a packed group crosses as
+    its tokens and its rows' start words (a bit a token, a word a row for the tokens of
+    documents), and the device works the ids and positions out: the same values, sharded
+    as the tokens are."""
+
+    @pytest.mark.parametrize("sharded", [False, True], ids=["one-device", "rows-of-4"])
+    def test_only_the_tokens_and_their_starts_are_sent_the_values_the_hosts(
+        self, monkeypatch: pytest.MonkeyPatch, sharded: bool
+    ) -> None:
+        policy = policy_of(meshes=ROWS, rules=rows_rule()) if sharded else policy_of()
+        options = {"report_every": None, "pack": "first_fit", "separator": SEPARATOR,
+                   "pad": PAD, "order": "shuffled", "seed": 3, "steps": 90}  # fmt: skip
+        want = [as_numpy(b) for b in devpolicy.windows(TOKENS, LENGTH, 8, **options)]
+        list(devpolicy.windows(TOKENS, LENGTH, 8, policy=policy, **options))  # compiles
+        compiled()
+        calls = device_calls(monkeypatch)
+        sent = sent_bytes(monkeypatch)
+        got = list(devpolicy.windows(TOKENS, LENGTH, 8, policy=policy, **options))
+        assert len(calls) == len(sent) // 2 > 2  # two transfers a group, every group
+        words = -(-LENGTH // WORD_BITS) + 1
+        assert sum(sent) == 90 * 8 * (LENGTH * 2 + words * 4)  # 1.19x the tokens' bytes
+        for batch, expected in zip(got, want, strict=True):
+            for key in ("segment_ids", "positions"):
+                assert batch[key].dtype == np.int32
+                assert batch[key].sharding == batch["tokens"].sharding
+            for key, value in as_numpy(batch).items():
+                np.testing.assert_array_equal(value, expected[key])
+
+    def test_a_shape_still_compiling_is_served_by_the_host(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A group shape never compiled: its ids and positions come from the host (the
+        same values) while the device function compiles on a thread of its own."""
+        want = [as_numpy(b) for b in packed(TOKENS, steps=40, order="shuffled", seed=8)]
+        groups._COMPILING.clear()
+        calls = device_calls(monkeypatch)
+        stream = packed(TOKENS, steps=40, order="shuffled", seed=8)
+        first = as_numpy(next(stream))
+        assert (len(groups._COMPILING), calls) == (1, [])
+        compiled()
+        rest = [as_numpy(b) for b in stream]
+        assert calls
+        for got, expected in zip([first, *rest], want, strict=True):
+            for key in got:
+                np.testing.assert_array_equal(got[key], expected[key])
+
+
+def rows_of_spans(length: int, rows: int) -> st.SearchStrategy[list[list[int]]]:
+    """Each row's span lengths, in order, summing to at most `length` (a row may be all
+    padding, or a span fill it)."""
+
+    def fitted(spans: list[int]) -> list[int]:
+        kept, used = [], 0
+        for n in spans:
+            if used + n > length:
+                break
+            kept.append(n)
+            used += n
+        return kept
+
+    spans = st.lists(st.integers(1, length), max_size=12).map(fitted)
+    one = st.one_of(spans, st.lists(st.integers(1, 3), max_size=40).map(fitted))
+    return st.lists(one, min_size=rows, max_size=rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=rows_of_spans(70, 6))
+def test_start_words_worked_out_on_the_device_give_the_hosts_ids_and_positions(
+    layout: list[list[int]],
+) -> None:
+    """Any rows of spans (two starting in one word, a span filling a row, a row of
+    padding alone, a length not a multiple of a word): the device's ids and positions
+    from `start_words` are `packed.segments`' exactly."""
+    assert WORD_BITS == BLOCK
+    counts = np.array([n for row in layout for n in row], np.int64)
+    bounds = np.concatenate(([0], np.cumsum([len(row) for row in layout])))
+    spans = Layout(0, 70, bounds, np.zeros(counts.size, np.int64), counts)
+    device = jax.devices("cpu")[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    tokens = np.zeros((2, 3, 70), np.uint16)
+    words = start_words(spans).reshape(2, 3, -1)
+    _, ids, positions = on_device_packed(sharding)(tokens, words)
+    want_ids, want_positions = segments(spans)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(a) for a in ids]), want_ids)
+    np.testing.assert_array_equal(
+        np.concatenate([np.asarray(a) for a in positions]), want_positions
+    )
 
 
 class TestReported:
