@@ -447,11 +447,11 @@ def _packing(
             "windows pack= packs documents, the spans between separator tokens: pass "
             "separator= (the token that ends, or with separator_is='bos' starts, each one)"
         )
-    if mixture or isinstance(view, Shards):
+    if mixture:
         raise ValueError(
-            "windows pack= packs the documents of one array of tokens; "
-            + ("a mixture's sources" if mixture else "shards (a list of arrays)")
-            + " are not packed yet: pack each corpus from one token file, or leave pack= out"
+            "windows pack= packs the documents of one source (an array of tokens, or a "
+            "list of shards); a mixture's sources are not packed yet: pack each corpus on "
+            "its own, or leave pack= out"
         )
     order = args.order
     if order not in ("sequential", "shuffled"):

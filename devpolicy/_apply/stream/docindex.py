@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..._read.pages import in_numpy_memory, maps_line
 from .documents import SEPARATOR_KINDS, SeparatorIs
+from .shards import Shards
 
 #: Tokens read and searched at once while indexing (8 MiB of uint16).
 CHUNK = 1 << 22
@@ -146,26 +148,41 @@ def pairs(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> np.ndarra
     return pairs
 
 
+def chunks(tokens: np.ndarray[Any, Any] | Shards) -> Iterator[np.ndarray[Any, Any]]:
+    """The tokens a `CHUNK` at most at a time, in order: shards one after another (a
+    chunk never spans two: a document that does is carried by the `Finder`)."""
+    for view in tokens.views if isinstance(tokens, Shards) else [tokens]:
+        for at in range(0, view.shape[0], CHUNK):
+            yield view[at : at + CHUNK]
+
+
 def find_documents(
-    tokens: np.ndarray[Any, Any], separator: int, separator_is: SeparatorIs
+    tokens: np.ndarray[Any, Any] | Shards, separator: int, separator_is: SeparatorIs
 ) -> tuple[np.ndarray[Any, Any], int]:
-    """The documents of in-memory `tokens` (documents, 2) and the separators alone.
+    """The documents of in-memory `tokens` (documents, 2) and the separators alone; of
+    shards, those of their concatenation (a document may span shards).
 
     Example:
         >>> spans, alone = find_documents(np.array([5, 0, 0, 6, 7, 0, 8]), 0, "eos")
         >>> spans.tolist(), alone
         ([[0, 2], [3, 3], [6, 1]], 1)
+        >>> shards = Shards([np.array([5, 0, 0, 6]), np.array([7, 0, 8])])
+        >>> find_documents(shards, 0, "eos")[0].tolist()
+        [[0, 2], [3, 3], [6, 1]]
     """
     finder = Finder(separator, separator_is)
-    parts = [finder.add(tokens[at : at + CHUNK], at) for at in range(0, tokens.shape[0], CHUNK)]
+    parts, at = [], 0
+    for chunk in chunks(tokens):
+        parts.append(finder.add(chunk, at))
+        at += chunk.shape[0]
     parts.append(finder.end(tokens.shape[0]))
     return np.concatenate(parts), finder.alone
 
 
 def in_memory(
-    tokens: np.ndarray[Any, Any], separator: int, separator_is: SeparatorIs
+    tokens: np.ndarray[Any, Any] | Shards, separator: int, separator_is: SeparatorIs
 ) -> DocumentIndex:
-    """The index of tokens in memory, kept in memory."""
+    """The index of tokens (or shards) in memory, kept in memory."""
     spans, alone = find_documents(tokens, separator, separator_is)
     spans.flags.writeable = False
     digest = hashlib.blake2b(spans.tobytes(), digest_size=16).hexdigest()

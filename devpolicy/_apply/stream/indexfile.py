@@ -21,6 +21,7 @@ import os
 import stat
 import struct
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,10 @@ from ..._base.events import EventLog
 from ..._base.files import FileRefused, open_regular, sync_directory
 from ..._base.progress import progress_bar
 from ..._read.exact import read_at
+from ..._read.parts import memmap_part
 from .docindex import CHUNK, SPAN, DocumentIndex, Finder, TokenFile, in_memory, token_file
 from .documents import SEPARATOR_KINDS, SeparatorIs
+from .shards import Shards
 
 #: Blocks of the tokens whose digest an index keeps, evenly spread (first and last among
 #: them), and each block's bytes: where the tokens are no larger, all of them.
@@ -64,7 +67,11 @@ def index_path(file: TokenFile, separator: int, separator_is: str, where: Any = 
     return place
 
 
-def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
+#: A file's identity (`_identity`).
+Identity = tuple[int, int, int, int, int]
+
+
+def _identity(info: os.stat_result) -> Identity:
     """What tells a file changed: size, mtime_ns, ctime_ns (an edit whose mtime was put
     back still moves it), inode and device."""
     return info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev
@@ -90,7 +97,7 @@ def sampled_digest(fd: int, file: TokenFile) -> bytes:
 
 
 def index_of(
-    tokens: np.ndarray[Any, Any],
+    tokens: np.ndarray[Any, Any] | Shards,
     separator: int,
     separator_is: SeparatorIs,
     events: EventLog,
@@ -99,11 +106,38 @@ def index_of(
     progress: bool | None = None,
 ) -> DocumentIndex:
     """The index of a 1-D token view: of the file it maps, kept there (`document_index`),
-    or of tokens in memory, in memory (`in_memory`: nothing is written)."""
+    or of tokens in memory, in memory (`in_memory`: nothing is written). Of shards, one
+    index of their concatenation: kept beside the first shard where every shard is a
+    file's (`shards_index`), else in memory."""
+    if isinstance(tokens, Shards):
+        files = [shard_file(view) for view in tokens.views]
+        if not files or None in files:
+            return in_memory(tokens, separator, separator_is)
+        kept = [f for f in files if f is not None]
+        return shards_index(kept, separator, separator_is, events, where=where, progress=progress)
     file = token_file(tokens)
     if file is None:
         return in_memory(tokens, separator, separator_is)
     return document_index(file, separator, separator_is, events, where=where, progress=progress)
+
+
+def shard_file(view: np.ndarray[Any, Any]) -> TokenFile | None:
+    """The file a shard maps (`token_file`), asked of an `np.memmap` itself where it is
+    one (no read of `/proc/self/maps`: a thousand shards would read it a thousand times),
+    the file at its path checked to be the one mapped."""
+    part = memmap_part(view)
+    if part is None:
+        return token_file(view)
+    place = part.place()
+    if place is None or not place.by_path:
+        return None
+    try:
+        info = os.stat(part.path)
+    except OSError:
+        return None
+    if (info.st_dev, info.st_ino) != place.identity:
+        return None
+    return TokenFile(Path(part.path), part.offset, view.dtype, int(view.shape[0]))
 
 
 def document_index(
@@ -154,6 +188,162 @@ def document_index(
         },
     )
     return index
+
+
+def shards_index(
+    files: list[TokenFile],
+    separator: int,
+    separator_is: SeparatorIs,
+    events: EventLog,
+    *,
+    where: Any = None,
+    progress: bool | None = None,
+) -> DocumentIndex:
+    """The index of shards' concatenation, every shard a file's (`files`, in order): the
+    kept one where it still describes every shard (each one's identity, where its tokens
+    lie, and blocks sampled over them all), else built now in one pass over the shards,
+    a shard open at a time, written and mapped.
+
+    Raises:
+        ValueError: a shard cannot be read, changed while it was indexed, `where` names a
+            file that is no index, or the index cannot be written there.
+    """
+    path = shards_index_path(files, separator, separator_is, where)
+    total = sum(f.count for f in files)
+    identities = [_identity(_regular(f.path)) for f in files]
+    expected = (
+        MAGIC, VERSION, _HEADER_BYTES, separator, SEPARATOR_KINDS.index(separator_is),
+        files[0].dtype.str.encode().ljust(8, b"\0"), 0, total, 0, 0, 0, 0, 0,
+        _shards_digest(files, identities),
+    )  # fmt: skip
+    why = _stale(path, expected)
+    if why is None:
+        return _mapped(path, separator, separator_is, total)
+    tokens = f"{files[0].path} and {len(files) - 1:,} more shards"
+    if why.startswith("the token file changed"):
+        why = "a shard changed (its size, times, inode or place, or its bytes sampled)"
+    if why != "none kept":
+        level = "warning" if why.startswith("damaged") else "info"
+        events.emit(
+            level, "document_index_rebuilt", {"index": str(path), "tokens": tokens, "reason": why}
+        )
+    began = time.perf_counter()
+
+    def unchanged() -> None:
+        for file, identity in zip(files, identities, strict=True):
+            if _identity(_regular(file.path)) != identity:
+                raise ValueError(
+                    f"windows tokens: the shard {file.path} changed while the shards' "
+                    "documents were indexed: index shards that are not being written"
+                )
+
+    nbytes = total * files[0].dtype.itemsize
+    title = f"indexing {len(files):,} shards from {files[0].path.name}"
+    chunks = _shards_chunks(files, identities)
+    _write_index(
+        path, expected, separator, separator_is, nbytes, title, progress, chunks, unchanged
+    )
+    index = _mapped(path, separator, separator_is, total)
+    events.emit(
+        "info",
+        "document_index_built",
+        {
+            "index": str(path), "tokens": tokens, "documents": len(index),
+            "alone": index.alone, "longest": index.longest,
+            "seconds": round(time.perf_counter() - began, 3),
+        },
+    )  # fmt: skip
+    return index
+
+
+def shards_index_path(
+    files: list[TokenFile], separator: int, separator_is: str, where: Any = None
+) -> Path:
+    """Where the index of shards' concatenation is kept: `where` itself (a file's path),
+    in the folder `where`, or beside the first shard; named for the first shard, the
+    shards' count and a digest of every shard's real path and place (another list of
+    shards keeps another index)."""
+    listed = hashlib.blake2b(digest_size=6)
+    for file in files:
+        real = os.path.realpath(file.path).encode("utf-8", "surrogateescape")
+        listed.update(real + b"\0" + f"{file.offset}-{file.count}".encode() + b"\0")
+    first = files[0]
+    total = sum(f.count for f in files)
+    name = (
+        f"{first.path.name}.{len(files)}shards-{listed.hexdigest()}."
+        f"{separator_is}{separator}.{total}{SUFFIX}"
+    )
+    if where is None:
+        return first.path.with_name(name)
+    place = Path(where)
+    return place / name if place.is_dir() else place
+
+
+def _regular(path: Path) -> os.stat_result:
+    """A shard's status, refused unless it is a regular file (naming it)."""
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise ValueError(f"windows tokens: the shard {path} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"windows tokens: the shard {path} is no regular file")
+    return info
+
+
+def _shards_digest(files: list[TokenFile], identities: list[Identity]) -> bytes:
+    """The digest of every shard's path, place and identity, and of `SAMPLES` blocks of
+    `SAMPLE_BYTES` spread evenly over their concatenation's bytes (a shard opened for
+    each block that lies in it: 16 at most)."""
+    digest = hashlib.blake2b(digest_size=_DIGEST)
+    for file, identity in zip(files, identities, strict=True):
+        digest.update(f"{file.path}\0{file.offset}\0{file.count}\0{identity}\0".encode())
+    itemsize = files[0].dtype.itemsize
+    ends = np.cumsum([f.count * itemsize for f in files])
+    size = int(ends[-1])
+    if size <= SAMPLES * SAMPLE_BYTES:
+        places = [(0, size)]
+    else:
+        last = size - SAMPLE_BYTES
+        places = [(last * k // (SAMPLES - 1), SAMPLE_BYTES) for k in range(SAMPLES)]
+    for at, n in places:
+        while n > 0:  # a block may run on into the next shards
+            shard = int(np.searchsorted(ends, at, side="right"))
+            file = files[shard]
+            begins = int(ends[shard]) - file.count * itemsize
+            take = min(n, int(ends[shard]) - at)
+            try:
+                fd, _ = open_regular(file.path, "a token file")
+            except FileRefused as e:
+                raise ValueError(f"windows tokens: the shard {file.path} {e.reason}") from None
+            try:
+                block = bytearray(take)
+                got = read_at(fd, [memoryview(block)], file.offset + at - begins)
+            finally:
+                os.close(fd)
+            digest.update(block[:got])
+            at, n = at + take, n - take
+    return digest.digest()
+
+
+def _shards_chunks(
+    files: list[TokenFile], identities: list[Identity]
+) -> Iterator[np.ndarray[Any, Any]]:
+    """Every shard's tokens in order, a `CHUNK` at a time, one shard open at a time (each
+    checked to be the file whose identity was taken)."""
+    for file, identity in zip(files, identities, strict=True):
+        try:
+            fd, info = open_regular(file.path, "a token file")
+        except FileRefused as e:
+            raise ValueError(f"windows tokens: the shard {file.path} {e.reason}") from None
+        try:
+            if _identity(info) != identity:
+                raise ValueError(
+                    f"windows tokens: the shard {file.path} changed while the shards' "
+                    "documents were indexed: index shards that are not being written"
+                )
+            yield from _file_chunks(fd, file)
+        finally:
+            os.close(fd)
 
 
 def _expected(
@@ -254,7 +444,48 @@ def _build(
     progress: bool | None,
 ) -> None:
     """Index the tokens of `file` (read by position a chunk at a time) into `path`,
-    atomically: a temporary file beside it, synced, then renamed over it."""
+    atomically (`_write_index`)."""
+
+    def unchanged() -> None:
+        if _identity(os.fstat(fd)) != expected[8:13]:
+            raise ValueError(
+                f"windows tokens: {file.path} changed while its documents were indexed: "
+                "index a file that is not being written"
+            )
+
+    _write_index(
+        path, expected, separator, separator_is, file.count * file.dtype.itemsize,
+        f"indexing {file.path.name}", progress, _file_chunks(fd, file), unchanged,
+    )  # fmt: skip
+
+
+def _file_chunks(fd: int, file: TokenFile) -> Iterator[np.ndarray[Any, Any]]:
+    """The tokens of `file` read by position into one buffer, a `CHUNK` at a time (each
+    chunk used before the next is read)."""
+    buffer = np.empty(min(CHUNK, max(file.count, 1)), file.dtype)
+    for at in range(0, file.count, CHUNK):
+        chunk = buffer[: min(CHUNK, file.count - at)]
+        got = read_at(fd, [chunk.data.cast("B")], file.offset + at * chunk.itemsize)
+        if got < chunk.nbytes:
+            raise ValueError(f"windows tokens: {file.path} ended before its tokens did")
+        yield chunk
+
+
+def _write_index(
+    path: Path,
+    expected: tuple[Any, ...],
+    separator: int,
+    separator_is: SeparatorIs,
+    nbytes: int,
+    title: str,
+    progress: bool | None,
+    chunks: Iterator[np.ndarray[Any, Any]],
+    unchanged: Callable[[], None],
+) -> None:
+    """The documents of the tokens `chunks` yields, in order (`nbytes` of them), written
+    to `path` with the header `expected` says, atomically: a temporary file beside it,
+    synced, then renamed over it once `unchanged` raised nothing (the tokens' files are
+    as they were when `expected` was made); removed on any failure, Ctrl-C too."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         out = open(temporary, "wb")  # noqa: SIM115 - closed below, removed on failure
@@ -269,18 +500,13 @@ def _build(
             body = hashlib.blake2b(digest_size=_DIGEST)
             finder = Finder(separator, separator_is)
             counts = [0, 0, 0]  # documents, longest, covered
-            buffer = np.empty(min(CHUNK, max(file.count, 1)), file.dtype)
-            nbytes = file.count * file.dtype.itemsize
-            with progress_bar(f"indexing {file.path.name}", nbytes, progress) as advance:
-                for at in range(0, file.count, CHUNK):
-                    chunk = buffer[: min(CHUNK, file.count - at)]
-                    want = chunk.nbytes
-                    got = read_at(fd, [chunk.data.cast("B")], file.offset + at * chunk.itemsize)
-                    if got < want:
-                        raise ValueError(f"windows tokens: {file.path} ended before its tokens did")
+            at = 0
+            with progress_bar(title, nbytes, progress) as advance:
+                for chunk in chunks:
                     _written(out, body, finder.add(chunk, at), counts)
-                    advance(want)
-                _written(out, body, finder.end(file.count), counts)
+                    at += chunk.shape[0]
+                    advance(chunk.nbytes)
+                _written(out, body, finder.end(at), counts)
             head = _HEAD.pack(
                 *expected, counts[0], finder.alone, counts[1], counts[2], body.digest()
             )
@@ -288,11 +514,7 @@ def _build(
             out.write(head + hashlib.blake2b(head, digest_size=_DIGEST).digest())
             out.flush()
             os.fsync(out.fileno())
-        if _identity(os.fstat(fd)) != expected[8:13]:
-            raise ValueError(
-                f"windows tokens: {file.path} changed while its documents were indexed: "
-                "index a file that is not being written"
-            )
+        unchanged()
         os.replace(temporary, path)
         sync_directory(path.parent)
     except BaseException:

@@ -89,47 +89,83 @@ def placed(layout: Layout) -> tuple[np.ndarray[Any, Any], ...]:
 
 
 def gather(
-    tokens: np.ndarray[Any, Any],
+    tokens: np.ndarray[Any, Any] | list[np.ndarray[Any, Any]],
     layout: Layout,
     pad: int,
     out: np.ndarray[Any, Any] | None = None,
+    edges: np.ndarray[Any, Any] | None = None,
 ) -> np.ndarray[Any, Any]:
-    """The rows of `layout` read from `tokens` (1-D, in memory or mapped) into `out`
+    """The rows of `layout` read from `tokens` (1-D, in memory or mapped; or shards, a
+    list of 1-D arrays, shard i from place `edges[i]` of their concatenation) into `out`
     (rows, length), made where not given; padding is `pad`.
 
     Every span and every row's padding is one slice of one `np.concatenate` straight
     into `out`: a copy a span in Python cost twice this (measured: docs/benchmarks.md,
-    "Documents kept whole"). A `np.memmap` is sliced as the plain array it maps (a
-    memmap's slices cost a Python object each).
+    "Documents kept whole"). A span that runs on into the next shards is a slice of
+    each. A `np.memmap` is sliced as the plain array it maps (a memmap's slices cost a
+    Python object each).
 
     Example:
         >>> layout = Layout(0, 4, np.array([0, 2, 3]), np.array([10, 0, 5]), np.array([2, 2, 3]))
         >>> gather(np.arange(20), layout, -1).tolist()
         [[10, 11, 0, 1], [5, 6, 7, -1]]
+        >>> shards = [np.arange(6), np.arange(6, 20)]
+        >>> gather(shards, layout, -1, edges=np.array([0, 6, 20])).tolist()
+        [[10, 11, 0, 1], [5, 6, 7, -1]]
     """
     length = layout.length
+    first = tokens[0] if isinstance(tokens, list) else tokens
     if out is None:
-        out = np.empty((layout.rows, length), tokens.dtype)
+        out = np.empty((layout.rows, length), first.dtype)
     if not layout.rows:
         return out
-    plain = tokens.view(np.ndarray) if isinstance(tokens, np.memmap) else tokens
-    padding = _padding(pad, np.dtype(tokens.dtype), length)
-    starts, counts = layout.starts.tolist(), layout.counts.tolist()
+    padding = _padding(pad, np.dtype(first.dtype), length)
+    if isinstance(tokens, list):
+        assert edges is not None
+        spans = _shard_spans(tokens, edges, layout)
+    else:
+        plain = tokens.view(np.ndarray) if isinstance(tokens, np.memmap) else tokens
+        starts, counts = layout.starts.tolist(), layout.counts.tolist()
+        spans = [plain[start : start + count] for start, count in zip(starts, counts, strict=True)]
     bounds, used = layout.bounds.tolist(), layout.used.tolist()
     parts: list[np.ndarray[Any, Any]] = []
     add = parts.append
     k = 0
     for row in range(layout.rows):
         end = bounds[row + 1]
-        while k < end:
-            start = starts[k]
-            add(plain[start : start + counts[k]])
-            k += 1
+        parts += spans[k:end]
+        k = end
         rest = length - used[row]
         if rest:
             add(padding[:rest])
     np.concatenate(parts, out=out.reshape(-1))
     return out
+
+
+def _shard_spans(
+    shards: list[np.ndarray[Any, Any]], edges: np.ndarray[Any, Any], layout: Layout
+) -> list[Any]:
+    """Each span of `layout` as a slice of the shard it lies in, or, where it runs on into
+    the next shards, one array of its slices joined (rare: a document cut by a shard's
+    end)."""
+    starts = layout.starts.astype(np.int64)
+    counts = layout.counts.astype(np.int64)
+    shard = np.searchsorted(edges, starts, "right") - 1
+    within = starts - edges[shard]
+    crossing = counts > edges[shard + 1] - starts
+    spans = [
+        shards[s][w : w + c]
+        for s, w, c in zip(shard.tolist(), within.tolist(), counts.tolist(), strict=True)
+    ]
+    for k in np.flatnonzero(crossing).tolist():
+        s, w, c = int(shard[k]), int(within[k]), int(counts[k])
+        pieces = []
+        while c:
+            take = min(c, shards[s].shape[0] - w)
+            pieces.append(shards[s][w : w + take])
+            s, w, c = s + 1, 0, c - take
+        spans[k] = np.concatenate(pieces)
+    return spans
 
 
 @functools.lru_cache(maxsize=8)

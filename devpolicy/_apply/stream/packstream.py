@@ -27,7 +27,7 @@ import numpy as np
 from ..._base.errors import HostViewError
 from ..._machine.spans import STREAM_PLACE, STREAM_READ, span
 from ..._read.pages import maps_line
-from ..._read.parts import truncated
+from ..._read.parts import MemmapPart, memmap_part, truncated
 from .cutting import GROUP_MAX, batches_a_group
 from .documents import FIELDS, SEGMENT_BYTES
 from .groups import (
@@ -41,6 +41,7 @@ from .interrupts import deferred_interrupts
 from .packed import Layout, gather, segments, start_words
 from .packrows import PackedRows
 from .placing import GroupPlacer
+from .shards import Shards
 from .state import LAST_STEP
 
 
@@ -152,7 +153,7 @@ class _Watched:
         self.path = path
         self.end = end
 
-    def check(self) -> None:
+    def check(self, layout: Layout) -> None:
         """Raise where the file is shorter now than the mapping needs.
 
         Raises:
@@ -161,6 +162,66 @@ class _Watched:
         size = os.fstat(self.fd).st_size
         if size < self.end:
             raise HostViewError(self.path, *truncated(size, self.end))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _ShardsWatched:
+    """The shards' files under their `np.memmap`s (`parts.MemmapPart`), each one's size
+    asked of its mapping's own descriptor (`mmap.size`: nothing opened, a thousand
+    shards or not) before a group copies from it. A shard that is no memmap's (in memory,
+    or mapped by `load_file`) is not watched: as for any mapping, one truncated under a
+    copy is SIGBUS."""
+
+    __slots__ = ("edges", "ends", "mappings", "paths")
+
+    def __init__(self, edges: np.ndarray[Any, Any], parts: list[MemmapPart | None]) -> None:
+        self.edges = edges
+        self.mappings = [None if part is None else part.mapping for part in parts]
+        self.ends = [0 if part is None else part.end for part in parts]
+        self.paths = ["" if part is None else part.path for part in parts]
+
+    def check(self, layout: Layout) -> None:
+        """Raise where a shard the spans of `layout` lie in is shorter now than its
+        mapping needs.
+
+        Raises:
+            HostViewError: naming the shard's file.
+        """
+        edges = self.edges
+        first = np.searchsorted(edges, layout.starts, "right") - 1
+        last = np.searchsorted(edges, layout.starts + layout.counts - 1, "right") - 1
+        touched = set(first.tolist())
+        for low, high in zip(first[first != last].tolist(), last[first != last].tolist(),
+                             strict=True):  # fmt: skip
+            touched.update(range(low + 1, high + 1))  # a span running on into the next
+        mappings, ends = self.mappings, self.ends
+        for shard in touched:
+            mapping = mappings[shard]
+            if mapping is None:
+                continue
+            try:
+                size = mapping.size()
+            except (ValueError, OSError):  # closed by its owner: not ours to watch
+                continue
+            if size < ends[shard]:
+                raise HostViewError(self.paths[shard], *truncated(size, ends[shard]))
+
+    def close(self) -> None:
+        """Nothing of ours is open: the mappings are their memmaps'."""
+
+
+def _shards_watched(shards: Shards) -> _ShardsWatched | None:
+    """The shards' watch (`_ShardsWatched`), each memmap's shard checked whole now; None
+    where no shard is a memmap's."""
+    parts = [memmap_part(view) for view in shards.views]
+    kept = [part if part is not None and part.whole() else None for part in parts]
+    return None if kept.count(None) == len(kept) else _ShardsWatched(shards.edges, kept)
+
+
+def _plain(view: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return view.view(np.ndarray) if isinstance(view, np.memmap) else view
 
 
 def _watched(view: np.ndarray[Any, Any]) -> _Watched | None:
@@ -205,6 +266,7 @@ class PackedCutter:
         "_opened",
         "_pad",
         "_segments_ring",
+        "_source",
         "_steps",
         "_tokens",
         "_tokens_ring",
@@ -218,7 +280,7 @@ class PackedCutter:
 
     def __init__(
         self,
-        tokens: np.ndarray[Any, Any],
+        tokens: np.ndarray[Any, Any] | Shards,
         steps: PackedSteps,
         placer: GroupPlacer,
         size: int,
@@ -227,6 +289,13 @@ class PackedCutter:
         fields: tuple[str, str, str] | None,
     ) -> None:
         self._tokens = tokens
+        # What `gather` copies from: shards as their plain arrays (a memmap's slices cost
+        # a Python object each), once, with where each starts.
+        self._source: tuple[Any, np.ndarray[Any, Any] | None] = (
+            ([_plain(v) for v in tokens.views], tokens.edges)
+            if isinstance(tokens, Shards)
+            else (tokens, None)
+        )
         self._steps = steps
         self.placer = placer
         self.size = size
@@ -240,7 +309,7 @@ class PackedCutter:
         self._segments_ring = SegmentRing(kept)
         self._cut_before = False
         self._opened = False
-        self._watch: _Watched | None = None
+        self._watch: _Watched | _ShardsWatched | None = None
         self.reads = "memory"
         self.reads_why = "packed rows: each document's tokens copied from memory"
         self.reads_with: str | None = None
@@ -251,13 +320,21 @@ class PackedCutter:
         if self._opened:
             return
         self._opened = True
-        watch = self._watch = _watched(self._tokens)
-        if watch is not None:
-            self.reads = "mapping"
-            self.reads_why = (
+        tokens = self._tokens
+        if isinstance(tokens, Shards):
+            self._watch = _shards_watched(tokens)
+            why = (
+                "packed rows: each document's tokens copied from its shard's mapping "
+                "(a shard's size looked at before a group copies from it)"
+            )
+        else:
+            self._watch = _watched(tokens)
+            why = (
                 "packed rows: each document's tokens copied from the file's mapping "
                 "(its size looked at before each group)"
             )
+        if self._watch is not None:
+            self.reads, self.reads_why = "mapping", why
 
     def cut(self, first: int) -> tuple[list[Any], int] | None:
         """The batches of the group from step `first`, packed, copied and placed, and their
@@ -282,15 +359,16 @@ class PackedCutter:
         rows, length = self._steps.rows, self._length
         count = layout.rows // rows
         if self._watch is not None:
-            self._watch.check()
+            self._watch.check(layout)
         placer = self.placer
         target = placer.target
         tokens_in, planes = self._tokens_ring.take(count, (rows, length))
         tokens = planes[0]
+        source, edges = self._source
         if target is None:
-            gather(self._tokens, layout, self._pad, tokens.reshape(count * rows, length))
+            gather(source, layout, self._pad, tokens.reshape(count * rows, length), edges)
         else:  # 64-bit tokens, x64 off: narrowed as the stream narrows any batch
-            wide = gather(self._tokens, layout, self._pad)
+            wide = gather(source, layout, self._pad, None, edges)
             for out, batch in zip(tokens, wide.reshape(count, rows, length), strict=True):
                 placer._narrowed_into(batch, out, target)
         device = packed_on_device(placer.plan((rows, length)), tokens.shape, tokens.dtype)
@@ -356,7 +434,7 @@ class PackedCutter:
         self._segments_ring.clear()
         watch, self._watch = self._watch, None
         if watch is not None:
-            os.close(watch.fd)
+            watch.close()
 
     def abandon(self, *, child: bool = False) -> None:
         """Let go of the file's watch (a collected stream, or a forked child's copy)."""

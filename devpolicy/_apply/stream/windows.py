@@ -148,7 +148,6 @@ def _packed(
     assert packing is not None
     assert separator is not None
     view = given.views[0]
-    assert isinstance(view, np.ndarray)
     index = index_of(view, *separator, decider.events, where=packing.where)
     saved = given.saved
     kept = None if saved is None else saved["packing"]
