@@ -3,7 +3,7 @@
 
     python benchmarks/bench_packed_stream.py [--rounds 5] [--batches 3000]
         [--documents 400000] [--length 2048] [--batch 32] [--python PYTHON]
-        [--file] [--busy] [--out FILE] [--quick]
+        [--file] [--shards N] [--busy] [--out FILE] [--quick]
 
 One corpus for all: `--documents` documents of lognormal lengths (mean 500 tokens, sigma
 1.0, each ended by its EOS, token 0), their tokens random ids below 32,000 in one uint16
@@ -20,6 +20,9 @@ dropped:
   (`MapDataset.shuffle`), batched (`.batch`) and sent by `jax.device_put` (no read
   threads: grain's fastest setting here), in `--python` (an interpreter with grain 0.2.x
   and JAX).
+
+`--shards N`: the same tokens also written as N shard files (raw uint16, `np.memmap`
+each), and a packed stream over that list timed beside (`--file` implied).
 
 `--busy`: one process spinning on a core beside each timed one (a loaded machine). The
 table gives each kind's batches/s (median of the rounds) and its ratio to the packed
@@ -54,7 +57,11 @@ import numpy as np
 kind, path, length, batch, batches, seed, tokens_at = sys.argv[1:8]
 length, batch, batches, seed = map(int, (length, batch, batches, seed))
 lengths = np.load(path)
-if tokens_at != "-":
+if kind == "shards":  # the same tokens as shard files, each mapped
+    from pathlib import Path
+    files = sorted(Path(tokens_at).parent.glob("shards/*.bin"))
+    tokens = [np.memmap(f, np.uint16, "r") for f in files]
+elif tokens_at != "-":
     tokens = np.memmap(tokens_at, np.uint16, "r")
 else:
     tokens = np.random.default_rng(1).integers(1, 32000, int(lengths.sum())).astype(np.uint16)
@@ -68,9 +75,9 @@ import jax
 import devpolicy
 policy = devpolicy.load_policy({"version": 1, "logging": {"level": "warning"}})
 options = {"order": "shuffled", "seed": seed, "report_every": None}
-if kind in ("separator", "packed"):
+if kind in ("separator", "packed", "shards"):
     options["separator"] = 0
-if kind == "packed":
+if kind in ("packed", "shards"):
     options |= {"pack": "first_fit", "pad": 0}
 def run(count):
     stream = devpolicy.windows(tokens, length, batch, policy=policy, **options)
@@ -129,6 +136,7 @@ NAMES = {
     "separator": "windows, with segment ids",
     "packed": "packed rows (first fit, 16 open)",
     "grain": "grain FirstFitPackIterDataset (16 bins), batched, device_put",
+    "shards": "packed rows from the same tokens as shard files (--shards)",
 }
 
 
@@ -143,6 +151,9 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="an interpreter with grain")
     parser.add_argument("--file", action="store_true", help="tokens mapped from a file")
     parser.add_argument("--busy", action="store_true", help="a core kept busy beside")
+    parser.add_argument(
+        "--shards", type=at_least_one, default=None, help="also packed from N shard files"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where the corpus is kept")
     parser.add_argument("--out", type=Path, default=None, help="write the report here too")
     parser.add_argument("--quick", action="store_true", help="every count at its smallest")
@@ -158,12 +169,18 @@ def main() -> None:
         path = Path(folder) / "lengths.npy"
         np.save(path, lengths)
         tokens_at = "-"
+        if args.shards:
+            args.file = True
         if args.file:
             tokens = np.random.default_rng(1).integers(1, 32000, int(lengths.sum()))
             tokens = tokens.astype(np.uint16)
             tokens[np.cumsum(lengths) - 1] = 0
             tokens_at = str(Path(folder) / "tokens.bin")
             tokens.tofile(tokens_at)
+            if args.shards:
+                (Path(folder) / "shards").mkdir()
+                for i, part in enumerate(np.array_split(tokens, args.shards)):
+                    part.tofile(Path(folder) / "shards" / f"shard_{i:05d}.bin")
             del tokens
         report = Report()
         state = machine_state()
@@ -181,8 +198,9 @@ def main() -> None:
             f"{'one core kept busy beside' if args.busy else 'nothing else running'}"
         )
         report.say()
-        rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
-        ratios: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        kinds = (*KINDS, "shards") if args.shards else KINDS
+        rates: dict[str, list[float]] = {kind: [] for kind in kinds}
+        ratios: dict[str, list[float]] = {kind: [] for kind in kinds}
         missing = ""
         spinner = None
         if args.busy:
@@ -190,7 +208,7 @@ def main() -> None:
         try:
             for round_ in range(args.rounds):
                 got: dict[str, float] = {}
-                for kind in KINDS:
+                for kind in kinds:
                     if kind == "grain" and missing:
                         continue
                     code, python = (GRAIN, args.python) if kind == "grain" else (OURS, None)
@@ -211,7 +229,7 @@ def main() -> None:
                 spinner.kill()
                 spinner.wait()
         rows = []
-        for kind in KINDS:
+        for kind in kinds:
             if not rates[kind]:
                 rows.append((NAMES[kind], missing, ""))
                 continue
