@@ -202,9 +202,22 @@ def token_file(view: np.ndarray[Any, Any]) -> TokenFile | None:
         >>> token_file(np.arange(10)) is None
         True
     """
-    if view.ndim != 1 or not view.size or not view.flags.c_contiguous or in_numpy_memory(view):
+    if not token_file_possible(view):
         return None
-    fields = maps_line(view.ctypes.data)
+    return mapped_file(view, maps_line(view.ctypes.data))
+
+
+def token_file_possible(view: np.ndarray[Any, Any]) -> bool:
+    """Whether a view may be a token file's mapping: 1-D, contiguous, not empty, and not
+    in memory numpy allocated."""
+    return bool(
+        view.ndim == 1 and view.size and view.flags.c_contiguous and not in_numpy_memory(view)
+    )
+
+
+def mapped_file(view: np.ndarray[Any, Any], fields: list[str] | None) -> TokenFile | None:
+    """`token_file` of a 1-D, contiguous, non-empty view, from the `/proc/self/maps` line
+    holding its first byte (`fields`: read once for many views, `pages.maps_lines`)."""
     if fields is None or len(fields) < 6 or not fields[5].startswith("/"):
         return None
     address, perms, offset, _, inode, path = fields

@@ -31,8 +31,19 @@ from ..._base.events import EventLog
 from ..._base.files import FileRefused, open_regular, sync_directory
 from ..._base.progress import progress_bar
 from ..._read.exact import read_at
-from ..._read.parts import memmap_part
-from .docindex import CHUNK, SPAN, DocumentIndex, Finder, TokenFile, in_memory, token_file
+from ..._read.pages import maps_lines
+from ..._read.parts import MemmapPart, memmap_part
+from .docindex import (
+    CHUNK,
+    SPAN,
+    DocumentIndex,
+    Finder,
+    TokenFile,
+    in_memory,
+    mapped_file,
+    token_file,
+    token_file_possible,
+)
 from .documents import SEPARATOR_KINDS, SeparatorIs
 from .shards import Shards
 
@@ -110,7 +121,7 @@ def index_of(
     index of their concatenation: kept beside the first shard where every shard is a
     file's (`shards_index`), else in memory."""
     if isinstance(tokens, Shards):
-        files = [shard_file(view) for view in tokens.views]
+        files = shard_files(tokens.views)
         if not files or None in files:
             return in_memory(tokens, separator, separator_is)
         kept = [f for f in files if f is not None]
@@ -121,13 +132,30 @@ def index_of(
     return document_index(file, separator, separator_is, events, where=where, progress=progress)
 
 
-def shard_file(view: np.ndarray[Any, Any]) -> TokenFile | None:
-    """The file a shard maps (`token_file`), asked of an `np.memmap` itself where it is
-    one (no read of `/proc/self/maps`: a thousand shards would read it a thousand times),
-    the file at its path checked to be the one mapped."""
-    part = memmap_part(view)
-    if part is None:
-        return token_file(view)
+def shard_files(views: list[np.ndarray[Any, Any]]) -> list[TokenFile | None]:
+    """The file each shard maps (`token_file`): asked of an `np.memmap` itself where it is
+    one (`_memmap_file`), else of `/proc/self/maps`, read once for them all (a thousand
+    shards' lines read one at a time read the whole table a thousand times)."""
+    # A view that is no file's bytes in order (reversed, strided) is indexed in memory.
+    parts = [memmap_part(view) if view.flags.c_contiguous else None for view in views]
+    found: list[TokenFile | None] = [
+        None if part is None else _memmap_file(part, view)
+        for part, view in zip(parts, views, strict=True)
+    ]
+    rest = [
+        k
+        for k, (part, view) in enumerate(zip(parts, views, strict=True))
+        if part is None and token_file_possible(view)
+    ]
+    lines = maps_lines([int(views[k].ctypes.data) for k in rest]) if rest else []
+    for k, fields in zip(rest, lines, strict=True):
+        found[k] = mapped_file(views[k], fields)
+    return found
+
+
+def _memmap_file(part: MemmapPart, view: np.ndarray[Any, Any]) -> TokenFile | None:
+    """The file an `np.memmap`'s shard maps, the file at its path checked to be the one
+    mapped (no read of `/proc/self/maps`)."""
     place = part.place()
     if place is None or not place.by_path:
         return None

@@ -174,8 +174,8 @@ class _ShardsWatched:
     """The shards' files under their `np.memmap`s (`parts.MemmapPart`), each one's size
     asked of its mapping's own descriptor (`mmap.size`: nothing opened, a thousand
     shards or not) before a group copies from it. A shard that is no memmap's (in memory,
-    or mapped by `load_file`) is not watched: as for any mapping, one truncated under a
-    copy is SIGBUS."""
+    or mapped by `load_file`), or a view of one that is not its bytes in order, is not
+    watched: as for any mapping, one truncated under a copy is SIGBUS."""
 
     __slots__ = ("edges", "ends", "mappings", "paths")
 
@@ -218,7 +218,9 @@ class _ShardsWatched:
 def _shards_watched(shards: Shards) -> _ShardsWatched | None:
     """The shards' watch (`_ShardsWatched`), each memmap's shard checked whole now; None
     where no shard is a memmap's."""
-    parts = [memmap_part(view) for view in shards.views]
+    # A view that is not its file's bytes in order (reversed, strided) is not watched: a
+    # memmap part is where its bytes lie when they lie in order.
+    parts = [memmap_part(view) if view.flags.c_contiguous else None for view in shards.views]
     kept = [part if part is not None and part.whole() else None for part in parts]
     return None if kept.count(None) == len(kept) else _ShardsWatched(shards.edges, kept)
 

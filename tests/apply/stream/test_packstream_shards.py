@@ -21,9 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+import devpolicy
 from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
 from tests.apply.stream.test_packstream import SEPARATOR, as_numpy, corpus, packed
 from tests.apply.streams import closed_while_pulled, forked_child_refuses, pull_through_interrupts
+from tests.helpers import policy_of
 from tests.read.test_parts import open_count
 
 TOKENS = corpus(800, seed=4)
@@ -110,6 +112,33 @@ class TestShardsPackAsTheirConcatenation:
         all_of(packed(shards, order="sequential", index=tmp_path / "indexes"))
         assert len(list((tmp_path / "indexes").glob("*.docs"))) == 1
         assert not list((tmp_path / "shards").glob("*.docs"))
+
+    def test_shards_load_file_mapped_pack_and_keep_one_index(self, tmp_path: Path) -> None:
+        """Tensors `load_file` mapped (no `np.memmap`: their files found from
+        `/proc/self/maps`, read once for them all)."""
+        policy = policy_of(rules=[{"match": "*", "device": "cpu:0", "mmap": True}])
+        loaded = []
+        for index, shard in enumerate(cut(TOKENS, [3_000, 3_001, 20_000])):
+            path = tmp_path / f"shard_{index}.safetensors"
+            devpolicy.save_file({"tokens": shard}, path, policy=policy)
+            loaded.append(devpolicy.load_file(path, policy=policy)["tokens"])
+        options = {"order": "shuffled", "seed": 1, "epochs": 1}
+        with capture_logs() as logs:
+            got = all_of(packed(loaded, **options))
+        assert_same(got, all_of(packed(TOKENS, **options)))
+        assert index_events(logs) == ["document_index_built"]
+        assert len(list(tmp_path.glob("*.docs"))) == 1
+
+    def test_a_reversed_view_of_a_mapped_shard_packs_its_tokens_in_its_order(
+        self, tmp_path: Path
+    ) -> None:
+        """A shard that is no file's bytes in order (a reversed view of a memmap) is
+        indexed in memory, as the view reads: never from its file's order."""
+        shards = written(tmp_path, cut(TOKENS, [5_000]))
+        shards[1] = shards[1][::-1]
+        concatenation = np.concatenate([shards[0], shards[1]])
+        options = {"order": "sequential"}
+        assert_same(all_of(packed(shards, **options)), all_of(packed(concatenation, **options)))
 
     def test_a_shard_changed_in_place_rebuilds_the_index_saying_so(self, tmp_path: Path) -> None:
         tokens = TOKENS.copy()
