@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import stat
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +325,8 @@ def _shards_digest(files: list[TokenFile], identities: list[Identity]) -> bytes:
     each block that lies in it: 16 at most)."""
     digest = hashlib.blake2b(digest_size=_DIGEST)
     for file, identity in zip(files, identities, strict=True):
-        digest.update(f"{file.path}\0{file.offset}\0{file.count}\0{identity}\0".encode())
+        place = f"{file.path}\0{file.offset}\0{file.count}\0{identity}\0"
+        digest.update(place.encode("utf-8", "surrogateescape"))  # a name no UTF-8 too
     itemsize = files[0].dtype.itemsize
     ends = np.cumsum([f.count * itemsize for f in files])
     size = int(ends[-1])
@@ -355,7 +357,7 @@ def _shards_digest(files: list[TokenFile], identities: list[Identity]) -> bytes:
 
 def _shards_chunks(
     files: list[TokenFile], identities: list[Identity]
-) -> Iterator[np.ndarray[Any, Any]]:
+) -> Generator[np.ndarray[Any, Any], None, None]:
     """Every shard's tokens in order, a `CHUNK` at a time, one shard open at a time (each
     checked to be the file whose identity was taken)."""
     for file, identity in zip(files, identities, strict=True):
@@ -487,7 +489,7 @@ def _build(
     )  # fmt: skip
 
 
-def _file_chunks(fd: int, file: TokenFile) -> Iterator[np.ndarray[Any, Any]]:
+def _file_chunks(fd: int, file: TokenFile) -> Generator[np.ndarray[Any, Any], None, None]:
     """The tokens of `file` read by position into one buffer, a `CHUNK` at a time (each
     chunk used before the next is read)."""
     buffer = np.empty(min(CHUNK, max(file.count, 1)), file.dtype)
@@ -507,17 +509,23 @@ def _write_index(
     nbytes: int,
     title: str,
     progress: bool | None,
-    chunks: Iterator[np.ndarray[Any, Any]],
+    chunks: Generator[np.ndarray[Any, Any], None, None],
     unchanged: Callable[[], None],
 ) -> None:
     """The documents of the tokens `chunks` yields, in order (`nbytes` of them), written
     to `path` with the header `expected` says, atomically: a temporary file beside it,
     synced, then renamed over it once `unchanged` raised nothing (the tokens' files are
-    as they were when `expected` was made); removed on any failure, Ctrl-C too."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    as they were when `expected` was made); removed on any failure, Ctrl-C too, and
+    `chunks` closed (a shard it holds open is closed then, not when a traceback goes).
+
+    Each build its own temporary file, made exclusively: two streams (threads, or
+    processes of one pid on hosts sharing a folder) building one index at once each
+    write their own, and the last rename wins with an index as good as the first's."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     try:
-        out = open(temporary, "wb")  # noqa: SIM115 - closed below, removed on failure
+        out = open(temporary, "xb")  # noqa: SIM115 - closed below, removed on failure
     except OSError as e:
+        chunks.close()
         raise ValueError(
             f"windows index={str(path)!r} cannot be written ({e.strerror}): pass index= a "
             "folder you can write to keep it in"
@@ -548,6 +556,8 @@ def _write_index(
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+    finally:
+        chunks.close()
 
 
 def _written(out: Any, body: Any, pairs: np.ndarray[Any, Any], counts: list[int]) -> None:
