@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from operator import attrgetter
@@ -31,6 +31,7 @@ from .parts import (
     OPEN_MOST,
     Descriptors,
     MemmapPart,
+    MemmapParts,
     PartFile,
     described,
     memmap_part,
@@ -83,8 +84,10 @@ class FileWindows:
     ) -> None:
         self._files = files
         self._edges = np.asarray(edges, np.int64)  # part i's rows: edges[i] to edges[i + 1]
-        # Part i's byte 0 (a C-level map: a thousand shards' start pays it for each).
-        self._offsets = np.fromiter(map(attrgetter("offset"), files.files), np.int64)
+        # Part i's byte 0 (memmaps': their column; a thousand shards' start pays it).
+        found = files.files
+        offsets = found.offsets if isinstance(found, MemmapParts) else map(_offset, found)
+        self._offsets = np.fromiter(offsets, np.int64, len(found))
         self._row = row  # bytes of one row of the views
         self.length = length  # rows per window
         self._batch = BatchReads.open(polled=polled) if io_uring else None
@@ -136,11 +139,15 @@ class FileWindows:
         return ring is not None and ring.polled
 
     @property
-    def identity(self) -> tuple[tuple[int, int] | tuple[str, int], ...]:
+    def identity(self) -> Hashable:
         """The files read, each as (device, inode) (the same files whatever their names),
         or, for an `np.memmap`'s (its identity looked up only when it is opened), as its
-        path and the part's offset."""
-        return tuple(f.key for f in self._files.files)
+        path and the part's offset (of memmaps alone, their paths and their offsets:
+        `MemmapParts.key`)."""
+        files = self._files.files
+        if isinstance(files, MemmapParts):
+            return files.key()
+        return tuple(f.key for f in files)
 
     @property
     def way(self) -> str:
@@ -398,6 +405,9 @@ class _Pieces:
             self.offset.tolist(),
             self.nbytes.tolist(),
         )
+
+
+_offset = attrgetter("offset")
 
 
 def _file_backed(view: np.ndarray[Any, Any]) -> bool:
