@@ -298,14 +298,18 @@ class FileWindows:
         self._fresh = False
         files = self._files.files
         index, part, first, rows, at = pieces(self._edges, starts.reshape(-1), self.length)
+        # Each part read, checked whole, as a plain array (a memmap's slice is a Python
+        # call of numpy's, seven times a plain one's).
+        views: dict[int, np.ndarray[Any, Any]] = {}
         for used in dict.fromkeys(part.tolist()):
             file = files[used]
             if not (isinstance(file, MemmapPart) and file.whole()):
                 return False
+            views[used] = file.view.view(np.ndarray)
         which, slot = np.divmod(index, starts.shape[1])
         columns = (which, slot, part, first, rows, at)
         for w, s, p, f, r, a in zip(*(c.tolist() for c in columns), strict=True):
-            batches[w][s, a : a + r] = files[p].view[f : f + r]
+            batches[w][s, a : a + r] = views[p][f : f + r]
         return True
 
     def _short(self, part: int, position: int, got: int | None, slot: memoryview) -> None:

@@ -288,3 +288,38 @@ class TestMemmapShards:
         starts = np.array([57 * 50 + 3, 99 * 50 + 42, 12 * 50 + 45], np.int64)
         np.testing.assert_array_equal(read_all(reader, starts, 8), starts[:, None] + np.arange(8))
         reader.close()
+
+    def test_a_memmap_part_is_whole_only_where_its_file_and_its_offset_say_so(
+        self, tmp_path: Path
+    ) -> None:
+        """Before a read through a shard's mapping: a memmap (at offset 0, at an offset
+        past a 64 KiB granule, a slice of one) is whole while its file holds it; one whose
+        `offset` was changed, or whose mapping was closed, is not (nothing is read through
+        it); one whose file was cut short is an error naming it (never SIGBUS)."""
+        data = np.arange(70_000, dtype=np.uint16)
+        data.tofile(tmp_path / "a.bin")
+        at = np.memmap(tmp_path / "a.bin", np.uint16, mode="r", offset=65_540)
+        views = [
+            np.memmap(tmp_path / "a.bin", np.uint16, mode="r"),
+            at,
+            np.memmap(tmp_path / "a.bin", np.uint16, mode="r", offset=6)[100:200],
+        ]
+        for view in views:
+            part = parts.memmap_part(view)
+            assert part is not None
+            assert part.whole()
+        moved = np.memmap(tmp_path / "a.bin", np.uint16, mode="r", offset=8)
+        moved.offset = 10
+        part = parts.memmap_part(moved)
+        assert part is not None
+        assert not part.whole()
+        closed = np.memmap(tmp_path / "a.bin", np.uint16, mode="r", offset=8)
+        part = parts.memmap_part(closed)
+        assert part is not None
+        closed._mmap.close()  # type: ignore[attr-defined]
+        assert not part.whole()
+        part = parts.memmap_part(at)
+        assert part is not None
+        os.truncate(tmp_path / "a.bin", 65_600)
+        with pytest.raises(HostViewError, match=r"a\.bin: the file is 65,600 bytes"):
+            part.whole()
