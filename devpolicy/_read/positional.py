@@ -512,7 +512,7 @@ def mapped_files(
         found = _parts(views)
         if found is None:
             return None
-    files = Descriptors(found, [-1] * len(found), guard=guard)
+    files = Descriptors(found, np.full(len(found), -1, np.int32), guard=guard)
     if not files.open_first(len(found) if len(found) <= OPEN_MOST else 1):
         return None
     try:

@@ -68,7 +68,7 @@ class Shards:
             >>> Shards([np.arange(3), np.arange(2)]).fingerprint()
             '2 shards, sizes sha256 b38c612d3a2f2d9b'
         """
-        sizes = np.asarray(self.sizes, "<i8").tobytes()
+        sizes = np.fromiter(self.sizes, "<i8", len(self.sizes)).tobytes()
         return f"{len(self.sizes)} shards, sizes sha256 {hashlib.sha256(sizes).hexdigest()[:16]}"
 
 
