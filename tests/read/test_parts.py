@@ -293,7 +293,7 @@ class TestMemmapShards:
         self, tmp_path: Path
     ) -> None:
         """Before a read through a shard's mapping: a memmap (at offset 0, at an offset
-        past a 64 KiB granule, a slice of one) is whole while its file holds it; one whose
+        not a multiple of the page, a slice of one) is whole while its file holds it; one whose
         `offset` was changed, or whose mapping was closed, is not (nothing is read through
         it); one whose file was cut short is an error naming it (never SIGBUS)."""
         data = np.arange(70_000, dtype=np.uint16)
