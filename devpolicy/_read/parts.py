@@ -22,9 +22,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from itertools import repeat
-from operator import add, attrgetter
+from operator import attrgetter
 from pathlib import PurePath
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -180,17 +180,23 @@ class MemmapPart(NamedTuple):
         whatever its path holds now); False where that cannot be asked (the mapping
         closed, no descriptor kept, the memmap's `offset` changed).
 
+        Where the memmap lies in its mapping is asked of their lengths: `np.memmap` maps
+        from `offset` rounded down to `mmap.ALLOCATIONGRANULARITY` to the memmap's end,
+        so the bytes before it are `len(mapping) - nbytes`, which its `offset` must say
+        (their addresses, as `place` asks, cost four times as much: a fresh stream's
+        first batch asks this of 32 shards).
+
         Raises:
             HostViewError: naming the file, where it is shorter than the part needs (read
                 through the mapping, the missing pages would kill the process: SIGBUS).
         """
         array, mapping = self.array, self.mapping
         try:
-            low = np.frombuffer(mapping, np.uint8, count=1).ctypes.data
+            before = len(mapping) - array.nbytes
             size = mapping.size()
         except (ValueError, OSError):  # closed, or no descriptor kept (trackfd=False)
             return False
-        if array.__array_interface__["data"][0] - low != array.offset % mmap.ALLOCATIONGRANULARITY:
+        if before != array.offset % mmap.ALLOCATIONGRANULARITY:
             return False
         if size < self.end:
             raise HostViewError(self.path, *truncated(size, self.end))
@@ -245,10 +251,57 @@ def memmap_part(view: np.ndarray[Any, Any]) -> MemmapPart | None:
     return MemmapPart(path, offset, offset + view.nbytes, base, mapping, view)
 
 
-def memmap_parts(views: list[np.ndarray[Any, Any]]) -> list[MemmapPart] | None:
+class MemmapParts(Sequence[MemmapPart]):
+    """Whole 1-D `np.memmap`s as parts (nanoGPT's shards, checked: `memmap_parts`), held
+    as the memmaps and their offsets; a part's `MemmapPart` is made when it is asked for
+    (`parts[i]`: the few a read opens or copies from), its path a `str` then.
+
+    Why: a thousand shards' start made a record and a path of each (2 ms of a fresh
+    stream's first batch, and a garbage collection or two for the thousand tuples), and a
+    read asks for a few of them; the offsets, which every read's arithmetic needs, and
+    the key a stream's trials remember the files by (`key`) are made from the columns.
+    """
+
+    __slots__ = ("_names", "offsets", "views")
+
+    def __init__(
+        self, views: list[np.ndarray[Any, Any]], names: list[Any], offsets: list[int]
+    ) -> None:
+        self.views = views
+        self._names = names  # as the memmaps have them: a str, or a pathlib path
+        self.offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    @overload
+    def __getitem__(self, index: int) -> MemmapPart: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[MemmapPart]: ...
+
+    def __getitem__(self, index: int | slice) -> MemmapPart | list[MemmapPart]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.views)))]
+        view, name, offset = self.views[index], self._names[index], self.offsets[index]
+        path = name if name.__class__ is str else str(name)  # a pathlib path's fspath
+        # The tuple made directly: a NamedTuple's own `__new__` is a Python call.
+        return _new_tuple(MemmapPart, (path, offset, offset + view.nbytes, view, view.base, view))
+
+    def key(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """What names these files among readers' (each one's path and the part's offset,
+        as `MemmapPart.key`), as two tuples rather than a pair a part: a thousand pairs
+        are a thousand objects to make and collect."""
+        names = self._names
+        paths = names if {str} == set(map(type, names)) else list(map(str, names))
+        return tuple(paths), tuple(self.offsets)
+
+
+def memmap_parts(views: list[np.ndarray[Any, Any]]) -> MemmapParts | None:
     """`memmap_part` of every view at once, where each is a 1-D `np.memmap` itself (over
     its own `mmap`, shared or read-only, named by a str or a pathlib path: nanoGPT's
-    shards); None where any is not (then `memmap_part` each says).
+    shards), each part made as it is asked for (`MemmapParts`); None where any is not
+    (then `memmap_part` each says).
 
     Why: a thousand shards' start paid 1.7 us a shard for `memmap_part`'s attribute reads
     in Python; asked as C-level maps over all of them, a third of that. A memmap made
@@ -256,19 +309,16 @@ def memmap_parts(views: list[np.ndarray[Any, Any]]) -> list[MemmapPart] | None:
     """
     if {np.memmap} != set(map(type, views)) or {1} != set(map(attrgetter("ndim"), views)):
         return None
-    mappings = list(map(attrgetter("base"), views))
-    if {mmap.mmap} != set(map(type, mappings)) or "c" in set(map(attrgetter("mode"), views)):
+    if {mmap.mmap} != set(map(type, map(attrgetter("base"), views))) or "c" in set(
+        map(attrgetter("mode"), views)
+    ):
         return None
     offsets = list(map(attrgetter("offset"), views))
     names = list(map(attrgetter("filename"), views))
     kinds = set(map(type, names))
     if {int} != set(map(type, offsets)) or not all(issubclass(k, (str, PurePath)) for k in kinds):
         return None
-    # A pathlib path's `__fspath__` is its `str`.
-    paths = names if kinds == {str} else list(map(str, names))
-    ends = list(map(add, offsets, map(attrgetter("nbytes"), views)))
-    columns = zip(paths, offsets, ends, views, mappings, views, strict=True)
-    return list(map(_new_tuple, repeat(MemmapPart), columns))
+    return MemmapParts(views, names, offsets)
 
 
 def described(nbytes: int, start: int, fields: list[str] | None) -> PartFile | None:
@@ -368,7 +418,7 @@ class Descriptors:
     def __init__(
         self,
         files: Sequence[PartFile | MemmapPart],
-        fds: list[int],
+        fds: list[int] | np.ndarray[Any, Any],
         most: int = OPEN_MOST,
         guard: Callable[[], AbstractContextManager[object]] = nullcontext,
     ) -> None:
@@ -377,10 +427,10 @@ class Descriptors:
         self._most = max(1, most)
         self._guard = guard
         self._placed: dict[int, PartFile] = {}  # a memmap part's file, once looked up
-        # The open parts, least recently used first (a hint: `fds` says what is open).
-        self._lru: OrderedDict[int, None] = OrderedDict(
-            (part, None) for part, fd in enumerate(fds) if fd >= 0
-        )
+        # The open parts, least recently used first (a hint: `fds` says what is open),
+        # found by numpy (a loop over a thousand closed shards is a Python one).
+        opened = np.flatnonzero(self.fds >= 0).tolist()
+        self._lru: OrderedDict[int, None] = OrderedDict(zip(opened, repeat(None)))
 
     @property
     def open_count(self) -> int:

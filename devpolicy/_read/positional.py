@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from operator import attrgetter
@@ -31,6 +31,7 @@ from .parts import (
     OPEN_MOST,
     Descriptors,
     MemmapPart,
+    MemmapParts,
     PartFile,
     described,
     memmap_part,
@@ -83,8 +84,10 @@ class FileWindows:
     ) -> None:
         self._files = files
         self._edges = np.asarray(edges, np.int64)  # part i's rows: edges[i] to edges[i + 1]
-        # Part i's byte 0 (a C-level map: a thousand shards' start pays it for each).
-        self._offsets = np.fromiter(map(attrgetter("offset"), files.files), np.int64)
+        # Part i's byte 0 (memmaps': their column; a thousand shards' start pays it).
+        found = files.files
+        offsets = found.offsets if isinstance(found, MemmapParts) else map(_offset, found)
+        self._offsets = np.fromiter(offsets, np.int64, len(found))
         self._row = row  # bytes of one row of the views
         self.length = length  # rows per window
         self._batch = BatchReads.open(polled=polled) if io_uring else None
@@ -136,11 +139,15 @@ class FileWindows:
         return ring is not None and ring.polled
 
     @property
-    def identity(self) -> tuple[tuple[int, int] | tuple[str, int], ...]:
+    def identity(self) -> Hashable:
         """The files read, each as (device, inode) (the same files whatever their names),
         or, for an `np.memmap`'s (its identity looked up only when it is opened), as its
-        path and the part's offset."""
-        return tuple(f.key for f in self._files.files)
+        path and the part's offset (of memmaps alone, their paths and their offsets:
+        `MemmapParts.key`)."""
+        files = self._files.files
+        if isinstance(files, MemmapParts):
+            return files.key()
+        return tuple(f.key for f in files)
 
     @property
     def way(self) -> str:
@@ -291,14 +298,18 @@ class FileWindows:
         self._fresh = False
         files = self._files.files
         index, part, first, rows, at = pieces(self._edges, starts.reshape(-1), self.length)
+        # Each part read, checked whole, as a plain array (a memmap's slice is a Python
+        # call of numpy's, seven times a plain one's).
+        views: dict[int, np.ndarray[Any, Any]] = {}
         for used in dict.fromkeys(part.tolist()):
             file = files[used]
             if not (isinstance(file, MemmapPart) and file.whole()):
                 return False
+            views[used] = file.view.view(np.ndarray)
         which, slot = np.divmod(index, starts.shape[1])
         columns = (which, slot, part, first, rows, at)
         for w, s, p, f, r, a in zip(*(c.tolist() for c in columns), strict=True):
-            batches[w][s, a : a + r] = files[p].view[f : f + r]
+            batches[w][s, a : a + r] = views[p][f : f + r]
         return True
 
     def _short(self, part: int, position: int, got: int | None, slot: memoryview) -> None:
@@ -400,6 +411,9 @@ class _Pieces:
         )
 
 
+_offset = attrgetter("offset")
+
+
 def _file_backed(view: np.ndarray[Any, Any]) -> bool:
     """Whether `view` may be a file's mapping, read by position (Linux, C-contiguous, not
     empty, not memory numpy allocated)."""
@@ -498,7 +512,7 @@ def mapped_files(
         found = _parts(views)
         if found is None:
             return None
-    files = Descriptors(found, [-1] * len(found), guard=guard)
+    files = Descriptors(found, np.full(len(found), -1, np.int32), guard=guard)
     if not files.open_first(len(found) if len(found) <= OPEN_MOST else 1):
         return None
     try:

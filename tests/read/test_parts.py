@@ -214,7 +214,7 @@ class TestMemmapShards:
         views.append(np.memmap(str(tmp_path / "shard_0001.bin"), np.uint16, mode="r"))
         np.arange(140, 250, dtype=np.uint16).tofile(tmp_path / "at_offset.bin")
         views.append(np.memmap(tmp_path / "at_offset.bin", np.uint16, mode="r+", offset=20))
-        assert parts.memmap_parts(views) == [parts.memmap_part(view) for view in views]
+        assert list(parts.memmap_parts(views) or ()) == [parts.memmap_part(view) for view in views]
         others = [
             views[0][10:],
             np.memmap(tmp_path / "shard_0002.bin", np.uint16, mode="c"),
@@ -247,3 +247,79 @@ class TestMemmapShards:
         assert parts.memmap_part(views[1]) is None
         edges = np.cumsum([0, *(v.shape[0] for v in views)])
         assert positional.mapped_files(views, 8, edges, io_uring=False) is None
+
+    def test_a_readers_identity_is_its_files_and_offsets_whatever_the_memmap_objects(
+        self, tmp_path: Path
+    ) -> None:
+        """The key a stream's trials remember a source by: two readers of the same shard
+        files (mapped twice, named by a str or a pathlib path) share it; a shard mapped
+        at another offset, or the files in another order, give another."""
+        views = shard_files(tmp_path, 3, 50)
+        again = [np.memmap(str(view.filename), np.uint16, mode="r") for view in views]
+        offset = [*views[:2], np.memmap(tmp_path / "shard_0002.bin", np.uint16, mode="r", offset=2)]
+
+        def identity(views: list[Any]) -> object:
+            edges = np.cumsum([0, *(v.shape[0] for v in views)])
+            reader = positional.mapped_files(views, 8, edges, io_uring=False)
+            assert reader is not None
+            reader.close()
+            return reader.identity
+
+        first = identity(views)
+        assert identity(again) == first
+        assert hash(identity(again)) == hash(first)
+        assert identity(offset) != first
+        assert identity(views[::-1]) != first
+
+    def test_memmap_shards_parts_are_made_as_reads_ask_for_them(self, tmp_path: Path) -> None:
+        """A reader of 100 memmap shards reads the concatenation exactly, each part's
+        record (its file and offset) made as a read asks for it: a window of one shard
+        reads that shard's file at the shard's offset, at any index of the list."""
+        views = shard_files(tmp_path, 100, 50)
+        found = parts.memmap_parts(views)
+        assert found is not None
+        assert len(found) == 100
+        assert found[57] == parts.memmap_part(views[57])
+        assert found[-1] == parts.memmap_part(views[99])
+        assert found[98:] == [parts.memmap_part(views[98]), parts.memmap_part(views[99])]
+        edges = np.cumsum([0, *(v.shape[0] for v in views)])
+        reader = positional.mapped_files(views, 8, edges, io_uring=False)
+        assert reader is not None
+        starts = np.array([57 * 50 + 3, 99 * 50 + 42, 12 * 50 + 45], np.int64)
+        np.testing.assert_array_equal(read_all(reader, starts, 8), starts[:, None] + np.arange(8))
+        reader.close()
+
+    def test_a_memmap_part_is_whole_only_where_its_file_and_its_offset_say_so(
+        self, tmp_path: Path
+    ) -> None:
+        """Before a read through a shard's mapping: a memmap (at offset 0, at an offset
+        not a multiple of the page, a slice of one) is whole while its file holds it; one whose
+        `offset` was changed, or whose mapping was closed, is not (nothing is read through
+        it); one whose file was cut short is an error naming it (never SIGBUS)."""
+        data = np.arange(70_000, dtype=np.uint16)
+        data.tofile(tmp_path / "a.bin")
+        at = np.memmap(tmp_path / "a.bin", np.uint16, mode="r", offset=65_540)
+        views = [
+            np.memmap(tmp_path / "a.bin", np.uint16, mode="r"),
+            at,
+            np.memmap(tmp_path / "a.bin", np.uint16, mode="r", offset=6)[100:200],
+        ]
+        for view in views:
+            part = parts.memmap_part(view)
+            assert part is not None
+            assert part.whole()
+        moved = np.memmap(tmp_path / "a.bin", np.uint16, mode="r", offset=8)
+        moved.offset = 10
+        part = parts.memmap_part(moved)
+        assert part is not None
+        assert not part.whole()
+        closed = np.memmap(tmp_path / "a.bin", np.uint16, mode="r", offset=8)
+        part = parts.memmap_part(closed)
+        assert part is not None
+        closed._mmap.close()  # type: ignore[attr-defined]
+        assert not part.whole()
+        part = parts.memmap_part(at)
+        assert part is not None
+        os.truncate(tmp_path / "a.bin", 65_600)
+        with pytest.raises(HostViewError, match=r"a\.bin: the file is 65,600 bytes"):
+            part.whole()

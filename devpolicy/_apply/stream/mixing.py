@@ -202,7 +202,13 @@ class MixedViews:
             self.views.extend(source.views if isinstance(source, Shards) else [source])
         rows = [source.shape[0] for source in sources]
         self.bases = np.cumsum([0, *rows[:-1]], dtype=np.int64)
-        self.edges = np.cumsum([0, *(v.shape[0] for v in self.views)], dtype=np.int64)
+        # Each part's rows, a source's shards' from their own edges (not a loop over a
+        # thousand shards' shapes in Python: 0.3-0.5 ms of a fresh stream's first batch).
+        ends = [
+            source.edges[1:] + base if isinstance(source, Shards) else [base + source.shape[0]]
+            for source, base in zip(sources, self.bases.tolist(), strict=True)
+        ]
+        self.edges = np.concatenate([[0], *ends]).astype(np.int64, copy=False)
         self.length = length
         # Each part's every window, made the first time a window is gathered from it (of
         # a thousand shards, a stream reading by position makes none), at most

@@ -40,8 +40,15 @@ class Shards:
     def __init__(self, views: list[np.ndarray[Any, Any]]) -> None:
         # `len`: the rows of an array of one dimension or more, mapped in C over a thousand.
         self.sizes = tuple(map(len, views))  # as given, empty ones too
-        self.views = list(views) if all(self.sizes) else [v for v in views if v.shape[0]]
-        self.edges = np.cumsum([0, *filter(None, self.sizes)], dtype=np.int64)
+        rows = np.fromiter(self.sizes, np.int64, len(self.sizes))
+        if all(self.sizes):
+            self.views = list(views)
+        else:
+            self.views = [v for v in views if v.shape[0]]
+            rows = rows[rows > 0]
+        # Filled in place: a list of a thousand ints made an array is twice the time.
+        self.edges = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(rows, out=self.edges[1:])
         self.dtype: np.dtype[Any] = views[0].dtype
         self.shape: tuple[int, ...] = (int(self.edges[-1]),)
 
@@ -61,7 +68,7 @@ class Shards:
             >>> Shards([np.arange(3), np.arange(2)]).fingerprint()
             '2 shards, sizes sha256 b38c612d3a2f2d9b'
         """
-        sizes = np.asarray(self.sizes, "<i8").tobytes()
+        sizes = np.fromiter(self.sizes, "<i8", len(self.sizes)).tobytes()
         return f"{len(self.sizes)} shards, sizes sha256 {hashlib.sha256(sizes).hexdigest()[:16]}"
 
 

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import devpolicy
 from devpolicy import ReadOptions
 from devpolicy._apply.stream.groups import every_window
+from devpolicy._apply.stream.mixing import MixedViews
 from devpolicy._apply.stream.shards import Shards, gather_parts
 from devpolicy._read.parts import OPEN_MOST
 from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
@@ -217,6 +218,45 @@ class TestGatherParts:
         parts = [tokens[lo:hi] for lo, hi in itertools.pairwise(edges)]
         got = gather_parts(parts, lambda i: every_window(parts[i], length), edges, length, offsets)
         np.testing.assert_array_equal(got, every_window(tokens, length)[offsets])
+
+    @settings(max_examples=100, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(st.integers(1, 20), st.lists(st.integers(0, 12), min_size=1, max_size=6)),
+            min_size=1,
+            max_size=5,
+        ),
+        st.integers(1, 8),
+        st.data(),
+    )
+    def test_a_mixtures_arrays_and_shards_are_one_range_of_rows(
+        self, sources: list[Any], length: int, data: st.DataObject
+    ) -> None:
+        """Sources that are arrays or lists of shards (empty shards among them): each
+        part's rows lie in the mixture's one range where the concatenation of every
+        source has them, so the windows gathered at any offsets are the concatenation's."""
+        rows = [s if isinstance(s, int) else sum(s) for s in sources]
+        if 0 in rows or sum(rows) < length or min(rows) < 1:
+            return
+        tokens = np.arange(sum(rows), dtype=np.int64) * 3
+        views: list[Any] = []
+        at = 0
+        for source in sources:
+            if isinstance(source, int):
+                views.append(tokens[at : at + source])
+                at += source
+                continue
+            ends = np.cumsum([at, *source])
+            views.append(Shards([tokens[lo:hi] for lo, hi in itertools.pairwise(ends)]))
+            at = int(ends[-1])
+        mixture = MixedViews(views, length)
+        assert mixture.bases.tolist() == np.cumsum([0, *rows[:-1]]).tolist()
+        offsets = np.asarray(
+            data.draw(st.lists(st.integers(0, sum(rows) - length), min_size=1, max_size=12)),
+            np.int64,
+        )
+        every = every_window(tokens, length)
+        np.testing.assert_array_equal(mixture.gather(offsets), every[offsets])
 
 
 class TestBadLists:
