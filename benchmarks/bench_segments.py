@@ -4,6 +4,7 @@ beside the same stream without, in the pipeline alone.
     python benchmarks/bench_segments.py [--rounds 7] [--batches 6000] [--tokens 268435456]
         [--length 1025] [--batch 32] [--every 65536]
         [--out benchmarks/results/segments.md] [--quick] [--host] [--device]
+        [--against DIR]
 
 Each round runs one process per kind, taking turns (tokens, segments, tokens, ...), each
 timing the pipeline alone (every array of every batch waited for, then dropped) of a
@@ -15,20 +16,27 @@ and of each round's ratio. Then, in one more process a kind, the bytes handed to
 host-to-device per batch (every numpy array given to `jax.device_put`,
 `jax.make_array_from_callback`, `jax.make_array_from_process_local_data` or the jitted call
 that places a group on a CPU, counted).
+`--against DIR`: every kind run again on the devpolicy of another checkout (DIR: the
+folder holding its `devpolicy/`), in the same rounds, the two checkouts taking turns
+(which goes first alternates): a before and after under the same load, each with its
+rows and the ratio of their times a batch with segments, round by round.
 `--quick`: every count at its smallest (seconds, for tests).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import (
+    REPO,
     Report,
     at_least_one,
+    child_env,
     machine_state,
     markdown_table,
     run_child,
@@ -128,12 +136,24 @@ DEVICE_KIND = "device-segments"
 DEVICE_KINDS = ("segments", DEVICE_KIND)
 
 
-def probe(kind: str, args: argparse.Namespace, seed: int, *, bytes_only: bool = False) -> float:
-    """One child's figure: batches/s, or bytes handed to JAX a batch."""
+def probe(
+    kind: str,
+    args: argparse.Namespace,
+    seed: int,
+    *,
+    bytes_only: bool = False,
+    checkout: Path | None = None,
+) -> float:
+    """One child's figure: batches/s, or bytes handed to JAX a batch; with `checkout`,
+    of the devpolicy in that folder (first on the child's import path)."""
+    env = None
+    if checkout is not None:
+        env = child_env()
+        env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")])
     (found,) = run_child(
         PROBE, kind, args.tokens, args.length, args.batch,
         args.batches if not bytes_only else min(args.batches, 256), seed,
-        int(bytes_only), args.every, what=f"the {kind} probe",
+        int(bytes_only), args.every, what=f"the {kind} probe", env=env,
     )  # fmt: skip
     if not bytes_only and found["host_groups"] and kind in DEVICE_KINDS and not args.quick:
         print(f"{kind}: {found['host_groups']} groups took the host's path", file=sys.stderr)
@@ -154,25 +174,43 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every count at its smallest")
     parser.add_argument("--host", action="store_true", help=f"also the {HOST_KIND!r} kind")
     parser.add_argument("--device", action="store_true", help=f"also the {DEVICE_KIND!r} kind")
+    parser.add_argument(
+        "--against", type=Path, default=None, help="also another checkout's devpolicy, in turns"
+    )
     args = parser.parse_args()
     if not 8 <= args.every <= 2**16:
         parser.error(f"--every must be from 8 to 65536 (uint16 tokens), got: {args.every}")
+    if args.against is not None and not (args.against / "devpolicy").is_dir():
+        parser.error(f"--against must be a checkout holding devpolicy/, got: {args.against}")
     kinds = (*KINDS, *[HOST_KIND] * args.host, *[DEVICE_KIND] * args.device)
     if args.quick:
         args.rounds, args.batches, args.tokens, args.length, args.batch = 1, 16, 2**16, 65, 4
+    # Each checkout's devpolicy first on its children's path where two are compared (else
+    # the interpreter's own, as for every benchmark).
+    sides: dict[str, Path | None] = {"": None}
+    if args.against is not None:
+        sides = {"this checkout": REPO, "--against": args.against}
     state = machine_state()
     report = Report()
     report.say("# Segment ids and positions: a batch with them beside one without")
     report.say()
-    report.say(f"`python benchmarks/bench_segments.py {' '.join(shown_argv(sys.argv[1:]))}`")
+    argv = shown_argv(sys.argv[1:], ("--dir", "--out", "--against"))
+    against = " --against OTHER-CHECKOUT" if args.against is not None else ""
+    report.say(f"`python benchmarks/bench_segments.py {' '.join(argv)}{against}`")
     report.say()
     for line in state.lines():
         report.say(line)
-    rates: dict[str, list[float]] = {kind: [] for kind in kinds}
+    rates: dict[tuple[str, str], list[float]] = {(s, k): [] for s in sides for k in kinds}
     for seed in range(args.rounds):
-        for kind in kinds:
-            rates[kind].append(probe(kind, args, seed))
-    sent = {kind: probe(kind, args, 0, bytes_only=True) for kind in kinds}
+        order = list(sides) if seed % 2 == 0 else list(reversed(sides))
+        for side in order:
+            for kind in kinds:
+                rates[side, kind].append(probe(kind, args, seed, checkout=sides[side]))
+    sent = {
+        (side, kind): probe(kind, args, 0, bytes_only=True, checkout=sides[side])
+        for side in sides
+        for kind in kinds
+    }
     report.say(f"- load average at the end: {machine_state().load_text()}")
     report.say()
     report.say(
@@ -182,18 +220,20 @@ def main() -> None:
     )
     report.say()
     tokens_bytes = args.batch * args.length * 2
-    base = rates["tokens"]
     rows = []
-    for kind in kinds:
-        each = rates[kind]
-        times = [b / r for b, r in zip(base, each, strict=True)]  # a batch's time, x tokens
+    times: dict[tuple[str, str], list[float]] = {}
+    for side, kind in rates:
+        each = rates[side, kind]
+        base = rates[side, "tokens"]
+        # A batch's time, x the tokens' alone in the same round.
+        times[side, kind] = [b / r for b, r in zip(base, each, strict=True)]
         rows.append((
-            kind,
+            f"{kind} ({side})" if side else kind,
             f"{statistics.median(each):,.0f}",
             f"{min(each):,.0f}-{max(each):,.0f}",
-            f"{statistics.median(times):.2f}x",
-            ", ".join(f"{t:.2f}" for t in times),
-            f"{sent[kind]:,.0f} ({sent[kind] / tokens_bytes:.2f}x)",
+            f"{statistics.median(times[side, kind]):.2f}x",
+            ", ".join(f"{t:.2f}" for t in times[side, kind]),
+            f"{sent[side, kind]:,.0f} ({sent[side, kind] / tokens_bytes:.2f}x)",
         ))  # fmt: skip
     heads = (
         "batch", "batches/s, median", "spread", "time a batch x tokens alone, median",
@@ -201,6 +241,15 @@ def main() -> None:
     )  # fmt: skip
     for line in markdown_table(heads, rows):
         report.say(line)
+    if args.against is not None:
+        ours, theirs = times["this checkout", "segments"], times["--against", "segments"]
+        each = [a / b for a, b in zip(ours, theirs, strict=True)]
+        report.say()
+        report.say(
+            f"A batch with segments, this checkout's time x tokens over the other's, round "
+            f"by round: {', '.join(f'{x:.2f}' for x in each)}; median "
+            f"{statistics.median(each):.2f}"
+        )
     if args.out is not None:
         args.out.write_text("\n".join(report.lines) + "\n")
 
