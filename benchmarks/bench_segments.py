@@ -11,11 +11,13 @@ timing the pipeline alone (every array of every batch waited for, then dropped) 
 random stream of `--batches` batches of `--batch` windows of `--length` uint16 tokens from
 `--tokens` dense random tokens in memory (below `--every`, at most 2**16: the separator,
 7, one token in `--every`; 500 puts a few documents in every row, as web text does), the
-seed the round's, after a warm-up stream of 64 batches. Medians of the rounds
-and of each round's ratio. Then, in one more process a kind, the bytes handed to JAX to send
-host-to-device per batch (every numpy array given to `jax.device_put`,
-`jax.make_array_from_callback`, `jax.make_array_from_process_local_data` or the jitted call
-that places a group on a CPU, counted).
+seed the round's, after a warm-up stream of 64 batches. Medians of the rounds and of
+each round's ratio, of the time and of the CPU time (every thread of the process: what
+other processes' load moves least, where the time's rounds spread widely). Then, in one
+more process a kind, the bytes handed to JAX to send host-to-device per batch (every numpy
+array given to `jax.device_put`, `jax.make_array_from_callback`,
+`jax.make_array_from_process_local_data` or the jitted call that places a group on a CPU,
+counted).
 `--against DIR`: every kind run again on the devpolicy of another checkout (DIR: the
 folder holding its `devpolicy/`), in the same rounds, the two checkouts taking turns
 (which goes first alternates): a before and after under the same load, each with its
@@ -121,9 +123,10 @@ else:
     drain(stream(10**6 + seed, 64))
     compiled()
     host_groups[0] = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     drain(stream(seed, batches))
     print(json.dumps({"rate": batches / (time.perf_counter() - start),
+                      "cpu": (time.process_time() - cpu) / batches,
                       "host_groups": host_groups[0]}))
 """
 
@@ -143,9 +146,10 @@ def probe(
     *,
     bytes_only: bool = False,
     checkout: Path | None = None,
-) -> float:
-    """One child's figure: batches/s, or bytes handed to JAX a batch; with `checkout`,
-    of the devpolicy in that folder (first on the child's import path)."""
+) -> dict[str, float]:
+    """One child's figures: batches/s (`rate`) and CPU seconds a batch (`cpu`), or bytes
+    handed to JAX a batch (`bytes`); with `checkout`, of the devpolicy in that folder
+    (first on the child's import path)."""
     env = None
     if checkout is not None:
         env = child_env()
@@ -157,7 +161,7 @@ def probe(
     )  # fmt: skip
     if not bytes_only and found["host_groups"] and kind in DEVICE_KINDS and not args.quick:
         print(f"{kind}: {found['host_groups']} groups took the host's path", file=sys.stderr)
-    return float(found["bytes" if bytes_only else "rate"])
+    return {key: float(value) for key, value in found.items() if key != "host_groups"}
 
 
 def main() -> None:
@@ -201,13 +205,16 @@ def main() -> None:
     for line in state.lines():
         report.say(line)
     rates: dict[tuple[str, str], list[float]] = {(s, k): [] for s in sides for k in kinds}
+    cpus: dict[tuple[str, str], list[float]] = {(s, k): [] for s in sides for k in kinds}
     for seed in range(args.rounds):
         order = list(sides) if seed % 2 == 0 else list(reversed(sides))
         for side in order:
             for kind in kinds:
-                rates[side, kind].append(probe(kind, args, seed, checkout=sides[side]))
+                found = probe(kind, args, seed, checkout=sides[side])
+                rates[side, kind].append(found["rate"])
+                cpus[side, kind].append(found["cpu"])
     sent = {
-        (side, kind): probe(kind, args, 0, bytes_only=True, checkout=sides[side])
+        (side, kind): probe(kind, args, 0, bytes_only=True, checkout=sides[side])["bytes"]
         for side in sides
         for kind in kinds
     }
@@ -225,19 +232,22 @@ def main() -> None:
     for side, kind in rates:
         each = rates[side, kind]
         base = rates[side, "tokens"]
-        # A batch's time, x the tokens' alone in the same round.
+        # A batch's time and CPU time, x the tokens' alone in the same round.
         times[side, kind] = [b / r for b, r in zip(base, each, strict=True)]
+        cpu = [c / b for c, b in zip(cpus[side, kind], cpus[side, "tokens"], strict=True)]
         rows.append((
             f"{kind} ({side})" if side else kind,
             f"{statistics.median(each):,.0f}",
             f"{min(each):,.0f}-{max(each):,.0f}",
             f"{statistics.median(times[side, kind]):.2f}x",
             ", ".join(f"{t:.2f}" for t in times[side, kind]),
+            f"{statistics.median(cpu):.2f}x ({', '.join(f'{c:.2f}' for c in cpu)})",
             f"{sent[side, kind]:,.0f} ({sent[side, kind] / tokens_bytes:.2f}x)",
         ))  # fmt: skip
     heads = (
         "batch", "batches/s, median", "spread", "time a batch x tokens alone, median",
-        "each round", "bytes sent host-to-device a batch (x the tokens')",
+        "each round", "CPU time a batch x tokens alone, median (each round)",
+        "bytes sent host-to-device a batch (x the tokens')",
     )  # fmt: skip
     for line in markdown_table(heads, rows):
         report.say(line)
