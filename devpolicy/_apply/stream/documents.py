@@ -79,7 +79,7 @@ def segments(
 #: Starts in a group at most for which its rows are patched start by start (`patched`):
 #: on a 2-core CPU, a group of 8 batches of 32 x 1,025 (x 2,048) from cold memory, a
 #: start cost 3-5 us (5-15), working every segment out (`runs`) 450-550 us (1.1-1.5 ms);
-#: even at 64 starts patching cost 0.7-0.85 of that.
+#: even at 64 starts patching cost 0.65-0.85 of that.
 FEW = 64
 
 
