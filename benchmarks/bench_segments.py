@@ -4,31 +4,41 @@ beside the same stream without, in the pipeline alone.
     python benchmarks/bench_segments.py [--rounds 7] [--batches 6000] [--tokens 268435456]
         [--length 1025] [--batch 32] [--every 65536]
         [--out benchmarks/results/segments.md] [--quick] [--host] [--device]
+        [--against DIR]
 
 Each round runs one process per kind, taking turns (tokens, segments, tokens, ...), each
 timing the pipeline alone (every array of every batch waited for, then dropped) of a
 random stream of `--batches` batches of `--batch` windows of `--length` uint16 tokens from
 `--tokens` dense random tokens in memory (below `--every`, at most 2**16: the separator,
 7, one token in `--every`; 500 puts a few documents in every row, as web text does), the
-seed the round's, after a warm-up stream of 64 batches. Medians of the rounds
-and of each round's ratio. Then, in one more process a kind, the bytes handed to JAX to send
-host-to-device per batch (every numpy array given to `jax.device_put`,
-`jax.make_array_from_callback`, `jax.make_array_from_process_local_data` or the jitted call
-that places a group on a CPU, counted).
+seed the round's, after a warm-up stream of 64 batches. Medians of the rounds and of
+each round's ratio, of the time and of the CPU time (every thread of the process: what
+other processes' load moves least, where the time's rounds spread widely). Then, in one
+more process a kind, the bytes handed to JAX to send host-to-device per batch (every numpy
+array given to `jax.device_put`, `jax.make_array_from_callback`,
+`jax.make_array_from_process_local_data` or the jitted call that places a group on a CPU,
+counted).
+`--against DIR`: every kind run again on the devpolicy of another checkout (DIR: the
+folder holding its `devpolicy/`), in the same rounds, the two checkouts taking turns
+(which goes first alternates): a before and after under the same load, each with its
+rows and the ratio of their times a batch with segments, round by round.
 `--quick`: every count at its smallest (seconds, for tests).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import (
+    REPO,
     Report,
     at_least_one,
+    child_env,
     machine_state,
     markdown_table,
     run_child,
@@ -113,9 +123,10 @@ else:
     drain(stream(10**6 + seed, 64))
     compiled()
     host_groups[0] = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     drain(stream(seed, batches))
     print(json.dumps({"rate": batches / (time.perf_counter() - start),
+                      "cpu": (time.process_time() - cpu) / batches,
                       "host_groups": host_groups[0]}))
 """
 
@@ -128,16 +139,29 @@ DEVICE_KIND = "device-segments"
 DEVICE_KINDS = ("segments", DEVICE_KIND)
 
 
-def probe(kind: str, args: argparse.Namespace, seed: int, *, bytes_only: bool = False) -> float:
-    """One child's figure: batches/s, or bytes handed to JAX a batch."""
+def probe(
+    kind: str,
+    args: argparse.Namespace,
+    seed: int,
+    *,
+    bytes_only: bool = False,
+    checkout: Path | None = None,
+) -> dict[str, float]:
+    """One child's figures: batches/s (`rate`) and CPU seconds a batch (`cpu`), or bytes
+    handed to JAX a batch (`bytes`); with `checkout`, of the devpolicy in that folder
+    (first on the child's import path)."""
+    env = None
+    if checkout is not None:
+        env = child_env()
+        env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")])
     (found,) = run_child(
         PROBE, kind, args.tokens, args.length, args.batch,
         args.batches if not bytes_only else min(args.batches, 256), seed,
-        int(bytes_only), args.every, what=f"the {kind} probe",
+        int(bytes_only), args.every, what=f"the {kind} probe", env=env,
     )  # fmt: skip
     if not bytes_only and found["host_groups"] and kind in DEVICE_KINDS and not args.quick:
         print(f"{kind}: {found['host_groups']} groups took the host's path", file=sys.stderr)
-    return float(found["bytes" if bytes_only else "rate"])
+    return {key: float(value) for key, value in found.items() if key != "host_groups"}
 
 
 def main() -> None:
@@ -154,25 +178,46 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every count at its smallest")
     parser.add_argument("--host", action="store_true", help=f"also the {HOST_KIND!r} kind")
     parser.add_argument("--device", action="store_true", help=f"also the {DEVICE_KIND!r} kind")
+    parser.add_argument(
+        "--against", type=Path, default=None, help="also another checkout's devpolicy, in turns"
+    )
     args = parser.parse_args()
     if not 8 <= args.every <= 2**16:
         parser.error(f"--every must be from 8 to 65536 (uint16 tokens), got: {args.every}")
+    if args.against is not None and not (args.against / "devpolicy").is_dir():
+        parser.error(f"--against must be a checkout holding devpolicy/, got: {args.against}")
     kinds = (*KINDS, *[HOST_KIND] * args.host, *[DEVICE_KIND] * args.device)
     if args.quick:
         args.rounds, args.batches, args.tokens, args.length, args.batch = 1, 16, 2**16, 65, 4
+    # Each checkout's devpolicy first on its children's path where two are compared (else
+    # the interpreter's own, as for every benchmark).
+    sides: dict[str, Path | None] = {"": None}
+    if args.against is not None:
+        sides = {"this checkout": REPO, "--against": args.against}
     state = machine_state()
     report = Report()
     report.say("# Segment ids and positions: a batch with them beside one without")
     report.say()
-    report.say(f"`python benchmarks/bench_segments.py {' '.join(shown_argv(sys.argv[1:]))}`")
+    argv = shown_argv(sys.argv[1:], ("--dir", "--out", "--against"))
+    against = " --against OTHER-CHECKOUT" if args.against is not None else ""
+    report.say(f"`python benchmarks/bench_segments.py {' '.join(argv)}{against}`")
     report.say()
     for line in state.lines():
         report.say(line)
-    rates: dict[str, list[float]] = {kind: [] for kind in kinds}
+    rates: dict[tuple[str, str], list[float]] = {(s, k): [] for s in sides for k in kinds}
+    cpus: dict[tuple[str, str], list[float]] = {(s, k): [] for s in sides for k in kinds}
     for seed in range(args.rounds):
-        for kind in kinds:
-            rates[kind].append(probe(kind, args, seed))
-    sent = {kind: probe(kind, args, 0, bytes_only=True) for kind in kinds}
+        order = list(sides) if seed % 2 == 0 else list(reversed(sides))
+        for side in order:
+            for kind in kinds:
+                found = probe(kind, args, seed, checkout=sides[side])
+                rates[side, kind].append(found["rate"])
+                cpus[side, kind].append(found["cpu"])
+    sent = {
+        (side, kind): probe(kind, args, 0, bytes_only=True, checkout=sides[side])["bytes"]
+        for side in sides
+        for kind in kinds
+    }
     report.say(f"- load average at the end: {machine_state().load_text()}")
     report.say()
     report.say(
@@ -182,25 +227,39 @@ def main() -> None:
     )
     report.say()
     tokens_bytes = args.batch * args.length * 2
-    base = rates["tokens"]
     rows = []
-    for kind in kinds:
-        each = rates[kind]
-        times = [b / r for b, r in zip(base, each, strict=True)]  # a batch's time, x tokens
+    times: dict[tuple[str, str], list[float]] = {}
+    for side, kind in rates:
+        each = rates[side, kind]
+        base = rates[side, "tokens"]
+        # A batch's time and CPU time, x the tokens' alone in the same round.
+        times[side, kind] = [b / r for b, r in zip(base, each, strict=True)]
+        cpu = [c / b for c, b in zip(cpus[side, kind], cpus[side, "tokens"], strict=True)]
         rows.append((
-            kind,
+            f"{kind} ({side})" if side else kind,
             f"{statistics.median(each):,.0f}",
             f"{min(each):,.0f}-{max(each):,.0f}",
-            f"{statistics.median(times):.2f}x",
-            ", ".join(f"{t:.2f}" for t in times),
-            f"{sent[kind]:,.0f} ({sent[kind] / tokens_bytes:.2f}x)",
+            f"{statistics.median(times[side, kind]):.2f}x",
+            ", ".join(f"{t:.2f}" for t in times[side, kind]),
+            f"{statistics.median(cpu):.2f}x ({', '.join(f'{c:.2f}' for c in cpu)})",
+            f"{sent[side, kind]:,.0f} ({sent[side, kind] / tokens_bytes:.2f}x)",
         ))  # fmt: skip
     heads = (
         "batch", "batches/s, median", "spread", "time a batch x tokens alone, median",
-        "each round", "bytes sent host-to-device a batch (x the tokens')",
+        "each round", "CPU time a batch x tokens alone, median (each round)",
+        "bytes sent host-to-device a batch (x the tokens')",
     )  # fmt: skip
     for line in markdown_table(heads, rows):
         report.say(line)
+    if args.against is not None:
+        ours, theirs = times["this checkout", "segments"], times["--against", "segments"]
+        each = [a / b for a, b in zip(ours, theirs, strict=True)]
+        report.say()
+        report.say(
+            f"A batch with segments, this checkout's time x tokens over the other's, round "
+            f"by round: {', '.join(f'{x:.2f}' for x in each)}; median "
+            f"{statistics.median(each):.2f}"
+        )
     if args.out is not None:
         args.out.write_text("\n".join(report.lines) + "\n")
 

@@ -53,11 +53,9 @@ def segments(
     """The segment ids and positions (int32) of every token of `windows` (..., length),
     written into `out` where given (two C-contiguous int32 arrays of the windows' shape).
 
-    Where documents start inside few rows (documents longer than rows: `FEW` starts or
-    fewer), every row is written as one document (ids 1, positions its columns) and each
-    start then patches its row's tail: 4 numpy calls and 2 a start, where working every
-    segment out (`_runs`) takes 16 calls, each costing more than its work at a group's
-    size on a busy 2-core CPU.
+    The documents' starts found (`starts`); where they are few (documents longer than
+    rows: `FEW` starts or fewer), every row written as one document and each start then
+    patching its row's tail (`patched`), else every segment worked out (`runs`).
 
     Example:
         >>> w = np.array([[5, 0, 6, 7, 0, 8]])
@@ -68,46 +66,60 @@ def segments(
     """
     if out is None:
         out = (np.empty(windows.shape, np.int32), np.empty(windows.shape, np.int32))
-    segment_ids, positions = out
-    length = windows.shape[-1]
     if windows.size == 0:
-        return segment_ids, positions
-    rows = windows.size // length
-    ids = segment_ids.reshape(rows, length)
-    columns = positions.reshape(rows, length)
-    found = np.flatnonzero(windows.reshape(-1) == separator)
+        return out
+    found = starts(windows, separator, separator_is)
+    if found.size > FEW:
+        runs(found, *out)
+    else:
+        patched(found, *out, None)
+    return out
+
+
+#: Starts in a group at most for which its rows are patched start by start (`patched`):
+#: on a 2-core CPU, a group of 8 batches of 32 x 1,025 (x 2,048) from cold memory, a
+#: start cost 3-5 us (5-15), working every segment out (`runs`) 450-550 us (1.1-1.5 ms);
+#: even at 64 starts patching cost 0.65-0.85 of that.
+FEW = 64
+
+
+def starts(
+    windows: np.ndarray[Any, Any],
+    separator: int,
+    separator_is: SeparatorIs,
+    scratch: np.ndarray[Any, Any] | None = None,
+) -> np.ndarray[Any, Any]:
+    """Where documents start in `windows` (..., length), as flat indices (int64, sorted):
+    none at a row's first token (a row's first document is there anyway) nor past the
+    last token (an EOS at the very end). One comparison and one search over the tokens,
+    the comparison into `scratch` where given (bools, at least the windows' size: memory
+    used again each group, where fresh memory cost a third of the search)."""
+    length = windows.shape[-1]
+    flat = windows.reshape(-1)
+    if scratch is None:
+        scratch = flat == separator
+    else:
+        np.equal(flat, separator, out=scratch[: flat.size])
+    found = np.flatnonzero(scratch[: flat.size])
     if separator_is == "eos":
         found += 1  # the token after an EOS starts the next document
-    if found.size > FEW:
-        _runs(found[found % length != 0], rows, length, ids, columns)
-        return segment_ids, positions
-    ids.fill(1)
-    np.copyto(columns, _columns(length))
-    for start in found.tolist():  # ascending: a later start rewrites the tail after it
-        row, column = divmod(start, length)
-        if column and row < rows:  # not a row's first token, nor past the last row
-            ids[row, column:] += 1
-            columns[row, column:] = _columns(length)[: length - column]
-    return segment_ids, positions
+    inside: np.ndarray[Any, Any] = found[found % length != 0]  # past the end is a multiple too
+    return inside
 
 
-#: Starts in a call at most for which the rows are patched start by start (`segments`).
-FEW = 16
-
-
-def _runs(
-    starts: np.ndarray[Any, Any],
-    rows: int,
-    length: int,
+def runs(
+    found: np.ndarray[Any, Any],
     ids: np.ndarray[Any, Any],
     positions: np.ndarray[Any, Any],
 ) -> None:
-    """The ids and positions of `rows` rows of `length` (written into `ids` and
-    `positions`, (rows, length) int32) whose documents start at `starts` (flat indices,
-    sorted, none at a row's first token): the segments found, then each one's id and
-    first column repeated over its tokens."""
-    total = rows * length
-    firsts = np.concatenate([np.arange(0, total, length, dtype=np.int64), starts])
+    """`ids` and `positions` ((..., length) int32, C-contiguous) made those of rows whose
+    documents start at `found` (`starts`): the segments found, then each one's id and
+    first column repeated over its tokens. (Done a few rows at a time, so that the
+    repeats' temporaries stay in cache, it cost more in calls than it saved.)"""
+    length = ids.shape[-1]
+    total = ids.size
+    rows = total // length
+    firsts = np.concatenate([np.arange(0, total, length, dtype=np.int64), found])
     firsts.sort()  # distinct: a start is never a row's first token
     lengths = np.diff(firsts, append=total)
     columns = firsts % length
@@ -116,6 +128,40 @@ def _runs(
     np.copyto(ids.reshape(-1), np.repeat(segment, lengths))
     first_columns = np.repeat(columns.astype(np.int32), lengths).reshape(rows, length)
     np.subtract(_columns(length), first_columns, out=positions.reshape(rows, length))
+
+
+def patched(
+    found: np.ndarray[Any, Any],
+    ids: np.ndarray[Any, Any],
+    positions: np.ndarray[Any, Any],
+    differing: list[int] | None,
+) -> list[int]:
+    """`ids` and `positions` ((..., length) int32, C-contiguous) made those of rows whose
+    documents start at `found` (`starts`), by rows: each row written as one document (ids
+    1, positions its columns), then each start adding 1 to its row's ids from it on and
+    writing its row's positions anew from it. Where `differing` is given, the arrays hold
+    that already but for those rows (a reused buffer: only those are written again, so
+    a group with few documents costs its starts, not its size). Returns the rows that
+    now differ from one document a row, for the next use of the same arrays."""
+    length = ids.shape[-1]
+    rows = ids.size // length
+    ids = ids.reshape(rows, length)
+    positions = positions.reshape(rows, length)
+    columns = _columns(length)
+    if differing is None:
+        ids.fill(1)
+        np.copyto(positions, columns)
+    elif differing:
+        ids[differing] = 1
+        positions[differing] = columns
+    touched: list[int] = []
+    for start in found.tolist():  # ascending: a later start rewrites the tail after it
+        row, column = divmod(start, length)
+        ids[row, column:] += 1
+        positions[row, column:] = columns[: length - column]
+        if not touched or touched[-1] != row:
+            touched.append(row)
+    return touched
 
 
 @functools.lru_cache(maxsize=4)

@@ -32,13 +32,17 @@ from ..hostview import copies_host_memory
 from .documents import (
     BLOCK,
     CALL_BATCHES,
+    FEW,
     FIELDS,
     SeparatorIs,
     on_device,
     on_device_packed,
     on_device_stacked,
+    patched,
     placed_as_given,
+    runs,
     segments,
+    starts,
 )
 
 
@@ -125,12 +129,15 @@ class SegmentRing:
     from it is ready, and only where none holds it (checked by address its first time,
     as for the tokens' buffers). Fresh memory a group cost more than the call that
     places it: its pages faulted in as the ids were written (about 70 faults a group of
-    8 batches of 32 x 1,025 on a 2-core CPU)."""
+    8 batches of 32 x 1,025 on a 2-core CPU). A buffer kept with the rows it holds other
+    than one document a row (`keep(..., differing=)`) is handed out with them again
+    (`take_known`), so a group with few documents writes only the rows that change."""
 
-    __slots__ = ("_dtype", "_planes", "_ring", "size")
+    __slots__ = ("_bools", "_dtype", "_planes", "_ring", "size")
 
     def __init__(self, size: int = 3, planes: int = 2, dtype: np.dtype[Any] = _INT32) -> None:
-        self._ring: list[GroupBuffer] = []
+        self._ring: list[tuple[GroupBuffer, list[int] | None]] = []
+        self._bools = np.empty(0, np.bool_)
         self.size = size  # groups in flight, in use, being cut (`GroupPlacer.buffers`)
         self._planes = planes  # arrays a batch: 2, its ids and positions (1: its tokens)
         self._dtype = dtype
@@ -138,27 +145,48 @@ class SegmentRing:
     def take(self, count: int, shape: tuple[int, ...]) -> tuple[GroupBuffer, np.ndarray[Any, Any]]:
         """A buffer for `count` batches of `shape`, and its (planes, count, *shape) array:
         the ids, then the positions (or a packed group's tokens alone)."""
+        buffer, whole, _ = self.take_known(count, shape)
+        return buffer, whole
+
+    def take_known(
+        self, count: int, shape: tuple[int, ...]
+    ) -> tuple[GroupBuffer, np.ndarray[Any, Any], list[int] | None]:
+        """What `take` gives, and the rows (of the count x rows of a plane) that differ
+        from one document a row where the buffer was kept saying so, else None (its
+        contents unknown: a fresh buffer, or one kept without saying)."""
         ring = self._ring
         whole = (self._planes, count, *shape)
         if len(ring) >= self.size:
-            oldest = ring.pop(0)
+            oldest, differing = ring.pop(0)
             oldest.ready()
             if oldest.shape == (1, *whole):
-                return oldest, oldest.batches[0]
+                return oldest, oldest.batches[0], differing
         buffer = GroupBuffer(1, whole, self._dtype)
-        return buffer, buffer.batches[0]
+        return buffer, buffer.batches[0], None
 
-    def keep(self, buffer: GroupBuffer, placed: list[Any]) -> None:
+    def keep(
+        self, buffer: GroupBuffer, placed: list[Any], differing: list[int] | None = None
+    ) -> None:
         """Reuse `buffer` once `placed` (the arrays made from it) are ready, unless one of
-        them holds it."""
+        them holds it; `differing`, where said, the rows of its planes that differ from
+        one document a row (`documents.patched`), all the others being one."""
         if buffer.checked or not buffer.held_by(placed):
             buffer.checked = True
             buffer.placed = [weakref.ref(a) for a in placed]
-            self._ring.append(buffer)
+            self._ring.append((buffer, differing))
+
+    def bools(self, size: int) -> np.ndarray[Any, Any]:
+        """At least `size` bools, the same memory each time where `size` is the same
+        (`documents.starts` compares a group's tokens into it: the group's placing is its
+        only user, one group at a time)."""
+        if self._bools.size < size:
+            self._bools = np.empty(size, np.bool_)
+        return self._bools
 
     def clear(self) -> None:
         """Let go of every buffer (the stream ended)."""
         self._ring.clear()
+        self._bools = np.empty(0, np.bool_)
 
 
 class GroupPlan:
@@ -294,19 +322,29 @@ def _placed_as_given(
     `device_put` a batch's array cost about as much as the call does for 3 arrays a
     batch). None where the host's are placed beside the tokens instead: a device that
     copies host memory, several processes, a memory other than the device's own. A part
-    whose call is still compiling is placed by `device_put` (the same values)."""
+    whose call is still compiling is placed by `device_put` (the same values).
+
+    A group with few documents patches only the rows of a ring's buffer that differ
+    from one document a row (`documents.patched`)."""
     if not _given_whole(plan):
         return None
     batches = buffer.batches
     whole = buffer.whole()
-    first = batches[0]
-    into, out = (None, None) if ring is None else ring.take(len(batches), first.shape)
     windows = np.stack(batches) if whole is None else whole
-    ids, positions = segments(windows, *separator, out=None if out is None else (out[0], out[1]))
-    placed = placed_together(plan, batches, list(ids), list(positions))
+    token, separator_is = separator
+    if ring is None:
+        ids, positions = segments(windows, token, separator_is)
+        return placed_together(plan, batches, list(ids), list(positions))
+    found = starts(windows, token, separator_is, ring.bools(windows.size))
+    into, planes, differing = ring.take_known(len(batches), batches[0].shape)
+    if found.size > FEW:
+        runs(found, planes[0], planes[1])
+        differing = None  # every row written: none is known to be one document
+    else:
+        differing = patched(found, planes[0], planes[1], differing)
+    placed = placed_together(plan, batches, list(planes[0]), list(planes[1]))
     assert placed is not None
-    if ring is not None and into is not None:
-        ring.keep(into, [*placed[1], *placed[2]])
+    ring.keep(into, [*placed[1], *placed[2]], differing)
     return placed
 
 

@@ -175,6 +175,47 @@ class TestOnTheHost:
             assert a.shape == windows.shape
             np.testing.assert_array_equal(a, b)
 
+    @given(
+        data=st.data(),
+        shape=st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(1, 40)),
+        kind=st.sampled_from(["eos", "bos"]),
+        groups=st.integers(2, 6),
+    )
+    @settings(max_examples=100, deadline=None)
+    def test_arrays_used_again_hold_each_groups_own_segments(
+        self, data: st.DataObject, shape: tuple[int, int, int], kind: str, groups: int
+    ) -> None:
+        """The same two arrays used for group after group, as a ring's buffer is: each
+        group patched only in the rows the one before left differing from one document a
+        row (or written whole where it had many starts, and nothing then known), and every
+        group's ids and positions are the reference's, whatever came before."""
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+        ids, positions = np.full(shape, -9, np.int32), np.full(shape, -9, np.int32)
+        scratch = np.empty(data.draw(st.integers(0, 3), label="spare") + ids.size, np.bool_)
+        differing: list[int] | None = None
+        for _ in range(groups):
+            windows = rng.integers(1, 200, shape).astype(np.uint16)
+            flat = windows.reshape(-1)
+            count = data.draw(st.integers(0, 2 * documents.FEW), label="separators")
+            flat[rng.integers(0, flat.size, min(count, flat.size))] = 0
+            found = documents.starts(windows, 0, kind, scratch)  # type: ignore[arg-type]
+            np.testing.assert_array_equal(found, documents.starts(windows, 0, kind))  # type: ignore[arg-type]
+            if found.size > documents.FEW:
+                documents.runs(found, ids, positions)
+                differing = None
+            else:
+                differing = documents.patched(found, ids, positions, differing)
+            expected = segments_reference(windows, 0, kind)
+            np.testing.assert_array_equal(ids, expected[0])
+            np.testing.assert_array_equal(positions, expected[1])
+            one_document = [
+                row
+                for row in range(flat.size // shape[-1])
+                if not (expected[0].reshape(-1, shape[-1])[row] == 1).all()
+            ]
+            if differing is not None:
+                assert sorted(differing) == one_document
+
     @pytest.mark.parametrize("kind", ["eos", "bos"])
     def test_a_group_of_batches_at_a_streams_shape_agrees_with_the_reference(
         self, kind: str

@@ -286,6 +286,42 @@ class TestDocumentsOnTheCpu:
         assert 1 <= made.count(segments_bytes) <= 3  # the ring's, reused
         assert_segments(held)
 
+    def test_groups_few_and_many_documents_share_the_ring_and_keep_their_segments(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Groups with few starts (their rows patched in a reused buffer, only those that
+        differ from one document a row) taking turns with groups with many (every
+        segment worked out into it), every batch held: each batch's ids and positions
+        are still its own tokens', and the ring's buffers were reused."""
+        tokens = (np.arange(2**16) % 29 + 1).astype(np.uint16)
+        tokens[: 2**13 : 3] = 0  # an eighth dense: a group with 4 of its windows there or
+        tokens[2**13 :: 1500] = 0  # more has many starts, the others a few
+        options: dict[str, Any] = {"order": "random", "separator": 0, "policy": policy_of()}
+        list(devpolicy.windows(tokens, 64, 4, seed=1, steps=40, **options))
+        compiled()
+        kernels: list[str] = []
+        for name in ("runs", "patched"):
+            real = getattr(groups, name)
+
+            def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+                kernels.append(_name)
+                return _real(*args)
+
+            monkeypatch.setattr(groups, name, counted)
+        made: list[int] = []
+        real_aligned = groups.aligned
+
+        def aligned(nbytes: int) -> np.ndarray:
+            made.append(nbytes)
+            return real_aligned(nbytes)
+
+        monkeypatch.setattr(groups, "aligned", aligned)
+        held = list(devpolicy.windows(tokens, 64, 4, seed=3, steps=240, **options))
+        assert {"runs", "patched"} <= set(kernels)
+        segments_bytes = 2 * cutting.GROUP_MAX * 4 * 64 * 4
+        assert 1 <= made.count(segments_bytes) <= 3
+        assert_segments(held)
+
     def test_a_fresh_stream_waits_for_no_compile(self) -> None:
         """A shape never compiled: the first groups are placed by `device_put` while the
         call compiles on a thread of its own, the values the same."""
