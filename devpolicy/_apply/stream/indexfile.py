@@ -195,21 +195,40 @@ def document_index(
         why = _stale(path, expected)
         if why is None:
             return _mapped(path, separator, separator_is, file.count)
-        if why != "none kept":
-            level = "warning" if why.startswith("damaged") else "info"
-            fields = {"index": str(path), "tokens": str(file.path), "reason": why}
-            events.emit(level, "document_index_rebuilt", fields)
+        _rebuilt(events, path, str(file.path), why)
         began = time.perf_counter()
         _build(fd, file, separator, separator_is, expected, path, progress)
     finally:
         os.close(fd)
-    index = _mapped(path, separator, separator_is, file.count)
+    return _built(events, path, str(file.path), separator, separator_is, file.count, began)
+
+
+def _rebuilt(events: EventLog, path: Path, tokens: str, why: str) -> None:
+    """Say why a kept index is built again (a damaged one is a warning); nothing where
+    none was kept."""
+    if why != "none kept":
+        level = "warning" if why.startswith("damaged") else "info"
+        fields = {"index": str(path), "tokens": tokens, "reason": why}
+        events.emit(level, "document_index_rebuilt", fields)
+
+
+def _built(
+    events: EventLog,
+    path: Path,
+    tokens: str,
+    separator: int,
+    separator_is: SeparatorIs,
+    count: int,
+    began: float,
+) -> DocumentIndex:
+    """The index just built at `path`, mapped, and an event saying what it holds."""
+    index = _mapped(path, separator, separator_is, count)
     events.emit(
         "info",
         "document_index_built",
         {
             "index": str(path),
-            "tokens": str(file.path),
+            "tokens": tokens,
             "documents": len(index),
             "alone": index.alone,
             "longest": index.longest,
@@ -251,11 +270,7 @@ def shards_index(
     tokens = f"{files[0].path} and {len(files) - 1:,} more shards"
     if why.startswith("the token file changed"):
         why = "a shard changed (its size, times, inode or place, or its bytes sampled)"
-    if why != "none kept":
-        level = "warning" if why.startswith("damaged") else "info"
-        events.emit(
-            level, "document_index_rebuilt", {"index": str(path), "tokens": tokens, "reason": why}
-        )
+    _rebuilt(events, path, tokens, why)
     began = time.perf_counter()
 
     def unchanged() -> None:
@@ -272,17 +287,7 @@ def shards_index(
     _write_index(
         path, expected, separator, separator_is, nbytes, title, progress, chunks, unchanged
     )
-    index = _mapped(path, separator, separator_is, total)
-    events.emit(
-        "info",
-        "document_index_built",
-        {
-            "index": str(path), "tokens": tokens, "documents": len(index),
-            "alone": index.alone, "longest": index.longest,
-            "seconds": round(time.perf_counter() - began, 3),
-        },
-    )  # fmt: skip
-    return index
+    return _built(events, path, tokens, separator, separator_is, total, began)
 
 
 def shards_index_path(

@@ -294,15 +294,21 @@ def ids_made_on(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     assert calls, "no group was placed by the device's code"
 
 
+def batch_checker(want: list[dict[str, np.ndarray]]) -> Any:
+    """A check that a pulled batch is `want`'s of its step, array for array."""
+
+    def check(batch: Any, step: int) -> None:
+        got = as_numpy(batch)
+        for key in got:
+            np.testing.assert_array_equal(got[key], want[step][key])
+
+    return check
+
+
 @pytest.mark.usefixtures("ids_made_on")
 class TestContract:
     def check(self, want: list[dict[str, np.ndarray]]) -> Any:
-        def check(batch: Any, step: int) -> None:
-            got = as_numpy(batch)
-            for key in got:
-                np.testing.assert_array_equal(got[key], want[step][key])
-
-        return check
+        return batch_checker(want)
 
     def test_ctrl_c_anywhere_in_a_pull_skips_and_repeats_nothing(self) -> None:
         options = {"order": "shuffled", "seed": 4}

@@ -15,9 +15,16 @@ import numpy as np
 import pytest
 
 import devpolicy
-from devpolicy._apply.stream import groups, indexfile, packstream
+from devpolicy._apply.stream import indexfile
 from tests.apply.stream.test_groups import ROWS
-from tests.apply.stream.test_packstream import PAD, SEPARATOR, as_numpy, corpus
+from tests.apply.stream.test_packstream import (
+    PAD,
+    SEPARATOR,
+    as_numpy,
+    compiled,
+    corpus,
+    device_calls,
+)
 from tests.apply.stream.test_packstream_shards import all_of, assert_same, cut
 from tests.apply.streams import closed_while_pulled, pulled_by_threads
 from tests.helpers import policy_of
@@ -30,23 +37,6 @@ def packed(tokens: Any, length: int = 64, batch: int = 4, **options: Any) -> Any
     options = {"report_every": None, "pack": "first_fit", "separator": SEPARATOR, "pad": PAD,
                "order": "sequential", "policy": policy_of(), **options}  # fmt: skip
     return devpolicy.windows(tokens, length, batch, **options)
-
-
-def compiled() -> None:
-    for compiling in list(groups._COMPILING.values()):
-        compiling.result()
-
-
-def device_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real = packstream.placed_packed
-
-    def counted(*args: Any) -> Any:
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(packstream, "placed_packed", counted)
-    return calls
 
 
 class TestShardViews:

@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 
 import devpolicy
 from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
-from tests.apply.stream.test_packstream import SEPARATOR, as_numpy, corpus, packed
+from tests.apply.stream.test_packstream import SEPARATOR, as_numpy, batch_checker, corpus, packed
 from tests.apply.streams import closed_while_pulled, forked_child_refuses, pull_through_interrupts
 from tests.helpers import policy_of
 from tests.read.test_parts import open_count
@@ -187,12 +187,7 @@ def test_any_cut_into_shards_packs_the_same_rows(cuts: list[int], side: str, see
 
 class TestFaults:
     def check(self, want: list[dict[str, np.ndarray]]) -> Any:
-        def check(batch: Any, step: int) -> None:
-            got = as_numpy(batch)
-            for key in got:
-                np.testing.assert_array_equal(got[key], want[step][key])
-
-        return check
+        return batch_checker(want)
 
     def test_a_truncated_shard_ends_the_stream_naming_it(self, tmp_path: Path) -> None:
         shards = written(tmp_path, cut(np.tile(TOKENS, 8), [30_000, 60_000, 90_000]))
