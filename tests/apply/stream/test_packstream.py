@@ -32,6 +32,7 @@ from devpolicy._apply.stream.documents import BLOCK, on_device_packed
 from devpolicy._apply.stream.packed import WORD_BITS, Layout, gather, segments, start_words
 from devpolicy._apply.stream.packing import PackSettings
 from devpolicy._apply.stream.packrows import PackedRows
+from devpolicy._decide.decision import single_device_sharding
 from devpolicy.errors import HostViewError, StreamEndedError, StreamStateError
 from tests.apply.stream.test_groups import ROWS, rows_rule, sent_bytes
 from tests.apply.streams import (
@@ -448,8 +449,7 @@ def test_start_words_worked_out_on_the_device_give_the_hosts_ids_and_positions(
     counts = np.array([n for row in layout for n in row], np.int64)
     bounds = np.concatenate(([0], np.cumsum([len(row) for row in layout])))
     spans = Layout(0, 70, bounds, np.zeros(counts.size, np.int64), counts)
-    device = jax.devices("cpu")[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
+    sharding = single_device_sharding(jax.devices("cpu")[0], None)
     tokens = np.zeros((2, 3, 70), np.uint16)
     words = start_words(spans).reshape(2, 3, -1)
     _, ids, positions = on_device_packed(sharding)(tokens, words)
