@@ -13,7 +13,7 @@ shape and every process its rows. A token file's size is looked at before each g
 copied from its mapping (of shards, each memmap's shard the group copies from): a file
 truncated between two groups is an error naming it, not SIGBUS. Bound for a device that
 copies host memory, a group's ids and positions are worked out there from each row's
-span starts (`groups.packed_on_device`), 1.03x the tokens' bytes where the host's were
+span starts (`groups.packed_on_device`), 1.06x the tokens' bytes where the host's were
 5x. Measured against the unpacked stream and grain's packing in docs/benchmarks.md
 ("A packed stream's rate"). No JAX here beyond the placer's and `groups`'.
 """

@@ -387,7 +387,7 @@ class TestWorkedOutOnTheDevice:
         got = list(devpolicy.windows(TOKENS, LENGTH, 8, policy=policy, **options))
         assert len(calls) == len(sent) // 2 > 2  # two transfers a group, every group
         words = -(-LENGTH // WORD_BITS) + 1
-        assert sum(sent) == 90 * 8 * (LENGTH * 2 + words * 4)  # 1.19x the tokens' bytes
+        assert sum(sent) == 90 * 8 * (LENGTH * 2 + words * 4)  # 1.09x the tokens' bytes
         for batch, expected in zip(got, want, strict=True):
             for key in ("segment_ids", "positions"):
                 assert batch[key].dtype == np.int32
