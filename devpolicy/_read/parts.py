@@ -221,7 +221,8 @@ def memmap_part(view: np.ndarray[Any, Any]) -> MemmapPart | None:
     """Where `view` lies in the file of the `np.memmap` it is a view of (shared or
     read-only: a copy-on-write memmap's pages may differ from its file's), taken from the
     memmap (about a microsecond: a thousand shards' start pays it for every one); None
-    where it is no such view (then the maps say: `described`)."""
+    where it is no such view (then the maps say: `described`), and for a view whose bytes
+    are not one run in order (reversed, strided): no range of the file is its tokens."""
     mapping: Any = view.base
     # A memmap itself, named by a str or a pathlib path (nanoGPT's shards): no walk, no
     # isinstance of an ABC (`os.PathLike`, a microsecond each: most of a thousand's time).
@@ -234,6 +235,8 @@ def memmap_part(view: np.ndarray[Any, Any]) -> MemmapPart | None:
             # The tuple made directly: a NamedTuple's own `__new__` is a Python call
             # (0.8 against 0.4 ms a thousand).
             return _new_tuple(MemmapPart, (path, offset, offset + view.nbytes, view, mapping, view))
+    if not view.flags.c_contiguous:
+        return None
     base: Any = view
     while isinstance(base.base, np.ndarray):
         base = base.base

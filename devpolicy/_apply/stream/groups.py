@@ -255,12 +255,7 @@ def _on_device(
     so is one whose function is still compiling (`_compiled`)."""
     token, separator_is = separator
     sharding = plan.decision.sharding
-    if (
-        plan.destination is None
-        or not copies_host_memory(plan.decision)
-        or sharding is None
-        or not on_the_device(sharding)
-    ):
+    if not _worked_out_there(plan):
         return None
     batches = buffer.batches
     count = len(batches)
@@ -308,6 +303,19 @@ def _on_device(
             positions += some_positions[: len(part)]
         tokens += rest
     return tokens, ids, positions
+
+
+def _worked_out_there(plan: GroupPlan) -> bool:
+    """Whether a group's segment ids and positions may be worked out on its device: a
+    device that copies host memory (the CPU's adopts it: the host's are sent for
+    nothing), a sharding said, and the device's own memory (`on_the_device`)."""
+    sharding = plan.decision.sharding
+    return not (
+        plan.destination is None
+        or not copies_host_memory(plan.decision)
+        or sharding is None
+        or not on_the_device(sharding)
+    )
 
 
 def _placed_as_given(
@@ -398,16 +406,9 @@ def _stacked_on_device(plan: GroupPlan, words: bool = False) -> Any:
     `words`: what is sent beside the tokens has another last axis (a packed group's
     `packed.start_words`), so the rows alone may be split. None where the host's ids and
     positions are placed instead."""
-    sharding = plan.decision.sharding
-    if (
-        plan.destination is None
-        or plan.local
-        or not copies_host_memory(plan.decision)
-        or sharding is None
-        or not on_the_device(sharding)
-    ):
+    if plan.local or not _worked_out_there(plan):
         return None
-    stacked = _stacked_sharding(sharding)
+    stacked = _stacked_sharding(plan.decision.sharding)
     if words and isinstance(stacked, jax.sharding.NamedSharding):
         spec = tuple(stacked.spec)
         if len(spec) > 2 and spec[2] is not None:  # a row's tokens split over devices

@@ -137,8 +137,9 @@ def shard_files(views: list[np.ndarray[Any, Any]]) -> list[TokenFile | None]:
     """The file each shard maps (`token_file`): asked of an `np.memmap` itself where it is
     one (`_memmap_file`), else of `/proc/self/maps`, read once for them all (a thousand
     shards' lines read one at a time read the whole table a thousand times)."""
-    # A view that is no file's bytes in order (reversed, strided) is indexed in memory.
-    parts = [memmap_part(view) if view.flags.c_contiguous else None for view in views]
+    # A view that is no file's bytes in order (reversed, strided) has no part, and no
+    # maps line either (`token_file_possible`): it is indexed in memory.
+    parts = [memmap_part(view) for view in views]
     found: list[TokenFile | None] = [
         None if part is None else _memmap_file(part, view)
         for part, view in zip(parts, views, strict=True)

@@ -218,9 +218,9 @@ class _ShardsWatched:
 def _shards_watched(shards: Shards) -> _ShardsWatched | None:
     """The shards' watch (`_ShardsWatched`), each memmap's shard checked whole now; None
     where no shard is a memmap's."""
-    # A view that is not its file's bytes in order (reversed, strided) is not watched: a
-    # memmap part is where its bytes lie when they lie in order.
-    parts = [memmap_part(view) if view.flags.c_contiguous else None for view in shards.views]
+    # A view that is not its file's bytes in order (reversed, strided) has no part: not
+    # watched.
+    parts = [memmap_part(view) for view in shards.views]
     kept = [part if part is not None and part.whole() else None for part in parts]
     return None if kept.count(None) == len(kept) else _ShardsWatched(shards.edges, kept)
 
